@@ -1,0 +1,196 @@
+"""PyTorch reference implementations of every op the model uses: the numerics anchor.
+
+Each function is registered under its op name; faster implementations (Triton) register beside it
+and are tested against these. Shapes: N rows (tokens of the step, flattened over requests), H hidden,
+nh heads, rkv latent rank, dr rope dims, T keys of one request, K selected keys, E experts.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels.registry import ops
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0
+BLOCK = 128
+
+
+# ---- norms -------------------------------------------------------------------------------------
+@ops.register("rms_norm")
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``weight * normalize(x)``: the core in fp32, cast back to x's dtype before the weight (as HF)."""
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+@ops.register("add_rms_norm")
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual add then RMSNorm: returns (rms_norm(x + residual), x + residual)."""
+    s = x + residual
+    return rms_norm(s, weight, eps), s
+
+
+@ops.register("layer_norm")
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+# ---- rotary embedding --------------------------------------------------------------------------
+@ops.register("rope")
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """Rotate the last dim of ``x`` [..., d] by angles with ``cos``/``sin`` broadcastable to [..., d/2].
+
+    ``interleaved`` (GPT-J, GLM-5): pairs (x[2i], x[2i+1]); otherwise half-split (NeoX): (x[i], x[i+d/2]).
+    Both return the rotated pairs de-interleaved as ``cat([a', b'])`` (HF's layout); q and k use the same
+    layout, so dot products equal those of the in-place layout.
+    """
+    if interleaved:
+        a, b = x[..., 0::2], x[..., 1::2]
+    else:
+        a, b = x.chunk(2, dim=-1)
+    return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+
+
+# ---- FP8 block-scaled weights ------------------------------------------------------------------
+@ops.register("fp8_dequant")
+def fp8_dequant(w8: torch.Tensor, scale_inv: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``W[r, c] = float(W8[r, c]) * S[r // 128, c // 128]``, partial edge blocks included.
+
+    w8: [..., R, C] float8_e4m3fn; scale_inv: [..., ceil(R/128), ceil(C/128)] fp32. The product is formed in
+    fp32 (a single correctly rounded multiply), then cast to ``dtype``.
+    """
+    R, C = w8.shape[-2:]
+    s = scale_inv.repeat_interleave(BLOCK, dim=-2)[..., :R, :].repeat_interleave(BLOCK, dim=-1)[..., :C]
+    return (w8.float() * s.float()).to(dtype)
+
+
+def fp8_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per 128×128 block: s = max|W|/448 (≥1e-12), W8 = clamp(W/s, ±448) in e4m3. Returns (W8, s)."""
+    R, C = w.shape[-2:]
+    rb, cb = -(-R // BLOCK), -(-C // BLOCK)
+    wp = F.pad(w.float(), (0, cb * BLOCK - C, 0, rb * BLOCK - R))
+    blocks = wp.unflatten(-1, (cb, BLOCK)).unflatten(-3, (rb, BLOCK))          # [..., rb, 128, cb, 128]
+    s = blocks.abs().amax(dim=(-3, -1)).div(FP8_MAX).clamp(min=1e-12)          # [..., rb, cb]
+    q = (blocks / s[..., :, None, :, None]).clamp(-FP8_MAX, FP8_MAX)
+    w8 = q.flatten(-4, -3).flatten(-2, -1)[..., :R, :C].to(FP8_DTYPE)
+    return w8.contiguous(), s.float().contiguous()
+
+
+@ops.register("linear")
+def linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ W.T``; an FP8 weight (with its block scales) is dequantized to x's dtype on the fly."""
+    if scale_inv is not None:
+        weight = fp8_dequant(weight, scale_inv, x.dtype)
+    return F.linear(x, weight)
+
+
+# ---- DSA lightning indexer ---------------------------------------------------------------------
+@ops.register("indexer_topk")
+def indexer_topk(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tensor,
+                 seq_rows: list[tuple[int, int]], seq_slots: list[torch.Tensor], positions: torch.Tensor,
+                 topk: int, scale: float) -> torch.Tensor:
+    """Select, per query row, the top-``topk`` causally visible keys of its request by index score.
+
+    q: [N, ih, idd] (roped), head_weights: [N, ih] fp32, k_cache: [num_slots, idd];
+    seq_rows[i] = (first row, row count) of request i; seq_slots[i]: [T_i] cache slot of each position
+    0..T_i-1; positions: [N]. score[t] = Σ_h w_h · relu(q_h·k_t · scale). Returns slots [N, K] int64 with
+    K = min(topk, max T_i), -1 where fewer keys are visible. When a request's T_i ≤ topk every visible key
+    is selected (what top-k over the causally masked scores returns), so scoring is skipped.
+    """
+    N = q.shape[0]
+    K = min(topk, max(int(s.numel()) for s in seq_slots))
+    out = torch.full((N, K), -1, dtype=torch.long, device=q.device)
+    for (r0, nr), slots in zip(seq_rows, seq_slots):
+        T = slots.numel()
+        pos = positions[r0:r0 + nr]                                             # [S]
+        key_pos = torch.arange(T, device=q.device)
+        visible = key_pos[None, :] <= pos[:, None]                              # [S, T]
+        if T <= topk:
+            sel = torch.where(visible, slots[None, :], -1)
+            out[r0:r0 + nr, :T] = sel
+            continue
+        keys = k_cache[slots].float()                                           # [T, idd]
+        s = torch.einsum("shd,td->sht", q[r0:r0 + nr].float(), keys) * scale
+        score = torch.einsum("sh,sht->st", head_weights[r0:r0 + nr].float(), F.relu(s))
+        score = score.masked_fill(~visible, float("-inf"))
+        val, idx = score.topk(K, dim=-1)                                        # [S, K]
+        out[r0:r0 + nr] = torch.where(torch.isfinite(val), slots[idx], -1)
+    return out
+
+
+# ---- MLA attention over the selected keys (absorbed, latent space) -------------------------------
+@ops.register("mla_sparse_attention")
+def mla_sparse_attention(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor,
+                         topk_slots: torch.Tensor, scale: float, row_chunk: int = 256) -> torch.Tensor:
+    """Attention in the latent space over each row's selected cache slots.
+
+    q_lat: [N, nh, rkv] (q_nope absorbed through W_UK), q_rope: [N, nh, dr], kv_cache: [num_slots, rkv+dr]
+    (latent | rope key), topk_slots: [N, K] (-1 = not selected). score = (q_lat·c + q_rope·k_rope)·scale,
+    softmax in fp32 (probs rounded to the activation dtype, as HF), output o_lat = Σ p·c: [N, nh, rkv].
+    """
+    N, nh, rkv = q_lat.shape
+    out = torch.empty_like(q_lat)
+    for r in range(0, N, row_chunk):
+        sl = slice(r, r + row_chunk)
+        idx = topk_slots[sl]
+        kv = kv_cache[idx.clamp(min=0)]                                         # [n, K, rkv+dr]
+        lat, kr = kv[..., :rkv], kv[..., rkv:]
+        score = (torch.einsum("nhc,nkc->nhk", q_lat[sl], lat)
+                 + torch.einsum("nhr,nkr->nhk", q_rope[sl], kr)) * scale
+        score = score.masked_fill((idx < 0)[:, None, :], float("-inf"))
+        p = torch.softmax(score.float(), dim=-1).to(q_lat.dtype)
+        out[sl] = torch.einsum("nhk,nkc->nhc", p, lat)
+    return out
+
+
+# ---- MoE routing and experts -------------------------------------------------------------------
+@ops.register("router_topk")
+def router_topk(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n_group: int, topk_group: int,
+                norm_topk_prob: bool, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sigmoid + e_score_correction_bias, group-limited top-k (group score = sum of its top-2).
+
+    logits: [N, E] fp32; bias: [E] fp32 (selection only). Returns (expert ids [N, k] int64,
+    weights [N, k] fp32 = unbiased sigmoid scores, renormalised if asked, times ``scaling``).
+    """
+    N, E = logits.shape
+    scores = logits.sigmoid()
+    choice = scores + bias
+    if n_group > 1:
+        group = choice.view(N, n_group, E // n_group).topk(2, dim=-1)[0].sum(-1)   # [N, G]
+        gidx = group.topk(topk_group, dim=-1, sorted=False)[1]
+        gmask = torch.zeros_like(group).scatter_(1, gidx, 1.0).bool()
+        choice = choice.masked_fill(~gmask.repeat_interleave(E // n_group, dim=1), float("-inf"))
+    idx = choice.topk(top_k, dim=-1, sorted=False)[1]
+    w = scores.gather(1, idx)
+    if norm_topk_prob:
+        w = w / (w.sum(-1, keepdim=True) + 1e-20)
+    return idx, w * scaling
+
+
+@ops.register("moe_experts")
+def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor,
+                gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
+                gate_s: torch.Tensor | None, up_s: torch.Tensor | None, down_s: torch.Tensor | None,
+                expert_offset: int = 0) -> torch.Tensor:
+    """Routed experts held locally, for all rows: Σ_j w[n,j] · down(silu(gate(x)) · up(x)).
+
+    x: [N, H]; topk_idx/topk_w: [N, k] global expert ids / weights; gate, up: [E_l, I_l, H];
+    down: [E_l, H, I_l] (FP8 with [E_l, ⌈·/128⌉, ⌈·/128⌉] scales, or None). Local expert e holds global
+    id ``expert_offset + e``; rows routed elsewhere contribute nothing here. Experts are visited in id
+    order and each weighted output is cast to x's dtype before accumulation (HF's eager order).
+    """
+    out = torch.zeros_like(x)
+    local = topk_idx - expert_offset
+    num_local = gate.shape[0]
+    hit = torch.unique(local[(local >= 0) & (local < num_local)])
+    for e in hit.tolist():
+        rows, slot = torch.where(local == e)
+        h = x[rows]
+        g = linear(h, gate[e], None if gate_s is None else gate_s[e])
+        u = linear(h, up[e], None if up_s is None else up_s[e])
+        y = linear(F.silu(g) * u, down[e], None if down_s is None else down_s[e])
+        out.index_add_(0, rows, (y * topk_w[rows, slot, None]).to(x.dtype))
+    return out

@@ -1,0 +1,83 @@
+"""The KV cache (paged by slots) and the per-step attention metadata.
+
+A cache *slot* holds one token of one request in every layer: the MLA latent + rope key
+(``kv_lora_rank + qk_rope_head_dim`` values) and, on layers with an indexer, the indexer key
+(``index_head_dim`` values). Slots are ``block_id * block_size + offset``; a request's block table
+maps its positions to slots, so the same model code serves a contiguous cache (one request, slots =
+positions) and the engine's paged pool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from models.config import ModelConfig
+
+
+class KVCache:
+    """Per-layer slot tensors; layer ``num_hidden_layers`` is the MTP layer's own cache."""
+
+    def __init__(self, config: ModelConfig, num_slots: int, dtype: torch.dtype, device: str | torch.device = "cpu"):
+        self.num_slots = num_slots
+        L = config.num_cache_layers
+        self.kv = [torch.zeros(num_slots, config.kv_cache_dim, dtype=dtype, device=device) for _ in range(L)]
+        self.index_k = [torch.zeros(num_slots, config.index_head_dim, dtype=dtype, device=device)
+                        if config.has_indexer(layer) else None for layer in range(L)]
+
+    @staticmethod
+    def bytes_per_slot(config: ModelConfig, dtype: torch.dtype) -> int:
+        n_idx = sum(config.has_indexer(layer) for layer in range(config.num_cache_layers))
+        per = config.kv_cache_dim * config.num_cache_layers + config.index_head_dim * n_idx
+        return per * torch.empty((), dtype=dtype).element_size()
+
+
+@dataclass
+class Batch:
+    """Where the step's N rows sit: rows of request i are ``seq_rows[i] = (first, count)``.
+
+    positions: [N] absolute positions; slot_mapping: [N] slot receiving each row's KV;
+    seq_slots[i]: [T_i] slots of request i's positions 0..T_i-1 (T_i = its last row's position + 1).
+    """
+
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    seq_rows: list[tuple[int, int]]
+    seq_slots: list[torch.Tensor]
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.positions.numel())
+
+    def last_rows(self) -> list[int]:
+        return [r0 + n - 1 for r0, n in self.seq_rows]
+
+
+def slots_for(block_ids: Sequence[int], num_tokens: int, block_size: int, device="cpu") -> torch.Tensor:
+    """Slots of positions 0..num_tokens-1 for a request with this block table."""
+    t = torch.arange(num_tokens, device=device)
+    blocks = torch.as_tensor(list(block_ids), dtype=torch.long, device=device)
+    assert blocks.numel() * block_size >= num_tokens, "block table too short for the request"
+    return blocks[t // block_size] * block_size + t % block_size
+
+
+def build_batch(seqs: Sequence[tuple[int, int, Sequence[int]]], block_size: int, device="cpu") -> Batch:
+    """seqs: per request (start_pos, num_new_tokens, block_ids) → the step's Batch, rows in request order."""
+    positions, slot_mapping, seq_rows, seq_slots = [], [], [], []
+    row = 0
+    for start, n, block_ids in seqs:
+        assert n > 0
+        slots = slots_for(block_ids, start + n, block_size, device)
+        positions.append(torch.arange(start, start + n, device=device))
+        slot_mapping.append(slots[start:start + n])
+        seq_rows.append((row, n))
+        seq_slots.append(slots)
+        row += n
+    return Batch(torch.cat(positions), torch.cat(slot_mapping), seq_rows, seq_slots)
+
+
+def contiguous_batch(lengths: Sequence[tuple[int, int]], capacity: int, device="cpu") -> Batch:
+    """Requests i = 0.. with (start_pos, num_new) each owning slots [i*capacity, (i+1)*capacity)."""
+    return build_batch([(s, n, [i]) for i, (s, n) in enumerate(lengths)], capacity, device)

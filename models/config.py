@@ -1,0 +1,315 @@
+"""GLM-5 family configuration, read from a checkpoint's ``config.json``.
+
+One frozen dataclass for ``glm_moe_dsa`` (GLM-5, 5.1, 5.2, 5.3) and ``deepseek_v32`` (same blocks,
+half-split indexer RoPE, no IndexShare). Field meanings follow reference/glm5_architecture.md §1.
+Unknown keys, missing required keys and inconsistent values raise ``ConfigError`` naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+SUPPORTED_MODEL_TYPES = ("glm_moe_dsa", "deepseek_v32")
+FP8_BLOCK = 128
+
+# Keys a real config.json carries that change nothing in our math (HF bookkeeping, training-only
+# knobs, or fields that HF itself ignores). Anything outside these and the dataclass fields is an error.
+_IGNORED_KEYS = frozenset({
+    "architectures", "transformers_version", "initializer_range", "use_cache", "attention_dropout",
+    "num_key_value_heads", "head_dim", "qk_head_dim", "ep_size", "pretraining_tp", "mlp_bias",
+    "moe_layer_freq", "moe_router_dtype", "layer_types", "output_router_logits", "torch_dtype",
+    "index_topk_freq", "index_skip_topk_offset", "index_topk_pattern", "auto_map", "num_experts",
+    "aux_loss_alpha", "seq_aux", "router_aux_loss_coef", "tie_word_embeddings", "_name_or_path",
+    "rope_scaling", "rope_theta", "model_type", "quantization_config", "eos_token_id", "bos_token_id",
+    "pad_token_id", "dtype", "rope_parameters", "indexer_types", "mlp_layer_types",
+})
+
+_REQUIRED = (
+    "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
+    "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+    "v_head_dim", "n_routed_experts", "num_experts_per_tok", "index_n_heads", "index_head_dim", "index_topk",
+)
+
+
+class ConfigError(ValueError):
+    """A config.json value we cannot serve; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Fp8Config:
+    """``quantization_config`` of an FP8 block-scaled checkpoint (weights e4m3 + per-block fp32 scales)."""
+
+    block_size: tuple[int, int] = (FP8_BLOCK, FP8_BLOCK)
+    activation_scheme: str = "dynamic"
+    modules_to_not_convert: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    moe_intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    n_routed_experts: int
+    num_experts_per_tok: int
+    index_n_heads: int
+    index_head_dim: int
+    index_topk: int
+    indexer_types: tuple[str, ...]          # per layer: "full" (own indexer) | "shared" (reuse previous top-k)
+    mlp_layer_types: tuple[str, ...]        # per layer: "dense" | "sparse"
+    n_shared_experts: int = 1
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    norm_topk_prob: bool = True
+    scoring_func: str = "sigmoid"
+    topk_method: str = "noaux_tc"
+    hidden_act: str = "silu"
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_interleave: bool = True
+    indexer_rope_interleave: bool = True
+    max_position_embeddings: int = 4096
+    first_k_dense_replace: int = 0
+    attention_bias: bool = False
+    num_nextn_predict_layers: int = 0
+    index_share_for_mtp_iteration: bool = False
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    pad_token_id: int | None = None
+    dtype: str = "bfloat16"
+    quantization: Fp8Config | None = None
+    raw: dict = field(default_factory=dict, compare=False, repr=False)   # the json as read, for writing back
+
+    # ---- derived -------------------------------------------------------------------------------
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def kv_cache_dim(self) -> int:
+        """Values cached per token per layer for MLA: latent + shared rope key (512 + 64 for GLM-5)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def num_mtp_layers(self) -> int:
+        return self.num_nextn_predict_layers
+
+    @property
+    def num_cache_layers(self) -> int:
+        """Target layers plus MTP layers; the MTP layer's cache sits at index num_hidden_layers."""
+        return self.num_hidden_layers + self.num_nextn_predict_layers
+
+    def has_indexer(self, layer: int) -> bool:
+        """MTP layers always own an indexer; target layers only when ``indexer_types`` says full."""
+        return layer >= self.num_hidden_layers or self.indexer_types[layer] == "full"
+
+    def is_moe(self, layer: int) -> bool:
+        return layer >= self.num_hidden_layers or self.mlp_layer_types[layer] == "sparse"
+
+    # ---- construction --------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        return _parse(dict(d))
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> ModelConfig:
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.exists():
+            raise ConfigError(f"config.json not found at {path}")
+        try:
+            d = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path} is not valid JSON: {e}") from None
+        return cls.from_dict(d)
+
+    def to_dict(self) -> dict[str, Any]:
+        """An HF-style config.json dict (what make-checkpoint writes)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("raw", "quantization",
+                                                                                   "eos_token_ids", "rope_theta")}
+        d["indexer_types"] = list(self.indexer_types)
+        d["mlp_layer_types"] = list(self.mlp_layer_types)
+        d["eos_token_id"] = list(self.eos_token_ids) if len(self.eos_token_ids) != 1 else self.eos_token_ids[0]
+        d["rope_parameters"] = {"rope_theta": self.rope_theta, "rope_type": "default"}
+        d["architectures"] = ["GlmMoeDsaForCausalLM" if self.model_type == "glm_moe_dsa" else "DeepseekV32ForCausalLM"]
+        d["qk_head_dim"] = self.qk_head_dim
+        d["head_dim"] = self.qk_rope_head_dim
+        d["num_key_value_heads"] = self.num_attention_heads
+        if self.model_type == "deepseek_v32":
+            for k in ("indexer_types", "index_share_for_mtp_iteration"):
+                d.pop(k)
+        if self.quantization is not None:
+            q = self.quantization
+            d["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
+                                        "activation_scheme": q.activation_scheme,
+                                        "weight_block_size": list(q.block_size),
+                                        "modules_to_not_convert": list(q.modules_to_not_convert)}
+        return d
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        """A new validated config with some fields changed (configs are never mutated)."""
+        d = self.to_dict()
+        d.update(changes)
+        return ModelConfig.from_dict(d)
+
+
+def derive_indexer_types(num_layers: int, freq: int | None, offset: int | None, pattern: Any) -> list[str]:
+    """HF's IndexShare schedule: a pattern string ("FSSF…") wins, else full(i) ⇔ max(i-offset+1,0) % freq == 0."""
+    if pattern is not None:
+        if isinstance(pattern, str):
+            bad = set(pattern) - {"F", "S"}
+            if bad:
+                raise ConfigError(f"index_topk_pattern may only contain 'F' and 'S', found {sorted(bad)}")
+            return [{"F": "full", "S": "shared"}[c] for c in pattern]
+        return list(pattern)
+    freq = max(1 if freq is None else int(freq), 1)
+    offset = 2 if offset is None else int(offset)
+    return ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(num_layers)]
+
+
+def _get_int(d: dict, key: str, minimum: int = 1) -> int:
+    v = d.pop(key)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ConfigError(f"config field '{key}' must be an integer, got {v!r}")
+    if v < minimum:
+        raise ConfigError(f"config field '{key}' must be >= {minimum}, got {v}")
+    return v
+
+
+def _parse(d: dict[str, Any]) -> ModelConfig:
+    raw = dict(d)
+    model_type = d.pop("model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ConfigError(f"config field 'model_type' is {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    for key in _REQUIRED:
+        if key not in d and not (key == "n_routed_experts" and "num_experts" in d):
+            raise ConfigError(f"config field '{key}' is required but missing")
+    known = {f.name for f in fields(ModelConfig)} | _IGNORED_KEYS
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ConfigError(f"unknown config field(s) {unknown} for model_type {model_type!r}")
+
+    if "num_experts" in d and "n_routed_experts" not in d:
+        d["n_routed_experts"] = d["num_experts"]
+    ints = {k: _get_int(d, k) for k in _REQUIRED}
+    L = ints["num_hidden_layers"]
+
+    rope = d.get("rope_parameters") or {}
+    if not isinstance(rope, dict):
+        raise ConfigError(f"config field 'rope_parameters' must be an object, got {rope!r}")
+    if d.get("rope_scaling"):
+        raise ConfigError("config field 'rope_scaling' (YaRN) is not supported; GLM-5.x uses rope_type 'default'")
+    rope_type = rope.get("rope_type", "default")
+    if rope_type != "default":
+        raise ConfigError(f"config field 'rope_parameters.rope_type' is {rope_type!r}; only 'default' is supported")
+    rope_theta = float(rope.get("rope_theta", d.get("rope_theta", 10000.0)))
+
+    first_k = int(d.get("first_k_dense_replace", 3))
+    mlp_types = d.get("mlp_layer_types")
+    if mlp_types is None:
+        n_dense = min(first_k, L)
+        mlp_types = ["dense"] * n_dense + ["sparse"] * (L - n_dense)
+    mlp_types = _check_list(mlp_types, "mlp_layer_types", L, {"dense", "sparse"})
+
+    if model_type == "deepseek_v32":
+        if "indexer_types" in d and any(t != "full" for t in d["indexer_types"]):
+            raise ConfigError("config field 'indexer_types': deepseek_v32 has no IndexShare (all layers 'full')")
+        indexer_types = ["full"] * L
+    elif d.get("indexer_types") is not None:
+        indexer_types = _check_list(d["indexer_types"], "indexer_types", L, {"full", "shared"})
+    else:
+        indexer_types = derive_indexer_types(L, d.get("index_topk_freq"), d.get("index_skip_topk_offset"),
+                                             d.get("index_topk_pattern"))
+        indexer_types = _check_list(indexer_types, "index_topk_pattern", L, {"full", "shared"})
+    if indexer_types[0] != "full":
+        raise ConfigError("config field 'indexer_types': layer 0 must be 'full' (a shared layer reuses the "
+                          "previous layer's top-k and layer 0 has none)")
+
+    E, k = ints["n_routed_experts"], ints["num_experts_per_tok"]
+    n_group, topk_group = int(d.get("n_group", 1)), int(d.get("topk_group", 1))
+    if k > E:
+        raise ConfigError(f"config field 'num_experts_per_tok' ({k}) exceeds n_routed_experts ({E})")
+    if n_group < 1 or E % n_group:
+        raise ConfigError(f"config field 'n_group' ({n_group}) must divide n_routed_experts ({E})")
+    if not 1 <= topk_group <= n_group:
+        raise ConfigError(f"config field 'topk_group' ({topk_group}) must be in [1, n_group={n_group}]")
+    if n_group > 1 and E // n_group < 2:
+        raise ConfigError("config field 'n_group': each group needs >= 2 experts (group score = sum of top-2)")
+    if topk_group * (E // n_group) < k:
+        raise ConfigError(f"config field 'topk_group' ({topk_group}) keeps fewer experts than num_experts_per_tok ({k})")
+    if ints["qk_rope_head_dim"] % 2 or ints["qk_rope_head_dim"] > ints["index_head_dim"]:
+        raise ConfigError("config field 'qk_rope_head_dim' must be even and <= index_head_dim")
+    for key, expect in (("scoring_func", "sigmoid"), ("topk_method", "noaux_tc"), ("hidden_act", "silu")):
+        if d.get(key, expect) != expect:
+            raise ConfigError(f"config field '{key}' is {d[key]!r}; only {expect!r} is supported")
+    if d.get("attention_bias", False):
+        raise ConfigError("config field 'attention_bias' must be false (GLM-5 has no attention biases)")
+    if d.get("tie_word_embeddings", False):
+        raise ConfigError("config field 'tie_word_embeddings' must be false (GLM-5 has an untied lm_head)")
+    n_mtp = int(d.get("num_nextn_predict_layers", 0))
+    if n_mtp not in (0, 1):
+        raise ConfigError(f"config field 'num_nextn_predict_layers' is {n_mtp}; 0 or 1 supported")
+    if "qk_head_dim" in d and d["qk_head_dim"] != ints["qk_nope_head_dim"] + ints["qk_rope_head_dim"]:
+        raise ConfigError("config field 'qk_head_dim' != qk_nope_head_dim + qk_rope_head_dim")
+
+    eos = d.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+    return ModelConfig(
+        model_type=model_type, **ints,
+        indexer_types=tuple(indexer_types), mlp_layer_types=tuple(mlp_types),
+        n_shared_experts=int(d.get("n_shared_experts", 1)), n_group=n_group, topk_group=topk_group,
+        routed_scaling_factor=float(d.get("routed_scaling_factor", 1.0)),
+        norm_topk_prob=bool(d.get("norm_topk_prob", True)), rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+        rope_theta=rope_theta, rope_interleave=bool(d.get("rope_interleave", True)),
+        indexer_rope_interleave=(model_type == "glm_moe_dsa"),
+        max_position_embeddings=int(d.get("max_position_embeddings", 4096)), first_k_dense_replace=first_k,
+        num_nextn_predict_layers=n_mtp,
+        index_share_for_mtp_iteration=bool(d.get("index_share_for_mtp_iteration", False)),
+        bos_token_id=d.get("bos_token_id"), eos_token_ids=eos_ids, pad_token_id=d.get("pad_token_id"),
+        dtype=str(d.get("dtype") or d.get("torch_dtype") or "bfloat16"),
+        quantization=_parse_quant(d.get("quantization_config")), raw=raw,
+    )
+
+
+def _check_list(values: Any, name: str, length: int, allowed: set[str]) -> list[str]:
+    if not isinstance(values, (list, tuple)) or len(values) != length:
+        raise ConfigError(f"config field '{name}' must be a list of num_hidden_layers={length} entries, "
+                          f"got {values!r}")
+    bad = sorted({v for v in values if v not in allowed})
+    if bad:
+        raise ConfigError(f"config field '{name}' has invalid entries {bad}; allowed {sorted(allowed)}")
+    return list(values)
+
+
+def _parse_quant(q: Any) -> Fp8Config | None:
+    if not q:
+        return None
+    if q.get("quant_method") != "fp8":
+        raise ConfigError(f"config field 'quantization_config.quant_method' is {q.get('quant_method')!r}; "
+                          "only 'fp8' block quantization is supported")
+    if q.get("fmt", "e4m3") != "e4m3":
+        raise ConfigError(f"config field 'quantization_config.fmt' is {q.get('fmt')!r}; only 'e4m3' is supported")
+    block = tuple(q.get("weight_block_size") or (FP8_BLOCK, FP8_BLOCK))
+    if block != (FP8_BLOCK, FP8_BLOCK):
+        raise ConfigError(f"config field 'quantization_config.weight_block_size' is {list(block)}; only [128, 128]")
+    return Fp8Config(block_size=block, activation_scheme=q.get("activation_scheme", "dynamic"),
+                     modules_to_not_convert=tuple(q.get("modules_to_not_convert") or ()))
+
+
+def num_blocks(n: int, block: int = FP8_BLOCK) -> int:
+    return math.ceil(n / block)

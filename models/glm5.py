@@ -1,0 +1,382 @@
+"""The GLM-5 family (``glm_moe_dsa``, ``deepseek_v32``) in one file with one decoder loop.
+
+MLA attention (absorbed: attends in the latent space over the cache) + DSA lightning indexer
+(``full`` layers select top-k keys, ``shared`` layers reuse the previous selection) + MoE (sigmoid,
+grouped top-k, shared expert) or dense MLP + the MTP layer. Parameter names follow the checkpoint
+(``model.layers.{l}.self_attn.q_a_proj.weight`` …) except routed experts, which are stacked per layer
+(``mlp.experts.gate_proj.weight [E, I, H]``) and filled from per-expert keys by the loader.
+
+Math: reference/glm5_architecture.md §2–3. Every op goes through ``kernels.ops``. The MLP phases of
+a layer (dense or MoE) gather the step's rows from all ranks and reduce-scatter partial sums back
+(``self.comm``); on one process that comm is the identity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels import ops
+from kernels.reference import FP8_DTYPE
+from models.cache import Batch, KVCache
+from models.config import ModelConfig, num_blocks
+
+
+@dataclass(frozen=True)
+class MoeShard:
+    """This rank's slice of every MLP: ``tp`` = 1/N of each expert's (and dense MLP's) intermediate dim;
+    ``ep`` = E/N whole experts (dense and shared MLPs still ``tp``)."""
+
+    rank: int = 0
+    world_size: int = 1
+    mode: str = "tp"
+
+    def inter_slice(self, inter: int) -> slice:
+        n = inter // self.world_size
+        return slice(self.rank * n, (self.rank + 1) * n)
+
+    def expert_range(self, num_experts: int, mode: str | None = None) -> range:
+        if (mode or self.mode) != "ep":
+            return range(num_experts)
+        n = num_experts // self.world_size
+        return range(self.rank * n, (self.rank + 1) * n)
+
+
+class LocalComm:
+    """Single-process MLP phases: every row is local, partial sums are already whole."""
+
+    def all_gather(self, rows: torch.Tensor) -> torch.Tensor:
+        return rows
+
+    def reduce_scatter(self, partial: torch.Tensor) -> torch.Tensor:
+        return partial
+
+
+class Linear(nn.Module):
+    """``y = x @ W.T`` with no bias; FP8 block-scaled when ``weight_scale_inv`` is set (see ``to_fp8``)."""
+
+    def __init__(self, in_features: int, out_features: int, num_stacked: int | None = None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        lead = () if num_stacked is None else (num_stacked,)
+        self.weight = nn.Parameter(torch.empty(*lead, out_features, in_features))
+        self.weight_scale_inv: nn.Parameter | None = None
+
+    def to_fp8(self) -> None:
+        """Re-shape the parameters for an FP8 checkpoint: e4m3 weight + [⌈out/128⌉, ⌈in/128⌉] fp32 scales."""
+        w = self.weight
+        self.weight = nn.Parameter(torch.empty(w.shape, dtype=FP8_DTYPE, device=w.device), requires_grad=False)
+        scale_shape = (*w.shape[:-2], num_blocks(self.out_features), num_blocks(self.in_features))
+        self.weight_scale_inv = nn.Parameter(torch.empty(scale_shape, device=w.device), requires_grad=False)
+
+    def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        if self.weight_scale_inv is None:
+            return self.weight.to(dtype)
+        return ops.fp8_dequant(self.weight, self.weight_scale_inv, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.linear(x, self.weight, self.weight_scale_inv)
+
+
+class StackedLinear(Linear):
+    """The same Linear for E experts: weight [E, out, in] (+ scales [E, ⌈out/128⌉, ⌈in/128⌉] when FP8)."""
+
+    def __init__(self, num: int, in_features: int, out_features: int):
+        super().__init__(in_features, out_features, num_stacked=num)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise TypeError("stacked expert weights are applied by ops.moe_experts")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.rms_norm(x, self.weight, self.eps)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual) in one op."""
+        return ops.add_rms_norm(x, residual, self.weight, self.eps)
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.layer_norm(x, self.weight, self.bias, self.eps)
+
+
+@dataclass
+class Rope:
+    """cos/sin of the step's positions: [N, dr/2] each, in the activation dtype (as HF casts them)."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    @classmethod
+    def at(cls, positions: torch.Tensor, dim: int, theta: float, dtype: torch.dtype) -> Rope:
+        inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float, device=positions.device) / dim))
+        ang = positions[:, None].float() * inv_freq[None, :]
+        return cls(ang.cos().to(dtype), ang.sin().to(dtype))
+
+    def apply(self, x: torch.Tensor, interleaved: bool) -> torch.Tensor:
+        """x: [N, ..., dr]; cos/sin broadcast over the middle dims."""
+        shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (-1,)
+        return ops.rope(x, self.cos.view(shape), self.sin.view(shape), interleaved)
+
+
+class Indexer(nn.Module):
+    """DSA lightning indexer: scores every cached key of the request and keeps the top ``index_topk``."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.wq_b = Linear(cfg.q_lora_rank, cfg.index_n_heads * cfg.index_head_dim)
+        self.wk = Linear(cfg.hidden_size, cfg.index_head_dim)
+        self.k_norm = LayerNorm(cfg.index_head_dim, 1e-6)
+        self.weights_proj = Linear(cfg.hidden_size, cfg.index_n_heads)
+
+    def _rope(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
+        dr = self.cfg.qk_rope_head_dim   # indexer layout: [rope | nope]
+        return torch.cat([rope.apply(x[..., :dr], self.cfg.indexer_rope_interleave), x[..., dr:]], dim=-1)
+
+    def write_keys(self, h: torch.Tensor, rope: Rope, batch: Batch, k_cache: torch.Tensor) -> None:
+        """Cache this step's indexer keys (LayerNorm'd, roped): [N, idd] into their slots."""
+        k = self._rope(self.k_norm(self.wk(h)), rope)
+        k_cache[batch.slot_mapping] = k.to(k_cache.dtype).detach()
+
+    def forward(self, h: torch.Tensor, q_resid: torch.Tensor, rope: Rope, batch: Batch,
+                k_cache: torch.Tensor) -> torch.Tensor:
+        """Writes this step's indexer keys; returns selected slots [N, K] (-1 = none)."""
+        cfg, N = self.cfg, h.shape[0]
+        self.write_keys(h, rope, batch, k_cache)
+        q = self._rope(self.wq_b(q_resid).view(N, cfg.index_n_heads, cfg.index_head_dim), rope)
+        w = self.weights_proj(h).float() * cfg.index_n_heads ** -0.5                   # [N, ih]
+        return ops.indexer_topk(q.detach(), w.detach(), k_cache, batch.seq_rows, batch.seq_slots,
+                                batch.positions, cfg.index_topk, cfg.index_head_dim ** -0.5)
+
+
+class Attention(nn.Module):
+    """MLA with weight absorption: attends in the ``kv_lora_rank`` latent space over the selected slots."""
+
+    def __init__(self, cfg: ModelConfig, has_indexer: bool):
+        super().__init__()
+        self.cfg = cfg
+        nh = cfg.num_attention_heads
+        self.q_a_proj = Linear(cfg.hidden_size, cfg.q_lora_rank)
+        self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, 1e-6)      # 1e-6, not rms_norm_eps (HF default arg)
+        self.q_b_proj = Linear(cfg.q_lora_rank, nh * cfg.qk_head_dim)
+        self.kv_a_proj_with_mqa = Linear(cfg.hidden_size, cfg.kv_cache_dim)
+        self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, 1e-6)
+        self.kv_b_proj = Linear(cfg.kv_lora_rank, nh * (cfg.qk_nope_head_dim + cfg.v_head_dim))
+        self.o_proj = Linear(nh * cfg.v_head_dim, cfg.hidden_size)
+        self.indexer = Indexer(cfg) if has_indexer else None
+        self.scale = cfg.qk_head_dim ** -0.5
+
+    def forward(self, h: torch.Tensor, rope: Rope, batch: Batch, cache: KVCache, layer: int,
+                carried_topk: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """h: [N, H] → (attention output [N, H], selected slots [N, K]).
+
+        ``carried_topk`` None: this layer's indexer selects. Given: reuse it (an IndexShare ``shared`` layer, or
+        an MTP draft step sharing the first step's selection — whose indexer still caches its keys)."""
+        cfg, N = self.cfg, h.shape[0]
+        nh, dn, dr, rkv = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
+        q_resid = self.q_a_layernorm(self.q_a_proj(h))                                 # [N, rq]
+        q = self.q_b_proj(q_resid).view(N, nh, cfg.qk_head_dim)
+        q_nope, q_rope = q[..., :dn], rope.apply(q[..., dn:], cfg.rope_interleave)     # MLA layout: [nope | rope]
+        ckv = self.kv_a_proj_with_mqa(h)                                               # [N, rkv + dr]
+        latent = self.kv_a_layernorm(ckv[..., :rkv])
+        k_rope = rope.apply(ckv[..., rkv:], cfg.rope_interleave)
+        kv_cache = cache.kv[layer]
+        kv_cache[batch.slot_mapping] = torch.cat([latent, k_rope], dim=-1).to(kv_cache.dtype)
+
+        if carried_topk is None:
+            assert self.indexer is not None, "a shared indexer layer needs the previous layer's selection"
+            topk = self.indexer(h, q_resid, rope, batch, cache.index_k[layer])
+        else:
+            topk = carried_topk
+            if self.indexer is not None:
+                self.indexer.write_keys(h, rope, batch, cache.index_k[layer])
+
+        w_kv = self.kv_b_proj.dense_weight(h.dtype).view(nh, dn + cfg.v_head_dim, rkv)
+        q_lat = torch.einsum("nhd,hdc->nhc", q_nope, w_kv[:, :dn])                     # absorb W_UK
+        o_lat = ops.mla_sparse_attention(q_lat, q_rope, kv_cache, topk, self.scale)   # [N, nh, rkv]
+        o = torch.einsum("nhc,hvc->nhv", o_lat, w_kv[:, dn:])                          # expand with W_UV
+        return self.o_proj(o.reshape(N, nh * cfg.v_head_dim)), topk
+
+
+class MLP(nn.Module):
+    """SwiGLU MLP (dense layers and the shared expert), holding this rank's slice of the intermediate dim."""
+
+    def __init__(self, hidden: int, inter: int):
+        super().__init__()
+        self.gate_proj = Linear(hidden, inter)
+        self.up_proj = Linear(hidden, inter)
+        self.down_proj = Linear(inter, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Router(nn.Module):
+    """``mlp.gate``: fp32 router weight and the selection-only ``e_score_correction_bias``."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.weight = nn.Parameter(torch.empty(cfg.n_routed_experts, cfg.hidden_size, dtype=torch.float32))
+        self.e_score_correction_bias = nn.Parameter(torch.zeros(cfg.n_routed_experts, dtype=torch.float32),
+                                                    requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.cfg
+        logits = F.linear(x.float(), self.weight.float())                             # [N, E] fp32
+        return ops.router_topk(logits, self.e_score_correction_bias, c.num_experts_per_tok, c.n_group,
+                               c.topk_group, c.norm_topk_prob, c.routed_scaling_factor)
+
+
+class Experts(nn.Module):
+    """This rank's routed experts, stacked: experts ``expert_offset ..`` with intermediate slice ``I_l``."""
+
+    def __init__(self, cfg: ModelConfig, shard: MoeShard):
+        super().__init__()
+        experts = shard.expert_range(cfg.n_routed_experts)
+        inter = cfg.moe_intermediate_size // (1 if shard.mode == "ep" else shard.world_size)
+        self.expert_offset = experts.start
+        self.gate_proj = StackedLinear(len(experts), cfg.hidden_size, inter)
+        self.up_proj = StackedLinear(len(experts), cfg.hidden_size, inter)
+        self.down_proj = StackedLinear(len(experts), inter, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
+        g, u, d = self.gate_proj, self.up_proj, self.down_proj
+        return ops.moe_experts(x, topk_idx, topk_w, g.weight, u.weight, d.weight, g.weight_scale_inv,
+                               u.weight_scale_inv, d.weight_scale_inv, self.expert_offset)
+
+
+class MoE(nn.Module):
+    def __init__(self, cfg: ModelConfig, shard: MoeShard):
+        super().__init__()
+        self.gate = Router(cfg)
+        self.experts = Experts(cfg, shard)
+        self.shared_experts = MLP(cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts
+                                  // shard.world_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        topk_idx, topk_w = self.gate(x)                # every rank routes every row identically
+        return self.experts(x, topk_idx, topk_w) + self.shared_experts(x)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, shard: MoeShard):
+        super().__init__()
+        self.layer = layer
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, cfg.has_indexer(layer))
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = (MoE(cfg, shard) if cfg.is_moe(layer)
+                    else MLP(cfg.hidden_size, cfg.intermediate_size // shard.world_size))
+        self.comm = LocalComm()
+
+    def forward(self, x: torch.Tensor, rope: Rope, batch: Batch, cache: KVCache,
+                carried_topk: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        a, topk = self.self_attn(self.input_layernorm(x), rope, batch, cache, self.layer, carried_topk)
+        h, x = self.post_attention_layernorm.add_forward(a, x)
+        rows = self.comm.all_gather(h)                                # AG: the step's rows to every rank
+        x = x + self.comm.reduce_scatter(self.mlp(rows))              # RS: partial sums to each row's owner
+        return x, topk
+
+
+class SharedHead(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class MTPLayer(DecoderLayer):
+    """Multi-token prediction: ``eh_proj(cat(enorm(embed(t_{p+1})), hnorm(h_p)))`` → a decoder layer →
+    ``shared_head.norm`` → the target's lm_head predicts t_{p+2}."""
+
+    def __init__(self, cfg: ModelConfig, layer: int, shard: MoeShard):
+        super().__init__(cfg, layer, shard)
+        self.enorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hnorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.eh_proj = Linear(2 * cfg.hidden_size, cfg.hidden_size)
+        self.shared_head = SharedHead(cfg)
+
+
+class GlmModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, shard: MoeShard):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        layers: list[nn.Module] = [DecoderLayer(cfg, i, shard) for i in range(cfg.num_hidden_layers)]
+        layers += [MTPLayer(cfg, cfg.num_hidden_layers + j, shard) for j in range(cfg.num_nextn_predict_layers)]
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class GlmForCausalLM(nn.Module):
+    """The target model plus its MTP layer. ``forward`` returns final-normed hidden states [N, H];
+    ``logits`` applies the lm_head; ``mtp_forward`` runs one draft step."""
+
+    def __init__(self, cfg: ModelConfig, shard: MoeShard | None = None):
+        super().__init__()
+        self.config = cfg
+        self.shard = shard or MoeShard()
+        self.model = GlmModel(cfg, self.shard)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
+
+    @property
+    def target_layers(self) -> list[DecoderLayer]:
+        return list(self.model.layers[: self.config.num_hidden_layers])
+
+    @property
+    def mtp_layer(self) -> MTPLayer | None:
+        layers = self.model.layers
+        return layers[self.config.num_hidden_layers] if len(layers) > self.config.num_hidden_layers else None
+
+    def set_comm(self, comm) -> None:
+        """Install the MLP-phase communicator (AG/RS) on every layer; done once by the worker at start."""
+        for layer in self.model.layers:
+            layer.comm = comm
+
+    def _rope(self, batch: Batch, dtype: torch.dtype) -> Rope:
+        return Rope.at(batch.positions, self.config.qk_rope_head_dim, self.config.rope_theta, dtype)
+
+    def forward(self, input_ids: torch.Tensor, batch: Batch, cache: KVCache,
+                topk_out: list | None = None) -> torch.Tensor:
+        """input_ids: [N] → final-normed hidden [N, H]. Writes the step's KV into ``cache``.
+        ``topk_out``, when given, receives each layer's selected slots (for parity tests)."""
+        x = self.model.embed_tokens(input_ids)
+        rope = self._rope(batch, x.dtype)
+        topk = None
+        for i, layer in enumerate(self.target_layers):
+            x, topk = layer(x, rope, batch, cache, None if self.config.has_indexer(i) else topk)
+            if topk_out is not None:
+                topk_out.append(topk)
+        return self.model.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [M, H] → logits [M, V] in fp32."""
+        return self.lm_head(hidden).float()
+
+    def mtp_forward(self, hidden: torch.Tensor, next_ids: torch.Tensor, batch: Batch, cache: KVCache,
+                    topk: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One MTP step. hidden: [N, H] final-normed target (or previous draft) hidden at position p;
+        next_ids: [N] tokens at p+1; batch positions are p. ``topk`` given → reuse that selection and skip
+        the MTP indexer (index sharing across draft steps). Returns (normed hidden [N, H], selected slots)."""
+        mtp = self.mtp_layer
+        assert mtp is not None, "this checkpoint has no MTP layer (num_nextn_predict_layers = 0)"
+        e = self.model.embed_tokens(next_ids)
+        z = mtp.eh_proj(torch.cat([mtp.enorm(e), mtp.hnorm(hidden)], dim=-1))
+        x, topk = mtp(z, self._rope(batch, z.dtype), batch, cache, topk)
+        return mtp.shared_head.norm(x), topk

@@ -1,0 +1,238 @@
+"""Build a model from a safetensors checkpoint (one file or sharded) or from random weights.
+
+A weight is FP8 iff ``<name>.weight_scale_inv`` sits beside it in the checkpoint (the
+``modules_to_not_convert`` list is not consulted); FP8 weights stay FP8 in memory. Routed experts are
+stored per expert in the checkpoint and stacked per layer here; under a ``MoeShard`` each rank keeps
+only its slice. Any missing, unexpected, misshapen or mistyped tensor is an error naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from kernels.reference import FP8_DTYPE, fp8_quantize
+from models.config import ModelConfig
+from models.glm5 import GlmForCausalLM, Linear, MoeShard
+
+_EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|weight_scale_inv)$")
+_TP_MLP = re.compile(r"\.mlp\.(?:shared_experts\.)?(gate_proj|up_proj|down_proj)\.(?:weight|weight_scale_inv)$")
+_FP32_PARAMS = re.compile(r"\.mlp\.gate\.(weight|e_score_correction_bias)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint tensor we cannot load; the message names the tensor, what was expected and found."""
+
+
+def checkpoint_files(path: Path) -> dict[str, Path]:
+    """tensor name → file, from ``model.safetensors.index.json`` or the lone ``*.safetensors`` files."""
+    from safetensors import safe_open
+
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = {name: path / f for name, f in weight_map.items()}
+        for f in set(files.values()):
+            if not f.exists():
+                raise CheckpointError(f"{index.name} names {f.name}, which does not exist")
+        return files
+    shards = sorted(path.glob("*.safetensors"))
+    if not shards:
+        raise CheckpointError(f"no *.safetensors files in {path}")
+    files = {}
+    for f in shards:
+        with safe_open(f, "pt") as fh:
+            files.update({k: f for k in fh.keys()})
+    return files
+
+
+def _expected_full(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], bool]]:
+    """Checkpoint name → (full shape, stored in fp8?) for an unsharded FP8-free model; experts per expert."""
+    with torch.device("meta"):
+        full = GlmForCausalLM(cfg)
+    out = {}
+    for name, p in full.named_parameters():
+        m = re.match(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_proj|up_proj|down_proj)\.weight$", name)
+        if m:
+            for e in range(cfg.n_routed_experts):
+                out[f"{m[1]}.{e}.{m[2]}.weight"] = (tuple(p.shape[1:]), False)
+        else:
+            out[name] = (tuple(p.shape), False)
+    return out
+
+
+def _fp8_linears(model: nn.Module, quantized: set[str]) -> None:
+    """Turn every Linear whose checkpoint weight carries a scale into an FP8 Linear."""
+    modules = set()
+    for q in quantized:
+        m = _EXPERT.match(q)
+        modules.add(f"{m[1]}.{m[3]}" if m else q[: -len(".weight")])
+    for mname, mod in model.named_modules():
+        if isinstance(mod, Linear) and mname in modules:
+            mod.to_fp8()
+
+
+def _shard(name: str, t: torch.Tensor, shard: MoeShard) -> torch.Tensor:
+    """Slice a full checkpoint tensor to this rank's part: tp splits the MLP intermediate dim (rows of
+    gate/up, columns of down; FP8 scales by whole 128-blocks); ep keeps whole experts."""
+    if shard.world_size == 1:
+        return t
+    m = _EXPERT.match(name)
+    if m:
+        if shard.mode == "ep":
+            return t
+        proj = m[3]
+    else:
+        m = _TP_MLP.search(name)
+        if not m:
+            return t
+        proj = m[1]
+    dim = -1 if proj == "down_proj" else -2
+    n = t.shape[dim] // shard.world_size
+    return t.narrow(dim, shard.rank * n, n)
+
+
+def _check_tp_divisible(cfg: ModelConfig, shard: MoeShard, fp8: bool) -> None:
+    dims = {"moe_intermediate_size": cfg.moe_intermediate_size * cfg.n_shared_experts,
+            "intermediate_size": cfg.intermediate_size}
+    if shard.mode == "tp":
+        dims["moe_intermediate_size (per expert)"] = cfg.moe_intermediate_size
+    for field, d in dims.items():
+        unit = shard.world_size * (128 if fp8 else 1)
+        if d % unit:
+            raise ValueError(f"{field}={d} cannot be split over {shard.world_size} ranks"
+                             + (" in whole 128-column FP8 blocks" if fp8 else ""))
+    if shard.mode == "ep" and cfg.n_routed_experts % shard.world_size:
+        raise ValueError(f"n_routed_experts={cfg.n_routed_experts} not divisible by {shard.world_size} ranks (moe: ep)")
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
+               shard: MoeShard | None = None, progress: bool = True) -> GlmForCausalLM:
+    """Read config.json and the safetensors weights at ``path`` into a model (this rank's shard)."""
+    from safetensors import safe_open
+    from tqdm import tqdm
+
+    path = Path(path)
+    cfg = ModelConfig.from_json(path)
+    shard = shard or MoeShard()
+    files = checkpoint_files(path)
+    scales = {n[: -len("_scale_inv")] for n in files if n.endswith(".weight_scale_inv")}
+    for w in scales:
+        if w not in files:
+            raise CheckpointError(f"tensor {w}_scale_inv has no weight {w} beside it")
+    expected = _expected_full(cfg)
+    _check_tp_divisible(cfg, shard, fp8=bool(scales))
+    unexpected = sorted(n for n in files if n not in expected and n[: -len("_scale_inv")] not in scales)
+    if unexpected:
+        raise CheckpointError(f"unexpected tensor(s) in checkpoint: {unexpected[:5]}"
+                              + (f" and {len(unexpected) - 5} more" if len(unexpected) > 5 else ""))
+    missing = sorted(n for n in expected if n not in files)
+    if missing:
+        raise CheckpointError(f"missing tensor(s) in checkpoint: {missing[:5]}"
+                              + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+
+    with torch.device("meta"):
+        model = GlmForCausalLM(cfg, shard)
+    _fp8_linears(model, scales)
+    model.to_empty(device=device)
+    params = dict(model.named_parameters())
+    for name, p in params.items():
+        if p.dtype == torch.float32 and not name.endswith("_scale_inv") and not _FP32_PARAMS.search(name):
+            p.data = p.data.to(dtype)
+    experts = model.shard.expert_range(cfg.n_routed_experts)
+
+    by_file: dict[Path, list[str]] = {}
+    for name, f in files.items():
+        by_file.setdefault(f, []).append(name)
+    bar = tqdm(total=len(files), desc=f"loading {path.name}", unit="tensor", disable=not progress)
+    for f, names in by_file.items():
+        with safe_open(f, "pt", device="cpu") as fh:
+            for name in names:
+                _load_one(name, fh.get_tensor(name), params, expected, scales, cfg, model.shard, experts)
+                bar.update(1)
+    bar.close()
+    return model.eval()
+
+
+def _load_one(name: str, t: torch.Tensor, params: dict, expected: dict, scales: set[str], cfg: ModelConfig,
+              shard: MoeShard, experts: range) -> None:
+    is_scale = name.endswith(".weight_scale_inv")
+    weight_name = name[: -len("_scale_inv")] if is_scale else name
+    shape, _ = expected[weight_name]
+    quantized = weight_name in scales
+    if is_scale:
+        want = tuple(-(-d // 128) for d in shape)
+        if tuple(t.shape) != want or t.dtype != torch.float32:
+            raise CheckpointError(f"tensor {name}: expected float32 {list(want)}, found {t.dtype} {list(t.shape)}")
+    else:
+        if tuple(t.shape) != shape:
+            raise CheckpointError(f"tensor {name}: expected shape {list(shape)}, found {list(t.shape)}")
+        if quantized and t.dtype != FP8_DTYPE:
+            raise CheckpointError(f"tensor {name}: has a weight_scale_inv so expected float8_e4m3fn, found {t.dtype}")
+        if not quantized and not t.is_floating_point() or (not quantized and t.dtype == FP8_DTYPE):
+            raise CheckpointError(f"tensor {name}: expected a bf16/fp16/fp32 tensor, found {t.dtype}")
+    m = _EXPERT.match(name)
+    if m:
+        e = int(m[2])
+        if e not in experts:
+            return
+        target = params[f"{m[1]}.{m[3]}.{m[4]}"][e - experts.start]
+    else:
+        target = params[name]
+    target.data.copy_(_shard(name, t, shard))
+
+
+# ---- random weights ----------------------------------------------------------------------------
+def random_state_dict(cfg: ModelConfig, seed: int = 0, std: float = 0.02) -> dict[str, torch.Tensor]:
+    """Full fp32 weights in checkpoint layout (per-expert keys), deterministic in ``seed``.
+
+    Linear/embedding weights ~ N(0, std); norms 1 + 0.1·N(0,1) and biases 0.05·N(0,1) so that every
+    weight visibly matters in parity tests.
+    """
+    g = torch.Generator().manual_seed(seed)
+    out: dict[str, torch.Tensor] = {}
+    for name, (shape, _) in _expected_full(cfg).items():
+        if "norm" in name and name.endswith(".bias") or name.endswith("e_score_correction_bias"):
+            t = 0.05 * torch.randn(shape, generator=g)
+        elif "norm" in name:
+            t = 1.0 + 0.1 * torch.randn(shape, generator=g)
+        else:
+            t = std * torch.randn(shape, generator=g)
+        out[name] = t
+    return out
+
+
+def quantizable(name: str) -> bool:
+    """Which checkpoint weights an FP8 build quantizes (reference §4): the big projections, not norms,
+    router, embeddings, lm_head, indexer weights_proj or the MTP glue (enorm/hnorm/eh_proj/shared_head)."""
+    if not name.endswith(".weight") or "norm" in name:
+        return False
+    skip = ("embed_tokens", "lm_head", ".mlp.gate.weight", "weights_proj", "eh_proj")
+    return not any(s in name for s in skip)
+
+
+def quantize_state_dict(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, t in sd.items():
+        if quantizable(name):
+            out[name], out[name + "_scale_inv"] = fp8_quantize(t)
+        else:
+            out[name] = t
+    return out
+
+
+def random_model(cfg: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu", shard: MoeShard | None = None, std: float = 0.02,
+                 fp8: bool = False) -> GlmForCausalLM:
+    """A model with the random weights of ``random_state_dict`` (FP8-quantized when asked), no files."""
+    import tempfile
+
+    from models.checkpoint import write_checkpoint
+
+    with tempfile.TemporaryDirectory() as d:
+        write_checkpoint(d, cfg, seed=seed, std=std, fp8=fp8)
+        return load_model(d, dtype=dtype, device=device, shard=shard, progress=False)
