@@ -1,0 +1,38 @@
+"""Shared fixtures: checkpoints the project makes itself (nothing is downloaded)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+from models.checkpoint import write_checkpoint  # noqa: E402
+from models.config import ModelConfig  # noqa: E402
+
+CONFIGS = Path(__file__).resolve().parents[1] / "models" / "configs"
+
+
+@pytest.fixture(scope="session")
+def tiny_config() -> ModelConfig:
+    return ModelConfig.from_json(CONFIGS / "glm5-tiny-random.json")
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(tmp_path_factory, tiny_config) -> Path:
+    """The reference §6.1 tiny config with random fp32 weights (index_topk 16 < test lengths)."""
+    return write_checkpoint(tmp_path_factory.mktemp("tiny-fp32"), tiny_config, seed=0, dtype="float32")
+
+
+def hf_model(path, dtype=torch.float32):
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager",
+                                                experts_implementation="eager").eval()

@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from models.config import ConfigError, ModelConfig, derive_indexer_types
+from tests.conftest import CONFIGS
+
+
+def base() -> dict:
+    return json.loads((CONFIGS / "glm5-tiny-random.json").read_text())
+
+
+def test_tiny_config_fields():
+    cfg = ModelConfig.from_dict(base())
+    assert cfg.indexer_types == ("full", "full", "shared", "shared", "full", "shared")
+    assert cfg.mlp_layer_types == ("dense", "dense") + ("sparse",) * 4
+    assert cfg.qk_head_dim == 128 and cfg.kv_cache_dim == 128
+    assert cfg.num_cache_layers == 7 and cfg.has_indexer(6) and not cfg.has_indexer(2)
+    assert cfg.index_share_for_mtp_iteration and cfg.rope_theta == 1e6 and cfg.eos_token_ids == (1,)
+
+
+@pytest.mark.parametrize("freq,offset,pattern", [(1, 2, None), (4, 3, None), (3, 2, None), (2, 0, None),
+                                                 (None, None, "FSSFFS"), (4, None, None)])
+def test_indexer_types_derived_as_hf(freq, offset, pattern):
+    from transformers import GlmMoeDsaConfig
+
+    kw = {k: v for k, v in (("index_topk_freq", freq), ("index_skip_topk_offset", offset),
+                            ("index_topk_pattern", pattern)) if v is not None}
+    hf = GlmMoeDsaConfig(num_hidden_layers=6, **kw)
+    assert derive_indexer_types(6, freq, offset, pattern) == list(hf.indexer_types)
+
+
+def test_glm52_schedule_has_21_full_layers():
+    types = derive_indexer_types(78, 4, 3, None)
+    assert types.count("full") == 21 and [i for i, t in enumerate(types) if t == "full"][:5] == [0, 1, 2, 6, 10]
+
+
+def test_indexer_types_derived_when_absent():
+    d = base()
+    del d["indexer_types"]
+    assert ModelConfig.from_dict(d).indexer_types == ("full", "full", "shared", "shared", "full", "shared")
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"model_type": "llama"}, "model_type"),
+    ({"hidden_size": None}, "hidden_size"),
+    ({"topk_group": 5}, "topk_group"),
+    ({"n_group": 3}, "n_group"),
+    ({"num_experts_per_tok": 32}, "num_experts_per_tok"),
+    ({"mlp_layer_types": ["dense"] * 5}, "mlp_layer_types"),
+    ({"indexer_types": ["shared"] + ["full"] * 5}, "indexer_types"),
+    ({"indexer_types": ["full", "half", "full", "full", "full", "full"]}, "indexer_types"),
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 4}}, "rope_parameters.rope_type"),
+    ({"scoring_func": "softmax"}, "scoring_func"),
+    ({"qk_head_dim": 99}, "qk_head_dim"),
+    ({"frobnicate": 1}, "frobnicate"),
+    ({"quantization_config": {"quant_method": "awq"}}, "quantization_config.quant_method"),
+    ({"quantization_config": {"quant_method": "fp8", "weight_block_size": [64, 64]}},
+     "quantization_config.weight_block_size"),
+    ({"num_hidden_layers": 0}, "num_hidden_layers"),
+])
+def test_bad_config_names_the_field(change, field):
+    d = base()
+    for k, v in change.items():
+        if v is None:
+            del d[k]
+        else:
+            d[k] = v
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        ModelConfig.from_dict(d)
+
+
+def test_deepseek_v32_has_no_index_share():
+    d = base()
+    d["model_type"] = "deepseek_v32"
+    with pytest.raises(ConfigError, match="indexer_types"):
+        ModelConfig.from_dict(d)
+    del d["indexer_types"]
+    cfg = ModelConfig.from_dict(d)
+    assert cfg.indexer_types == ("full",) * 6 and not cfg.indexer_rope_interleave
+
+
+def test_config_is_frozen_and_round_trips():
+    cfg = ModelConfig.from_dict(base())
+    with pytest.raises(Exception):
+        cfg.hidden_size = 3  # type: ignore[misc]
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
