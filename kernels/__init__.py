@@ -4,3 +4,16 @@ from kernels import reference  # noqa: F401  (registers the reference ops)
 from kernels.registry import ops
 
 __all__ = ["ops"]
+
+
+def _register_triton() -> None:
+    """Triton implementations register beside the references when triton imports; the registry decides
+    (per op, per device) whether they run."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return
+    from kernels import triton_attention, triton_linear, triton_moe, triton_norm  # noqa: F401
+
+
+_register_triton()

@@ -10,7 +10,7 @@ import torch
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-torch.set_num_threads(min(2, torch.get_num_threads()))
+torch.set_num_threads(1)  # 2 shared cores: one thread avoids OpenMP spin contention
 
 from models.checkpoint import write_checkpoint  # noqa: E402
 from models.config import ModelConfig  # noqa: E402

@@ -1,0 +1,131 @@
+"""``glmserve``: serve, generate, make-checkpoint.
+
+    glmserve serve                       # the embedded default model on this machine, OpenAI API on :8000
+    glmserve generate "Once upon a time" # stream a completion to the terminal
+    glmserve make-checkpoint OUT --config models/configs/glm5-tiny-random.json [--fp8] [--shards 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from cluster.config import DEFAULT_MODEL
+
+
+def _add_engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL, help="checkpoint folder (default: the embedded tiny model)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--kernels", default="auto", choices=["auto", "reference"])
+    p.add_argument("--kv-cache-tokens", type=int, default=32768)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=512)
+    p.add_argument("--num-workers", type=int, default=1, choices=[1, 2, 4, 8])
+    p.add_argument("--moe", default="tp", choices=["tp", "ep"])
+    p.add_argument("--comm", default="torch", choices=["torch", "ipc"])
+    p.add_argument("--speculative-tokens", type=int, default=0)
+
+
+def _engine_config(a: argparse.Namespace):
+    from cluster.config import EngineConfig
+
+    return EngineConfig(model=a.model, device=a.device, dtype=a.dtype, kernels=a.kernels,
+                        kv_cache_tokens=a.kv_cache_tokens, max_num_seqs=a.max_num_seqs,
+                        max_num_batched_tokens=a.max_num_batched_tokens, num_workers=a.num_workers,
+                        moe=a.moe, comm=a.comm, speculative_tokens=a.speculative_tokens)
+
+
+def cmd_generate(a: argparse.Namespace) -> int:
+    from cluster.local import build_local_engine
+    from scheduler.request import SamplingParams
+    from scheduler.scheduler import AdmissionError
+
+    engine, tok = build_local_engine(_engine_config(a))
+    if tok is None:
+        print(f"{a.model} has no tokenizer.json; generate needs text in and out", file=sys.stderr)
+        return 2
+    if a.chat:
+        ids = tok.encode_chat([{"role": "user", "content": a.prompt}], add_generation_prompt=True)
+    else:
+        ids = tok.encode(a.prompt)
+    params = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, seed=a.seed)
+    try:
+        rid = engine.add_request(ids, params)
+    except AdmissionError as e:
+        print(f"refused: {e}", file=sys.stderr)
+        return 2
+    t0, first, n = time.perf_counter(), None, 0
+    if not a.chat:
+        print(a.prompt, end="", flush=True)
+    done = False
+    while not done:
+        for ev in engine.step():
+            if ev.req_id != rid:
+                continue
+            first = first or time.perf_counter()
+            n += len(ev.token_ids)
+            print(ev.text, end="", flush=True)
+            done = ev.finished
+    dt = time.perf_counter() - t0
+    print(f"\n[{n} tokens, first after {first - t0:.2f} s, {n / dt:.1f} tok/s]", file=sys.stderr)
+    return 0
+
+
+def cmd_make_checkpoint(a: argparse.Namespace) -> int:
+    from models.checkpoint import write_checkpoint
+    from models.config import ModelConfig
+
+    cfg = ModelConfig.from_json(a.config)
+    out = write_checkpoint(a.out, cfg, seed=a.seed, dtype=a.dtype, fp8=a.fp8, num_shards=a.shards)
+    print(f"wrote {out} ({'fp8' if a.fp8 else a.dtype}, {a.shards} shard(s))")
+    return 0
+
+
+def cmd_serve(a: argparse.Namespace) -> int:
+    from cluster.serve import run_server
+
+    return run_server(_engine_config(a), host=a.host, port=a.port)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="glmserve", description="Serve and run GLM-5 family models.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    g = sub.add_parser("generate", help="stream a completion to the terminal")
+    _add_engine_args(g)
+    g.add_argument("prompt")
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    g.set_defaults(fn=cmd_generate)
+
+    s = sub.add_parser("serve", help="OpenAI-compatible server (Ray Serve)")
+    _add_engine_args(s)
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.set_defaults(fn=cmd_serve)
+
+    m = sub.add_parser("make-checkpoint", help="write a random checkpoint in Hugging Face layout")
+    m.add_argument("out", type=Path)
+    m.add_argument("--config", required=True, type=Path, help="a config.json (e.g. models/configs/*.json)")
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    m.add_argument("--fp8", action="store_true", help="FP8 e4m3 weights with 128x128 block scales")
+    m.add_argument("--shards", type=int, default=1)
+    m.set_defaults(fn=cmd_make_checkpoint)
+
+    a = p.parse_args(argv)
+    try:
+        return a.fn(a)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"glmserve: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

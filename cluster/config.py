@@ -1,0 +1,78 @@
+"""Engine / cluster configuration: one frozen dataclass, built from CLI flags or a YAML/JSON mapping.
+
+Unknown keys and bad values are errors naming the field. Runtime facts (the KV block count that
+fits in memory, the device actually used) are computed at start and live elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+DEFAULT_MODEL = str(Path(__file__).resolve().parents[1] / "models" / "tiny")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = DEFAULT_MODEL          # checkpoint folder (config.json + safetensors + tokenizer files)
+    served_model_name: str | None = None
+    device: str = "auto"                # auto | cpu | cuda
+    dtype: str = "auto"                 # auto (fp32 on CPU, bf16 on GPU) | float32 | bfloat16
+    kernels: str = "auto"               # auto | reference
+    block_size: int = 16
+    kv_cache_tokens: int = 32768        # KV slots per worker
+    max_model_len: int | None = None    # default: min(max_position_embeddings, kv_cache_tokens)
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_waiting: int = 256              # queue bound: beyond it requests are refused (HTTP 429)
+    num_workers: int = 1                # N worker ranks (1, 2, 4, 8)
+    moe: str = "tp"                     # tp | ep
+    comm: str = "torch"                 # torch | ipc
+    step_timeout_s: float = 60.0        # a step that overruns this fails its requests
+    speculative_tokens: int = 0         # MTP drafts per round (0 = off)
+
+    def __post_init__(self) -> None:
+        checks = {
+            "device": self.device in ("auto", "cpu", "cuda"),
+            "dtype": self.dtype in ("auto", "float32", "bfloat16"),
+            "kernels": self.kernels in ("auto", "reference"),
+            "block_size": self.block_size >= 1,
+            "kv_cache_tokens": self.kv_cache_tokens >= self.block_size,
+            "max_num_seqs": self.max_num_seqs >= 1,
+            "max_num_batched_tokens": self.max_num_batched_tokens >= self.max_num_seqs,
+            "max_waiting": self.max_waiting >= 0,
+            "num_workers": self.num_workers in (1, 2, 4, 8),
+            "moe": self.moe in ("tp", "ep"),
+            "comm": self.comm in ("torch", "ipc"),
+            "step_timeout_s": self.step_timeout_s > 0,
+            "speculative_tokens": 0 <= self.speculative_tokens <= 7,
+            "max_model_len": self.max_model_len is None or self.max_model_len >= 1,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"engine config field '{name}' has an invalid value {getattr(self, name)!r}")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EngineConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown engine config field(s) {unknown}; known: {sorted(known)}")
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def resolved_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def resolved_dtype(self):
+        import torch
+
+        name = self.dtype if self.dtype != "auto" else ("bfloat16" if self.resolved_device() == "cuda" else "float32")
+        return getattr(torch, name)

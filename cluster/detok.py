@@ -1,0 +1,113 @@
+"""Incremental detokenization and stop-string matching for streamed output (pure Python).
+
+``IncrementalDetokenizer`` uses the prefix/read offset method (HF TGI, vLLM): decode a short window of
+recent ids twice, without and with the new ids, and emit the difference. Decoding a window instead of
+one id at a time keeps tokenizers that strip or merge across ids (SentencePiece's leading space,
+byte-level pieces of one UTF-8 char) right, and keeps the cost O(window) per token. While the window
+ends in U+FFFD (a multibyte char split across tokens) nothing is emitted and the window grows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+REPLACEMENT_CHAR = "\ufffd"
+# Prompt ids decoded ahead of the first generated id, so context-dependent decoding (a leading space)
+# sees the same left context it would in the full text; vLLM uses the same 5.
+_PROMPT_CONTEXT_IDS = 5
+
+
+class IncrementalDetokenizer:
+    """Turns generated ids into text deltas that never end in a split multibyte char.
+
+    ``decode`` maps ids to text, e.g. ``lambda ids: tok.decode(ids, skip_special_tokens=True)``.
+    ``prompt_ids`` (optional) give left context only; their text is never emitted.
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str], prompt_ids: list[int] | None = None) -> None:
+        self._decode = decode
+        self._ids: list[int] = list(prompt_ids or [])
+        self._read_offset = len(self._ids)  # ids before this have been emitted
+        self._prefix_offset = max(self._read_offset - _PROMPT_CONTEXT_IDS, 0)  # window start
+        self._chunks: list[str] = []
+
+    @property
+    def text(self) -> str:
+        """All text emitted so far (generated ids only)."""
+        return "".join(self._chunks)
+
+    def add(self, token_ids: list[int]) -> str:
+        """Append generated ids; return the text that became final (may be empty)."""
+        self._ids.extend(token_ids)
+        prefix_text, new_text = self._window_texts()
+        if len(new_text) <= len(prefix_text) or new_text.endswith(REPLACEMENT_CHAR):
+            return ""  # nothing new, or the last char is still incomplete: hold the ids back
+        return self._emit(new_text[len(prefix_text):])
+
+    def flush(self) -> str:
+        """At finish: emit whatever is held back (a genuinely invalid tail keeps its U+FFFD)."""
+        prefix_text, new_text = self._window_texts()
+        if len(new_text) <= len(prefix_text):
+            return ""
+        return self._emit(new_text[len(prefix_text):])
+
+    def _window_texts(self) -> tuple[str, str]:
+        """(text of the already-emitted window ids, text of the window plus the held-back ids)."""
+        prefix_text = self._decode(self._ids[self._prefix_offset:self._read_offset])
+        new_text = self._decode(self._ids[self._prefix_offset:])
+        return prefix_text, new_text
+
+    def _emit(self, delta: str) -> str:
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._ids)
+        self._chunks.append(delta)
+        return delta
+
+
+class StopStringMatcher:
+    """Cuts streamed text at the earliest stop string, even one split across deltas.
+
+    Text is released only once it cannot be the start of a stop string; the held-back tail is at most
+    ``max(len(stop)) - 1`` chars.
+    """
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        if any(not s for s in stops):
+            raise ValueError("stop strings must be non-empty")
+        self._stops = tuple(stops)
+        self._max_hold = max((len(s) for s in self._stops), default=1) - 1
+        self._held = ""
+        self.stopped = False
+
+    def feed(self, delta: str) -> tuple[str, bool]:
+        """Returns (text safe to emit now, stopped). On a stop, the text ends just before the stop string."""
+        if self.stopped:
+            return "", True
+        buf = self._held + delta
+        cut = self._earliest_stop(buf)
+        if cut is not None:
+            self._held = ""
+            self.stopped = True
+            return buf[:cut], True
+        hold = self._partial_stop_len(buf)
+        self._held = buf[len(buf) - hold:] if hold else ""
+        return buf[:len(buf) - hold], False
+
+    def flush(self) -> str:
+        """At finish without a stop: release the held-back tail."""
+        held, self._held = self._held, ""
+        return "" if self.stopped else held
+
+    def _earliest_stop(self, buf: str) -> int | None:
+        """Index where the first stop string in ``buf`` starts, or None."""
+        hits = [i for i in (buf.find(s) for s in self._stops) if i >= 0]
+        return min(hits) if hits else None
+
+    def _partial_stop_len(self, buf: str) -> int:
+        """Length of the longest suffix of ``buf`` that is a proper prefix of some stop string."""
+        # The longest such suffix starts earliest, so it covers every stop that might still complete.
+        for n in range(min(len(buf), self._max_hold), 0, -1):
+            tail = buf[-n:]
+            if any(s.startswith(tail) for s in self._stops):
+                return n
+        return 0

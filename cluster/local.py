@@ -1,0 +1,42 @@
+"""Build a single-process engine (model + runner in this process) from an ``EngineConfig``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cluster.config import EngineConfig
+from cluster.engine import Engine
+from scheduler.scheduler import SchedulerConfig
+
+
+def load_tokenizer(path: str | Path):
+    """The checkpoint's tokenizer, or None when it ships none (token-id-only serving)."""
+    from models.tokenizer import Tokenizer
+
+    path = Path(path)
+    return Tokenizer.from_dir(path) if (path / "tokenizer.json").exists() else None
+
+
+def scheduler_config(cfg: EngineConfig, model_config, tokenizer, num_blocks: int) -> SchedulerConfig:
+    eos = set(model_config.eos_token_ids) | set(tokenizer.eos_token_ids if tokenizer else ())
+    max_len = cfg.max_model_len or min(model_config.max_position_embeddings, num_blocks * cfg.block_size)
+    return SchedulerConfig(num_blocks=num_blocks, block_size=cfg.block_size, max_model_len=max_len,
+                           vocab_size=model_config.vocab_size, eos_token_ids=tuple(sorted(eos)),
+                           max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
+                           max_waiting=cfg.max_waiting)
+
+
+def build_local_engine(cfg: EngineConfig, progress: bool = True) -> tuple[Engine, object]:
+    """Load the model and tokenizer; returns (engine, tokenizer)."""
+    from kernels import ops
+    from models.loader import load_model
+    from workers.runner import ModelRunner
+
+    device = cfg.resolved_device()
+    ops.configure(cfg.kernels, device)
+    model = load_model(cfg.model, dtype=cfg.resolved_dtype(), device=device, progress=progress)
+    tokenizer = load_tokenizer(cfg.model)
+    num_blocks = cfg.kv_cache_tokens // cfg.block_size
+    runner = ModelRunner(model, num_blocks, cfg.block_size, cfg.resolved_dtype(), device)
+    decode = (lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer else None
+    return Engine(runner, scheduler_config(cfg, model.config, tokenizer, num_blocks), decode), tokenizer

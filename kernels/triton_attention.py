@@ -1,0 +1,172 @@
+"""Triton MLA sparse attention (absorbed, latent space) and the DSA indexer's scoring.
+
+``mla_sparse_attention`` is split-K flash-decoding over each row's selected slots: a program owns one
+row, a block of heads and a slice of the K selected slots; it gathers those cache rows (latent | rope
+key, 576 values), keeps an online softmax in fp32 and writes an un-normalised partial with its
+log-sum-exp; a combine kernel merges the slices. Scores and probabilities stay in fp32 (the reference
+rounds scores and probabilities to the activation dtype, so bf16 results differ by rounding only).
+
+``indexer_topk`` scores every visible key of the row's request with one launch for all rows
+(``Σ_h w_h · relu(q_h·k · scale)`` in fp32 on the tensor cores) and selects with ``torch.topk``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import reference
+from kernels.registry import ops
+from kernels.triton_utils import dot_precision, next_pow2, num_sms, on_cuda
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _mla_split_kernel(ql_ptr, qr_ptr, kv_ptr, idx_ptr, o_ptr, lse_ptr, nh, K, keys_per_split, scale_log2,
+                      stride_ql_n, stride_ql_h, stride_qr_n, stride_qr_h, stride_kv, stride_idx,
+                      RKV: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+                      PREC: tl.constexpr):
+    n = tl.program_id(0)
+    hb = tl.program_id(1)
+    sp = tl.program_id(2)
+    num_splits = tl.num_programs(2)
+    h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = h < nh
+    c = tl.arange(0, RKV)
+    r = tl.arange(0, DR)
+    ql = tl.load(ql_ptr + n * stride_ql_n + h[:, None] * stride_ql_h + c[None, :], mask=hmask[:, None], other=0.0)
+    qr = tl.load(qr_ptr + n * stride_qr_n + h[:, None] * stride_qr_h + r[None, :], mask=hmask[:, None], other=0.0)
+    m_i = tl.full((BLOCK_H,), -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_H, RKV), dtype=tl.float32)
+    k0 = sp * keys_per_split
+    k_end = tl.minimum(k0 + keys_per_split, K)
+    for kb in range(k0, k_end, BLOCK_K):
+        kk = kb + tl.arange(0, BLOCK_K)
+        slot = tl.load(idx_ptr + n * stride_idx + kk, mask=kk < k_end, other=-1)
+        sel = slot >= 0
+        base = kv_ptr + tl.maximum(slot, 0).to(tl.int64)[:, None] * stride_kv
+        lat = tl.load(base + c[None, :], mask=sel[:, None], other=0.0)                        # [BK, RKV]
+        kr = tl.load(base + RKV + r[None, :], mask=sel[:, None], other=0.0)                   # [BK, DR]
+        s = tl.dot(ql, tl.trans(lat), input_precision=PREC) + tl.dot(qr, tl.trans(kr), input_precision=PREC)
+        s = tl.where(sel[None, :], s * scale_log2, float("-inf"))                            # [BH, BK]
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(lat.dtype), lat, input_precision=PREC)
+        m_i = m_new
+    row = (n * nh + h) * num_splits + sp
+    lse = tl.where(l_i > 0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), float("-inf"))                            # log2 domain
+    tl.store(lse_ptr + row, lse, mask=hmask)
+    tl.store(o_ptr + row[:, None] * RKV + c[None, :], acc / tl.maximum(l_i, 1e-30)[:, None], mask=hmask[:, None])
+
+
+@triton.jit
+def _mla_combine_kernel(o_ptr, lse_ptr, out_ptr, NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
+                        RKV: tl.constexpr):
+    nh_row = tl.program_id(0)                  # n * nh + h
+    s = tl.arange(0, SPLITS_P2)
+    lse = tl.load(lse_ptr + nh_row * NUM_SPLITS + s, mask=s < NUM_SPLITS, other=float("-inf"))
+    m = tl.max(lse, axis=0)
+    w = tl.exp2(lse - m)
+    w = w / tl.sum(w, axis=0)
+    c = tl.arange(0, RKV)
+    o = tl.load(o_ptr + (nh_row * NUM_SPLITS + s)[:, None] * RKV + c[None, :], mask=(s < NUM_SPLITS)[:, None],
+                other=0.0)
+    tl.store(out_ptr + nh_row * RKV + c, tl.sum(o * w[:, None], axis=0).to(out_ptr.dtype.element_ty))
+
+
+@ops.register("mla_sparse_attention", backend="triton", available=on_cuda)
+def mla_sparse_attention(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor,
+                         topk_slots: torch.Tensor, scale: float, row_chunk: int = 256) -> torch.Tensor:
+    """q_lat: [N, nh, rkv] and q_rope: [N, nh, dr] (last dim contiguous), kv_cache: [slots, rkv+dr] (rows
+    contiguous), topk_slots: [N, K] (-1 = not selected) → o_lat [N, nh, rkv] in q_lat's dtype.
+    rkv and dr must be powers of two (512, 64). Graph-capturable. ``row_chunk`` is the reference's knob."""
+    N, nh, rkv = q_lat.shape
+    dr = q_rope.shape[-1]
+    K = topk_slots.shape[1]
+    if rkv & (rkv - 1) or dr & (dr - 1) or q_lat.stride(-1) != 1 or q_rope.stride(-1) != 1 \
+            or kv_cache.stride(-1) != 1 or N == 0 or K == 0:
+        return reference.mla_sparse_attention(q_lat, q_rope, kv_cache, topk_slots, scale, row_chunk)
+    topk_slots = topk_slots.contiguous()
+    block_h = min(16, max(16, next_pow2(nh)))
+    block_k = 32 if rkv >= 256 else 16
+    head_blocks = triton.cdiv(nh, block_h)
+    splits = max(1, min(triton.cdiv(2 * num_sms(), N * head_blocks), triton.cdiv(K, 4 * block_k), 64))
+    keys_per_split = triton.cdiv(triton.cdiv(K, splits), block_k) * block_k
+    splits = triton.cdiv(K, keys_per_split)
+    o_part = torch.empty(N * nh * splits, rkv, dtype=torch.float32, device=q_lat.device)
+    lse = torch.empty(N * nh * splits, dtype=torch.float32, device=q_lat.device)
+    _mla_split_kernel[(N, head_blocks, splits)](
+        q_lat, q_rope, kv_cache, topk_slots, o_part, lse, nh, K, keys_per_split, scale * LOG2E,
+        q_lat.stride(0), q_lat.stride(1), q_rope.stride(0), q_rope.stride(1), kv_cache.stride(0),
+        topk_slots.stride(0), RKV=rkv, DR=dr, BLOCK_H=block_h, BLOCK_K=block_k,
+        PREC=dot_precision(q_lat.dtype), num_warps=4, num_stages=2)
+    out = torch.empty(N, nh, rkv, dtype=q_lat.dtype, device=q_lat.device)
+    _mla_combine_kernel[(N * nh,)](o_part, lse, out, NUM_SPLITS=splits, SPLITS_P2=next_pow2(splits), RKV=rkv,
+                                   num_warps=4)
+    return out
+
+
+@triton.jit
+def _index_score_kernel(q_ptr, w_ptr, k_ptr, slots_ptr, base_ptr, len_ptr, pos_ptr, score_ptr, T_max, scale,
+                        stride_qn, stride_qh, stride_k, IH: tl.constexpr, IDD: tl.constexpr,
+                        BLOCK_T: tl.constexpr, PREC: tl.constexpr):
+    n = tl.program_id(0)
+    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    length = tl.load(len_ptr + n)
+    pos = tl.load(pos_ptr + n)
+    visible = (t < length) & (t <= pos)
+    slot = tl.load(slots_ptr + tl.load(base_ptr + n) + t, mask=visible, other=0)
+    d = tl.arange(0, IDD)
+    hh = tl.arange(0, IH)
+    q = tl.load(q_ptr + n * stride_qn + hh[:, None] * stride_qh + d[None, :])                    # [IH, IDD]
+    k = tl.load(k_ptr + slot.to(tl.int64)[:, None] * stride_k + d[None, :], mask=visible[:, None], other=0.0)
+    s = tl.dot(k, tl.trans(q.to(k.dtype)), input_precision=PREC)                                # [BT, IH]
+    w = tl.load(w_ptr + n * IH + hh)
+    score = tl.sum(tl.maximum(s * scale, 0.0) * w[None, :], axis=1)
+    score = tl.where(visible, score, float("-inf"))
+    tl.store(score_ptr + n * T_max + t, score, mask=t < T_max)
+
+
+def index_scores(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tensor, seq_rows, seq_slots,
+                 positions: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Scores [N, T_max] fp32 (-inf where not visible), the concatenated slots and each row's offset into
+    them. q: [N, ih, idd] (pow-2 ih ≥ 16 and idd), head_weights: [N, ih], k_cache: [slots, idd]."""
+    N, ih, idd = q.shape
+    lengths = [int(s.numel()) for s in seq_slots]
+    T_max = max(lengths)
+    all_slots = torch.cat([s.to(torch.int64) for s in seq_slots])
+    bases, lens = [], []
+    off = 0
+    for (r0, nr), T in zip(seq_rows, lengths):
+        bases += [off] * nr
+        lens += [T] * nr
+        off += T
+    # pinned host → device copy: asynchronous and capturable into a CUDA graph
+    meta = torch.tensor([bases, lens], dtype=torch.int64, pin_memory=q.is_cuda).to(q.device, non_blocking=True)
+    score = torch.empty(N, T_max, dtype=torch.float32, device=q.device)
+    block_t = 64
+    _index_score_kernel[(N, triton.cdiv(T_max, block_t))](
+        q, head_weights.float().contiguous(), k_cache, all_slots, meta[0], meta[1], positions, score, T_max, scale,
+        q.stride(0), q.stride(1), k_cache.stride(0), IH=ih, IDD=idd, BLOCK_T=block_t,
+        PREC=dot_precision(k_cache.dtype), num_warps=4)
+    return score, all_slots, meta[0]
+
+
+@ops.register("indexer_topk", backend="triton", available=on_cuda)
+def indexer_topk(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tensor,
+                 seq_rows: list[tuple[int, int]], seq_slots: list[torch.Tensor], positions: torch.Tensor,
+                 topk: int, scale: float) -> torch.Tensor:
+    """As ``reference.indexer_topk`` (same selected sets; the order within a row may differ). One scoring
+    launch for all rows + ``torch.topk``. No host sync beyond the host-side request metadata."""
+    N, ih, idd = q.shape
+    T_max = max(int(s.numel()) for s in seq_slots)
+    if T_max <= topk or ih & (ih - 1) or idd & (idd - 1) or ih < 16 or q.stride(-1) != 1:
+        return reference.indexer_topk(q, head_weights, k_cache, seq_rows, seq_slots, positions, topk, scale)
+    score, all_slots, base = index_scores(q, head_weights, k_cache, seq_rows, seq_slots, positions, scale)
+    val, idx = score.topk(min(topk, T_max), dim=-1)                                               # [N, K]
+    return torch.where(torch.isfinite(val), all_slots[(base[:, None] + idx).clamp(max=all_slots.numel() - 1)], -1)

@@ -1,0 +1,139 @@
+"""The engine's tokenizer: HF ``tokenizer.json`` + the chat template, without transformers.
+
+Renders chat templates the way ``transformers`` does (sandboxed Jinja with
+``trim_blocks``/``lstrip_blocks``, ``loopcontrols``, a JSON ``tojson`` filter and
+``raise_exception``), so prompts match ``AutoTokenizer.apply_chat_template``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as HFTokenizer
+
+# Names a message's reasoning may arrive under; the template reads `reasoning_content`.
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+class _TemplateError(ValueError):
+    """A chat template called raise_exception: the caller's messages are invalid."""
+
+
+def _raise_exception(message: str) -> None:
+    raise _TemplateError(message)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # Jinja's own tojson HTML-escapes; templates expect plain JSON.
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _compile(template: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(template)
+
+
+def _token_content(token: str | dict | None) -> str | None:
+    # tokenizer_config.json stores special tokens as strings or AddedToken dicts.
+    return token.get("content") if isinstance(token, dict) else token
+
+
+def _check_content(content: Any, index: int) -> None:
+    if content is None or isinstance(content, str):
+        return
+    if not isinstance(content, list):  # user input, so ValueError (-> HTTP 400), not TypeError
+        raise ValueError(  # noqa: TRY004
+            f"message {index}: content must be a string or a list of parts, got {type(content).__name__}"
+        )
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if kind != "text":
+            raise ValueError(f"message {index}: {kind} content parts are not supported (only text)")
+
+
+class Tokenizer:
+    """Byte-level BPE encode/decode plus GLM chat-template rendering for one model directory."""
+
+    def __init__(self, hf: HFTokenizer, config: dict[str, Any]) -> None:
+        self._hf = hf
+        self.vocab_size: int = hf.get_vocab_size(with_added_tokens=True)
+        self.special_tokens: dict[str, str | None] = {
+            name: _token_content(config.get(name))
+            for name in ("bos_token", "eos_token", "pad_token", "unk_token")
+        }
+        added = hf.get_added_tokens_decoder()
+        self.special_ids: frozenset[int] = frozenset(i for i, tok in added.items() if tok.special)
+        eos = self.special_tokens["eos_token"]
+        if eos is None:
+            raise ValueError("tokenizer_config.json has no eos_token")
+        stop_names = [eos, *config.get("stop_tokens", [])]
+        self.eos_token_ids: tuple[int, ...] = tuple(
+            dict.fromkeys(self._single_id(name) for name in stop_names)
+        )
+        self.chat_template: str | None = config.get("chat_template")
+        self._template = _compile(self.chat_template) if self.chat_template else None
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> Tokenizer:
+        path = Path(path)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            if not (path / name).is_file():
+                raise FileNotFoundError(f"{path / name} not found: a model directory needs {name}")
+        config = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
+        return cls(HFTokenizer.from_file(str(path / "tokenizer.json")), config)
+
+    def _single_id(self, token: str) -> int:
+        token_id = self._hf.token_to_id(token)
+        if token_id is None:
+            raise ValueError(f"token {token!r} named in tokenizer_config.json is not in the vocabulary")
+        return token_id
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self._hf.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, **kwargs: Any
+    ) -> str:
+        """Render `messages` to the prompt string; extra kwargs (tools, enable_thinking) reach the template."""
+        if self._template is None:
+            raise ValueError("tokenizer_config.json has no chat_template")
+        chat = []
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or "role" not in message:
+                raise ValueError(f"message {i} must be a dict with a 'role', got {message!r}")
+            _check_content(message.get("content"), i)
+            reasoning = next((message[k] for k in _REASONING_FIELDS if message.get(k) is not None), None)
+            if reasoning is not None:
+                message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+            chat.append(message)
+        context = {**{k: v for k, v in self.special_tokens.items() if v is not None}, **kwargs}
+        context.setdefault("tools", None)
+        context.setdefault("documents", None)
+        return self._template.render(messages=chat, add_generation_prompt=add_generation_prompt, **context)
+
+    def encode_chat(self, messages: list[dict], **kwargs: Any) -> list[int]:
+        # The template writes [gMASK]<sop> itself, so no special tokens are added here.
+        return self.encode(self.apply_chat_template(messages, **kwargs), add_special_tokens=False)

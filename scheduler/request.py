@@ -1,0 +1,131 @@
+"""Request state: sampling parameters, the status machine and the mutable per-request record."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+MAX_LOGPROBS = 20
+
+
+class FinishReason:
+    """Why a request stopped (the OpenAI `finish_reason` strings)."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+class RequestStatus(enum.Enum):
+    """WAITING -> PREFILLING -> DECODING -> FINISHED | ABORTED | FAILED (preemption: back to WAITING)."""
+
+    WAITING = "waiting"
+    PREFILLING = "prefilling"
+    DECODING = "decoding"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+    FAILED = "failed"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in (RequestStatus.FINISHED, RequestStatus.ABORTED, RequestStatus.FAILED)
+
+
+def _check_int(name: str, value: object) -> None:
+    # ValueError, not TypeError: every bad user field reaches the HTTP edge as one error kind (400).
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{name} must be an int, got {value!r}")  # noqa: TRY004
+
+
+def _check_range(name: str, value: float, lo: float, hi: float) -> None:
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one request; validated at construction (ValueError names the field)."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0  # 0.0 -> greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()  # stop strings: matched by the detokenizer, not the scheduler
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None: none; 0: the chosen token's; n: chosen + top n
+
+    def __post_init__(self) -> None:
+        # Lists arrive from JSON bodies; store tuples so the params stay hashable and immutable.
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        object.__setattr__(self, "stop", tuple(self.stop))
+        _check_int("max_tokens", self.max_tokens)
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        _check_int("top_k", self.top_k)
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        _check_range("min_p", self.min_p, 0.0, 1.0)
+        if self.seed is not None:
+            _check_int("seed", self.seed)
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        _check_range("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        _check_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        for tok in self.stop_token_ids:
+            _check_int("stop_token_ids", tok)
+            if tok < 0:
+                raise ValueError(f"stop_token_ids must be >= 0, got {tok}")
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"stop must hold non-empty strings, got {s!r}")
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs)
+            _check_range("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+
+@dataclass(eq=False)
+class Request:
+    """Mutable state of one request, owned by the scheduler.
+
+    `num_computed_tokens` counts the tokens of `all_ids` whose KV is in the cache; `block_ids` is the
+    block table covering them. Preemption resets both; `output_ids` survive and are recomputed.
+    """
+
+    req_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    arrival: int  # monotonic counter: FCFS order and preemption victim order
+    output_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: str | None = None
+    error: str | None = None
+    num_preemptions: int = 0
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished

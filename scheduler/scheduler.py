@@ -1,0 +1,369 @@
+"""The step scheduler: admission, FCFS chunked prefill, decode, preemption by recompute.
+
+Pure Python over plain data. One step is `plan = schedule()`, the workers run the plan, then
+`update(plan, sampled)` appends tokens, finishes requests and frees their blocks.
+
+Invariant kept throughout: every running request arrived before every waiting one (admission is
+FCFS without overtaking, and preemption victims are the youngest running requests), so
+"the waiting queue sorted by arrival" is also "the prefill order".
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from scheduler.block_pool import BlockPool
+from scheduler.request import FinishReason, Request, RequestStatus, SamplingParams
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Static scheduler limits. The block count is a runtime fact measured by the workers."""
+
+    num_blocks: int
+    block_size: int = 16
+    max_model_len: int = 4096  # prompt + max_tokens must fit
+    vocab_size: int = 1024
+    eos_token_ids: tuple[int, ...] = ()
+    max_num_seqs: int = 64  # requests running (holding KV) at once
+    max_num_batched_tokens: int = 256  # per-step token budget (chunked prefill)
+    max_waiting: int = 256  # queue limit: beyond it add_request refuses (back-pressure)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "eos_token_ids", tuple(self.eos_token_ids))
+        for name in ("num_blocks", "block_size", "max_model_len", "vocab_size", "max_num_seqs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
+                f"({self.max_num_seqs}) so every running request can decode each step"
+            )
+        if self.max_waiting < 0:
+            raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
+        for tok in self.eos_token_ids:
+            if not 0 <= tok < self.vocab_size:
+                raise ValueError(f"eos_token_ids must be in [0, vocab_size={self.vocab_size}), got {tok}")
+
+
+class AdmissionError(ValueError):
+    """A request refused at admission. `reason` is a short code, `field` the offending input."""
+
+    def __init__(self, reason: str, field: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.field = field
+
+
+@dataclass(frozen=True)
+class ScheduledSeq:
+    """One request's slice of a step: a prefill chunk, or the last sampled token for decode."""
+
+    req_id: str
+    token_ids: tuple[int, ...]  # tokens fed this step
+    start_pos: int  # absolute position of token_ids[0] (== num_computed_tokens before the step)
+    block_ids: tuple[int, ...]  # block table covering positions [0, start_pos + len(token_ids))
+    sample: bool  # True iff the chunk reaches the end of all_ids: a new token is sampled
+    num_generated: int  # len(output_ids) before this step (the sampler seeds per (seed, num_generated))
+
+    @property
+    def end_pos(self) -> int:
+        return self.start_pos + len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What the workers run this step; decodes come first, then prefill chunks in FCFS order."""
+
+    step_id: int
+    seqs: tuple[ScheduledSeq, ...]
+    preempted: tuple[str, ...]  # req_ids preempted while planning (blocks freed; will recompute)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.seqs)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs
+
+
+@dataclass(frozen=True)
+class RequestEvent:
+    """What one request produced in a step (or how it ended); the engine streams these out."""
+
+    req_id: str
+    new_token_ids: tuple[int, ...]
+    finished: bool
+    finish_reason: str | None
+    error: str | None = None
+
+
+class Scheduler:
+    """FCFS scheduler with chunked prefill and preemption by recompute over one `BlockPool`."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.pool = BlockPool(config.num_blocks, config.block_size)
+        self._waiting: deque[Request] = deque()  # sorted by arrival
+        self._running: list[Request] = []  # sorted by arrival; PREFILLING or DECODING, hold blocks
+        self._live: dict[str, Request] = {}  # waiting + running
+        self._next_arrival = 0
+        self._next_step = 0
+
+    # ---- queries -------------------------------------------------------------------------
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.pool.num_used / self.pool.num_blocks
+
+    def has_unfinished(self) -> bool:
+        return bool(self._live)
+
+    def get(self, req_id: str) -> Request | None:
+        """The live (waiting or running) request, or None once it has ended."""
+        return self._live.get(req_id)
+
+    # ---- admission -----------------------------------------------------------------------
+
+    def add_request(self, req_id: str, prompt_ids: list[int], params: SamplingParams) -> Request:
+        """Queue a request, or raise AdmissionError: refusals happen here, never mid-batch."""
+        self._check_admission(req_id, prompt_ids, params)
+        req = Request(req_id, list(prompt_ids), params, arrival=self._next_arrival)
+        self._next_arrival += 1
+        self._waiting.append(req)
+        self._live[req_id] = req
+        return req
+
+    def _check_admission(self, req_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+        cfg = self.config
+        if req_id in self._live:
+            raise AdmissionError("duplicate", "req_id", f"req_id {req_id!r} is already in flight")
+        if len(self._waiting) >= cfg.max_waiting:
+            raise AdmissionError(
+                "queue_full", "queue", f"waiting queue is full ({cfg.max_waiting} requests); retry later"
+            )
+        if not prompt_ids:
+            raise AdmissionError("empty_prompt", "prompt", "prompt must hold at least one token")
+        bad = next((t for t in prompt_ids if not 0 <= t < cfg.vocab_size), None)
+        if bad is not None:
+            raise AdmissionError(
+                "bad_token", "prompt", f"prompt token id {bad} is outside [0, vocab_size={cfg.vocab_size})"
+            )
+        total_len = len(prompt_ids) + params.max_tokens
+        if total_len > cfg.max_model_len:
+            raise AdmissionError(
+                "too_long",
+                "max_tokens",
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = {total_len} "
+                f"exceeds max_model_len={cfg.max_model_len}; shorten the prompt or lower max_tokens",
+            )
+        # The last sampled token is never fed back, so its KV is never stored.
+        num_blocks = self.pool.blocks_needed(total_len - 1)
+        if num_blocks > self.pool.num_blocks:
+            raise AdmissionError(
+                "kv_capacity",
+                "max_tokens",
+                f"prompt + max_tokens needs {num_blocks} KV blocks but the pool has only "
+                f"{self.pool.num_blocks}; lower max_tokens or shorten the prompt",
+            )
+
+    # ---- planning ------------------------------------------------------------------------
+
+    def schedule(self) -> StepPlan:
+        """Plan one step: decodes first, then FCFS prefill chunks under the token budget."""
+        budget = self.config.max_num_batched_tokens
+        preempted: list[str] = []
+        seqs = self._schedule_decodes(budget, preempted)
+        budget -= sum(len(s.token_ids) for s in seqs)
+        seqs += self._schedule_prefills(budget)
+        plan = StepPlan(self._next_step, tuple(seqs), tuple(preempted))
+        self._next_step += 1
+        return plan
+
+    def _schedule_decodes(self, budget: int, preempted: list[str]) -> list[ScheduledSeq]:
+        seqs: list[ScheduledSeq] = []
+        i = 0
+        while i < len(self._running):
+            req = self._running[i]
+            if req.status is not RequestStatus.DECODING:
+                i += 1
+                continue
+            # Normally 1 token; more if the caller accepted several tokens without feeding them.
+            num_new = req.num_tokens - req.num_computed_tokens
+            if num_new > budget:
+                break
+            if not self._reserve_or_preempt(req, num_new, preempted):
+                break  # req itself was the youngest and got preempted
+            seqs.append(self._make_seq(req, num_new))
+            budget -= num_new
+            i += 1
+        return seqs
+
+    def _reserve_or_preempt(self, req: Request, num_new: int, preempted: list[str]) -> bool:
+        """Grow req's block table for num_new tokens, preempting the youngest running requests."""
+        need = self._blocks_to_add(req, num_new)
+        while not self.pool.can_allocate(need):
+            victim = self._running[-1]  # youngest; never one already scheduled (those are older)
+            self._preempt(victim)
+            preempted.append(victim.req_id)
+            if victim is req:
+                return False
+        req.block_ids += self.pool.allocate(need)
+        return True
+
+    def _preempt(self, req: Request) -> None:
+        assert self._running[-1] is req
+        self._running.pop()
+        self.pool.free(req.block_ids)
+        req.block_ids = []
+        req.num_computed_tokens = 0
+        req.status = RequestStatus.WAITING
+        req.num_preemptions += 1
+        # The youngest running request is older than every waiting one: the front keeps the order.
+        assert not self._waiting or req.arrival < self._waiting[0].arrival
+        self._waiting.appendleft(req)
+
+    def _schedule_prefills(self, budget: int) -> list[ScheduledSeq]:
+        seqs: list[ScheduledSeq] = []
+        for req in self._running:  # partial prefills: older than anything waiting
+            if req.status is not RequestStatus.PREFILLING:
+                continue
+            seq = self._try_prefill(req, budget)
+            if seq is None:
+                return seqs  # no overtaking: the head blocks those behind it
+            seqs.append(seq)
+            budget -= len(seq.token_ids)
+        while self._waiting and len(self._running) < self.config.max_num_seqs:
+            req = self._waiting[0]
+            seq = self._try_prefill(req, budget)
+            if seq is None:
+                break
+            self._waiting.popleft()
+            req.status = RequestStatus.PREFILLING
+            self._running.append(req)
+            seqs.append(seq)
+            budget -= len(seq.token_ids)
+        return seqs
+
+    def _try_prefill(self, req: Request, budget: int) -> ScheduledSeq | None:
+        num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+        if num_new <= 0:
+            return None
+        need = self._blocks_to_add(req, num_new)
+        if not self.pool.can_allocate(need):
+            return None
+        req.block_ids += self.pool.allocate(need)
+        return self._make_seq(req, num_new)
+
+    def _blocks_to_add(self, req: Request, num_new: int) -> int:
+        return self.pool.blocks_needed(req.num_computed_tokens + num_new) - len(req.block_ids)
+
+    def _make_seq(self, req: Request, num_new: int) -> ScheduledSeq:
+        start = req.num_computed_tokens
+        end = start + num_new
+        assert num_new > 0 and end <= req.num_tokens
+        assert len(req.block_ids) == self.pool.blocks_needed(end)
+        token_ids = tuple(req.all_ids[start:end])
+        return ScheduledSeq(
+            req_id=req.req_id,
+            token_ids=token_ids,
+            start_pos=start,
+            block_ids=tuple(req.block_ids),
+            sample=end == req.num_tokens,
+            num_generated=len(req.output_ids),
+        )
+
+    # ---- results -------------------------------------------------------------------------
+
+    def update(self, plan: StepPlan, sampled: dict[str, list[int]]) -> list[RequestEvent]:
+        """Apply a step's results: advance KV, append sampled tokens, finish and free.
+
+        Seqs whose request ended meanwhile (aborted, failed) are skipped.
+        """
+        events: list[RequestEvent] = []
+        for seq in plan.seqs:
+            req = self._live.get(seq.req_id)
+            if req is None or req.status not in (RequestStatus.PREFILLING, RequestStatus.DECODING):
+                continue
+            assert req.num_computed_tokens == seq.start_pos, (
+                f"{seq.req_id}: plan starts at {seq.start_pos}, cache holds {req.num_computed_tokens}"
+            )
+            req.num_computed_tokens = seq.end_pos
+            if not seq.sample:
+                continue
+            tokens = sampled.get(seq.req_id)
+            assert tokens, f"{seq.req_id} was scheduled to sample but no token came back"
+            req.status = RequestStatus.DECODING
+            new_ids, reason = self._append_tokens(req, tokens)
+            if reason is not None:
+                self._end(req, RequestStatus.FINISHED, reason)
+            events.append(RequestEvent(req.req_id, tuple(new_ids), reason is not None, reason))
+        return events
+
+    def _append_tokens(self, req: Request, tokens: list[int]) -> tuple[list[int], str | None]:
+        """Append tokens up to the first stop token or max_tokens; return them and the finish reason."""
+        params = req.params
+        stop_ids = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop_ids.update(self.config.eos_token_ids)
+        new_ids: list[int] = []
+        for tok in tokens:
+            req.output_ids.append(tok)
+            new_ids.append(tok)
+            if tok in stop_ids:
+                return new_ids, FinishReason.STOP
+            if len(req.output_ids) >= params.max_tokens:
+                return new_ids, FinishReason.LENGTH
+        return new_ids, None
+
+    # ---- endings -------------------------------------------------------------------------
+
+    def finish(self, req_id: str, reason: str = FinishReason.STOP) -> RequestEvent | None:
+        """End a request from outside (a stop string matched by the detokenizer)."""
+        req = self._live.get(req_id)
+        if req is None:
+            return None
+        self._end(req, RequestStatus.FINISHED, reason)
+        return RequestEvent(req_id, (), True, reason)
+
+    def abort(self, req_id: str) -> RequestEvent | None:
+        """Drop a request and free its blocks at once; None if it is unknown or already ended."""
+        req = self._live.get(req_id)
+        if req is None:
+            return None
+        self._end(req, RequestStatus.ABORTED, FinishReason.ABORT)
+        return RequestEvent(req_id, (), True, FinishReason.ABORT)
+
+    def fail(self, req_ids: list[str], error: str) -> list[RequestEvent]:
+        """Mark requests FAILED (e.g. their worker died) and free their blocks."""
+        events = []
+        for req_id in req_ids:
+            req = self._live.get(req_id)
+            if req is None:
+                continue
+            self._end(req, RequestStatus.FAILED, FinishReason.ERROR, error)
+            events.append(RequestEvent(req_id, (), True, FinishReason.ERROR, error))
+        return events
+
+    def _end(self, req: Request, status: RequestStatus, reason: str, error: str | None = None) -> None:
+        assert status.is_finished
+        if req.status is RequestStatus.WAITING:
+            self._waiting.remove(req)
+        else:
+            self._running.remove(req)
+        self.pool.free(req.block_ids)
+        req.block_ids = []
+        req.status = status
+        req.finish_reason = reason
+        req.error = error
+        del self._live[req.req_id]

@@ -1,0 +1,71 @@
+"""Step shapes for the MoE bucket (DESIGN §2): `dp` buckets, or one request's `span` over all ranks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DP = "dp"
+SPAN = "span"
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """Rows of one step's MoE bucket and where they come from.
+
+    dp:   row slot i*rows_per_rank + j belongs to rank i's own requests; rows_per_rank is a power of two.
+    span: all `total_rows == num_ranks` rows belong to the single request on `owner`
+          (rows_per_rank is 1: each rank carries one row of the owner's span through AG/RS).
+    """
+
+    kind: str
+    rows_per_rank: int
+    total_rows: int
+    owner: int | None
+
+    def __post_init__(self) -> None:
+        assert self.kind in (DP, SPAN), self.kind
+        assert (self.owner is None) == (self.kind == DP), (self.kind, self.owner)
+        assert self.rows_per_rank >= 1 and self.total_rows >= self.rows_per_rank
+
+    @property
+    def is_span(self) -> bool:
+        return self.kind == SPAN
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= max(n, 1)."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def plan_step_shapes(
+    num_ranks: int, rows_wanted: dict[int, int], num_active: int, span_enabled: bool = True
+) -> StepShape:
+    """Choose this step's bucket shape.
+
+    rows_wanted: rank -> rows its requests want this step; num_active: requests active fleet-wide.
+    Span iff enabled, more than one rank, exactly one active request, and it wants more than one
+    row; the span carries at most num_ranks rows (the caller chunks). Otherwise dp with the
+    smallest power-of-two bucket that holds the busiest rank's rows.
+    """
+    if num_ranks < 1:
+        raise ValueError(f"num_ranks must be >= 1, got {num_ranks}")
+    if num_active < 0:
+        raise ValueError(f"num_active must be >= 0, got {num_active}")
+    for rank, rows in rows_wanted.items():
+        if not 0 <= rank < num_ranks:
+            raise ValueError(f"rows_wanted has rank {rank} outside [0, num_ranks={num_ranks})")
+        if rows < 0:
+            raise ValueError(f"rows_wanted[{rank}] must be >= 0, got {rows}")
+    if span_enabled and num_ranks > 1 and num_active == 1:
+        owners = [rank for rank, rows in rows_wanted.items() if rows > 0]
+        if len(owners) == 1 and rows_wanted[owners[0]] > 1:
+            return StepShape(SPAN, rows_per_rank=1, total_rows=num_ranks, owner=owners[0])
+    bucket = next_pow2(max(rows_wanted.values(), default=0))
+    return StepShape(DP, rows_per_rank=bucket, total_rows=num_ranks * bucket, owner=None)
+
+
+def place_request(kv_load: dict[int, int]) -> int:
+    """Rank with the least KV load (ties -> lowest rank)."""
+    if not kv_load:
+        raise ValueError("kv_load must name at least one rank")
+    return min(kv_load, key=lambda rank: (kv_load[rank], rank))

@@ -1,0 +1,349 @@
+"""Multi-process tests of the MoE phase comm (workers/comm*): both backends, no Ray.
+
+Worker processes come from a forkserver pool reused across tests (process start-up dominates on
+2 cores). Each group of ranks runs every check for both backends once; the individual tests
+then assert on the collected results.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import queue
+import time
+import traceback
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from workers.comm import CommSetupError, CommTimeout, DictRendezvous, make_comm
+from workers.comm_ipc import SHM_PREFIX
+from workers.rowmap import Dp, Span, rows_of
+
+BACKENDS = ("torch", "ipc")
+HIDDEN = 16
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+NUM_ROUNDS = 50
+
+
+def _shm_segments() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith(SHM_PREFIX)}
+
+
+def _data(seed: int, rows: int, dtype: torch.dtype) -> torch.Tensor:
+    """Deterministic [rows, HIDDEN] values spanning many magnitudes, so summation order shows."""
+    g = torch.Generator().manual_seed(seed)
+    scale = 10.0 ** torch.randint(-3, 4, (rows, HIDDEN), generator=g)
+    return (torch.randn(rows, HIDDEN, generator=g) * scale).to(dtype)
+
+
+def _in_order_sum(parts: list[torch.Tensor]) -> torch.Tensor:
+    out = parts[0]
+    for p in parts[1:]:
+        out = out + p
+    return out
+
+
+def _to_bytes(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _serve(rank, tasks, results):
+    """Pool worker: run (fn, world_size, board, args) tasks as ``rank`` until told to stop."""
+    torch.set_num_threads(1)
+    while (task := tasks.get()) is not None:
+        run_id, fn, world_size, board, args = task
+        try:
+            results.put((run_id, rank, True, fn(rank, world_size, board, *args)))
+        except BaseException as exc:  # report, never hang the parent
+            results.put((run_id, rank, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+    results.close()
+    results.join_thread()
+    os._exit(0)  # skip interpreter teardown: it costs seconds per process on 2 busy cores
+
+
+class _Pool:
+    """Spawned worker processes reused across tests (start-up dominates on 2 cores): worker r
+    plays rank r of every group. Grows on demand; a dead worker is replaced."""
+
+    def __init__(self) -> None:
+        # forkserver = spawn semantics (fresh processes, nothing inherited from pytest) but the
+        # server imports torch once and forks each worker: 8 spawned workers each importing torch
+        # take 10-25 s on 2 shared cores, forked ones well under a second.
+        self.ctx = mp.get_context("forkserver")
+        self.ctx.set_forkserver_preload(["torch", "workers.comm", "workers.comm_ipc", "workers.comm_torch"])
+        self.manager = self.ctx.Manager()
+        self.results = self.ctx.Queue()
+        self.workers: list = []  # (process, task queue)
+        self.run_id = 0
+
+    def _ensure(self, world_size: int) -> None:
+        for r in range(world_size):
+            if r < len(self.workers) and self.workers[r][0].is_alive():
+                continue
+            tasks = self.ctx.Queue()
+            proc = self.ctx.Process(target=_serve, args=(r, tasks, self.results), daemon=True)
+            proc.start()
+            if r < len(self.workers):
+                self.workers[r] = (proc, tasks)
+            else:
+                self.workers.append((proc, tasks))
+
+    def run(self, fn, world_size: int, *args, reporting: int | None = None, deadline_s: float = 60.0) -> list:
+        """fn(rank, world_size, board, *args) on ranks 0..world_size-1 -> results of the first
+        ``reporting`` ranks (default all); raises if a rank raised or did not report."""
+        self._ensure(world_size)
+        board = self.manager.dict()
+        self.run_id += 1
+        for r in range(world_size):
+            self.workers[r][1].put((self.run_id, fn, world_size, board, args))
+        wanted = world_size if reporting is None else reporting
+        out: dict[int, object] = {}
+        end = time.monotonic() + deadline_s
+        try:
+            while len(out) < wanted:
+                run_id, rank, ok, value = self.results.get(timeout=max(0.1, end - time.monotonic()))
+                if run_id != self.run_id or rank >= wanted:  # late report of an earlier group
+                    continue
+                if not ok:
+                    raise AssertionError(f"rank {rank} failed:\n{value}")
+                out[rank] = value
+        except BaseException:
+            self.close()  # a broken group may leave workers stuck: start afresh next time
+            raise
+        return [out[r] for r in range(wanted)]
+
+    def wait_exit(self, rank: int, timeout: float = 10.0) -> None:
+        self.workers[rank][0].join(timeout)
+
+    def close(self) -> None:
+        for proc, tasks in self.workers:
+            if proc.is_alive():
+                tasks.put(None)
+        for proc, _ in self.workers:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+        self.workers = []
+        while not self.results.empty():
+            self.results.get()
+
+
+_POOL: list[_Pool] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _pool_lifetime():
+    yield
+    for pool in _POOL:
+        pool.close()
+        pool.manager.shutdown()
+    _POOL.clear()
+
+
+def _spawn(fn, world_size: int, *args, reporting: int | None = None) -> list:
+    if not _POOL:
+        _POOL.append(_Pool())
+    return _POOL[0].run(fn, world_size, *args, reporting=reporting)
+
+
+# ----------------------------------------------------------------------------- the per-rank suite
+
+
+def _suite(rank: int, n: int, board, rows_per_rank: int, num_rounds: int) -> dict:
+    """Runs AG/RS under Dp and every Span owner, both dtypes, then num_rounds mixed rounds, for
+    each backend. Returns {backend: {"failures": [...], "dp": bytes, "span": bytes}}."""
+    report = {}
+    dp = Dp(n, rows_per_rank)
+    total = n * rows_per_rank
+    for backend in BACKENDS:
+        comm = make_comm(backend, rank, n, rendezvous=DictRendezvous(board, n, prefix=f"{backend}/"),
+                         device="cpu", max_rows=total, hidden=HIDDEN, dtype=torch.bfloat16, timeout_s=20.0)
+        failures: list[str] = []
+        dp_out: dict = {}  # dtype -> {"ag": bucket, "rs": my rows}
+        span_out: dict = {}  # dtype -> {owner: {"ag": bucket, "rs": owner's rows}}
+
+        def expect(ok: bool, what: str) -> None:
+            if not ok:
+                failures.append(f"rank {rank}: {what}")
+
+        for name, dtype in DTYPES.items():
+            bucket = _data(1, total, dtype)  # [total, H]
+            partials = [_data(100 + src, total, dtype) for src in range(n)]  # N x [total, H]
+            expected = _in_order_sum(partials)
+            mine = rows_of(dp, rank)
+            ag = comm.all_gather(bucket[mine.start : mine.stop], dp, 0)
+            expect(torch.equal(ag, bucket), f"ag dp {name}")
+            rs = comm.reduce_scatter(partials[rank], dp, 0)
+            expect(rs.dtype == dtype and torch.equal(rs, expected[mine.start : mine.stop]), f"rs dp {name}")
+            dp_out[name] = {"ag": ag, "rs": rs}
+            span, span_out[name] = Span(n, total), {}
+            for owner in range(n):
+                local = bucket if rank == owner else torch.empty(0, HIDDEN, dtype=dtype)
+                ag = comm.all_gather(local, span, owner)
+                expect(torch.equal(ag, bucket), f"ag span owner {owner} {name}")
+                rs = comm.reduce_scatter(partials[rank], span, owner)
+                want = expected if rank == owner else expected[:0]
+                expect(rs.dtype == dtype and torch.equal(rs, want), f"rs span owner {owner} {name}")
+                if rank == owner:
+                    span_out[name][owner] = {"ag": ag, "rs": rs}
+
+        for i in range(num_rounds):  # the parity handshake across many consecutive phases
+            dtype = (torch.float32, torch.bfloat16)[i % 2]
+            rowmap, owner = (dp, 0) if i % 3 == 0 else (Span(n, 1 + i % total), i % n)
+            rows = rows_of(rowmap, rank, owner)
+            bucket = _data(1000 + i, total if rowmap is dp else rowmap.num_rows, dtype)
+            ag = comm.all_gather(bucket[rows.start : rows.stop], rowmap, owner)
+            expect(torch.equal(ag, bucket), f"round {i} ag {rowmap} owner {owner}")
+            partials = [_data(2000 + 31 * i + src, len(bucket), dtype) for src in range(n)]
+            rs = comm.reduce_scatter(partials[rank], rowmap, owner)
+            expect(torch.equal(rs, _in_order_sum(partials)[rows.start : rows.stop]), f"round {i} rs {rowmap}")
+        comm.barrier()
+        comm.close()
+        comm.close()  # idempotent
+        report[backend] = {"failures": failures, "dp": _to_bytes(dp_out), "span": _to_bytes(span_out)}
+    return report
+
+
+_SUITES: dict[int, list] = {}
+
+
+def _suite_results(n: int) -> list:
+    if n not in _SUITES:
+        before = _shm_segments()
+        rows_per_rank = 1 if n == 8 else 2
+        _SUITES[n] = _spawn(_suite, n, rows_per_rank, 10 if n == 8 else NUM_ROUNDS)
+        assert _shm_segments() <= before, "ipc comm left /dev/shm segments behind"
+    return _SUITES[n]
+
+
+def _failures(n: int, backend: str, prefix: str) -> list[str]:
+    return [f for rank in _suite_results(n) for f in rank[backend]["failures"] if prefix in f]
+
+
+def _load(blob: bytes) -> dict:
+    return torch.load(io.BytesIO(blob))
+
+
+WORLDS = (1, 2, 4)
+
+
+@pytest.mark.parametrize("n", WORLDS)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_all_gather_dp_and_span(backend, n):
+    assert _failures(n, backend, " ag ") == []
+
+
+@pytest.mark.parametrize("n", WORLDS)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reduce_scatter_is_in_order_sum(backend, n):
+    assert _failures(n, backend, " rs ") == []
+
+
+@pytest.mark.parametrize("n", WORLDS)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_many_rounds_keep_parity(backend, n):
+    assert _failures(n, backend, "round") == []
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", WORLDS)
+def test_span_matches_dp(n, dtype):
+    """Gate: the same rows and partials via Span(owner) are bit-identical to via Dp, whatever the
+    owner and backend (and the two backends agree bit for bit)."""
+    reports = _suite_results(n)
+    rows_per_rank = 2
+    reference = None
+    for backend in BACKENDS:
+        dp = [_load(r[backend]["dp"])[dtype] for r in reports]  # per rank
+        span = {o: _load(reports[o][backend]["span"])[dtype][o] for o in range(n)}  # per owner
+        dp_rows = torch.cat([d["rs"] for d in dp])  # [total, H] rank-major
+        for owner, got in span.items():
+            assert torch.equal(got["ag"], dp[0]["ag"]), (backend, owner)
+            for r in range(n):
+                rows = slice(r * rows_per_rank, (r + 1) * rows_per_rank)
+                assert torch.equal(got["rs"][rows], dp[r]["rs"]), (backend, owner, r)
+        reference = dp_rows if reference is None else reference
+        assert torch.equal(dp_rows, reference), "backends disagree"
+    if n == 4:  # the data is order-sensitive, so this gate would catch a reordered sum
+        partials = [_data(100 + src, n * rows_per_rank, DTYPES[dtype]) for src in range(n)]
+        assert not torch.equal(_in_order_sum(partials[::-1]), reference)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_world_8_quick(backend):
+    assert _failures(8, backend, "") == []
+
+
+# ----------------------------------------------------------------------------- failure modes
+
+
+def _absent_peer(rank: int, n: int, board, backend: str) -> float | None:
+    """Rank 1 sets up and never enters the phase; rank 0 must time out. Rank 1 then dies
+    without close() — the test checks nothing is left in /dev/shm."""
+    rdv = DictRendezvous(board, n, prefix=f"{backend}/")
+    rdv.wait_all_ready(rank, 30.0, tag="started")  # spawn skew must not eat the 1 s budget
+    comm = make_comm(backend, rank, n, rendezvous=rdv, device="cpu", max_rows=2, hidden=HIDDEN,
+                     dtype=torch.float32, timeout_s=1.0)
+    comm.all_gather(torch.ones(1, HIDDEN), Dp(n, 1), 0)  # warm: both present
+    if rank == 1:
+        rdv.wait("done", 30.0)
+        if backend == "ipc":
+            os._exit(0)  # a crash: no close()
+        comm.close()
+        return None
+    start = time.monotonic()
+    try:
+        comm.all_gather(torch.ones(1, HIDDEN), Dp(n, 1), 0)
+    except CommTimeout as exc:
+        elapsed = time.monotonic() - start
+        assert "AG" in str(exc) and "epoch 2" in str(exc), str(exc)
+        if backend == "ipc":
+            assert "ranks [1]" in str(exc) and "rank 1 last published AG epoch 1" in str(exc), str(exc)
+        return elapsed
+    finally:
+        rdv.publish("done", True)
+        comm.close()
+    raise AssertionError("no CommTimeout")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_absent_peer_times_out(backend):
+    before = _shm_segments()
+    (elapsed,) = _spawn(_absent_peer, 2, backend, reporting=1)  # ipc rank 1 dies without reporting
+    if backend == "ipc":
+        _POOL[0].wait_exit(1)
+    assert 0.9 < elapsed < 2.0
+    assert _shm_segments() <= before
+
+
+def _failing_setup(rank: int, n: int, board, bad_rank: int) -> dict:
+    """bad_rank's make_comm raises (max_rows=0); every other rank must raise CommSetupError
+    naming it, promptly, although its own timeout is 30 s."""
+    took = {}
+    for backend in BACKENDS:
+        rdv = DictRendezvous(board, n, prefix=f"{backend}/")
+        rdv.wait_all_ready(rank, 30.0, tag="started")
+        start = time.monotonic()
+        try:
+            make_comm(backend, rank, n, rendezvous=rdv, device="cpu", max_rows=0 if rank == bad_rank else 4,
+                      hidden=HIDDEN, dtype=torch.float32, timeout_s=30.0)
+        except CommSetupError as exc:
+            assert rank != bad_rank and f"rank(s) [{bad_rank}]" in str(exc), str(exc)
+        except ValueError:
+            assert rank == bad_rank
+        else:
+            raise AssertionError(f"{backend}: rank {rank} set up although rank {bad_rank} failed")
+        took[backend] = time.monotonic() - start
+    return took
+
+
+@pytest.mark.parametrize("bad_rank", [0, 2])
+def test_failed_setup_fails_peers_fast(bad_rank):
+    before = _shm_segments()
+    for took in _spawn(_failing_setup, 3, bad_rank):
+        assert max(took.values()) < 5.0, took
+    assert _shm_segments() <= before

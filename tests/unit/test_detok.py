@@ -1,0 +1,135 @@
+"""Incremental detokenizer and stop strings, on a tiny byte-level BPE trained in the test."""
+
+from __future__ import annotations
+
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from cluster.detok import IncrementalDetokenizer, StopStringMatcher
+
+CORPUS = (
+    "héllo wörld 你好 🙂 café. The quick brown fox jumps over the lazy dog. "
+    "Naïve façade, smörgåsbord, jalapeño; 今天天气很好 🚀🎉 — stop here END or not. "
+) * 3
+SAMPLE = "héllo wörld 你好 🙂 café! 今天 🚀 naïve END façade 🎉🎉 smörgåsbord"
+EOS = "<eos>"
+
+
+@pytest.fixture(scope="module")
+def tok() -> Tokenizer:
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[EOS],
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator([CORPUS], trainer)
+    return tokenizer
+
+
+def _decode(tok: Tokenizer):
+    return lambda ids: tok.decode(ids, skip_special_tokens=True)
+
+
+def _stream(detok: IncrementalDetokenizer, ids: list[int], chunk: int = 1) -> list[str]:
+    deltas = [detok.add(ids[i:i + chunk]) for i in range(0, len(ids), chunk)]
+    return deltas + [detok.flush()]
+
+
+def test_tokenizer_really_splits_multibyte_chars(tok):
+    pieces = [tok.decode([i]) for i in tok.encode(SAMPLE).ids]
+    assert any("\ufffd" in p for p in pieces)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7])
+def test_streaming_matches_full_decode_without_replacement_chars(tok, chunk):
+    ids = tok.encode(SAMPLE).ids
+    detok = IncrementalDetokenizer(_decode(tok))
+    deltas = _stream(detok, ids, chunk)
+    assert "".join(deltas) == SAMPLE == detok.text
+    assert not any("\ufffd" in d for d in deltas)
+    assert sum(1 for d in deltas if d) > len(ids) // (2 * chunk)  # text flows while streaming
+
+
+def test_prompt_is_context_only_and_special_tokens_vanish(tok):
+    prompt_ids = tok.encode("Naïve 你").ids
+    ids = tok.encode("好 🙂 café").ids + [tok.token_to_id(EOS)]
+    detok = IncrementalDetokenizer(_decode(tok), prompt_ids)
+    deltas = _stream(detok, ids)
+    assert detok.text == "好 🙂 café"
+    assert deltas[-2:] == ["", ""]  # the eos id decodes to nothing, flush has nothing held
+
+
+def test_decode_window_stays_small(tok):
+    calls: list[int] = []
+
+    def decode(ids: list[int]) -> str:
+        calls.append(len(ids))
+        return tok.decode(ids)
+
+    ids = tok.encode(SAMPLE * 8).ids
+    detok = IncrementalDetokenizer(decode, prompt_ids=tok.encode(CORPUS).ids)
+    _stream(detok, ids)
+    assert detok.text == SAMPLE * 8
+    assert max(calls) <= 8  # window = a few ids around a multibyte char, not the whole output
+
+
+def test_flush_releases_an_invalid_tail(tok):
+    first_byte = tok.encode("你").ids[:1]  # the 3-byte char needs more than this id
+    assert tok.decode(first_byte).endswith("\ufffd")
+    detok = IncrementalDetokenizer(_decode(tok))
+    assert detok.add(tok.encode("ok ").ids) == "ok "
+    assert detok.add(first_byte) == ""
+    assert detok.flush() == "\ufffd"
+    assert detok.text == "ok \ufffd"
+
+
+def test_stop_straddling_tokens_is_trimmed_and_prior_text_emitted_once(tok):
+    ids = tok.encode(SAMPLE).ids
+    detok = IncrementalDetokenizer(_decode(tok))
+    matcher = StopStringMatcher(["END"])
+    emitted, stopped = [], False
+    for tid in ids:
+        out, stopped = matcher.feed(detok.add([tid]))
+        emitted.append(out)
+        if stopped:
+            break
+    assert stopped
+    assert "".join(emitted) == SAMPLE[: SAMPLE.index("END")]
+    assert matcher.feed("more") == ("", True) and matcher.flush() == ""
+
+
+def test_stop_split_across_deltas():
+    matcher = StopStringMatcher(["</s>"])
+    assert matcher.feed("abc<") == ("abc", False)
+    assert matcher.feed("/") == ("", False)
+    assert matcher.feed("s>tail") == ("", True)
+
+
+def test_held_partial_prefix_that_is_not_a_stop_is_emitted():
+    matcher = StopStringMatcher(["STOP"])
+    assert matcher.feed("go ST") == ("go ", False)
+    assert matcher.feed("O") == ("", False)
+    assert matcher.feed("RM!") == ("STORM!", False)
+    assert matcher.feed("x S") == ("x ", False)
+    assert matcher.flush() == "S"
+
+
+def test_earliest_of_several_stops_wins():
+    matcher = StopStringMatcher(["world", "lo w"])
+    out = [matcher.feed(c) for c in "hello world"]
+    assert "".join(text for text, _ in out) == "hel"
+    assert out[-1][1] and sum(stopped for _, stopped in out) == len("hello world") - 6
+    assert StopStringMatcher(["b", "a"]).feed("xxabxx") == ("xx", True)
+    assert StopStringMatcher(["cd", "abcdef"]).feed("abcdef") == ("", True)
+
+
+def test_no_stops_passes_text_through():
+    matcher = StopStringMatcher([])
+    assert matcher.feed("anything") == ("anything", False)
+    assert matcher.flush() == ""
+    with pytest.raises(ValueError):
+        StopStringMatcher([""])

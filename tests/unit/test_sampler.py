@@ -1,0 +1,175 @@
+"""Sampler: greedy, temperature, filters, penalties, seeding and logprobs on small hand-made logits."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from scheduler.request import SamplingParams
+from workers.sampler import apply_penalties, probs_for_rows, sample
+
+V = 8
+
+
+def _sample(logits, params, histories=None, num_prompt=None, num_generated=None):
+    rows = logits.shape[0]
+    histories = histories if histories is not None else [[] for _ in range(rows)]
+    num_prompt = num_prompt if num_prompt is not None else [0] * rows
+    num_generated = num_generated if num_generated is not None else [0] * rows
+    return sample(logits, params, histories, num_prompt, num_generated)
+
+
+def _draw_many(logits_row, params, num_draws):
+    """Draw num_draws tokens for one row in a single batch of identical rows; returns counts [V]."""
+    logits = logits_row.expand(num_draws, -1).contiguous()  # [N, V]
+    out = _sample(logits, [params] * num_draws)
+    return torch.bincount(torch.tensor(out.token_ids), minlength=logits.shape[1])
+
+
+def test_greedy_is_argmax_and_ties_take_lowest_id():
+    torch.manual_seed(0)
+    logits = torch.randn(5, V)
+    logits[4] = torch.tensor([0.0, 3.0, 1.0, 3.0, 3.0, -1.0, 0.0, 2.0])
+    out = _sample(logits, [SamplingParams(temperature=0.0)] * 5)
+    assert out.token_ids[:4] == logits[:4].argmax(-1).tolist()
+    assert out.token_ids[4] == 1
+    assert out.logprobs == [None] * 5 and out.top_logprobs == [None] * 5
+
+
+def test_top_k_one_is_greedy_even_with_temperature():
+    logits = torch.tensor([[0.0, 1.0, 5.0, 4.9, 0.0, 0.0, 0.0, 0.0]])
+    for seed in range(10):
+        assert _sample(logits, [SamplingParams(temperature=2.0, top_k=1, seed=seed)]).token_ids == [2]
+
+
+def test_temperature_frequencies_match_softmax():
+    torch.manual_seed(1234)
+    logits_row = torch.tensor([1.0, 0.5, 0.0, -0.5, 2.0, -1.0, 0.2, 1.5])
+    num_draws = 20_000
+    for temperature in (0.7, 1.5):
+        counts = _draw_many(logits_row, SamplingParams(temperature=temperature), num_draws).double()
+        expected = torch.softmax(logits_row.double() / temperature, -1) * num_draws
+        chi2 = float(((counts - expected) ** 2 / expected).sum())
+        assert chi2 < 30.0, chi2  # 7 dof: P(chi2 > 30) ~ 1e-4
+
+
+def test_filters_never_emit_filtered_tokens():
+    torch.manual_seed(7)
+    logits_row = torch.tensor([3.0, 2.5, 2.0, 1.0, 0.0, -1.0, -2.0, 2.9])
+    probs = torch.softmax(logits_row, -1)
+    order = probs.argsort(descending=True).tolist()  # [0, 7, 1, 2, 3, 4, 5, 6]
+    cases = {
+        "top_k": (SamplingParams(top_k=3), set(order[:3])),
+        # mass above token 2 (rank 3) is p0 + p7 + p1 ~ 0.81 < 0.85, so it stays; token 3 goes
+        "top_p": (SamplingParams(top_p=0.85), set(order[:4])),
+        "min_p": (SamplingParams(min_p=0.3), {t for t in range(V) if probs[t] >= 0.3 * probs.max()}),
+        "all": (SamplingParams(top_k=3, top_p=0.5, min_p=0.1), set(order[:2])),
+    }
+    for name, (params, allowed) in cases.items():
+        counts = _draw_many(logits_row, params, 4000)
+        emitted = set(torch.nonzero(counts).flatten().tolist())
+        assert emitted == allowed, name  # every allowed token shows up, nothing else
+    assert 0.8 < float(probs[order[:3]].sum()) < 0.85 < float(probs[order[:4]].sum())
+
+
+def test_top_p_applies_after_top_k_renormalisation():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -5.0, -5.0, -5.0, -5.0, -5.0]])
+    probs = probs_for_rows(logits, [SamplingParams(top_k=2, top_p=0.7)], [[]], [0])
+    # after top-k the two tokens hold ~0.73 / 0.27, so top_p 0.7 keeps only token 0
+    assert torch.equal(probs, torch.tensor([[1.0] + [0.0] * (V - 1)]))
+
+
+def test_probs_for_rows_matches_filters_and_greedy_is_one_hot():
+    logits = torch.tensor([[1.0, 2.0, 3.0, 0.0, 0.0, 0.0, 0.0, 0.0]] * 3)
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.5, top_k=2), SamplingParams()]
+    probs = probs_for_rows(logits, params, [[]] * 3, [0] * 3)
+    assert torch.equal(probs[0], torch.eye(V)[2])
+    expected = torch.softmax(torch.tensor([2.0, 3.0]) / 0.5, -1)
+    assert torch.allclose(probs[1, 1:3], expected) and probs[1].sum().item() == pytest.approx(1.0)
+    assert probs[1, [0, 3, 4, 5, 6, 7]].eq(0).all()
+    assert torch.allclose(probs[2], torch.softmax(logits[2], -1))
+
+
+def test_penalties_hand_computed():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 1.0, -2.0, 0.0, 3.0, 1.0]])
+    params = SamplingParams(repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25)
+    history = [0, 1, 2, 2, 1, 3]  # prompt [0, 1, 2]; generated [2, 1, 3]
+    out = apply_penalties(logits, [params], [history], [3])
+    expected = [
+        2.0 / 2,  # prompt only: repetition only
+        -1.0 * 2 - 0.5 - 0.25,  # negative logit multiplied; generated once
+        0.5 / 2 - 0.5 - 0.25,  # prompt + generated once (frequency counts generated only)
+        1.0 / 2 - 0.5 - 0.25,  # generated once
+        -2.0,
+        0.0,
+        3.0,
+        1.0,
+    ]
+    assert torch.allclose(out, torch.tensor([expected]))
+    # frequency scales with the generated count
+    out = apply_penalties(logits, [SamplingParams(frequency_penalty=1.0)], [[3, 3, 3]], [0])
+    assert out[0, 3].item() == pytest.approx(1.0 - 3.0)
+    assert logits[0, 0].item() == 2.0  # input untouched
+
+
+def test_penalties_are_per_row_and_steer_greedy():
+    logits = torch.tensor([[5.0, 4.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]] * 2)
+    params = [SamplingParams(temperature=0.0, presence_penalty=2.0), SamplingParams(temperature=0.0)]
+    out = _sample(logits, params, histories=[[0], [0]], num_prompt=[0, 0])
+    assert out.token_ids == [1, 0]
+
+
+def test_seeded_row_repeats_alone_and_in_any_batch():
+    torch.manual_seed(3)
+    logits = torch.randn(6, 50)
+    seeded = SamplingParams(temperature=1.0, seed=42)
+    alone = [_sample(logits[:1], [seeded], num_generated=[step]).token_ids[0] for step in range(20)]
+    others = [SamplingParams(), SamplingParams(temperature=0.0), SamplingParams(seed=7, top_p=0.9)]
+    for step in range(20):
+        batch = torch.cat([logits[3:4], logits[1:3], logits[:1]])
+        params = [others[0], others[1], others[2], seeded]
+        out = _sample(batch, params, num_generated=[5, 9, step, step])
+        assert out.token_ids[3] == alone[step]
+    assert len(set(alone)) > 5  # the seed depends on the step, not a constant draw
+    other_seed = [_sample(logits[:1], [SamplingParams(seed=43)], num_generated=[s]).token_ids[0]
+                  for s in range(20)]
+    assert other_seed != alone
+
+
+def test_logprobs_are_raw_log_softmax():
+    torch.manual_seed(5)
+    logits = torch.randn(3, V)
+    params = [
+        SamplingParams(temperature=0.5, repetition_penalty=1.5, logprobs=0),
+        SamplingParams(temperature=0.0, logprobs=3),
+        SamplingParams(),
+    ]
+    out = _sample(logits.to(torch.bfloat16), params, histories=[[0, 1], [], []], num_prompt=[2, 0, 0])
+    logp = torch.log_softmax(logits.to(torch.bfloat16).float(), -1)
+    assert out.logprobs[0] == pytest.approx(logp[0, out.token_ids[0]].item(), abs=1e-6)
+    assert out.top_logprobs[0] == []
+    assert out.logprobs[1] == pytest.approx(logp[1].max().item(), abs=1e-6)
+    top = out.top_logprobs[1]
+    assert [t for t, _ in top] == logp[1].argsort(descending=True)[:3].tolist()
+    assert [lp for _, lp in top] == sorted((lp for _, lp in top), reverse=True)
+    assert all(lp == pytest.approx(logp[1, t].item(), abs=1e-6) for t, lp in top)
+    assert out.logprobs[2] is None and out.top_logprobs[2] is None
+    assert all(math.isfinite(lp) for lp in out.logprobs[:2])
+
+
+def test_bad_shapes_assert():
+    params = [SamplingParams()] * 2
+    with pytest.raises(AssertionError):
+        sample(torch.zeros(2, 3, V), params, [[], []], [0, 0], [0, 0])
+    with pytest.raises(AssertionError):
+        sample(torch.zeros(3, V), params, [[], []], [0, 0], [0, 0])
+    with pytest.raises(AssertionError):
+        sample(torch.zeros(2, V), params, [[]], [0, 0], [0, 0])
+    with pytest.raises(AssertionError):
+        sample(torch.zeros(2, V), params, [[], []], [0, 0], [0])
+    with pytest.raises(AssertionError):
+        sample(torch.zeros(2, V, dtype=torch.long), params, [[], []], [0, 0], [0, 0])
+    with pytest.raises(AssertionError):  # history id outside the vocab
+        sample(torch.zeros(2, V), [SamplingParams(presence_penalty=1.0)] * 2, [[V], []], [0, 0], [0, 0])

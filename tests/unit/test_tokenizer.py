@@ -1,0 +1,154 @@
+"""The tiny model's tokenizer files and our transformers-free wrapper (models/tokenizer.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from models.tokenizer import Tokenizer
+
+TINY = Path(__file__).resolve().parents[2] / "models" / "tiny"
+
+CONVERSATION = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is the capital of France?"},
+    {"role": "assistant", "content": "Paris.", "reasoning_content": "Easy geography."},
+    {"role": "user", "content": [{"type": "text", "text": "And of "}, {"type": "text", "text": "Italy?"}]},
+    {"role": "assistant", "content": "<think>Also easy.</think>Rome."},
+]
+
+
+@pytest.fixture(scope="module")
+def tok() -> Tokenizer:
+    return Tokenizer.from_dir(TINY)
+
+
+@pytest.fixture(scope="module")
+def hf_tok():
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(str(TINY))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "In the beginning God created the heaven and the earth.",
+        "  leading spaces, tabs\tand\nnewlines\n\n",
+        "Ünïcödé: naïve café, 日本語のテキスト, emoji 🎉👍🏽, Ελληνικά, русский.",
+        "",
+    ],
+)
+def test_round_trip(tok: Tokenizer, text: str) -> None:
+    assert tok.decode(tok.encode(text)) == text
+
+
+def test_english_is_compressed(tok: Tokenizer) -> None:
+    text = "The quick brown fox jumps over the lazy dog, and the dog does not mind at all."
+    assert len(tok.encode(text)) < len(text) / 3
+
+
+def test_vocab_and_special_ids(tok: Tokenizer) -> None:
+    assert tok.vocab_size == 6144
+    names = [
+        "<|endoftext|>",
+        "[MASK]",
+        "[gMASK]",
+        "[sMASK]",
+        "<sop>",
+        "<eop>",
+        "<|system|>",
+        "<|user|>",
+        "<|assistant|>",
+        "<|observation|>",
+    ]
+    for expected_id, name in enumerate(names):
+        assert tok.encode(name) == [expected_id]
+    for name in ("<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "<arg_value>"):
+        (token_id,) = tok.encode(name)
+        assert token_id in tok.special_ids
+    assert tok.encode("x<|user|>y")[1] == 7
+
+
+def test_eos_ids(tok: Tokenizer) -> None:
+    assert tok.eos_token_ids == (0, 7, 9)  # <|endoftext|>, <|user|>, <|observation|>
+    assert set(tok.eos_token_ids) <= tok.special_ids
+
+
+def test_decode_skips_specials(tok: Tokenizer) -> None:
+    ids = tok.encode("<|assistant|></think>Hello<|user|>")
+    assert tok.decode(ids) == "Hello"
+    assert tok.decode(ids, skip_special_tokens=False) == "<|assistant|></think>Hello<|user|>"
+
+
+def test_chat_template_format(tok: Tokenizer) -> None:
+    prompt = tok.apply_chat_template(CONVERSATION[:4])
+    assert prompt == (
+        "[gMASK]<sop><|system|>You are a helpful assistant.<|user|>What is the capital of France?"
+        "<|assistant|></think>Paris.<|user|>And of Italy?<|assistant|><think>"
+    )
+    assert tok.apply_chat_template(CONVERSATION[:4], enable_thinking=False).endswith("<|assistant|></think>")
+    last = tok.apply_chat_template(CONVERSATION, add_generation_prompt=False)
+    assert last.endswith("<|user|>And of Italy?<|assistant|><think>Also easy.</think>Rome.")
+
+
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+@pytest.mark.parametrize("kwargs", [{}, {"enable_thinking": False}])
+def test_chat_template_matches_transformers(
+    tok: Tokenizer, hf_tok, add_generation_prompt: bool, kwargs: dict
+) -> None:
+    messages = CONVERSATION if not add_generation_prompt else CONVERSATION[:4]
+    ours = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **kwargs)
+    theirs = hf_tok.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
+    )
+    assert ours == theirs
+    assert tok.encode_chat(messages, add_generation_prompt=add_generation_prompt, **kwargs) == hf_tok.encode(
+        theirs, add_special_tokens=False
+    )
+
+
+def test_tool_turns_match_transformers(tok: Tokenizer, hf_tok) -> None:
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}}],
+        },
+        {"role": "tool", "content": "sunny"},
+    ]
+    ours = tok.apply_chat_template(messages, tools=tools)
+    assert ours == hf_tok.apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=True
+    )
+    assert "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>" in ours
+    assert "<|observation|><tool_response>sunny</tool_response><|assistant|>" in ours
+
+
+def test_loads_as_fast_tokenizer(hf_tok) -> None:
+    transformers = pytest.importorskip("transformers")
+    assert isinstance(hf_tok, transformers.PreTrainedTokenizerFast)
+    assert (hf_tok.eos_token, hf_tok.pad_token, hf_tok.bos_token) == (
+        "<|endoftext|>",
+        "<|endoftext|>",
+        "[gMASK]",
+    )
+
+
+def test_non_text_part_rejected(tok: Tokenizer) -> None:
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+    with pytest.raises(ValueError, match="image_url content parts are not supported"):
+        tok.apply_chat_template(messages)
+
+
+def test_unknown_role_rejected(tok: Tokenizer) -> None:
+    with pytest.raises(ValueError, match="unknown message role: critic"):
+        tok.apply_chat_template([{"role": "critic", "content": "hm"}])
+
+
+def test_missing_file_named(tmp_path: Path) -> None:
+    (tmp_path / "tokenizer.json").write_text((TINY / "tokenizer.json").read_text())
+    with pytest.raises(FileNotFoundError, match="tokenizer_config.json"):
+        Tokenizer.from_dir(tmp_path)

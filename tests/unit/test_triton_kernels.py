@@ -1,0 +1,156 @@
+"""Triton kernels vs their PyTorch references, on the CPU through Triton's interpreter at tiny shapes.
+
+The interpreter is switched on in this process before the kernel modules are (re)loaded, so their
+``@triton.jit`` functions become interpreted ones. bf16 ``tl.dot`` is wrong in the interpreter, so dots
+run in fp32/fp16 here; bf16 and FP8 at real widths are checked by tests/gpu/test_kernels_gpu.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import pytest
+import torch
+
+os.environ["TRITON_INTERPRET"] = "1"          # this test process only, before triton is imported
+triton = pytest.importorskip("triton", reason="triton is not installed (it is in the 'gpu' extra)")
+
+from kernels import reference  # noqa: E402
+from kernels.reference import fp8_quantize  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tk():
+    """The Triton kernel modules, reloaded so their kernels are interpreted in this process."""
+    import kernels.triton_attention as att
+    import kernels.triton_linear as lin
+    import kernels.triton_moe as moe
+    import kernels.triton_norm as norm
+    mods = [importlib.reload(m) for m in (norm, lin, moe, att)]
+    return dict(zip(("norm", "lin", "moe", "att"), mods))
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp(min=1e-30)).item()
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float16, 1e-3)])
+def test_add_rms_norm_and_rms_norm(tk, dtype, tol):
+    g = torch.Generator().manual_seed(0)
+    x, r = (torch.randn(3, 200, generator=g).to(dtype) for _ in range(2))
+    w = (1 + 0.1 * torch.randn(200, generator=g)).to(dtype)
+    out, s = tk["norm"].add_rms_norm(x, r, w, 1e-5)
+    ref_out, ref_s = reference.add_rms_norm(x, r, w, 1e-5)
+    assert torch.equal(s, ref_s)
+    assert rel(out, ref_out) < tol
+    strided = torch.randn(3, 260, generator=g).to(dtype)[:, :200]           # rows strided, as ckv[..., :rkv]
+    assert rel(tk["norm"].rms_norm(strided, w, 1e-6), reference.rms_norm(strided, w, 1e-6)) < tol
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rope_bit_identical(tk, interleaved, dtype):
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(3, 4, 96, generator=g).to(dtype)[..., 32:]               # [N, nh, 64] slice, as q[..., dn:]
+    cos, sin = (torch.randn(3, 32, generator=g).to(dtype) for _ in range(2))
+    got = tk["norm"].rope(q, cos.view(3, 1, 32), sin.view(3, 1, 32), interleaved)
+    assert torch.equal(got, reference.rope(q, cos.view(3, 1, 32), sin.view(3, 1, 32), interleaved))
+    k = torch.randn(3, 64, generator=g).to(dtype)
+    assert torch.equal(tk["norm"].rope(k, cos, sin, interleaved), reference.rope(k, cos, sin, interleaved))
+
+
+@pytest.mark.parametrize("M,N,K", [(1, 576, 256), (5, 200, 320), (70, 130, 192)])
+def test_fp8_linear(tk, M, N, K):
+    """Decode (split-K) and prefill tiles, partial edge blocks on both weight dims (576 = 4·128 + 64)."""
+    g = torch.Generator().manual_seed(2)
+    w8, s = fp8_quantize(0.02 * torch.randn(N, K, generator=g))
+    s = s * (1 + torch.rand(s.shape, generator=g))                         # distinct scale per block
+    for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 1e-2)):
+        x = torch.randn(M, K, generator=g).to(dtype)
+        got = tk["lin"].linear(x, w8, s)
+        assert got.dtype == dtype and got.shape == (M, N)
+        assert rel(got, reference.linear(x.float(), w8, s)) < tol
+
+
+def _moe_inputs(g, N, H, I, E, k, fp8):
+    x = torch.randn(N, H, generator=g)
+    idx = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(N)])       # distinct per row
+    w = torch.rand(N, k, generator=g)
+    gate, up, down = (0.1 * torch.randn(E, a, b, generator=g) for a, b in ((I, H), (I, H), (H, I)))
+    if not fp8:
+        return x, idx, w, gate, up, down, None, None, None
+    (gate, gs), (up, us), (down, ds) = (fp8_quantize(t) for t in (gate, up, down))
+    return x, idx, w, gate, up, down, gs, us, ds
+
+
+@pytest.mark.parametrize("fp8", [True, False])
+@pytest.mark.parametrize("N,offset", [(1, 0), (3, 0), (4, 4)])
+def test_moe_experts(tk, N, offset, fp8):
+    """Expert union (a run of rows shares an expert), rows routed to experts held elsewhere (offset)."""
+    g = torch.Generator().manual_seed(3 + N)
+    x, idx, w, gate, up, down, gs, us, ds = _moe_inputs(g, N, 128, 192, 8, 4, fp8)
+    idx[:, 0] = 5                                                             # every row hits expert 5
+    E_l = 4 if offset else 8
+    sl = slice(0, E_l)
+    args = [gate[sl], up[sl], down[sl]] + ([gs[sl], us[sl], ds[sl]] if fp8 else [None, None, None])
+    ref = reference.moe_experts(x, idx, w, *args, expert_offset=offset)
+    assert rel(tk["moe"].moe_experts(x, idx, w, *args, expert_offset=offset), ref) < 1e-5
+    got16 = tk["moe"].moe_experts(x.half(), idx, w, *[a.half() if a is not None and a.dtype == torch.float32
+                                                      and a.dim() == 3 and not fp8 else a for a in args],
+                                  expert_offset=offset)
+    assert got16.dtype == torch.float16 and rel(got16, ref) < 1e-2
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 1e-2)])
+def test_mla_sparse_attention(tk, dtype, tol):
+    g = torch.Generator().manual_seed(4)
+    N, nh, rkv, dr, slots, K = 2, 4, 64, 16, 300, 150
+    q_lat = torch.randn(N, nh, rkv, generator=g).to(dtype)
+    q_rope = torch.randn(N, nh, dr + 16, generator=g).to(dtype)[..., 16:]       # strided heads
+    kv = torch.randn(slots, rkv + dr, generator=g).to(dtype)
+    sel = torch.stack([torch.randperm(slots, generator=g)[:K] for _ in range(N)])
+    sel[1, 100:] = -1                                                          # fewer keys selected
+    got = tk["att"].mla_sparse_attention(q_lat, q_rope, kv, sel, 0.1)
+    ref = reference.mla_sparse_attention(q_lat.float(), q_rope.float(), kv.float(), sel, 0.1)
+    assert got.shape == (N, nh, rkv) and got.dtype == dtype and rel(got, ref) < tol
+
+
+def _same_sets_or_tied(got, ref, score_of, margin=1e-4):
+    """Per row the selected sets must match, except members whose scores tie at the top-k boundary."""
+    for n in range(got.shape[0]):
+        a, b = set(got[n].tolist()), set(ref[n].tolist())
+        if a != b:
+            s = score_of(n)
+            diff = [s[x] for x in a ^ b if x >= 0]
+            assert diff and max(diff) - min(diff) < margin, f"row {n}: sets differ beyond a tie"
+
+
+def test_indexer_topk_sets(tk):
+    g = torch.Generator().manual_seed(5)
+    ih, idd, topk, slots = 16, 32, 24, 256
+    k_cache = torch.randn(slots, idd, generator=g)
+    # request 0: 3 rows at positions 57..59 (verify/prefill); request 1: one decode row at position 99;
+    # request 2: short (T = 10 ≤ topk, every visible key selected)
+    seq_slots = [torch.randperm(slots, generator=g)[:60], torch.randperm(slots, generator=g)[:100],
+                 torch.randperm(slots, generator=g)[:10]]
+    seq_rows = [(0, 3), (3, 1), (4, 1)]
+    positions = torch.tensor([57, 58, 59, 99, 9])
+    q = torch.randn(5, ih, idd, generator=g)
+    w = torch.randn(5, ih, generator=g)
+    got = tk["att"].indexer_topk(q, w, k_cache, seq_rows, seq_slots, positions, topk, idd ** -0.5)
+    ref = reference.indexer_topk(q, w, k_cache, seq_rows, seq_slots, positions, topk, idd ** -0.5)
+    assert got.shape == ref.shape
+    scores, all_slots, _ = tk["att"].index_scores(q, w, k_cache, seq_rows, seq_slots, positions, idd ** -0.5)
+
+    def score_of(n):
+        req = next(i for i, (r0, nr) in enumerate(seq_rows) if r0 <= n < r0 + nr)
+        return {int(s): float(scores[n, t]) for t, s in enumerate(seq_slots[req].tolist())}
+    _same_sets_or_tied(got, ref, score_of)
+
+
+def test_fp8_dequant(tk):
+    g = torch.Generator().manual_seed(6)
+    w8, s = fp8_quantize(torch.randn(2, 200, 130, generator=g))                 # stacked, partial blocks
+    for dtype in (torch.float32, torch.float16):
+        assert torch.equal(tk["lin"].fp8_dequant(w8, s, dtype), reference.fp8_dequant(w8, s, dtype))

@@ -1,0 +1,310 @@
+"""``ipc`` comm backend: peer-mapped buffers with an epoch/parity flag protocol.
+
+One region shared by the whole group, created by rank 0 and mapped by every rank:
+
+    flags  int64 [parity=2][phase=3][src=N][8]   (one 64-byte line per flag word)
+    AG     dtype [parity=2][row=max_rows][hidden]          one bucket; rank r writes its rows
+    RS     dtype [parity=2][row=max_rows][src=N][hidden]   src writes its partial of row r at [r][src]
+
+Protocol, per phase: ``epoch += 1``, ``parity = epoch % 2``; write this rank's data into
+``[parity]``; publish ``flags[parity][phase][rank] = epoch``; spin until every rank's flag in
+``[parity][phase]`` equals ``epoch`` (bounded: backoff, deadline -> ``CommTimeout`` naming the
+phase, epoch and missing ranks); read. AG reads the bucket; RS sums ``[parity][my rows][0..N-1]``
+in source order. Every rank waits on every peer in every phase, even when it reads nothing.
+
+Why two parities are enough: a rank writes parity ``p`` at epoch ``e + 2`` only after its wait
+at epoch ``e + 1`` saw every peer's flag ``e + 1``; a peer publishes ``e + 1`` only after it
+finished epoch ``e`` — including reading parity ``p``. So nobody overwrites data (or a flag) a
+peer still needs, and a flag can never skip ahead past the epoch a reader is waiting for.
+Flags start at 0 and epochs at 1, so fresh memory never looks published. The phase index in
+the flag turns a rank that called RS while its peers called AG into a timeout that says so.
+
+CPU: POSIX shared memory. Rank 0 creates it (tracked by multiprocessing's resource tracker, so
+even a killed creator leaves nothing behind once the tracker exits), publishes the name through
+the rendezvous, and unlinks it as soon as every rank has attached (the setup barrier): from then
+on no name exists in /dev/shm, and the memory goes away with the last mapping. Peers attach
+without the resource tracker. Ordering: data is written before the flag word by the same thread
+and x86 stores are not reordered with older stores (TSO); a weakly ordered CPU would need a
+fence between them.
+
+GPU (untested here; guarded by ``cupy.cuda.is_available()``): the AG/RS regions live in one cupy
+device allocation of rank 0 whose IPC handle peers open (``ipcOpenMemHandle``); flags stay in
+the host shared memory and are polled by the host. The writer synchronizes its stream before
+publishing. A first version: no device-side flags, no CUDA-graph capture.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+from typing import Callable
+
+import numpy as np
+import torch
+
+from workers.comm import (
+    CommTimeout,
+    Rendezvous,
+    check_local_rows,
+    check_partial,
+    check_rowmap,
+    ordered_sum,
+    span_owner,
+)
+from workers.rowmap import RowMap, rows_of, total_rows
+
+PHASES = ("AG", "RS", "barrier")
+_FLAG_WORDS = 8  # int64 words per flag: one cache line, no false sharing between sources
+_ALIGN = 4096
+SHM_PREFIX = "glmserve_comm_"
+
+
+def _align(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+@dataclass(frozen=True)
+class IpcLayout:
+    """Byte layout of the shared region (see module docstring). ``itemsize`` is the widest
+    element a phase may move: the activation dtype's, or 4 so fp32 partials fit."""
+
+    world_size: int
+    max_rows: int
+    hidden: int
+    itemsize: int
+
+    @property
+    def flags_bytes(self) -> int:
+        return _align(2 * len(PHASES) * self.world_size * _FLAG_WORDS * 8)
+
+    @property
+    def ag_bytes(self) -> int:
+        return _align(2 * self.max_rows * self.hidden * self.itemsize)
+
+    @property
+    def rs_bytes(self) -> int:
+        return _align(2 * self.max_rows * self.world_size * self.hidden * self.itemsize)
+
+
+class IpcComm:
+    """Comm over peer-mapped buffers (see module docstring for layout and protocol).
+
+    flags: int64 numpy view [2, 3, N, 8] of host shared memory; ag/rs: uint8 tensors holding
+    the AG and RS regions (host shm or device memory); ``sync`` makes this rank's writes visible
+    before a flag is published; ``release`` unmaps (and unlinks if still named) on close.
+    """
+
+    def __init__(self, rank: int, world_size: int, layout: IpcLayout, flags: np.ndarray, ag: torch.Tensor,
+                 rs: torch.Tensor, timeout_s: float, sync: Callable[[], None],
+                 release: Callable[[], None]) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.layout = layout
+        self.timeout_s = timeout_s
+        self.epoch = 0
+        self._flags = flags
+        self._ag, self._rs = ag, rs
+        self._sync, self._release = sync, release
+        self._closed = False
+
+    @classmethod
+    def create(cls, rank: int, world_size: int, rendezvous: Rendezvous, device: torch.device, max_rows: int,
+               hidden: int, dtype: torch.dtype, timeout_s: float) -> IpcComm:
+        layout = IpcLayout(world_size, max_rows, hidden, max(dtype.itemsize, 4))
+        if device.type == "cpu":
+            return _create_shm(cls, rank, rendezvous, layout, timeout_s)
+        if device.type == "cuda":
+            return _create_cupy(cls, rank, rendezvous, layout, device, timeout_s)
+        raise ValueError(f"ipc comm supports cpu and cuda devices, got {device}")
+
+    # -- protocol ----------------------------------------------------------------------------
+
+    def _region(self, which: str, dtype: torch.dtype, parity: int) -> torch.Tensor:
+        """AG: [max_rows, H]; RS: [max_rows, N, H] — the ``parity`` half, viewed as ``dtype``."""
+        if dtype.itemsize > self.layout.itemsize:
+            raise ValueError(f"ipc comm buffers hold {self.layout.itemsize}-byte elements, got {dtype}")
+        lay = self.layout
+        shape = (2, lay.max_rows, lay.hidden) if which == "AG" else (2, lay.max_rows, lay.world_size, lay.hidden)
+        base = self._ag if which == "AG" else self._rs
+        return base[: int(np.prod(shape)) * dtype.itemsize].view(dtype).view(shape)[parity]
+
+    def _begin(self) -> tuple[int, int]:
+        if self._closed:
+            raise RuntimeError("comm is closed")
+        self.epoch += 1
+        return self.epoch, self.epoch % 2
+
+    def _publish_and_wait(self, phase: str, epoch: int) -> None:
+        parity, ph = epoch % 2, PHASES.index(phase)
+        self._sync()
+        self._flags[parity, ph, self.rank, 0] = epoch
+        flags = self._flags[parity, ph, :, 0]  # [N] view into shared memory
+        deadline = time.monotonic() + self.timeout_s
+        polls = 0
+        while not (flags == epoch).all():
+            polls += 1
+            if polls < 64:
+                continue
+            if polls < 512:
+                os.sched_yield()  # more ranks than cores: let the peer we wait on run
+            else:
+                time.sleep(min(1e-3, 1e-6 * (polls - 511)))
+            if time.monotonic() > deadline:
+                raise CommTimeout(self._missing_message(phase, epoch, flags))
+
+    def _missing_message(self, phase: str, epoch: int, flags: np.ndarray) -> str:
+        missing = [int(r) for r in np.nonzero(flags != epoch)[0]]
+        seen = []
+        for r in missing:
+            per_phase = self._flags[:, :, r, 0]  # [2, 3]
+            parity, ph = np.unravel_index(int(per_phase.argmax()), per_phase.shape)
+            last = int(per_phase[parity, ph])
+            seen.append(f"rank {r} last published {PHASES[ph]} epoch {last}" if last else f"rank {r} never published")
+        return (f"{phase} epoch {epoch} on rank {self.rank}: ranks {missing} did not arrive within "
+                f"{self.timeout_s:.1f}s ({'; '.join(seen)})")
+
+    def all_gather(self, local_rows: torch.Tensor, rowmap: RowMap, owner: int) -> torch.Tensor:
+        """AG. local_rows: [rows_per_rank, H] (Dp) or [num_rows, H] on the Span owner (ignored
+        elsewhere). Returns a copy of the bucket [total_rows, H], identical on every rank."""
+        check_rowmap(rowmap, self.world_size, self.layout.max_rows)
+        owner = span_owner(rowmap, owner)
+        check_local_rows(local_rows, rowmap, self.rank, owner, self.layout.hidden)
+        epoch, parity = self._begin()
+        bucket = self._region("AG", local_rows.dtype, parity)  # [max_rows, H]
+        mine = rows_of(rowmap, self.rank, owner)
+        if len(mine):
+            bucket[mine.start : mine.stop].copy_(local_rows)
+        self._publish_and_wait("AG", epoch)
+        return bucket[: total_rows(rowmap)].clone()
+
+    def reduce_scatter(self, partial: torch.Tensor, rowmap: RowMap, owner: int) -> torch.Tensor:
+        """RS. partial: [total_rows, H]. Returns [len(rows_of(rank)), H]: the sum over sources
+        of this rank's rows, ((p_0 + p_1) + p_2) + ... in ``partial.dtype``."""
+        check_rowmap(rowmap, self.world_size, self.layout.max_rows)
+        owner = span_owner(rowmap, owner)
+        check_partial(partial, rowmap, self.layout.hidden)
+        epoch, parity = self._begin()
+        packets = self._region("RS", partial.dtype, parity)  # [max_rows, N_src, H]
+        packets[: total_rows(rowmap), self.rank].copy_(partial)
+        self._publish_and_wait("RS", epoch)
+        mine = rows_of(rowmap, self.rank, owner)
+        return ordered_sum(packets[mine.start : mine.stop].unbind(1))
+
+    def barrier(self) -> None:
+        epoch, _ = self._begin()
+        self._publish_and_wait("barrier", epoch)
+
+    def close(self) -> None:
+        """Drop every view of the shared region, unmap it, unlink it if still named. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._flags = self._ag = self._rs = None  # type: ignore[assignment]
+        self._release()
+
+
+# ----------------------------------------------------------------------------- CPU: POSIX shm
+
+
+def _views(buf, layout: IpcLayout) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+    """Split a mapped buffer into (flags [2, 3, N, 8] int64, AG bytes, RS bytes)."""
+    base = torch.frombuffer(buf, dtype=torch.uint8)
+    fb, ab = layout.flags_bytes, layout.ag_bytes
+    shape = (2, len(PHASES), layout.world_size, _FLAG_WORDS)
+    flags = base[: int(np.prod(shape)) * 8].view(torch.int64).view(shape).numpy()
+    return flags, base[fb : fb + ab], base[fb + ab : fb + ab + layout.rs_bytes]
+
+
+def _attach_untracked(name: str) -> mmap.mmap:
+    """Map an existing segment without registering it with this process's resource tracker
+    (Python < 3.13 registers attachers too, which would unlink the creator's segment)."""
+    from _posixshmem import shm_open
+
+    fd = shm_open("/" + name, os.O_RDWR, 0o600)
+    try:
+        return mmap.mmap(fd, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+
+
+def _create_shm(cls, rank: int, rendezvous: Rendezvous, layout: IpcLayout, timeout_s: float,
+                size: int | None = None) -> IpcComm:
+    size = size or layout.flags_bytes + layout.ag_bytes + layout.rs_bytes
+    shm = mapping = None
+    if rank == 0:
+        shm = shared_memory.SharedMemory(f"{SHM_PREFIX}{os.getpid()}_{secrets.token_hex(6)}", create=True,
+                                         size=size)
+        buf = shm.buf
+    state = {"unlinked": rank != 0}
+
+    def unlink() -> None:
+        if not state["unlinked"]:
+            state["unlinked"] = True
+            try:
+                shm.unlink()
+            except FileNotFoundError:
+                pass
+
+    def release() -> None:
+        unlink()
+        try:
+            shm.close() if shm is not None else mapping.close()
+        except BufferError:  # a caller still holds a view; the mapping dies with the process
+            pass
+
+    try:
+        if rank == 0:
+            rendezvous.publish("ipc/shm", shm.name)
+        else:
+            mapping = _attach_untracked(rendezvous.wait("ipc/shm", timeout_s))
+            buf = mapping
+        rendezvous.wait_all_ready(rank, timeout_s)
+    except BaseException:
+        if shm is not None or mapping is not None:
+            release()
+        raise
+    unlink()  # everyone is attached: the name is no longer needed
+    flags, ag, rs = _views(buf, layout)
+    del buf
+    return cls(rank, layout.world_size, layout, flags, ag, rs, timeout_s, lambda: None, release)
+
+
+# ----------------------------------------------------------------------------- GPU: cupy IPC (untested)
+
+
+def _create_cupy(cls, rank: int, rendezvous: Rendezvous, layout: IpcLayout, device: torch.device,
+                 timeout_s: float) -> IpcComm:
+    """Flags in host shm (as on CPU); AG/RS regions in rank 0's device allocation, opened by
+    peers through its IPC handle. UNTESTED: no GPU on the development machines."""
+    import cupy
+
+    if not cupy.cuda.is_available():
+        raise RuntimeError("ipc comm on cuda needs cupy with a visible CUDA device")
+    torch.cuda.set_device(device)
+    data_bytes = layout.ag_bytes + layout.rs_bytes
+    with cupy.cuda.Device(device.index or 0):
+        if rank == 0:
+            owned = cupy.cuda.alloc(data_bytes)
+            owned.memset(0, data_bytes)
+            ptr = owned.ptr
+            rendezvous.publish("ipc/cuda_handle", bytes(cupy.cuda.runtime.ipcGetMemHandle(ptr)))
+        else:
+            handle = rendezvous.wait("ipc/cuda_handle", timeout_s)
+            ptr = cupy.cuda.runtime.ipcOpenMemHandle(handle, cupy.cuda.runtime.cudaIpcMemLazyEnablePeerAccess)
+            owned = None
+        mem = cupy.cuda.UnownedMemory(ptr, data_bytes, owned)
+        arr = cupy.ndarray((data_bytes,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, 0))
+        data = torch.as_tensor(arr, device=device)
+    host = _create_shm(cls, rank, rendezvous, layout, timeout_s, size=layout.flags_bytes)
+
+    def release() -> None:
+        host._release()
+        if owned is None:
+            cupy.cuda.runtime.ipcCloseMemHandle(ptr)
+
+    return cls(rank, layout.world_size, layout, host._flags, data[: layout.ag_bytes], data[layout.ag_bytes :],
+               timeout_s, torch.cuda.current_stream(device).synchronize, release)

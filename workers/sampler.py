@@ -1,0 +1,207 @@
+"""Token sampling: penalties, greedy / temperature / top-k / top-p / min-p, per-request seeds, logprobs.
+
+Order (as vLLM): penalties on the raw logits, then greedy rows take the argmax; sampled rows are divided
+by their temperature, filtered by top-k, top-p and min-p, and drawn with an exponential race
+(``argmax(p / q)``, ``q ~ Exp(1)``), which samples exactly from ``p``. A seeded row draws its noise from
+its own generator seeded by ``(seed, num_generated)``, so its token depends only on that pair and the
+row's logits: it repeats alone, in any batch and after preemption. Logprobs come from the raw logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from scheduler.request import SamplingParams
+
+_SEED_MULT = 1_000_003
+_SEED_MASK = (1 << 63) - 1
+
+
+@dataclass
+class SampleOutput:
+    """One sampled token per row, with logprobs where the row's params asked for them."""
+
+    token_ids: list[int]
+    logprobs: list[float | None]  # logprob of the chosen token under the raw logits
+    top_logprobs: list[list[tuple[int, float]] | None]  # top-n (id, logprob), sorted descending
+
+
+def sample(
+    logits: Tensor,
+    params: list[SamplingParams],
+    histories: list[Sequence[int]],
+    num_prompt: list[int],
+    num_generated: list[int],
+) -> SampleOutput:
+    """Sample one token per row.
+
+    logits: [B, V], any float dtype (computed in fp32). histories[i]: prompt + generated ids of row i,
+    of which the first num_prompt[i] are prompt. num_generated[i]: index of the token being sampled
+    (with the seed, it fixes the row's random draw).
+    """
+    _check_batch(logits, params, histories, num_prompt)
+    assert len(num_generated) == len(params), "one num_generated per row"
+    raw = logits.float()  # [B, V]
+    processed = apply_penalties(raw, params, histories, num_prompt)  # [B, V]
+    token_ids = processed.argmax(dim=-1)  # [B]; greedy rows keep this (ties -> lowest id)
+    sampled_rows = [i for i, p in enumerate(params) if not p.is_greedy]
+    if sampled_rows:
+        rows = torch.tensor(sampled_rows, device=raw.device)
+        probs = _filtered_probs(processed[rows], [params[i] for i in sampled_rows])  # [S, V]
+        noise = _exponential_noise(probs.shape, raw.device, params, num_generated, sampled_rows)  # [S, V]
+        token_ids[rows] = (probs / noise).argmax(dim=-1)
+    chosen = token_ids.tolist()
+    logprobs, top_logprobs = _logprobs(raw, params, chosen)
+    return SampleOutput(token_ids=chosen, logprobs=logprobs, top_logprobs=top_logprobs)
+
+
+def probs_for_rows(
+    logits: Tensor,
+    params: list[SamplingParams],
+    histories: list[Sequence[int]],
+    num_prompt: list[int],
+) -> Tensor:
+    """The distribution ``sample`` draws from, per row: [B, V] fp32 (greedy rows: one-hot at the argmax).
+
+    For speculative decoding's rejection sampling, which needs the target and draft distributions.
+    """
+    _check_batch(logits, params, histories, num_prompt)
+    processed = apply_penalties(logits.float(), params, histories, num_prompt)  # [B, V]
+    probs = torch.zeros_like(processed).scatter_(1, processed.argmax(dim=-1, keepdim=True), 1.0)
+    sampled_rows = [i for i, p in enumerate(params) if not p.is_greedy]
+    if sampled_rows:
+        rows = torch.tensor(sampled_rows, device=processed.device)
+        probs[rows] = _filtered_probs(processed[rows], [params[i] for i in sampled_rows])
+    return probs
+
+
+def apply_penalties(
+    logits: Tensor,
+    params: list[SamplingParams],
+    histories: list[Sequence[int]],
+    num_prompt: list[int],
+) -> Tensor:
+    """Repetition (prompt + generated ids), presence and frequency (generated ids only) penalties.
+
+    logits: [B, V] fp32; returns a new [B, V] tensor (the input is left untouched).
+    repetition: logit / pen where logit > 0, else logit * pen (HF / vLLM).
+    presence / frequency: logit - presence * [count > 0] - frequency * count (OpenAI / vLLM).
+    """
+    if not any(_has_penalty(p) for p in params):
+        return logits
+    device, vocab_size = logits.device, logits.shape[1]
+    seen = _id_counts(histories, [0] * len(params), vocab_size, device) > 0  # [B, V]
+    gen_counts = _id_counts(histories, num_prompt, vocab_size, device).float()  # [B, V]
+    rep = _row_values([p.repetition_penalty for p in params], device)  # [B, 1]
+    presence = _row_values([p.presence_penalty for p in params], device)  # [B, 1]
+    frequency = _row_values([p.frequency_penalty for p in params], device)  # [B, 1]
+    penalized = torch.where(logits > 0, logits / rep, logits * rep)
+    out = torch.where(seen, penalized, logits)
+    return out - presence * (gen_counts > 0).float() - frequency * gen_counts
+
+
+def _filtered_probs(logits: Tensor, params: list[SamplingParams]) -> Tensor:
+    """Temperature, then top-k, top-p and min-p filtering; returns probabilities. logits: [S, V] fp32."""
+    device, vocab_size = logits.device, logits.shape[1]
+    scaled = logits / _row_values([p.temperature for p in params], device)  # [S, V]
+    if all(p.top_k == 0 and p.top_p >= 1.0 and p.min_p == 0.0 for p in params):
+        return torch.softmax(scaled, dim=-1)
+    sorted_logits, sorted_idx = scaled.sort(dim=-1, descending=True)  # [S, V] each
+    rank = torch.arange(vocab_size, device=device)  # [V]
+    top_k = torch.tensor([p.top_k or vocab_size for p in params], device=device)  # [S]
+    sorted_logits = sorted_logits.masked_fill(rank >= top_k[:, None], float("-inf"))
+    sorted_probs = torch.softmax(sorted_logits, dim=-1)  # [S, V]
+    # Keep a token while the mass strictly above it is below top_p; top_p == 1 turns this off so
+    # cumsum rounding never drops the tail.
+    top_p = _row_values([p.top_p if p.top_p < 1.0 else float("inf") for p in params], device)
+    mass_above = sorted_probs.cumsum(dim=-1) - sorted_probs  # [S, V]
+    drop = mass_above >= top_p
+    # min-p is relative to the most likely token, so it does not care about renormalisation.
+    min_p = _row_values([p.min_p for p in params], device)
+    drop |= sorted_probs < min_p * sorted_probs[:, :1]
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    filtered = torch.empty_like(scaled).scatter_(1, sorted_idx, sorted_logits)  # [S, V]
+    return torch.softmax(filtered, dim=-1)
+
+
+def _exponential_noise(
+    shape: torch.Size,
+    device: torch.device,
+    params: list[SamplingParams],
+    num_generated: list[int],
+    sampled_rows: list[int],
+) -> Tensor:
+    """Exp(1) noise [S, V] for the sampled rows: seeded rows from their own generator, others global."""
+    noise = torch.empty(shape, device=device).exponential_()  # global generator for unseeded rows
+    for out_row, row in enumerate(sampled_rows):
+        seed = params[row].seed
+        if seed is None:
+            continue
+        gen = torch.Generator(device=device)
+        gen.manual_seed((seed * _SEED_MULT + num_generated[row]) & _SEED_MASK)
+        noise[out_row].exponential_(generator=gen)
+    # Exp(1) can round to 0; a zero would make p / q infinite for a zero-probability token.
+    return noise.clamp_(min=torch.finfo(noise.dtype).tiny)
+
+
+def _logprobs(
+    raw: Tensor, params: list[SamplingParams], chosen: list[int]
+) -> tuple[list[float | None], list[list[tuple[int, float]] | None]]:
+    """Chosen-token and top-n logprobs from the raw logits [B, V], for rows that asked."""
+    num_rows = len(params)
+    logprobs: list[float | None] = [None] * num_rows
+    top: list[list[tuple[int, float]] | None] = [None] * num_rows
+    rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+    if not rows:
+        return logprobs, top
+    row_idx = torch.tensor(rows, device=raw.device)
+    logp = torch.log_softmax(raw[row_idx], dim=-1)  # [R, V]
+    chosen_idx = torch.tensor([chosen[i] for i in rows], device=raw.device)
+    chosen_logp = logp.gather(1, chosen_idx[:, None]).squeeze(1).tolist()
+    max_n = max(params[i].logprobs for i in rows)
+    top_logp, top_ids = logp.topk(max_n, dim=-1)  # [R, max_n] each
+    top_logp, top_ids = top_logp.tolist(), top_ids.tolist()
+    for j, i in enumerate(rows):
+        n = params[i].logprobs
+        logprobs[i] = chosen_logp[j]
+        top[i] = list(zip(top_ids[j][:n], top_logp[j][:n])) if n else []
+    return logprobs, top
+
+
+def _id_counts(
+    histories: list[Sequence[int]], starts: list[int], vocab_size: int, device: torch.device
+) -> Tensor:
+    """counts[i, t] = occurrences of token t in histories[i][starts[i]:]; [B, V] int64."""
+    counts = torch.zeros(len(histories), vocab_size, dtype=torch.long, device=device)
+    for i, (hist, start) in enumerate(zip(histories, starts)):
+        ids = torch.as_tensor(list(hist[start:]), dtype=torch.long, device=device)
+        if ids.numel():
+            assert int(ids.min()) >= 0 and int(ids.max()) < vocab_size, "history id outside the vocab"
+            counts[i].scatter_add_(0, ids, torch.ones_like(ids))
+    return counts
+
+
+def _row_values(values: list[float], device: torch.device) -> Tensor:
+    """One float per row as a [B, 1] column, ready to broadcast over the vocab."""
+    return torch.tensor(values, dtype=torch.float32, device=device)[:, None]
+
+
+def _has_penalty(p: SamplingParams) -> bool:
+    return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+
+
+def _check_batch(
+    logits: Tensor, params: list[SamplingParams], histories: list[Sequence[int]], num_prompt: list[int]
+) -> None:
+    assert logits.dim() == 2, f"logits must be [B, V], got shape {tuple(logits.shape)}"
+    assert logits.is_floating_point(), f"logits must be floating point, got {logits.dtype}"
+    num_rows = logits.shape[0]
+    assert len(params) == num_rows, f"{len(params)} params for {num_rows} rows"
+    assert len(histories) == num_rows, f"{len(histories)} histories for {num_rows} rows"
+    assert len(num_prompt) == num_rows, f"{len(num_prompt)} num_prompt for {num_rows} rows"
+    for hist, n in zip(histories, num_prompt):
+        assert 0 <= n <= len(hist), f"num_prompt {n} outside a history of {len(hist)} ids"
