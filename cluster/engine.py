@@ -20,14 +20,37 @@ from typing import AsyncIterator, Callable, Protocol, Sequence
 
 from cluster.detok import IncrementalDetokenizer, StopStringMatcher
 from scheduler.request import FinishReason, SamplingParams
-from scheduler.scheduler import AdmissionError, RequestEvent, Scheduler, SchedulerConfig
+from scheduler.scheduler import AdmissionError, RequestEvent, Scheduler, SchedulerConfig, StepPlan
+from scheduler.shapes import place_request, plan_step_shapes
 from workers.runner import NewRequest, StepResult, TokenLogprobs, WorkerStep
 
-__all__ = ["AdmissionError", "AsyncEngine", "Engine", "TokenEvent"]
+__all__ = ["AdmissionError", "AsyncEngine", "Engine", "GroupFailure", "LocalExecutor", "TokenEvent"]
 
 
 class Executor(Protocol):
-    def execute(self, step: WorkerStep) -> StepResult: ...
+    """Runs one step on every rank: ``steps[r]`` is rank r's part; returns one result per rank.
+    Raises ``GroupFailure`` when the worker group is lost (then ``recover()`` rebuilds it)."""
+
+    def execute(self, steps: list[WorkerStep]) -> list[StepResult]: ...
+
+    def recover(self) -> None: ...
+
+
+class GroupFailure(RuntimeError):
+    """The worker group died or hung: every in-flight request fails, the group is rebuilt."""
+
+
+class LocalExecutor:
+    """One rank, in this process."""
+
+    def __init__(self, runner):
+        self.runner = runner
+
+    def execute(self, steps: list[WorkerStep]) -> list[StepResult]:
+        return [self.runner.execute(steps[0])]
+
+    def recover(self) -> None:
+        self.runner.reset()
 
 
 @dataclass
@@ -54,25 +77,42 @@ class _Stream:
 
 
 class Engine:
-    """Single-threaded engine core. ``decode`` turns ids into text (None: token ids only)."""
+    """The engine core: one scheduler (and KV block pool) per rank, one executor for all ranks.
+
+    A request lives on one rank (the least KV-loaded at arrival): its KV, attention and sampling stay
+    there. Each step every rank's scheduler plans its rows, ``plan_step_shapes`` picks the MoE bucket
+    (dp stripes, or a span when a solo request wants several rows), and the executor runs all ranks.
+    ``decode`` turns ids into text (None: token ids only).
+    """
 
     def __init__(self, executor: Executor, config: SchedulerConfig,
-                 decode: Callable[[Sequence[int]], str] | None = None):
-        self.executor, self.config, self.decode = executor, config, decode
-        self.scheduler = Scheduler(config)
+                 decode: Callable[[Sequence[int]], str] | None = None, num_ranks: int = 1, span: bool = True):
+        self.executor, self.config, self.decode, self.span = executor, config, decode, span
+        self.schedulers = [Scheduler(config) for _ in range(num_ranks)]
+        self._rank_of: dict[str, int] = {}
         self._streams: dict[str, _Stream] = {}
-        self._unsent: dict[str, NewRequest] = {}      # known to the scheduler, not yet to the workers
-        self._forget: list[str] = []                  # ended requests the workers still hold state for
+        self._unsent: dict[str, NewRequest] = {}      # known to a scheduler, not yet to its worker
+        self._forget: list[list[str]] = [[] for _ in range(num_ranks)]  # ended, still held by workers
         self._lock = threading.Lock()                 # add/abort (caller's thread) vs step (loop thread)
         self._ids = itertools.count()
-        self.stats = {"prompt_tokens": 0, "generated_tokens": 0, "steps": 0, "preemptions": 0}
+        self.stats = {"prompt_tokens": 0, "generated_tokens": 0, "steps": 0, "preemptions": 0,
+                      "span_steps": 0, "failed_steps": 0}
+
+    @property
+    def scheduler(self) -> Scheduler:
+        assert len(self.schedulers) == 1, "a multi-rank engine has one scheduler per rank"
+        return self.schedulers[0]
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams, req_id: str | None = None) -> str:
         """Queue a request; raises AdmissionError (with .field and .reason) if it can never run."""
         req_id = req_id if req_id is not None else f"req-{next(self._ids)}"
         with self._lock:
-            self.scheduler.add_request(req_id, list(prompt_ids), params)
+            if req_id in self._rank_of:
+                raise AdmissionError("duplicate", "req_id", f"req_id {req_id!r} is already in flight")
+            rank = place_request({r: s.kv_load for r, s in enumerate(self.schedulers)})
+            self.schedulers[rank].add_request(req_id, list(prompt_ids), params)
+            self._rank_of[req_id] = rank
             detok = IncrementalDetokenizer(self.decode, list(prompt_ids)) if self.decode else None
             self._streams[req_id] = _Stream(len(prompt_ids), detok, StopStringMatcher(params.stop))
             self._unsent[req_id] = NewRequest(req_id, tuple(prompt_ids), params)
@@ -81,32 +121,69 @@ class Engine:
 
     def abort(self, req_id: str) -> TokenEvent | None:
         with self._lock:
-            ev = self.scheduler.abort(req_id)
+            rank = self._rank_of.get(req_id)
+            ev = self.schedulers[rank].abort(req_id) if rank is not None else None
             return self._end(ev) if ev else None
 
+    def has_unfinished(self) -> bool:
+        return any(s.has_unfinished() for s in self.schedulers)
+
     def has_work(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._forget)
+        return self.has_unfinished() or any(self._forget)
+
+    def kv_usage(self) -> float:
+        return sum(s.kv_usage for s in self.schedulers) / len(self.schedulers)
+
+    def num_free_blocks(self) -> int:
+        return sum(s.pool.num_free for s in self.schedulers)
 
     # ---- the step loop -----------------------------------------------------------------------
     def step(self) -> list[TokenEvent]:
         with self._lock:
-            plan = self.scheduler.schedule()
-            new = tuple(self._unsent.pop(s.req_id) for s in plan.seqs if s.req_id in self._unsent)
-            forget, self._forget = tuple(self._forget), []
-        self.stats["preemptions"] += len(plan.preempted)
-        if plan.is_empty and not forget:
+            plans = [s.schedule() for s in self.schedulers]
+            steps = self._worker_steps(plans)
+        if steps is None:
             return []
         try:
-            result = self.executor.execute(WorkerStep(plan.step_id, plan.seqs, new, forget))
-        except Exception as e:  # a failed step fails its requests, never the engine
-            msg = f"step {plan.step_id} failed: {type(e).__name__}: {e}"
+            results = self.executor.execute(steps)
+        except GroupFailure as e:      # the group is gone: every live request fails, then rebuild
+            return self._fail_all(f"worker group failed: {e}")
+        except Exception as e:         # a failed step fails its requests, never the engine
             traceback.print_exc()
+            self.stats["failed_steps"] += 1
             with self._lock:
-                return [self._end(ev) for ev in self.scheduler.fail([s.req_id for s in plan.seqs], msg)]
+                ids = [s.req_id for p in plans for s in p.seqs]
+                return [self._end(ev) for r, sch in enumerate(self.schedulers)
+                        for ev in sch.fail([i for i in ids if self._rank_of.get(i) == r],
+                                           f"step failed: {type(e).__name__}: {e}")]
         with self._lock:
             self.stats["steps"] += 1
-            events = self.scheduler.update(plan, result.sampled)
-            return [self._emit(ev, result) for ev in events if ev.req_id in self._streams]
+            events = []
+            for sch, plan, res in zip(self.schedulers, plans, results):
+                events += [self._emit(ev, res) for ev in sch.update(plan, res.sampled) if ev.req_id in self._streams]
+            return events
+
+    def _worker_steps(self, plans: list[StepPlan]) -> list[WorkerStep] | None:
+        self.stats["preemptions"] += sum(len(p.preempted) for p in plans)
+        forget, self._forget = self._forget, [[] for _ in self.schedulers]
+        if all(p.is_empty for p in plans) and not any(forget):
+            return None
+        rows = {r: p.num_tokens for r, p in enumerate(plans)}
+        num_active = sum(s.num_running for s in self.schedulers)
+        shape = plan_step_shapes(len(plans), rows, num_active, self.span)
+        self.stats["span_steps"] += shape.is_span
+        return [WorkerStep(p.step_id, p.seqs, tuple(self._unsent.pop(s.req_id) for s in p.seqs
+                                                    if s.req_id in self._unsent), tuple(f), shape)
+                for p, f in zip(plans, forget)]
+
+    def _fail_all(self, msg: str) -> list[TokenEvent]:
+        with self._lock:
+            events = [self._end(ev) for sch in self.schedulers
+                      for ev in sch.fail(sch.live_ids(), msg)]
+            self._forget = [[] for _ in self.schedulers]     # the rebuilt workers start empty
+            self._unsent.clear()
+        self.executor.recover()
+        return events
 
     def _emit(self, ev: RequestEvent, result: StepResult) -> TokenEvent:
         st = self._streams[ev.req_id]
@@ -119,7 +196,7 @@ class Engine:
         out = TokenEvent(ev.req_id, list(ev.new_token_ids), text, logprobs=result.logprobs.get(ev.req_id, []),
                          num_prompt_tokens=st.prompt_len, num_output_tokens=st.num_output)
         if stopped and not ev.finished:
-            self.scheduler.finish(ev.req_id, FinishReason.STOP)
+            self.schedulers[self._rank_of[ev.req_id]].finish(ev.req_id, FinishReason.STOP)
             ev = RequestEvent(ev.req_id, ev.new_token_ids, True, FinishReason.STOP)
         if ev.finished:
             if not stopped:
@@ -137,8 +214,9 @@ class Engine:
 
     def _close(self, req_id: str) -> None:
         self._streams.pop(req_id, None)
+        rank = self._rank_of.pop(req_id)
         if self._unsent.pop(req_id, None) is None:
-            self._forget.append(req_id)
+            self._forget[rank].append(req_id)
 
 
 class AsyncEngine:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cluster.config import EngineConfig
-from cluster.engine import Engine
+from cluster.engine import Engine, LocalExecutor
 from scheduler.scheduler import SchedulerConfig
 
 
@@ -39,4 +39,4 @@ def build_local_engine(cfg: EngineConfig, progress: bool = True) -> tuple[Engine
     num_blocks = cfg.kv_cache_tokens // cfg.block_size
     runner = ModelRunner(model, num_blocks, cfg.block_size, cfg.resolved_dtype(), device)
     decode = (lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer else None
-    return Engine(runner, scheduler_config(cfg, model.config, tokenizer, num_blocks), decode), tokenizer
+    return Engine(LocalExecutor(runner), scheduler_config(cfg, model.config, tokenizer, num_blocks), decode), tokenizer

@@ -101,7 +101,7 @@ def indexer_topk(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Ten
     is selected (what top-k over the causally masked scores returns), so scoring is skipped.
     """
     N = q.shape[0]
-    K = min(topk, max(int(s.numel()) for s in seq_slots))
+    K = min(topk, max((int(s.numel()) for s in seq_slots), default=0))
     out = torch.full((N, K), -1, dtype=torch.long, device=q.device)
     for (r0, nr), slots in zip(seq_rows, seq_slots):
         T = slots.numel()

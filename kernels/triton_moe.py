@@ -30,10 +30,11 @@ FUSED_MAX_ROWS = 32
 def _run_rows(sorted_e_ptr, sorted_pair_ptr, p, P, E_local, TOPK: tl.constexpr, BLOCK_R: tl.constexpr):
     """The run of pairs starting at sorted position p: (expert, valid, mask [BR], pair ids [BR], rows [BR])."""
     e = tl.load(sorted_e_ptr + p)
-    prev = tl.load(sorted_e_ptr + tl.maximum(p - 1, 0))
-    owner = (e < E_local) & ((p == 0) | (prev != e))
+    prev = tl.load(sorted_e_ptr + p - 1, mask=p > 0, other=-1)
+    owner = (e < E_local) & (prev != e)
     j = p + tl.arange(0, BLOCK_R)
     in_run = (j < P) & (tl.load(sorted_e_ptr + j, mask=j < P, other=-1) == e)
+    in_run = in_run & ((j * 0 + prev) != e) & ((j * 0 + e) < E_local)   # non-owners store nothing
     pair = tl.load(sorted_pair_ptr + j, mask=in_run, other=0)
     return e, owner, in_run, j, pair // TOPK
 
@@ -46,31 +47,30 @@ def _gate_up_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sorted_e_ptr, sorted_pa
     p = tl.program_id(0)
     ib = tl.program_id(1)
     e, owner, in_run, j, row = _run_rows(sorted_e_ptr, sorted_pair_ptr, p, P, E_local, TOPK, BLOCK_R)
-    if owner:
-        ri = ib * BLOCK_I + tl.arange(0, BLOCK_I)
-        rh = tl.arange(0, BLOCK_H)
-        acc_g = tl.zeros((BLOCK_R, BLOCK_I), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_R, BLOCK_I), dtype=tl.float32)
-        w_base = e.to(tl.int64) * I * H
-        for hb in range(0, num_sb_h):
-            h = hb * BLOCK_H + rh
-            x = tl.load(x_ptr + row[:, None] * H + h[None, :], mask=in_run[:, None] & (h[None, :] < H), other=0.0)
-            wmask = (ri[:, None] < I) & (h[None, :] < H)
-            wg = tl.load(g_ptr + w_base + ri[:, None] * H + h[None, :], mask=wmask, other=0.0).to(x.dtype)
-            wu = tl.load(u_ptr + w_base + ri[:, None] * H + h[None, :], mask=wmask, other=0.0).to(x.dtype)
-            pg = tl.dot(x, tl.trans(wg), input_precision=PREC)
-            pu = tl.dot(x, tl.trans(wu), input_precision=PREC)
-            if HAS_SCALE:
-                s_off = e * num_sb_i * num_sb_h + ((ib * BLOCK_I) // 128) * num_sb_h + hb
-                pg = pg * tl.load(gs_ptr + s_off)
-                pu = pu * tl.load(us_ptr + s_off)
-            acc_g += pg
-            acc_u += pu
-        dt = act_ptr.dtype.element_ty
-        g = acc_g.to(dt).to(tl.float32)
-        u = acc_u.to(dt).to(tl.float32)
-        a = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32) * u
-        tl.store(act_ptr + j[:, None] * I + ri[None, :], a.to(dt), mask=in_run[:, None] & (ri[None, :] < I))
+    ri = ib * BLOCK_I + tl.arange(0, BLOCK_I)
+    rh = tl.arange(0, BLOCK_H)
+    acc_g = tl.zeros((BLOCK_R, BLOCK_I), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_R, BLOCK_I), dtype=tl.float32)
+    w_base = e.to(tl.int64) * I * H
+    for hb in range(tl.where(owner, num_sb_h, 0)):  # loop not under `if`: pipelined
+        h = hb * BLOCK_H + rh
+        x = tl.load(x_ptr + row[:, None] * H + h[None, :], mask=in_run[:, None] & (h[None, :] < H), other=0.0)
+        wmask = (ri[:, None] < I) & (h[None, :] < H)
+        wg = tl.load(g_ptr + w_base + ri[:, None] * H + h[None, :], mask=wmask, other=0.0).to(x.dtype)
+        wu = tl.load(u_ptr + w_base + ri[:, None] * H + h[None, :], mask=wmask, other=0.0).to(x.dtype)
+        pg = tl.dot(x, tl.trans(wg), input_precision=PREC)
+        pu = tl.dot(x, tl.trans(wu), input_precision=PREC)
+        if HAS_SCALE:
+            s_off = e * num_sb_i * num_sb_h + ((ib * BLOCK_I) // 128) * num_sb_h + hb
+            pg = pg * tl.load(gs_ptr + s_off)
+            pu = pu * tl.load(us_ptr + s_off)
+        acc_g += pg
+        acc_u += pu
+    dt = act_ptr.dtype.element_ty
+    g = acc_g.to(dt).to(tl.float32)
+    u = acc_u.to(dt).to(tl.float32)
+    a = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32) * u
+    tl.store(act_ptr + j[:, None] * I + ri[None, :], a.to(dt), mask=in_run[:, None] & (ri[None, :] < I))
 
 
 @triton.jit
@@ -81,25 +81,24 @@ def _down_kernel(act_ptr, d_ptr, ds_ptr, w_route_ptr, sorted_e_ptr, sorted_pair_
     p = tl.program_id(0)
     hb = tl.program_id(1)
     e, owner, in_run, j, row = _run_rows(sorted_e_ptr, sorted_pair_ptr, p, P, E_local, TOPK, BLOCK_R)
-    if owner:
-        rh = hb * BLOCK_HO + tl.arange(0, BLOCK_HO)
-        ri = tl.arange(0, BLOCK_I)
-        acc = tl.zeros((BLOCK_R, BLOCK_HO), dtype=tl.float32)
-        w_base = e.to(tl.int64) * H * I
-        for ib in range(0, num_sb_i):
-            i = ib * BLOCK_I + ri
-            a = tl.load(act_ptr + j[:, None] * I + i[None, :], mask=in_run[:, None] & (i[None, :] < I), other=0.0)
-            wd = tl.load(d_ptr + w_base + rh[:, None] * I + i[None, :],
-                         mask=(rh[:, None] < H) & (i[None, :] < I), other=0.0).to(a.dtype)
-            part = tl.dot(a, tl.trans(wd), input_precision=PREC)
-            if HAS_SCALE:
-                part = part * tl.load(ds_ptr + e * num_sb_h * num_sb_i + ((hb * BLOCK_HO) // 128) * num_sb_i + ib)
-            acc += part
-        dt = y_ptr.dtype.element_ty
-        pair = tl.load(sorted_pair_ptr + j, mask=in_run, other=0)
-        w = tl.load(w_route_ptr + pair, mask=in_run, other=0.0)
-        y = (acc.to(dt).to(tl.float32) * w[:, None]).to(dt)
-        tl.store(y_ptr + pair[:, None] * H + rh[None, :], y, mask=in_run[:, None] & (rh[None, :] < H))
+    rh = hb * BLOCK_HO + tl.arange(0, BLOCK_HO)
+    ri = tl.arange(0, BLOCK_I)
+    acc = tl.zeros((BLOCK_R, BLOCK_HO), dtype=tl.float32)
+    w_base = e.to(tl.int64) * H * I
+    for ib in range(tl.where(owner, num_sb_i, 0)):
+        i = ib * BLOCK_I + ri
+        a = tl.load(act_ptr + j[:, None] * I + i[None, :], mask=in_run[:, None] & (i[None, :] < I), other=0.0)
+        wd = tl.load(d_ptr + w_base + rh[:, None] * I + i[None, :],
+                     mask=(rh[:, None] < H) & (i[None, :] < I), other=0.0).to(a.dtype)
+        part = tl.dot(a, tl.trans(wd), input_precision=PREC)
+        if HAS_SCALE:
+            part = part * tl.load(ds_ptr + e * num_sb_h * num_sb_i + ((hb * BLOCK_HO) // 128) * num_sb_i + ib)
+        acc += part
+    dt = y_ptr.dtype.element_ty
+    pair = tl.load(sorted_pair_ptr + j, mask=in_run, other=0)
+    w = tl.load(w_route_ptr + pair, mask=in_run, other=0.0)
+    y = (acc.to(dt).to(tl.float32) * w[:, None]).to(dt)
+    tl.store(y_ptr + pair[:, None] * H + rh[None, :], y, mask=in_run[:, None] & (rh[None, :] < H))
 
 
 @triton.jit

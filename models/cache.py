@@ -75,6 +75,9 @@ def build_batch(seqs: Sequence[tuple[int, int, Sequence[int]]], block_size: int,
         seq_rows.append((row, n))
         seq_slots.append(slots)
         row += n
+    if not seqs:   # a rank with no rows this step still runs every layer (its MLP phases are collective)
+        empty = torch.zeros(0, dtype=torch.long, device=device)
+        return Batch(empty, empty, [], [])
     return Batch(torch.cat(positions), torch.cat(slot_mapping), seq_rows, seq_slots)
 
 

@@ -131,7 +131,7 @@ class Rope:
 
     def apply(self, x: torch.Tensor, interleaved: bool) -> torch.Tensor:
         """x: [N, ..., dr]; cos/sin broadcast over the middle dims."""
-        shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (-1,)
+        shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (self.cos.shape[-1],)
         return ops.rope(x, self.cos.view(shape), self.sin.view(shape), interleaved)
 
 

@@ -129,6 +129,15 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self._live)
 
+    def live_ids(self) -> list[str]:
+        """Every waiting or running request."""
+        return list(self._live)
+
+    @property
+    def kv_load(self) -> int:
+        """Blocks held plus blocks the waiting prompts will need: the placement signal."""
+        return self.pool.num_used + sum(self.pool.blocks_needed(r.num_tokens) for r in self._waiting)
+
     def get(self, req_id: str) -> Request | None:
         """The live (waiting or running) request, or None once it has ended."""
         return self._live.get(req_id)

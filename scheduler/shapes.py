@@ -13,8 +13,9 @@ class StepShape:
     """Rows of one step's MoE bucket and where they come from.
 
     dp:   row slot i*rows_per_rank + j belongs to rank i's own requests; rows_per_rank is a power of two.
-    span: all `total_rows == num_ranks` rows belong to the single request on `owner`
-          (rows_per_rank is 1: each rank carries one row of the owner's span through AG/RS).
+    span: all `total_rows` rows belong to the single request on `owner`: the smallest power of two
+          >= max(num_ranks, rows wanted) — 1 committed token + up to N-1 drafts fill N rows, and a solo
+          prefill chunk rides in one span instead of N dp stripes of which N-1 would be padding.
     """
 
     kind: str
@@ -44,7 +45,7 @@ def plan_step_shapes(
 
     rows_wanted: rank -> rows its requests want this step; num_active: requests active fleet-wide.
     Span iff enabled, more than one rank, exactly one active request, and it wants more than one
-    row; the span carries at most num_ranks rows (the caller chunks). Otherwise dp with the
+    row; the span bucket holds all of that request's rows. Otherwise dp with the
     smallest power-of-two bucket that holds the busiest rank's rows.
     """
     if num_ranks < 1:
@@ -59,7 +60,8 @@ def plan_step_shapes(
     if span_enabled and num_ranks > 1 and num_active == 1:
         owners = [rank for rank, rows in rows_wanted.items() if rows > 0]
         if len(owners) == 1 and rows_wanted[owners[0]] > 1:
-            return StepShape(SPAN, rows_per_rank=1, total_rows=num_ranks, owner=owners[0])
+            rows = next_pow2(max(num_ranks, rows_wanted[owners[0]]))
+            return StepShape(SPAN, rows_per_rank=rows, total_rows=rows, owner=owners[0])
     bucket = next_pow2(max(rows_wanted.values(), default=0))
     return StepShape(DP, rows_per_rank=bucket, total_rows=num_ranks * bucket, owner=None)
 

@@ -18,7 +18,8 @@ publishes what peers need (a shm name, a store port, IPC handles), everyone publ
 from __future__ import annotations
 
 import time
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import torch
 
@@ -44,16 +45,29 @@ class Comm(Protocol):
     world_size: int
 
     def all_gather(self, local_rows: torch.Tensor, rowmap: RowMap, owner: int) -> torch.Tensor:
-        """AG: [R_local, H] this rank's rows -> [total_rows, H] bucket, identical on every rank."""
+        """AG: [R_local, H] this rank's rows -> [total_rows, H] bucket, identical on every rank.
+
+        Dp: R_local = rows_per_rank, bucket = rank-major concatenation. Span: the owner passes
+        [num_rows, H]; other ranks pass any tensor of the same dtype (e.g. [0, H]), whose
+        dtype picks the bucket dtype. ``owner`` is a host int, ignored by Dp.
+        """
         ...
 
     def reduce_scatter(self, partial: torch.Tensor, rowmap: RowMap, owner: int) -> torch.Tensor:
-        """RS: [total_rows, H] partials -> [R_local, H] in-order sum over sources of own rows."""
+        """RS: [total_rows, H] partials (same dtype on every rank) -> [R_local, H]: the sum over
+        sources of this rank's rows, ((p_0 + p_1) + p_2) + ... in the partials' dtype.
+
+        Dp: R_local = rows_per_rank; Span: the owner gets [num_rows, H], the others [0, H].
+        """
         ...
 
-    def barrier(self) -> None: ...
+    def barrier(self) -> None:
+        """Every rank has reached this point (bounded by the comm timeout)."""
+        ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release the process group / shared buffers. Idempotent."""
+        ...
 
 
 # ----------------------------------------------------------------------------- rendezvous

@@ -39,9 +39,9 @@ import mmap
 import os
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import shared_memory
-from typing import Callable
 
 import numpy as np
 import torch
@@ -288,8 +288,8 @@ def _create_cupy(cls, rank: int, rendezvous: Rendezvous, layout: IpcLayout, devi
     data_bytes = layout.ag_bytes + layout.rs_bytes
     with cupy.cuda.Device(device.index or 0):
         if rank == 0:
-            owned = cupy.cuda.alloc(data_bytes)
-            owned.memset(0, data_bytes)
+            owned = cupy.cuda.Memory(data_bytes)  # a raw cudaMalloc: a pool chunk's handle maps its base
+            cupy.cuda.runtime.memset(owned.ptr, 0, data_bytes)
             ptr = owned.ptr
             rendezvous.publish("ipc/cuda_handle", bytes(cupy.cuda.runtime.ipcGetMemHandle(ptr)))
         else:

@@ -62,11 +62,12 @@ class TorchComm:
             store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, timeout=timeout,
                                   wait_for_workers=False)
             rendezvous.publish("torch/port", store.port)
-        else:
+        # Every rank finishes its local setup before anyone blocks in C++ (the client connect
+        # retries for the whole timeout if rank 0's store went away because a peer failed).
+        rendezvous.wait_all_ready(rank, timeout_s)
+        if rank != 0:
             port = rendezvous.wait("torch/port", timeout_s)
             store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout)
-        # Every rank has finished its local setup before anyone blocks inside init_process_group.
-        rendezvous.wait_all_ready(rank, timeout_s)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         return cls(rank, world_size, device, max_rows, hidden, timeout_s)
 

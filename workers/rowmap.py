@@ -15,7 +15,6 @@ Pure Python: no torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 
 @dataclass(frozen=True)
@@ -46,7 +45,7 @@ class Span:
             raise ValueError(f"Span.num_rows must be >= 1, got {self.num_rows}")
 
 
-RowMap = Union[Dp, Span]
+RowMap = Dp | Span
 
 
 def total_rows(m: RowMap) -> int:

@@ -16,6 +16,7 @@ from models.cache import KVCache, build_batch
 from models.glm5 import GlmForCausalLM
 from scheduler.request import SamplingParams
 from scheduler.scheduler import ScheduledSeq
+from scheduler.shapes import StepShape
 from workers.sampler import sample
 
 
@@ -34,6 +35,7 @@ class WorkerStep:
     seqs: tuple[ScheduledSeq, ...]
     new_requests: tuple[NewRequest, ...] = ()
     finished: tuple[str, ...] = ()
+    shape: StepShape | None = None     # the MoE bucket of this step (all ranks get the same one)
 
 
 @dataclass(frozen=True)
@@ -60,17 +62,22 @@ class ModelRunner:
     """Runs steps of a (possibly sharded) model on one device over a cache of ``num_blocks`` blocks."""
 
     def __init__(self, model: GlmForCausalLM, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 device: str | torch.device = "cpu"):
-        self.model, self.block_size, self.device = model, block_size, torch.device(device)
+                 device: str | torch.device = "cpu", in_group: bool = False):
+        # in_group: one of several ranks, which must all run every step (the MLP phases are collective)
+        self.model, self.block_size, self.device, self.in_group = model, block_size, torch.device(device), in_group
         self.cache = KVCache(model.config, num_blocks * block_size, dtype, device)
         self.requests: dict[str, _RequestState] = {}
 
+    def reset(self) -> None:
+        """Forget every request (after a group failure the scheduler starts over; KV is overwritten)."""
+        self.requests.clear()
+
     def execute(self, step: WorkerStep) -> StepResult:
+        for rid in step.finished:          # first: a finished id may come back as a new request
+            self.requests.pop(rid, None)
         for nr in step.new_requests:
             self.requests[nr.req_id] = _RequestState(nr.params, len(nr.prompt_ids), list(nr.prompt_ids))
-        for rid in step.finished:
-            self.requests.pop(rid, None)
-        if not step.seqs:
+        if not step.seqs and not self.in_group:
             return StepResult(step.step_id)
         hidden = self.forward(step.seqs)
         return self._sample(step, hidden)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import os
-import queue
 import time
 import traceback
 
@@ -58,7 +57,7 @@ def _serve(rank, tasks, results):
         run_id, fn, world_size, board, args = task
         try:
             results.put((run_id, rank, True, fn(rank, world_size, board, *args)))
-        except BaseException as exc:  # report, never hang the parent
+        except Exception as exc:  # noqa: BLE001 -- report it, never hang the parent
             results.put((run_id, rank, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
     results.close()
     results.join_thread()
@@ -154,58 +153,58 @@ def _spawn(fn, world_size: int, *args, reporting: int | None = None) -> list:
 
 
 def _suite(rank: int, n: int, board, rows_per_rank: int, num_rounds: int) -> dict:
-    """Runs AG/RS under Dp and every Span owner, both dtypes, then num_rounds mixed rounds, for
-    each backend. Returns {backend: {"failures": [...], "dp": bytes, "span": bytes}}."""
-    report = {}
-    dp = Dp(n, rows_per_rank)
-    total = n * rows_per_rank
-    for backend in BACKENDS:
-        comm = make_comm(backend, rank, n, rendezvous=DictRendezvous(board, n, prefix=f"{backend}/"),
-                         device="cpu", max_rows=total, hidden=HIDDEN, dtype=torch.bfloat16, timeout_s=20.0)
-        failures: list[str] = []
-        dp_out: dict = {}  # dtype -> {"ag": bucket, "rs": my rows}
-        span_out: dict = {}  # dtype -> {owner: {"ag": bucket, "rs": owner's rows}}
+    """Every suite check for each backend -> {backend: {"failures": [...], "dp": bytes, "span": bytes}}."""
+    return {backend: _suite_one(rank, n, board, backend, rows_per_rank, num_rounds) for backend in BACKENDS}
 
-        def expect(ok: bool, what: str) -> None:
-            if not ok:
-                failures.append(f"rank {rank}: {what}")
 
-        for name, dtype in DTYPES.items():
-            bucket = _data(1, total, dtype)  # [total, H]
-            partials = [_data(100 + src, total, dtype) for src in range(n)]  # N x [total, H]
-            expected = _in_order_sum(partials)
-            mine = rows_of(dp, rank)
-            ag = comm.all_gather(bucket[mine.start : mine.stop], dp, 0)
-            expect(torch.equal(ag, bucket), f"ag dp {name}")
-            rs = comm.reduce_scatter(partials[rank], dp, 0)
-            expect(rs.dtype == dtype and torch.equal(rs, expected[mine.start : mine.stop]), f"rs dp {name}")
-            dp_out[name] = {"ag": ag, "rs": rs}
-            span, span_out[name] = Span(n, total), {}
-            for owner in range(n):
-                local = bucket if rank == owner else torch.empty(0, HIDDEN, dtype=dtype)
-                ag = comm.all_gather(local, span, owner)
-                expect(torch.equal(ag, bucket), f"ag span owner {owner} {name}")
-                rs = comm.reduce_scatter(partials[rank], span, owner)
-                want = expected if rank == owner else expected[:0]
-                expect(rs.dtype == dtype and torch.equal(rs, want), f"rs span owner {owner} {name}")
-                if rank == owner:
-                    span_out[name][owner] = {"ag": ag, "rs": rs}
+def _suite_one(rank: int, n: int, board, backend: str, rows_per_rank: int, num_rounds: int) -> dict:
+    """AG/RS under Dp and every Span owner in both dtypes, then num_rounds mixed rounds."""
+    dp, total = Dp(n, rows_per_rank), n * rows_per_rank
+    comm = make_comm(backend, rank, n, rendezvous=DictRendezvous(board, n, prefix=f"{backend}/"),
+                     device="cpu", max_rows=total, hidden=HIDDEN, dtype=torch.bfloat16, timeout_s=20.0)
+    failures: list[str] = []
+    dp_out: dict = {}  # dtype -> {"ag": bucket, "rs": my rows}
+    span_out: dict = {}  # dtype -> {owner: {"ag": bucket, "rs": owner's rows}}
 
-        for i in range(num_rounds):  # the parity handshake across many consecutive phases
-            dtype = (torch.float32, torch.bfloat16)[i % 2]
-            rowmap, owner = (dp, 0) if i % 3 == 0 else (Span(n, 1 + i % total), i % n)
-            rows = rows_of(rowmap, rank, owner)
-            bucket = _data(1000 + i, total if rowmap is dp else rowmap.num_rows, dtype)
-            ag = comm.all_gather(bucket[rows.start : rows.stop], rowmap, owner)
-            expect(torch.equal(ag, bucket), f"round {i} ag {rowmap} owner {owner}")
-            partials = [_data(2000 + 31 * i + src, len(bucket), dtype) for src in range(n)]
-            rs = comm.reduce_scatter(partials[rank], rowmap, owner)
-            expect(torch.equal(rs, _in_order_sum(partials)[rows.start : rows.stop]), f"round {i} rs {rowmap}")
-        comm.barrier()
-        comm.close()
-        comm.close()  # idempotent
-        report[backend] = {"failures": failures, "dp": _to_bytes(dp_out), "span": _to_bytes(span_out)}
-    return report
+    def expect(ok: bool, what: str) -> None:
+        if not ok:
+            failures.append(f"rank {rank}: {what}")
+
+    for name, dtype in DTYPES.items():
+        bucket = _data(1, total, dtype)  # [total, H]
+        partials = [_data(100 + src, total, dtype) for src in range(n)]  # N x [total, H]
+        expected = _in_order_sum(partials)
+        mine = rows_of(dp, rank)
+        ag = comm.all_gather(bucket[mine.start : mine.stop], dp, 0)
+        expect(torch.equal(ag, bucket), f"ag dp {name}")
+        rs = comm.reduce_scatter(partials[rank], dp, 0)
+        expect(rs.dtype == dtype and torch.equal(rs, expected[mine.start : mine.stop]), f"rs dp {name}")
+        dp_out[name] = {"ag": ag, "rs": rs}
+        span, span_out[name] = Span(n, total), {}
+        for owner in range(n):
+            local = bucket if rank == owner else torch.empty(0, HIDDEN, dtype=dtype)
+            ag = comm.all_gather(local, span, owner)
+            expect(torch.equal(ag, bucket), f"ag span owner {owner} {name}")
+            rs = comm.reduce_scatter(partials[rank], span, owner)
+            want = expected if rank == owner else expected[:0]
+            expect(rs.dtype == dtype and torch.equal(rs, want), f"rs span owner {owner} {name}")
+            if rank == owner:
+                span_out[name][owner] = {"ag": ag, "rs": rs}
+
+    for i in range(num_rounds):  # the parity handshake across many consecutive phases
+        dtype = (torch.float32, torch.bfloat16)[i % 2]
+        rowmap, owner = (dp, 0) if i % 3 == 0 else (Span(n, 1 + i % total), i % n)
+        rows = rows_of(rowmap, rank, owner)
+        bucket = _data(1000 + i, total if rowmap is dp else rowmap.num_rows, dtype)
+        ag = comm.all_gather(bucket[rows.start : rows.stop], rowmap, owner)
+        expect(torch.equal(ag, bucket), f"round {i} ag {rowmap} owner {owner}")
+        partials = [_data(2000 + 31 * i + src, len(bucket), dtype) for src in range(n)]
+        rs = comm.reduce_scatter(partials[rank], rowmap, owner)
+        expect(torch.equal(rs, _in_order_sum(partials)[rows.start : rows.stop]), f"round {i} rs {rowmap}")
+    comm.barrier()
+    comm.close()
+    comm.close()  # idempotent
+    return {"failures": failures, "dp": _to_bytes(dp_out), "span": _to_bytes(span_out)}
 
 
 _SUITES: dict[int, list] = {}

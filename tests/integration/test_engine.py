@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import torch
 
-from cluster.engine import AsyncEngine, Engine
+from cluster.engine import AsyncEngine, Engine, LocalExecutor
 from models.loader import load_model
 from scheduler.request import SamplingParams
 from scheduler.scheduler import AdmissionError, SchedulerConfig
@@ -26,7 +26,7 @@ def make_engine(model, num_blocks=256, budget=512, max_num_seqs=64, decode=None)
     runner = ModelRunner(model, num_blocks, BLOCK, torch.float32)
     cfg = SchedulerConfig(num_blocks=num_blocks, block_size=BLOCK, max_model_len=1024, vocab_size=1024,
                           eos_token_ids=(1,), max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
-    return Engine(runner, cfg, decode)
+    return Engine(LocalExecutor(runner), cfg, decode)
 
 
 def run(engine: Engine, requests: dict[str, tuple[list[int], SamplingParams]]) -> dict[str, list[int]]:
@@ -100,7 +100,7 @@ def test_abort_frees_everything(model):
         engine.abort(rid)
     assert engine.scheduler.pool.num_free == 64 and not engine.scheduler.has_unfinished()
     engine.step()   # tells the runner to forget them
-    assert not engine.executor.requests
+    assert not engine.executor.runner.requests
 
 
 def test_seeded_sampling_repeats(model):
@@ -137,13 +137,13 @@ class ScriptedExecutor:
     def __init__(self, script: list[int]):
         self.script, self.i = script, 0
 
-    def execute(self, step) -> StepResult:
-        res = StepResult(step.step_id)
-        for s in step.seqs:
+    def execute(self, steps) -> list[StepResult]:
+        res = StepResult(steps[0].step_id)
+        for s in steps[0].seqs:
             if s.sample:
                 res.sampled[s.req_id] = [self.script[self.i]]
                 self.i += 1
-        return res
+        return [res]
 
 
 def text_engine(script, tok):

@@ -8,7 +8,7 @@ from workers.rowmap import Dp, Span, contributors, row_owner, rows_of, total_row
 def test_dp_rows_are_rank_major_stripes():
     m = Dp(num_ranks=4, rows_per_rank=2)
     assert total_rows(m) == 8
-    assert [rows_of(m, r) for r in range(4)] == [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]
+    assert [rows_of(m, r) for r in range(4)] == [range(2), range(2, 4), range(4, 6), range(6, 8)]
     assert [row_owner(m, i) for i in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
     assert rows_of(m, 3, owner=1) == range(6, 8)  # Dp ignores the owner
     assert contributors(m) == [0, 1, 2, 3]

@@ -9,7 +9,7 @@ from scheduler.shapes import StepShape, next_pow2, place_request, plan_step_shap
 
 def test_solo_request_wanting_several_rows_is_a_span():
     shape = plan_step_shapes(num_ranks=4, rows_wanted={2: 7}, num_active=1)
-    assert shape == StepShape("span", rows_per_rank=1, total_rows=4, owner=2)
+    assert shape == StepShape("span", rows_per_rank=8, total_rows=8, owner=2)
     assert shape.is_span
 
 
@@ -58,3 +58,8 @@ def test_place_request_least_loaded_lowest_rank():
     assert place_request({3: 0, 1: 0}) == 1
     with pytest.raises(ValueError, match="kv_load"):
         place_request({})
+
+
+def test_span_holds_a_whole_prefill_chunk():
+    shape = plan_step_shapes(4, {0: 0, 1: 37, 2: 0, 3: 0}, num_active=1)
+    assert shape == StepShape("span", rows_per_rank=64, total_rows=64, owner=1)

@@ -16,8 +16,8 @@ import torch
 os.environ["TRITON_INTERPRET"] = "1"          # this test process only, before triton is imported
 triton = pytest.importorskip("triton", reason="triton is not installed (it is in the 'gpu' extra)")
 
-from kernels import reference  # noqa: E402
-from kernels.reference import fp8_quantize  # noqa: E402
+from kernels import reference
+from kernels.reference import fp8_quantize
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,94 @@
+"""Latency of the MoE phase comm: median µs per AG and RS, both backends, N processes.
+
+    python bench/comm_latency.py 4                 # 4 ranks on CPU (gloo / POSIX shm)
+    python bench/comm_latency.py 8 --device cuda   # on a GPU host (NCCL / cupy IPC)
+
+Bucket: 8 rows x 6144 bf16 (GLM-5 hidden). Dp uses 8 // N rows per rank; Span has 8 rows owned
+by rank 0. Each rank times its own calls; the table shows the slowest rank's median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import statistics
+import time
+
+import torch
+
+from workers.comm import DictRendezvous, make_comm
+from workers.rowmap import Dp, Span, rows_of
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _cases(comm, rank: int, n: int, rows: int, hidden: int, device: torch.device) -> dict:
+    """name -> a callable running one phase on this rank."""
+    dp, span = Dp(n, rows // n), Span(n, rows)
+    bucket = torch.randn(rows, hidden, device=device).to(torch.bfloat16)  # [rows, H]
+    partial = torch.randn(rows, hidden, device=device).to(torch.bfloat16)  # [rows, H]
+    mine = rows_of(dp, rank)
+    return {
+        "AG dp": lambda: comm.all_gather(bucket[mine.start : mine.stop], dp, 0),
+        "RS dp": lambda: comm.reduce_scatter(partial, dp, 0),
+        "AG span": lambda: comm.all_gather(bucket, span, 0),
+        "RS span": lambda: comm.reduce_scatter(partial, span, 0),
+    }
+
+
+def _rank_main(rank: int, args: argparse.Namespace, board, results) -> None:
+    torch.set_num_threads(1)
+    n = args.world_size
+    device = torch.device(f"cuda:{rank % torch.cuda.device_count()}" if args.device == "cuda" else "cpu")
+    out = {}
+    for backend in ("torch", "ipc"):
+        comm = make_comm(backend, rank, n, rendezvous=DictRendezvous(board, n, prefix=f"{backend}/"),
+                         device=device, max_rows=args.rows, hidden=args.hidden, dtype=torch.bfloat16)
+        cases = _cases(comm, rank, n, args.rows, args.hidden, device)
+        for name, fn in cases.items():
+            samples = []
+            for i in range(args.warmup + args.iters):
+                _sync(device)
+                start = time.perf_counter()
+                fn()
+                _sync(device)
+                if i >= args.warmup:
+                    samples.append((time.perf_counter() - start) * 1e6)
+            out[(backend, name)] = statistics.median(samples)
+        comm.close()
+    results.put(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("world_size", type=int)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--rows", type=int, default=8)
+    parser.add_argument("--hidden", type=int, default=6144)
+    parser.add_argument("--iters", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=20)
+    args = parser.parse_args()
+    if args.rows % args.world_size:
+        raise ValueError(f"--rows {args.rows} must be a multiple of the world size {args.world_size}")
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as manager:
+        board, results = manager.dict(), ctx.Queue()
+        procs = [ctx.Process(target=_rank_main, args=(r, args, board, results)) for r in range(args.world_size)]
+        for p in procs:
+            p.start()
+        per_rank = [results.get(timeout=600) for _ in procs]
+        for p in procs:
+            p.join()
+    print(f"{args.world_size} ranks, {args.rows} x {args.hidden} bf16 on {args.device}, "
+          f"median µs of the slowest rank over {args.iters} iters")
+    print(f"{'phase':<10}{'torch':>12}{'ipc':>12}")
+    for name in ("AG dp", "RS dp", "AG span", "RS span"):
+        row = [max(r[(b, name)] for r in per_rank) for b in ("torch", "ipc")]
+        print(f"{name:<10}{row[0]:>12.1f}{row[1]:>12.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,254 @@
+"""Decode step time on a GLM-5.2-width slice (reference §6.2 widths, 1 dense + 3 MoE layers, FP8 weights)
+for ``kernels: reference`` vs ``auto`` (eager and CUDA-graph replay), beside the byte floor and HF.
+
+Weights are random and built directly on the GPU: the model is constructed on the meta device, the
+Linears an FP8 checkpoint would quantize (``models.loader.quantizable``) become FP8, ``to_empty`` moves
+it to CUDA and every tensor is filled in place — no checkpoint is written. The KV cache is filled with
+random values; each step decodes one row per request (distinct requests) at context 4k or 32k, so the
+indexer selects 2048 of the keys. A step = model forward + lm_head logits.
+
+Byte floor = bytes the step must read / the measured read-stream bandwidth: every weight of the step
+(routed experts only those actually hit, counted on the step's own routing; embedding only the rows
+used) + the MLA cache rows selected (576 values) + the indexer keys scored (128 values, full layers).
+
+    PYTHONPATH=. python bench/decode_slice.py --out bench/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+from kernels import ops
+from models.cache import KVCache, contiguous_batch
+from models.config import ModelConfig
+from models.glm5 import GlmForCausalLM, MoeShard
+from models.loader import _expected_full, _fp8_linears, quantizable
+
+DEV, BF16, FP8 = "cuda", torch.bfloat16, torch.float8_e4m3fn
+SLICE = {"architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa", "vocab_size": 154880,
+         "hidden_size": 6144, "intermediate_size": 12288, "moe_intermediate_size": 2048, "num_hidden_layers": 4,
+         "num_attention_heads": 64, "num_key_value_heads": 64, "q_lora_rank": 2048, "kv_lora_rank": 512,
+         "qk_nope_head_dim": 192, "qk_rope_head_dim": 64, "qk_head_dim": 256, "v_head_dim": 256, "head_dim": 64,
+         "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8, "n_group": 1, "topk_group": 1,
+         "routed_scaling_factor": 2.5, "norm_topk_prob": True, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+         "first_k_dense_replace": 1, "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+         "index_n_heads": 32, "index_head_dim": 128, "index_topk": 2048,
+         "indexer_types": ["full", "full", "full", "shared"], "indexer_rope_interleave": True, "rope_interleave": True,
+         "num_nextn_predict_layers": 0, "rope_parameters": {"rope_theta": 8000000, "rope_type": "default"},
+         "max_position_embeddings": 1048576, "rms_norm_eps": 1e-05, "hidden_act": "silu", "attention_bias": False,
+         "tie_word_embeddings": False, "dtype": "bfloat16"}
+
+
+def build_model(cfg: ModelConfig, shard: MoeShard) -> GlmForCausalLM:
+    with torch.device("meta"):
+        model = GlmForCausalLM(cfg, shard)
+    _fp8_linears(model, {n for n in _expected_full(cfg) if quantizable(n)})
+    model.to_empty(device=DEV)
+    g = torch.Generator(device=DEV).manual_seed(0)
+    for name, p in model.named_parameters():
+        if p.dtype == torch.float32 and not name.endswith("_scale_inv") and ".mlp.gate." not in name:
+            p.data = torch.empty(p.shape, dtype=BF16, device=DEV)
+        if p.dtype == FP8:
+            for sl in (p.data if p.dim() == 3 else [p.data]):
+                sl.copy_(torch.randn(sl.shape, device=DEV, generator=g).mul_(100).clamp_(-448, 448))
+        elif name.endswith("_scale_inv"):
+            p.data.uniform_(1.8e-4, 2.2e-4, generator=g)                      # ≈ 0.02 / 100: weights ~N(0, 0.02)
+        elif "norm" in name and name.endswith("weight"):
+            p.data.fill_(1.0)
+        elif name.endswith("bias"):
+            p.data.normal_(0, 0.01, generator=g)
+        else:
+            p.data.normal_(0, 0.02, generator=g)
+    return model.eval()
+
+
+def step_bytes(model: GlmForCausalLM, cfg: ModelConfig, hit: list[int], rows: int, ctx: int) -> int:
+    first_moe = next(layer for layer in range(cfg.num_hidden_layers) if cfg.is_moe(layer))
+    per_expert = sum(p[0].numel() * p.element_size() for n, p in model.named_parameters()
+                     if n.startswith(f"model.layers.{first_moe}.mlp.experts."))
+    total = 0
+    for name, p in model.named_parameters():
+        if ".mlp.experts." in name:
+            continue
+        if "embed_tokens" in name:
+            total += rows * cfg.hidden_size * p.element_size()
+            continue
+        total += p.numel() * p.element_size()
+    total += sum(hit) * per_expert
+    K = min(cfg.index_topk, ctx + 1)
+    n_full = sum(cfg.has_indexer(layer) for layer in range(cfg.num_hidden_layers))
+    total += rows * cfg.num_hidden_layers * K * cfg.kv_cache_dim * 2 + rows * n_full * (ctx + 1) * cfg.index_head_dim * 2
+    return total
+
+
+def time_ms(fn, iters: int) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def bench_model(model, cfg, cache, label, ctxs, rows_list, modes, read_bw, results):
+    for ctx in ctxs:
+        for rows in rows_list:
+            batch = contiguous_batch([(ctx, 1)] * rows, cache.num_slots // 8, DEV)
+            ids = torch.randint(0, cfg.vocab_size, (rows,), device=DEV)
+            hits: list[int] = []
+            router = ops._active["router_topk"]
+
+            def spy(*a, **k):
+                idx, w = router(*a, **k)
+                hits.append(int(idx.unique().numel()))
+                return idx, w
+            ops._active["router_topk"] = spy
+            with torch.no_grad():
+                model(ids, batch, cache)
+            ops._active["router_topk"] = router
+            nbytes = step_bytes(model, cfg, hits, rows, ctx)
+            row = {"slice": label, "ctx": ctx, "rows": rows, "experts_hit": hits, "bytes": nbytes,
+                   "floor_ms": nbytes / read_bw * 1e3}
+
+            def step():
+                with torch.no_grad():
+                    return model.logits(model(ids, batch, cache))
+            for mode in modes:
+                ops.configure("reference" if mode == "reference" else "auto", DEV)
+                if mode == "auto_graph":
+                    try:
+                        s = torch.cuda.Stream()
+                        s.wait_stream(torch.cuda.current_stream())
+                        with torch.cuda.stream(s):
+                            for _ in range(3):
+                                step()
+                        torch.cuda.current_stream().wait_stream(s)
+                        graph = torch.cuda.CUDAGraph()
+                        with torch.cuda.graph(graph):
+                            step()
+                        row[mode] = time_ms(graph.replay, 50)
+                    except Exception as e:  # noqa: BLE001 — report, keep benchmarking
+                        row[mode] = None
+                        row["graph_error"] = repr(e)[:200]
+                else:
+                    row[mode] = time_ms(step, 10 if mode == "reference" else 30)
+            ops.configure("reference", DEV)
+            print(json.dumps(row), flush=True)
+            results.append(row)
+
+
+def bench_hf(ctx: int, rows: int) -> float:
+    """HF transformers on the same widths, bf16 random weights (timing only), eager attention."""
+    from transformers import GlmMoeDsaConfig, GlmMoeDsaForCausalLM
+
+    hf_cfg = GlmMoeDsaConfig(**{k: v for k, v in SLICE.items() if k != "architectures"})
+    torch.set_default_dtype(BF16)
+    with torch.device(DEV):
+        hf = GlmMoeDsaForCausalLM._from_config(hf_cfg, attn_implementation="eager").eval()
+    torch.set_default_dtype(torch.float32)
+    with torch.no_grad():
+        out = hf(torch.randint(0, 1000, (rows, ctx), device=DEV), use_cache=True)
+        pkv = out.past_key_values
+        nxt = torch.randint(0, 1000, (rows, 1), device=DEV)
+        times = []
+        for i in range(8):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            hf(nxt, past_key_values=pkv, use_cache=True)
+            b.record()
+            b.synchronize()
+            pkv.crop(ctx)
+            if i >= 2:
+                times.append(a.elapsed_time(b))
+    del hf, pkv, out
+    torch.cuda.empty_cache()
+    return statistics.median(times)
+
+
+def _ms(v: float | None) -> str:
+    return "—" if v is None else f"{v:.2f}"
+
+
+def write_report(results, hf, read_bw, out: Path) -> None:
+    lines = [f"# Decode step on a GLM-5.2-width slice ({torch.cuda.get_device_name()}, torch {torch.__version__})",
+             "", "1 dense + 3 MoE layers (indexer full,full,full,shared), FP8 block weights, bf16 activations and "
+             "KV, index_topk 2048; step = forward + lm_head (vocab 154880). Floor = bytes read / "
+             f"{read_bw / 1e12:.2f} TB/s (measured read stream). 'shard' = MoE and dense MLP at 1/8 width "
+             "(one rank of 8, tp). Times in ms (median, CUDA events).", "",
+             "| slice | ctx | rows | experts hit/layer | MB read | floor | reference | auto (eager) | auto (graph) "
+             "| graph / floor |", "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        g = r.get("auto_graph")
+        ratio = "—" if g is None else f"{g / r['floor_ms']:.2f}×"
+        lines.append(f"| {r['slice']} | {r['ctx']} | {r['rows']} | {r['experts_hit']} | {r['bytes'] / 1e6:.0f} | "
+                     f"{r['floor_ms']:.2f} | {_ms(r.get('reference'))} | {_ms(r.get('auto'))} | {_ms(g)} | {ratio} |")
+    lines += ["", "HF transformers 5.x (same widths and layers, bf16 random weights, eager attention): "
+              + ", ".join(f"ctx {k}: {v}" for k, v in hf.items())]
+    (out / "decode_slice.md").write_text("\n".join(lines) + "\n")
+    (out / "decode_slice.json").write_text(json.dumps({"results": results, "hf": hf, "read_Bps": read_bw}, indent=1))
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(11, 4.5))
+        labels = [f"{r['slice']}\n{r['ctx'] // 1024}k×{r['rows']}" for r in results]
+        xs = range(len(results))
+        for i, (key, name) in enumerate([("floor_ms", "byte floor"), ("auto_graph", "auto (graph)"),
+                                         ("auto", "auto (eager)"), ("reference", "reference")]):
+            ax.bar([x + 0.2 * i - 0.3 for x in xs], [r.get(key) or 0 for r in results], 0.2, label=name)
+        ax.set_yscale("log")
+        ax.set_ylabel("step time (ms)")
+        ax.set_xticks(list(xs), labels, fontsize=8)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "decode_slice.png", dpi=110)
+    except Exception as e:  # noqa: BLE001
+        print("plot failed:", e)
+    print("\n".join(lines))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--no-hf", action="store_true")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    a = torch.randn(2 ** 31, device=DEV, dtype=BF16)
+    read_bw = a.numel() * 2 / time_ms(lambda: a.sum(dtype=torch.float32), 20) * 1e3
+    del a
+    cfg = ModelConfig.from_dict(dict(SLICE))
+    results: list[dict] = []
+    cache = KVCache(cfg, 8 * (32768 + 64), BF16, DEV)
+    for t in cache.kv + [k for k in cache.index_k if k is not None]:
+        t.normal_()
+    model = build_model(cfg, MoeShard())
+    bench_model(model, cfg, cache, "full", [4096, 32768], [1, 8], ["reference", "auto", "auto_graph"], read_bw,
+                results)
+    del model
+    torch.cuda.empty_cache()
+    shard = build_model(cfg, MoeShard(0, 8, "tp"))
+    bench_model(shard, cfg, cache, "shard 1/8", [4096], [1, 8], ["auto", "auto_graph"], read_bw, results)
+    del shard, cache
+    torch.cuda.empty_cache()
+    hf: dict = {}
+    if not args.no_hf:
+        try:
+            hf["4096×1"] = f"{bench_hf(4096, 1):.1f} ms"
+        except Exception as e:  # noqa: BLE001
+            hf["error"] = repr(e)[:300]
+    write_report(results, hf, read_bw, out)
+
+
+if __name__ == "__main__":
+    main()

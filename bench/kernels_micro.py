@@ -1,0 +1,130 @@
+"""Micro-benchmark of every Triton kernel vs its reference, against the measured ceilings of the card.
+
+Ceilings are measured first in the same process: device-to-device copy (bytes read + written), a
+read-only stream (``sum`` of a 4 GB bf16 tensor: the read bandwidth the decode byte floor uses), and an
+8192³ bf16 GEMM. Each kernel reports its median time (CUDA events, ``triton.testing.do_bench``), the
+bytes it must move (each input read once, output written once) as GB/s, and FLOP/s where it matters.
+
+    PYTHONPATH=. python bench/kernels_micro.py --out bench/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from triton.testing import do_bench
+
+from kernels import ops, reference
+
+DEV, BF16 = "cuda", torch.bfloat16
+FP8 = torch.float8_e4m3fn
+
+
+def t_ms(fn) -> float:
+    return do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def ceilings() -> dict[str, float]:
+    a = torch.randn(2 ** 31, device=DEV, dtype=BF16)                              # 4.3 GB
+    b = torch.empty_like(a)
+    copy = 2 * a.numel() * 2 / t_ms(lambda: b.copy_(a)) / 1e9                     # TB/s (ms → 1e-3)
+    read = a.numel() * 2 / t_ms(lambda: a.sum(dtype=torch.float32)) / 1e9
+    del a, b
+    m = torch.randn(8192, 8192, device=DEV, dtype=BF16)
+    gemm = 2 * 8192 ** 3 / t_ms(lambda: m @ m) / 1e9                              # TFLOP/s
+    return {"copy_TBps": copy, "read_TBps": read, "bf16_gemm_TFLOPs": gemm}
+
+
+def rand_fp8(*shape):
+    w8 = (torch.randn(*shape, device=DEV) * 100).clamp(-448, 448).to(FP8)
+    return w8, torch.rand(*shape[:-2], -(-shape[-2] // 128), -(-shape[-1] // 128), device=DEV) * 1e-3
+
+
+def cases():
+    """(name, op, args builder, bytes, flops)."""
+    out = []
+    for M, N, K, what in [(1, 576, 6144, "kv_a"), (1, 16384, 2048, "q_b"), (1, 6144, 16384, "o_proj"),
+                          (8, 6144, 16384, "o_proj"), (1, 12288, 6144, "dense gate"),
+                          (4096, 16384, 2048, "q_b prefill")]:
+        w8, s = rand_fp8(N, K)
+        x = torch.randn(M, K, device=DEV, dtype=BF16)
+        out.append((f"linear fp8 {what} M={M} [{N}x{K}]", "linear", (x, w8, s),
+                    N * K + s.numel() * 4 + M * (K + N) * 2, 2 * M * N * K))
+    for N, I in [(1, 2048), (8, 2048), (8, 256)]:
+        E, H, k = 256, 6144, 8
+        g, gs = rand_fp8(E, I, H)
+        u, us = rand_fp8(E, I, H)
+        d, ds = rand_fp8(E, H, I)
+        x = torch.randn(N, H, device=DEV, dtype=BF16)
+        idx = torch.stack([torch.randperm(E, device=DEV)[:k] for _ in range(N)])
+        w = torch.rand(N, k, device=DEV)
+        hit = idx.unique().numel()
+        out.append((f"moe_experts fp8 N={N} I={I} ({hit} experts hit)", "moe_experts",
+                    (x, idx, w, g, u, d, gs, us, ds, 0), hit * 3 * I * H, 2 * N * k * 3 * I * H))
+    for N in (1, 8):
+        nh, rkv, dr, K, slots = 64, 512, 64, 2048, 300000
+        kv = torch.randn(slots, rkv + dr, device=DEV, dtype=BF16)
+        sel = torch.stack([torch.randperm(slots, device=DEV)[:K] for _ in range(N)])
+        ql = torch.randn(N, nh, rkv, device=DEV, dtype=BF16)
+        qr = torch.randn(N, nh, dr, device=DEV, dtype=BF16)
+        out.append((f"mla_sparse_attention N={N} K={K}", "mla_sparse_attention", (ql, qr, kv, sel, 0.0625),
+                    N * K * (rkv + dr) * 2 + N * nh * (2 * rkv + dr) * 2, 2 * N * nh * K * (2 * rkv + dr)))
+    for N, T in ((1, 32768), (8, 32768)):
+        ih, idd, slots = 32, 128, N * T
+        kc = torch.randn(slots, idd, device=DEV, dtype=BF16)
+        seq_slots = [torch.arange(i * T, (i + 1) * T, device=DEV) for i in range(N)]
+        q = torch.randn(N, ih, idd, device=DEV, dtype=BF16)
+        w = torch.randn(N, ih, device=DEV)
+        pos = torch.full((N,), T - 1, device=DEV)
+        out.append((f"indexer_topk N={N} T={T}", "indexer_topk",
+                    (q, w, kc, [(i, 1) for i in range(N)], seq_slots, pos, 2048, idd ** -0.5),
+                    N * T * (idd * 2 + 8 + 4), 2 * N * T * ih * idd))
+    for N in (1, 8, 4096):
+        x, r = torch.randn(2, N, 6144, device=DEV, dtype=BF16)
+        w = torch.ones(6144, device=DEV, dtype=BF16)
+        out.append((f"add_rms_norm N={N} H=6144", "add_rms_norm", (x, r, w, 1e-5), N * 6144 * 2 * 4, 0))
+    for N in (8, 4096):
+        q = torch.randn(N, 64, 256, device=DEV, dtype=BF16)[..., 192:]
+        c = torch.randn(N, 1, 32, device=DEV, dtype=BF16)
+        out.append((f"rope q N={N} [64x64]", "rope", (q, c, c, True), N * 64 * 64 * 2 * 2, 0))
+    w8, s = rand_fp8(28672, 512)
+    out.append(("fp8_dequant kv_b [28672x512]->bf16", "fp8_dequant", (w8, s, BF16), 28672 * 512 * 3, 0))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="bench/results")
+    args = ap.parse_args()
+    ceil = ceilings()
+    rows = []
+    for name, op, a, nbytes, flops in cases():
+        tri = t_ms(lambda: ops.impl(op, "triton")(*a))
+        ref = t_ms(lambda: reference.__dict__[op](*a))
+        rows.append({"kernel": name, "triton_us": tri * 1e3, "reference_us": ref * 1e3,
+                     "GBps": nbytes / tri / 1e6, "pct_read_bw": 100 * nbytes / tri / 1e9 / ceil["read_TBps"],
+                     "TFLOPs": flops / tri / 1e9})
+        print(f"{name:48s} {tri * 1e3:9.1f} us  ref {ref * 1e3:9.1f} us  {rows[-1]['GBps']:7.0f} GB/s")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kernels_micro.json").write_text(json.dumps({"ceilings": ceil, "rows": rows,
+                                                        "device": torch.cuda.get_device_name()}, indent=1))
+    lines = [f"# Kernel micro-benchmark ({torch.cuda.get_device_name()}, torch {torch.__version__})", "",
+             f"Measured ceilings: copy {ceil['copy_TBps']:.2f} TB/s (read+write), read-only stream "
+             f"{ceil['read_TBps']:.2f} TB/s, bf16 GEMM {ceil['bf16_gemm_TFLOPs']:.0f} TFLOP/s. "
+             "GB/s counts the bytes the op must move once; % is of the read stream.", "",
+             "| kernel | triton µs | reference µs | speed-up | GB/s | % read BW | TFLOP/s |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['kernel']} | {r['triton_us']:.1f} | {r['reference_us']:.1f} | "
+                     f"{r['reference_us'] / r['triton_us']:.1f}× | {r['GBps']:.0f} | {r['pct_read_bw']:.0f}% | "
+                     f"{r['TFLOPs']:.1f} |")
+    (out / "kernels_micro.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

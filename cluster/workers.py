@@ -1,0 +1,255 @@
+"""Worker groups: N ranks that run every step together, as Ray actors or as plain processes.
+
+Both implement the engine's ``Executor``: ``execute(steps) -> results`` (one step per rank, all ranks
+every step), ``recover()`` (rebuild after a failure), ``shutdown()``. A rank that dies, fails setup or
+overruns the step deadline raises ``GroupFailure`` within the deadline — nothing waits forever: every
+comm phase inside a step is itself bounded by ``timeout_s``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing as mp
+import time
+import uuid
+from typing import Any
+
+from cluster.config import EngineConfig
+from cluster.engine import GroupFailure
+from workers.comm import DictRendezvous, Rendezvous
+from workers.runner import StepResult, WorkerStep
+from workers.worker import Worker, WorkerSpec
+
+
+def worker_specs(cfg: EngineConfig, num_blocks: int) -> list[WorkerSpec]:
+    device = cfg.resolved_device()
+    max_rows = cfg.num_workers * _next_pow2(cfg.max_num_batched_tokens)
+    return [WorkerSpec(model=cfg.model, rank=r, world_size=cfg.num_workers, moe=cfg.moe, comm=cfg.comm,
+                       device=device, dtype=str(cfg.resolved_dtype()).removeprefix("torch."), kernels=cfg.kernels,
+                       num_blocks=num_blocks, block_size=cfg.block_size, max_rows=max_rows,
+                       timeout_s=min(cfg.step_timeout_s, 30.0))
+            for r in range(cfg.num_workers)]
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+# ---- Ray ------------------------------------------------------------------------------------------
+class RayRendezvous(Rendezvous):
+    """Rendezvous over a small Ray actor (a key/value board), for one group generation."""
+
+    poll_s = 0.02
+
+    def __init__(self, board: Any, world_size: int, prefix: str):
+        super().__init__(world_size, prefix)
+        self.board = board
+
+    def publish(self, key: str, value: Any) -> None:
+        import ray
+
+        ray.get(self.board.put.remote(self.prefix + key, value))
+
+    def get(self, key: str) -> Any | None:
+        import ray
+
+        return ray.get(self.board.get.remote(self.prefix + key))
+
+
+class _Board:
+    def __init__(self):
+        self.d: dict[str, Any] = {}
+
+    def put(self, k: str, v: Any) -> None:
+        self.d[k] = v
+
+    def get(self, k: str) -> Any | None:
+        return self.d.get(k)
+
+
+class _WorkerActor:
+    """The Ray actor around one ``Worker`` (synchronous: every rank issues its collectives in order)."""
+
+    def __init__(self, spec: WorkerSpec, board: Any, prefix: str):
+        self.worker = Worker(spec, RayRendezvous(board, spec.world_size, prefix))
+
+    def ready(self) -> int:
+        return self.worker.spec.rank
+
+    def execute(self, step: WorkerStep) -> StepResult:
+        return self.worker.execute(step)
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+class RayWorkerGroup:
+    """N worker actors; on CPU each takes a logical GPU when the cluster has N of them, else none
+    (``serve run`` on a fresh cluster sees 0 GPUs; CPU mode must not wait for GPUs it cannot get)."""
+
+    def __init__(self, cfg: EngineConfig, num_blocks: int, setup_timeout_s: float = 300.0):
+        import ray
+
+        self.cfg, self.num_blocks, self.setup_timeout_s = cfg, num_blocks, setup_timeout_s
+        self._board = ray.remote(num_cpus=0)(_Board).remote()
+        self._generation = itertools.count()
+        self.actors: list[Any] = []
+        self._start()
+
+    def _actor_options(self) -> dict:
+        import ray
+
+        opts: dict[str, Any] = {"num_cpus": 0, "max_restarts": 0}
+        if self.cfg.resolved_device() == "cuda":
+            opts["num_gpus"] = 1
+        elif ray.cluster_resources().get("GPU", 0) >= self.cfg.num_workers:
+            opts["num_gpus"] = 1
+        return opts
+
+    def _start(self) -> None:
+        import ray
+
+        prefix = f"g{next(self._generation)}-{uuid.uuid4().hex[:6]}/"
+        cls = ray.remote(_WorkerActor).options(**self._actor_options())
+        self.actors = [cls.remote(spec, self._board, prefix) for spec in worker_specs(self.cfg, self.num_blocks)]
+        try:
+            self._wait([a.ready.remote() for a in self.actors], self.setup_timeout_s, "setup")
+        except GroupFailure:
+            self._kill()
+            raise
+
+    def _wait(self, refs: list, timeout_s: float, what: str) -> list:
+        """Results of all refs, failing as soon as any rank fails, or when the deadline passes."""
+        import ray
+
+        deadline = time.monotonic() + timeout_s
+        done: dict[Any, Any] = {}
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise GroupFailure(f"{what}: {len(pending)} rank(s) did not answer within {timeout_s:.0f} s")
+            try:
+                done[ready[0]] = ray.get(ready[0])
+            except Exception as e:   # RayActorError (a dead rank), or the rank's own exception
+                raise GroupFailure(f"{what}: rank {refs.index(ready[0])} failed: {_root_cause(e)}") from None
+        return [done[r] for r in refs]
+
+    def execute(self, steps: list[WorkerStep]) -> list[StepResult]:
+        refs = [a.execute.remote(s) for a, s in zip(self.actors, steps)]
+        return self._wait(refs, self.cfg.step_timeout_s, "step")
+
+    def recover(self) -> None:
+        self._kill()
+        self._start()
+
+    def _kill(self) -> None:
+        import ray
+
+        for a in self.actors:
+            ray.kill(a, no_restart=True)
+        self.actors = []
+
+    def shutdown(self) -> None:
+        import ray
+
+        for a in self.actors:
+            try:
+                ray.get(a.close.remote(), timeout=5)
+            except Exception:
+                pass
+        self._kill()
+        ray.kill(self._board, no_restart=True)
+
+
+def _root_cause(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    tail = [line for line in msg if line and not line.startswith(" ")]
+    return (tail[-1] if tail else type(e).__name__)[:500]
+
+
+# ---- plain processes (no Ray: GPU benchmarks, tests) ----------------------------------------------
+def _process_main(spec: WorkerSpec, board: Any, prefix: str, conn) -> None:
+    try:
+        worker = Worker(spec, DictRendezvous(board, spec.world_size, prefix))
+        conn.send(("ready", spec.rank))
+    except BaseException as e:
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        return
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            worker.close()
+            return
+        try:
+            conn.send(("ok", worker.execute(msg)))
+        except BaseException as e:
+            conn.send(("error", f"{type(e).__name__}: {e}"))
+
+
+class ProcessWorkerGroup:
+    """N ranks as spawned processes talking over pipes; same contract as ``RayWorkerGroup``."""
+
+    def __init__(self, cfg: EngineConfig, num_blocks: int, setup_timeout_s: float = 300.0):
+        self.cfg, self.num_blocks, self.setup_timeout_s = cfg, num_blocks, setup_timeout_s
+        self._ctx = mp.get_context("spawn")
+        self._manager = self._ctx.Manager()
+        self._generation = itertools.count()
+        self._start()
+
+    def _start(self) -> None:
+        board = self._manager.dict()
+        prefix = f"g{next(self._generation)}/"
+        self.conns, self.procs = [], []
+        for spec in worker_specs(self.cfg, self.num_blocks):
+            parent, child = self._ctx.Pipe()
+            p = self._ctx.Process(target=_process_main, args=(spec, board, prefix, child), daemon=True)
+            p.start()
+            self.conns.append(parent)
+            self.procs.append(p)
+        try:
+            self._collect(self.setup_timeout_s, "setup")
+        except GroupFailure:
+            self._kill()
+            raise
+
+    def _collect(self, timeout_s: float, what: str) -> list:
+        deadline = time.monotonic() + timeout_s
+        out = []
+        for rank, (conn, proc) in enumerate(zip(self.conns, self.procs)):
+            while not conn.poll(0.05):
+                if not proc.is_alive():
+                    raise GroupFailure(f"{what}: rank {rank} died (exit code {proc.exitcode})")
+                if time.monotonic() > deadline:
+                    raise GroupFailure(f"{what}: rank {rank} did not answer within {timeout_s:.0f} s")
+            kind, value = conn.recv()
+            if kind == "error":
+                raise GroupFailure(f"{what}: rank {rank} failed: {value}")
+            out.append(value)
+        return out
+
+    def execute(self, steps: list[WorkerStep]) -> list[StepResult]:
+        for conn, step in zip(self.conns, steps):
+            conn.send(step)
+        return self._collect(self.cfg.step_timeout_s, "step")
+
+    def recover(self) -> None:
+        self._kill()
+        self._start()
+
+    def _kill(self) -> None:
+        for p in self.procs:
+            p.kill()
+            p.join(5)
+        self.procs, self.conns = [], []
+
+    def shutdown(self) -> None:
+        for conn in self.conns:
+            try:
+                conn.send(None)
+            except Exception:
+                pass
+        for p in self.procs:
+            p.join(10)
+        self._kill()
+        self._manager.shutdown()

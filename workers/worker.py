@@ -1,0 +1,119 @@
+"""One worker rank: its model shard, KV cache, runner and MLP-phase communicator.
+
+Plain Python (no Ray): ``cluster/workers.py`` wraps it in a Ray actor, benchmarks can run it in
+plain processes. Attention is data-parallel (this rank's requests only); each layer's MLP gathers
+the step's rows from every rank (AG), computes this rank's expert slices, and reduce-scatters the
+partial sums back to the rows' owners (RS) — through ``StepComm``, staged once per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from scheduler.shapes import StepShape
+from workers.comm import Comm, Rendezvous, make_comm
+from workers.rowmap import Dp, RowMap, Span
+from workers.runner import ModelRunner, StepResult, WorkerStep
+
+
+class StepComm:
+    """The model's view of AG/RS for the current step: pads this rank's rows into the bucket
+    (pad rows are fresh zeros, so nothing stale or NaN enters the MoE) and trims them after RS."""
+
+    def __init__(self, comm: Comm, rank: int, world_size: int):
+        self.comm, self.rank, self.world_size = comm, rank, world_size
+        self.rowmap: RowMap | None = None
+        self.owner = 0
+        self.num_local = 0
+
+    def stage(self, shape: StepShape, num_local: int) -> None:
+        """Set this step's row map and owner (the span owner is a per-step value, never baked in)."""
+        if shape.is_span:
+            self.rowmap, self.owner = Span(self.world_size, shape.total_rows), shape.owner
+            assert num_local == 0 or self.rank == shape.owner, "only the span owner has rows"
+        else:
+            self.rowmap, self.owner = Dp(self.world_size, shape.rows_per_rank), 0
+        self.num_local = num_local
+
+    def _bucket_rows(self) -> int:
+        if isinstance(self.rowmap, Span):
+            return self.rowmap.num_rows if self.rank == self.owner else 0
+        return self.rowmap.rows_per_rank
+
+    def all_gather(self, h: torch.Tensor) -> torch.Tensor:
+        """h: [num_local, H] → the step's bucket [total_rows, H], identical on every rank."""
+        assert h.shape[0] == self.num_local
+        local = h.new_zeros(self._bucket_rows(), h.shape[1])
+        local[: self.num_local] = h
+        return self.comm.all_gather(local, self.rowmap, self.owner)
+
+    def reduce_scatter(self, partial: torch.Tensor) -> torch.Tensor:
+        """partial: [total_rows, H] this rank's partial sums → the summed rows it owns [num_local, H]."""
+        return self.comm.reduce_scatter(partial, self.rowmap, self.owner)[: self.num_local]
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a rank needs to build itself (plain data: crosses process boundaries)."""
+
+    model: str
+    rank: int
+    world_size: int
+    moe: str = "tp"
+    comm: str = "torch"
+    device: str = "cpu"
+    dtype: str = "float32"
+    kernels: str = "auto"
+    num_blocks: int = 2048
+    block_size: int = 16
+    max_rows: int = 4096        # bound on any step's bucket (total rows)
+    timeout_s: float = 30.0     # bound on every comm phase
+    setup_timeout_s: float = 300.0
+
+
+class Worker:
+    """Builds this rank's shard from the checkpoint and runs steps; every rank runs every step."""
+
+    def __init__(self, spec: WorkerSpec, rendezvous: Rendezvous):
+        from kernels import ops
+        from models.glm5 import MoeShard
+        from models.loader import load_model
+
+        self.spec = spec
+        if spec.device == "cpu":
+            torch.set_num_threads(1)
+        device = torch.device(spec.device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        dtype = getattr(torch, spec.dtype)
+        ops.configure(spec.kernels, device.type)
+        try:
+            model = load_model(spec.model, dtype=dtype, device=device,
+                               shard=MoeShard(spec.rank, spec.world_size, spec.moe), progress=False)
+        except BaseException as e:
+            rendezvous.fail(spec.rank, f"{type(e).__name__}: {e}")
+            raise
+        # ranks load at different speeds; meet before the comm setup, whose waits are short
+        rendezvous.wait_all_ready(spec.rank, spec.setup_timeout_s, tag="loaded")
+        self.comm = make_comm(spec.comm, spec.rank, spec.world_size, rendezvous=rendezvous, device=device,
+                              max_rows=spec.max_rows, hidden=model.config.hidden_size, dtype=dtype,
+                              timeout_s=spec.timeout_s)
+        self.step_comm = StepComm(self.comm, spec.rank, spec.world_size)
+        if spec.world_size > 1:
+            model.set_comm(self.step_comm)
+        self.runner = ModelRunner(model, spec.num_blocks, spec.block_size, dtype, device,
+                                  in_group=spec.world_size > 1)
+
+    def execute(self, step: WorkerStep) -> StepResult:
+        if self.spec.world_size > 1:
+            assert step.shape is not None, "a multi-rank step needs its bucket shape"
+            self.step_comm.stage(step.shape, sum(len(s.token_ids) for s in step.seqs))
+        return self.runner.execute(step)
+
+    def reset(self) -> None:
+        self.runner.reset()
+
+    def close(self) -> None:
+        self.comm.close()
