@@ -52,6 +52,9 @@ class LocalExecutor:
     def recover(self) -> None:
         self.runner.reset()
 
+    def shutdown(self) -> None:
+        pass
+
 
 @dataclass
 class TokenEvent:

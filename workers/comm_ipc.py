@@ -302,7 +302,7 @@ def _create_cupy(cls, rank: int, rendezvous: Rendezvous, layout: IpcLayout, devi
     host = _create_shm(cls, rank, rendezvous, layout, timeout_s, size=layout.flags_bytes)
 
     def release() -> None:
-        host._release()
+        host.close()
         if owned is None:
             cupy.cuda.runtime.ipcCloseMemHandle(ptr)
 

@@ -1,0 +1,124 @@
+"""The coordinator: one per model replica. Owns the engine (per-rank schedulers, the step loop, request
+streams) and the worker group; the HTTP ingress talks to it through a Serve deployment handle.
+
+Ray carries control and integers here (token ids, sampling params, token events); activations move
+between the workers only (AG/RS inside the forward).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import AsyncIterator
+
+from cluster.config import EngineConfig
+from cluster.engine import AsyncEngine, Engine, TokenEvent
+from cluster.local import load_tokenizer, scheduler_config
+from scheduler.request import SamplingParams
+
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Metrics:
+    """Prometheus metrics of one coordinator (its own registry, rendered by ``text()``)."""
+
+    def __init__(self, engine: Engine):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.engine = engine
+        self.registry = r = CollectorRegistry()
+        self.ttft = Histogram("glmserve_time_to_first_token_seconds", "arrival to first token", buckets=TTFT_BUCKETS,
+                              registry=r)
+        self.itl = Histogram("glmserve_inter_token_latency_seconds", "time between streamed tokens",
+                             buckets=ITL_BUCKETS, registry=r)
+        self.requests = Counter("glmserve_requests", "finished requests", ["finish_reason"], registry=r)
+        self.tokens = Counter("glmserve_generated_tokens", "tokens generated", registry=r)
+        Gauge("glmserve_queue_depth", "requests waiting", registry=r).set_function(
+            lambda: sum(s.num_waiting for s in engine.schedulers))
+        Gauge("glmserve_running_requests", "requests holding KV", registry=r).set_function(
+            lambda: sum(s.num_running for s in engine.schedulers))
+        Gauge("glmserve_kv_usage", "fraction of KV blocks in use", registry=r).set_function(engine.kv_usage)
+        Gauge("glmserve_kv_free_blocks", "free KV blocks (all ranks)", registry=r).set_function(
+            engine.num_free_blocks)
+        Gauge("glmserve_tokens_per_second", "generated tokens/s over the last 10 s", registry=r).set_function(
+            self.tokens_per_second)
+        Gauge("glmserve_preemptions", "requests preempted so far", registry=r).set_function(
+            lambda: engine.stats["preemptions"])
+        self._recent: deque[tuple[float, int]] = deque()
+
+    def observe(self, ev: TokenEvent, now: float, last: float, first: bool) -> None:
+        if ev.token_ids:
+            (self.ttft if first else self.itl).observe(now - last)
+            self.tokens.inc(len(ev.token_ids))
+            self._recent.append((now, len(ev.token_ids)))
+        if ev.finished:
+            self.requests.labels(ev.finish_reason or "unknown").inc()
+
+    def tokens_per_second(self) -> float:
+        now = time.monotonic()
+        while self._recent and self._recent[0][0] < now - 10:
+            self._recent.popleft()
+        return sum(n for _, n in self._recent) / 10.0
+
+    def text(self) -> str:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry).decode()
+
+
+class Coordinator:
+    """Serve deployment body: build the worker group and engine, stream token events per request."""
+
+    def __init__(self, engine_config: dict):
+        from models.config import ModelConfig
+
+        self.cfg = cfg = EngineConfig.from_dict(engine_config)
+        model_config = ModelConfig.from_json(cfg.model)
+        tokenizer = load_tokenizer(cfg.model)
+        num_blocks = cfg.kv_cache_tokens // cfg.block_size
+        self.group = self._build_group(cfg, num_blocks)
+        decode = (lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer else None
+        self.sched_config = scheduler_config(cfg, model_config, tokenizer, num_blocks)
+        self.engine = Engine(self.group, self.sched_config, decode, num_ranks=cfg.num_workers)
+        self.aengine = AsyncEngine(self.engine)
+        self.metrics = Metrics(self.engine)
+
+    @staticmethod
+    def _build_group(cfg: EngineConfig, num_blocks: int):
+        from cluster.workers import RayWorkerGroup
+
+        return RayWorkerGroup(cfg, num_blocks)
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, req_id: str) -> AsyncIterator[TokenEvent]:
+        """Stream the request's events; an AdmissionError surfaces before the first event."""
+        arrival = last = time.monotonic()
+        first = True
+        async for ev in self.aengine.generate(prompt_ids, params, req_id):
+            now = time.monotonic()
+            self.metrics.observe(ev, now, last if not first else arrival, first)
+            if ev.token_ids:
+                first, last = False, now
+            yield ev
+
+    async def abort(self, req_id: str) -> None:
+        self.aengine.abort(req_id)
+
+    async def metrics_text(self) -> str:
+        return self.metrics.text()
+
+    async def info(self) -> dict:
+        return {"max_model_len": self.sched_config.max_model_len, "vocab_size": self.sched_config.vocab_size,
+                "num_workers": self.cfg.num_workers, "stats": dict(self.engine.stats),
+                "free_blocks": self.engine.num_free_blocks()}
+
+    async def check_health(self) -> None:
+        if not self.aengine._thread.is_alive():
+            raise RuntimeError("the engine loop has stopped")
+
+    def __del__(self):
+        try:
+            self.aengine.shutdown()
+            self.group.shutdown()
+        except Exception:
+            pass

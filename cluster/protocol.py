@@ -1,0 +1,139 @@
+"""OpenAI API request bodies (pydantic, at the edge only) and the OpenAI-style error body."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from scheduler.request import SamplingParams
+
+
+class ApiError(Exception):
+    """An error returned to the client as ``{"error": {...}}`` with an HTTP status."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 type_: str = "invalid_request_error", headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.type, self.headers = status, message, param, type_, headers
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": None}}
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _Sampling(BaseModel):
+    """Fields shared by both endpoints. Unknown fields are ignored (OpenAI clients send extras)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    n: int = Field(default=1, ge=1, le=8)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0)
+    ignore_eos: bool = False
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v):
+        if isinstance(v, list) and (len(v) > 4 or any(not s for s in v)):
+            raise ValueError("stop takes at most 4 non-empty strings")
+        if v == "":
+            raise ValueError("stop must not be empty")
+        return v
+
+    def sampling_params(self, max_tokens: int, logprobs: int | None, seed_offset: int = 0) -> SamplingParams:
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
+                              top_k=self.top_k, min_p=self.min_p,
+                              seed=None if self.seed is None else self.seed + seed_offset,
+                              presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                              repetition_penalty=self.repetition_penalty, stop=stop, ignore_eos=self.ignore_eos,
+                              logprobs=logprobs)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_Sampling):
+    prompt: Union[str, list[str], list[int]]
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+    echo: bool = False
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v):
+        if isinstance(v, list) and len(v) == 0:
+            raise ValueError("prompt must not be empty")
+        if isinstance(v, list) and isinstance(v[0], str) and len(v) != 1:
+            raise ValueError("batched prompts are not supported: send one prompt per request")
+        return v
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[dict[str, Any]] | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    name: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _parts(cls, v):
+        if isinstance(v, list):
+            for i, part in enumerate(v):
+                kind = part.get("type")
+                if kind != "text":
+                    raise ValueError(f"content part {i} has type {kind!r}: only text parts are supported "
+                                     "(this model takes no images or audio)")
+                if not isinstance(part.get("text"), str):
+                    raise ValueError(f"content part {i} needs a string 'text'")
+        return v
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        out = []
+        for m in self.messages:
+            d = m.model_dump(exclude_none=True)
+            if d["role"] == "developer":
+                d["role"] = "system"
+            out.append(d)
+        return out
+
+
+def validation_error(exc) -> ApiError:
+    """A pydantic / FastAPI validation error → 400 naming the first offending field."""
+    errors = exc.errors()
+    if not errors:
+        return ApiError(400, "invalid request body")
+    e = errors[0]
+    loc = [str(x) for x in e.get("loc", ()) if x not in ("body",)]
+    param = ".".join(loc) or None
+    if e.get("type") == "json_invalid":
+        return ApiError(400, f"malformed JSON body: {e.get('msg')}", None)
+    msg = e.get("msg", "invalid value")
+    return ApiError(400, f"invalid value for '{param}': {msg}" if param else msg, param)

@@ -1,0 +1,334 @@
+"""The Ray Serve application: an OpenAI-compatible FastAPI ingress in front of the coordinator.
+
+    serve run cluster.serve:build_app model=/path/to/ckpt num_workers=8
+    glmserve serve                      # the same, with a local Ray started for you
+
+``build_app(args)`` is the Serve import path; ``args`` are ``EngineConfig`` fields (unknown keys are an
+error naming them). Coordinator replicas (each with its own N workers) scale with ``num_replicas`` or
+``autoscaling_config`` on the ``Coordinator`` deployment.
+"""
+
+# no `from __future__ import annotations`: FastAPI must see real annotations on the class-based routes
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import ValidationError
+from ray import serve
+
+from cluster.config import EngineConfig
+from cluster.protocol import ApiError, ChatCompletionRequest, CompletionRequest, validation_error
+from scheduler.scheduler import AdmissionError
+
+app = FastAPI(title="glmserve", docs_url=None, redoc_url=None)
+
+
+@app.exception_handler(ApiError)
+async def _api_error(_: Request, e: ApiError):
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+def _model_name(cfg: EngineConfig) -> str:
+    from pathlib import Path
+
+    return cfg.served_model_name or Path(cfg.model).name
+
+
+def _admission_error(e: AdmissionError) -> ApiError:
+    if e.reason == "queue_full":
+        return ApiError(429, str(e), None, "rate_limit_error", {"Retry-After": "1"})
+    return ApiError(400, str(e), {"prompt": "prompt", "max_tokens": "max_tokens"}.get(e.field, e.field))
+
+
+async def _merge(streams: list[AsyncIterator], first: list) -> AsyncIterator[tuple[int, Any]]:
+    """Interleave n streams' events as (choice index, event), starting with their first events."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i, s):
+        try:
+            async for ev in s:
+                await queue.put((i, ev))
+        finally:
+            await queue.put((i, None))
+
+    for i, ev in enumerate(first):
+        await queue.put((i, ev))
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    live = len(streams)
+    try:
+        while live:
+            i, ev = await queue.get()
+            if ev is None:
+                live -= 1
+                continue
+            yield i, ev
+    finally:
+        for t in tasks:
+            t.cancel()
+        for s in streams:
+            await s.aclose()
+
+
+class _Formatter:
+    """Turns token events into OpenAI completion / chat bodies and SSE chunks."""
+
+    def __init__(self, ingress: "OpenAIIngress", rid: str, chat: bool, num_prompt: int, logprobs: int | None):
+        self.ing, self.rid, self.chat, self.num_prompt, self.logprobs = ingress, rid, chat, num_prompt, logprobs
+        self.created = int(time.time())
+        self.object = "chat.completion" if chat else "text_completion"
+
+    def _tok(self, tid: int) -> str:
+        tok = self.ing.tokenizer
+        return tok.decode([tid], skip_special_tokens=False) if tok else str(tid)
+
+    def _logprobs(self, ev) -> Any:
+        if self.logprobs is None:
+            return None
+        if self.chat:
+            return {"content": [{"token": self._tok(t), "logprob": lp.logprob, "bytes": list(self._tok(t).encode()),
+                                 "top_logprobs": [{"token": self._tok(i), "logprob": v,
+                                                   "bytes": list(self._tok(i).encode())} for i, v in lp.top]}
+                                for t, lp in zip(ev.token_ids, ev.logprobs)]}
+        return {"tokens": [self._tok(t) for t in ev.token_ids],
+                "token_logprobs": [lp.logprob for lp in ev.logprobs],
+                "top_logprobs": [{self._tok(i): v for i, v in lp.top} for lp in ev.logprobs],
+                "text_offset": []}
+
+    def _error(self, ev) -> None:
+        if ev.error:
+            raise ApiError(500, ev.error, None, "server_error")
+
+    async def whole(self, merged, n: int) -> dict:
+        texts, reasons, lps, completion = [""] * n, [None] * n, [[] for _ in range(n)], 0
+        async for i, ev in merged:
+            self._error(ev)
+            texts[i] += ev.text
+            completion += len(ev.token_ids)
+            lps[i].append(self._logprobs(ev))
+            if ev.finished:
+                reasons[i] = ev.finish_reason
+        choices = []
+        for i in range(n):
+            lp = _join_logprobs(lps[i], self.chat) if self.logprobs is not None else None
+            if self.chat:
+                choices.append({"index": i, "message": {"role": "assistant", "content": texts[i]},
+                                "logprobs": lp, "finish_reason": reasons[i]})
+            else:
+                choices.append({"index": i, "text": texts[i], "logprobs": lp, "finish_reason": reasons[i]})
+        return {"id": self.rid, "object": self.object, "created": self.created, "model": self.ing.model_name,
+                "choices": choices, "usage": self._usage(completion, n)}
+
+    def _usage(self, completion: int, n: int) -> dict:
+        return {"prompt_tokens": self.num_prompt, "completion_tokens": completion,
+                "total_tokens": self.num_prompt + completion}
+
+    def _chunk(self, choices: list, usage: dict | None = None) -> str:
+        body = {"id": self.rid, "object": self.object + ".chunk" if self.chat else self.object,
+                "created": self.created, "model": self.ing.model_name, "choices": choices}
+        if usage is not None:
+            body["usage"] = usage
+        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+    async def sse(self, merged, include_usage: bool) -> AsyncIterator[str]:
+        completion, started = 0, set()
+        try:
+            async for i, ev in merged:
+                if ev.error:
+                    yield f"data: {json.dumps(ApiError(500, ev.error, None, 'server_error').body())}\n\n"
+                    break
+                completion += len(ev.token_ids)
+                if self.chat:
+                    delta = {"content": ev.text}
+                    if i not in started:
+                        delta["role"] = "assistant"
+                        started.add(i)
+                    choice = {"index": i, "delta": delta, "logprobs": self._logprobs(ev),
+                              "finish_reason": ev.finish_reason if ev.finished else None}
+                else:
+                    choice = {"index": i, "text": ev.text, "logprobs": self._logprobs(ev),
+                              "finish_reason": ev.finish_reason if ev.finished else None}
+                if ev.text or ev.finished or ev.token_ids:
+                    yield self._chunk([choice])
+            if include_usage:
+                yield self._chunk([], self._usage(completion, 1))
+            yield "data: [DONE]\n\n"
+        finally:
+            await merged.aclose()
+
+
+def _join_logprobs(parts: list, chat: bool) -> dict:
+    if chat:
+        return {"content": [c for p in parts for c in p["content"]]}
+    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for p in parts:
+        for k in ("tokens", "token_logprobs", "top_logprobs"):
+            out[k] += p[k]
+    return out
+
+
+# Defined after its helpers: serve.ingress pickles the class by value at decoration time.
+@serve.ingress(app)
+class OpenAIIngress:
+    """HTTP edge: parse and validate, template and tokenize, stream events back as OpenAI chunks."""
+
+    def __init__(self, coordinator, engine_config: dict):
+        from cluster.local import load_tokenizer
+        from models.config import ModelConfig
+
+        self.coord = coordinator
+        self.cfg = EngineConfig.from_dict(engine_config)
+        self.model_name = _model_name(self.cfg)
+        self.tokenizer = load_tokenizer(self.cfg.model)
+        self.model_config = ModelConfig.from_json(self.cfg.model)
+        self.max_model_len = self.cfg.max_model_len or min(self.model_config.max_position_embeddings,
+                                                           self.cfg.kv_cache_tokens)
+
+    # ---- endpoints ------------------------------------------------------------------------------
+    @app.get("/health")
+    async def health(self) -> dict:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models(self) -> dict:
+        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
+                                            "owned_by": "glmserve", "max_model_len": self.max_model_len}]}
+
+    @app.get("/metrics")
+    async def metrics(self) -> PlainTextResponse:
+        text = await self.coord.metrics_text.remote()
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    @app.post("/v1/completions")
+    async def completions(self, request: Request):
+        body = await self._parse(request, CompletionRequest)
+        if isinstance(body.prompt, str) or (body.prompt and isinstance(body.prompt[0], str)):
+            text = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
+            ids = self._tokenizer().encode(text)
+        else:
+            ids = list(body.prompt)
+        return await self._respond(request, body, ids, body.logprobs, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request):
+        body = await self._parse(request, ChatCompletionRequest)
+        kwargs = dict(body.chat_template_kwargs or {})
+        if body.tools:
+            kwargs["tools"] = body.tools
+        try:
+            ids = self._tokenizer().encode_chat(body.template_messages(), add_generation_prompt=True, **kwargs)
+        except ValueError as e:
+            raise ApiError(400, str(e), "messages") from None
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        if body.top_logprobs and not body.logprobs:
+            raise ApiError(400, "top_logprobs requires logprobs=true", "top_logprobs")
+        if body.max_completion_tokens is not None:
+            body.max_tokens = body.max_completion_tokens
+        return await self._respond(request, body, ids, logprobs, chat=True)
+
+    # ---- shared machinery ----------------------------------------------------------------------
+    async def _parse(self, request: Request, model):
+        try:
+            raw = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ApiError(400, f"malformed JSON body: {e}") from None
+        if not isinstance(raw, dict):
+            raise ApiError(400, "the request body must be a JSON object")
+        try:
+            body = model.model_validate(raw)
+        except ValidationError as e:
+            raise validation_error(e) from None
+        if body.model != self.model_name:
+            raise ApiError(400, f"unknown model {body.model!r}; this server serves {self.model_name!r}", "model")
+        return body
+
+    def _tokenizer(self):
+        if self.tokenizer is None:
+            raise ApiError(400, "this checkpoint ships no tokenizer: send token ids as the prompt", "prompt")
+        return self.tokenizer
+
+    async def _respond(self, request: Request, body, ids: list[int], logprobs: int | None, chat: bool):
+        max_tokens = body.max_tokens if body.max_tokens is not None else (
+            max(1, self.max_model_len - len(ids)) if chat else 16)
+        if len(ids) + max_tokens > self.max_model_len:
+            raise ApiError(400, f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the context "
+                           f"length {self.max_model_len}", "max_tokens" if body.max_tokens else "messages"
+                           if chat else "prompt")
+        try:
+            params = [body.sampling_params(max_tokens, logprobs, seed_offset=i) for i in range(body.n)]
+        except ValueError as e:
+            raise ApiError(400, str(e)) from None
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        streams = [self._open(ids, p, f"{rid}-{i}") for i, p in enumerate(params)]
+        first = await asyncio.gather(*[s.__anext__() for s in streams], return_exceptions=True)
+        for s, f in zip(streams, first):
+            if isinstance(f, BaseException):
+                await asyncio.gather(*[x.aclose() for x in streams], return_exceptions=True)
+                if isinstance(f, AdmissionError):
+                    raise _admission_error(f) from None
+                raise ApiError(503, f"the model replica is unavailable: {f}", None, "server_error") from None
+        fmt = _Formatter(self, rid, chat, len(ids), logprobs)
+        merged = _merge(streams, first)
+        if body.stream:
+            return StreamingResponse(fmt.sse(merged, body.include_usage), media_type="text/event-stream")
+        return JSONResponse(await fmt.whole(merged, body.n))
+
+    async def _open(self, ids, params, req_id) -> AsyncIterator:
+        gen = self.coord.options(stream=True).generate.remote(ids, params, req_id)
+        finished = False
+        try:
+            async for ev in gen:
+                finished = ev.finished
+                yield ev
+        finally:
+            if not finished:                # the client went away: free the request's KV now
+                gen.cancel()
+                await self.coord.abort.remote(req_id)
+
+
+# ---- the Serve application ------------------------------------------------------------------------
+def build_app(args: dict | None = None):
+    """Serve import path: ``args`` are EngineConfig fields. Returns the bound application."""
+    from cluster.coordinator import Coordinator
+
+    cfg = EngineConfig.from_dict(dict(args or {}))
+    coord = serve.deployment(Coordinator, name="Coordinator", ray_actor_options={"num_cpus": 0},
+                             max_ongoing_requests=4096, health_check_period_s=10,
+                             health_check_timeout_s=60).bind(cfg.to_dict())
+    ingress = serve.deployment(OpenAIIngress, name="OpenAIIngress", ray_actor_options={"num_cpus": 0},
+                               max_ongoing_requests=256, max_queued_requests=512)
+    return ingress.bind(coord, cfg.to_dict())
+
+
+def run_server(cfg: EngineConfig, host: str = "127.0.0.1", port: int = 8000) -> int:
+    """``glmserve serve``: start a local Ray (logical resources on CPU), deploy, wait for Ctrl-C / SIGTERM."""
+    import os
+    import signal
+    import threading
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+
+    print(f"glmserve: starting Ray and loading {cfg.model} on {cfg.num_workers} worker(s) ...", flush=True)
+    ray.init(num_cpus=max(16, 2 * cfg.num_workers), include_dashboard=False, log_to_driver=False,
+             namespace="glmserve")
+    serve.start(http_options={"host": host, "port": port},
+                logging_config={"enable_access_log": False, "log_level": "WARNING"})
+    t0 = time.time()
+    serve.run(build_app(cfg.to_dict()), name="glmserve", route_prefix="/",
+              logging_config={"enable_access_log": False, "log_level": "WARNING"})
+    print(f"glmserve: ready in {time.time() - t0:.0f} s — OpenAI API at http://{host}:{port}/v1 "
+          f"(model {_model_name(cfg)!r}); Ctrl-C to stop", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    print("glmserve: shutting down (in-flight requests end with an error) ...", flush=True)
+    serve.shutdown()
+    ray.shutdown()
+    return 0
