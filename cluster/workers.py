@@ -70,14 +70,18 @@ class _Board:
 class _WorkerActor:
     """The Ray actor around one ``Worker`` (synchronous: every rank issues its collectives in order)."""
 
-    def __init__(self, spec: WorkerSpec, board: Any, prefix: str):
-        self.worker = Worker(spec, RayRendezvous(board, spec.world_size, prefix))
+    def __init__(self, spec: WorkerSpec, board: Any, prefix: str, worker_cls: type = Worker):
+        self.worker = worker_cls(spec, RayRendezvous(board, spec.world_size, prefix))
 
     def ready(self) -> int:
         return self.worker.spec.rank
 
     def execute(self, step: WorkerStep) -> StepResult:
         return self.worker.execute(step)
+
+    def call(self, method: str, *args):
+        """Run a diagnostic method of the worker (gates and tests); not on the serving path."""
+        return getattr(self.worker, method)(*args)
 
     def close(self) -> None:
         self.worker.close()
@@ -87,10 +91,12 @@ class RayWorkerGroup:
     """N worker actors; on CPU each takes a logical GPU when the cluster has N of them, else none
     (``serve run`` on a fresh cluster sees 0 GPUs; CPU mode must not wait for GPUs it cannot get)."""
 
-    def __init__(self, cfg: EngineConfig, num_blocks: int, setup_timeout_s: float = 300.0):
+    def __init__(self, cfg: EngineConfig, num_blocks: int, setup_timeout_s: float = 300.0,
+                 worker_cls: type = Worker):
         import ray
 
         self.cfg, self.num_blocks, self.setup_timeout_s = cfg, num_blocks, setup_timeout_s
+        self.worker_cls = worker_cls          # injectable (tests use a worker whose setup fails)
         self._board = ray.remote(num_cpus=0)(_Board).remote()
         self._generation = itertools.count()
         self.actors: list[Any] = []
@@ -111,7 +117,8 @@ class RayWorkerGroup:
 
         prefix = f"g{next(self._generation)}-{uuid.uuid4().hex[:6]}/"
         cls = ray.remote(_WorkerActor).options(**self._actor_options())
-        self.actors = [cls.remote(spec, self._board, prefix) for spec in worker_specs(self.cfg, self.num_blocks)]
+        self.actors = [cls.remote(spec, self._board, prefix, self.worker_cls)
+                       for spec in worker_specs(self.cfg, self.num_blocks)]
         try:
             self._wait([a.ready.remote() for a in self.actors], self.setup_timeout_s, "setup")
         except GroupFailure:

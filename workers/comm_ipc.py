@@ -132,6 +132,11 @@ class IpcComm:
         base = self._ag if which == "AG" else self._rs
         return base[: int(np.prod(shape)) * dtype.itemsize].view(dtype).view(shape)[parity]
 
+    def poison(self) -> None:
+        """Fill both regions with NaN bit patterns (0xFF bytes): tests check nothing stale leaks out."""
+        self._ag.fill_(255)
+        self._rs.fill_(255)
+
     def _begin(self) -> tuple[int, int]:
         if self._closed:
             raise RuntimeError("comm is closed")

@@ -112,6 +112,20 @@ class Worker:
             self.step_comm.stage(step.shape, sum(len(s.token_ids) for s in step.seqs))
         return self.runner.execute(step)
 
+    @torch.inference_mode()
+    def run_mlp(self, layer: int, h: torch.Tensor, shape: StepShape) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's MLP phases alone (AG → experts → RS) on this rank's rows h [n, H], for the
+        span-vs-dp gate. Returns (the gathered bucket, this rank's summed output rows)."""
+        self.step_comm.stage(shape, h.shape[0])
+        mlp = self.runner.model.model.layers[layer].mlp
+        rows = self.step_comm.all_gather(h.to(self.runner.cache.kv[0].dtype))
+        return rows, self.step_comm.reduce_scatter(mlp(rows))
+
+    def poison_comm_buffers(self) -> None:
+        """Diagnostic: NaN-fill the comm's persistent buffers where it has any (ipc)."""
+        if hasattr(self.comm, "poison"):
+            self.comm.poison()
+
     def reset(self) -> None:
         self.runner.reset()
 
