@@ -67,6 +67,15 @@ class Metrics:
         return generate_latest(self.registry).decode()
 
 
+def _replica_id() -> str:
+    try:
+        from ray import serve
+
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:
+        return "local"
+
+
 class Coordinator:
     """Serve deployment body: build the worker group and engine, stream token events per request."""
 
@@ -83,6 +92,7 @@ class Coordinator:
         self.engine = Engine(self.group, self.sched_config, decode, num_ranks=cfg.num_workers)
         self.aengine = AsyncEngine(self.engine)
         self.metrics = Metrics(self.engine)
+        self.replica_id = _replica_id()
 
     @staticmethod
     def _build_group(cfg: EngineConfig, num_blocks: int):
@@ -99,6 +109,7 @@ class Coordinator:
             self.metrics.observe(ev, now, last if not first else arrival, first)
             if ev.token_ids:
                 first, last = False, now
+            ev.served_by = self.replica_id
             yield ev
 
     async def abort(self, req_id: str) -> None:

@@ -69,6 +69,7 @@ class TokenEvent:
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    served_by: str = ""                  # the coordinator replica (set at the Serve edge)
 
 
 @dataclass

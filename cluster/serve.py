@@ -80,6 +80,7 @@ class _Formatter:
     def __init__(self, ingress: "OpenAIIngress", rid: str, chat: bool, num_prompt: int, logprobs: int | None):
         self.ing, self.rid, self.chat, self.num_prompt, self.logprobs = ingress, rid, chat, num_prompt, logprobs
         self.created = int(time.time())
+        self.fingerprint = ""
         self.object = "chat.completion" if chat else "text_completion"
 
     def _tok(self, tid: int) -> str:
@@ -107,6 +108,7 @@ class _Formatter:
         texts, reasons, lps, completion = [""] * n, [None] * n, [[] for _ in range(n)], 0
         async for i, ev in merged:
             self._error(ev)
+            self.fingerprint = ev.served_by
             texts[i] += ev.text
             completion += len(ev.token_ids)
             lps[i].append(self._logprobs(ev))
@@ -121,7 +123,7 @@ class _Formatter:
             else:
                 choices.append({"index": i, "text": texts[i], "logprobs": lp, "finish_reason": reasons[i]})
         return {"id": self.rid, "object": self.object, "created": self.created, "model": self.ing.model_name,
-                "choices": choices, "usage": self._usage(completion, n)}
+                "system_fingerprint": self.fingerprint, "choices": choices, "usage": self._usage(completion, n)}
 
     def _usage(self, completion: int, n: int) -> dict:
         return {"prompt_tokens": self.num_prompt, "completion_tokens": completion,
@@ -129,7 +131,8 @@ class _Formatter:
 
     def _chunk(self, choices: list, usage: dict | None = None) -> str:
         body = {"id": self.rid, "object": self.object + ".chunk" if self.chat else self.object,
-                "created": self.created, "model": self.ing.model_name, "choices": choices}
+                "created": self.created, "model": self.ing.model_name, "system_fingerprint": self.fingerprint,
+                "choices": choices}
         if usage is not None:
             body["usage"] = usage
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
@@ -142,6 +145,7 @@ class _Formatter:
                     yield f"data: {json.dumps(ApiError(500, ev.error, None, 'server_error').body())}\n\n"
                     break
                 completion += len(ev.token_ids)
+                self.fingerprint = ev.served_by
                 if self.chat:
                     delta = {"content": ev.text}
                     if i not in started:
@@ -292,13 +296,16 @@ class OpenAIIngress:
 
 # ---- the Serve application ------------------------------------------------------------------------
 def build_app(args: dict | None = None):
-    """Serve import path: ``args`` are EngineConfig fields. Returns the bound application."""
+    """Serve import path: ``args`` are EngineConfig fields, plus optionally ``num_replicas`` or
+    ``autoscaling_config`` for the Coordinator (a YAML ``deployments:`` entry does the same)."""
     from cluster.coordinator import Coordinator
 
-    cfg = EngineConfig.from_dict(dict(args or {}))
+    args = dict(args or {})
+    scaling = {k: args.pop(k) for k in ("num_replicas", "autoscaling_config") if k in args}
+    cfg = EngineConfig.from_dict(args)
     coord = serve.deployment(Coordinator, name="Coordinator", ray_actor_options={"num_cpus": 0},
                              max_ongoing_requests=4096, health_check_period_s=10,
-                             health_check_timeout_s=60).bind(cfg.to_dict())
+                             health_check_timeout_s=60, **scaling).bind(cfg.to_dict())
     ingress = serve.deployment(OpenAIIngress, name="OpenAIIngress", ray_actor_options={"num_cpus": 0},
                                max_ongoing_requests=256, max_queued_requests=512)
     return ingress.bind(coord, cfg.to_dict())

@@ -97,17 +97,28 @@ class RayWorkerGroup:
 
         self.cfg, self.num_blocks, self.setup_timeout_s = cfg, num_blocks, setup_timeout_s
         self.worker_cls = worker_cls          # injectable (tests use a worker whose setup fails)
+        self._pg = None
         self._board = ray.remote(num_cpus=0)(_Board).remote()
         self._generation = itertools.count()
         self.actors: list[Any] = []
         self._start()
 
     def _actor_options(self) -> dict:
+        """GPU mode: one GPU per rank, all ranks packed on one node (NCCL / IPC stay intra-node)."""
         import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         opts: dict[str, Any] = {"num_cpus": 0, "max_restarts": 0}
         if self.cfg.resolved_device() == "cuda":
-            opts["num_gpus"] = 1
+            if self._pg is None:
+                self._pg = placement_group([{"GPU": 1}] * self.cfg.num_workers, strategy="STRICT_PACK")
+                try:
+                    ray.get(self._pg.ready(), timeout=self.setup_timeout_s)
+                except ray.exceptions.GetTimeoutError:
+                    raise GroupFailure(f"setup: no node offers {self.cfg.num_workers} GPUs "
+                                       f"within {self.setup_timeout_s:.0f} s") from None
+            opts.update(num_gpus=1, scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg))
         elif ray.cluster_resources().get("GPU", 0) >= self.cfg.num_workers:
             opts["num_gpus"] = 1
         return opts
@@ -167,6 +178,10 @@ class RayWorkerGroup:
                 pass
         self._kill()
         ray.kill(self._board, no_restart=True)
+        if self._pg is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self._pg)
 
 
 def _root_cause(e: BaseException) -> str:

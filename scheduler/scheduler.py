@@ -55,6 +55,9 @@ class AdmissionError(ValueError):
         self.reason = reason
         self.field = field
 
+    def __reduce__(self):  # crosses process boundaries (Ray) with its reason and field intact
+        return (type(self), (self.reason, self.field, str(self)))
+
 
 @dataclass(frozen=True)
 class ScheduledSeq:

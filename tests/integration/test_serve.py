@@ -1,0 +1,228 @@
+"""The OpenAI-compatible server on real Ray Serve (127.0.0.1), driven by the official openai client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.integration.conftest import REPO
+
+pytestmark = pytest.mark.ray
+openai = pytest.importorskip("openai")
+MODEL = "tiny-test"
+
+
+@pytest.fixture(scope="module")
+def base_url(serve_session, text_ckpt):
+    from ray import serve
+
+    from cluster.serve import build_app
+
+    serve.run(build_app({"model": str(text_ckpt), "served_model_name": MODEL, "device": "cpu",
+                         "kv_cache_tokens": 4096, "max_num_batched_tokens": 256}),
+              name="glm", route_prefix="/", logging_config={"enable_access_log": False, "log_level": "WARNING"})
+    yield serve_session
+    serve.delete("glm")
+
+
+@pytest.fixture(scope="module")
+def client(base_url):
+    return openai.OpenAI(base_url=base_url + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def post(base_url, path, body: bytes | dict):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(base_url + path, data=data, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def metric(base_url, name) -> float:
+    text = urllib.request.urlopen(base_url + "/metrics", timeout=30).read().decode()
+    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
+
+
+def test_models_and_health(client, base_url):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert urllib.request.urlopen(base_url + "/health", timeout=10).status == 200
+
+
+def test_completion_stream_equals_whole_and_usage(client, text_ckpt):
+    from models.tokenizer import Tokenizer
+
+    prompt = "The old man said that the"
+    whole = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0,
+                                      extra_body={"ignore_eos": True})
+    assert whole.usage.prompt_tokens == len(Tokenizer.from_dir(text_ckpt).encode(prompt))
+    assert whole.usage.completion_tokens == 12 and whole.choices[0].finish_reason == "length"
+    chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0, stream=True,
+                                            stream_options={"include_usage": True},
+                                            extra_body={"ignore_eos": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert chunks[-1].usage.completion_tokens == 12 and chunks[-1].usage.total_tokens == whole.usage.total_tokens
+
+
+def test_chat_stream_equals_whole(client):
+    msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Tell me a story."}]
+    whole = client.chat.completions.create(model=MODEL, messages=msgs, max_completion_tokens=10, temperature=0)
+    assert whole.choices[0].message.role == "assistant" and whole.usage.completion_tokens <= 10
+    stream = list(client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=10, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert stream[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == whole.choices[0].message.content
+    assert stream[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_stop_sequence_trims(client):
+    kw = dict(model=MODEL, prompt="Once upon a time", max_tokens=16, temperature=0, extra_body={"ignore_eos": True})
+    text = client.completions.create(**kw).choices[0].text
+    stop = text[len(text) // 2: len(text) // 2 + 3]
+    assert stop.strip(), f"need a visible stop string in {text!r}"
+    out = client.completions.create(stop=[stop], **kw).choices[0]
+    assert out.text == text[: text.index(stop)] and out.finish_reason == "stop"
+
+
+def test_seed_reproducible_and_n(client):
+    kw = dict(model=MODEL, prompt="It was", max_tokens=10, temperature=1.0, extra_body={"ignore_eos": True})
+    a = client.completions.create(seed=7, **kw).choices[0].text
+    assert client.completions.create(seed=7, **kw).choices[0].text == a
+    two = client.completions.create(seed=7, n=2, **kw)
+    assert [c.index for c in two.choices] == [0, 1] and two.choices[0].text == a
+    assert two.usage.completion_tokens == 20
+
+
+def test_logprobs(client):
+    out = client.completions.create(model=MODEL, prompt="Hello", max_tokens=5, temperature=0, logprobs=2,
+                                    extra_body={"ignore_eos": True})
+    lp = out.choices[0].logprobs
+    assert len(lp.token_logprobs) == 5 and all(len(t) == 2 for t in lp.top_logprobs)
+    assert all(max(t.values()) == pytest.approx(v, abs=1e-5) for t, v in zip(lp.top_logprobs, lp.token_logprobs))
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+                                          temperature=0, logprobs=True, top_logprobs=3)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens and all(len(c.top_logprobs) == 3 for c in content)
+
+
+def test_32_concurrent_streams_equal_alone(client, base_url):
+    prompts = [f"Story number {i} begins" for i in range(32)]
+    kw = dict(model=MODEL, max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
+    alone = [client.completions.create(prompt=p, **kw).choices[0].text for p in prompts]
+    aclient = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="none", max_retries=0, timeout=300)
+
+    async def one(p):
+        text = ""
+        async for c in await aclient.completions.create(prompt=p, stream=True, **kw):
+            text += c.choices[0].text if c.choices else ""
+        return text
+
+    async def all_():
+        return await asyncio.gather(*[one(p) for p in prompts])
+
+    assert asyncio.run(all_()) == alone
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"prompt": "hi", "max_tokens": "abc"}, "max_tokens"),
+    ({"prompt": "hi", "temperature": 5}, "temperature"),
+    ({"prompt": "hi", "model": "gpt-4"}, "model"),
+    ({"prompt": "hi", "max_tokens": 10 ** 6}, "max_tokens"),
+    ({"prompt": "hi", "n": 100}, "n"),
+    ({"prompt": "hi", "top_p": 0}, "top_p"),
+    ({"prompt": [], "max_tokens": 3}, "prompt"),
+    ({"prompt": [999999], "max_tokens": 3}, "prompt"),
+])
+def test_bad_completion_input_is_400(base_url, client, body, param):
+    status, err = post(base_url, "/v1/completions", {"model": MODEL, **body})
+    assert status == 400 and err["error"]["param"] == param and err["error"]["message"], err
+    assert client.completions.create(model=MODEL, prompt="ok", max_tokens=2).choices   # still serving
+
+
+@pytest.mark.parametrize("content,param", [
+    ([{"type": "image_url", "image_url": {"url": "http://x/y.png"}}], "messages.0.content"),
+    ([{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}], "messages.0.content"),
+])
+def test_bad_chat_input_is_400(base_url, content, param):
+    status, err = post(base_url, "/v1/chat/completions",
+                       {"model": MODEL, "messages": [{"role": "user", "content": content}]})
+    assert status == 400 and err["error"]["param"] == param, err
+
+
+def test_malformed_json_is_400(base_url):
+    status, err = post(base_url, "/v1/completions", b'{"model": "tiny-test", "prompt": ')
+    assert status == 400 and "malformed JSON" in err["error"]["message"]
+
+
+def test_disconnect_frees_kv(base_url):
+    full = metric(base_url, "glmserve_kv_free_blocks")
+    req = urllib.request.Request(base_url + "/v1/completions", headers={"content-type": "application/json"},
+                                 data=json.dumps({"model": MODEL, "prompt": "Long story", "max_tokens": 2000,
+                                                  "stream": True, "ignore_eos": True}).encode())
+    resp = urllib.request.urlopen(req, timeout=60)
+    resp.readline()                                  # the stream has started
+    assert metric(base_url, "glmserve_kv_free_blocks") < full
+    resp.close()                                     # the client goes away
+    deadline = time.time() + 20
+    while metric(base_url, "glmserve_kv_free_blocks") < full:
+        assert time.time() < deadline, "KV blocks were not freed after the client disconnected"
+        time.sleep(0.5)
+
+
+def test_two_replicas_both_serve(serve_session, text_ckpt):
+    from ray import serve
+
+    from cluster.serve import build_app
+
+    serve.run(build_app({"model": str(text_ckpt), "served_model_name": MODEL, "device": "cpu",
+                         "kv_cache_tokens": 2048, "num_replicas": 2}),
+              name="two", route_prefix="/two", logging_config={"enable_access_log": False, "log_level": "WARNING"})
+    try:
+        aclient = openai.AsyncOpenAI(base_url=serve_session + "/two/v1", api_key="none", max_retries=0, timeout=120)
+
+        async def many():
+            return await asyncio.gather(*[aclient.completions.create(model=MODEL, prompt=f"p{i}", max_tokens=4)
+                                          for i in range(24)])
+
+        served_by = {r.system_fingerprint for r in asyncio.run(many())}
+        assert len(served_by) == 2, served_by
+    finally:
+        serve.delete("two")
+
+
+def test_serve_run_tiny_yaml_starts_and_answers(tmp_path):
+    """`serve run deploy/tiny.yaml` (8 CPU workers) on its own fresh Ray, then SIGTERM shuts it down."""
+    env = {**os.environ, "RAY_TMPDIR": str(tmp_path), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    serve_bin = os.path.join(os.path.dirname(sys.executable), "serve")
+    proc = subprocess.Popen([serve_bin, "run", "deploy/tiny.yaml"], cwd=REPO, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 300
+        while True:
+            assert proc.poll() is None, "serve run exited early"
+            assert time.time() < deadline, "deploy/tiny.yaml did not come up within 300 s"
+            try:
+                status, body = post("http://127.0.0.1:8000", "/v1/completions",
+                                    {"model": "tiny", "prompt": "Hello", "max_tokens": 3})
+                if status == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(2)
+        assert body["usage"]["completion_tokens"] >= 1
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
