@@ -89,7 +89,8 @@ class Coordinator:
         self.group = self._build_group(cfg, num_blocks)
         decode = (lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer else None
         self.sched_config = scheduler_config(cfg, model_config, tokenizer, num_blocks)
-        self.engine = Engine(self.group, self.sched_config, decode, num_ranks=cfg.num_workers)
+        self.engine = Engine(self.group, self.sched_config, decode, num_ranks=cfg.num_workers,
+                             speculative_tokens=cfg.speculative_tokens)
         self.aengine = AsyncEngine(self.engine)
         self.metrics = Metrics(self.engine)
         self.replica_id = _replica_id()

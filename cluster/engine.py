@@ -90,8 +90,10 @@ class Engine:
     """
 
     def __init__(self, executor: Executor, config: SchedulerConfig,
-                 decode: Callable[[Sequence[int]], str] | None = None, num_ranks: int = 1, span: bool = True):
+                 decode: Callable[[Sequence[int]], str] | None = None, num_ranks: int = 1, span: bool = True,
+                 speculative_tokens: int = 0):
         self.executor, self.config, self.decode, self.span = executor, config, decode, span
+        self.speculative_tokens = speculative_tokens
         self.schedulers = [Scheduler(config) for _ in range(num_ranks)]
         self._rank_of: dict[str, int] = {}
         self._streams: dict[str, _Stream] = {}
@@ -100,7 +102,9 @@ class Engine:
         self._lock = threading.Lock()                 # add/abort (caller's thread) vs step (loop thread)
         self._ids = itertools.count()
         self.stats = {"prompt_tokens": 0, "generated_tokens": 0, "steps": 0, "preemptions": 0,
-                      "span_steps": 0, "failed_steps": 0}
+                      "span_steps": 0, "failed_steps": 0, "draft_rounds": 0, "drafts_proposed": 0,
+                      "drafts_accepted": 0}
+        self.accepted_at = [0] * (speculative_tokens + 1)   # rounds whose draft i was accepted
 
     @property
     def scheduler(self) -> Scheduler:
@@ -144,8 +148,11 @@ class Engine:
     # ---- the step loop -----------------------------------------------------------------------
     def step(self) -> list[TokenEvent]:
         with self._lock:
-            plans = [s.schedule() for s in self.schedulers]
-            steps = self._worker_steps(plans)
+            # drafts ride only while one request is active (under the span policy they are free then)
+            solo = sum(len(s.live_ids()) for s in self.schedulers) == 1
+            k = self.speculative_tokens if solo else 0
+            plans = [s.schedule(max_drafts=k) for s in self.schedulers]
+            steps = self._worker_steps(plans, k)
         if steps is None:
             return []
         try:
@@ -164,10 +171,29 @@ class Engine:
             self.stats["steps"] += 1
             events = []
             for sch, plan, res in zip(self.schedulers, plans, results):
-                events += [self._emit(ev, res) for ev in sch.update(plan, res.sampled) if ev.req_id in self._streams]
+                self._count_drafts(plan, res)
+                events += [self._emit(ev, res) for ev in sch.update(plan, res.sampled, res.drafts)
+                           if ev.req_id in self._streams]
             return events
 
-    def _worker_steps(self, plans: list[StepPlan]) -> list[WorkerStep] | None:
+    def _count_drafts(self, plan: StepPlan, res: StepResult) -> None:
+        for s in plan.seqs:
+            if s.num_drafts and s.req_id in res.sampled:
+                accepted = len(res.sampled[s.req_id]) - 1
+                self.stats["draft_rounds"] += 1
+                self.stats["drafts_proposed"] += s.num_drafts
+                self.stats["drafts_accepted"] += accepted
+                for i in range(accepted):
+                    self.accepted_at[i] += 1
+
+    def spec_metrics(self) -> dict:
+        """Mean accepted length (tokens per verify round) and per-position acceptance rates."""
+        rounds = self.stats["draft_rounds"]
+        return {"rounds": rounds, "proposed": self.stats["drafts_proposed"], "accepted": self.stats["drafts_accepted"],
+                "mean_accepted_length": (self.stats["drafts_accepted"] + rounds) / rounds if rounds else 0.0,
+                "acceptance_by_position": [a / rounds if rounds else 0.0 for a in self.accepted_at[:-1]]}
+
+    def _worker_steps(self, plans: list[StepPlan], num_drafts: int = 0) -> list[WorkerStep] | None:
         self.stats["preemptions"] += sum(len(p.preempted) for p in plans)
         forget, self._forget = self._forget, [[] for _ in self.schedulers]
         if all(p.is_empty for p in plans) and not any(forget):
@@ -177,7 +203,7 @@ class Engine:
         shape = plan_step_shapes(len(plans), rows, num_active, self.span)
         self.stats["span_steps"] += shape.is_span
         return [WorkerStep(p.step_id, p.seqs, tuple(self._unsent.pop(s.req_id) for s in p.seqs
-                                                    if s.req_id in self._unsent), tuple(f), shape)
+                                                    if s.req_id in self._unsent), tuple(f), shape, num_drafts)
                 for p, f in zip(plans, forget)]
 
     def _fail_all(self, msg: str) -> list[TokenEvent]:

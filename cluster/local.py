@@ -37,6 +37,9 @@ def build_local_engine(cfg: EngineConfig, progress: bool = True) -> tuple[Engine
     model = load_model(cfg.model, dtype=cfg.resolved_dtype(), device=device, progress=progress)
     tokenizer = load_tokenizer(cfg.model)
     num_blocks = cfg.kv_cache_tokens // cfg.block_size
-    runner = ModelRunner(model, num_blocks, cfg.block_size, cfg.resolved_dtype(), device)
+    runner = ModelRunner(model, num_blocks, cfg.block_size, cfg.resolved_dtype(), device,
+                         speculative=cfg.speculative_tokens > 0)
     decode = (lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer else None
-    return Engine(LocalExecutor(runner), scheduler_config(cfg, model.config, tokenizer, num_blocks), decode), tokenizer
+    engine = Engine(LocalExecutor(runner), scheduler_config(cfg, model.config, tokenizer, num_blocks), decode,
+                    speculative_tokens=cfg.speculative_tokens)
+    return engine, tokenizer

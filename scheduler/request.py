@@ -117,6 +117,7 @@ class Request:
     finish_reason: str | None = None
     error: str | None = None
     num_preemptions: int = 0
+    draft_ids: list[int] = field(default_factory=list)  # proposed after the last step; verified next
 
     @property
     def all_ids(self) -> list[int]:

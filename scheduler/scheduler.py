@@ -69,6 +69,7 @@ class ScheduledSeq:
     block_ids: tuple[int, ...]  # block table covering positions [0, start_pos + len(token_ids))
     sample: bool  # True iff the chunk reaches the end of all_ids: a new token is sampled
     num_generated: int  # len(output_ids) before this step (the sampler seeds per (seed, num_generated))
+    num_drafts: int = 0  # the last num_drafts token_ids are speculative (verified this step)
 
     @property
     def end_pos(self) -> int:
@@ -191,18 +192,21 @@ class Scheduler:
 
     # ---- planning ------------------------------------------------------------------------
 
-    def schedule(self) -> StepPlan:
-        """Plan one step: decodes first, then FCFS prefill chunks under the token budget."""
+    def schedule(self, max_drafts: int = 0) -> StepPlan:
+        """Plan one step: decodes first, then FCFS prefill chunks under the token budget.
+
+        A decoding request with proposed drafts feeds up to ``max_drafts`` of them after its last token
+        (the caller passes 0 while drafts cannot ride for free, e.g. more than one request is active)."""
         budget = self.config.max_num_batched_tokens
         preempted: list[str] = []
-        seqs = self._schedule_decodes(budget, preempted)
+        seqs = self._schedule_decodes(budget, preempted, max_drafts)
         budget -= sum(len(s.token_ids) for s in seqs)
         seqs += self._schedule_prefills(budget)
         plan = StepPlan(self._next_step, tuple(seqs), tuple(preempted))
         self._next_step += 1
         return plan
 
-    def _schedule_decodes(self, budget: int, preempted: list[str]) -> list[ScheduledSeq]:
+    def _schedule_decodes(self, budget: int, preempted: list[str], max_drafts: int) -> list[ScheduledSeq]:
         seqs: list[ScheduledSeq] = []
         i = 0
         while i < len(self._running):
@@ -212,14 +216,23 @@ class Scheduler:
                 continue
             # Normally 1 token; more if the caller accepted several tokens without feeding them.
             num_new = req.num_tokens - req.num_computed_tokens
-            if num_new > budget:
+            drafts = self._usable_drafts(req, num_new, budget, max_drafts)
+            if num_new + len(drafts) > budget:
                 break
-            if not self._reserve_or_preempt(req, num_new, preempted):
+            if not self._reserve_or_preempt(req, num_new + len(drafts), preempted):
                 break  # req itself was the youngest and got preempted
-            seqs.append(self._make_seq(req, num_new))
-            budget -= num_new
+            if req.status is not RequestStatus.DECODING:
+                continue  # preempted while reserving for a younger one
+            seqs.append(self._make_seq(req, num_new, drafts))
+            budget -= num_new + len(drafts)
             i += 1
         return seqs
+
+    def _usable_drafts(self, req: Request, num_new: int, budget: int, max_drafts: int) -> list[int]:
+        """Drafts that may ride this step: within the budget, max_tokens and the context length."""
+        room = min(max_drafts, budget - num_new, req.params.max_tokens - len(req.output_ids) - 1,
+                   self.config.max_model_len - req.num_tokens - 1)
+        return req.draft_ids[: max(room, 0)]
 
     def _reserve_or_preempt(self, req: Request, num_new: int, preempted: list[str]) -> bool:
         """Grow req's block table for num_new tokens, preempting the youngest running requests."""
@@ -280,12 +293,12 @@ class Scheduler:
     def _blocks_to_add(self, req: Request, num_new: int) -> int:
         return self.pool.blocks_needed(req.num_computed_tokens + num_new) - len(req.block_ids)
 
-    def _make_seq(self, req: Request, num_new: int) -> ScheduledSeq:
+    def _make_seq(self, req: Request, num_new: int, drafts: list[int] = ()) -> ScheduledSeq:
         start = req.num_computed_tokens
         end = start + num_new
         assert num_new > 0 and end <= req.num_tokens
-        assert len(req.block_ids) == self.pool.blocks_needed(end)
-        token_ids = tuple(req.all_ids[start:end])
+        assert len(req.block_ids) == self.pool.blocks_needed(end + len(drafts))
+        token_ids = tuple(req.all_ids[start:end]) + tuple(drafts)
         return ScheduledSeq(
             req_id=req.req_id,
             token_ids=token_ids,
@@ -293,14 +306,18 @@ class Scheduler:
             block_ids=tuple(req.block_ids),
             sample=end == req.num_tokens,
             num_generated=len(req.output_ids),
+            num_drafts=len(drafts),
         )
 
     # ---- results -------------------------------------------------------------------------
 
-    def update(self, plan: StepPlan, sampled: dict[str, list[int]]) -> list[RequestEvent]:
+    def update(self, plan: StepPlan, sampled: dict[str, list[int]],
+               drafts: dict[str, list[int]] | None = None) -> list[RequestEvent]:
         """Apply a step's results: advance KV, append sampled tokens, finish and free.
 
-        Seqs whose request ended meanwhile (aborted, failed) are skipped.
+        A seq that verified drafts gets back its accepted drafts plus one more token; the KV of its
+        rejected drafts is dropped (num_computed rolls back, surplus blocks are freed). ``drafts`` are the
+        new proposals to verify next step. Seqs whose request ended meanwhile (aborted, failed) are skipped.
         """
         events: list[RequestEvent] = []
         for seq in plan.seqs:
@@ -311,16 +328,30 @@ class Scheduler:
                 f"{seq.req_id}: plan starts at {seq.start_pos}, cache holds {req.num_computed_tokens}"
             )
             req.num_computed_tokens = seq.end_pos
+            req.draft_ids = []
             if not seq.sample:
                 continue
             tokens = sampled.get(seq.req_id)
             assert tokens, f"{seq.req_id} was scheduled to sample but no token came back"
             req.status = RequestStatus.DECODING
+            # fed: last token + drafts; cached KV stays valid for the accepted drafts (tokens[:-1])
+            accepted = min(len(tokens) - 1, seq.num_drafts)
+            req.num_computed_tokens = seq.end_pos - seq.num_drafts + accepted
             new_ids, reason = self._append_tokens(req, tokens)
             if reason is not None:
                 self._end(req, RequestStatus.FINISHED, reason)
+            else:
+                self._release_surplus(req)
+                req.draft_ids = list((drafts or {}).get(seq.req_id, ()))
             events.append(RequestEvent(req.req_id, tuple(new_ids), reason is not None, reason))
         return events
+
+    def _release_surplus(self, req: Request) -> None:
+        """Free blocks that only held rejected drafts (the accounting side of the rollback)."""
+        keep = self.pool.blocks_needed(req.num_computed_tokens)
+        if len(req.block_ids) > keep:
+            self.pool.free(req.block_ids[keep:])
+            req.block_ids = req.block_ids[:keep]
 
     def _append_tokens(self, req: Request, tokens: list[int]) -> tuple[list[int], str | None]:
         """Append tokens up to the first stop token or max_tokens; return them and the finish reason."""

@@ -33,14 +33,14 @@ from pathlib import Path
 # (measured 10-30x slower steps under load). Must be set before torch loads libgomp.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
 
-from models.cache import Batch, KVCache, contiguous_batch  # noqa: E402
-from models.config import ModelConfig  # noqa: E402
-from models.glm5 import Attention, GlmForCausalLM, Rope  # noqa: E402
+from models.cache import Batch, KVCache, contiguous_batch
+from models.config import ModelConfig
+from models.glm5 import Attention, GlmForCausalLM, Rope
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = ROOT / "models" / "tiny"
@@ -172,7 +172,7 @@ class IndexerDistill:
         self.inputs.clear()
 
     def _hook(self, attn: Attention, args: tuple, _out) -> None:
-        h, rope, batch, cache, layer = args[:5]
+        h, rope, _batch, cache, layer = args[:5]
         if not torch.is_grad_enabled():
             return
         with torch.no_grad():

@@ -27,10 +27,16 @@ without the resource tracker. Ordering: data is written before the flag word by 
 and x86 stores are not reordered with older stores (TSO); a weakly ordered CPU would need a
 fence between them.
 
-GPU (untested here; guarded by ``cupy.cuda.is_available()``): the AG/RS regions live in one cupy
-device allocation of rank 0 whose IPC handle peers open (``ipcOpenMemHandle``); flags stay in
-the host shared memory and are polled by the host. The writer synchronizes its stream before
-publishing. A first version: no device-side flags, no CUDA-graph capture.
+GPU: the AG/RS regions live in one ``cudaMalloc`` of rank 0 whose IPC handle peers open
+(``cudaIpcOpenMemHandle``; also several processes on one GPU); flags stay in host shared memory,
+polled by the host. Ordering: each phase's device work (this rank's copy into the region, and its
+reads of the previous phases) is issued on its current stream, and ``publish`` first runs
+``torch.cuda.current_stream().synchronize()``: the flag becomes visible only after those kernels
+have completed, so a peer that sees the flag and then launches its reads finds the data in device
+memory, and the two-parity argument above holds with "finished reading" meaning "its reading
+kernels completed". Work a caller issues on other streams is not covered. A first version: a host
+round trip per phase, no device-side flags, no CUDA-graph capture. Close is ordered too (see
+``_create_cupy``): rank 0 frees the allocation only after every peer has unmapped it.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import mmap
 import os
 import secrets
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import shared_memory
@@ -79,7 +86,8 @@ class IpcLayout:
 
     @property
     def flags_bytes(self) -> int:
-        return _align(2 * len(PHASES) * self.world_size * _FLAG_WORDS * 8)
+        """The phase flags [2][3][N] and the close words [N] (``unmapped``, GPU only), 64 B each."""
+        return _align((2 * len(PHASES) + 1) * self.world_size * _FLAG_WORDS * 8)
 
     @property
     def ag_bytes(self) -> int:
@@ -94,8 +102,9 @@ class IpcComm:
     """Comm over peer-mapped buffers (see module docstring for layout and protocol).
 
     flags: int64 numpy view [2, 3, N, 8] of host shared memory; ag/rs: uint8 tensors holding
-    the AG and RS regions (host shm or device memory); ``sync`` makes this rank's writes visible
-    before a flag is published; ``release`` unmaps (and unlinks if still named) on close.
+    the AG and RS regions (host shm or device memory); ``sync`` completes this rank's device work
+    before a flag is published (a no-op on CPU); ``release`` unmaps (and unlinks if still named,
+    and on the GPU frees in order) on close.
     """
 
     def __init__(self, rank: int, world_size: int, layout: IpcLayout, flags: np.ndarray, ag: torch.Tensor,
@@ -136,6 +145,7 @@ class IpcComm:
         """Fill both regions with NaN bit patterns (0xFF bytes): tests check nothing stale leaks out."""
         self._ag.fill_(255)
         self._rs.fill_(255)
+        self._sync()  # on the GPU: done before any peer can write its next phase
 
     def _begin(self) -> tuple[int, int]:
         if self._closed:
@@ -212,33 +222,17 @@ class IpcComm:
         self._release()
 
 
-# ----------------------------------------------------------------------------- CPU: POSIX shm
+# ----------------------------------------------------------------------------- host shared memory
 
 
-def _views(buf, layout: IpcLayout) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
-    """Split a mapped buffer into (flags [2, 3, N, 8] int64, AG bytes, RS bytes)."""
-    base = torch.frombuffer(buf, dtype=torch.uint8)
-    fb, ab = layout.flags_bytes, layout.ag_bytes
-    shape = (2, len(PHASES), layout.world_size, _FLAG_WORDS)
-    flags = base[: int(np.prod(shape)) * 8].view(torch.int64).view(shape).numpy()
-    return flags, base[fb : fb + ab], base[fb + ab : fb + ab + layout.rs_bytes]
+def _open_shared(rank: int, rendezvous: Rendezvous, size: int,
+                 timeout_s: float) -> tuple[memoryview | mmap.mmap, Callable[[], None]]:
+    """One POSIX shm segment of ``size`` bytes mapped by every rank -> (buffer, release).
 
-
-def _attach_untracked(name: str) -> mmap.mmap:
-    """Map an existing segment without registering it with this process's resource tracker
-    (Python < 3.13 registers attachers too, which would unlink the creator's segment)."""
-    from _posixshmem import shm_open
-
-    fd = shm_open("/" + name, os.O_RDWR, 0o600)
-    try:
-        return mmap.mmap(fd, os.fstat(fd).st_size)
-    finally:
-        os.close(fd)
-
-
-def _create_shm(cls, rank: int, rendezvous: Rendezvous, layout: IpcLayout, timeout_s: float,
-                size: int | None = None) -> IpcComm:
-    size = size or layout.flags_bytes + layout.ag_bytes + layout.rs_bytes
+    Rank 0 creates it (resource-tracked) and publishes the name; peers attach untracked; every
+    rank meets at the ``ready`` barrier, after which rank 0 unlinks the name. ``release`` unmaps
+    (unlinking first if setup never got that far); a view still alive keeps the mapping until exit.
+    """
     shm = mapping = None
     if rank == 0:
         shm = shared_memory.SharedMemory(f"{SHM_PREFIX}{os.getpid()}_{secrets.token_hex(6)}", create=True,
@@ -273,43 +267,110 @@ def _create_shm(cls, rank: int, rendezvous: Rendezvous, layout: IpcLayout, timeo
             release()
         raise
     unlink()  # everyone is attached: the name is no longer needed
-    flags, ag, rs = _views(buf, layout)
+    return buf, release
+
+
+def _views(buf, layout: IpcLayout) -> tuple[np.ndarray, np.ndarray, torch.Tensor, torch.Tensor]:
+    """Split a mapped buffer into (flags [2, 3, N, 8] int64, unmapped [N, 8] int64, AG bytes, RS bytes);
+    the AG/RS parts are empty when the buffer holds only the flags (the GPU keeps them on the device)."""
+    base = torch.frombuffer(buf, dtype=torch.uint8)
+    fb, ab = layout.flags_bytes, layout.ag_bytes
+    words = base[: (2 * len(PHASES) + 1) * layout.world_size * _FLAG_WORDS * 8].view(torch.int64).numpy()
+    flags = words[: 2 * len(PHASES) * layout.world_size * _FLAG_WORDS].reshape(
+        2, len(PHASES), layout.world_size, _FLAG_WORDS)
+    unmapped = words[2 * len(PHASES) * layout.world_size * _FLAG_WORDS :].reshape(layout.world_size, _FLAG_WORDS)
+    return flags, unmapped, base[fb : fb + ab], base[fb + ab : fb + ab + layout.rs_bytes]
+
+
+def _attach_untracked(name: str) -> mmap.mmap:
+    """Map an existing segment without registering it with this process's resource tracker
+    (Python < 3.13 registers attachers too, which would unlink the creator's segment)."""
+    from _posixshmem import shm_open
+
+    fd = shm_open("/" + name, os.O_RDWR, 0o600)
+    try:
+        return mmap.mmap(fd, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+
+
+def _create_shm(cls, rank: int, rendezvous: Rendezvous, layout: IpcLayout, timeout_s: float) -> IpcComm:
+    """CPU: flags and the AG/RS regions all in one host shm segment."""
+    buf, release = _open_shared(rank, rendezvous, layout.flags_bytes + layout.ag_bytes + layout.rs_bytes,
+                                timeout_s)
+    flags, _, ag, rs = _views(buf, layout)
     del buf
     return cls(rank, layout.world_size, layout, flags, ag, rs, timeout_s, lambda: None, release)
 
 
-# ----------------------------------------------------------------------------- GPU: cupy IPC (untested)
+# ----------------------------------------------------------------------------- GPU: cupy IPC
+
+# Allocations whose peers did not report unmapping before the close deadline: freeing them under a
+# live peer mapping is undefined behaviour (CUDA IPC docs), so they stay until the process exits.
+_LEAKED: list = []
 
 
 def _create_cupy(cls, rank: int, rendezvous: Rendezvous, layout: IpcLayout, device: torch.device,
                  timeout_s: float) -> IpcComm:
-    """Flags in host shm (as on CPU); AG/RS regions in rank 0's device allocation, opened by
-    peers through its IPC handle. UNTESTED: no GPU on the development machines."""
+    """Flags in host shm (as on CPU); AG/RS regions in one ``cudaMalloc`` of rank 0, which peers map
+    through its IPC handle (``cudaIpcOpenMemHandle``; several processes on one GPU work too).
+
+    Close: every rank synchronizes its device first (no kernel of its still touches the region);
+    a peer unmaps (``cudaIpcCloseMemHandle``) and then sets ``unmapped[rank]`` in host shm; rank 0
+    frees only once every peer has set it — freeing an exported allocation before an importer
+    closes it is undefined — and, if a peer does not report within ``timeout_s`` (hung, or it died
+    holding the mapping), keeps the allocation until exit (``_LEAKED``) and warns.
+    """
     import cupy
 
     if not cupy.cuda.is_available():
         raise RuntimeError("ipc comm on cuda needs cupy with a visible CUDA device")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    device = torch.device("cuda", index)
     torch.cuda.set_device(device)
     data_bytes = layout.ag_bytes + layout.rs_bytes
-    with cupy.cuda.Device(device.index or 0):
-        if rank == 0:
-            owned = cupy.cuda.Memory(data_bytes)  # a raw cudaMalloc: a pool chunk's handle maps its base
-            cupy.cuda.runtime.memset(owned.ptr, 0, data_bytes)
-            ptr = owned.ptr
-            rendezvous.publish("ipc/cuda_handle", bytes(cupy.cuda.runtime.ipcGetMemHandle(ptr)))
-        else:
-            handle = rendezvous.wait("ipc/cuda_handle", timeout_s)
-            ptr = cupy.cuda.runtime.ipcOpenMemHandle(handle, cupy.cuda.runtime.cudaIpcMemLazyEnablePeerAccess)
-            owned = None
-        mem = cupy.cuda.UnownedMemory(ptr, data_bytes, owned)
-        arr = cupy.ndarray((data_bytes,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, 0))
-        data = torch.as_tensor(arr, device=device)
-    host = _create_shm(cls, rank, rendezvous, layout, timeout_s, size=layout.flags_bytes)
+    owned, ptr = None, 0
+    with cupy.cuda.Device(index):
+        try:
+            if rank == 0:
+                owned = cupy.cuda.Memory(data_bytes)  # a raw cudaMalloc: its IPC handle maps exactly this block
+                cupy.cuda.runtime.memset(owned.ptr, 0, data_bytes)
+                cupy.cuda.runtime.deviceSynchronize()
+                ptr = owned.ptr
+                rendezvous.publish("ipc/cuda_handle", bytes(cupy.cuda.runtime.ipcGetMemHandle(ptr)))
+            else:
+                handle = rendezvous.wait("ipc/cuda_handle", timeout_s)
+                ptr = cupy.cuda.runtime.ipcOpenMemHandle(handle, cupy.cuda.runtime.cudaIpcMemLazyEnablePeerAccess)
+            # owner None: the lifetime is ``release``'s business, not the tensors'
+            mem = cupy.cuda.UnownedMemory(ptr, data_bytes, None, index)
+            arr = cupy.ndarray((data_bytes,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, 0))
+            data = torch.as_tensor(arr, device=device)  # [data_bytes] uint8, zero-copy
+            assert data.data_ptr() == ptr
+            buf, release_shm = _open_shared(rank, rendezvous, layout.flags_bytes, timeout_s)
+        except BaseException:
+            if rank != 0 and ptr:
+                cupy.cuda.runtime.ipcCloseMemHandle(ptr)
+            raise
+    flags, unmapped, _, _ = _views(buf, layout)
+    del buf, mem, arr
+    state = {"owned": owned}
 
     def release() -> None:
-        host.close()
-        if owned is None:
+        torch.cuda.synchronize(device)
+        if rank != 0:
             cupy.cuda.runtime.ipcCloseMemHandle(ptr)
+            unmapped[rank, 0] = 1
+        else:
+            deadline = time.monotonic() + timeout_s
+            while not (unmapped[1:, 0] == 1).all() and time.monotonic() < deadline:
+                time.sleep(1e-3)
+            peers = [r for r in range(1, layout.world_size) if unmapped[r, 0] != 1]
+            if peers:
+                _LEAKED.append(state["owned"])
+                warnings.warn(f"ipc comm: ranks {peers} did not unmap the GPU buffer within {timeout_s:.1f}s; "
+                              "rank 0 keeps it allocated until exit", RuntimeWarning, stacklevel=2)
+            state["owned"] = None  # the last reference: cudaFree, unless leaked above
+        release_shm()
 
-    return cls(rank, layout.world_size, layout, host._flags, data[: layout.ag_bytes], data[layout.ag_bytes :],
-               timeout_s, torch.cuda.current_stream(device).synchronize, release)
+    return cls(rank, layout.world_size, layout, flags, data[: layout.ag_bytes], data[layout.ag_bytes :],
+               timeout_s, lambda: torch.cuda.current_stream(device).synchronize(), release)

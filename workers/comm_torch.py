@@ -56,6 +56,8 @@ class TorchComm:
         Equivalent to ``init_method="tcp://127.0.0.1:PORT"``."""
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
+            # a bare "cuda" means the current device (set_device needs an index)
+            device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
             torch.cuda.set_device(device)
         timeout = timedelta(seconds=timeout_s)
         if rank == 0:
@@ -118,7 +120,10 @@ class TorchComm:
         return ordered_sum(recv.unbind(0))
 
     def barrier(self) -> None:
-        self._run("barrier", dist.barrier)
+        if self.device.type == "cuda":  # NCCL: name the device rather than let torch guess it
+            self._run("barrier", lambda: dist.barrier(device_ids=[self.device.index]))
+        else:
+            self._run("barrier", dist.barrier)
 
     def close(self) -> None:
         if self._closed:

@@ -9,6 +9,7 @@ mentions it until a step lists it as finished.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -18,6 +19,9 @@ from scheduler.request import SamplingParams
 from scheduler.scheduler import ScheduledSeq
 from scheduler.shapes import StepShape
 from workers.sampler import sample
+from workers.speculative import DraftRequest, MtpDrafter, token_logprobs, verify
+
+MAX_DRAFTS = 7       # drafts per round at most (N - 1 on an 8-rank span)
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,7 @@ class WorkerStep:
     new_requests: tuple[NewRequest, ...] = ()
     finished: tuple[str, ...] = ()
     shape: StepShape | None = None     # the MoE bucket of this step (all ranks get the same one)
+    num_drafts: int = 0                # drafts to propose after this step (0: none; the same on every rank)
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,7 @@ class StepResult:
     step_id: int
     sampled: dict[str, list[int]] = field(default_factory=dict)            # req_id -> new tokens
     logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # only where requested
+    drafts: dict[str, list[int]] = field(default_factory=dict)              # proposals to verify next step
 
 
 @dataclass
@@ -56,22 +62,39 @@ class _RequestState:
     params: SamplingParams
     num_prompt: int
     history: list[int]
+    draft_probs: torch.Tensor | None = None   # [k, V]: what the pending drafts were drawn from
 
 
 class ModelRunner:
-    """Runs steps of a (possibly sharded) model on one device over a cache of ``num_blocks`` blocks."""
+    """Runs steps of a (possibly sharded) model on one device over a cache of ``num_blocks`` blocks.
+
+    ``in_group``: one of several ranks, which all run every step (the MLP phases are collective);
+    ``stage(shape, num_rows)`` is called before every forward so the rank's comm knows the bucket.
+    ``speculative``: keep the MTP layer's cache filled and propose drafts when a step asks for them.
+    """
 
     def __init__(self, model: GlmForCausalLM, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 device: str | torch.device = "cpu", in_group: bool = False):
-        # in_group: one of several ranks, which must all run every step (the MLP phases are collective)
-        self.model, self.block_size, self.device, self.in_group = model, block_size, torch.device(device), in_group
-        self.cache = KVCache(model.config, num_blocks * block_size, dtype, device)
+                 device: str | torch.device = "cpu", in_group: bool = False, world_size: int = 1,
+                 stage: Callable[[StepShape | None, int], None] | None = None, speculative: bool = False,
+                 max_drafting: int = 8):
+        self.model, self.block_size, self.device = model, block_size, torch.device(device)
+        self.in_group, self.world_size = in_group, world_size
+        self.stage = stage or (lambda shape, n: None)
+        num_slots = num_blocks * block_size
+        scratch = MAX_DRAFTS + 1
+        self.cache = KVCache(model.config, num_slots + max_drafting * scratch, dtype, device)
         self.requests: dict[str, _RequestState] = {}
+        self.drafter = None
+        if speculative:
+            assert model.mtp_layer is not None, "speculative decoding needs the checkpoint's MTP layer"
+            self.drafter = MtpDrafter(model, self.cache, block_size, num_slots, scratch, self.stage)
+            self.max_drafting = max_drafting
 
     def reset(self) -> None:
         """Forget every request (after a group failure the scheduler starts over; KV is overwritten)."""
         self.requests.clear()
 
+    @torch.inference_mode()
     def execute(self, step: WorkerStep) -> StepResult:
         for rid in step.finished:          # first: a finished id may come back as a new request
             self.requests.pop(rid, None)
@@ -79,35 +102,73 @@ class ModelRunner:
             self.requests[nr.req_id] = _RequestState(nr.params, len(nr.prompt_ids), list(nr.prompt_ids))
         if not step.seqs and not self.in_group:
             return StepResult(step.step_id)
-        hidden = self.forward(step.seqs)
-        return self._sample(step, hidden)
-
-    @torch.inference_mode()
-    def forward(self, seqs: tuple[ScheduledSeq, ...]) -> torch.Tensor:
-        """Run the scheduled rows; returns the final hidden state of each seq's last row [num_seqs, H]."""
-        ids = torch.tensor([t for s in seqs for t in s.token_ids], dtype=torch.long, device=self.device)
-        batch = build_batch([(s.start_pos, len(s.token_ids), s.block_ids) for s in seqs], self.block_size,
+        ids = torch.tensor([t for s in step.seqs for t in s.token_ids], dtype=torch.long, device=self.device)
+        batch = build_batch([(s.start_pos, len(s.token_ids), s.block_ids) for s in step.seqs], self.block_size,
                             self.device)
-        hidden = self.model(ids, batch, self.cache)
-        return hidden[batch.last_rows()]
-
-    @torch.inference_mode()
-    def _sample(self, step: WorkerStep, last_hidden: torch.Tensor) -> StepResult:
-        rows = [i for i, s in enumerate(step.seqs) if s.sample]
-        if not rows:
-            return StepResult(step.step_id)
-        seqs = [step.seqs[i] for i in rows]
-        states = [self.requests[s.req_id] for s in seqs]
-        for s, st in zip(seqs, states):
-            assert len(st.history) == s.end_pos, f"{s.req_id}: runner history out of sync with the plan"
-        logits = self.model.logits(last_hidden[rows])
-        out = sample(logits, [st.params for st in states], [st.history for st in states],
-                     [st.num_prompt for st in states], [s.num_generated for s in seqs])
-        result = StepResult(step.step_id)
-        for i, (s, st) in enumerate(zip(seqs, states)):
-            tok = out.token_ids[i]
-            st.history.append(tok)
-            result.sampled[s.req_id] = [tok]
-            if st.params.logprobs is not None:
-                result.logprobs[s.req_id] = [TokenLogprobs(out.logprobs[i], tuple(out.top_logprobs[i] or ()))]
+        self.stage(step.shape, batch.num_rows)
+        hidden = self.model(ids, batch, self.cache)                                   # [N, H]
+        result = self._sample(step, hidden, batch)
+        if self.drafter is not None:
+            self._draft(step, hidden, batch, ids, result)
         return result
+
+    def _sample(self, step: WorkerStep, hidden: torch.Tensor, batch) -> StepResult:
+        result = StepResult(step.step_id)
+        plain = [i for i, s in enumerate(step.seqs) if s.sample and not s.num_drafts]
+        if plain:
+            seqs = [step.seqs[i] for i in plain]
+            states = [self._state(s) for s in seqs]
+            logits = self.model.logits(hidden[[batch.seq_rows[i][0] + batch.seq_rows[i][1] - 1 for i in plain]])
+            out = sample(logits, [st.params for st in states], [st.history for st in states],
+                         [st.num_prompt for st in states], [s.num_generated for s in seqs])
+            for i, (s, st) in enumerate(zip(seqs, states)):
+                self._commit(result, s, st, [out.token_ids[i]],
+                             [(out.logprobs[i], tuple(out.top_logprobs[i] or ()))])
+        for i, s in enumerate(step.seqs):
+            if s.sample and s.num_drafts:
+                st = self._state(s)
+                r0, n = batch.seq_rows[i]
+                logits = self.model.logits(hidden[r0 + n - 1 - s.num_drafts: r0 + n])            # [k+1, V]
+                drafts = s.token_ids[-s.num_drafts:]
+                tokens = verify(logits, drafts, st.draft_probs, st.params, st.history, st.num_prompt,
+                                s.num_generated)
+                lps = token_logprobs(logits, tokens, st.params.logprobs or 0) if st.params.logprobs is not None \
+                    else []
+                self._commit(result, s, st, tokens, lps)
+        return result
+
+    def _state(self, s: ScheduledSeq) -> _RequestState:
+        st = self.requests[s.req_id]
+        assert len(st.history) == s.end_pos - s.num_drafts, f"{s.req_id}: runner history out of sync with the plan"
+        return st
+
+    def _commit(self, result: StepResult, s: ScheduledSeq, st: _RequestState, tokens: list[int], lps) -> None:
+        st.history += tokens
+        st.draft_probs = None
+        result.sampled[s.req_id] = tokens
+        if st.params.logprobs is not None:
+            result.logprobs[s.req_id] = [TokenLogprobs(lp, top) for lp, top in lps]
+
+    def _draft(self, step: WorkerStep, hidden: torch.Tensor, batch, ids: torch.Tensor, result: StepResult) -> None:
+        """MTP extend over the step's rows (the token after each row: the next fed token, or for the last
+        valid row the token just committed), then drafts for requests that sampled."""
+        next_ids = torch.roll(ids, -1)
+        rows, reqs = [], []
+        for i, s in enumerate(step.seqs):
+            r0, n = batch.seq_rows[i]
+            st = self.requests[s.req_id]
+            if s.sample:
+                tokens = result.sampled[s.req_id]
+                last = r0 + n - 1 - s.num_drafts + len(tokens) - 1       # the last row whose KV stays valid
+                next_ids[last] = tokens[-1]
+                if step.num_drafts and len(reqs) < self.max_drafting:
+                    rows.append(last)
+                    reqs.append(DraftRequest(s.req_id, s.start_pos + last - r0, s.block_ids, st.params,
+                                             st.history, st.num_prompt, len(reqs)))
+            else:
+                next_ids[r0 + n - 1] = st.history[s.end_pos]          # the next prompt token
+        self.drafter.extend(hidden, next_ids, batch)
+        if step.num_drafts:
+            for r, (d, q) in zip(reqs, self.drafter.propose(rows, reqs, step.num_drafts, self.world_size)):
+                result.drafts[r.req_id] = d
+                self.requests[r.req_id].draft_probs = q

@@ -71,6 +71,7 @@ class WorkerSpec:
     max_rows: int = 4096        # bound on any step's bucket (total rows)
     timeout_s: float = 30.0     # bound on every comm phase
     setup_timeout_s: float = 300.0
+    speculative: bool = False   # fill the MTP cache and propose drafts
 
 
 class Worker:
@@ -104,12 +105,15 @@ class Worker:
         if spec.world_size > 1:
             model.set_comm(self.step_comm)
         self.runner = ModelRunner(model, spec.num_blocks, spec.block_size, dtype, device,
-                                  in_group=spec.world_size > 1)
+                                  in_group=spec.world_size > 1, world_size=spec.world_size, stage=self._stage,
+                                  speculative=spec.speculative)
+
+    def _stage(self, shape: StepShape | None, num_rows: int) -> None:
+        if self.spec.world_size > 1:
+            assert shape is not None, "a multi-rank step needs its bucket shape"
+            self.step_comm.stage(shape, num_rows)
 
     def execute(self, step: WorkerStep) -> StepResult:
-        if self.spec.world_size > 1:
-            assert step.shape is not None, "a multi-rank step needs its bucket shape"
-            self.step_comm.stage(step.shape, sum(len(s.token_ids) for s in step.seqs))
         return self.runner.execute(step)
 
     @torch.inference_mode()

@@ -156,3 +156,18 @@ def test_killed_worker_fails_requests_then_recovers(ray_session, tiny_ckpt, tiny
     finally:
         aeng.shutdown()
         group.shutdown()
+
+
+def test_speculative_span_on_8_ranks_equals_plain(ray_session, tiny_ckpt, tiny_config, reference):
+    """k = N-1 = 7 drafts ride with the committed token in one 8-row span; tokens equal plain decode."""
+    cfg = engine_config(tiny_ckpt, 8, "tp", "ipc", speculative_tokens=7)
+    group = RayWorkerGroup(cfg, NUM_BLOCKS)
+    try:
+        engine = Engine(group, scheduler_config(cfg, tiny_config, None, NUM_BLOCKS), num_ranks=8,
+                        speculative_tokens=7)
+        assert run(engine, {"solo": requests(1, max_tokens=8, seed=5)["r0"]}) == reference[1]
+        assert engine.stats["draft_rounds"] > 0 and engine.stats["span_steps"] > engine.stats["draft_rounds"] - 1
+        assert run(engine, requests()) == reference[0]          # a batch: drafts suppressed, dp buckets
+        assert engine.num_free_blocks() == 8 * NUM_BLOCKS
+    finally:
+        group.shutdown()

@@ -1,0 +1,147 @@
+"""Speculative decoding: lossless greedy, lossless sampling, rollback, index sharing, suppression."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cluster.engine import Engine, LocalExecutor
+from models.loader import load_model
+from scheduler.request import SamplingParams
+from scheduler.scheduler import SchedulerConfig
+from workers.runner import ModelRunner
+from workers.speculative import rejection_sample
+
+K = 3
+
+
+@pytest.fixture(scope="module")
+def model(text_ckpt):
+    return load_model(text_ckpt, dtype=torch.float32, progress=False)
+
+
+def make_engine(model, k: int, index_share: bool | None = None) -> Engine:
+    runner = ModelRunner(model, 96, 16, torch.float32, speculative=k > 0)
+    if index_share is not None and runner.drafter is not None:
+        runner.drafter.share_index = index_share
+    cfg = SchedulerConfig(num_blocks=96, block_size=16, max_model_len=1536, vocab_size=model.config.vocab_size,
+                          eos_token_ids=())
+    return Engine(LocalExecutor(runner), cfg, speculative_tokens=k)
+
+
+def run(engine: Engine, reqs: dict) -> dict[str, list[int]]:
+    out = {rid: [] for rid in reqs}
+    for rid, (ids, p) in reqs.items():
+        engine.add_request(ids, p, rid)
+    while engine.has_unfinished():
+        for ev in engine.step():
+            assert ev.error is None, ev.error
+            out[ev.req_id] += ev.token_ids
+    assert engine.num_free_blocks() == 96
+    return out
+
+
+def prompts(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(40, vocab, (int(torch.randint(4, 60, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+def test_greedy_speculation_is_bit_identical_to_plain(model):
+    """≥ 20 prompts, one at a time (drafts ride only for a solo request)."""
+    greedy = SamplingParams(max_tokens=24, temperature=0.0)
+    plain, spec = make_engine(model, 0), make_engine(model, K)
+    for i, ids in enumerate(prompts(20, model.config.vocab_size)):
+        assert run(spec, {"r": (ids, greedy)}) == run(plain, {"r": (ids, greedy)}), f"prompt {i}"
+    m = spec.spec_metrics()
+    assert m["rounds"] > 0 and m["proposed"] > 0
+    print("spec metrics:", m)
+
+
+class OracleDrafter:
+    """Proposes the true greedy continuation for the first ``good`` drafts, then wrong tokens: exercises
+    multi-token acceptance and rejection at every position, independent of how good the MTP head is."""
+
+    def __init__(self, inner, truth: list[int], prompt_len: int, good: int):
+        self.inner, self.truth, self.prompt_len, self.good = inner, truth, prompt_len, good
+
+    def extend(self, *a):
+        self.inner.extend(*a)
+
+    def propose(self, rows, requests, k, world):
+        out = []
+        for r in requests:
+            done = len(r.history) - self.prompt_len
+            nxt = self.truth[done:done + k]
+            drafts = [t if i < self.good else (t + 1) % 1000 + 40 for i, t in enumerate(nxt)]
+            out.append((drafts + [41] * (k - len(drafts)), None))
+        return out
+
+
+@pytest.mark.parametrize("good", [0, 1, 2, 3])
+def test_accept_and_rollback_paths_equal_plain(model, good):
+    """Rounds where 0..k drafts are right: every acceptance length and rollback gives plain decode's tokens."""
+    ids = prompts(1, model.config.vocab_size, seed=3)[0]
+    greedy = SamplingParams(max_tokens=20, temperature=0.0)
+    truth = run(make_engine(model, 0), {"p": (ids, greedy)})["p"]
+    spec = make_engine(model, K)
+    runner = spec.executor.runner
+    runner.drafter = OracleDrafter(runner.drafter, truth, len(ids), good)
+    assert run(spec, {"s": (ids, greedy)})["s"] == truth
+    m = spec.spec_metrics()
+    assert m["accepted"] <= good * m["rounds"] and (m["accepted"] > 0) == (good > 0)
+    if good == K:
+        assert m["mean_accepted_length"] > 2.5
+
+
+def test_index_sharing_verifies_to_same_output(model):
+    greedy = SamplingParams(max_tokens=20, temperature=0.0)
+    for i, ids in enumerate(prompts(3, model.config.vocab_size, seed=5)):
+        shared = run(make_engine(model, K, index_share=True), {"a": (ids, greedy)})["a"]
+        unshared = run(make_engine(model, K, index_share=False), {"b": (ids, greedy)})["b"]
+        assert shared == unshared
+
+
+def test_drafts_suppressed_with_two_requests_and_resume(model):
+    eng = make_engine(model, K)
+    ids = prompts(2, model.config.vocab_size, seed=7)
+    greedy = SamplingParams(max_tokens=6, temperature=0.0)
+    long = SamplingParams(max_tokens=30, temperature=0.0)
+    eng.add_request(ids[0], long, "long")
+    eng.add_request(ids[1], greedy, "short")
+    drafted_while_two = 0
+    while eng.has_unfinished():
+        two = sum(len(s.live_ids()) for s in eng.schedulers) == 2
+        before = eng.stats["draft_rounds"]
+        eng.step()
+        if two:
+            drafted_while_two += eng.stats["draft_rounds"] - before
+    assert drafted_while_two == 0, "no verify round while two requests are active"
+    assert eng.stats["draft_rounds"] > 0, "drafting resumes once the fleet drains to one request"
+    plain = run(make_engine(model, 0), {"long": (ids[0], long)})["long"]
+    again = make_engine(model, K)
+    assert run(again, {"long": (ids[0], long)})["long"] == plain
+
+
+def test_sampled_speculation_runs_and_repeats(model):
+    p = SamplingParams(max_tokens=16, temperature=0.8, top_k=20, seed=11)
+    ids = prompts(1, model.config.vocab_size, seed=9)[0]
+    a = run(make_engine(model, K), {"a": (ids, p)})["a"]
+    b = run(make_engine(model, K), {"b": (ids, p)})["b"]
+    assert a == b and len(a) == 16
+
+
+def test_rejection_sampling_preserves_target_distribution():
+    """Many independent trials, small vocabulary: the emitted token's distribution is p, whatever q is."""
+    g = torch.Generator().manual_seed(0)
+    V, T = 6, 200_000
+    for trial in range(3):
+        p = torch.softmax(torch.randn(V, generator=g) * 1.5, 0)
+        q = torch.softmax(torch.randn(V, generator=g) * 1.5, 0)
+        drafts = torch.multinomial(q, T, replacement=True, generator=g)
+        out = rejection_sample(p, q, drafts, g)
+        freq = torch.bincount(out, minlength=V).double() / T
+        chi2 = float(((freq - p.double()) ** 2 / p.double()).sum() * T)
+        assert chi2 < 25.0, f"trial {trial}: chi2 {chi2:.1f} for {V - 1} dof"        # p < 1e-3 under H0
+        naive = torch.bincount(drafts, minlength=V).double() / T                        # accepting everything
+        assert float(((naive - p.double()) ** 2 / p.double()).sum() * T) > 100, "q must differ from p"

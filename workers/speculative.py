@@ -1,0 +1,187 @@
+"""Speculative decoding: verification of drafts against the target, and the MTP drafter.
+
+Verify (one request, its k+1 rows: the committed token and k drafts). Greedy: the target's token at
+each row, stopping at the first that differs from the draft — exactly what plain decoding emits.
+Sampled: rejection sampling — accept draft d with probability min(1, p(d)/q(d)), else draw from
+norm(max(p − q, 0)); a bonus token from p after k acceptances. The output distribution is p's.
+
+Drafter: the MTP layer proposes k tokens per round, reusing one layer k times. Its KV cache is kept
+complete for every committed position by running it over each step's rows ("extend"); chained draft
+steps write only to per-request scratch slots, so rejected drafts never touch the real cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from scheduler.request import SamplingParams
+from workers.sampler import probs_for_rows, sample
+
+_MULT, _MASK = 1_000_003, (1 << 63) - 1
+
+
+def _generator(seed: int | None, index: int, salt: int, device) -> torch.Generator | None:
+    if seed is None:
+        return None
+    g = torch.Generator(device=device)
+    g.manual_seed(((seed * _MULT + index) * _MULT + salt) & _MASK)
+    return g
+
+
+def _uniform(g: torch.Generator | None, device) -> float:
+    return float(torch.rand((), generator=g, device=device))
+
+
+def _draw(p: torch.Tensor, g: torch.Generator | None) -> int:
+    return int(torch.multinomial(p, 1, generator=g))
+
+
+def verify(logits: torch.Tensor, drafts: Sequence[int], draft_probs: torch.Tensor | None, params: SamplingParams,
+           history: list[int], num_prompt: int, num_generated: int) -> list[int]:
+    """Accepted drafts plus one more token. logits: [k+1, V] target rows; drafts: k ids; draft_probs:
+    [k, V] the distribution each draft was drawn from (sampled mode); history: prompt + output so far."""
+    k = len(drafts)
+    assert logits.shape[0] == k + 1
+    out: list[int] = []
+    for i in range(k + 1):
+        hist = history + list(drafts[:i])
+        if params.is_greedy or i == k or draft_probs is None:
+            tok = sample(logits[i:i + 1], [params], [hist], [num_prompt], [num_generated + i]).token_ids[0]
+            out.append(tok)
+            if i == k or tok != drafts[i]:
+                return out
+            continue
+        p = probs_for_rows(logits[i:i + 1], [params], [hist], [num_prompt])[0]      # [V]
+        q = draft_probs[i]
+        d = drafts[i]
+        g = _generator(params.seed, num_generated + i, 1, logits.device)
+        if q[d] > 0 and _uniform(g, logits.device) * float(q[d]) < float(p[d]):
+            out.append(d)
+            continue
+        residual = (p - q).clamp(min=0)
+        out.append(_draw(residual / residual.sum() if residual.sum() > 0 else p, g))
+        return out
+    return out
+
+
+def rejection_sample(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """Vectorised rejection sampling of one position over many independent trials (for the statistical
+    test of losslessness): p, q: [V]; drafts: [T] drawn from q. Returns the emitted token per trial [T]."""
+    u = torch.rand(drafts.shape, generator=g)
+    accept = u * q[drafts] < p[drafts]
+    residual = (p - q).clamp(min=0)
+    residual = residual / residual.sum()
+    fallback = torch.multinomial(residual.expand(drafts.numel(), -1), 1, replacement=True, generator=g)[:, 0]
+    return torch.where(accept, drafts, fallback)
+
+
+class Drafter(Protocol):
+    """Proposes draft tokens for requests that just sampled. An external drafter (e.g. a DFlash-style block
+    drafter) implements the same two calls."""
+
+    def extend(self, hidden: torch.Tensor, next_ids: torch.Tensor, batch) -> None: ...
+
+    def propose(self, rows: list[int], requests: list, num_drafts: int) -> list[tuple[list[int], torch.Tensor | None]]:
+        ...
+
+
+@dataclass
+class DraftRequest:
+    """What the drafter needs about one drafting request."""
+
+    req_id: str
+    position: int            # the last committed position (its row was the last valid row of the step)
+    block_ids: Sequence[int]
+    params: SamplingParams
+    history: list[int]       # prompt + output, including the token just committed
+    num_prompt: int
+    scratch: int             # index of this request's scratch region
+
+
+class MtpDrafter:
+    """The MTP layer as drafter. ``extend`` runs it over the step's rows (collective: every rank calls it
+    with the step's shape); ``propose`` chains k-1 more single-row steps (every rank runs them too)."""
+
+    def __init__(self, model, cache, block_size: int, scratch_base: int, scratch_len: int, stage):
+        self.model, self.cache, self.block_size = model, cache, block_size
+        self.scratch_base, self.scratch_len, self.stage = scratch_base, scratch_len, stage
+        self.share_index = model.config.index_share_for_mtp_iteration
+        self._hn: torch.Tensor | None = None
+        self._topk: torch.Tensor | None = None
+
+    def extend(self, hidden: torch.Tensor, next_ids: torch.Tensor, batch) -> None:
+        """hidden: [N, H] the step's final target hidden states; next_ids: [N] the token after each row."""
+        self._hn, self._topk = self.model.mtp_forward(hidden, next_ids, batch, self.cache)
+
+    def propose(self, rows: list[int], requests: list[DraftRequest], num_drafts: int,
+                world_size: int) -> list[tuple[list[int], torch.Tensor | None]]:
+        """Drafts for each request from its extend row ``rows[i]``; every rank runs num_drafts-1 chained
+        steps (with 0 rows where it has no drafting request). Returns (draft ids, draft probs [k, V] or None)."""
+        from models.cache import Batch
+        from scheduler.shapes import StepShape
+
+        drafts = [[] for _ in requests]
+        probs = [[] for _ in requests]
+        hn = self._hn[rows] if rows else self._hn[:0]
+        topk = self._topk[rows] if rows else None
+        for j in range(num_drafts):
+            if requests:
+                logits = self.model.logits(hn)
+                for i, r in enumerate(requests):
+                    tok, q = self._pick(logits[i], r, j, drafts[i])
+                    drafts[i].append(tok)
+                    probs[i].append(q)
+            if j == num_drafts - 1:
+                break
+            batch = Batch(*self._chain_rows(requests, j)) if requests else _empty_batch(self._hn.device)
+            self.stage(StepShape("dp", 1, world_size, None), len(requests))
+            ids = torch.tensor([d[-1] for d in drafts], dtype=torch.long, device=self._hn.device)
+            hn, topk2 = self.model.mtp_forward(hn, ids, batch, self.cache, topk if self.share_index else None)
+            topk = topk if self.share_index else topk2
+        return [(d, torch.stack(p) if p and p[0] is not None else None) for d, p in zip(drafts, probs)]
+
+    def _pick(self, logits: torch.Tensor, r: DraftRequest, j: int, so_far: list[int]):
+        hist = r.history + so_far
+        if r.params.is_greedy:
+            return int(logits.argmax()), None
+        q = probs_for_rows(logits[None], [r.params], [hist], [r.num_prompt])[0]
+        g = _generator(r.params.seed, len(hist) - r.num_prompt, 2, logits.device)
+        return _draw(q, g), q
+
+    def _chain_rows(self, requests: list[DraftRequest], j: int):
+        """Positions p+1+j: real slots for 0..p, scratch slots beyond (the real cache stays untouched)."""
+        from models.cache import slots_for
+
+        dev = self._hn.device
+        positions, slot_mapping, seq_rows, seq_slots = [], [], [], []
+        for i, r in enumerate(requests):
+            real = slots_for(r.block_ids, r.position + 1, self.block_size, dev)
+            base = self.scratch_base + r.scratch * self.scratch_len
+            scratch = torch.arange(base, base + j + 1, device=dev)
+            slots = torch.cat([real, scratch])
+            positions.append(r.position + 1 + j)
+            slot_mapping.append(int(scratch[-1]))
+            seq_rows.append((i, 1))
+            seq_slots.append(slots)
+        return (torch.tensor(positions, device=dev), torch.tensor(slot_mapping, device=dev), seq_rows, seq_slots)
+
+
+def _empty_batch(device):
+    from models.cache import Batch
+
+    e = torch.zeros(0, dtype=torch.long, device=device)
+    return Batch(e, e, [], [])
+
+
+def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], n: int) -> list[tuple[float, tuple]]:
+    """Logprob of each emitted token (row i emits tokens[i]) and the top n, from the raw logits [R, V]."""
+    lp = F.log_softmax(logits.float(), dim=-1)
+    out = []
+    for i, t in enumerate(tokens):
+        top = lp[i].topk(n) if n else None
+        out.append((float(lp[i, t]), tuple(zip(top.indices.tolist(), top.values.tolist())) if top is not None else ()))
+    return out
