@@ -31,6 +31,7 @@ class EngineConfig:
     comm: str = "torch"                 # torch | ipc
     step_timeout_s: float = 60.0        # a step that overruns this fails its requests
     speculative_tokens: int = 0         # MTP drafts per round (0 = off)
+    reasoning_parser: str = "none"      # glm: chat text before </think> is returned as reasoning_content
 
     def __post_init__(self) -> None:
         checks = {
@@ -47,6 +48,7 @@ class EngineConfig:
             "comm": self.comm in ("torch", "ipc"),
             "step_timeout_s": self.step_timeout_s > 0,
             "speculative_tokens": 0 <= self.speculative_tokens <= 7,
+            "reasoning_parser": self.reasoning_parser in ("none", "glm"),
             "max_model_len": self.max_model_len is None or self.max_model_len >= 1,
         }
         for name, ok in checks.items():

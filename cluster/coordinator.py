@@ -45,6 +45,16 @@ class Metrics:
             self.tokens_per_second)
         Gauge("glmserve_preemptions", "requests preempted so far", registry=r).set_function(
             lambda: engine.stats["preemptions"])
+        Gauge("glmserve_spec_drafts_proposed", "speculative drafts proposed", registry=r).set_function(
+            lambda: engine.stats["drafts_proposed"])
+        Gauge("glmserve_spec_drafts_accepted", "speculative drafts accepted", registry=r).set_function(
+            lambda: engine.stats["drafts_accepted"])
+        Gauge("glmserve_spec_mean_accepted_length", "tokens per verify round", registry=r).set_function(
+            lambda: engine.spec_metrics()["mean_accepted_length"])
+        per_pos = Gauge("glmserve_spec_acceptance_rate", "acceptance rate of draft position i", ["position"],
+                        registry=r)
+        for i in range(engine.speculative_tokens):
+            per_pos.labels(str(i)).set_function(lambda i=i: engine.spec_metrics()["acceptance_by_position"][i])
         self._recent: deque[tuple[float, int]] = deque()
 
     def observe(self, ev: TokenEvent, now: float, last: float, first: bool) -> None:

@@ -74,11 +74,29 @@ async def _merge(streams: list[AsyncIterator], first: list) -> AsyncIterator[tup
             await s.aclose()
 
 
+class _Reasoning:
+    """GLM reasoning split for one choice: text before ``</think>`` is reasoning_content, after it content.
+    Exact when ``</think>`` starts an event (always without speculation: one token per event)."""
+
+    def __init__(self, think_end: int | None, thinking: bool):
+        self.think_end, self.in_reasoning = think_end, thinking and think_end is not None
+
+    def split(self, ev) -> tuple[str, str]:
+        if not self.in_reasoning:
+            return "", ev.text
+        if self.think_end in ev.token_ids:
+            self.in_reasoning = False
+            return "", ev.text
+        return ev.text, ""
+
+
 class _Formatter:
     """Turns token events into OpenAI completion / chat bodies and SSE chunks."""
 
-    def __init__(self, ingress: "OpenAIIngress", rid: str, chat: bool, num_prompt: int, logprobs: int | None):
+    def __init__(self, ingress: "OpenAIIngress", rid: str, chat: bool, num_prompt: int, logprobs: int | None,
+                 thinking: bool = False, n: int = 1):
         self.ing, self.rid, self.chat, self.num_prompt, self.logprobs = ingress, rid, chat, num_prompt, logprobs
+        self.reasoning = [_Reasoning(ingress.think_end, thinking) for _ in range(n)]
         self.created = int(time.time())
         self.fingerprint = ""
         self.object = "chat.completion" if chat else "text_completion"
@@ -105,11 +123,13 @@ class _Formatter:
             raise ApiError(500, ev.error, None, "server_error")
 
     async def whole(self, merged, n: int) -> dict:
-        texts, reasons, lps, completion = [""] * n, [None] * n, [[] for _ in range(n)], 0
+        texts, thoughts, reasons, lps, completion = [""] * n, [""] * n, [None] * n, [[] for _ in range(n)], 0
         async for i, ev in merged:
             self._error(ev)
             self.fingerprint = ev.served_by
-            texts[i] += ev.text
+            thought, text = self.reasoning[i].split(ev)
+            texts[i] += text
+            thoughts[i] += thought
             completion += len(ev.token_ids)
             lps[i].append(self._logprobs(ev))
             if ev.finished:
@@ -118,8 +138,10 @@ class _Formatter:
         for i in range(n):
             lp = _join_logprobs(lps[i], self.chat) if self.logprobs is not None else None
             if self.chat:
-                choices.append({"index": i, "message": {"role": "assistant", "content": texts[i]},
-                                "logprobs": lp, "finish_reason": reasons[i]})
+                msg = {"role": "assistant", "content": texts[i]}
+                if thoughts[i]:
+                    msg["reasoning_content"] = thoughts[i]
+                choices.append({"index": i, "message": msg, "logprobs": lp, "finish_reason": reasons[i]})
             else:
                 choices.append({"index": i, "text": texts[i], "logprobs": lp, "finish_reason": reasons[i]})
         return {"id": self.rid, "object": self.object, "created": self.created, "model": self.ing.model_name,
@@ -147,7 +169,8 @@ class _Formatter:
                 completion += len(ev.token_ids)
                 self.fingerprint = ev.served_by
                 if self.chat:
-                    delta = {"content": ev.text}
+                    thought, text = self.reasoning[i].split(ev)
+                    delta = {"reasoning_content": thought} if thought else {"content": text}
                     if i not in started:
                         delta["role"] = "assistant"
                         started.add(i)
@@ -188,6 +211,8 @@ class OpenAIIngress:
         self.cfg = EngineConfig.from_dict(engine_config)
         self.model_name = _model_name(self.cfg)
         self.tokenizer = load_tokenizer(self.cfg.model)
+        specials = self.tokenizer.special_ids_by_token() if self.tokenizer else {}
+        self.think_start, self.think_end = specials.get("<think>"), specials.get("</think>")
         self.model_config = ModelConfig.from_json(self.cfg.model)
         self.max_model_len = self.cfg.max_model_len or min(self.model_config.max_position_embeddings,
                                                            self.cfg.kv_cache_tokens)
@@ -275,7 +300,8 @@ class OpenAIIngress:
                 if isinstance(f, AdmissionError):
                     raise _admission_error(f) from None
                 raise ApiError(503, f"the model replica is unavailable: {f}", None, "server_error") from None
-        fmt = _Formatter(self, rid, chat, len(ids), logprobs)
+        thinking = chat and self.cfg.reasoning_parser == "glm" and bool(ids) and ids[-1] == self.think_start
+        fmt = _Formatter(self, rid, chat, len(ids), logprobs, thinking, body.n)
         merged = _merge(streams, first)
         if body.stream:
             return StreamingResponse(fmt.sse(merged, body.include_usage), media_type="text/event-stream")

@@ -102,6 +102,10 @@ class Tokenizer:
         config = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
         return cls(HFTokenizer.from_file(str(path / "tokenizer.json")), config)
 
+    def special_ids_by_token(self) -> dict[str, int]:
+        """Special token text → id (e.g. "</think>" for the reasoning split)."""
+        return {tok.content: i for i, tok in self._hf.get_added_tokens_decoder().items() if tok.special}
+
     def _single_id(self, token: str) -> int:
         token_id = self._hf.token_to_id(token)
         if token_id is None:

@@ -142,7 +142,10 @@ class IpcComm:
         return base[: int(np.prod(shape)) * dtype.itemsize].view(dtype).view(shape)[parity]
 
     def poison(self) -> None:
-        """Fill both regions with NaN bit patterns (0xFF bytes): tests check nothing stale leaks out."""
+        """Fill both regions with NaN bit patterns (0xFF bytes): tests check nothing stale leaks out.
+
+        Not collective, and the regions are shared: every rank must have returned from ``poison``
+        before any rank enters the next phase (a barrier, or a driver that waits for each)."""
         self._ag.fill_(255)
         self._rs.fill_(255)
         self._sync()  # on the GPU: done before any peer can write its next phase

@@ -1,0 +1,281 @@
+"""The MoE phase comm on a CUDA GPU: ``ipc`` (cupy IPC buffers, host-shm flags) with 2, 4 and 8
+processes on one device, and ``torch`` (NCCL) at N=1 — NCCL refuses two ranks on one GPU.
+
+Same checks as ``tests/integration/test_comm.py`` at GLM-5 width: AG and RS under Dp and every Span
+owner equal the gathered rows and the in-order sums bit for bit, Span matches Dp bit for bit, many
+consecutive phases keep the parity handshake; the regions start NaN-poisoned, so nothing stale
+leaks. Then the GPU-only parts: a bounded wait on an absent peer, and the close order (rank 0 must
+not free its allocation while a peer still maps it).
+
+Run on a lent H200: ``PYTHONPATH=. python -m pytest -q tests/gpu/test_comm_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+import warnings
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+from tests.integration.test_comm import _Pool, _shm_segments  # noqa: E402
+from workers.comm import CommTimeout, DictRendezvous, make_comm  # noqa: E402
+from workers.rowmap import Dp, Span, rows_of  # noqa: E402
+
+HIDDEN = 6144
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DEV = torch.device("cuda", 0)
+
+
+def _needs_cupy() -> None:
+    pytest.importorskip("cupy")
+
+
+def _data(seed: int, rows: int, dtype: torch.dtype) -> torch.Tensor:
+    """Deterministic [rows, HIDDEN] values over many magnitudes (summation order shows), on the GPU."""
+    g = torch.Generator().manual_seed(seed)
+    scale = 10.0 ** torch.randint(-3, 4, (rows, HIDDEN), generator=g)
+    return (torch.randn(rows, HIDDEN, generator=g) * scale).to(dtype).to(DEV)
+
+
+def _in_order_sum(parts: list[torch.Tensor]) -> torch.Tensor:
+    out = parts[0]
+    for p in parts[1:]:
+        out = out + p
+    return out
+
+
+def _to_bytes(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _comm(rank: int, n: int, board, backend: str, max_rows: int, timeout_s: float = 30.0):
+    torch.cuda.set_device(DEV)
+    return make_comm(backend, rank, n, rendezvous=DictRendezvous(board, n, prefix=f"{backend}/"), device="cuda",
+                     max_rows=max_rows, hidden=HIDDEN, dtype=torch.bfloat16, timeout_s=timeout_s)
+
+
+# ----------------------------------------------------------------------------- the per-rank suite
+
+
+def _suite(rank: int, n: int, board, backend: str, rows_per_rank: int, num_rounds: int) -> dict:
+    """AG/RS under Dp and every Span owner in both dtypes, then num_rounds mixed rounds ->
+    {"failures": [...], "dp": bytes, "span": bytes} (outputs on the CPU for the cross-rank gate)."""
+    dp, total = Dp(n, rows_per_rank), n * rows_per_rank
+    comm = _comm(rank, n, board, backend, total)
+    if hasattr(comm, "poison"):
+        comm.poison()  # NaN everywhere: a row read before it was written shows
+        comm.barrier()  # poison is not collective: nobody writes a phase before every rank poisoned
+    failures: list[str] = []
+    dp_out: dict = {}
+    span_out: dict = {}
+
+    def expect(ok: bool, what: str) -> None:
+        if not ok:
+            failures.append(f"rank {rank}: {what}")
+
+    for name, dtype in DTYPES.items():
+        bucket = _data(1, total, dtype)  # [total, H]
+        partials = [_data(100 + src, total, dtype) for src in range(n)]  # N x [total, H]
+        expected = _in_order_sum(partials)
+        mine = rows_of(dp, rank)
+        ag = comm.all_gather(bucket[mine.start : mine.stop], dp, 0)
+        expect(ag.device.type == "cuda" and torch.equal(ag, bucket), f"ag dp {name}")
+        rs = comm.reduce_scatter(partials[rank], dp, 0)
+        expect(rs.dtype == dtype and torch.equal(rs, expected[mine.start : mine.stop]), f"rs dp {name}")
+        dp_out[name] = {"ag": ag.cpu(), "rs": rs.cpu()}
+        span, span_out[name] = Span(n, total), {}
+        for owner in range(n):
+            local = bucket if rank == owner else torch.empty(0, HIDDEN, dtype=dtype, device=DEV)
+            ag = comm.all_gather(local, span, owner)
+            expect(torch.equal(ag, bucket), f"ag span owner {owner} {name}")
+            rs = comm.reduce_scatter(partials[rank], span, owner)
+            want = expected if rank == owner else expected[:0]
+            expect(rs.dtype == dtype and torch.equal(rs, want), f"rs span owner {owner} {name}")
+            if rank == owner:
+                span_out[name][owner] = {"ag": ag.cpu(), "rs": rs.cpu()}
+
+    for i in range(num_rounds):  # the parity handshake across many consecutive phases
+        dtype = (torch.float32, torch.bfloat16)[i % 2]
+        rowmap, owner = (dp, 0) if i % 3 == 0 else (Span(n, 1 + i % total), i % n)
+        rows = rows_of(rowmap, rank, owner)
+        bucket = _data(1000 + i, total if rowmap is dp else rowmap.num_rows, dtype)
+        ag = comm.all_gather(bucket[rows.start : rows.stop], rowmap, owner)
+        expect(torch.equal(ag, bucket), f"round {i} ag {rowmap} owner {owner}")
+        partials = [_data(2000 + 31 * i + src, len(bucket), dtype) for src in range(n)]
+        rs = comm.reduce_scatter(partials[rank], rowmap, owner)
+        expect(torch.equal(rs, _in_order_sum(partials)[rows.start : rows.stop]), f"round {i} rs {rowmap}")
+    comm.barrier()
+    comm.close()
+    comm.close()  # idempotent
+    torch.cuda.synchronize()  # no sticky CUDA error left behind
+    return {"failures": failures, "dp": _to_bytes(dp_out), "span": _to_bytes(span_out)}
+
+
+_POOL: list[_Pool] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _pool_lifetime():
+    yield
+    for pool in _POOL:
+        pool.close()
+        pool.manager.shutdown()
+    _POOL.clear()
+
+
+def _spawn(fn, world_size: int, *args, reporting: int | None = None) -> list:
+    """fn on ranks 0..world_size-1, each a process of a reused pool, all on cuda:0."""
+    if not _POOL:
+        _POOL.append(_Pool())
+    return _POOL[0].run(fn, world_size, *args, reporting=reporting, deadline_s=180.0)
+
+
+_SUITES: dict[tuple[str, int], list] = {}
+CASES = [("torch", 1), ("ipc", 1), ("ipc", 2), ("ipc", 4), ("ipc", 8)]
+
+
+def _suite_results(backend: str, n: int) -> list:
+    if backend == "ipc":
+        _needs_cupy()
+    if (backend, n) not in _SUITES:
+        before = _shm_segments()
+        _SUITES[backend, n] = _spawn(_suite, n, backend, 1 if n == 8 else 2, 20 if n == 8 else 40)
+        assert _shm_segments() <= before, "ipc comm left /dev/shm segments behind"
+    return _SUITES[backend, n]
+
+
+def _failures(backend: str, n: int, prefix: str) -> list[str]:
+    return [f for rank in _suite_results(backend, n) for f in rank["failures"] if prefix in f]
+
+
+@pytest.mark.parametrize("backend,n", CASES)
+def test_all_gather_dp_and_span(backend, n):
+    assert _failures(backend, n, " ag ") == []
+
+
+@pytest.mark.parametrize("backend,n", CASES)
+def test_reduce_scatter_is_in_order_sum(backend, n):
+    assert _failures(backend, n, " rs ") == []
+
+
+@pytest.mark.parametrize("backend,n", CASES)
+def test_many_rounds_keep_parity(backend, n):
+    assert _failures(backend, n, "round") == []
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("backend,n", CASES)
+def test_span_matches_dp(backend, n, dtype):
+    """Gate: the same rows and partials via Span(owner) are bit-identical to via Dp, whatever the owner."""
+    reports = _suite_results(backend, n)
+    rows_per_rank = 1 if n == 8 else 2
+    dp = [torch.load(io.BytesIO(r["dp"]))[dtype] for r in reports]  # per rank
+    span = {o: torch.load(io.BytesIO(reports[o]["span"]))[dtype][o] for o in range(n)}  # per owner
+    for owner, got in span.items():
+        assert torch.equal(got["ag"], dp[0]["ag"]), owner
+        for r in range(n):
+            rows = slice(r * rows_per_rank, (r + 1) * rows_per_rank)
+            assert torch.equal(got["rs"][rows], dp[r]["rs"]), (owner, r)
+
+
+# ----------------------------------------------------------------------------- bounds and close order
+
+
+def _absent_peer(rank: int, n: int, board) -> float | None:
+    """Rank 1 sets up and never enters the second phase; rank 0 must time out naming it."""
+    rdv = DictRendezvous(board, n, prefix="ipc/")
+    rdv.wait_all_ready(rank, 60.0, tag="started")
+    comm = _comm(rank, n, board, "ipc", 2, timeout_s=1.0)
+    comm.all_gather(torch.ones(1, HIDDEN, device=DEV), Dp(n, 1), 0)  # warm: both present
+    if rank == 1:
+        rdv.wait("done", 60.0)
+        comm.close()
+        return None
+    start = time.monotonic()
+    try:
+        comm.all_gather(torch.ones(1, HIDDEN, device=DEV), Dp(n, 1), 0)
+    except CommTimeout as exc:
+        elapsed = time.monotonic() - start
+        assert "AG epoch 2" in str(exc) and "ranks [1]" in str(exc), str(exc)
+        assert "rank 1 last published AG epoch 1" in str(exc), str(exc)
+        return elapsed
+    finally:
+        rdv.publish("done", True)
+        comm.close()
+    raise AssertionError("no CommTimeout")
+
+
+def test_absent_peer_times_out():
+    _needs_cupy()
+    before = _shm_segments()
+    elapsed, _ = _spawn(_absent_peer, 2)
+    assert 0.9 < elapsed < 3.0
+    assert _shm_segments() <= before
+
+
+def _close_order(rank: int, n: int, board, peer_delay_s: float, timeout_s: float) -> dict:
+    """Rank 0 closes right after a phase, then scribbles on a fresh allocation of the same size; peers
+    keep their mapping peer_delay_s longer (past rank 0's close deadline: until that close returned),
+    read it (it must still hold this phase's rows), then close. Returns what each rank saw."""
+    rdv = DictRendezvous(board, n, prefix="ipc/")
+    comm = _comm(rank, n, board, "ipc", n, timeout_s=timeout_s)
+    bucket = _data(7, n, torch.bfloat16)  # [n, H]
+    ag = comm.all_gather(bucket[rank : rank + 1], Dp(n, 1), 0)
+    assert torch.equal(ag, bucket)
+    out: dict = {}
+    if rank == 0:
+        start = time.monotonic()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            comm.close()
+        out["close_s"] = time.monotonic() - start
+        out["warnings"] = [str(w.message) for w in caught]
+        # a same-size cudaMalloc right away lands on the freed block if there was one: scribble on it
+        import cupy
+
+        size = comm.layout.ag_bytes + comm.layout.rs_bytes
+        scribble = cupy.cuda.Memory(size)
+        cupy.cuda.runtime.memset(scribble.ptr, 7, size)
+        cupy.cuda.runtime.deviceSynchronize()
+        rdv.publish("rank0_closed", out["close_s"])
+        for r in range(1, n):  # keep the scribble until every peer has looked
+            rdv.wait(f"read/{r}", 60.0)
+    else:
+        time.sleep(peer_delay_s)  # rank 0 is inside close() meanwhile
+        if peer_delay_s > timeout_s:  # rank 0 gave up waiting for us: its close has returned
+            rdv.wait("rank0_closed", 60.0)
+        region = comm._region("AG", torch.bfloat16, comm.epoch % 2)[:n]
+        out["still_mapped"] = torch.equal(region, bucket)
+        comm.close()
+        rdv.publish(f"read/{rank}", True)
+    torch.cuda.synchronize()
+    return out
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_rank0_frees_only_after_peers_unmap(n):
+    """Rank 0 closes first; its close must wait until every peer has unmapped (freeing an exported
+    allocation under a live importer mapping is undefined)."""
+    _needs_cupy()
+    results = _spawn(_close_order, n, 0.5, 30.0)
+    assert 0.45 < results[0]["close_s"] < 10.0, results[0]
+    assert results[0]["warnings"] == []
+    assert all(r["still_mapped"] for r in results[1:]), results
+
+
+def test_rank0_keeps_buffer_when_peer_never_unmaps():
+    """A peer that holds its mapping past the deadline: rank 0's close returns (bounded) with a
+    warning and keeps the allocation, so the late peer still reads valid memory."""
+    _needs_cupy()
+    results = _spawn(_close_order, 2, 2.0, 1.0)
+    assert 0.9 < results[0]["close_s"] < 2.0, results[0]
+    assert any("did not unmap" in w for w in results[0]["warnings"]), results[0]
+    assert results[1]["still_mapped"]
