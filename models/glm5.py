@@ -190,7 +190,7 @@ class Attention(nn.Module):
         ``carried_topk`` None: this layer's indexer selects. Given: reuse it (an IndexShare ``shared`` layer, or
         an MTP draft step sharing the first step's selection — whose indexer still caches its keys)."""
         cfg, N = self.cfg, h.shape[0]
-        nh, dn, dr, rkv = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
+        nh, dn, rkv = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.kv_lora_rank
         q_resid = self.q_a_layernorm(self.q_a_proj(h))                                 # [N, rq]
         q = self.q_b_proj(q_resid).view(N, nh, cfg.qk_head_dim)
         q_nope, q_rope = q[..., :dn], rope.apply(q[..., dn:], cfg.rope_interleave)     # MLA layout: [nope | rope]

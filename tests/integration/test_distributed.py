@@ -171,3 +171,16 @@ def test_speculative_span_on_8_ranks_equals_plain(ray_session, tiny_ckpt, tiny_c
         assert engine.num_free_blocks() == 8 * NUM_BLOCKS
     finally:
         group.shutdown()
+
+
+def test_plain_process_group_without_ray(tiny_ckpt, tiny_config, reference):
+    """The same ranks as spawned processes (what GPU benchmarks use where Ray is not installed)."""
+    from cluster.workers import ProcessWorkerGroup
+
+    cfg = engine_config(tiny_ckpt, 2, "ep", "ipc")
+    group = ProcessWorkerGroup(cfg, NUM_BLOCKS)
+    try:
+        engine = Engine(group, scheduler_config(cfg, tiny_config, None, NUM_BLOCKS), num_ranks=2)
+        assert run(engine, requests()) == reference[0]
+    finally:
+        group.shutdown()
