@@ -1,15 +1,19 @@
 """Latency of the MoE phase comm: median µs per AG and RS, both backends, N processes.
 
     python bench/comm_latency.py 4                 # 4 ranks on CPU (gloo / POSIX shm)
-    python bench/comm_latency.py 8 --device cuda   # on a GPU host (NCCL / cupy IPC)
+    python bench/comm_latency.py 8 --device cuda   # on a GPU host (NCCL / cupy IPC), rank r on GPU r % count
+    python bench/comm_latency.py 8 --device cuda --backends ipc   # 8 processes on one GPU (NCCL refuses that)
 
 Bucket: 8 rows x 6144 bf16 (GLM-5 hidden). Dp uses 8 // N rows per rank; Span has 8 rows owned
-by rank 0. Each rank times its own calls; the table shows the slowest rank's median.
+by rank 0. Every timed call starts after a barrier (so ranks enter together) and ends when its
+result is complete on the device (synchronized); each rank takes the median of its calls and the
+table shows the slowest rank's median. ``--json`` also writes the numbers.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import statistics
 import time
@@ -44,13 +48,14 @@ def _rank_main(rank: int, args: argparse.Namespace, board, results) -> None:
     n = args.world_size
     device = torch.device(f"cuda:{rank % torch.cuda.device_count()}" if args.device == "cuda" else "cpu")
     out = {}
-    for backend in ("torch", "ipc"):
+    for backend in args.backends:
         comm = make_comm(backend, rank, n, rendezvous=DictRendezvous(board, n, prefix=f"{backend}/"),
                          device=device, max_rows=args.rows, hidden=args.hidden, dtype=torch.bfloat16)
         cases = _cases(comm, rank, n, args.rows, args.hidden, device)
         for name, fn in cases.items():
             samples = []
             for i in range(args.warmup + args.iters):
+                comm.barrier()
                 _sync(device)
                 start = time.perf_counter()
                 fn()
@@ -68,9 +73,12 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=6144)
-    parser.add_argument("--iters", type=int, default=200)
-    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--iters", type=int, default=500)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--backends", default="torch,ipc", help="comma-separated: torch, ipc")
+    parser.add_argument("--json", help="also append the table as one JSON line to this file")
     args = parser.parse_args()
+    args.backends = args.backends.split(",")
     if args.rows % args.world_size:
         raise ValueError(f"--rows {args.rows} must be a multiple of the world size {args.world_size}")
     ctx = mp.get_context("spawn")
@@ -82,13 +90,17 @@ def main() -> None:
         per_rank = [results.get(timeout=600) for _ in procs]
         for p in procs:
             p.join()
+    table = {name: {b: max(r[(b, name)] for r in per_rank) for b in args.backends}
+             for name in ("AG dp", "RS dp", "AG span", "RS span")}
     print(f"{args.world_size} ranks, {args.rows} x {args.hidden} bf16 on {args.device}, "
           f"median µs of the slowest rank over {args.iters} iters")
-    print(f"{'phase':<10}{'torch':>12}{'ipc':>12}")
-    for name in ("AG dp", "RS dp", "AG span", "RS span"):
-        row = [max(r[(b, name)] for r in per_rank) for b in ("torch", "ipc")]
-        print(f"{name:<10}{row[0]:>12.1f}{row[1]:>12.1f}")
-
+    print(f"{'phase':<10}" + "".join(f"{b:>12}" for b in args.backends))
+    for name, row in table.items():
+        print(f"{name:<10}" + "".join(f"{row[b]:>12.1f}" for b in args.backends))
+    if args.json:
+        with open(args.json, "a") as f:
+            f.write(json.dumps({"world_size": args.world_size, "device": args.device, "rows": args.rows,
+                                "hidden": args.hidden, "iters": args.iters, "table": table}) + "\n")
 
 if __name__ == "__main__":
     main()

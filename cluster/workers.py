@@ -171,11 +171,11 @@ class RayWorkerGroup:
     def shutdown(self) -> None:
         import ray
 
-        for a in self.actors:
-            try:
-                ray.get(a.close.remote(), timeout=5)
-            except Exception:
-                pass
+        closing = [a.close.remote() for a in self.actors]    # all at once: ipc rank 0 waits for its peers
+        try:
+            ray.get(closing, timeout=10)
+        except Exception:
+            pass
         self._kill()
         ray.kill(self._board, no_restart=True)
         if self._pg is not None:
@@ -236,19 +236,26 @@ class ProcessWorkerGroup:
             raise
 
     def _collect(self, timeout_s: float, what: str) -> list:
+        """One answer per rank; the first failure to arrive (an error, a dead rank) is the one reported."""
         deadline = time.monotonic() + timeout_s
-        out = []
-        for rank, (conn, proc) in enumerate(zip(self.conns, self.procs)):
-            while not conn.poll(0.05):
-                if not proc.is_alive():
+        out: dict[int, Any] = {}
+        while len(out) < len(self.conns):
+            for rank, (conn, proc) in enumerate(zip(self.conns, self.procs)):
+                if rank in out:
+                    continue
+                if conn.poll():
+                    kind, value = conn.recv()
+                    if kind == "error":
+                        raise GroupFailure(f"{what}: rank {rank} failed: {value}")
+                    out[rank] = value
+                elif not proc.is_alive():
                     raise GroupFailure(f"{what}: rank {rank} died (exit code {proc.exitcode})")
-                if time.monotonic() > deadline:
-                    raise GroupFailure(f"{what}: rank {rank} did not answer within {timeout_s:.0f} s")
-            kind, value = conn.recv()
-            if kind == "error":
-                raise GroupFailure(f"{what}: rank {rank} failed: {value}")
-            out.append(value)
-        return out
+            if time.monotonic() > deadline:
+                missing = [r for r in range(len(self.conns)) if r not in out]
+                raise GroupFailure(f"{what}: rank(s) {missing} did not answer within {timeout_s:.0f} s")
+            if len(out) < len(self.conns):
+                time.sleep(0.001)
+        return [out[r] for r in range(len(self.conns))]
 
     def execute(self, steps: list[WorkerStep]) -> list[StepResult]:
         for conn, step in zip(self.conns, steps):

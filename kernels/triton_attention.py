@@ -164,7 +164,7 @@ def indexer_topk(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Ten
     """As ``reference.indexer_topk`` (same selected sets; the order within a row may differ). One scoring
     launch for all rows + ``torch.topk``. No host sync beyond the host-side request metadata."""
     N, ih, idd = q.shape
-    T_max = max(int(s.numel()) for s in seq_slots)
+    T_max = max((int(s.numel()) for s in seq_slots), default=0)   # a rank with no rows this step
     if T_max <= topk or ih & (ih - 1) or idd & (idd - 1) or ih < 16 or q.stride(-1) != 1:
         return reference.indexer_topk(q, head_weights, k_cache, seq_rows, seq_slots, positions, topk, scale)
     score, all_slots, base = index_scores(q, head_weights, k_cache, seq_rows, seq_slots, positions, scale)

@@ -104,7 +104,7 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: boo
     per_row = (cos.dim() == x.dim() and cos.shape[0] == N and all(s == 1 for s in cos.shape[1:-1])
                and cos.shape[-1] == d // 2 and sin.shape == cos.shape)
     dt = torch.promote_types(x.dtype, cos.dtype)
-    if not per_row or x.stride(-1) != 1 or d % 2 or (d // 2) & (d // 2 - 1) or x.dim() < 2:
+    if not per_row or N == 0 or x.stride(-1) != 1 or d % 2 or (d // 2) & (d // 2 - 1) or x.dim() < 2:
         return reference.rope(x, cos, sin, interleaved)
     x3 = x.reshape(N, -1, d) if x.dim() > 2 else x.unsqueeze(1)
     if x3.stride(-1) != 1:

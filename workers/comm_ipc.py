@@ -356,10 +356,12 @@ def _create_cupy(cls, rank: int, rendezvous: Rendezvous, layout: IpcLayout, devi
             raise
     flags, unmapped, _, _ = _views(buf, layout)
     del buf, mem, arr
-    state = {"owned": owned}
+    state = {"owned": owned, "unmapped": unmapped}  # [N, 8] int64 in host shm
+    del owned, unmapped
 
     def release() -> None:
         torch.cuda.synchronize(device)
+        unmapped = state.pop("unmapped")
         if rank != 0:
             cupy.cuda.runtime.ipcCloseMemHandle(ptr)
             unmapped[rank, 0] = 1
@@ -373,6 +375,7 @@ def _create_cupy(cls, rank: int, rendezvous: Rendezvous, layout: IpcLayout, devi
                 warnings.warn(f"ipc comm: ranks {peers} did not unmap the GPU buffer within {timeout_s:.1f}s; "
                               "rank 0 keeps it allocated until exit", RuntimeWarning, stacklevel=2)
             state["owned"] = None  # the last reference: cudaFree, unless leaked above
+        del unmapped  # the last view of the host mapping
         release_shm()
 
     return cls(rank, layout.world_size, layout, flags, data[: layout.ag_bytes], data[layout.ag_bytes :],

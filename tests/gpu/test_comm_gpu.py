@@ -23,9 +23,9 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from tests.integration.test_comm import _Pool, _shm_segments  # noqa: E402
-from workers.comm import CommTimeout, DictRendezvous, make_comm  # noqa: E402
-from workers.rowmap import Dp, Span, rows_of  # noqa: E402
+from tests.integration.test_comm import _Pool, _shm_segments
+from workers.comm import CommTimeout, DictRendezvous, make_comm
+from workers.rowmap import Dp, Span, rows_of
 
 HIDDEN = 6144
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -135,7 +135,7 @@ def _spawn(fn, world_size: int, *args, reporting: int | None = None) -> list:
     """fn on ranks 0..world_size-1, each a process of a reused pool, all on cuda:0."""
     if not _POOL:
         _POOL.append(_Pool())
-    return _POOL[0].run(fn, world_size, *args, reporting=reporting, deadline_s=180.0)
+    return _POOL[0].run(fn, world_size, *args, reporting=reporting, deadline_s=120.0)
 
 
 _SUITES: dict[tuple[str, int], list] = {}

@@ -23,18 +23,18 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("cupy")
 
-from cluster.config import EngineConfig  # noqa: E402
-from cluster.engine import Engine, LocalExecutor  # noqa: E402
-from cluster.local import scheduler_config  # noqa: E402
-from cluster.workers import ProcessWorkerGroup  # noqa: E402
-from kernels import ops  # noqa: E402
-from models.loader import load_model  # noqa: E402
-from scheduler.shapes import StepShape  # noqa: E402
-from tests.integration.test_comm import _Pool  # noqa: E402
-from tests.integration.test_distributed import requests, run  # noqa: E402
-from workers.comm import DictRendezvous  # noqa: E402
-from workers.runner import ModelRunner  # noqa: E402
-from workers.worker import Worker, WorkerSpec  # noqa: E402
+from cluster.config import EngineConfig
+from cluster.engine import Engine, LocalExecutor
+from cluster.local import scheduler_config
+from cluster.workers import ProcessWorkerGroup
+from kernels import ops
+from models.loader import load_model
+from scheduler.shapes import StepShape
+from tests.integration.test_comm import _Pool
+from tests.integration.test_distributed import requests, run
+from workers.comm import DictRendezvous
+from workers.runner import ModelRunner
+from workers.worker import Worker, WorkerSpec
 
 NUM_BLOCKS = 128
 DEVICE = "cuda"

@@ -159,3 +159,18 @@ def test_fp8_dequant(tk):
     w8, s = fp8_quantize(torch.randn(2, 200, 130, generator=g))                 # stacked, partial blocks
     for dtype in (torch.float32, torch.float16):
         assert torch.equal(tk["lin"].fp8_dequant(w8, s, dtype), reference.fp8_dequant(w8, s, dtype))
+
+
+def test_zero_rows_fall_through(tk):
+    """A rank with no rows this step (span non-owner, idle dp rank) still runs every op: N = 0 must work."""
+    norm, lin, att = tk["norm"], tk["lin"], tk["att"]
+    x, w = torch.zeros(0, 64), torch.ones(64)
+    assert norm.rms_norm(x, w, 1e-6).shape == (0, 64) and norm.add_rms_norm(x, x, w, 1e-6)[0].shape == (0, 64)
+    assert norm.rope(torch.zeros(0, 4, 32), torch.zeros(0, 1, 16), torch.zeros(0, 1, 16), True).shape == (0, 4, 32)
+    empty = torch.zeros(0, dtype=torch.long)
+    assert att.indexer_topk(torch.zeros(0, 16, 64), torch.zeros(0, 16), torch.zeros(8, 64), [], [], empty, 4,
+                            0.1).shape[0] == 0
+    assert att.mla_sparse_attention(torch.zeros(0, 4, 64), torch.zeros(0, 4, 32), torch.zeros(8, 96),
+                                    torch.zeros(0, 4, dtype=torch.long), 0.1).shape == (0, 4, 64)
+    w8, s = fp8_quantize(torch.randn(256, 64))
+    assert lin.linear(torch.zeros(0, 64), w8, s).shape == (0, 256)
