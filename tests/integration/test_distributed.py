@@ -184,3 +184,30 @@ def test_plain_process_group_without_ray(tiny_ckpt, tiny_config, reference):
         assert run(engine, requests()) == reference[0]
     finally:
         group.shutdown()
+
+
+def test_speculative_trained_model_8_ranks_equals_plain(ray_session, text_ckpt):
+    """The trained tiny model (its MTP head agrees with the target, so drafts are accepted): greedy output
+    with k = 7 drafts riding in the 8-rank span equals single-process plain decode for 20 prompts."""
+    from models.config import ModelConfig
+
+    mc = ModelConfig.from_json(text_ckpt)
+    g = torch.Generator().manual_seed(21)
+    prompts = [torch.randint(40, mc.vocab_size, (int(torch.randint(4, 40, (1,), generator=g)),),
+                             generator=g).tolist() for _ in range(20)]
+    greedy = SamplingParams(max_tokens=12, temperature=0.0)
+    cfg1 = engine_config(text_ckpt, 1)
+    plain = Engine(LocalExecutor(ModelRunner(load_model(text_ckpt, dtype=torch.float32, progress=False),
+                                             NUM_BLOCKS, 16, torch.float32)),
+                   scheduler_config(cfg1, mc, None, NUM_BLOCKS))
+    expected = [run(plain, {f"p{i}": (ids, greedy)})[f"p{i}"] for i, ids in enumerate(prompts)]
+    cfg = engine_config(text_ckpt, 8, "tp", "ipc", speculative_tokens=7)
+    group = RayWorkerGroup(cfg, NUM_BLOCKS)
+    try:
+        engine = Engine(group, scheduler_config(cfg, mc, None, NUM_BLOCKS), num_ranks=8, speculative_tokens=7)
+        got = [run(engine, {f"s{i}": (ids, greedy)})[f"s{i}"] for i, ids in enumerate(prompts)]
+        assert got == expected
+        assert engine.stats["drafts_accepted"] > 0, "the trained MTP head should get drafts accepted"
+        print("8-rank speculation:", engine.spec_metrics())
+    finally:
+        group.shutdown()
