@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -199,30 +200,37 @@ def test_two_replicas_both_serve(serve_session, text_ckpt):
         serve.delete("two")
 
 
-def test_serve_run_tiny_yaml_starts_and_answers(tmp_path):
+def test_serve_run_tiny_yaml_starts_and_answers():
     """`serve run deploy/tiny.yaml` (8 CPU workers) on its own fresh Ray, then SIGTERM shuts it down."""
-    env = {**os.environ, "RAY_TMPDIR": str(tmp_path), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    import tempfile
+
+    # its own short temp dir: Ray's unix socket paths must stay under ~107 characters
+    tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")
+    env = {**os.environ, "RAY_TMPDIR": tmp, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
     serve_bin = os.path.join(os.path.dirname(sys.executable), "serve")
+    log = open(os.path.join(tmp, "serve-run.log"), "w")
     proc = subprocess.Popen([serve_bin, "run", "deploy/tiny.yaml"], cwd=REPO, env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.time() + 300
         while True:
-            assert proc.poll() is None, "serve run exited early"
+            assert proc.poll() is None, "serve run exited early:\n" + open(log.name).read()[-3000:]
             assert time.time() < deadline, "deploy/tiny.yaml did not come up within 300 s"
             try:
                 status, body = post("http://127.0.0.1:8000", "/v1/completions",
                                     {"model": "tiny", "prompt": "Hello", "max_tokens": 3})
                 if status == 200:
                     break
-            except OSError:
+            except (OSError, ValueError):      # not listening yet, or the proxy's plain-text 404 while deploying
                 pass
             time.sleep(2)
         assert body["usage"]["completion_tokens"] >= 1
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        shutil.rmtree(tmp, ignore_errors=True)
