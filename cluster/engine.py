@@ -1,12 +1,12 @@
-"""The engine: scheduler + an executor (the local model runner, or the remote worker group) + detokenizer.
+"""The engine: per-rank schedulers + an executor (the local runner, or the worker group) + detokenizer.
 
 ``Engine`` is synchronous: ``add_request``, ``abort``, ``step() -> [TokenEvent]``. ``AsyncEngine`` runs
 that step loop in a background thread and hands each request an async stream of ``TokenEvent`` —
-the API the HTTP front end drives. The loop is plan → execute → update:
+the API the HTTP front end drives. One step is plan → execute → update:
 
-    plan = scheduler.schedule()
-    result = executor.execute(WorkerStep(plan, new requests, forgotten requests))
-    events = scheduler.update(plan, result.sampled)
+    plans = [s.schedule(max_drafts) for s in schedulers]          # pure: rows, block ids, drafts
+    results = executor.execute(worker_steps(plans, shape))        # every rank, one bucket shape
+    events = [s.update(p, r.sampled, r.drafts) for s, p, r in ...]
 """
 
 from __future__ import annotations
