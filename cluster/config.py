@@ -32,6 +32,7 @@ class EngineConfig:
     step_timeout_s: float = 60.0        # a step that overruns this fails its requests
     speculative_tokens: int = 0         # MTP drafts per round (0 = off)
     reasoning_parser: str = "none"      # glm: chat text before </think> is returned as reasoning_content
+    tool_parser: str = "none"           # glm: <tool_call>… in chat output becomes OpenAI tool_calls
 
     def __post_init__(self) -> None:
         checks = {
@@ -49,6 +50,7 @@ class EngineConfig:
             "step_timeout_s": self.step_timeout_s > 0,
             "speculative_tokens": 0 <= self.speculative_tokens <= 7,
             "reasoning_parser": self.reasoning_parser in ("none", "glm"),
+            "tool_parser": self.tool_parser in ("none", "glm"),
             "max_model_len": self.max_model_len is None or self.max_model_len >= 1,
         }
         for name, ok in checks.items():

@@ -90,13 +90,67 @@ class _Reasoning:
         return ev.text, ""
 
 
+class _ToolCalls:
+    """GLM tool calls for one choice, parsed on token ids (the markers are special tokens that the text
+    omits): ``<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>…</tool_call>`` → OpenAI
+    ``tool_calls``. Text outside calls stays content; text inside a call is never streamed as content."""
+
+    def __init__(self, ids: dict[str, int] | None, decode):
+        self.ids, self.decode = ids, decode
+        self.buf: list[int] | None = None          # token ids inside an open <tool_call>
+        self.calls: list[dict] = []
+
+    def feed(self, ev) -> tuple[str, list[dict]]:
+        """(content text of this event, tool calls completed by it)."""
+        if not self.ids:
+            return ev.text, []
+        done, text = [], ev.text if self.buf is None and self.ids["<tool_call>"] not in ev.token_ids else ""
+        for t in ev.token_ids:
+            if t == self.ids["<tool_call>"]:
+                self.buf = []
+            elif t == self.ids["</tool_call>"] and self.buf is not None:
+                done.append(self._parse(self.buf))
+                self.buf = None
+            elif self.buf is not None:
+                self.buf.append(t)
+        self.calls += done
+        return text, done
+
+    def _parse(self, ids: list[int]) -> dict:
+        k = self.ids
+        name, args, key, cur, field = [], {}, None, [], "name"
+        for t in ids + [k["<arg_key>"]]:
+            if t in (k["<arg_key>"], k["</arg_key>"], k["<arg_value>"], k["</arg_value>"]):
+                if field == "name":
+                    name = cur
+                elif field == "key":
+                    key = self.decode(cur).strip()
+                elif field == "value" and key is not None:
+                    args[key] = _json_or_text(self.decode(cur))
+                field = {k["<arg_key>"]: "key", k["<arg_value>"]: "value"}.get(t, "between")
+                cur = []
+            else:
+                cur.append(t)
+        return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                "function": {"name": self.decode(name).strip(), "arguments": json.dumps(args, ensure_ascii=False)}}
+
+
+def _json_or_text(v: str):
+    try:
+        return json.loads(v)
+    except ValueError:
+        return v
+
+
 class _Formatter:
     """Turns token events into OpenAI completion / chat bodies and SSE chunks."""
 
     def __init__(self, ingress: "OpenAIIngress", rid: str, chat: bool, num_prompt: int, logprobs: int | None,
-                 thinking: bool = False, n: int = 1):
+                 thinking: bool = False, n: int = 1, tool_ids: dict[str, int] | None = None):
         self.ing, self.rid, self.chat, self.num_prompt, self.logprobs = ingress, rid, chat, num_prompt, logprobs
         self.reasoning = [_Reasoning(ingress.think_end, thinking) for _ in range(n)]
+        decode = (lambda ids: ingress.tokenizer.decode(ids)) if ingress.tokenizer else str
+        self.tools = [_ToolCalls(tool_ids, decode) for _ in range(n)]
         self.created = int(time.time())
         self.fingerprint = ""
         self.object = "chat.completion" if chat else "text_completion"
@@ -128,6 +182,8 @@ class _Formatter:
             self._error(ev)
             self.fingerprint = ev.served_by
             thought, text = self.reasoning[i].split(ev)
+            if not thought:
+                text, _ = self.tools[i].feed(ev)
             texts[i] += text
             thoughts[i] += thought
             completion += len(ev.token_ids)
@@ -141,6 +197,10 @@ class _Formatter:
                 msg = {"role": "assistant", "content": texts[i]}
                 if thoughts[i]:
                     msg["reasoning_content"] = thoughts[i]
+                if self.tools[i].calls:
+                    msg["tool_calls"] = self.tools[i].calls
+                    msg["content"] = texts[i] or None
+                    reasons[i] = "tool_calls" if reasons[i] == "stop" else reasons[i]
                 choices.append({"index": i, "message": msg, "logprobs": lp, "finish_reason": reasons[i]})
             else:
                 choices.append({"index": i, "text": texts[i], "logprobs": lp, "finish_reason": reasons[i]})
@@ -170,7 +230,13 @@ class _Formatter:
                 self.fingerprint = ev.served_by
                 if self.chat:
                     thought, text = self.reasoning[i].split(ev)
+                    text, calls = self.tools[i].feed(ev) if not thought else (text, [])
                     delta = {"reasoning_content": thought} if thought else {"content": text}
+                    if calls:
+                        first = len(self.tools[i].calls) - len(calls)
+                        delta["tool_calls"] = [{"index": first + j, **c} for j, c in enumerate(calls)]
+                    if ev.finished and self.tools[i].calls and ev.finish_reason == "stop":
+                        ev.finish_reason = "tool_calls"
                     if i not in started:
                         delta["role"] = "assistant"
                         started.add(i)
@@ -213,6 +279,8 @@ class OpenAIIngress:
         self.tokenizer = load_tokenizer(self.cfg.model)
         specials = self.tokenizer.special_ids_by_token() if self.tokenizer else {}
         self.think_start, self.think_end = specials.get("<think>"), specials.get("</think>")
+        names = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
+        self.tool_ids = {n: specials[n] for n in names} if all(n in specials for n in names) else None
         self.model_config = ModelConfig.from_json(self.cfg.model)
         self.max_model_len = self.cfg.max_model_len or min(self.model_config.max_position_embeddings,
                                                            self.cfg.kv_cache_tokens)
@@ -301,7 +369,8 @@ class OpenAIIngress:
                     raise _admission_error(f) from None
                 raise ApiError(503, f"the model replica is unavailable: {f}", None, "server_error") from None
         thinking = chat and self.cfg.reasoning_parser == "glm" and bool(ids) and ids[-1] == self.think_start
-        fmt = _Formatter(self, rid, chat, len(ids), logprobs, thinking, body.n)
+        tool_ids = self.tool_ids if chat and getattr(body, "tools", None) and self.cfg.tool_parser == "glm" else None
+        fmt = _Formatter(self, rid, chat, len(ids), logprobs, thinking, body.n, tool_ids)
         merged = _merge(streams, first)
         if body.stream:
             return StreamingResponse(fmt.sse(merged, body.include_usage), media_type="text/event-stream")

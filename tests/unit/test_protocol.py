@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -64,3 +65,40 @@ def test_reasoning_split_whole_and_stream():
     chunks = asyncio.run(collect())
     assert '"reasoning_content": "Let me think."' in chunks[0] and '"content": "Answer."' in chunks[2]
     assert chunks[-1] == "data: [DONE]\n\n"
+
+
+def _tool_events():
+    from cluster.config import DEFAULT_MODEL
+    from models.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(DEFAULT_MODEL)
+    sp = tok.special_ids_by_token()
+    ids = tok.encode("Let me check.") + [sp["<tool_call>"]] + tok.encode("get_weather")
+    for k, v in (("city", "Paris"), ("days", "3")):
+        ids += [sp["<arg_key>"]] + tok.encode(k) + [sp["</arg_key>"], sp["<arg_value>"]] + tok.encode(v) + \
+            [sp["</arg_value>"]]
+    ids += [sp["</tool_call>"]]
+    evs = [TokenEvent("r", [t], tok.decode([t])) for t in ids]
+    evs[-1].finished, evs[-1].finish_reason = True, "stop"
+    names = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
+    ingress = type("I", (), {"model_name": "m", "tokenizer": tok, "think_end": sp["</think>"]})()
+    return evs, ingress, {n: sp[n] for n in names}
+
+
+def test_glm_tool_calls_whole_and_stream():
+    evs, ingress, tool_ids = _tool_events()
+    body = asyncio.run(_Formatter(ingress, "c", True, 5, None, tool_ids=tool_ids).whole(_events(evs), 1))
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Let me check."
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris", "days": 3}
+
+    async def collect():
+        return [c async for c in _Formatter(ingress, "c", True, 5, None, tool_ids=tool_ids).sse(_events(evs), False)]
+
+    chunks = [json.loads(c[6:]) for c in asyncio.run(collect())[:-1]]
+    content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    calls = [tc for c in chunks for tc in c["choices"][0]["delta"].get("tool_calls", [])]
+    assert content == "Let me check." and len(calls) == 1 and calls[0]["function"]["name"] == "get_weather"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
