@@ -85,8 +85,8 @@ class Drafter(Protocol):
 
     def extend(self, hidden: torch.Tensor, next_ids: torch.Tensor, batch) -> None: ...
 
-    def propose(self, rows: list[int], requests: list, num_drafts: int) -> list[tuple[list[int], torch.Tensor | None]]:
-        ...
+    def propose(self, rows: list[int], requests: list, num_drafts: int,
+                world_size: int) -> list[tuple[list[int], torch.Tensor | None]]: ...
 
 
 @dataclass
@@ -121,7 +121,7 @@ class MtpDrafter:
                 world_size: int) -> list[tuple[list[int], torch.Tensor | None]]:
         """Drafts for each request from its extend row ``rows[i]``; every rank runs num_drafts-1 chained
         steps (with 0 rows where it has no drafting request). Returns (draft ids, draft probs [k, V] or None)."""
-        from models.cache import Batch
+        from models.cache import Batch, build_batch
         from scheduler.shapes import StepShape
 
         drafts = [[] for _ in requests]
@@ -137,7 +137,8 @@ class MtpDrafter:
                     probs[i].append(q)
             if j == num_drafts - 1:
                 break
-            batch = Batch(*self._chain_rows(requests, j)) if requests else _empty_batch(self._hn.device)
+            batch = Batch(*self._chain_rows(requests, j)) if requests else build_batch([], self.block_size,
+                                                                                        self._hn.device)
             self.stage(StepShape("dp", 1, world_size, None), len(requests))
             ids = torch.tensor([d[-1] for d in drafts], dtype=torch.long, device=self._hn.device)
             hn, topk2 = self.model.mtp_forward(hn, ids, batch, self.cache, topk if self.share_index else None)
@@ -168,13 +169,6 @@ class MtpDrafter:
             seq_rows.append((i, 1))
             seq_slots.append(slots)
         return (torch.tensor(positions, device=dev), torch.tensor(slot_mapping, device=dev), seq_rows, seq_slots)
-
-
-def _empty_batch(device):
-    from models.cache import Batch
-
-    e = torch.zeros(0, dtype=torch.long, device=device)
-    return Batch(e, e, [], [])
 
 
 def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], n: int) -> list[tuple[float, tuple]]:
