@@ -406,6 +406,19 @@ def build_app(args: dict | None = None):
     return ingress.bind(coord, cfg.to_dict())
 
 
+def _failure_reason() -> str:
+    """The root cause from a failed deployment's status message (its traceback's last line)."""
+    try:
+        app_status = serve.status().applications["glmserve"]
+        for name, d in app_status.deployments.items():
+            lines = [ln.strip() for ln in (d.message or "").splitlines() if ln.strip()]
+            if lines:
+                return f"  {name}: {lines[-1]}"
+    except Exception:
+        pass
+    return ""
+
+
 def run_server(cfg: EngineConfig, host: str = "127.0.0.1", port: int = 8000) -> int:
     """``glmserve serve``: start a local Ray (logical resources on CPU), deploy, wait for Ctrl-C / SIGTERM."""
     import os
@@ -422,8 +435,34 @@ def run_server(cfg: EngineConfig, host: str = "127.0.0.1", port: int = 8000) -> 
     serve.start(http_options={"host": host, "port": port},
                 logging_config={"enable_access_log": False, "log_level": "WARNING"})
     t0 = time.time()
-    serve.run(build_app(cfg.to_dict()), name="glmserve", route_prefix="/",
-              logging_config={"enable_access_log": False, "log_level": "WARNING"})
+    errors: list[BaseException] = []
+
+    def deploy():
+        try:
+            serve.run(build_app(cfg.to_dict()), name="glmserve", route_prefix="/",
+                      logging_config={"enable_access_log": False, "log_level": "WARNING"})
+        except BaseException as e:  # reported below; the process exits with an error
+            errors.append(e)
+
+    deployer = threading.Thread(target=deploy, daemon=True)
+    deployer.start()
+    last = None
+    while deployer.is_alive():                      # progress while the workers load the checkpoint
+        deployer.join(3)
+        try:
+            app_status = serve.status().applications.get("glmserve")
+            now = None if app_status is None else ", ".join(
+                f"{name} {d.status.value.lower()}" for name, d in app_status.deployments.items())
+        except Exception:
+            now = None
+        if now and now != last:
+            print(f"glmserve: [{time.time() - t0:4.0f} s] {now}", flush=True)
+            last = now
+    if errors:
+        print(f"glmserve: error: the deployment failed: {errors[0]}\n{_failure_reason()}", flush=True)
+        serve.shutdown()
+        ray.shutdown()
+        return 2
     print(f"glmserve: ready in {time.time() - t0:.0f} s — OpenAI API at http://{host}:{port}/v1 "
           f"(model {_model_name(cfg)!r}); Ctrl-C to stop", flush=True)
     stop = threading.Event()

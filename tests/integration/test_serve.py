@@ -234,3 +234,35 @@ def test_serve_run_tiny_yaml_starts_and_answers():
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_glmserve_serve_one_command_and_sigterm():
+    """`glmserve serve` (no model argument): progress, the URL when ready, answers, SIGTERM shuts it down;
+    a bad model path fails start-up with the reason instead of hanging."""
+    import tempfile
+
+    tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")
+    env = {**os.environ, "RAY_TMPDIR": tmp, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    exe = os.path.join(os.path.dirname(sys.executable), "glmserve")
+    bad = subprocess.run([exe, "serve", "--model", "/nonexistent", "--port", "18801"], env=env, cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "config.json not found at /nonexistent" in bad.stdout
+    proc = subprocess.Popen([exe, "serve", "--port", "18802"], env=env, cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if "ready in" in line:
+                break
+        assert any("loading" in ln for ln in lines) and "http://127.0.0.1:18802/v1" in lines[-1], lines
+        status, body = post("http://127.0.0.1:18802", "/v1/completions",
+                            {"model": "tiny", "prompt": "The king", "max_tokens": 4})
+        assert status == 200 and body["usage"]["completion_tokens"] == 4
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(120) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        shutil.rmtree(tmp, ignore_errors=True)
