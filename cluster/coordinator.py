@@ -135,7 +135,7 @@ class Coordinator:
                 "free_blocks": self.engine.num_free_blocks()}
 
     async def check_health(self) -> None:
-        if not self.aengine._thread.is_alive():
+        if not self.aengine.is_alive():
             raise RuntimeError("the engine loop has stopped")
 
     def __del__(self):

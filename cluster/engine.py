@@ -303,6 +303,10 @@ class AsyncEngine:
                 self._queues.pop(req_id, None)
                 self.engine.abort(req_id)
 
+    def is_alive(self) -> bool:
+        """False once the step loop has died (an engine bug): the replica's health check fails then."""
+        return self._thread.is_alive()
+
     def abort(self, req_id: str) -> None:
         ev = self.engine.abort(req_id)
         if ev:
