@@ -27,7 +27,7 @@ from kernels import ops
 from models.cache import KVCache, contiguous_batch
 from models.config import ModelConfig
 from models.glm5 import GlmForCausalLM, MoeShard
-from models.loader import _expected_full, _fp8_linears, quantizable
+from models.loader import checkpoint_shapes, fp8_linears, quantizable
 
 DEV, BF16, FP8 = "cuda", torch.bfloat16, torch.float8_e4m3fn
 SLICE = {"architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa", "vocab_size": 154880,
@@ -47,7 +47,7 @@ SLICE = {"architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa",
 def build_model(cfg: ModelConfig, shard: MoeShard) -> GlmForCausalLM:
     with torch.device("meta"):
         model = GlmForCausalLM(cfg, shard)
-    _fp8_linears(model, {n for n in _expected_full(cfg) if quantizable(n)})
+    fp8_linears(model, {n for n in checkpoint_shapes(cfg) if quantizable(n)})
     model.to_empty(device=DEV)
     g = torch.Generator(device=DEV).manual_seed(0)
     for name, p in model.named_parameters():
@@ -100,6 +100,20 @@ def time_ms(fn, iters: int) -> float:
     return statistics.median(times)
 
 
+def graph_ms(step, iters: int) -> float:
+    """Capture ``step`` in a CUDA graph (after warm-up on a side stream) and time its replays."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return time_ms(graph.replay, iters)
+
+
 def bench_model(model, cfg, cache, label, ctxs, rows_list, modes, read_bw, results):
     for ctx in ctxs:
         for rows in rows_list:
@@ -127,16 +141,7 @@ def bench_model(model, cfg, cache, label, ctxs, rows_list, modes, read_bw, resul
                 ops.configure("reference" if mode == "reference" else "auto", DEV)
                 if mode == "auto_graph":
                     try:
-                        s = torch.cuda.Stream()
-                        s.wait_stream(torch.cuda.current_stream())
-                        with torch.cuda.stream(s):
-                            for _ in range(3):
-                                step()
-                        torch.cuda.current_stream().wait_stream(s)
-                        graph = torch.cuda.CUDAGraph()
-                        with torch.cuda.graph(graph):
-                            step()
-                        row[mode] = time_ms(graph.replay, 50)
+                        row[mode] = graph_ms(step, 50)
                     except Exception as e:  # noqa: BLE001 — report, keep benchmarking
                         row[mode] = None
                         row["graph_error"] = repr(e)[:200]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from bench.decode_slice import BF16, DEV, SLICE, build_model, time_ms
+from bench.decode_slice import BF16, DEV, SLICE, build_model, graph_ms, time_ms
 from kernels import ops
 from models.cache import KVCache, contiguous_batch
 from models.config import ModelConfig
@@ -50,20 +50,6 @@ def expert_union(model, ids: torch.Tensor, batch, cache) -> list[int]:
     finally:
         ops._active["router_topk"] = router
     return unions
-
-
-def graph_ms(step, iters: int) -> float:
-    """Capture ``step`` in a CUDA graph (after warm-up on a side stream) and time its replays."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return time_ms(graph.replay, iters)
 
 
 def bench_case(model, cfg, cache, ctx: int, label: str, lengths: list[tuple[int, int]], capacity: int) -> dict:

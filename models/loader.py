@@ -50,8 +50,8 @@ def checkpoint_files(path: Path) -> dict[str, Path]:
     return files
 
 
-def _expected_full(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], bool]]:
-    """Checkpoint name → (full shape, stored in fp8?) for an unsharded FP8-free model; experts per expert."""
+def checkpoint_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Checkpoint weight name → full (unsharded) shape; routed experts listed per expert."""
     with torch.device("meta"):
         full = GlmForCausalLM(cfg)
     out = {}
@@ -59,13 +59,13 @@ def _expected_full(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], bool]]:
         m = re.match(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_proj|up_proj|down_proj)\.weight$", name)
         if m:
             for e in range(cfg.n_routed_experts):
-                out[f"{m[1]}.{e}.{m[2]}.weight"] = (tuple(p.shape[1:]), False)
+                out[f"{m[1]}.{e}.{m[2]}.weight"] = tuple(p.shape[1:])
         else:
-            out[name] = (tuple(p.shape), False)
+            out[name] = tuple(p.shape)
     return out
 
 
-def _fp8_linears(model: nn.Module, quantized: set[str]) -> None:
+def fp8_linears(model: nn.Module, quantized: set[str]) -> None:
     """Turn every Linear whose checkpoint weight carries a scale into an FP8 Linear."""
     modules = set()
     for q in quantized:
@@ -124,7 +124,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.bfloat16, device: st
     for w in scales:
         if w not in files:
             raise CheckpointError(f"tensor {w}_scale_inv has no weight {w} beside it")
-    expected = _expected_full(cfg)
+    expected = checkpoint_shapes(cfg)
     _check_tp_divisible(cfg, shard, fp8=bool(scales))
     unexpected = sorted(n for n in files if n not in expected and n[: -len("_scale_inv")] not in scales)
     if unexpected:
@@ -137,7 +137,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.bfloat16, device: st
 
     with torch.device("meta"):
         model = GlmForCausalLM(cfg, shard)
-    _fp8_linears(model, scales)
+    fp8_linears(model, scales)
     model.to_empty(device=device)
     params = dict(model.named_parameters())
     for name, p in params.items():
@@ -162,7 +162,7 @@ def _load_one(name: str, t: torch.Tensor, params: dict, expected: dict, scales: 
               shard: MoeShard, experts: range) -> None:
     is_scale = name.endswith(".weight_scale_inv")
     weight_name = name[: -len("_scale_inv")] if is_scale else name
-    shape, _ = expected[weight_name]
+    shape = expected[weight_name]
     quantized = weight_name in scales
     if is_scale:
         want = tuple(-(-d // 128) for d in shape)
@@ -195,7 +195,7 @@ def random_state_dict(cfg: ModelConfig, seed: int = 0, std: float = 0.02) -> dic
     """
     g = torch.Generator().manual_seed(seed)
     out: dict[str, torch.Tensor] = {}
-    for name, (shape, _) in _expected_full(cfg).items():
+    for name, shape in checkpoint_shapes(cfg).items():
         if "norm" in name and name.endswith(".bias") or name.endswith("e_score_correction_bias"):
             t = 0.05 * torch.randn(shape, generator=g)
         elif "norm" in name:
