@@ -2,9 +2,15 @@
 
 One kernel serves decode and prefill; the launcher picks the tile shape:
 
-* decode (≤ 64 rows): a 16-row tile (rows masked), 128-wide K steps and split-K over the reduction so a
-  576-row projection still spreads over every SM. Each program reads its weight tile once; the fp32
-  partial sums are reduced by a tiny ``sum`` (deterministic, no atomics).
+* decode (≤ 64 rows): one row tile holds every row (16..64, rows masked), so each weight byte is read
+  once; wide weight tiles (``LinearTile``: BLOCK_N × BLOCK_K, several stages in flight) and split-K over
+  the reduction so that even a 576-row projection keeps every SM streaming. The split partials are
+  reduced inside the same launch, deterministically: each split program stores its fp32 partial to a
+  workspace and bumps its output tile's counter (acq_rel); the program that arrives last adds the
+  partials in split order 0, 1, 2, … (bypassing L1), writes the output and resets the counter to 0.
+  No float atomics, so results are bit-identical run to run. The counters are one zeroed buffer per
+  device, shared by every launch: launches on a device must not overlap (the engine computes on one
+  stream), and the first call on a device must come before any CUDA-graph capture.
 * mid-size (65..PREFILL_ROWS rows): the same kernel with 64×128 tiles, no split — a W8A16 "dequant-tile
   GEMM": fp8 tiles are widened to the activation dtype in registers and multiplied on the tensor cores.
 * prefill (> PREFILL_ROWS rows): one Triton pass dequantizes the weight to the activation dtype, then
@@ -12,12 +18,15 @@ One kernel serves decode and prefill; the launcher picks the tile shape:
   pass is ≤ 1/20 of the GEMM there). Activations are never quantized (no W8A8), so all paths stay
   close to the reference, which dequantizes the whole weight too.
 
-Scales apply per 128×128 block: each K step covers exactly one scale column and BLOCK_N divides 128, so a
-tile's partial product is scaled by one scalar: ``acc += dot(x, w8.T) * S[n//128, k//128]``. Partial edge
-blocks (576 = 4·128 + 64 rows, K not a multiple of 128) are masked loads.
+Math of every path: fp32 accumulation, scales per 128×128 block. A K step of BLOCK_K covers BLOCK_K/128
+whole scale columns and BLOCK_N divides 128, so each 128-wide sub-product is scaled by one scalar:
+``acc += dot(x, w8.T) * S[n//128, k//128]``. Partial edge blocks (576 = 4·128 + 64 rows, K not a
+multiple of 128) are masked loads.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -26,75 +35,126 @@ import triton.language as tl
 
 from kernels import reference
 from kernels.registry import ops
-from kernels.triton_utils import dot_precision, num_sms, on_cuda
+from kernels.triton_utils import dot_precision, next_pow2, num_sms, on_cuda
 
 DECODE_ROWS = 64
 PREFILL_ROWS = 256
+NUM_TILE_COUNTERS = 65536
+
+
+@dataclass(frozen=True)
+class LinearTile:
+    """Launch shape of the tile kernel: weight tile BLOCK_N × BLOCK_K, K split over ``split`` programs."""
+    block_n: int
+    block_k: int
+    split: int
+    num_warps: int = 4
+    num_stages: int = 4
 
 
 @triton.jit
-def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om, stride_split,
-                       num_sb_k, k_blocks_per_split,
+def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_om,
+                       num_sb_k, k_steps_per_split,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       PREC: tl.constexpr):
+                       SPLIT: tl.constexpr, PREC: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
+    rk = tl.arange(0, 128)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    s_row = (pid_n * BLOCK_N) // 128
-    kb0 = pid_k * k_blocks_per_split
-    for kb in range(kb0, tl.minimum(kb0 + k_blocks_per_split, num_sb_k)):
-        k = kb * BLOCK_K + rk
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + k[None, :],
-                    mask=(rm[:, None] < M) & (k[None, :] < K), other=0.0)
-        w = tl.load(w_ptr + rn[:, None] * K + k[None, :], mask=(rn[:, None] < N) & (k[None, :] < K), other=0.0)
-        part = tl.dot(x, tl.trans(w.to(x.dtype)), input_precision=PREC)
-        acc += part * tl.load(s_ptr + s_row * num_sb_k + kb)
-    out = out_ptr + pid_k * stride_split + rm[:, None] * stride_om + rn[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+    s_row = s_ptr + (pid_n * BLOCK_N) // 128 * num_sb_k
+    step0 = pid_k * k_steps_per_split
+    for step in range(step0, tl.minimum(step0 + k_steps_per_split, tl.cdiv(K, BLOCK_K))):
+        for j in tl.static_range(BLOCK_K // 128):      # one scale column per 128-wide sub-block
+            kb = step * (BLOCK_K // 128) + j
+            k = kb * 128 + rk
+            x = tl.load(x_ptr + rm[:, None] * stride_xm + k[None, :],
+                        mask=(rm[:, None] < M) & (k[None, :] < K), other=0.0)
+            w = tl.load(w_ptr + rn[:, None] * K + k[None, :], mask=(rn[:, None] < N) & (k[None, :] < K),
+                        other=0.0)
+            part = tl.dot(x, tl.trans(w.to(x.dtype)), input_precision=PREC)
+            acc += part * tl.load(s_row + kb, mask=kb < num_sb_k, other=0.0)
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    out = out_ptr + rm[:, None] * stride_om + rn[None, :]
+    if SPLIT:
+        num_splits = tl.num_programs(2)
+        part = part_ptr + rm[:, None] * N + rn[None, :]
+        tl.store(part + pid_k * M * N, acc, mask=mask)
+        tl.debug_barrier()                     # every thread's partial is stored before the release below
+        tile = pid_m * tl.num_programs(0) + pid_n
+        if tl.atomic_add(count_ptr + tile, 1, sem="acq_rel") == num_splits - 1:
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in range(num_splits):        # fixed order, whoever arrives last
+                total += tl.load(part + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.store(out, total.to(out_ptr.dtype.element_ty), mask=mask)
+            tl.store(count_ptr + tile, 0)      # the next launch (stream-ordered) starts from zero
+    else:
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _decode_config(M: int, N: int, k_blocks: int) -> tuple[int, int]:
-    """(BLOCK_N, split): enough programs to cover the SMs twice over, each K slice ≥ 2 blocks."""
-    block_n = 64 if N >= 64 * 2 * num_sms() else 32 if N >= 4096 else 16
+_tile_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def _counters(device: torch.device) -> torch.Tensor:
+    """The device's zeroed int32 tile counters (the split programs of a tile count their arrivals)."""
+    counters = _tile_counters.get(device)
+    if counters is None:
+        assert not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()), \
+            "call fp8_linear once on this device before capturing a CUDA graph (allocates its counters)"
+        counters = _tile_counters[device] = torch.zeros(NUM_TILE_COUNTERS, dtype=torch.int32, device=device)
+    return counters
+
+
+def decode_tile(M: int, N: int, K: int) -> LinearTile:
+    """The measured-best decode tile (bench/tune_decode_kernels.py): wide tiles, split-K until every SM
+    has a few programs, each split ≥ 2 K steps."""
+    block_n = 64 if N >= 8192 else 32
+    block_k = 256
+    k_steps = triton.cdiv(K, block_k)
     n_prog = triton.cdiv(N, block_n)
-    split = max(1, min(triton.cdiv(2 * num_sms(), n_prog), k_blocks // 2))
-    return block_n, split
+    split = max(1, min(triton.cdiv(2 * num_sms(), n_prog), k_steps // 2))
+    return LinearTile(block_n, block_k, split)
 
 
-def fp8_linear(x: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
+def fp8_linear(x: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor,
+               tile: LinearTile | None = None) -> torch.Tensor:
     """x: [..., K] (bf16/fp16/fp32), w8: [N, K] float8_e4m3fn contiguous, scale_inv: [⌈N/128⌉, ⌈K/128⌉]
-    fp32 → [..., N] in x's dtype. No host sync; graph-capturable."""
+    fp32 → [..., N] in x's dtype. ``tile`` overrides the decode launch shape (benchmarks). No host sync;
+    graph-capturable."""
     K = x.shape[-1]
     N = w8.shape[0]
     x2 = x.reshape(-1, K)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     M = x2.shape[0]
-    k_blocks = triton.cdiv(K, 128)
-    assert w8.is_contiguous() and scale_inv.shape == (triton.cdiv(N, 128), k_blocks)
+    num_sb_k = triton.cdiv(K, 128)
+    assert w8.is_contiguous() and scale_inv.shape == (triton.cdiv(N, 128), num_sb_k)
     scale_inv = scale_inv.contiguous()
-    prec = dot_precision(x.dtype)
+    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    if M == 0:
+        return out.view(*x.shape[:-1], N)
     if M <= DECODE_ROWS:
-        block_m, (block_n, split) = 16, _decode_config(M, N, k_blocks)
+        block_m = max(16, next_pow2(M))
+        tile = tile or decode_tile(M, N, K)
     else:
-        block_m, block_n, split = 64, 128, 1
-    per_split = triton.cdiv(k_blocks, split)
-    split = triton.cdiv(k_blocks, per_split)
-    if split == 1:
-        out = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    else:
-        out = torch.empty(split, M, N, dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(N, block_n), triton.cdiv(M, block_m), split)
-    if M:
-        _fp8_linear_kernel[grid](x2, w8, scale_inv, out, M, N, K, x2.stride(0), N, M * N, k_blocks, per_split,
-                                 BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128, PREC=prec,
-                                 num_warps=4, num_stages=3 if M <= DECODE_ROWS else 2)
+        block_m, tile = 64, LinearTile(128, 128, 1, num_warps=4, num_stages=2)
+    assert 128 % tile.block_n == 0 and tile.block_k % 128 == 0
+    k_steps = triton.cdiv(K, tile.block_k)
+    per_split = triton.cdiv(k_steps, tile.split)
+    split = triton.cdiv(k_steps, per_split)
+    grid = (triton.cdiv(N, tile.block_n), triton.cdiv(M, block_m), split)
     if split > 1:
-        out = out.sum(0).to(x.dtype)
+        part = torch.empty(split, M, N, dtype=torch.float32, device=x.device)
+        counters = _counters(x.device)
+        assert grid[0] * grid[1] <= counters.numel()
+    else:
+        part = counters = out
+    _fp8_linear_kernel[grid](x2, w8, scale_inv, out, part, counters, M, N, K, x2.stride(0), N, num_sb_k,
+                             per_split, BLOCK_M=block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+                             SPLIT=split > 1, PREC=dot_precision(x.dtype), num_warps=tile.num_warps,
+                             num_stages=tile.num_stages)
     return out.view(*x.shape[:-1], N)
 
 
