@@ -27,7 +27,8 @@ def worker_specs(cfg: EngineConfig, num_blocks: int) -> list[WorkerSpec]:
     return [WorkerSpec(model=cfg.model, rank=r, world_size=cfg.num_workers, moe=cfg.moe, comm=cfg.comm,
                        device=device, dtype=str(cfg.resolved_dtype()).removeprefix("torch."), kernels=cfg.kernels,
                        num_blocks=num_blocks, block_size=cfg.block_size, max_rows=max_rows,
-                       timeout_s=min(cfg.step_timeout_s, 30.0), speculative=cfg.speculative_tokens > 0)
+                       timeout_s=min(cfg.step_timeout_s, 30.0), speculative=cfg.speculative_tokens > 0,
+                       cuda_graphs=cfg.graphs_enabled())
             for r in range(cfg.num_workers)]
 
 

@@ -121,6 +121,32 @@ def indexer_topk(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Ten
     return out
 
 
+def paged_slots(block_table: torch.Tensor, block_size: int, width: int) -> torch.Tensor:
+    """block_table: [N, MB] block ids of each row's request → slots [N, width] of positions 0..width-1."""
+    t = torch.arange(width, device=block_table.device)
+    return block_table.long()[:, t // block_size] * block_size + t % block_size
+
+
+@ops.register("indexer_topk_paged")
+def indexer_topk_paged(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tensor,
+                       block_table: torch.Tensor, block_size: int, positions: torch.Tensor, topk: int,
+                       scale: float) -> torch.Tensor:
+    """``indexer_topk`` with static shapes (for CUDA graphs): each row carries its request's block table.
+
+    block_table: [N, MB] (int32/int64); the scored width is W = MB·block_size keys, key t visible iff
+    t ≤ positions[n]. Returns slots [N, K], K = min(topk, W), -1 where fewer keys are visible. Always
+    scores (no T ≤ topk shortcut), so the selected *sets* equal ``indexer_topk``'s; the order may differ.
+    """
+    W = block_table.shape[1] * block_size
+    slots = paged_slots(block_table, block_size, W)                              # [N, W]
+    visible = torch.arange(W, device=q.device)[None, :] <= positions[:, None]
+    keys = k_cache[slots].float()                                               # [N, W, idd]
+    s = torch.einsum("nhd,ntd->nht", q.float(), keys) * scale
+    score = torch.einsum("nh,nht->nt", head_weights.float(), F.relu(s)).masked_fill(~visible, float("-inf"))
+    val, idx = score.topk(min(topk, W), dim=-1, sorted=False)
+    return torch.where(torch.isfinite(val), slots.gather(1, idx), -1)
+
+
 # ---- MLA attention over the selected keys (absorbed, latent space) -------------------------------
 @ops.register("mla_sparse_attention")
 def mla_sparse_attention(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor,

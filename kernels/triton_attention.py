@@ -112,19 +112,21 @@ def mla_sparse_attention(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: to
 
 
 @triton.jit
-def _index_score_kernel(q_ptr, w_ptr, k_ptr, slots_ptr, base_ptr, len_ptr, pos_ptr, score_ptr, T_max, scale,
-                        stride_qn, stride_qh, stride_k, IH: tl.constexpr, IDD: tl.constexpr,
+def _index_score_kernel(q_ptr, w_ptr, k_ptr, table_ptr, base_ptr, len_ptr, pos_ptr, score_ptr, T_max, scale,
+                        stride_qn, stride_qh, stride_k, BS: tl.constexpr, IH: tl.constexpr, IDD: tl.constexpr,
                         BLOCK_T: tl.constexpr, PREC: tl.constexpr):
+    """Row n's key t sits in slot table[base[n] + t // BS] * BS + t % BS (BS = 1: a flat slot list)."""
     n = tl.program_id(0)
     t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     length = tl.load(len_ptr + n)
     pos = tl.load(pos_ptr + n)
     visible = (t < length) & (t <= pos)
-    slot = tl.load(slots_ptr + tl.load(base_ptr + n) + t, mask=visible, other=0)
+    block = tl.load(table_ptr + tl.load(base_ptr + n) + t // BS, mask=visible, other=0)
+    slot = block.to(tl.int64) * BS + t % BS
     d = tl.arange(0, IDD)
     hh = tl.arange(0, IH)
     q = tl.load(q_ptr + n * stride_qn + hh[:, None] * stride_qh + d[None, :])                    # [IH, IDD]
-    k = tl.load(k_ptr + slot.to(tl.int64)[:, None] * stride_k + d[None, :], mask=visible[:, None], other=0.0)
+    k = tl.load(k_ptr + slot[:, None] * stride_k + d[None, :], mask=visible[:, None], other=0.0)
     s = tl.dot(k, tl.trans(q.to(k.dtype)), input_precision=PREC)                                # [BT, IH]
     w = tl.load(w_ptr + n * IH + hh)
     score = tl.sum(tl.maximum(s * scale, 0.0) * w[None, :], axis=1)
@@ -132,13 +134,29 @@ def _index_score_kernel(q_ptr, w_ptr, k_ptr, slots_ptr, base_ptr, len_ptr, pos_p
     tl.store(score_ptr + n * T_max + t, score, mask=t < T_max)
 
 
+def _score(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tensor, table: torch.Tensor,
+           base: torch.Tensor, length: torch.Tensor, positions: torch.Tensor, T_max: int, block_size: int,
+           scale: float) -> torch.Tensor:
+    N, ih, idd = q.shape
+    score = torch.empty(N, T_max, dtype=torch.float32, device=q.device)
+    block_t = 64
+    _index_score_kernel[(N, triton.cdiv(T_max, block_t))](
+        q, head_weights.float().contiguous(), k_cache, table, base, length, positions, score, T_max, scale,
+        q.stride(0), q.stride(1), k_cache.stride(0), BS=block_size, IH=ih, IDD=idd, BLOCK_T=block_t,
+        PREC=dot_precision(k_cache.dtype), num_warps=4)
+    return score
+
+
+def _scorable(q: torch.Tensor) -> bool:
+    ih, idd = q.shape[1:]
+    return not (ih & (ih - 1) or idd & (idd - 1) or ih < 16 or q.stride(-1) != 1)
+
+
 def index_scores(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tensor, seq_rows, seq_slots,
                  positions: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Scores [N, T_max] fp32 (-inf where not visible), the concatenated slots and each row's offset into
     them. q: [N, ih, idd] (pow-2 ih ≥ 16 and idd), head_weights: [N, ih], k_cache: [slots, idd]."""
-    N, ih, idd = q.shape
     lengths = [int(s.numel()) for s in seq_slots]
-    T_max = max(lengths)
     all_slots = torch.cat([s.to(torch.int64) for s in seq_slots])
     bases, lens = [], []
     off = 0
@@ -146,14 +164,9 @@ def index_scores(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Ten
         bases += [off] * nr
         lens += [T] * nr
         off += T
-    # pinned host → device copy: asynchronous and capturable into a CUDA graph
+    # pinned host → device copy: asynchronous
     meta = torch.tensor([bases, lens], dtype=torch.int64, pin_memory=q.is_cuda).to(q.device, non_blocking=True)
-    score = torch.empty(N, T_max, dtype=torch.float32, device=q.device)
-    block_t = 64
-    _index_score_kernel[(N, triton.cdiv(T_max, block_t))](
-        q, head_weights.float().contiguous(), k_cache, all_slots, meta[0], meta[1], positions, score, T_max, scale,
-        q.stride(0), q.stride(1), k_cache.stride(0), IH=ih, IDD=idd, BLOCK_T=block_t,
-        PREC=dot_precision(k_cache.dtype), num_warps=4)
+    score = _score(q, head_weights, k_cache, all_slots, meta[0], meta[1], positions, max(lengths), 1, scale)
     return score, all_slots, meta[0]
 
 
@@ -163,10 +176,28 @@ def indexer_topk(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Ten
                  topk: int, scale: float) -> torch.Tensor:
     """As ``reference.indexer_topk`` (same selected sets; the order within a row may differ). One scoring
     launch for all rows + ``torch.topk``. No host sync beyond the host-side request metadata."""
-    N, ih, idd = q.shape
     T_max = max((int(s.numel()) for s in seq_slots), default=0)   # a rank with no rows this step
-    if T_max <= topk or ih & (ih - 1) or idd & (idd - 1) or ih < 16 or q.stride(-1) != 1:
+    if T_max <= topk or not _scorable(q):
         return reference.indexer_topk(q, head_weights, k_cache, seq_rows, seq_slots, positions, topk, scale)
     score, all_slots, base = index_scores(q, head_weights, k_cache, seq_rows, seq_slots, positions, scale)
-    val, idx = score.topk(min(topk, T_max), dim=-1)                                               # [N, K]
+    val, idx = score.topk(min(topk, T_max), dim=-1, sorted=False)                                 # [N, K]
     return torch.where(torch.isfinite(val), all_slots[(base[:, None] + idx).clamp(max=all_slots.numel() - 1)], -1)
+
+
+@ops.register("indexer_topk_paged", backend="triton", available=on_cuda)
+def indexer_topk_paged(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tensor,
+                       block_table: torch.Tensor, block_size: int, positions: torch.Tensor, topk: int,
+                       scale: float) -> torch.Tensor:
+    """As ``reference.indexer_topk_paged`` (same selected sets). Static shapes, no host sync:
+    graph-capturable. block_table: [N, MB] with unit stride along MB (row stride free)."""
+    N, MB = block_table.shape
+    if not _scorable(q) or block_table.stride(1) != 1 or N == 0:
+        return reference.indexer_topk_paged(q, head_weights, k_cache, block_table, block_size, positions, topk,
+                                            scale)
+    W = MB * block_size
+    base = torch.arange(N, device=q.device) * block_table.stride(0)
+    length = torch.full((N,), W, dtype=torch.int64, device=q.device)
+    score = _score(q, head_weights, k_cache, block_table, base, length, positions, W, block_size, scale)
+    val, idx = score.topk(min(topk, W), dim=-1, sorted=False)
+    slots = block_table.gather(1, (idx // block_size)).long() * block_size + idx % block_size
+    return torch.where(torch.isfinite(val), slots, -1)

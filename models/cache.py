@@ -40,12 +40,16 @@ class Batch:
 
     positions: [N] absolute positions; slot_mapping: [N] slot receiving each row's KV;
     seq_slots[i]: [T_i] slots of request i's positions 0..T_i-1 (T_i = its last row's position + 1).
+    A static-shape batch (CUDA graphs) instead gives each row its request's ``block_table`` [N, MB]
+    (pad rows included) and leaves ``seq_slots`` empty; the indexer then scores MB·block_size keys.
     """
 
     positions: torch.Tensor
     slot_mapping: torch.Tensor
     seq_rows: list[tuple[int, int]]
     seq_slots: list[torch.Tensor]
+    block_table: torch.Tensor | None = None
+    block_size: int = 0
 
     @property
     def num_rows(self) -> int:

@@ -73,9 +73,15 @@ class Linear(nn.Module):
         self.weight_scale_inv = nn.Parameter(torch.empty(scale_shape, device=w.device), requires_grad=False)
 
     def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weight in ``dtype``. FP8 weights are dequantized once and kept (keyed on the weight's
+        storage and version, so loading new weights in place invalidates it)."""
         if self.weight_scale_inv is None:
             return self.weight.to(dtype)
-        return ops.fp8_dequant(self.weight, self.weight_scale_inv, dtype)
+        key = (dtype, self.weight.data_ptr(), self.weight._version, self.weight_scale_inv._version)
+        if getattr(self, "_dense_key", None) != key:
+            self._dense = ops.fp8_dequant(self.weight, self.weight_scale_inv, dtype)
+            self._dense_key = key
+        return self._dense
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.linear(x, self.weight, self.weight_scale_inv)
@@ -162,8 +168,12 @@ class Indexer(nn.Module):
         self.write_keys(h, rope, batch, k_cache)
         q = self._rope(self.wq_b(q_resid).view(N, cfg.index_n_heads, cfg.index_head_dim), rope)
         w = self.weights_proj(h).float() * cfg.index_n_heads ** -0.5                   # [N, ih]
+        scale = cfg.index_head_dim ** -0.5
+        if batch.block_table is not None:
+            return ops.indexer_topk_paged(q.detach(), w.detach(), k_cache, batch.block_table, batch.block_size,
+                                          batch.positions, cfg.index_topk, scale)
         return ops.indexer_topk(q.detach(), w.detach(), k_cache, batch.seq_rows, batch.seq_slots,
-                                batch.positions, cfg.index_topk, cfg.index_head_dim ** -0.5)
+                                batch.positions, cfg.index_topk, scale)
 
 
 class Attention(nn.Module):

@@ -18,6 +18,7 @@ from models.glm5 import GlmForCausalLM
 from scheduler.request import SamplingParams
 from scheduler.scheduler import ScheduledSeq
 from scheduler.shapes import StepShape
+from workers.graphs import DecodeGraphs
 from workers.sampler import sample
 from workers.speculative import DraftRequest, MtpDrafter, token_logprobs, verify
 
@@ -71,18 +72,28 @@ class ModelRunner:
     ``in_group``: one of several ranks, which all run every step (the MLP phases are collective);
     ``stage(shape, num_rows)`` is called before every forward so the rank's comm knows the bucket.
     ``speculative``: keep the MTP layer's cache filled and propose drafts when a step asks for them.
+    ``cuda_graphs``: decode / verify steps (≤ 8 rows) run the static-shape forward of ``workers/graphs.py``,
+    captured per bucket on CUDA and run eagerly on CPU; contexts up to ``max_model_len`` (default: the
+    model's) take it, longer ones and prefill run eagerly.
     """
 
     def __init__(self, model: GlmForCausalLM, num_blocks: int, block_size: int, dtype: torch.dtype,
                  device: str | torch.device = "cpu", in_group: bool = False, world_size: int = 1,
                  stage: Callable[[StepShape | None, int], None] | None = None, speculative: bool = False,
-                 max_drafting: int = 8):
+                 max_drafting: int = 8, cuda_graphs: bool = False, max_model_len: int | None = None):
         self.model, self.block_size, self.device = model, block_size, torch.device(device)
         self.in_group, self.world_size = in_group, world_size
         self.stage = stage or (lambda shape, n: None)
         num_slots = num_blocks * block_size
         scratch = MAX_DRAFTS + 1
-        self.cache = KVCache(model.config, num_slots + max_drafting * scratch, dtype, device)
+        pad_slot = num_slots + max_drafting * scratch       # written by the graphs' pad rows, read by no one
+        self.cache = KVCache(model.config, pad_slot + 1, dtype, device)
+        self.graphs = None
+        if cuda_graphs:
+            assert not in_group, "decode graphs run on one process (the comm phases are not captured)"
+            max_len = max_model_len or model.config.max_position_embeddings
+            self.graphs = DecodeGraphs(model, self.cache, block_size, pad_slot,
+                                       min(num_blocks, -(-max_len // block_size)), self.device, capture=True)
         self.requests: dict[str, _RequestState] = {}
         self.drafter = None
         if speculative:
@@ -102,11 +113,16 @@ class ModelRunner:
             self.requests[nr.req_id] = _RequestState(nr.params, len(nr.prompt_ids), list(nr.prompt_ids))
         if not step.seqs and not self.in_group:
             return StepResult(step.step_id)
-        ids = torch.tensor([t for s in step.seqs for t in s.token_ids], dtype=torch.long, device=self.device)
-        batch = build_batch([(s.start_pos, len(s.token_ids), s.block_ids) for s in step.seqs], self.block_size,
-                            self.device)
-        self.stage(step.shape, batch.num_rows)
-        hidden = self.model(ids, batch, self.cache)                                   # [N, H]
+        if self.graphs is not None and self.graphs.fits(step.seqs):
+            batch, bucket, width = self.graphs.stage(step.seqs)
+            ids = self.graphs.ids[:batch.num_rows]
+            hidden = self.graphs.run(bucket, width)[:batch.num_rows]                 # [N, H]
+        else:
+            ids = torch.tensor([t for s in step.seqs for t in s.token_ids], dtype=torch.long, device=self.device)
+            batch = build_batch([(s.start_pos, len(s.token_ids), s.block_ids) for s in step.seqs],
+                                self.block_size, self.device)
+            self.stage(step.shape, batch.num_rows)
+            hidden = self.model(ids, batch, self.cache)                               # [N, H]
         result = self._sample(step, hidden, batch)
         if self.drafter is not None:
             self._draft(step, hidden, batch, ids, result)

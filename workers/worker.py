@@ -72,6 +72,7 @@ class WorkerSpec:
     timeout_s: float = 30.0     # bound on every comm phase
     setup_timeout_s: float = 300.0
     speculative: bool = False   # fill the MTP cache and propose drafts
+    cuda_graphs: bool = False   # decode/verify steps as CUDA graphs (world_size 1 only)
 
 
 class Worker:
@@ -106,7 +107,8 @@ class Worker:
             model.set_comm(self.step_comm)
         self.runner = ModelRunner(model, spec.num_blocks, spec.block_size, dtype, device,
                                   in_group=spec.world_size > 1, world_size=spec.world_size, stage=self._stage,
-                                  speculative=spec.speculative)
+                                  speculative=spec.speculative,
+                                  cuda_graphs=spec.cuda_graphs and spec.world_size == 1 and device.type == "cuda")
 
     def _stage(self, shape: StepShape | None, num_rows: int) -> None:
         if self.spec.world_size > 1:

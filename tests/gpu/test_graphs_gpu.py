@@ -1,0 +1,99 @@
+"""CUDA graphs of the decode / verify step (``workers/graphs.py``) on a CUDA GPU, ``kernels: auto``:
+
+- a replay is bit-identical to the same static forward run eagerly, for every bucket (1, 2, 4, 8 rows:
+  decode rows, verify rows of 1 + k drafts, pad rows) and several context widths, in fp32 and bf16;
+- the engine's greedy tokens with graphs equal its tokens without them (fp32), batched and speculative.
+
+Run on a lent H200: ``PYTHONPATH=. python -m pytest -q tests/gpu/test_graphs_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+pytest.importorskip("triton")
+
+from kernels import ops
+from models.loader import load_model
+from scheduler.scheduler import ScheduledSeq
+from tests.integration.test_graphs import make_engine, requests, run
+from workers.runner import ModelRunner
+
+DEV = "cuda"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+NUM_BLOCKS = 512
+
+# per bucket: (rows fed, drafts) of each request — decode rows, verify rows, and pad rows
+STEPS = {1: [(1, 0)], 2: [(1, 0), (1, 0)], 4: [(1, 0), (1, 0), (1, 0)], 8: [(1, 0)] * 5,
+         "verify4": [(4, 3)], "verify8": [(8, 7)], "mixed8": [(4, 3), (1, 0), (1, 0)]}
+
+_MODELS: dict = {}
+
+
+def model(ckpt, dtype):
+    ops.configure("auto", DEV)
+    if dtype not in _MODELS:
+        _MODELS[dtype] = load_model(ckpt, dtype=DTYPES[dtype], device=DEV, progress=False)
+    return _MODELS[dtype]
+
+
+def step_seqs(shape, context: int, seed: int) -> list[ScheduledSeq]:
+    g = torch.Generator().manual_seed(seed)
+    seqs = []
+    perm = torch.randperm(NUM_BLOCKS, generator=g).tolist()
+    for i, (n, drafts) in enumerate(shape):
+        end = context + 7 * i + n
+        nb = -(-end // 16)
+        blocks, perm = perm[:nb], perm[nb:]
+        ids = torch.randint(40, 1000, (n,), generator=g).tolist()
+        seqs.append(ScheduledSeq(f"r{i}", tuple(ids), end - n, tuple(blocks), True, 0, drafts))
+    return seqs
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("step", list(STEPS))
+def test_replay_is_bit_identical_to_eager(text_ckpt, dtype, step):
+    m = model(text_ckpt, dtype)
+    runner = ModelRunner(m, NUM_BLOCKS, 16, DTYPES[dtype], DEV, cuda_graphs=True, max_model_len=2048)
+    g = torch.Generator(device=DEV).manual_seed(0)
+    for t in runner.cache.kv + [k for k in runner.cache.index_k if k is not None]:
+        t.copy_(torch.randn(t.shape, device=DEV, generator=g))
+    graphs = runner.graphs
+    for context, seed in [(20, 1), (300, 2), (40, 3), (1500, 4)]:         # widths 2, 32, 4, 128 blocks
+        seqs = step_seqs(STEPS[step], context, seed)
+        assert graphs.fits(seqs)
+        _, bucket, width = graphs.stage(seqs)
+        replay = graphs.run(bucket, width).clone()
+        again = graphs.run(bucket, width).clone()
+        eager = graphs.eager(bucket, width)
+        assert torch.isfinite(eager).all()
+        assert torch.equal(replay, eager), (step, context, (replay - eager).abs().max().item())
+        assert torch.equal(again, replay)
+    assert graphs.captured and all(b in (1, 2, 4, 8) for b, _ in graphs.captured)
+
+
+@pytest.mark.parametrize("n", [1, 3, 6])
+def test_engine_with_graphs_equals_without(text_ckpt, n):
+    m = model(text_ckpt, "float32")
+    reqs = requests(n, m.config.vocab_size, seed=n)
+    on, off = _engine(m, True), _engine(m, False)
+    assert run(on, reqs) == run(off, reqs)
+    assert on.executor.runner.graphs.captured
+
+
+def test_speculative_with_graphs_equals_plain(text_ckpt):
+    m = model(text_ckpt, "float32")
+    reqs = requests(1, m.config.vocab_size, max_tokens=24, seed=7)
+    spec = _engine(m, True, k=3)
+    assert run(spec, reqs) == run(_engine(m, False), reqs)
+    assert any(b == 4 for b, _ in spec.executor.runner.graphs.captured)
+
+
+def _engine(m, graphs: bool, k: int = 0):
+    engine = make_engine(m, graphs, k)
+    assert engine.executor.runner.device.type == "cuda"
+    return engine

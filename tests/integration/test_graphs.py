@@ -1,0 +1,99 @@
+"""The static-shape decode path (``workers/graphs.py``) that CUDA graphs capture, run eagerly on CPU:
+same tokens as the ragged eager path, with batching, speculation and contexts beyond ``index_topk``.
+Graph capture itself and replay == eager bit for bit are checked on the GPU (tests/gpu/test_graphs_gpu.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cluster.engine import Engine, LocalExecutor
+from kernels.reference import indexer_topk, indexer_topk_paged
+from models.cache import build_batch
+from models.loader import load_model
+from scheduler.request import SamplingParams
+from scheduler.scheduler import SchedulerConfig
+from workers.runner import ModelRunner
+
+BLOCK, NUM_BLOCKS = 16, 128
+
+
+@pytest.fixture(scope="module")
+def model(text_ckpt):
+    return load_model(text_ckpt, dtype=torch.float32, progress=False)
+
+
+def make_engine(model, graphs: bool, k: int = 0) -> Engine:
+    device = next(model.parameters()).device
+    runner = ModelRunner(model, NUM_BLOCKS, BLOCK, torch.float32, device, speculative=k > 0, cuda_graphs=graphs,
+                         max_model_len=1024)
+    cfg = SchedulerConfig(num_blocks=NUM_BLOCKS, block_size=BLOCK, max_model_len=1024,
+                          vocab_size=model.config.vocab_size, eos_token_ids=())
+    return Engine(LocalExecutor(runner), cfg, speculative_tokens=k)
+
+
+def run(engine: Engine, reqs: dict) -> dict[str, list[int]]:
+    out = {rid: [] for rid in reqs}
+    for rid, (ids, p) in reqs.items():
+        engine.add_request(ids, p, rid)
+    while engine.has_unfinished():
+        for ev in engine.step():
+            assert ev.error is None, ev.error
+            out[ev.req_id] += ev.token_ids
+    assert engine.num_free_blocks() == NUM_BLOCKS
+    return out
+
+
+def requests(n: int, vocab: int, max_tokens: int = 12, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {f"r{i}": (torch.randint(40, vocab, (int(torch.randint(20, 90, (1,), generator=g)),),
+                                    generator=g).tolist(), SamplingParams(max_tokens=max_tokens, temperature=0.0))
+            for i in range(n)}
+
+
+def graph_runs(engine: Engine) -> dict:
+    return engine.executor.runner.graphs.runs
+
+
+@pytest.mark.parametrize("n", [1, 3, 6])
+def test_static_decode_equals_eager(model, n):
+    """Prompts of 20..90 tokens (index_topk = 32: the indexer selects) decoded 1, 3, 6 at a time."""
+    reqs = requests(n, model.config.vocab_size, seed=n)
+    static = make_engine(model, graphs=True)
+    assert run(static, reqs) == run(make_engine(model, graphs=False), reqs)
+    buckets = {b for b, _ in graph_runs(static)}
+    assert buckets and buckets <= {1, 2, 4, 8} and max(buckets) >= min(n, 8)
+
+
+def test_static_verify_with_speculation_equals_plain(model):
+    greedy = {"r": (requests(1, model.config.vocab_size, seed=7)["r0"][0], SamplingParams(max_tokens=24,
+                                                                                         temperature=0.0))}
+    spec = make_engine(model, graphs=True, k=3)
+    assert run(spec, greedy) == run(make_engine(model, graphs=False), greedy)
+    assert any(b == 4 for b, _ in graph_runs(spec)), graph_runs(spec)      # 1 token + 3 drafts
+    assert spec.spec_metrics()["accepted"] > 0
+
+
+@pytest.mark.parametrize("lengths", [[5, 9], [40, 70, 33], [200]])
+def test_paged_indexer_selects_the_ragged_sets(lengths):
+    """indexer_topk_paged (static width, pad rows) selects the same sets as indexer_topk, per row."""
+    g = torch.Generator().manual_seed(len(lengths))
+    ih, idd, topk, bs = 4, 8, 32, BLOCK
+    k_cache = torch.randn(64 * bs, idd, generator=g)
+    seqs, row_tables = [], []
+    for i, T in enumerate(lengths):
+        blocks = torch.randperm(64, generator=g)[: -(-T // bs)].tolist()
+        seqs.append((T - 2, 2, blocks))                      # two rows each: a verify-shaped step
+        row_tables += [blocks, blocks]
+    batch = build_batch(seqs, bs)
+    N = batch.num_rows
+    q, w = torch.randn(N, ih, idd, generator=g), torch.rand(N, ih, generator=g)
+    ragged = indexer_topk(q, w, k_cache, batch.seq_rows, batch.seq_slots, batch.positions, topk, 0.3)
+    width = max(len(t) for t in row_tables) + 1                  # one spare column, as a graph's width
+    table = torch.zeros(N, width, dtype=torch.int32)
+    for r, t in enumerate(row_tables):
+        table[r, :len(t)] = torch.tensor(t)
+    paged = indexer_topk_paged(q, w, k_cache, table, bs, batch.positions, topk, 0.3)
+    for r in range(N):
+        assert set(ragged[r].tolist()) - {-1} == set(paged[r].tolist()) - {-1}, r
+
