@@ -1,19 +1,28 @@
 """Triton fused MoE experts for few rows (decode / verify): each routed expert's weights are read once
 for every row routed to it.
 
-The step's N·k (row, expert) pairs are sorted by expert id (stable, so rows ascend within an expert);
-the first pair of each expert's run owns that expert and processes the whole run (≤ N rows, one per
-row at most) as one 16+-row tile. Programs on the other pairs exit at once, so the grid has a static
-size and no host sync (graph-capturable). Three launches:
+The step's N·k (row, expert) pairs are sorted by local expert id (stable, so rows ascend within an
+expert; experts held elsewhere take the sentinel id E_local and sort last); the first pair of each
+expert's run owns that expert and processes the whole run (≤ N rows, one per row at most) as one 16+-row
+tile. Programs on the other pairs exit at once, so the grid has a static size and no host sync
+(graph-capturable). Four launches:
 
+0. route: one program ranks the pairs by (local expert, pair) with a [P, P] comparison (P = N·k), giving
+   the sorted pairs, each row's slots in expert-id order and the valid mask — the stable sorts of the
+   reference, without torch's sort launches.
 1. gate/up: ``act = silu(x @ G.T) * (x @ U.T)`` per pair, [N·k, I] in x's dtype (rounded as the
    reference rounds each linear output).
 2. down: ``y = (act @ D.T)`` rounded to x's dtype, times the pair's routing weight, rounded again.
 3. combine: per row, its pairs in expert-id order are added in x's dtype one at a time — the reference's
    ``index_add_`` order, so bf16 results match it up to the GEMM summation order.
+
+The GEMMs accumulate in fp32 and scale each 128-wide sub-block of a K step by its one block scale
+(``ExpertTile.block_k`` is a multiple of 128, ``block_n`` divides 128), as kernels/triton_linear.py.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -24,6 +33,44 @@ from kernels.registry import ops
 from kernels.triton_utils import dot_precision, next_pow2, num_sms, on_cuda
 
 FUSED_MAX_ROWS = 32
+
+
+@dataclass(frozen=True)
+class ExpertTile:
+    """Launch shape of one expert GEMM: output tile BLOCK_N × K step BLOCK_K per program."""
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@triton.jit
+def _local_key(idx_ptr, pair, P, expert_offset, E_local):
+    """Sort key of each pair: local expert (E_local for experts held elsewhere) · P + pair, unique, so
+    ranking keys is the stable sort; pairs past P get a key above every real one."""
+    e = tl.load(idx_ptr + pair, mask=pair < P, other=0) - expert_offset
+    local = tl.where((e >= 0) & (e < E_local), e, E_local).to(tl.int32)
+    return local, tl.where(pair < P, local * P + pair, 2 ** 30)
+
+
+@triton.jit
+def _route_kernel(idx_ptr, sorted_e_ptr, sorted_pair_ptr, order_ptr, valid_ptr, P, expert_offset, E_local,
+                  TOPK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_J: tl.constexpr):
+    i = tl.arange(0, BLOCK_P)
+    local, key = _local_key(idx_ptr, i, P, expert_offset, E_local)
+    rank = tl.zeros((BLOCK_P,), dtype=tl.int32)          # pairs before i in the sort
+    row_rank = tl.zeros((BLOCK_P,), dtype=tl.int32)      # of those, pairs of i's row
+    for j0 in range(0, P, BLOCK_J):
+        j = j0 + tl.arange(0, BLOCK_J)
+        _, key_j = _local_key(idx_ptr, j, P, expert_offset, E_local)
+        before = key_j[None, :] < key[:, None]
+        rank += tl.sum(before.to(tl.int32), axis=1)
+        row_rank += tl.sum((before & (j[None, :] // TOPK == i[:, None] // TOPK)).to(tl.int32), axis=1)
+    m = i < P
+    tl.store(sorted_e_ptr + rank, local, mask=m)
+    tl.store(sorted_pair_ptr + rank, i, mask=m)
+    tl.store(order_ptr + (i // TOPK) * TOPK + row_rank, i % TOPK, mask=m)
+    tl.store(valid_ptr + i, (local < E_local).to(tl.int8), mask=m)
 
 
 @triton.jit
@@ -48,24 +95,27 @@ def _gate_up_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sorted_e_ptr, sorted_pa
     ib = tl.program_id(1)
     e, owner, in_run, j, row = _run_rows(sorted_e_ptr, sorted_pair_ptr, p, P, E_local, TOPK, BLOCK_R)
     ri = ib * BLOCK_I + tl.arange(0, BLOCK_I)
-    rh = tl.arange(0, BLOCK_H)
+    rh = tl.arange(0, 128)
     acc_g = tl.zeros((BLOCK_R, BLOCK_I), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_R, BLOCK_I), dtype=tl.float32)
     w_base = e.to(tl.int64) * I * H
-    for hb in range(tl.where(owner, num_sb_h, 0)):  # loop not under `if`: pipelined
-        h = hb * BLOCK_H + rh
-        x = tl.load(x_ptr + row[:, None] * H + h[None, :], mask=in_run[:, None] & (h[None, :] < H), other=0.0)
-        wmask = (ri[:, None] < I) & (h[None, :] < H)
-        wg = tl.load(g_ptr + w_base + ri[:, None] * H + h[None, :], mask=wmask, other=0.0).to(x.dtype)
-        wu = tl.load(u_ptr + w_base + ri[:, None] * H + h[None, :], mask=wmask, other=0.0).to(x.dtype)
-        pg = tl.dot(x, tl.trans(wg), input_precision=PREC)
-        pu = tl.dot(x, tl.trans(wu), input_precision=PREC)
-        if HAS_SCALE:
-            s_off = e * num_sb_i * num_sb_h + ((ib * BLOCK_I) // 128) * num_sb_h + hb
-            pg = pg * tl.load(gs_ptr + s_off)
-            pu = pu * tl.load(us_ptr + s_off)
-        acc_g += pg
-        acc_u += pu
+    s_base = e * num_sb_i * num_sb_h + ((ib * BLOCK_I) // 128) * num_sb_h
+    for step in range(tl.where(owner, tl.cdiv(H, BLOCK_H), 0)):  # loop not under `if`: pipelined
+        for sub in tl.static_range(BLOCK_H // 128):
+            hb = step * (BLOCK_H // 128) + sub
+            h = hb * 128 + rh
+            x = tl.load(x_ptr + row[:, None] * H + h[None, :], mask=in_run[:, None] & (h[None, :] < H),
+                        other=0.0)
+            wmask = (ri[:, None] < I) & (h[None, :] < H)
+            wg = tl.load(g_ptr + w_base + ri[:, None] * H + h[None, :], mask=wmask, other=0.0).to(x.dtype)
+            wu = tl.load(u_ptr + w_base + ri[:, None] * H + h[None, :], mask=wmask, other=0.0).to(x.dtype)
+            pg = tl.dot(x, tl.trans(wg), input_precision=PREC)
+            pu = tl.dot(x, tl.trans(wu), input_precision=PREC)
+            if HAS_SCALE:
+                pg = pg * tl.load(gs_ptr + s_base + hb, mask=hb < num_sb_h, other=0.0)
+                pu = pu * tl.load(us_ptr + s_base + hb, mask=hb < num_sb_h, other=0.0)
+            acc_g += pg
+            acc_u += pu
     dt = act_ptr.dtype.element_ty
     g = acc_g.to(dt).to(tl.float32)
     u = acc_u.to(dt).to(tl.float32)
@@ -82,18 +132,22 @@ def _down_kernel(act_ptr, d_ptr, ds_ptr, w_route_ptr, sorted_e_ptr, sorted_pair_
     hb = tl.program_id(1)
     e, owner, in_run, j, row = _run_rows(sorted_e_ptr, sorted_pair_ptr, p, P, E_local, TOPK, BLOCK_R)
     rh = hb * BLOCK_HO + tl.arange(0, BLOCK_HO)
-    ri = tl.arange(0, BLOCK_I)
+    ri = tl.arange(0, 128)
     acc = tl.zeros((BLOCK_R, BLOCK_HO), dtype=tl.float32)
     w_base = e.to(tl.int64) * H * I
-    for ib in range(tl.where(owner, num_sb_i, 0)):
-        i = ib * BLOCK_I + ri
-        a = tl.load(act_ptr + j[:, None] * I + i[None, :], mask=in_run[:, None] & (i[None, :] < I), other=0.0)
-        wd = tl.load(d_ptr + w_base + rh[:, None] * I + i[None, :],
-                     mask=(rh[:, None] < H) & (i[None, :] < I), other=0.0).to(a.dtype)
-        part = tl.dot(a, tl.trans(wd), input_precision=PREC)
-        if HAS_SCALE:
-            part = part * tl.load(ds_ptr + e * num_sb_h * num_sb_i + ((hb * BLOCK_HO) // 128) * num_sb_i + ib)
-        acc += part
+    s_base = e * num_sb_h * num_sb_i + ((hb * BLOCK_HO) // 128) * num_sb_i
+    for step in range(tl.where(owner, tl.cdiv(I, BLOCK_I), 0)):
+        for sub in tl.static_range(BLOCK_I // 128):
+            ib = step * (BLOCK_I // 128) + sub
+            i = ib * 128 + ri
+            a = tl.load(act_ptr + j[:, None] * I + i[None, :], mask=in_run[:, None] & (i[None, :] < I),
+                        other=0.0)
+            wd = tl.load(d_ptr + w_base + rh[:, None] * I + i[None, :],
+                         mask=(rh[:, None] < H) & (i[None, :] < I), other=0.0).to(a.dtype)
+            part = tl.dot(a, tl.trans(wd), input_precision=PREC)
+            if HAS_SCALE:
+                part = part * tl.load(ds_ptr + s_base + ib, mask=ib < num_sb_i, other=0.0)
+            acc += part
     dt = y_ptr.dtype.element_ty
     pair = tl.load(sorted_pair_ptr + j, mask=in_run, other=0)
     w = tl.load(w_route_ptr + pair, mask=in_run, other=0.0)
@@ -116,30 +170,46 @@ def _combine_kernel(y_ptr, order_ptr, valid_ptr, out_ptr, H, TOPK: tl.constexpr,
     tl.store(out_ptr + n * H + h, acc, mask=mask)
 
 
-def _block_i(num_pairs: int, I: int) -> int:
-    """Intermediate tile: the widest ≤ 128 that still gives ~2 programs per SM."""
-    for b in (128, 64, 32):
-        if num_pairs * triton.cdiv(I, b) >= 2 * num_sms():
-            return b
-    return 16
+def route_pairs(topk_idx: torch.Tensor, expert_offset: int, E_local: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """topk_idx: [N, k] global ids → (sorted_e [P] int32, sorted_pair [P] int32, order [N, k] int32,
+    valid [P] int8), P = N·k: pairs stably sorted by local expert id (sentinel E_local last), each row's
+    slots stably sorted by it, and whether a pair's expert is held here. One launch."""
+    N, k = topk_idx.shape
+    P = N * k
+    dev = topk_idx.device
+    sorted_e = torch.empty(P, dtype=torch.int32, device=dev)
+    sorted_pair = torch.empty(P, dtype=torch.int32, device=dev)
+    order = torch.empty(N, k, dtype=torch.int32, device=dev)
+    valid = torch.empty(P, dtype=torch.int8, device=dev)
+    block_p = max(16, next_pow2(P))
+    assert block_p <= 1024, "route_pairs ranks at most 1024 pairs"
+    _route_kernel[(1,)](topk_idx.contiguous(), sorted_e, sorted_pair, order, valid, P, expert_offset, E_local,
+                        TOPK=k, BLOCK_P=block_p, BLOCK_J=min(block_p, 32), num_warps=4)
+    return sorted_e, sorted_pair, order, valid
+
+
+def expert_tiles(P: int, H: int, I: int) -> tuple[ExpertTile, ExpertTile]:
+    """Measured-best (gate/up, down) tiles (bench/tune_decode_kernels.py): the widest output tile ≤ 128
+    that still gives ~2 programs per SM."""
+    def widest(n_out: int) -> int:
+        return next((b for b in (128, 64, 32) if P * triton.cdiv(n_out, b) >= 2 * num_sms()), 16)
+    return ExpertTile(widest(I), 128), ExpertTile(min(64, widest(H)), 128)
 
 
 def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gate: torch.Tensor,
               up: torch.Tensor, down: torch.Tensor, gate_s: torch.Tensor | None, up_s: torch.Tensor | None,
-              down_s: torch.Tensor | None, expert_offset: int = 0) -> torch.Tensor:
+              down_s: torch.Tensor | None, expert_offset: int = 0,
+              tiles: tuple[ExpertTile, ExpertTile] | None = None) -> torch.Tensor:
     """x: [N, H] (N ≤ FUSED_MAX_ROWS), topk_idx/topk_w: [N, k] global ids / fp32 weights, gate/up:
     [E_l, I, H], down: [E_l, H, I] (fp8 with block scales, or x's dtype with None) → [N, H] in x's dtype:
-    Σ_j w[n,j] · down(silu(gate(x)) · up(x)) over this rank's experts. Graph-capturable."""
+    Σ_j w[n,j] · down(silu(gate(x)) · up(x)) over this rank's experts. ``tiles`` overrides the (gate/up,
+    down) launch shapes (benchmarks). Graph-capturable."""
     N, H = x.shape
     E_local, I, _ = gate.shape
     k = topk_idx.shape[1]
     x = x.contiguous()
-    local = topk_idx - expert_offset
-    valid = (local >= 0) & (local < E_local)
-    local = torch.where(valid, local, E_local)                                   # sentinel sorts last
-    order = local.argsort(dim=1, stable=True).to(torch.int32)                    # per row: experts by id
-    sorted_e, sorted_pair = local.flatten().sort(stable=True)                    # [P]: pairs by expert
-    sorted_e, sorted_pair = sorted_e.to(torch.int32), sorted_pair.to(torch.int32)
+    sorted_e, sorted_pair, order, valid = route_pairs(topk_idx, expert_offset, E_local)
     P = N * k
     act = torch.empty(P, I, dtype=x.dtype, device=x.device)
     y = torch.empty(P, H, dtype=x.dtype, device=x.device)
@@ -149,20 +219,20 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
     gs, us, ds = (gate_s, up_s, down_s) if has_scale else (dummy, dummy, dummy)
     prec = dot_precision(x.dtype)
     block_r = max(16, next_pow2(N))
-    block_i = _block_i(P, I)
+    gu, dn = tiles or expert_tiles(P, H, I)
+    assert all(128 % t.block_n == 0 and t.block_k % 128 == 0 for t in (gu, dn))
     num_sb_h, num_sb_i = triton.cdiv(H, 128), triton.cdiv(I, 128)
-    _gate_up_kernel[(P, triton.cdiv(I, block_i))](
+    _gate_up_kernel[(P, triton.cdiv(I, gu.block_n))](
         x, gate, up, gs, us, sorted_e, sorted_pair, act, P, E_local, H, I, num_sb_h, num_sb_i,
-        TOPK=k, HAS_SCALE=has_scale, BLOCK_R=block_r, BLOCK_I=block_i, BLOCK_H=128, PREC=prec,
-        num_warps=4, num_stages=3)
-    block_ho = 64 if P * triton.cdiv(H, 64) >= 2 * num_sms() else 32
-    _down_kernel[(P, triton.cdiv(H, block_ho))](
+        TOPK=k, HAS_SCALE=has_scale, BLOCK_R=block_r, BLOCK_I=gu.block_n, BLOCK_H=gu.block_k, PREC=prec,
+        num_warps=gu.num_warps, num_stages=gu.num_stages)
+    _down_kernel[(P, triton.cdiv(H, dn.block_n))](
         act, down, ds, topk_w.float().contiguous(), sorted_e, sorted_pair, y, P, E_local, H, I,
-        triton.cdiv(H, 128), num_sb_i, TOPK=k, HAS_SCALE=has_scale, BLOCK_R=block_r, BLOCK_HO=block_ho,
-        BLOCK_I=128, PREC=prec, num_warps=4, num_stages=3)
+        num_sb_h, num_sb_i, TOPK=k, HAS_SCALE=has_scale, BLOCK_R=block_r, BLOCK_HO=dn.block_n,
+        BLOCK_I=dn.block_k, PREC=prec, num_warps=dn.num_warps, num_stages=dn.num_stages)
     block_h = min(1024, next_pow2(H))
-    _combine_kernel[(N, triton.cdiv(H, block_h))](y, order, valid.to(torch.int8), out, H, TOPK=k,
-                                                 BLOCK_H=block_h, num_warps=4)
+    _combine_kernel[(N, triton.cdiv(H, block_h))](y, order, valid, out, H, TOPK=k, BLOCK_H=block_h,
+                                                 num_warps=4)
     return out
 
 

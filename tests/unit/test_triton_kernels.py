@@ -121,6 +121,24 @@ def test_moe_experts(tk, N, offset, fp8):
                                                       and a.dim() == 3 and not fp8 else a for a in args],
                                   expert_offset=offset)
     assert got16.dtype == torch.float16 and rel(got16, ref) < 1e-2
+    wide = (tk["moe"].ExpertTile(16, 256), tk["moe"].ExpertTile(32, 256))          # K steps past H and I
+    assert rel(tk["moe"].fused_moe(x, idx, w, *args, expert_offset=offset, tiles=wide), ref) < 1e-5
+
+
+@pytest.mark.parametrize("N,offset,E_l", [(1, 0, 8), (3, 4, 4), (5, 2, 3)])
+def test_route_pairs(tk, N, offset, E_l):
+    """The routing kernel equals torch's stable sorts; experts outside [offset, offset + E_l) sort last."""
+    g = torch.Generator().manual_seed(8 + N)
+    idx = torch.stack([torch.randperm(8, generator=g)[:4] for _ in range(N)])
+    idx[:, 2] = offset + 1                                                      # a run shared by every row
+    sorted_e, sorted_pair, order, valid = tk["moe"].route_pairs(idx, offset, E_l)
+    local = idx - offset
+    is_local = (local >= 0) & (local < E_l)
+    local = torch.where(is_local, local, E_l)
+    ref_e, ref_pair = local.flatten().sort(stable=True)
+    assert torch.equal(sorted_e, ref_e.int()) and torch.equal(sorted_pair, ref_pair.int())
+    assert torch.equal(order, local.argsort(dim=1, stable=True).int())
+    assert torch.equal(valid.bool(), is_local.flatten())
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 1e-2)])
