@@ -13,7 +13,7 @@ def _register_triton() -> None:
         import triton  # noqa: F401
     except ImportError:
         return
-    from kernels import triton_attention, triton_linear, triton_moe, triton_norm  # noqa: F401
+    from kernels import triton_attention, triton_linear, triton_moe, triton_norm, triton_router  # noqa: F401
 
 
 _register_triton()

@@ -32,8 +32,9 @@ def tk():
     import kernels.triton_linear as lin
     import kernels.triton_moe as moe
     import kernels.triton_norm as norm
-    mods = [importlib.reload(m) for m in (norm, lin, moe, att)]
-    return dict(zip(("norm", "lin", "moe", "att"), mods))
+    import kernels.triton_router as router
+    mods = [importlib.reload(m) for m in (norm, lin, moe, att, router)]
+    return dict(zip(("norm", "lin", "moe", "att", "router"), mods))
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -139,6 +140,26 @@ def test_route_pairs(tk, N, offset, E_l):
     assert torch.equal(sorted_e, ref_e.int()) and torch.equal(sorted_pair, ref_pair.int())
     assert torch.equal(order, local.argsort(dim=1, stable=True).int())
     assert torch.equal(valid.bool(), is_local.flatten())
+
+
+@pytest.mark.parametrize("n_group,topk_group,norm", [(1, 1, True), (4, 2, False)])
+def test_router_topk(tk, n_group, topk_group, norm):
+    """Same id sets as the reference, weights within 1e-6; ties inside the selection; all-tied rows pick the
+    lowest ids (groups too)."""
+    router = tk["router"].router_topk
+    g = torch.Generator().manual_seed(9)
+    for N in (1, 3):
+        logits, bias = torch.randn(N, 32, generator=g), 0.1 * torch.randn(32, generator=g)
+        logits[:, 9] = logits[:, 10] = 5.0                                  # tied, one group
+        bias[9] = bias[10] = 0.0
+        ids, w = router(logits, bias, 6, n_group, topk_group, norm, 2.5)
+        ref_ids, ref_w = reference.router_topk(logits, bias, 6, n_group, topk_group, norm, 2.5)
+        for n in range(N):
+            assert set(ids[n].tolist()) == set(ref_ids[n].tolist()) and {9, 10} <= set(ids[n].tolist())
+            got_w = dict(zip(ids[n].tolist(), w[n].tolist()))
+            assert all(abs(got_w[i] - x) <= 1e-6 * abs(x) for i, x in zip(ref_ids[n].tolist(), ref_w[n].tolist()))
+    ids, w = router(torch.zeros(2, 32), torch.zeros(32), 6, n_group, topk_group, True, 1.0)
+    assert torch.equal(ids, torch.arange(6).expand(2, 6)) and torch.allclose(w, torch.full((2, 6), 1 / 6))
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 1e-2)])
