@@ -1,5 +1,5 @@
-"""Where a graph-replayed decode step of the GLM-5.2-width slice spends its time: per-kernel CUDA time
-(torch.profiler over graph replays), grouped by kernel name, for 1 and 8 rows.
+"""Where a decode step of the GLM-5.2-width slice spends its time on the runner's graph path (replay of
+``workers/graphs.py`` + the lm_head): per-kernel CUDA time (torch.profiler), grouped by kernel name.
 
     PYTHONPATH=. python bench/profile_slice.py [--ctx 4096] [--rows 1 8]
 """
@@ -12,11 +12,14 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench.decode_slice import DEV, BF16, SLICE, build_model
+from bench.decode_slice import BF16, BLOCK, DEV, SLICE, build_model
 from kernels import ops
-from models.cache import KVCache, contiguous_batch
+from models.cache import KVCache
 from models.config import ModelConfig
 from models.glm5 import MoeShard
+from scheduler.scheduler import ScheduledSeq
+from scheduler.shapes import graph_width, next_pow2
+from workers.graphs import DecodeGraphs
 
 
 def main() -> None:
@@ -26,33 +29,28 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=20)
     args = ap.parse_args()
     cfg = ModelConfig.from_dict(dict(SLICE))
-    cache = KVCache(cfg, 8 * (args.ctx + 64), BF16, DEV)
+    cache = KVCache(cfg, 8 * (args.ctx + BLOCK) + BLOCK, BF16, DEV)     # + a block for the pad slot
     for t in cache.kv + [k for k in cache.index_k if k is not None]:
         t.normal_()
     model = build_model(cfg, MoeShard())
     ops.configure("auto", DEV)
+    per_req = cache.num_slots // 8 // BLOCK
+    graphs = DecodeGraphs(model, cache, BLOCK, cache.num_slots - 1, next_pow2(cache.num_slots // BLOCK),
+                          torch.device(DEV), capture=True)
     for rows in args.rows:
-        batch = contiguous_batch([(args.ctx, 1)] * rows, cache.num_slots // 8, DEV)
-        ids = torch.randint(0, cfg.vocab_size, (rows,), device=DEV)
-
-        def step():
+        blocks = -(-(args.ctx + 1) // BLOCK)
+        seqs = [ScheduledSeq(f"r{i}", (1000 + i,), args.ctx, tuple(range(i * per_req, i * per_req + blocks)), True, 0)
+                for i in range(rows)]
+        width = graph_width(blocks)
+        graphs.stage(seqs, rows, width)
+        for _ in range(5):                  # the first run captures
             with torch.no_grad():
-                return model.logits(model(ids, batch, cache))
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                step()
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
-        for _ in range(5):
-            graph.replay()
+                model.logits(graphs.run(rows, width))
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(args.replays):
-                graph.replay()
+                with torch.no_grad():
+                    model.logits(graphs.run(rows, width))
             torch.cuda.synchronize()
         by = defaultdict(lambda: [0.0, 0])
         total = 0.0

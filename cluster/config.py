@@ -31,7 +31,7 @@ class EngineConfig:
     comm: str = "torch"                 # torch | ipc
     step_timeout_s: float = 60.0        # a step that overruns this fails its requests
     speculative_tokens: int = 0         # MTP drafts per round (0 = off)
-    cuda_graphs: bool = True            # replay decode/verify steps as CUDA graphs (GPU, one worker, kernels auto)
+    cuda_graphs: str = "auto"           # auto: decode/verify steps replay CUDA graphs where supported | off | eager
     reasoning_parser: str = "none"      # glm: chat text before </think> is returned as reasoning_content
     tool_parser: str = "none"           # glm: <tool_call>… in chat output becomes OpenAI tool_calls
 
@@ -53,7 +53,7 @@ class EngineConfig:
             "reasoning_parser": self.reasoning_parser in ("none", "glm"),
             "tool_parser": self.tool_parser in ("none", "glm"),
             "max_model_len": self.max_model_len is None or self.max_model_len >= 1,
-            "cuda_graphs": isinstance(self.cuda_graphs, bool),
+            "cuda_graphs": self.cuda_graphs in ("auto", "off", "eager"),
         }
         for name, ok in checks.items():
             if not ok:
@@ -70,11 +70,13 @@ class EngineConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def graphs_enabled(self) -> bool:
-        """CUDA graphs apply on a GPU with the Triton kernels and one worker: the multi-rank comm phases
-        (host-polled ipc flags, NCCL with a host-side owner) are not captured."""
-        return (self.cuda_graphs and self.resolved_device() == "cuda" and self.kernels == "auto"
-                and self.num_workers == 1)
+    def graphs_mode(self) -> str:
+        """The runner's ``graphs``: ``capture`` (auto, on a GPU with the Triton kernels; both comm backends
+        capture there: NCCL, and ipc through its device-side phases),
+        ``eager`` (the static-shape path without capture: for debugging), or ``off``."""
+        if self.cuda_graphs != "auto":
+            return self.cuda_graphs
+        return "capture" if self.resolved_device() == "cuda" and self.kernels == "auto" else "off"
 
     def resolved_device(self) -> str:
         if self.device != "auto":

@@ -100,7 +100,7 @@ class Coordinator:
         decode = (lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer else None
         self.sched_config = scheduler_config(cfg, model_config, tokenizer, num_blocks)
         self.engine = Engine(self.group, self.sched_config, decode, num_ranks=cfg.num_workers,
-                             speculative_tokens=cfg.speculative_tokens)
+                             speculative_tokens=cfg.speculative_tokens, graphs=cfg.graphs_mode() != "off")
         self.aengine = AsyncEngine(self.engine)
         self.metrics = Metrics(self.engine)
         self.replica_id = _replica_id()

@@ -21,10 +21,23 @@ from typing import AsyncIterator, Callable, Protocol, Sequence
 from cluster.detok import IncrementalDetokenizer, StopStringMatcher
 from scheduler.request import FinishReason, SamplingParams
 from scheduler.scheduler import AdmissionError, RequestEvent, Scheduler, SchedulerConfig, StepPlan
-from scheduler.shapes import place_request, plan_step_shapes
+from scheduler.shapes import GRAPH_BUCKETS, StepShape, graph_width, place_request, plan_step_shapes
 from workers.runner import NewRequest, StepResult, TokenLogprobs, WorkerStep
 
 __all__ = ["AdmissionError", "AsyncEngine", "Engine", "GroupFailure", "LocalExecutor", "TokenEvent"]
+
+
+def graph_key(shape: StepShape, plans: Sequence[StepPlan]) -> tuple[int, int] | None:
+    """(rows bucket, block-table width) when the step is graph-shaped on every rank — only decode / verify
+    rows (each request feeds 1 + num_drafts and samples), at most the largest graph bucket per rank — else
+    None. Width: ``graph_width`` of the step's longest block table. The same key goes to every rank, so all
+    ranks replay (or capture) the same graph and its comm phases line up."""
+    seqs = [s for p in plans for s in p.seqs]
+    if not seqs or shape.rows_per_rank > GRAPH_BUCKETS[-1]:
+        return None
+    if not all(s.sample and len(s.token_ids) == 1 + s.num_drafts for s in seqs):
+        return None
+    return shape.rows_per_rank, graph_width(max(len(s.block_ids) for s in seqs))
 
 
 class Executor(Protocol):
@@ -86,13 +99,15 @@ class Engine:
     A request lives on one rank (the least KV-loaded at arrival): its KV, attention and sampling stay
     there. Each step every rank's scheduler plans its rows, ``plan_step_shapes`` picks the MoE bucket
     (dp stripes, or a span when a solo request wants several rows), and the executor runs all ranks.
-    ``decode`` turns ids into text (None: token ids only).
+    ``decode`` turns ids into text (None: token ids only). ``graphs``: the workers run graph-shaped steps
+    (``graph_key``) on their static path — set iff their ``graphs`` mode is not ``off``.
     """
 
     def __init__(self, executor: Executor, config: SchedulerConfig,
                  decode: Callable[[Sequence[int]], str] | None = None, num_ranks: int = 1, span: bool = True,
-                 speculative_tokens: int = 0):
+                 speculative_tokens: int = 0, graphs: bool = False):
         self.executor, self.config, self.decode, self.span = executor, config, decode, span
+        self.graphs = graphs
         self.speculative_tokens = speculative_tokens
         self.schedulers = [Scheduler(config) for _ in range(num_ranks)]
         self._rank_of: dict[str, int] = {}
@@ -102,7 +117,7 @@ class Engine:
         self._lock = threading.Lock()                 # add/abort (caller's thread) vs step (loop thread)
         self._ids = itertools.count()
         self.stats = {"prompt_tokens": 0, "generated_tokens": 0, "steps": 0, "preemptions": 0,
-                      "span_steps": 0, "failed_steps": 0, "draft_rounds": 0, "drafts_proposed": 0,
+                      "span_steps": 0, "graph_steps": 0, "failed_steps": 0, "draft_rounds": 0, "drafts_proposed": 0,
                       "drafts_accepted": 0}
         self.accepted_at = [0] * (speculative_tokens + 1)   # rounds whose draft i was accepted
 
@@ -202,8 +217,10 @@ class Engine:
         num_active = sum(s.num_running for s in self.schedulers)
         shape = plan_step_shapes(len(plans), rows, num_active, self.span)
         self.stats["span_steps"] += shape.is_span
+        graph = graph_key(shape, plans) if self.graphs else None
+        self.stats["graph_steps"] += graph is not None
         return [WorkerStep(p.step_id, p.seqs, tuple(self._unsent.pop(s.req_id) for s in p.seqs
-                                                    if s.req_id in self._unsent), tuple(f), shape, num_drafts)
+                                                    if s.req_id in self._unsent), tuple(f), shape, num_drafts, graph)
                 for p, f in zip(plans, forget)]
 
     def _fail_all(self, msg: str) -> list[TokenEvent]:

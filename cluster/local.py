@@ -39,8 +39,8 @@ def build_local_engine(cfg: EngineConfig, progress: bool = True) -> tuple[Engine
     num_blocks = cfg.kv_cache_tokens // cfg.block_size
     sched = scheduler_config(cfg, model.config, tokenizer, num_blocks)
     runner = ModelRunner(model, num_blocks, cfg.block_size, cfg.resolved_dtype(), device,
-                         speculative=cfg.speculative_tokens > 0, cuda_graphs=cfg.graphs_enabled(),
-                         max_model_len=sched.max_model_len)
+                         speculative=cfg.speculative_tokens > 0, graphs=cfg.graphs_mode())
     decode = (lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer else None
-    engine = Engine(LocalExecutor(runner), sched, decode, speculative_tokens=cfg.speculative_tokens)
+    engine = Engine(LocalExecutor(runner), sched, decode, speculative_tokens=cfg.speculative_tokens,
+                    graphs=cfg.graphs_mode() != "off")
     return engine, tokenizer

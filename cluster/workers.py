@@ -28,7 +28,7 @@ def worker_specs(cfg: EngineConfig, num_blocks: int) -> list[WorkerSpec]:
                        device=device, dtype=str(cfg.resolved_dtype()).removeprefix("torch."), kernels=cfg.kernels,
                        num_blocks=num_blocks, block_size=cfg.block_size, max_rows=max_rows,
                        timeout_s=min(cfg.step_timeout_s, 30.0), speculative=cfg.speculative_tokens > 0,
-                       cuda_graphs=cfg.graphs_enabled())
+                       graphs=cfg.graphs_mode())
             for r in range(cfg.num_workers)]
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 DP = "dp"
 SPAN = "span"
+GRAPH_BUCKETS = (1, 2, 4, 8)   # rows per rank of the decode / verify steps captured as CUDA graphs
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,13 @@ def plan_step_shapes(
             return StepShape(SPAN, rows_per_rank=rows, total_rows=rows, owner=owners[0])
     bucket = next_pow2(max(rows_wanted.values(), default=0))
     return StepShape(DP, rows_per_rank=bucket, total_rows=num_ranks * bucket, owner=None)
+
+
+def graph_width(blocks: int) -> int:
+    """Block-table columns of a graph step whose longest table has ``blocks``: rounded up to a quarter of
+    the next power of two (≤ 25 % padding, four widths — four captured graphs — per octave)."""
+    granule = max(1, next_pow2(blocks) // 4)
+    return -(-blocks // granule) * granule
 
 
 def place_request(kv_load: dict[int, int]) -> int:

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import torch
 
-from workers.rowmap import RowMap, Span, rows_of, total_rows
+from workers.rowmap import Dp, RowMap, Span, rows_of, total_rows
 
 
 class CommError(RuntimeError):
@@ -59,6 +59,16 @@ class Comm(Protocol):
 
         Dp: R_local = rows_per_rank; Span: the owner gets [num_rows, H], the others [0, H].
         """
+        ...
+
+    def all_gather_static(self, local_rows: torch.Tensor) -> torch.Tensor:
+        """The graph-shaped AG: every rank passes exactly [R, H] (pads included) -> [N, R, H] on every rank.
+        Shapes and the phase sequence are fixed, so a captured graph can replay it (``StaticPhases``)."""
+        ...
+
+    def reduce_scatter_static(self, partial: torch.Tensor) -> torch.Tensor:
+        """The graph-shaped RS: [N·R, H] partials (rank-major stripes) -> [R, H], this rank's stripe summed
+        over sources in order."""
         ...
 
     def barrier(self) -> None:
@@ -144,6 +154,24 @@ class DictRendezvous(Rendezvous):
 
 
 # ----------------------------------------------------------------------------- shared helpers
+
+
+class StaticPhases:
+    """``all_gather_static`` / ``reduce_scatter_static`` as the backend's own Dp phases of R rows per rank.
+    Capturable where those are (NCCL); a backend with device-side flags overrides them. ``check`` raises
+    what a device-side wait recorded (nothing here: these phases raise at once)."""
+
+    capturable = False
+
+    def check(self) -> None:
+        pass
+
+    def all_gather_static(self, local_rows: torch.Tensor) -> torch.Tensor:
+        R, H = local_rows.shape
+        return self.all_gather(local_rows, Dp(self.world_size, R), 0).view(self.world_size, R, H)
+
+    def reduce_scatter_static(self, partial: torch.Tensor) -> torch.Tensor:
+        return self.reduce_scatter(partial, Dp(self.world_size, partial.shape[0] // self.world_size), 0)
 
 
 def ordered_sum(parts: Sequence[torch.Tensor]) -> torch.Tensor:

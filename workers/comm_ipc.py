@@ -29,13 +29,14 @@ fence between them.
 
 GPU: the AG/RS regions live in one ``cudaMalloc`` of rank 0 whose IPC handle peers open
 (``cudaIpcOpenMemHandle``; also several processes on one GPU); flags stay in host shared memory,
-polled by the host. Ordering: each phase's device work (this rank's copy into the region, and its
+polled by the host. The same allocation also holds the graph-shaped phases' regions and device-side
+flags (``workers/comm_device.py``), which a captured decode step uses instead. Ordering: each phase's device work (this rank's copy into the region, and its
 reads of the previous phases) is issued on its current stream, and ``publish`` first runs
 ``torch.cuda.current_stream().synchronize()``: the flag becomes visible only after those kernels
 have completed, so a peer that sees the flag and then launches its reads finds the data in device
 memory, and the two-parity argument above holds with "finished reading" meaning "its reading
-kernels completed". Work a caller issues on other streams is not covered. A first version: a host
-round trip per phase, no device-side flags, no CUDA-graph capture. Close is ordered too (see
+kernels completed". Work a caller issues on other streams is not covered. These ragged phases cost a
+host round trip each (prefill, mixed steps); graph steps use the device-side phases. Close is ordered too (see
 ``_create_cupy``): rank 0 frees the allocation only after every peer has unmapped it.
 """
 
@@ -56,6 +57,7 @@ import torch
 from workers.comm import (
     CommTimeout,
     Rendezvous,
+    StaticPhases,
     check_local_rows,
     check_partial,
     check_rowmap,
@@ -98,7 +100,7 @@ class IpcLayout:
         return _align(2 * self.max_rows * self.world_size * self.hidden * self.itemsize)
 
 
-class IpcComm:
+class IpcComm(StaticPhases):
     """Comm over peer-mapped buffers (see module docstring for layout and protocol).
 
     flags: int64 numpy view [2, 3, N, 8] of host shared memory; ag/rs: uint8 tensors holding
@@ -109,7 +111,7 @@ class IpcComm:
 
     def __init__(self, rank: int, world_size: int, layout: IpcLayout, flags: np.ndarray, ag: torch.Tensor,
                  rs: torch.Tensor, timeout_s: float, sync: Callable[[], None],
-                 release: Callable[[], None]) -> None:
+                 release: Callable[[], None], device_region: torch.Tensor | None = None) -> None:
         self.rank = rank
         self.world_size = world_size
         self.layout = layout
@@ -119,6 +121,31 @@ class IpcComm:
         self._ag, self._rs = ag, rs
         self._sync, self._release = sync, release
         self._closed = False
+        self._device = None          # GPU: the graph-shaped phases with device-side flags (comm_device)
+        if device_region is not None:
+            from workers.comm_device import DevicePhases
+
+            self._device = DevicePhases(rank, world_size, layout.hidden, device_region, timeout_s)
+
+    @property
+    def capturable(self) -> bool:
+        """The graph-shaped phases can be captured in a CUDA graph (device-side flags, GPU only)."""
+        return self._device is not None
+
+    def all_gather_static(self, local_rows: torch.Tensor) -> torch.Tensor:
+        if self._device is None:
+            return super().all_gather_static(local_rows)
+        return self._device.all_gather(local_rows)
+
+    def reduce_scatter_static(self, partial: torch.Tensor) -> torch.Tensor:
+        if self._device is None:
+            return super().reduce_scatter_static(partial)
+        return self._device.reduce_scatter(partial)
+
+    def check(self) -> None:
+        """Raise ``CommTimeout`` if a device-side wait expired (the ragged phases raise at once)."""
+        if self._device is not None:
+            self._device.check()
 
     @classmethod
     def create(cls, rank: int, world_size: int, rendezvous: Rendezvous, device: torch.device, max_rows: int,
@@ -148,6 +175,8 @@ class IpcComm:
         before any rank enters the next phase (a barrier, or a driver that waits for each)."""
         self._ag.fill_(255)
         self._rs.fill_(255)
+        if self._device is not None:
+            self._device.poison()
         self._sync()  # on the GPU: done before any peer can write its next phase
 
     def _begin(self) -> tuple[int, int]:
@@ -221,7 +250,7 @@ class IpcComm:
         if self._closed:
             return
         self._closed = True
-        self._flags = self._ag = self._rs = None  # type: ignore[assignment]
+        self._flags = self._ag = self._rs = self._device = None  # type: ignore[assignment]
         self._release()
 
 
@@ -331,7 +360,9 @@ def _create_cupy(cls, rank: int, rendezvous: Rendezvous, layout: IpcLayout, devi
     index = device.index if device.index is not None else torch.cuda.current_device()
     device = torch.device("cuda", index)
     torch.cuda.set_device(device)
-    data_bytes = layout.ag_bytes + layout.rs_bytes
+    from workers.comm_device import DevicePhases
+
+    data_bytes = layout.ag_bytes + layout.rs_bytes + DevicePhases.nbytes(layout.world_size, layout.hidden)
     owned, ptr = None, 0
     with cupy.cuda.Device(index):
         try:
@@ -378,5 +409,6 @@ def _create_cupy(cls, rank: int, rendezvous: Rendezvous, layout: IpcLayout, devi
         del unmapped  # the last view of the host mapping
         release_shm()
 
-    return cls(rank, layout.world_size, layout, flags, data[: layout.ag_bytes], data[layout.ag_bytes :],
-               timeout_s, lambda: torch.cuda.current_stream(device).synchronize(), release)
+    rs_end = layout.ag_bytes + layout.rs_bytes
+    return cls(rank, layout.world_size, layout, flags, data[: layout.ag_bytes], data[layout.ag_bytes: rs_end],
+               timeout_s, lambda: torch.cuda.current_stream(device).synchronize(), release, data[rs_end:])

@@ -25,6 +25,7 @@ from workers.comm import (
     CommError,
     CommTimeout,
     Rendezvous,
+    StaticPhases,
     check_local_rows,
     check_partial,
     check_rowmap,
@@ -34,7 +35,7 @@ from workers.comm import (
 from workers.rowmap import Dp, RowMap, rows_of, total_rows
 
 
-class TorchComm:
+class TorchComm(StaticPhases):
     """Comm over the default torch.distributed process group (see module docstring)."""
 
     def __init__(self, rank: int, world_size: int, device: torch.device, max_rows: int, hidden: int,
@@ -72,6 +73,11 @@ class TorchComm:
             store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         return cls(rank, world_size, device, max_rows, hidden, timeout_s)
+
+    @property
+    def capturable(self) -> bool:
+        """NCCL collectives can be captured in a CUDA graph; gloo runs on the host."""
+        return self.device.type == "cuda"
 
     def _run(self, phase: str, fn) -> None:
         self.epoch += 1

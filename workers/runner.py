@@ -17,7 +17,7 @@ from models.cache import KVCache, build_batch
 from models.glm5 import GlmForCausalLM
 from scheduler.request import SamplingParams
 from scheduler.scheduler import ScheduledSeq
-from scheduler.shapes import StepShape
+from scheduler.shapes import StepShape, next_pow2
 from workers.graphs import DecodeGraphs
 from workers.sampler import sample
 from workers.speculative import DraftRequest, MtpDrafter, token_logprobs, verify
@@ -42,6 +42,7 @@ class WorkerStep:
     finished: tuple[str, ...] = ()
     shape: StepShape | None = None     # the MoE bucket of this step (all ranks get the same one)
     num_drafts: int = 0                # drafts to propose after this step (0: none; the same on every rank)
+    graph: tuple[int, int] | None = None   # (rows bucket, block-table width): a graph-shaped step, same everywhere
 
 
 @dataclass(frozen=True)
@@ -70,30 +71,29 @@ class ModelRunner:
     """Runs steps of a (possibly sharded) model on one device over a cache of ``num_blocks`` blocks.
 
     ``in_group``: one of several ranks, which all run every step (the MLP phases are collective);
-    ``stage(shape, num_rows)`` is called before every forward so the rank's comm knows the bucket.
+    ``stage(shape, num_rows, static)`` is called before every forward so the rank's comm knows the bucket
+    (``static``: the graph-shaped phases, every rank padded to the bucket).
     ``speculative``: keep the MTP layer's cache filled and propose drafts when a step asks for them.
-    ``cuda_graphs``: decode / verify steps (≤ 8 rows) run the static-shape forward of ``workers/graphs.py``,
-    captured per bucket on CUDA and run eagerly on CPU; contexts up to ``max_model_len`` (default: the
-    model's) take it, longer ones and prefill run eagerly.
+    ``graphs``: steps the engine marks ``graph`` (decode / verify rows, ≤ 8 per rank) run the static-shape
+    forward of ``workers/graphs.py`` — ``capture``: as CUDA graphs (eager off CUDA); ``eager``: the same
+    static path without capture (the replays' oracle); ``off``: every step runs the ragged eager path.
     """
 
     def __init__(self, model: GlmForCausalLM, num_blocks: int, block_size: int, dtype: torch.dtype,
                  device: str | torch.device = "cpu", in_group: bool = False, world_size: int = 1,
-                 stage: Callable[[StepShape | None, int], None] | None = None, speculative: bool = False,
-                 max_drafting: int = 8, cuda_graphs: bool = False, max_model_len: int | None = None):
+                 stage: Callable[[StepShape | None, int, bool], None] | None = None, speculative: bool = False,
+                 max_drafting: int = 8, graphs: str = "off"):
         self.model, self.block_size, self.device = model, block_size, torch.device(device)
         self.in_group, self.world_size = in_group, world_size
-        self.stage = stage or (lambda shape, n: None)
+        self.stage = stage or (lambda shape, n, static=False: None)
         num_slots = num_blocks * block_size
         scratch = MAX_DRAFTS + 1
         pad_slot = num_slots + max_drafting * scratch       # written by the graphs' pad rows, read by no one
         self.cache = KVCache(model.config, pad_slot + 1, dtype, device)
-        self.graphs = None
-        if cuda_graphs:
-            assert not in_group, "decode graphs run on one process (the comm phases are not captured)"
-            max_len = max_model_len or model.config.max_position_embeddings
-            self.graphs = DecodeGraphs(model, self.cache, block_size, pad_slot,
-                                       min(num_blocks, -(-max_len // block_size)), self.device, capture=True)
+        if graphs not in ("off", "eager", "capture"):
+            raise ValueError(f"graphs must be 'off', 'eager' or 'capture', got {graphs!r}")
+        self.graphs = None if graphs == "off" else DecodeGraphs(
+            model, self.cache, block_size, pad_slot, next_pow2(num_blocks), self.device, capture=graphs == "capture")
         self.requests: dict[str, _RequestState] = {}
         self.drafter = None
         if speculative:
@@ -113,15 +113,18 @@ class ModelRunner:
             self.requests[nr.req_id] = _RequestState(nr.params, len(nr.prompt_ids), list(nr.prompt_ids))
         if not step.seqs and not self.in_group:
             return StepResult(step.step_id)
-        if self.graphs is not None and self.graphs.fits(step.seqs):
-            batch, bucket, width = self.graphs.stage(step.seqs)
+        if self.graphs is not None and step.graph is not None:
+            bucket, width = step.graph
+            batch = self.graphs.stage(step.seqs, bucket, width)
+            self.stage(step.shape, batch.num_rows, True)
             ids = self.graphs.ids[:batch.num_rows]
             hidden = self.graphs.run(bucket, width)[:batch.num_rows]                 # [N, H]
+            self.stage(step.shape, batch.num_rows, False)       # the eager MTP passes below use the ragged comm
         else:
             ids = torch.tensor([t for s in step.seqs for t in s.token_ids], dtype=torch.long, device=self.device)
             batch = build_batch([(s.start_pos, len(s.token_ids), s.block_ids) for s in step.seqs],
                                 self.block_size, self.device)
-            self.stage(step.shape, batch.num_rows)
+            self.stage(step.shape, batch.num_rows, False)
             hidden = self.model(ids, batch, self.cache)                               # [N, H]
         result = self._sample(step, hidden, batch)
         if self.drafter is not None:

@@ -13,29 +13,43 @@ from dataclasses import dataclass
 import torch
 
 from scheduler.shapes import StepShape
-from workers.comm import Comm, Rendezvous, make_comm
+from workers.comm import Comm, Rendezvous, make_comm, ordered_sum
 from workers.rowmap import Dp, RowMap, Span
 from workers.runner import ModelRunner, StepResult, WorkerStep
 
 
 class StepComm:
     """The model's view of AG/RS for the current step: pads this rank's rows into the bucket
-    (pad rows are fresh zeros, so nothing stale or NaN enters the MoE) and trims them after RS."""
+    (pad rows are fresh zeros, so nothing stale or NaN enters the MoE) and trims them after RS.
 
-    def __init__(self, comm: Comm, rank: int, world_size: int):
+    A *static* step (a CUDA graph's) has fixed shapes on every rank: each rank passes the whole bucket
+    of R rows, pads included, whose first ``num_local`` rows are real; pads are zeroed on the device.
+    The span owner and ``num_local`` live in device scalars written before the replay, so one captured
+    graph serves any owner: AG gathers [N, R, H] and selects the owner's stripe with a device index; a
+    span's RS gathers every rank's partials and sums them in source order (``ordered_sum``, as the
+    ragged span RS does, so the two agree bit for bit).
+    """
+
+    def __init__(self, comm: Comm, rank: int, world_size: int, device: torch.device):
         self.comm, self.rank, self.world_size = comm, rank, world_size
         self.rowmap: RowMap | None = None
         self.owner = 0
         self.num_local = 0
+        self.static = False
+        self._owner_dev = torch.zeros(1, dtype=torch.long, device=device)
+        self._num_local_dev = torch.zeros((), dtype=torch.long, device=device)
 
-    def stage(self, shape: StepShape, num_local: int) -> None:
+    def stage(self, shape: StepShape, num_local: int, static: bool = False) -> None:
         """Set this step's row map and owner (the span owner is a per-step value, never baked in)."""
         if shape.is_span:
             self.rowmap, self.owner = Span(self.world_size, shape.total_rows), shape.owner
             assert num_local == 0 or self.rank == shape.owner, "only the span owner has rows"
         else:
             self.rowmap, self.owner = Dp(self.world_size, shape.rows_per_rank), 0
-        self.num_local = num_local
+        self.num_local, self.static = num_local, static
+        if static:
+            self._owner_dev.fill_(self.owner)
+            self._num_local_dev.fill_(num_local)
 
     def _bucket_rows(self) -> int:
         if isinstance(self.rowmap, Span):
@@ -43,14 +57,26 @@ class StepComm:
         return self.rowmap.rows_per_rank
 
     def all_gather(self, h: torch.Tensor) -> torch.Tensor:
-        """h: [num_local, H] → the step's bucket [total_rows, H], identical on every rank."""
+        """h: [num_local, H] (static: [R, H]) → the step's bucket [total_rows, H], identical on every rank."""
+        if self.static:
+            R, H = h.shape
+            real = torch.arange(R, device=h.device) < self._num_local_dev
+            gathered = self.comm.all_gather_static(torch.where(real[:, None], h, h.new_zeros(())))  # [N, R, H]
+            if isinstance(self.rowmap, Span):
+                return gathered.index_select(0, self._owner_dev).view(R, H)
+            return gathered.view(self.world_size * R, H)
         assert h.shape[0] == self.num_local
         local = h.new_zeros(self._bucket_rows(), h.shape[1])
         local[: self.num_local] = h
         return self.comm.all_gather(local, self.rowmap, self.owner)
 
     def reduce_scatter(self, partial: torch.Tensor) -> torch.Tensor:
-        """partial: [total_rows, H] this rank's partial sums → the summed rows it owns [num_local, H]."""
+        """partial: [total_rows, H] this rank's partial sums → the summed rows it owns [num_local, H]
+        (static: [R, H], pads included; a span's non-owners get the owner's sums and ignore them)."""
+        if self.static:
+            if isinstance(self.rowmap, Span):
+                return ordered_sum(self.comm.all_gather_static(partial).unbind(0))
+            return self.comm.reduce_scatter_static(partial)
         return self.comm.reduce_scatter(partial, self.rowmap, self.owner)[: self.num_local]
 
 
@@ -72,7 +98,7 @@ class WorkerSpec:
     timeout_s: float = 30.0     # bound on every comm phase
     setup_timeout_s: float = 300.0
     speculative: bool = False   # fill the MTP cache and propose drafts
-    cuda_graphs: bool = False   # decode/verify steps as CUDA graphs (world_size 1 only)
+    graphs: str = "off"         # decode/verify steps: capture (CUDA graphs) | eager (static shapes) | off
 
 
 class Worker:
@@ -102,21 +128,30 @@ class Worker:
         self.comm = make_comm(spec.comm, spec.rank, spec.world_size, rendezvous=rendezvous, device=device,
                               max_rows=spec.max_rows, hidden=model.config.hidden_size, dtype=dtype,
                               timeout_s=spec.timeout_s)
-        self.step_comm = StepComm(self.comm, spec.rank, spec.world_size)
+        self.step_comm = StepComm(self.comm, spec.rank, spec.world_size, device)
         if spec.world_size > 1:
             model.set_comm(self.step_comm)
         self.runner = ModelRunner(model, spec.num_blocks, spec.block_size, dtype, device,
                                   in_group=spec.world_size > 1, world_size=spec.world_size, stage=self._stage,
-                                  speculative=spec.speculative,
-                                  cuda_graphs=spec.cuda_graphs and spec.world_size == 1 and device.type == "cuda")
+                                  speculative=spec.speculative, graphs=self._graphs_mode())
 
-    def _stage(self, shape: StepShape | None, num_rows: int) -> None:
+    def _graphs_mode(self) -> str:
+        """``capture`` needs a capturable comm in a group (NCCL, or ipc's device phases); else the graph
+        steps run the same static path eagerly."""
+        if self.spec.graphs == "capture" and self.spec.world_size > 1 and not self.comm.capturable:
+            return "eager"
+        return self.spec.graphs
+
+    def _stage(self, shape: StepShape | None, num_rows: int, static: bool = False) -> None:
         if self.spec.world_size > 1:
             assert shape is not None, "a multi-rank step needs its bucket shape"
-            self.step_comm.stage(shape, num_rows)
+            self.step_comm.stage(shape, num_rows, static)
 
     def execute(self, step: WorkerStep) -> StepResult:
-        return self.runner.execute(step)
+        result = self.runner.execute(step)
+        if step.graph is not None:
+            self.comm.check()        # a device-side wait that expired inside the step fails it here
+        return result
 
     @torch.inference_mode()
     def run_mlp(self, layer: int, h: torch.Tensor, shape: StepShape) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,7 +24,10 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 from tests.integration.test_comm import _Pool, _shm_segments
-from workers.comm import CommTimeout, DictRendezvous, make_comm
+from scheduler.shapes import StepShape
+from workers.comm import CommTimeout, DictRendezvous, make_comm, ordered_sum
+from workers.comm_device import DevicePhases
+from workers.worker import StepComm
 from workers.rowmap import Dp, Span, rows_of
 
 HIDDEN = 6144
@@ -241,7 +244,7 @@ def _close_order(rank: int, n: int, board, peer_delay_s: float, timeout_s: float
         # a same-size cudaMalloc right away lands on the freed block if there was one: scribble on it
         import cupy
 
-        size = comm.layout.ag_bytes + comm.layout.rs_bytes
+        size = comm.layout.ag_bytes + comm.layout.rs_bytes + DevicePhases.nbytes(n, HIDDEN)
         scribble = cupy.cuda.Memory(size)
         cupy.cuda.runtime.memset(scribble.ptr, 7, size)
         cupy.cuda.runtime.deviceSynchronize()
@@ -279,3 +282,109 @@ def test_rank0_keeps_buffer_when_peer_never_unmaps():
     assert 0.9 < results[0]["close_s"] < 2.0, results[0]
     assert any("did not unmap" in w for w in results[0]["warnings"]), results[0]
     assert results[1]["still_mapped"]
+
+
+# ----------------------------------------------------------------------------- device-side phases + graphs
+
+
+def _device_phases(rank: int, n: int, board) -> list[str]:
+    """The graph-shaped phases (device-side flags): eager rounds over every bucket and both dtypes, then a
+    CUDA graph of StepComm's span AG → per-rank partial → RS, captured once and replayed with the owner
+    changing through its device scalar, and a dp graph with a pad row. Returns failures."""
+    comm = _comm(rank, n, board, "ipc", 8 * n)
+    comm.poison()
+    comm.barrier()
+    failures: list[str] = []
+
+    def expect(ok: bool, what: str) -> None:
+        if not ok:
+            failures.append(f"rank {rank}: {what}")
+
+    for i in range(24):
+        R, dtype = (1, 2, 4, 8)[i % 4], (torch.float32, torch.bfloat16)[i % 2]
+        rows = [_data(10 * i + r, R, dtype) for r in range(n)]
+        expect(torch.equal(comm.all_gather_static(rows[rank]), torch.stack(rows)), f"static ag round {i}")
+        partials = [_data(1000 * i + r, n * R, dtype) for r in range(n)]
+        want = ordered_sum([p[rank * R:(rank + 1) * R] for p in partials])
+        expect(torch.equal(comm.reduce_scatter_static(partials[rank]), want), f"static rs round {i}")
+
+    sc, R = StepComm(comm, rank, n, DEV), 4
+    h = torch.zeros(R, HIDDEN, dtype=torch.bfloat16, device=DEV)
+
+    def step():
+        bucket = sc.all_gather(h)
+        return bucket, sc.reduce_scatter(bucket * (rank + 1))          # a rank-dependent "expert" partial
+
+    for kind in ("span", "dp"):
+        def stage(owner: int) -> None:
+            if kind == "span":
+                sc.stage(StepShape("span", R, R, owner), R if rank == owner else 0, static=True)
+            else:
+                sc.stage(StepShape("dp", R, n * R, None), R - 1, static=True)   # one pad row per rank
+        stage(0)
+        h.copy_(_data(5, R, torch.bfloat16))
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = step()
+        for rep, owner in enumerate([0, n - 1, 1 % n, 0, n - 1]):
+            stage(owner)
+            h.copy_(_data(50 + 7 * rep + rank, R, torch.bfloat16))
+            graph.replay()
+            got = (out[0].clone(), out[1].clone())
+            eager = step()
+            expect(torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1]),
+                   f"{kind} replay != eager (owner {owner})")
+            if kind == "span":
+                rows = _data(50 + 7 * rep + owner, R, torch.bfloat16)
+                expect(torch.equal(got[0], rows), f"span owner {owner}: gathered rows")
+                expect(torch.equal(got[1], ordered_sum([rows * (s + 1) for s in range(n)])), f"span {owner}: rs")
+            else:
+                rows = [_data(50 + 7 * rep + r, R, torch.bfloat16) for r in range(n)]
+                want = torch.cat([torch.cat([x[:R - 1], torch.zeros_like(x[:1])]) for x in rows])
+                expect(torch.equal(got[0], want), "dp: gathered rows, pads zero")
+    comm.check()
+    comm.barrier()
+    comm.close()
+    torch.cuda.synchronize()
+    return failures
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_device_phases_and_graph_replay_with_any_owner(n):
+    _needs_cupy()
+    reports = _spawn(_device_phases, n)
+    assert [f for r in reports for f in r] == []
+
+
+def _device_absent_peer(rank: int, n: int, board) -> float | None:
+    """Rank 1 stops after one graph-shaped AG; rank 0's next wait expires and ``check`` names rank 1."""
+    rdv = DictRendezvous(board, n, prefix="ipc/")
+    comm = _comm(rank, n, board, "ipc", 8 * n, timeout_s=1.0)
+    comm.all_gather_static(torch.ones(1, HIDDEN, device=DEV))
+    if rank == 1:
+        rdv.wait("done", 120.0)
+        comm.close()
+        return None
+    start = time.monotonic()
+    try:
+        comm.all_gather_static(torch.ones(1, HIDDEN, device=DEV))
+        comm.check()
+    except CommTimeout as exc:
+        assert "epoch 2 on rank 0" in str(exc) and "'AG': [1]" in str(exc), str(exc)
+        return time.monotonic() - start
+    finally:
+        rdv.publish("done", True)
+        comm.close()
+    raise AssertionError("no CommTimeout")
+
+
+def test_device_phase_wait_is_bounded():
+    _needs_cupy()
+    elapsed, _ = _spawn(_device_absent_peer, 2)
+    print(f"device-side wait expired after {elapsed:.2f} s (timeout 1 s)")
+    assert elapsed < 60.0

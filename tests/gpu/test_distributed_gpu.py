@@ -82,7 +82,8 @@ def _group_tokens(ckpt, tiny_config, n: int, moe: str, dtype: str, kernels: str)
     cfg = engine_config(ckpt, n, moe, dtype, kernels)
     group = ProcessWorkerGroup(cfg, NUM_BLOCKS)
     try:
-        engine = Engine(group, scheduler_config(cfg, tiny_config, None, NUM_BLOCKS), num_ranks=n)
+        engine = Engine(group, scheduler_config(cfg, tiny_config, None, NUM_BLOCKS), num_ranks=n,
+                        graphs=cfg.graphs_mode() != "off")
         mixed, solo = run(engine, requests()), run(engine, _solo())
         assert engine.num_free_blocks() == n * NUM_BLOCKS
         return mixed, solo, dict(engine.stats)
@@ -90,13 +91,17 @@ def _group_tokens(ckpt, tiny_config, n: int, moe: str, dtype: str, kernels: str)
         group.shutdown()
 
 
-@pytest.mark.parametrize("n,moe,kernels", [(2, "tp", "reference"), (4, "ep", "reference"), (4, "tp", "auto")])
+@pytest.mark.parametrize("n,moe,kernels", [(2, "tp", "reference"), (4, "ep", "reference"), (4, "tp", "auto"),
+                                           (2, "ep", "auto")])
 def test_greedy_tokens_equal_single_process(tiny_ckpt, tiny_config, n, moe, kernels):
+    """``kernels: auto`` also captures the decode steps as CUDA graphs (``cuda_graphs: auto``), their AG/RS
+    through the ipc device-side phases; the single-process oracle runs without graphs."""
     want_mixed, want_solo = reference_tokens(tiny_ckpt, tiny_config, "float32", kernels)
     mixed, solo, stats = _group_tokens(tiny_ckpt, tiny_config, n, moe, "float32", kernels)
     assert mixed == want_mixed
     assert solo == want_solo
     assert stats["span_steps"] > 0
+    assert (stats["graph_steps"] > 0) == (kernels == "auto")
 
 
 def _agreement(got: dict, want: dict) -> float:

@@ -211,3 +211,45 @@ def test_speculative_trained_model_8_ranks_equals_plain(ray_session, text_ckpt):
         print("8-rank speculation:", engine.spec_metrics())
     finally:
         group.shutdown()
+
+
+@pytest.mark.parametrize("n,moe,comm", [(2, "tp", "torch"), (8, "ep", "ipc")])
+def test_static_graph_steps_equal_single_process(ray_session, tiny_ckpt, tiny_config, reference, n, moe, comm):
+    """``cuda_graphs: eager``: decode steps take the graph-shaped path (every rank padded to the bucket,
+    owner and real-row count in device scalars, static AG/RS) without capture; tokens equal single-process."""
+    cfg = engine_config(tiny_ckpt, n, moe, comm, cuda_graphs="eager")
+    group = RayWorkerGroup(cfg, NUM_BLOCKS)
+    try:
+        engine = Engine(group, scheduler_config(cfg, tiny_config, None, NUM_BLOCKS), num_ranks=n, graphs=True)
+        assert run(engine, requests()) == reference[0]
+        assert run(engine, {"solo": requests(1, max_tokens=8, seed=5)["r0"]}) == reference[1]
+        assert engine.stats["graph_steps"] > 0
+    finally:
+        group.shutdown()
+
+
+def test_static_span_verify_steps_equal_plain(ray_session, text_ckpt):
+    """Speculation on 4 ranks with graph-shaped steps: each verify step (1 + 3 drafts) is a static span
+    whose owner comes from a device scalar; greedy output equals single-process plain decode."""
+    from models.config import ModelConfig
+
+    mc = ModelConfig.from_json(text_ckpt)
+    g = torch.Generator().manual_seed(22)
+    prompts = [torch.randint(40, mc.vocab_size, (int(torch.randint(4, 40, (1,), generator=g)),),
+                             generator=g).tolist() for _ in range(6)]
+    greedy = SamplingParams(max_tokens=12, temperature=0.0)
+    plain = Engine(LocalExecutor(ModelRunner(load_model(text_ckpt, dtype=torch.float32, progress=False),
+                                             NUM_BLOCKS, 16, torch.float32)),
+                   scheduler_config(engine_config(text_ckpt, 1), mc, None, NUM_BLOCKS))
+    expected = [run(plain, {f"p{i}": (ids, greedy)})[f"p{i}"] for i, ids in enumerate(prompts)]
+    cfg = engine_config(text_ckpt, 4, "tp", "ipc", speculative_tokens=3, cuda_graphs="eager")
+    group = RayWorkerGroup(cfg, NUM_BLOCKS)
+    try:
+        engine = Engine(group, scheduler_config(cfg, mc, None, NUM_BLOCKS), num_ranks=4, speculative_tokens=3,
+                        graphs=True)
+        got = [run(engine, {f"s{i}": (ids, greedy)})[f"s{i}"] for i, ids in enumerate(prompts)]
+        assert got == expected
+        assert engine.stats["graph_steps"] > 0 and engine.stats["drafts_accepted"] > 0
+        assert engine.stats["span_steps"] > 0
+    finally:
+        group.shutdown()

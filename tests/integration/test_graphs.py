@@ -25,11 +25,11 @@ def model(text_ckpt):
 
 def make_engine(model, graphs: bool, k: int = 0) -> Engine:
     device = next(model.parameters()).device
-    runner = ModelRunner(model, NUM_BLOCKS, BLOCK, torch.float32, device, speculative=k > 0, cuda_graphs=graphs,
-                         max_model_len=1024)
+    runner = ModelRunner(model, NUM_BLOCKS, BLOCK, torch.float32, device, speculative=k > 0,
+                         graphs="capture" if graphs else "off")
     cfg = SchedulerConfig(num_blocks=NUM_BLOCKS, block_size=BLOCK, max_model_len=1024,
                           vocab_size=model.config.vocab_size, eos_token_ids=())
-    return Engine(LocalExecutor(runner), cfg, speculative_tokens=k)
+    return Engine(LocalExecutor(runner), cfg, speculative_tokens=k, graphs=graphs)
 
 
 def run(engine: Engine, reqs: dict) -> dict[str, list[int]]:
