@@ -95,7 +95,8 @@ def mla_sparse_attention(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: to
     block_h = min(16, max(16, next_pow2(nh)))
     block_k = 32 if rkv >= 256 else 16
     head_blocks = triton.cdiv(nh, block_h)
-    splits = max(1, min(triton.cdiv(2 * num_sms(), N * head_blocks), triton.cdiv(K, 4 * block_k), 64))
+    # few rows: split K down to one key block per program so a decode row still covers every SM
+    splits = max(1, min(triton.cdiv(2 * num_sms(), N * head_blocks), triton.cdiv(K, block_k), 64))
     keys_per_split = triton.cdiv(triton.cdiv(K, splits), block_k) * block_k
     splits = triton.cdiv(K, keys_per_split)
     o_part = torch.empty(N * nh * splits, rkv, dtype=torch.float32, device=q_lat.device)
@@ -113,15 +114,21 @@ def mla_sparse_attention(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: to
 
 @triton.jit
 def _index_score_kernel(q_ptr, w_ptr, k_ptr, table_ptr, base_ptr, len_ptr, pos_ptr, score_ptr, T_max, scale,
-                        stride_qn, stride_qh, stride_k, BS: tl.constexpr, IH: tl.constexpr, IDD: tl.constexpr,
-                        BLOCK_T: tl.constexpr, PREC: tl.constexpr):
-    """Row n's key t sits in slot table[base[n] + t // BS] * BS + t % BS (BS = 1: a flat slot list)."""
+                        stride_qn, stride_qh, stride_k, stride_table, BS: tl.constexpr, RAGGED: tl.constexpr,
+                        IH: tl.constexpr, IDD: tl.constexpr, BLOCK_T: tl.constexpr, PREC: tl.constexpr):
+    """Row n's key t sits in slot table[base + t // BS] * BS + t % BS: ragged (BS = 1), a flat slot list with
+    base = base[n] and length len[n]; paged, row n of a block table (base = n · stride_table, length T_max)."""
     n = tl.program_id(0)
     t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
-    length = tl.load(len_ptr + n)
+    if RAGGED:
+        base = tl.load(base_ptr + n)
+        length = tl.load(len_ptr + n)
+    else:
+        base = n * stride_table
+        length = T_max
     pos = tl.load(pos_ptr + n)
     visible = (t < length) & (t <= pos)
-    block = tl.load(table_ptr + tl.load(base_ptr + n) + t // BS, mask=visible, other=0)
+    block = tl.load(table_ptr + base + t // BS, mask=visible, other=0)
     slot = block.to(tl.int64) * BS + t % BS
     d = tl.arange(0, IDD)
     hh = tl.arange(0, IH)
@@ -135,16 +142,33 @@ def _index_score_kernel(q_ptr, w_ptr, k_ptr, table_ptr, base_ptr, len_ptr, pos_p
 
 
 def _score(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tensor, table: torch.Tensor,
-           base: torch.Tensor, length: torch.Tensor, positions: torch.Tensor, T_max: int, block_size: int,
-           scale: float) -> torch.Tensor:
+           base: torch.Tensor | None, length: torch.Tensor | None, positions: torch.Tensor, T_max: int,
+           block_size: int, scale: float) -> torch.Tensor:
+    """Scores [N, T_max]: ragged (``base``/``length`` per row into a flat slot list) or paged (``table`` is a
+    block table, one row per query row)."""
     N, ih, idd = q.shape
     score = torch.empty(N, T_max, dtype=torch.float32, device=q.device)
     block_t = 64
+    ragged = base is not None
     _index_score_kernel[(N, triton.cdiv(T_max, block_t))](
-        q, head_weights.float().contiguous(), k_cache, table, base, length, positions, score, T_max, scale,
-        q.stride(0), q.stride(1), k_cache.stride(0), BS=block_size, IH=ih, IDD=idd, BLOCK_T=block_t,
+        q, head_weights.float().contiguous(), k_cache, table, base if ragged else table,
+        length if ragged else table, positions, score, T_max, scale, q.stride(0), q.stride(1), k_cache.stride(0),
+        table.stride(0), BS=block_size, RAGGED=ragged, IH=ih, IDD=idd, BLOCK_T=block_t,
         PREC=dot_precision(k_cache.dtype), num_warps=4)
     return score
+
+
+@triton.jit
+def _paged_slots_kernel(idx_ptr, val_ptr, table_ptr, out_ptr, K, stride_table, BS: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    """out[n, j] = slot of key idx[n, j] through row n of the block table, or -1 where its score is -inf."""
+    n = tl.program_id(0)
+    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = j < K
+    t = tl.load(idx_ptr + n * K + j, mask=m, other=0)
+    val = tl.load(val_ptr + n * K + j, mask=m, other=float("-inf"))
+    block = tl.load(table_ptr + n * stride_table + t // BS, mask=m, other=0).to(tl.int64)
+    tl.store(out_ptr + n * K + j, tl.where(val > float("-inf"), block * BS + t % BS, -1), mask=m)
 
 
 def _scorable(q: torch.Tensor) -> bool:
@@ -195,9 +219,10 @@ def indexer_topk_paged(q: torch.Tensor, head_weights: torch.Tensor, k_cache: tor
         return reference.indexer_topk_paged(q, head_weights, k_cache, block_table, block_size, positions, topk,
                                             scale)
     W = MB * block_size
-    base = torch.arange(N, device=q.device) * block_table.stride(0)
-    length = torch.full((N,), W, dtype=torch.int64, device=q.device)
-    score = _score(q, head_weights, k_cache, block_table, base, length, positions, W, block_size, scale)
+    score = _score(q, head_weights, k_cache, block_table, None, None, positions, W, block_size, scale)
     val, idx = score.topk(min(topk, W), dim=-1, sorted=False)
-    slots = block_table.gather(1, (idx // block_size)).long() * block_size + idx % block_size
-    return torch.where(torch.isfinite(val), slots, -1)
+    K = idx.shape[1]
+    slots = torch.empty(N, K, dtype=torch.int64, device=q.device)
+    _paged_slots_kernel[(N, triton.cdiv(K, 1024))](idx, val, block_table, slots, K, block_table.stride(0),
+                                                    BS=block_size, BLOCK=1024, num_warps=4)
+    return slots

@@ -35,6 +35,14 @@ STEPS = {1: [(1, 0)], 2: [(1, 0), (1, 0)], 4: [(1, 0), (1, 0), (1, 0)], 8: [(1, 
 _MODELS: dict = {}
 
 
+@pytest.fixture(scope="module")
+def text_ckpt():
+    """The embedded trained tiny model (real MTP head, indexer selecting beyond 32 keys)."""
+    from cluster.config import DEFAULT_MODEL
+
+    return DEFAULT_MODEL
+
+
 def model(ckpt, dtype):
     ops.configure("auto", DEV)
     if dtype not in _MODELS:

@@ -88,7 +88,8 @@ def test_fp8_linear_split_k_semaphore(tk, M):
     w8, s = fp8_quantize(0.02 * torch.randn(40, 300, generator=g))
     s = s * (1 + torch.rand(s.shape, generator=g))
     x = torch.randn(M, 300, generator=g)
-    for tile in (lin.LinearTile(16, 128, 3), lin.LinearTile(32, 256, 2)):     # 3 and 2 splits, edge K step
+    # FMA rows (M padded to 4) with 3 splits; tensor-core rows with 2 splits, a K step past K
+    for tile in (lin.LinearTile(4, 16, 128, 3), lin.LinearTile(16, 32, 256, 2)):
         first = lin.fp8_linear(x, w8, s, tile)
         assert rel(first, reference.linear(x, w8, s)) < 1e-5
         assert torch.equal(lin.fp8_linear(x, w8, s, tile), first)
@@ -122,8 +123,8 @@ def test_moe_experts(tk, N, offset, fp8):
                                                       and a.dim() == 3 and not fp8 else a for a in args],
                                   expert_offset=offset)
     assert got16.dtype == torch.float16 and rel(got16, ref) < 1e-2
-    wide = (tk["moe"].ExpertTile(16, 256), tk["moe"].ExpertTile(32, 256))          # K steps past H and I
-    assert rel(tk["moe"].fused_moe(x, idx, w, *args, expert_offset=offset, tiles=wide), ref) < 1e-5
+    fma = (tk["moe"].ExpertTile(8, 16, 256), tk["moe"].ExpertTile(8, 32, 256))      # K steps past H and I
+    assert rel(tk["moe"].fused_moe(x, idx, w, *args, expert_offset=offset, tiles=fma), ref) < 1e-5
 
 
 @pytest.mark.parametrize("N,offset,E_l", [(1, 0, 8), (3, 4, 4), (5, 2, 3)])
@@ -207,6 +208,26 @@ def test_indexer_topk_sets(tk):
         req = next(i for i, (r0, nr) in enumerate(seq_rows) if r0 <= n < r0 + nr)
         return {int(s): float(scores[n, t]) for t, s in enumerate(seq_slots[req].tolist())}
     _same_sets_or_tied(got, ref, score_of)
+
+
+def test_indexer_topk_paged_sets(tk):
+    """The graph path's paged indexer: block-table rows (strided view, a pad row), the same sets as the
+    reference's paged indexer; -1 exactly where fewer keys are visible than K."""
+    g = torch.Generator().manual_seed(8)
+    ih, idd, topk, bs, blocks = 16, 32, 24, 4, 40
+    k_cache = torch.randn(blocks * bs, idd, generator=g)
+    table = torch.zeros(4, 32, dtype=torch.int32)
+    for r in range(3):
+        table[r, :25] = torch.randperm(blocks, generator=g)[:25].to(torch.int32)
+    table = table[:, :25]                                         # a strided view, as the graph buffers are
+    positions = torch.tensor([57, 99, 9, 0])                     # row 2: 10 keys ≤ topk; row 3: a pad row
+    q, w = torch.randn(4, ih, idd, generator=g), torch.randn(4, ih, generator=g)
+    got = tk["att"].indexer_topk_paged(q, w, k_cache, table, bs, positions, topk, idd ** -0.5)
+    ref = reference.indexer_topk_paged(q, w, k_cache, table, bs, positions, topk, idd ** -0.5)
+    assert got.shape == ref.shape == (4, topk)
+    for n in range(4):
+        assert set(got[n].tolist()) == set(ref[n].tolist()), n
+    assert (got[2] == -1).sum() == topk - 10 and (got[3] == -1).sum() == topk - 1
 
 
 def test_fp8_dequant(tk):
