@@ -46,9 +46,10 @@ def rand_fp8(*shape):
 def cases():
     """(name, op, args builder, bytes, flops)."""
     out = []
-    for M, N, K, what in [(1, 576, 6144, "kv_a"), (1, 16384, 2048, "q_b"), (1, 6144, 16384, "o_proj"),
-                          (8, 6144, 16384, "o_proj"), (1, 12288, 6144, "dense gate"),
-                          (4096, 16384, 2048, "q_b prefill")]:
+    decode = [(576, 6144, "kv_a"), (16384, 2048, "q_b"), (6144, 16384, "o_proj"), (12288, 6144, "dense gate_up"),
+              (2048, 6144, "q_a"), (4096, 2048, "indexer wq_b")]
+    for M, N, K, what in [(M, N, K, what) for M in (1, 8) for N, K, what in decode] + [
+            (4096, 16384, 2048, "q_b prefill")]:
         w8, s = rand_fp8(N, K)
         x = torch.randn(M, K, device=DEV, dtype=BF16)
         out.append((f"linear fp8 {what} M={M} [{N}x{K}]", "linear", (x, w8, s),
@@ -64,6 +65,10 @@ def cases():
         hit = idx.unique().numel()
         out.append((f"moe_experts fp8 N={N} I={I} ({hit} experts hit)", "moe_experts",
                     (x, idx, w, g, u, d, gs, us, ds, 0), hit * 3 * I * H, 2 * N * k * 3 * I * H))
+    for N in (1, 8):
+        logits = torch.randn(N, 256, device=DEV)
+        out.append((f"router_topk N={N} E=256 k=8", "router_topk",
+                    (logits, torch.zeros(256, device=DEV), 8, 1, 1, True, 2.5), N * 256 * 4 + 256 * 4, 0))
     for N in (1, 8):
         nh, rkv, dr, K, slots = 64, 512, 64, 2048, 300000
         kv = torch.randn(slots, rkv + dr, device=DEV, dtype=BF16)

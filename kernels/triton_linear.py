@@ -3,8 +3,8 @@
 One kernel serves decode and prefill; the launcher picks the tile shape:
 
 * decode (≤ 64 rows): one row tile holds every row (16..64, rows masked), so each weight byte is read
-  once; wide weight tiles (``LinearTile``: BLOCK_N × BLOCK_K, several stages in flight) and split-K over
-  the reduction so that even a 576-row projection keeps every SM streaming. The split partials are
+  once; split-K over the reduction so that even a 576-row projection keeps every SM streaming
+  (``LinearTile``: BLOCK_N × BLOCK_K weight tile, split, warps, stages; ``decode_tile`` picks it). The split partials are
   reduced inside the same launch, deterministically: each split program stores its fp32 partial to a
   workspace and bumps its output tile's counter (acq_rel); the program that arrives last adds the
   partials in split order 0, 1, 2, … (bypassing L1), writes the output and resets the counter to 0.
@@ -108,14 +108,13 @@ def _counters(device: torch.device) -> torch.Tensor:
 
 
 def decode_tile(M: int, N: int, K: int) -> LinearTile:
-    """The measured-best decode tile (bench/tune_decode_kernels.py): wide tiles, split-K until every SM
-    has a few programs, each split ≥ 2 K steps."""
-    block_n = 64 if N >= 8192 else 32
-    block_k = 256
-    k_steps = triton.cdiv(K, block_k)
-    n_prog = triton.cdiv(N, block_n)
-    split = max(1, min(triton.cdiv(2 * num_sms(), n_prog), k_steps // 2))
-    return LinearTile(block_n, block_k, split)
+    """The decode tile measured best on H200 at 1 and 8 rows (bench/tune_decode_kernels.py; wider N or K
+    tiles, more warps or stages were no faster): 64×128 weight tiles (32 wide under 1024 outputs),
+    split-K until every SM has ~2 programs and no program walks more than 32 K steps, each ≥ 2."""
+    block_n = 64 if N >= 1024 else 32
+    k_steps = triton.cdiv(K, 128)
+    split = max(triton.cdiv(2 * num_sms(), triton.cdiv(N, block_n)), triton.cdiv(k_steps, 32))
+    return LinearTile(block_n, 128, max(1, min(split, k_steps // 2)), num_warps=4, num_stages=3)
 
 
 def fp8_linear(x: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor,

@@ -45,6 +45,38 @@ def test_fp8_linear_bf16(M, N, K):
     assert rel(reference.linear(x, w8, s), ref) < 1e-2             # the bf16 reference is as far off
 
 
+def replayed(fn, times: int = 2) -> torch.Tensor:
+    """``fn`` captured in a CUDA graph after an eager warm-up, replayed ``times``: the output of the last."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    for _ in range(times):
+        graph.replay()
+    torch.cuda.synchronize()
+    return out.clone()
+
+
+@pytest.mark.parametrize("M", [1, 8])
+@pytest.mark.parametrize("N,K", [(12288, 6144), (6144, 16384), (16384, 2048), (2048, 6144), (576, 6144),
+                                 (4096, 2048)])
+def test_fp8_linear_decode_bitwise(M, N, K):
+    """The split-K reduction inside the launch: bit-identical on repeat, and graph replays (the tile
+    counters reset between launches) equal the eager call bitwise."""
+    g = gen(M + N + K)
+    w8, s = fp8_quantize(0.02 * torch.randn(N, K, device=DEV, generator=g))
+    x = torch.randn(M, K, device=DEV, generator=g).to(BF16)
+    lin = tri("linear")
+    first = lin(x, w8, s)
+    assert rel(first, reference.linear(x.float(), w8, s)) < 1e-2
+    assert all(torch.equal(lin(x, w8, s), first) for _ in range(3))
+    assert torch.equal(replayed(lambda: lin(x, w8, s)), first)
+
+
 def test_fp8_dequant_exact():
     w8, s = fp8_quantize(torch.randn(3, 576, 6144, device=DEV, generator=gen(1)))
     assert torch.equal(tri("fp8_dequant")(w8, s, BF16), reference.fp8_dequant(w8, s, BF16))
@@ -64,6 +96,49 @@ def test_moe_fp8(N, offset, I):
     got = tri("moe_experts")(*args)
     assert rel(got, ref32) < 1e-2
     assert rel(reference.moe_experts(*args), ref32) < 1e-2
+
+
+@pytest.mark.parametrize("N,offset,I", [(1, 0, 2048), (8, 16, 2048), (8, 0, 256)])
+def test_moe_fp8_bitwise_and_graph(N, offset, I):
+    """fused_moe (routing kernel included): bit-identical on repeat; graph replays equal eager bitwise."""
+    g = gen(10 + N + I)
+    E, H, k, E_l = 64, 6144, 8, 32 if offset else 64
+    x = torch.randn(N, H, device=DEV, generator=g).to(BF16)
+    idx = torch.stack([torch.randperm(E, device=DEV, generator=g)[:k] for _ in range(N)])
+    w = torch.rand(N, k, device=DEV, generator=g)
+    (gate, gs), (up, us), (down, ds) = (fp8_quantize(0.02 * torch.randn(E_l, a, b, device=DEV, generator=g))
+                                        for a, b in ((I, H), (I, H), (H, I)))
+    moe = tri("moe_experts")
+    args = (x, idx, w, gate, up, down, gs, us, ds, offset)
+    first = moe(*args)
+    assert rel(first, reference.moe_experts(x.float(), *args[1:])) < 1e-2
+    assert torch.equal(moe(*args), first)
+    assert torch.equal(replayed(lambda: moe(*args)), first)
+
+
+def test_route_pairs_32_rows():
+    from kernels.triton_moe import route_pairs
+    g = gen(11)
+    idx = torch.stack([torch.randperm(256, device=DEV, generator=g)[:8] for _ in range(32)])
+    local = idx - 64
+    is_local = (local >= 0) & (local < 128)
+    local = torch.where(is_local, local, 128)
+    sorted_e, sorted_pair, order, valid = route_pairs(idx, 64, 128)
+    ref_e, ref_pair = local.flatten().sort(stable=True)
+    assert torch.equal(sorted_e, ref_e.int()) and torch.equal(sorted_pair, ref_pair.int())
+    assert torch.equal(order, local.argsort(dim=1, stable=True).int()) and torch.equal(valid.bool(), is_local.flatten())
+
+
+@pytest.mark.parametrize("n_group,topk_group", [(1, 1), (8, 4)])
+def test_router_topk_sets(n_group, topk_group):
+    g = gen(12)
+    logits, bias = torch.randn(8, 256, device=DEV, generator=g), 0.1 * torch.randn(256, device=DEV, generator=g)
+    ids, w = tri("router_topk")(logits, bias, 8, n_group, topk_group, True, 2.5)
+    ref_ids, ref_w = reference.router_topk(logits, bias, 8, n_group, topk_group, True, 2.5)
+    for n in range(8):
+        assert set(ids[n].tolist()) == set(ref_ids[n].tolist())
+        got = dict(zip(ids[n].tolist(), w[n].tolist()))
+        assert all(abs(got[i] - v) <= 1e-6 * abs(v) for i, v in zip(ref_ids[n].tolist(), ref_w[n].tolist()))
 
 
 @pytest.mark.parametrize("N,K", [(1, 2048), (8, 2048), (64, 2048), (4, 700)])
