@@ -40,10 +40,14 @@ class DecodeGraphs:
         self.pad_slot, self.max_blocks = pad_slot, max_blocks
         self.capture = capture and device.type == "cuda"
         rows = GRAPH_BUCKETS[-1]
-        self.ids = torch.zeros(rows, dtype=torch.long, device=device)
-        self.positions = torch.zeros(rows, dtype=torch.long, device=device)
-        self.slots = torch.full((rows,), pad_slot, dtype=torch.long, device=device)
+        self._meta = torch.zeros(3, rows, dtype=torch.long, device=device)          # ids, positions, slots
+        self.ids, self.positions, self.slots = self._meta.unbind(0)
         self.block_table = torch.zeros(rows, max_blocks, dtype=torch.int32, device=device)
+        # host mirrors, pinned on CUDA (asynchronous copies); reused, so a step waits for the previous copy
+        pin = device.type == "cuda"
+        self._host_meta = torch.zeros(3, rows, dtype=torch.long, pin_memory=pin)
+        self._host_table = torch.zeros(rows * max_blocks, dtype=torch.int32, pin_memory=pin)
+        self._copied = torch.cuda.Event() if pin else None
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
         self.runs: dict[tuple[int, int], int] = {}      # steps served per (bucket, width)
@@ -53,30 +57,29 @@ class DecodeGraphs:
         reset. Returns the real rows' Batch, a view of the buffers (it serves the eager MTP pass too)."""
         bs = self.block_size
         assert width <= self.max_blocks, f"graph width {width} blocks > table capacity {self.max_blocks}"
-        ids, positions, slots, seq_rows = [], [], [], []
-        table = torch.zeros(bucket, width, dtype=torch.int32)
+        if self._copied is not None:
+            self._copied.synchronize()                  # the host mirrors are free again
+        meta = self._host_meta.numpy()
+        table = self._host_table[: bucket * width].numpy().reshape(bucket, width)
+        table[:] = 0
+        meta[:, :bucket] = ((0,), (0,), (self.pad_slot,))
+        n, seq_rows = 0, []
         for s in seqs:
             assert s.sample and len(s.token_ids) == 1 + s.num_drafts, f"{s.req_id}: not a decode/verify row set"
-            seq_rows.append((len(ids), len(s.token_ids)))
-            blocks = torch.tensor(s.block_ids, dtype=torch.int32)
+            rows = len(s.token_ids)
+            assert n + rows <= bucket, f"the step's rows do not fit the graph bucket {bucket}"
+            seq_rows.append((n, rows))
+            table[n, :len(s.block_ids)] = s.block_ids
+            table[n + 1: n + rows] = table[n]
             for j, t in enumerate(s.token_ids):
                 p = s.start_pos + j
-                table[len(ids), :len(blocks)] = blocks
-                ids.append(t)
-                positions.append(p)
-                slots.append(s.block_ids[p // bs] * bs + p % bs)
-        n = len(ids)
-        assert n <= bucket, f"{n} rows do not fit the graph bucket {bucket}"
-        pad = bucket - n
-        host = torch.tensor([ids + [0] * pad, positions + [0] * pad, slots + [self.pad_slot] * pad])
-        dev = self.ids.device
-        if dev.type == "cuda":
-            host, table = host.pin_memory(), table.pin_memory()
-        staged = host.to(dev, non_blocking=True)
-        self.ids[:bucket].copy_(staged[0])
-        self.positions[:bucket].copy_(staged[1])
-        self.slots[:bucket].copy_(staged[2])
-        self.block_table[:bucket, :width].copy_(table, non_blocking=True)
+                meta[:, n + j] = (t, p, s.block_ids[p // bs] * bs + p % bs)
+            n += rows
+        self._meta.copy_(self._host_meta, non_blocking=True)
+        self.block_table[:bucket, :width].copy_(self._host_table[: bucket * width].view(bucket, width),
+                                                non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
         return Batch(self.positions[:n], self.slots[:n], seq_rows, [], self.block_table[:n, :width], bs)
 
     def _forward(self, bucket: int, width: int) -> torch.Tensor:
