@@ -1,6 +1,6 @@
 """Verify-round cost vs rows: one request's speculative verify (positions p..p+k-1 of the SAME request)
 on the GLM-5.2-width slice of ``bench/decode_slice.py`` (1 dense + 3 MoE layers, FP8 weights built on
-the GPU, random KV), ``kernels: auto``, eager and CUDA-graph replay.
+the GPU, random KV), ``kernels: auto``, eager and the runner's CUDA-graph path.
 
 The premise under test: a verify of k+1 rows costs about what a 1-row decode costs. Attention reads
 the same context once per row set, but the MoE reads the union of the experts the rows route to, so
@@ -23,11 +23,13 @@ from pathlib import Path
 
 import torch
 
-from bench.decode_slice import BF16, DEV, SLICE, build_model, graph_ms, time_ms
+from bench.decode_slice import BF16, BLOCK, DEV, SLICE, build_model, decode_graphs, time_ms
 from kernels import ops
 from models.cache import KVCache, contiguous_batch
 from models.config import ModelConfig
 from models.glm5 import MoeShard
+from scheduler.scheduler import ScheduledSeq
+from scheduler.shapes import graph_width
 
 ROWS = (1, 2, 4, 8)
 CTXS = (4096, 32768)
@@ -52,7 +54,8 @@ def expert_union(model, ids: torch.Tensor, batch, cache) -> list[int]:
     return unions
 
 
-def bench_case(model, cfg, cache, ctx: int, label: str, lengths: list[tuple[int, int]], capacity: int) -> dict:
+def bench_case(model, cfg, cache, graphs, ctx: int, label: str, lengths: list[tuple[int, int]],
+               capacity: int) -> dict:
     rows = sum(n for _, n in lengths)
     batch = contiguous_batch(lengths, capacity, DEV)
     g = torch.Generator(device=DEV).manual_seed(ctx + rows)
@@ -66,8 +69,20 @@ def bench_case(model, cfg, cache, ctx: int, label: str, lengths: list[tuple[int,
             return model.logits(model(ids, batch, cache))
 
     row["eager_ms"] = time_ms(step, 20)
+    per_req = capacity // BLOCK                  # request i's slots i*capacity.. as blocks, like the batch
+    seqs, r0 = [], 0
+    for i, (start, n) in enumerate(lengths):
+        blocks = tuple(range(i * per_req, i * per_req + -(-(start + n) // BLOCK)))
+        seqs.append(ScheduledSeq(f"r{i}", tuple(ids[r0:r0 + n].tolist()), start, blocks, True, 0, n - 1))
+        r0 += n
+    width = graph_width(max(len(s.block_ids) for s in seqs))
+
+    def graph_step():                          # the runner's path: replay, then the lm_head over the rows
+        with torch.no_grad():
+            return model.logits(graphs.run(rows, width))
     try:
-        row["graph_ms"] = graph_ms(step, 50)
+        graphs.stage(seqs, rows, width)
+        row["graph_ms"] = time_ms(graph_step, 50)
     except Exception as e:  # noqa: BLE001 — report, keep benchmarking
         row["graph_ms"], row["graph_error"] = None, repr(e)[:200]
     print(json.dumps(row), flush=True)
@@ -82,7 +97,7 @@ def write_report(results: list[dict], out: Path, command: str) -> None:
              "over the rows + lm_head logits for every row. `verify k` = ONE request, rows at positions "
              "ctx..ctx+k-1; `dp 8` = 8 distinct requests, one row each (the decode shape). Experts = distinct "
              "routed experts per MoE layer (random token ids | one id repeated). Times: median ms, CUDA events; "
-             "graph = CUDA-graph replay of the whole step."), "",
+             "graph = the runner's graph path (replay of workers/graphs.py's captured forward + the lm_head)."), "",
              f"Command: `{command}`", "",
              ("| ctx | case | rows | experts/layer (random ids) | experts/layer (same id) | eager ms | graph ms "
              "| graph vs 1 row |"), "|---:|---|---:|---|---|---:|---:|---:|"]
@@ -107,17 +122,18 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = ModelConfig.from_dict(dict(SLICE))
-    capacity = max(CTXS) + 64                               # slots per request
-    cache = KVCache(cfg, 8 * capacity, BF16, DEV)
+    capacity = max(CTXS) + BLOCK                            # slots per request (a multiple of BLOCK)
+    cache = KVCache(cfg, 8 * capacity + BLOCK, BF16, DEV)   # + a block for the graphs' pad slot
     for t in cache.kv + [k for k in cache.index_k if k is not None]:
         t.normal_()
     model = build_model(cfg, MoeShard())
     ops.configure("auto", DEV)
+    graphs = decode_graphs(model, cache)
     results = []
     for ctx in CTXS:
         for k in ROWS:
-            results.append(bench_case(model, cfg, cache, ctx, "verify", [(ctx, k)], capacity))
-        results.append(bench_case(model, cfg, cache, ctx, "dp 8", [(ctx, 1)] * 8, capacity))
+            results.append(bench_case(model, cfg, cache, graphs, ctx, "verify", [(ctx, k)], capacity))
+        results.append(bench_case(model, cfg, cache, graphs, ctx, "dp 8", [(ctx, 1)] * 8, capacity))
     write_report(results, out, "PYTHONPATH=. python bench/verify_rows.py --out bench/results")
 
 
