@@ -71,8 +71,8 @@ class EngineConfig:
         return asdict(self)
 
     def graphs_mode(self) -> str:
-        """The runner's ``graphs``: ``capture`` (auto, on a GPU with the Triton kernels; both comm backends
-        capture there: NCCL, and ipc through its device-side phases),
+        """The runner's ``graphs``: ``capture`` (auto, on a GPU with the Triton kernels; in a worker group the
+        comm must be capturable — ipc, through its device-side phases — else the worker runs ``eager``),
         ``eager`` (the static-shape path without capture: for debugging), or ``off``."""
         if self.cuda_graphs != "auto":
             return self.cuda_graphs

@@ -157,9 +157,9 @@ class DictRendezvous(Rendezvous):
 
 
 class StaticPhases:
-    """``all_gather_static`` / ``reduce_scatter_static`` as the backend's own Dp phases of R rows per rank.
-    Capturable where those are (NCCL); a backend with device-side flags overrides them. ``check`` raises
-    what a device-side wait recorded (nothing here: these phases raise at once)."""
+    """``all_gather_static`` / ``reduce_scatter_static`` as the backend's own Dp phases of R rows per rank
+    (host-driven: run eagerly); a backend with device-side flags overrides them and sets ``capturable``.
+    ``check`` raises what a device-side wait recorded (nothing here: these phases raise at once)."""
 
     capturable = False
 

@@ -74,10 +74,9 @@ class TorchComm(StaticPhases):
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         return cls(rank, world_size, device, max_rows, hidden, timeout_s)
 
-    @property
-    def capturable(self) -> bool:
-        """NCCL collectives can be captured in a CUDA graph; gloo runs on the host."""
-        return self.device.type == "cuda"
+    # NCCL collectives can be captured in principle, but a captured multi-rank NCCL step has not been run
+    # (one GPU here; NCCL refuses two ranks on one device): graph steps of a torch group run eagerly.
+    capturable = False
 
     def _run(self, phase: str, fn) -> None:
         self.epoch += 1

@@ -136,7 +136,7 @@ class Worker:
                                   speculative=spec.speculative, graphs=self._graphs_mode())
 
     def _graphs_mode(self) -> str:
-        """``capture`` needs a capturable comm in a group (NCCL, or ipc's device phases); else the graph
+        """``capture`` needs a capturable comm in a group (ipc's device phases); else the graph
         steps run the same static path eagerly."""
         if self.spec.graphs == "capture" and self.spec.world_size > 1 and not self.comm.capturable:
             return "eager"
