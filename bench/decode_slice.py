@@ -31,7 +31,7 @@ from models.glm5 import GlmForCausalLM, MoeShard
 from models.loader import checkpoint_shapes, fp8_linears, quantizable
 from scheduler.scheduler import ScheduledSeq
 from scheduler.shapes import graph_width, next_pow2
-from workers.graphs import DecodeGraphs
+from workers.graphs import DecodeGraphs, capture_graph
 
 DEV, BF16, FP8 = "cuda", torch.bfloat16, torch.float8_e4m3fn
 BLOCK = 64                     # KV block size of the bench's paged cache
@@ -107,15 +107,7 @@ def time_ms(fn, iters: int) -> float:
 
 def graph_ms(step, iters: int) -> float:
     """Capture ``step`` in a CUDA graph (after warm-up on a side stream) and time its replays."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph, _ = capture_graph(step, warmup=3)
     return time_ms(graph.replay, iters)
 
 

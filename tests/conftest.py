@@ -36,3 +36,16 @@ def hf_model(path, dtype=torch.float32):
 
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager",
                                                 experts_implementation="eager").eval()
+
+
+def run_engine(engine, reqs: dict) -> dict[str, list[int]]:
+    """Add every request (``{id: (prompt ids, SamplingParams)}``), step until all finish with no error
+    event; returns each request's tokens."""
+    out = {rid: [] for rid in reqs}
+    for rid, (ids, params) in reqs.items():
+        engine.add_request(ids, params, rid)
+    while engine.has_unfinished():
+        for ev in engine.step():
+            assert ev.error is None, ev.error
+            out[ev.req_id] += ev.token_ids
+    return out

@@ -104,17 +104,9 @@ class DecodeGraphs:
         return self._forward(bucket, width)
 
     def _record(self, bucket: int, width: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        # warm up on a side stream (Triton compiles, cuBLAS workspaces) before recording; the step's inputs
-        # are staged, so the warm-up writes exactly the KV the replay writes
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self._forward(bucket, width)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
+        # the step's inputs are staged, so the warm-up writes exactly the KV the replay writes
         try:
-            with torch.cuda.graph(graph, pool=self._pool):
-                out = self._forward(bucket, width)
+            graph, out = capture_graph(lambda: self._forward(bucket, width), self._pool)
         except Exception as e:
             raise RuntimeError(f"CUDA graph capture of the decode step (rows {bucket}, width {width} blocks) "
                                f"failed: {e}; kernels must be 'auto' on CUDA, or set cuda_graphs: off") from e
@@ -124,3 +116,18 @@ class DecodeGraphs:
     @property
     def captured(self) -> list[tuple[int, int]]:
         return sorted(self._graphs)
+
+
+def capture_graph(fn, pool=None, warmup: int = 1):
+    """(graph, its output) of ``fn`` captured on the current CUDA device, after ``warmup`` eager runs on a
+    side stream (Triton compiles, cuBLAS workspaces). ``pool``: share another graph's memory pool."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn()
+    return graph, out

@@ -27,6 +27,7 @@ from tests.integration.test_comm import _Pool, _shm_segments
 from scheduler.shapes import StepShape
 from workers.comm import CommTimeout, DictRendezvous, make_comm, ordered_sum
 from workers.comm_device import DevicePhases
+from workers.graphs import capture_graph
 from workers.worker import StepComm
 from workers.rowmap import Dp, Span, rows_of
 
@@ -323,14 +324,7 @@ def _device_phases(rank: int, n: int, board) -> list[str]:
                 sc.stage(StepShape("dp", R, n * R, None), R - 1, static=True)   # one pad row per rank
         stage(0)
         h.copy_(_data(5, R, torch.bfloat16))
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = step()
+        graph, out = capture_graph(step)
         for rep, owner in enumerate([0, n - 1, 1 % n, 0, n - 1]):
             stage(owner)
             h.copy_(_data(50 + 7 * rep + rank, R, torch.bfloat16))

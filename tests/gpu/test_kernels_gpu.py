@@ -15,6 +15,7 @@ pytest.importorskip("triton")
 
 from kernels import ops, reference
 from kernels.reference import fp8_quantize
+from workers.graphs import capture_graph
 
 DEV = "cuda"
 BF16 = torch.bfloat16
@@ -47,14 +48,7 @@ def test_fp8_linear_bf16(M, N, K):
 
 def replayed(fn, times: int = 2) -> torch.Tensor:
     """``fn`` captured in a CUDA graph after an eager warm-up, replayed ``times``: the output of the last."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
+    graph, out = capture_graph(fn)
     for _ in range(times):
         graph.replay()
     torch.cuda.synchronize()

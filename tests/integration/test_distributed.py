@@ -15,6 +15,7 @@ from cluster.workers import RayWorkerGroup
 from models.loader import load_model
 from scheduler.request import SamplingParams
 from scheduler.shapes import StepShape
+from tests.conftest import run_engine as run
 from workers.runner import ModelRunner
 from workers.worker import Worker
 
@@ -29,17 +30,6 @@ def requests(n=6, max_tokens=6, seed=0):
         plen = int(torch.randint(3, 40, (1,), generator=g))
         out[f"r{i}"] = (torch.randint(2, 1024, (plen,), generator=g).tolist(),
                         SamplingParams(max_tokens=max_tokens, temperature=0.0))
-    return out
-
-
-def run(engine: Engine, reqs) -> dict[str, list[int]]:
-    out = {k: [] for k in reqs}
-    for k, (ids, p) in reqs.items():
-        engine.add_request(ids, p, k)
-    while engine.has_unfinished():
-        for ev in engine.step():
-            assert ev.error is None, ev.error
-            out[ev.req_id] += ev.token_ids
     return out
 
 

@@ -13,6 +13,7 @@ from models.cache import build_batch
 from models.loader import load_model
 from scheduler.request import SamplingParams
 from scheduler.scheduler import SchedulerConfig
+from tests.conftest import run_engine
 from workers.runner import ModelRunner
 
 BLOCK, NUM_BLOCKS = 16, 128
@@ -33,13 +34,7 @@ def make_engine(model, graphs: bool, k: int = 0) -> Engine:
 
 
 def run(engine: Engine, reqs: dict) -> dict[str, list[int]]:
-    out = {rid: [] for rid in reqs}
-    for rid, (ids, p) in reqs.items():
-        engine.add_request(ids, p, rid)
-    while engine.has_unfinished():
-        for ev in engine.step():
-            assert ev.error is None, ev.error
-            out[ev.req_id] += ev.token_ids
+    out = run_engine(engine, reqs)
     assert engine.num_free_blocks() == NUM_BLOCKS
     return out
 

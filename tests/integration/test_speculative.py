@@ -9,6 +9,7 @@ from cluster.engine import Engine, LocalExecutor
 from models.loader import load_model
 from scheduler.request import SamplingParams
 from scheduler.scheduler import SchedulerConfig
+from tests.conftest import run_engine
 from workers.runner import ModelRunner
 from workers.speculative import rejection_sample
 
@@ -30,13 +31,7 @@ def make_engine(model, k: int, index_share: bool | None = None) -> Engine:
 
 
 def run(engine: Engine, reqs: dict) -> dict[str, list[int]]:
-    out = {rid: [] for rid in reqs}
-    for rid, (ids, p) in reqs.items():
-        engine.add_request(ids, p, rid)
-    while engine.has_unfinished():
-        for ev in engine.step():
-            assert ev.error is None, ev.error
-            out[ev.req_id] += ev.token_ids
+    out = run_engine(engine, reqs)
     assert engine.num_free_blocks() == 96
     return out
 
