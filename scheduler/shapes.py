@@ -68,9 +68,9 @@ def plan_step_shapes(
 
 
 def graph_width(blocks: int) -> int:
-    """Block-table columns of a graph step whose longest table has ``blocks``: rounded up to a quarter of
-    the next power of two (≤ 25 % padding, four widths — four captured graphs — per octave)."""
-    granule = max(1, next_pow2(blocks) // 4)
+    """Block-table columns of a graph step whose longest table has ``blocks``: rounded up to an eighth of
+    the next power of two (≤ 25 % padding; four widths — four captured graphs — per octave)."""
+    granule = max(1, next_pow2(blocks) // 8)
     return -(-blocks // granule) * granule
 
 

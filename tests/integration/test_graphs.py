@@ -7,12 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cluster.engine import Engine, LocalExecutor
+from cluster.engine import Engine, LocalExecutor, graph_key
 from kernels.reference import indexer_topk, indexer_topk_paged
 from models.cache import build_batch
 from models.loader import load_model
 from scheduler.request import SamplingParams
-from scheduler.scheduler import SchedulerConfig
+from scheduler.scheduler import ScheduledSeq, SchedulerConfig, StepPlan
+from scheduler.shapes import StepShape
 from tests.conftest import run_engine
 from workers.runner import ModelRunner
 
@@ -92,3 +93,19 @@ def test_paged_indexer_selects_the_ragged_sets(lengths):
     for r in range(N):
         assert set(ragged[r].tolist()) - {-1} == set(paged[r].tolist()) - {-1}, r
 
+
+
+def test_graph_key_only_for_decode_and_verify_rows_within_the_buckets():
+    def plan(*seqs):
+        return StepPlan(0, tuple(seqs), ())
+    decode = ScheduledSeq("a", (7,), 40, tuple(range(3)), True, 0)
+    verify = ScheduledSeq("b", (7, 8, 9, 10), 100, tuple(range(10, 17)), True, 0, num_drafts=3)
+    prefill = ScheduledSeq("c", (1, 2, 3), 0, (20,), True, 0)                      # a whole prompt: not a graph
+    chunk = ScheduledSeq("d", (5,), 16, (21, 22), False, 0)                        # a chunk that does not sample
+    dp = StepShape("dp", 4, 8, None)
+    assert graph_key(dp, [plan(decode, verify), plan()]) == (4, 7)                 # widest table: 7 blocks
+    assert graph_key(StepShape("span", 4, 4, 1), [plan(), plan(verify)]) == (4, 7)
+    assert graph_key(dp, [plan(decode), plan(prefill)]) is None                    # every rank must qualify
+    assert graph_key(dp, [plan(decode), plan(chunk)]) is None
+    assert graph_key(StepShape("dp", 16, 16, None), [plan(decode)]) is None        # beyond the largest bucket
+    assert graph_key(dp, [plan(), plan()]) is None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.shapes import StepShape, next_pow2, place_request, plan_step_shapes
+from scheduler.shapes import StepShape, graph_width, next_pow2, place_request, plan_step_shapes
 
 
 def test_solo_request_wanting_several_rows_is_a_span():
@@ -63,3 +63,10 @@ def test_place_request_least_loaded_lowest_rank():
 def test_span_holds_a_whole_prefill_chunk():
     shape = plan_step_shapes(4, {0: 0, 1: 37, 2: 0, 3: 0}, num_active=1)
     assert shape == StepShape("span", rows_per_rank=64, total_rows=64, owner=1)
+
+
+@pytest.mark.parametrize("blocks,width", [(1, 1), (3, 3), (4, 4), (5, 5), (9, 10), (65, 80), (257, 320), (2049, 2560),
+                                          (4096, 4096)])
+def test_graph_width_rounds_up_to_a_quarter_octave(blocks, width):
+    assert graph_width(blocks) == width
+    assert blocks <= width < 1.25 * blocks + 1
