@@ -3,8 +3,12 @@
 One region shared by the whole group, created by rank 0 and mapped by every rank:
 
     flags  int64 [parity=2][phase=3][src=N][8]   (one 64-byte line per flag word)
-    AG     dtype [parity=2][row=max_rows][hidden]          one bucket; rank r writes its rows
-    RS     dtype [parity=2][row=max_rows][src=N][hidden]   src writes its partial of row r at [r][src]
+    AG     dtype [parity=2][row=region_rows][hidden]          one bucket; rank r writes its rows
+    RS     dtype [parity=2][row=region_rows][src=N][hidden]   src writes its partial of row r at [r][src]
+
+``region_rows`` = min(max_rows, REGION_ROWS): a bucket larger than the region (a big prefill step)
+moves in consecutive phases of row chunks — every rank splits the same row map the same way, so the
+phases stay in step — and the region's size stays bounded whatever ``max_num_batched_tokens`` is.
 
 Protocol, per phase: ``epoch += 1``, ``parity = epoch % 2``; write this rank's data into
 ``[parity]``; publish ``flags[parity][phase][rank] = epoch``; spin until every rank's flag in
@@ -64,9 +68,10 @@ from workers.comm import (
     ordered_sum,
     span_owner,
 )
-from workers.rowmap import RowMap, rows_of, total_rows
+from workers.rowmap import Dp, RowMap, Span, rows_of, total_rows
 
 PHASES = ("AG", "RS", "barrier")
+REGION_ROWS = 2048  # bucket rows one ragged phase moves at most (8 ranks × H 6144 × 4 B: RS region 0.8 GB)
 _FLAG_WORDS = 8  # int64 words per flag: one cache line, no false sharing between sources
 _ALIGN = 4096
 SHM_PREFIX = "glmserve_comm_"
@@ -115,6 +120,7 @@ class IpcComm(StaticPhases):
         self.rank = rank
         self.world_size = world_size
         self.layout = layout
+        self.max_rows = layout.max_rows     # a row map's bound (``create`` sets it); the region may hold fewer
         self.timeout_s = timeout_s
         self.epoch = 0
         self._flags = flags
@@ -149,13 +155,17 @@ class IpcComm(StaticPhases):
 
     @classmethod
     def create(cls, rank: int, world_size: int, rendezvous: Rendezvous, device: torch.device, max_rows: int,
-               hidden: int, dtype: torch.dtype, timeout_s: float) -> IpcComm:
-        layout = IpcLayout(world_size, max_rows, hidden, max(dtype.itemsize, 4))
+               hidden: int, dtype: torch.dtype, timeout_s: float, region_rows: int = REGION_ROWS) -> IpcComm:
+        """``max_rows`` bounds a row map; ``region_rows`` the rows one phase moves (larger buckets chunk)."""
+        layout = IpcLayout(world_size, min(max_rows, max(region_rows, world_size)), hidden, max(dtype.itemsize, 4))
         if device.type == "cpu":
-            return _create_shm(cls, rank, rendezvous, layout, timeout_s)
-        if device.type == "cuda":
-            return _create_cupy(cls, rank, rendezvous, layout, device, timeout_s)
-        raise ValueError(f"ipc comm supports cpu and cuda devices, got {device}")
+            comm = _create_shm(cls, rank, rendezvous, layout, timeout_s)
+        elif device.type == "cuda":
+            comm = _create_cupy(cls, rank, rendezvous, layout, device, timeout_s)
+        else:
+            raise ValueError(f"ipc comm supports cpu and cuda devices, got {device}")
+        comm.max_rows = max_rows
+        return comm
 
     # -- protocol ----------------------------------------------------------------------------
 
@@ -214,12 +224,34 @@ class IpcComm(StaticPhases):
         return (f"{phase} epoch {epoch} on rank {self.rank}: ranks {missing} did not arrive within "
                 f"{self.timeout_s:.1f}s ({'; '.join(seen)})")
 
+    def _chunks(self, rowmap: RowMap) -> list[tuple[int, RowMap]]:
+        """(first row, chunk row map) of the phases that move ``rowmap``: Dp splits each rank's stripe,
+        Span its rows, so that every chunk's bucket fits the region."""
+        if total_rows(rowmap) <= self.layout.max_rows:
+            return [(0, rowmap)]
+        if isinstance(rowmap, Dp):
+            step = self.layout.max_rows // self.world_size
+            return [(r, Dp(self.world_size, min(step, rowmap.rows_per_rank - r)))
+                    for r in range(0, rowmap.rows_per_rank, step)]
+        step = self.layout.max_rows
+        return [(r, Span(self.world_size, min(step, rowmap.num_rows - r))) for r in range(0, rowmap.num_rows, step)]
+
     def all_gather(self, local_rows: torch.Tensor, rowmap: RowMap, owner: int) -> torch.Tensor:
         """AG. local_rows: [rows_per_rank, H] (Dp) or [num_rows, H] on the Span owner (ignored
         elsewhere). Returns a copy of the bucket [total_rows, H], identical on every rank."""
-        check_rowmap(rowmap, self.world_size, self.layout.max_rows)
+        check_rowmap(rowmap, self.world_size, self.max_rows)
         owner = span_owner(rowmap, owner)
         check_local_rows(local_rows, rowmap, self.rank, owner, self.layout.hidden)
+        chunks = self._chunks(rowmap)
+        if len(chunks) == 1:
+            return self._all_gather(local_rows, rowmap, owner)
+        parts = [self._all_gather(local_rows[r: r + len(rows_of(c, self.rank, owner))], c, owner) for r, c in chunks]
+        if isinstance(rowmap, Span):
+            return torch.cat(parts)
+        H = self.layout.hidden
+        return torch.cat([p.view(self.world_size, -1, H) for p in parts], dim=1).view(-1, H)
+
+    def _all_gather(self, local_rows: torch.Tensor, rowmap: RowMap, owner: int) -> torch.Tensor:
         epoch, parity = self._begin()
         bucket = self._region("AG", local_rows.dtype, parity)  # [max_rows, H]
         mine = rows_of(rowmap, self.rank, owner)
@@ -231,9 +263,19 @@ class IpcComm(StaticPhases):
     def reduce_scatter(self, partial: torch.Tensor, rowmap: RowMap, owner: int) -> torch.Tensor:
         """RS. partial: [total_rows, H]. Returns [len(rows_of(rank)), H]: the sum over sources
         of this rank's rows, ((p_0 + p_1) + p_2) + ... in ``partial.dtype``."""
-        check_rowmap(rowmap, self.world_size, self.layout.max_rows)
+        check_rowmap(rowmap, self.world_size, self.max_rows)
         owner = span_owner(rowmap, owner)
         check_partial(partial, rowmap, self.layout.hidden)
+        chunks = self._chunks(rowmap)
+        if len(chunks) == 1:
+            return self._reduce_scatter(partial, rowmap, owner)
+        if isinstance(rowmap, Span):
+            return torch.cat([self._reduce_scatter(partial[r: r + c.num_rows], c, owner) for r, c in chunks])
+        stripes = partial.reshape(self.world_size, rowmap.rows_per_rank, -1)
+        return torch.cat([self._reduce_scatter(stripes[:, r: r + c.rows_per_rank].reshape(-1, partial.shape[1]), c, 0)
+                          for r, c in chunks])
+
+    def _reduce_scatter(self, partial: torch.Tensor, rowmap: RowMap, owner: int) -> torch.Tensor:
         epoch, parity = self._begin()
         packets = self._region("RS", partial.dtype, parity)  # [max_rows, N_src, H]
         packets[: total_rows(rowmap), self.rank].copy_(partial)

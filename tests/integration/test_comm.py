@@ -346,3 +346,44 @@ def test_failed_setup_fails_peers_fast(bad_rank):
     for took in _spawn(_failing_setup, 3, bad_rank):
         assert max(took.values()) < 5.0, took
     assert _shm_segments() <= before
+
+
+# ----------------------------------------------------------------------------- bounded region, chunked phases
+
+
+def _chunked(rank: int, n: int, board) -> tuple[list[str], int]:
+    """An ipc region of 4 rows under buckets of up to 33 rows: Dp and Span phases move in row chunks and
+    still return the whole bucket and the in-order sums; Span == Dp bit for bit."""
+    from workers.comm_ipc import IpcComm
+
+    comm = IpcComm.create(rank, n, DictRendezvous(board, n, prefix="chunked/"), torch.device("cpu"), max_rows=64,
+                          hidden=HIDDEN, dtype=torch.bfloat16, timeout_s=20.0, region_rows=4)
+    failures = []
+    for R, dtype in ((5, torch.bfloat16), (11, torch.float32)):
+        dp = Dp(n, R)
+        bucket = _data(R, n * R, dtype)
+        partials = [_data(50 + R + src, n * R, dtype) for src in range(n)]
+        mine = rows_of(dp, rank)
+        if not torch.equal(comm.all_gather(bucket[mine.start:mine.stop], dp, 0), bucket):
+            failures.append(f"rank {rank}: chunked ag dp R={R}")
+        want = _in_order_sum(partials)
+        dp_rs = comm.reduce_scatter(partials[rank], dp, 0)
+        if not torch.equal(dp_rs, want[mine.start:mine.stop]):
+            failures.append(f"rank {rank}: chunked rs dp R={R}")
+        owner = R % n
+        span = Span(n, n * R)
+        local = bucket if rank == owner else bucket[:0]
+        if not torch.equal(comm.all_gather(local, span, owner), bucket):
+            failures.append(f"rank {rank}: chunked ag span R={R}")
+        span_rs = comm.reduce_scatter(partials[rank], span, owner)
+        if not torch.equal(span_rs, want if rank == owner else want[:0]):
+            failures.append(f"rank {rank}: chunked rs span R={R}")
+    comm.barrier()
+    comm.close()
+    return failures, comm.layout.max_rows
+
+
+def test_ipc_phases_beyond_the_region_move_in_chunks():
+    reports = _spawn(_chunked, 3)
+    assert [f for failures, _ in reports for f in failures] == []
+    assert {rows for _, rows in reports} == {4}          # the region holds 4 rows, not max_rows = 64
