@@ -12,14 +12,13 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench.decode_slice import BF16, BLOCK, DEV, SLICE, build_model
+from bench.decode_slice import BF16, BLOCK, DEV, SLICE, build_model, decode_graphs
 from kernels import ops
 from models.cache import KVCache
 from models.config import ModelConfig
 from models.glm5 import MoeShard
 from scheduler.scheduler import ScheduledSeq
-from scheduler.shapes import graph_width, next_pow2
-from workers.graphs import DecodeGraphs
+from scheduler.shapes import graph_width
 
 
 def main() -> None:
@@ -35,8 +34,7 @@ def main() -> None:
     model = build_model(cfg, MoeShard())
     ops.configure("auto", DEV)
     per_req = cache.num_slots // 8 // BLOCK
-    graphs = DecodeGraphs(model, cache, BLOCK, cache.num_slots - 1, next_pow2(cache.num_slots // BLOCK),
-                          torch.device(DEV), capture=True)
+    graphs = decode_graphs(model, cache)
     for rows in args.rows:
         blocks = -(-(args.ctx + 1) // BLOCK)
         seqs = [ScheduledSeq(f"r{i}", (1000 + i,), args.ctx, tuple(range(i * per_req, i * per_req + blocks)), True, 0)

@@ -119,7 +119,8 @@ class ModelRunner:
             self.stage(step.shape, batch.num_rows, True)
             ids = self.graphs.ids[:batch.num_rows]
             hidden = self.graphs.run(bucket, width)[:batch.num_rows]                 # [N, H]
-            self.stage(step.shape, batch.num_rows, False)       # the eager MTP passes below use the ragged comm
+            if self.drafter is not None:
+                self.stage(step.shape, batch.num_rows, False)   # the eager MTP passes use the ragged comm
         else:
             ids = torch.tensor([t for s in step.seqs for t in s.token_ids], dtype=torch.long, device=self.device)
             batch = build_batch([(s.start_pos, len(s.token_ids), s.block_ids) for s in step.seqs],

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from scheduler.shapes import StepShape
+from scheduler.shapes import GRAPH_BUCKETS, StepShape
 from workers.comm import Comm, Rendezvous, make_comm, ordered_sum
 from workers.rowmap import Dp, RowMap, Span
 from workers.runner import ModelRunner, StepResult, WorkerStep
@@ -24,7 +24,7 @@ class StepComm:
 
     A *static* step (a CUDA graph's) has fixed shapes on every rank: each rank passes the whole bucket
     of R rows, pads included, whose first ``num_local`` rows are real; pads are zeroed on the device.
-    The span owner and ``num_local`` live in device scalars written before the replay, so one captured
+    The span owner and the real-row mask live in device memory written before the replay, so one captured
     graph serves any owner: AG gathers [N, R, H] and selects the owner's stripe with a device index; a
     span's RS gathers every rank's partials and sums them in source order (``ordered_sum``, as the
     ragged span RS does, so the two agree bit for bit).
@@ -37,7 +37,7 @@ class StepComm:
         self.num_local = 0
         self.static = False
         self._owner_dev = torch.zeros(1, dtype=torch.long, device=device)
-        self._num_local_dev = torch.zeros((), dtype=torch.long, device=device)
+        self._real_dev = torch.zeros(GRAPH_BUCKETS[-1], dtype=torch.bool, device=device)   # static rows < num_local
 
     def stage(self, shape: StepShape, num_local: int, static: bool = False) -> None:
         """Set this step's row map and owner (the span owner is a per-step value, never baked in)."""
@@ -49,7 +49,8 @@ class StepComm:
         self.num_local, self.static = num_local, static
         if static:
             self._owner_dev.fill_(self.owner)
-            self._num_local_dev.fill_(num_local)
+            self._real_dev.fill_(False)
+            self._real_dev[:num_local].fill_(True)
 
     def _bucket_rows(self) -> int:
         if isinstance(self.rowmap, Span):
@@ -60,8 +61,8 @@ class StepComm:
         """h: [num_local, H] (static: [R, H]) → the step's bucket [total_rows, H], identical on every rank."""
         if self.static:
             R, H = h.shape
-            real = torch.arange(R, device=h.device) < self._num_local_dev
-            gathered = self.comm.all_gather_static(torch.where(real[:, None], h, h.new_zeros(())))  # [N, R, H]
+            local = torch.where(self._real_dev[:R, None], h, h.new_zeros(()))       # pads → exact zeros
+            gathered = self.comm.all_gather_static(local)                          # [N, R, H]
             if isinstance(self.rowmap, Span):
                 return gathered.index_select(0, self._owner_dev).view(R, H)
             return gathered.view(self.world_size * R, H)

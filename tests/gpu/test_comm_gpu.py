@@ -23,7 +23,8 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from tests.integration.test_comm import _Pool, _shm_segments
+from tests.integration.test_comm import _pool_lifetime, _shm_segments  # noqa: F401 (a module fixture)
+from tests.integration.test_comm import _spawn as spawn
 from scheduler.shapes import StepShape
 from workers.comm import CommTimeout, DictRendezvous, make_comm, ordered_sum
 from workers.comm_device import DevicePhases
@@ -123,23 +124,9 @@ def _suite(rank: int, n: int, board, backend: str, rows_per_rank: int, num_round
     return {"failures": failures, "dp": _to_bytes(dp_out), "span": _to_bytes(span_out)}
 
 
-_POOL: list[_Pool] = []
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _pool_lifetime():
-    yield
-    for pool in _POOL:
-        pool.close()
-        pool.manager.shutdown()
-    _POOL.clear()
-
-
 def _spawn(fn, world_size: int, *args, reporting: int | None = None) -> list:
-    """fn on ranks 0..world_size-1, each a process of a reused pool, all on cuda:0."""
-    if not _POOL:
-        _POOL.append(_Pool())
-    return _POOL[0].run(fn, world_size, *args, reporting=reporting, deadline_s=120.0)
+    """fn on ranks 0..world_size-1, each a process of the shared pool, all on cuda:0."""
+    return spawn(fn, world_size, *args, reporting=reporting, deadline_s=120.0)
 
 
 _SUITES: dict[tuple[str, int], list] = {}

@@ -30,7 +30,7 @@ from cluster.workers import ProcessWorkerGroup
 from kernels import ops
 from models.loader import load_model
 from scheduler.shapes import StepShape
-from tests.integration.test_comm import _Pool
+from tests.integration.test_comm import _pool_lifetime, _spawn  # noqa: F401 (a module fixture)
 from tests.integration.test_distributed import requests, run
 from workers.comm import DictRendezvous
 from workers.runner import ModelRunner
@@ -156,25 +156,11 @@ def _gate_rows(num_rows: int, hidden: int) -> torch.Tensor:
     return torch.randn(num_rows, hidden, generator=torch.Generator().manual_seed(3))
 
 
-_POOL: list[_Pool] = []
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _pool_lifetime():
-    yield
-    for pool in _POOL:
-        pool.close()
-        pool.manager.shutdown()
-    _POOL.clear()
-
-
 @pytest.mark.parametrize("n,moe,dtype", [(4, "tp", "float32"), (2, "ep", "bfloat16")])
 def test_span_matches_dp_on_poisoned_buffers(tiny_ckpt, n, moe, dtype):
-    if not _POOL:
-        _POOL.append(_Pool())
     R, kernels = 2, "auto"
     reports = [torch.load(io.BytesIO(b)) for b in
-               _POOL[0].run(_mlp_gate, n, str(tiny_ckpt), moe, dtype, kernels, R, deadline_s=240.0)]
+               _spawn(_mlp_gate, n, str(tiny_ckpt), moe, dtype, kernels, R, deadline_s=240.0)]
     dp_rows = reports[0]["dp"][0]                                      # [n*R, H] gathered bucket
     dp_out = torch.cat([r["dp"][1] for r in reports])                  # [n*R, H] rank-major outputs
     assert torch.isfinite(dp_out).all()

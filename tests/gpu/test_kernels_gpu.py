@@ -76,16 +76,23 @@ def test_fp8_dequant_exact():
     assert torch.equal(tri("fp8_dequant")(w8, s, BF16), reference.fp8_dequant(w8, s, BF16))
 
 
-@pytest.mark.parametrize("N,offset,I", [(1, 0, 2048), (8, 0, 2048), (8, 16, 256), (32, 0, 256)])
-def test_moe_fp8(N, offset, I):
-    g = gen(N + I)
-    E, H, k, E_l = 32, 6144, 8, 16 if offset else 32
+def moe_args(seed: int, N: int, I: int, E: int, offset: int) -> tuple:
+    """(x, topk ids, weights, gate, up, down, their scales, offset): N bf16 rows routed top-8 of E experts,
+    E - offset of them held here (offset > 0: the upper half is elsewhere), FP8 expert weights."""
+    g = gen(seed)
+    H, k, E_l = 6144, 8, E // 2 if offset else E
     x = torch.randn(N, H, device=DEV, generator=g).to(BF16)
     idx = torch.stack([torch.randperm(E, device=DEV, generator=g)[:k] for _ in range(N)])
     w = torch.rand(N, k, device=DEV, generator=g)
     (gate, gs), (up, us), (down, ds) = (fp8_quantize(0.02 * torch.randn(E_l, a, b, device=DEV, generator=g))
                                         for a, b in ((I, H), (I, H), (H, I)))
-    args = (x, idx, w, gate, up, down, gs, us, ds, offset)
+    return x, idx, w, gate, up, down, gs, us, ds, offset
+
+
+@pytest.mark.parametrize("N,offset,I", [(1, 0, 2048), (8, 0, 2048), (8, 16, 256), (32, 0, 256)])
+def test_moe_fp8(N, offset, I):
+    args = moe_args(N + I, N, I, 32, offset)
+    x = args[0]
     ref32 = reference.moe_experts(x.float(), *args[1:])
     got = tri("moe_experts")(*args)
     assert rel(got, ref32) < 1e-2
@@ -95,15 +102,9 @@ def test_moe_fp8(N, offset, I):
 @pytest.mark.parametrize("N,offset,I", [(1, 0, 2048), (8, 16, 2048), (8, 0, 256)])
 def test_moe_fp8_bitwise_and_graph(N, offset, I):
     """fused_moe (routing kernel included): bit-identical on repeat; graph replays equal eager bitwise."""
-    g = gen(10 + N + I)
-    E, H, k, E_l = 64, 6144, 8, 32 if offset else 64
-    x = torch.randn(N, H, device=DEV, generator=g).to(BF16)
-    idx = torch.stack([torch.randperm(E, device=DEV, generator=g)[:k] for _ in range(N)])
-    w = torch.rand(N, k, device=DEV, generator=g)
-    (gate, gs), (up, us), (down, ds) = (fp8_quantize(0.02 * torch.randn(E_l, a, b, device=DEV, generator=g))
-                                        for a, b in ((I, H), (I, H), (H, I)))
+    args = moe_args(10 + N + I, N, I, 64, offset)
+    x = args[0]
     moe = tri("moe_experts")
-    args = (x, idx, w, gate, up, down, gs, us, ds, offset)
     first = moe(*args)
     assert rel(first, reference.moe_experts(x.float(), *args[1:])) < 1e-2
     assert torch.equal(moe(*args), first)

@@ -143,10 +143,12 @@ def _pool_lifetime():
     _POOL.clear()
 
 
-def _spawn(fn, world_size: int, *args, reporting: int | None = None) -> list:
+def _spawn(fn, world_size: int, *args, reporting: int | None = None, deadline_s: float = 60.0) -> list:
+    """fn on ranks 0..world_size-1, each a process of the pool (made on first use; a module that imports
+    ``_pool_lifetime`` beside this closes it after its tests)."""
     if not _POOL:
         _POOL.append(_Pool())
-    return _POOL[0].run(fn, world_size, *args, reporting=reporting)
+    return _POOL[0].run(fn, world_size, *args, reporting=reporting, deadline_s=deadline_s)
 
 
 # ----------------------------------------------------------------------------- the per-rank suite

@@ -67,6 +67,6 @@ def test_span_holds_a_whole_prefill_chunk():
 
 @pytest.mark.parametrize("blocks,width", [(1, 1), (3, 3), (4, 4), (5, 5), (9, 10), (65, 80), (257, 320), (2049, 2560),
                                           (4096, 4096)])
-def test_graph_width_rounds_up_to_a_quarter_octave(blocks, width):
+def test_graph_width_pads_at_most_a_quarter(blocks, width):
     assert graph_width(blocks) == width
     assert blocks <= width < 1.25 * blocks + 1
