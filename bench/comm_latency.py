@@ -8,6 +8,12 @@ Bucket: 8 rows x 6144 bf16 (GLM-5 hidden). Dp uses 8 // N rows per rank; Span ha
 by rank 0. Every timed call starts after a barrier (so ranks enter together) and ends when its
 result is complete on the device (synchronized); each rank takes the median of its calls and the
 table shows the slowest rank's median. ``--json`` also writes the numbers.
+
+The graph steps' phases (``all_gather_static`` / ``reduce_scatter_static``: every rank passes the whole
+bucket of 8 // N rows; ipc runs them on device-side flags, torch as fixed-shape NCCL calls) are timed the
+same way ("AG static", "RS static"), and on CUDA also as a decode step runs them: ``GRAPH_PAIRS`` AG+RS
+pairs captured in one CUDA graph, whose replay time / pairs is "AG+RS in graph" (per pair: one MoE layer's
+comm; no host work between the phases).
 """
 
 from __future__ import annotations
@@ -21,7 +27,11 @@ import time
 import torch
 
 from workers.comm import DictRendezvous, make_comm
+from workers.graphs import capture_graph
 from workers.rowmap import Dp, Span, rows_of
+
+GRAPH_PAIRS = 64
+PHASES = ("AG dp", "RS dp", "AG span", "RS span", "AG static", "RS static", "AG+RS in graph")
 
 
 def _sync(device: torch.device) -> None:
@@ -35,12 +45,21 @@ def _cases(comm, rank: int, n: int, rows: int, hidden: int, device: torch.device
     bucket = torch.randn(rows, hidden, device=device).to(torch.bfloat16)  # [rows, H]
     partial = torch.randn(rows, hidden, device=device).to(torch.bfloat16)  # [rows, H]
     mine = rows_of(dp, rank)
-    return {
+    cases = {
         "AG dp": lambda: comm.all_gather(bucket[mine.start : mine.stop], dp, 0),
         "RS dp": lambda: comm.reduce_scatter(partial, dp, 0),
         "AG span": lambda: comm.all_gather(bucket, span, 0),
         "RS span": lambda: comm.reduce_scatter(partial, span, 0),
+        "AG static": lambda: comm.all_gather_static(bucket[mine.start : mine.stop]),
+        "RS static": lambda: comm.reduce_scatter_static(partial),
     }
+    if device.type == "cuda" and comm.capturable:
+        def pairs():
+            for _ in range(GRAPH_PAIRS):
+                comm.reduce_scatter_static(comm.all_gather_static(bucket[mine.start : mine.stop]).view(rows, hidden))
+        graph, _ = capture_graph(pairs)
+        cases["AG+RS in graph"] = graph.replay
+    return cases
 
 
 def _rank_main(rank: int, args: argparse.Namespace, board, results) -> None:
@@ -62,7 +81,8 @@ def _rank_main(rank: int, args: argparse.Namespace, board, results) -> None:
                 _sync(device)
                 if i >= args.warmup:
                     samples.append((time.perf_counter() - start) * 1e6)
-            out[(backend, name)] = statistics.median(samples)
+            out[(backend, name)] = statistics.median(samples) / (GRAPH_PAIRS if "graph" in name else 1)
+        comm.check()
         comm.close()
     results.put(out)
 
@@ -90,8 +110,8 @@ def main() -> None:
         per_rank = [results.get(timeout=600) for _ in procs]
         for p in procs:
             p.join()
-    table = {name: {b: max(r[(b, name)] for r in per_rank) for b in args.backends}
-             for name in ("AG dp", "RS dp", "AG span", "RS span")}
+    table = {name: {b: max(r.get((b, name), float("nan")) for r in per_rank) for b in args.backends}
+             for name in PHASES}
     print(f"{args.world_size} ranks, {args.rows} x {args.hidden} bf16 on {args.device}, "
           f"median µs of the slowest rank over {args.iters} iters")
     print(f"{'phase':<10}" + "".join(f"{b:>12}" for b in args.backends))

@@ -1,11 +1,10 @@
 """Decode step time on a GLM-5.2-width slice (reference §6.2 widths, 1 dense + 3 MoE layers, FP8 weights)
 for ``kernels: reference`` vs ``auto`` (eager and CUDA-graph replay), beside the byte floor and HF.
 
-Weights are random and built directly on the GPU: the model is constructed on the meta device, the
-Linears an FP8 checkpoint would quantize (``models.loader.quantizable``) become FP8, ``to_empty`` moves
-it to CUDA and every tensor is filled in place — no checkpoint is written. The KV cache is filled with
-random values; each step decodes one row per request (distinct requests) at context 4k or 32k, so the
-indexer selects 2048 of the keys. A step = model forward + lm_head logits.
+Weights are random and made directly on the GPU (``models.loader.dummy_model``, the engine's
+``load_format: dummy``): the Linears an FP8 checkpoint quantizes are FP8 — no checkpoint is written.
+The KV cache is filled with random values; each step decodes one row per request (distinct requests)
+at context 4k or 32k, so the indexer selects 2048 of the keys. A step = model forward + lm_head logits.
 
 Byte floor = bytes the step must read / the measured read-stream bandwidth: every weight of the step
 (routed experts only those actually hit, counted on the step's own routing; embedding only the rows
@@ -18,8 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -28,12 +27,12 @@ from kernels import ops
 from models.cache import KVCache, build_batch
 from models.config import ModelConfig
 from models.glm5 import GlmForCausalLM, MoeShard
-from models.loader import checkpoint_shapes, fp8_linears, quantizable
+from models.loader import dummy_model
 from scheduler.scheduler import ScheduledSeq
 from scheduler.shapes import graph_width, next_pow2
 from workers.graphs import DecodeGraphs, capture_graph
 
-DEV, BF16, FP8 = "cuda", torch.bfloat16, torch.float8_e4m3fn
+DEV, BF16 = "cuda", torch.bfloat16
 BLOCK = 64                     # KV block size of the bench's paged cache
 SLICE = {"architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa", "vocab_size": 154880,
          "hidden_size": 6144, "intermediate_size": 12288, "moe_intermediate_size": 2048, "num_hidden_layers": 4,
@@ -46,30 +45,14 @@ SLICE = {"architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa",
          "indexer_types": ["full", "full", "full", "shared"], "indexer_rope_interleave": True, "rope_interleave": True,
          "num_nextn_predict_layers": 0, "rope_parameters": {"rope_theta": 8000000, "rope_type": "default"},
          "max_position_embeddings": 1048576, "rms_norm_eps": 1e-05, "hidden_act": "silu", "attention_bias": False,
-         "tie_word_embeddings": False, "dtype": "bfloat16"}
+         "tie_word_embeddings": False, "dtype": "bfloat16",
+         "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                 "weight_block_size": [128, 128]}}
 
 
 def build_model(cfg: ModelConfig, shard: MoeShard) -> GlmForCausalLM:
-    with torch.device("meta"):
-        model = GlmForCausalLM(cfg, shard)
-    fp8_linears(model, {n for n in checkpoint_shapes(cfg) if quantizable(n)})
-    model.to_empty(device=DEV)
-    g = torch.Generator(device=DEV).manual_seed(0)
-    for name, p in model.named_parameters():
-        if p.dtype == torch.float32 and not name.endswith("_scale_inv") and ".mlp.gate." not in name:
-            p.data = torch.empty(p.shape, dtype=BF16, device=DEV)
-        if p.dtype == FP8:
-            for sl in (p.data if p.dim() == 3 else [p.data]):
-                sl.copy_(torch.randn(sl.shape, device=DEV, generator=g).mul_(100).clamp_(-448, 448))
-        elif name.endswith("_scale_inv"):
-            p.data.uniform_(1.8e-4, 2.2e-4, generator=g)                      # ≈ 0.02 / 100: weights ~N(0, 0.02)
-        elif "norm" in name and name.endswith("weight"):
-            p.data.fill_(1.0)
-        elif name.endswith("bias"):
-            p.data.normal_(0, 0.01, generator=g)
-        else:
-            p.data.normal_(0, 0.02, generator=g)
-    return model.eval()
+    """This shard of the slice with random FP8 weights, made on the GPU (``load_format: dummy``)."""
+    return dummy_model(cfg, BF16, DEV, shard)
 
 
 def step_bytes(model: GlmForCausalLM, cfg: ModelConfig, hit: list[int], rows: int, ctx: int) -> int:
@@ -183,7 +166,7 @@ def bench_hf(ctx: int, rows: int) -> float:
     """HF transformers on the same widths, bf16 random weights (timing only), eager attention."""
     from transformers import GlmMoeDsaConfig, GlmMoeDsaForCausalLM
 
-    hf_cfg = GlmMoeDsaConfig(**{k: v for k, v in SLICE.items() if k != "architectures"})
+    hf_cfg = GlmMoeDsaConfig(**{k: v for k, v in SLICE.items() if k not in ("architectures", "quantization_config")})
     torch.set_default_dtype(BF16)
     with torch.device(DEV):
         hf = GlmMoeDsaForCausalLM._from_config(hf_cfg, attn_implementation="eager").eval()

@@ -27,6 +27,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--moe", default="tp", choices=["tp", "ep"])
     p.add_argument("--comm", default="torch", choices=["torch", "ipc"])
     p.add_argument("--speculative-tokens", type=int, default=0)
+    p.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
+                   help="dummy: random weights from config.json alone (benchmarks; outputs are meaningless)")
 
 
 def _engine_config(a: argparse.Namespace):
@@ -35,7 +37,7 @@ def _engine_config(a: argparse.Namespace):
     return EngineConfig(model=a.model, device=a.device, dtype=a.dtype, kernels=a.kernels,
                         kv_cache_tokens=a.kv_cache_tokens, max_num_seqs=a.max_num_seqs,
                         max_num_batched_tokens=a.max_num_batched_tokens, num_workers=a.num_workers,
-                        moe=a.moe, comm=a.comm, speculative_tokens=a.speculative_tokens)
+                        moe=a.moe, comm=a.comm, speculative_tokens=a.speculative_tokens, load_format=a.load_format)
 
 
 def cmd_generate(a: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ DEFAULT_MODEL = str(Path(__file__).resolve().parents[1] / "models" / "tiny")
 class EngineConfig:
     model: str = DEFAULT_MODEL          # checkpoint folder (config.json + safetensors + tokenizer files)
     served_model_name: str | None = None
+    load_format: str = "auto"           # auto: the checkpoint's weights | dummy: config.json only, random weights
     device: str = "auto"                # auto | cpu | cuda
     dtype: str = "auto"                 # auto (fp32 on CPU, bf16 on GPU) | float32 | bfloat16
     kernels: str = "auto"               # auto | reference
@@ -40,6 +41,7 @@ class EngineConfig:
             "device": self.device in ("auto", "cpu", "cuda"),
             "dtype": self.dtype in ("auto", "float32", "bfloat16"),
             "kernels": self.kernels in ("auto", "reference"),
+            "load_format": self.load_format in ("auto", "dummy"),
             "block_size": self.block_size >= 1,
             "kv_cache_tokens": self.kv_cache_tokens >= self.block_size,
             "max_num_seqs": self.max_num_seqs >= 1,

@@ -34,7 +34,8 @@ def build_local_engine(cfg: EngineConfig, progress: bool = True) -> tuple[Engine
 
     device = cfg.resolved_device()
     ops.configure(cfg.kernels, device)
-    model = load_model(cfg.model, dtype=cfg.resolved_dtype(), device=device, progress=progress)
+    model = load_model(cfg.model, dtype=cfg.resolved_dtype(), device=device, progress=progress,
+                       load_format=cfg.load_format)
     tokenizer = load_tokenizer(cfg.model)
     num_blocks = cfg.kv_cache_tokens // cfg.block_size
     sched = scheduler_config(cfg, model.config, tokenizer, num_blocks)

@@ -12,6 +12,7 @@ import itertools
 import multiprocessing as mp
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from cluster.config import EngineConfig
@@ -28,7 +29,7 @@ def worker_specs(cfg: EngineConfig, num_blocks: int) -> list[WorkerSpec]:
                        device=device, dtype=str(cfg.resolved_dtype()).removeprefix("torch."), kernels=cfg.kernels,
                        num_blocks=num_blocks, block_size=cfg.block_size, max_rows=max_rows,
                        timeout_s=min(cfg.step_timeout_s, 30.0), speculative=cfg.speculative_tokens > 0,
-                       graphs=cfg.graphs_mode())
+                       graphs=cfg.graphs_mode(), load_format=cfg.load_format)
             for r in range(cfg.num_workers)]
 
 
@@ -210,8 +211,19 @@ def _process_main(spec: WorkerSpec, board: Any, prefix: str, conn) -> None:
             conn.send(("error", f"{type(e).__name__}: {e}"))
 
 
+def _place_on_gpus(specs: list[WorkerSpec]) -> list[WorkerSpec]:
+    if not specs or specs[0].device != "cuda":
+        return specs
+    import torch
+
+    count = torch.cuda.device_count()
+    return [replace(s, device=f"cuda:{s.rank % count}") for s in specs]
+
+
 class ProcessWorkerGroup:
-    """N ranks as spawned processes talking over pipes; same contract as ``RayWorkerGroup``."""
+    """N ranks as spawned processes talking over pipes; same contract as ``RayWorkerGroup``. On CUDA rank r
+    takes GPU r % (visible GPUs): one GPU each when there are N, else several share (ipc only: NCCL
+    refuses two ranks on one GPU)."""
 
     def __init__(self, cfg: EngineConfig, num_blocks: int, setup_timeout_s: float = 300.0):
         self.cfg, self.num_blocks, self.setup_timeout_s = cfg, num_blocks, setup_timeout_s
@@ -224,7 +236,7 @@ class ProcessWorkerGroup:
         board = self._manager.dict()
         prefix = f"g{next(self._generation)}/"
         self.conns, self.procs = [], []
-        for spec in worker_specs(self.cfg, self.num_blocks):
+        for spec in _place_on_gpus(worker_specs(self.cfg, self.num_blocks)):
             parent, child = self._ctx.Pipe()
             p = self._ctx.Process(target=_process_main, args=(spec, board, prefix, child), daemon=True)
             p.start()

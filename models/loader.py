@@ -1,5 +1,10 @@
 """Build a model from a safetensors checkpoint (one file or sharded) or from random weights.
 
+``load_format: dummy`` reads only config.json and fills this rank's shard with random weights on the device
+(FP8 where the config's ``quantization_config`` says so): benchmarks of full-width models without their
+weights on disk, as vLLM's ``--load-format dummy``. Its outputs are meaningless, and the ranks' shards are
+not slices of one model.
+
 A weight is FP8 iff ``<name>.weight_scale_inv`` sits beside it in the checkpoint (the
 ``modules_to_not_convert`` list is not consulted); FP8 weights stay FP8 in memory. Routed experts are
 stored per expert in the checkpoint and stacked per layer here; under a ``MoeShard`` each rank keeps
@@ -110,15 +115,23 @@ def _check_tp_divisible(cfg: ModelConfig, shard: MoeShard, fp8: bool) -> None:
         raise ValueError(f"n_routed_experts={cfg.n_routed_experts} not divisible by {shard.world_size} ranks (moe: ep)")
 
 
+LOAD_FORMATS = ("auto", "dummy")
+
+
 def load_model(path: str | Path, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
-               shard: MoeShard | None = None, progress: bool = True) -> GlmForCausalLM:
-    """Read config.json and the safetensors weights at ``path`` into a model (this rank's shard)."""
+               shard: MoeShard | None = None, progress: bool = True, load_format: str = "auto") -> GlmForCausalLM:
+    """Read config.json and the safetensors weights at ``path`` into a model (this rank's shard);
+    ``load_format="dummy"``: config.json only, random weights (see module docstring)."""
     from safetensors import safe_open
     from tqdm import tqdm
 
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}")
     path = Path(path)
     cfg = ModelConfig.from_json(path)
     shard = shard or MoeShard()
+    if load_format == "dummy":
+        return dummy_model(cfg, dtype, device, shard)
     files = checkpoint_files(path)
     scales = {n[: -len("_scale_inv")] for n in files if n.endswith(".weight_scale_inv")}
     for w in scales:
@@ -135,14 +148,8 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.bfloat16, device: st
         raise CheckpointError(f"missing tensor(s) in checkpoint: {missing[:5]}"
                               + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
 
-    with torch.device("meta"):
-        model = GlmForCausalLM(cfg, shard)
-    fp8_linears(model, scales)
-    model.to_empty(device=device)
+    model = _empty_model(cfg, shard, scales, dtype, device)
     params = dict(model.named_parameters())
-    for name, p in params.items():
-        if p.dtype == torch.float32 and not name.endswith("_scale_inv") and not _FP32_PARAMS.search(name):
-            p.data = p.data.to(dtype)
     experts = model.shard.expert_range(cfg.n_routed_experts)
 
     by_file: dict[Path, list[str]] = {}
@@ -155,6 +162,44 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.bfloat16, device: st
                 _load_one(name, fh.get_tensor(name), params, expected, scales, cfg, model.shard, experts)
                 bar.update(1)
     bar.close()
+    return model.eval()
+
+
+def _empty_model(cfg: ModelConfig, shard: MoeShard, fp8: set[str], dtype: torch.dtype,
+                 device: str | torch.device) -> GlmForCausalLM:
+    """The model's parameters allocated (uninitialized) on ``device``: the Linears named in ``fp8`` in FP8,
+    the router in fp32, everything else in ``dtype``."""
+    with torch.device("meta"):
+        model = GlmForCausalLM(cfg, shard)
+    fp8_linears(model, fp8)
+    model.to_empty(device=device)
+    for name, p in model.named_parameters():
+        if p.dtype == torch.float32 and not name.endswith("_scale_inv") and not _FP32_PARAMS.search(name):
+            p.data = p.data.to(dtype)
+    return model
+
+
+def dummy_model(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
+                shard: MoeShard | None = None, seed: int = 0) -> GlmForCausalLM:
+    """This rank's shard with random weights made on ``device`` (no checkpoint): FP8 Linears when the config
+    is FP8-quantized, with weights ~ N(0, 0.02) after dequantization; norms 1; the router fp32."""
+    shard = shard or MoeShard()
+    _check_tp_divisible(cfg, shard, fp8=cfg.quantization is not None)
+    fp8 = {n for n in checkpoint_shapes(cfg) if quantizable(n)} if cfg.quantization is not None else set()
+    model = _empty_model(cfg, shard, fp8, dtype, device)
+    g = torch.Generator(device=device).manual_seed(seed)
+    for name, p in model.named_parameters():
+        if p.dtype == FP8_DTYPE:
+            for part in (p.data if p.dim() == 3 else [p.data]):       # per expert: bounded fp32 temporaries
+                part.copy_(torch.randn(part.shape, device=part.device, generator=g).mul_(100).clamp_(-448, 448))
+        elif name.endswith("_scale_inv"):
+            p.data.uniform_(1.8e-4, 2.2e-4, generator=g)                # × ~N(0, 100) ≈ N(0, 0.02)
+        elif "norm" in name and name.endswith("weight"):
+            p.data.fill_(1.0)
+        elif name.endswith("bias"):
+            p.data.normal_(0, 0.01, generator=g)
+        else:
+            p.data.normal_(0, 0.02, generator=g)
     return model.eval()
 
 

@@ -158,7 +158,8 @@ class DictRendezvous(Rendezvous):
 
 class StaticPhases:
     """``all_gather_static`` / ``reduce_scatter_static`` as the backend's own Dp phases of R rows per rank
-    (host-driven: run eagerly); a backend with device-side flags overrides them and sets ``capturable``.
+    (host-driven: run eagerly); a backend whose phases a CUDA graph can record overrides them and sets
+    ``capturable``.
     ``check`` raises what a device-side wait recorded (nothing here: these phases raise at once)."""
 
     capturable = False

@@ -35,6 +35,10 @@ from workers.comm import (
 from workers.rowmap import Dp, RowMap, rows_of, total_rows
 
 
+# torch >= 2.13 names it all_gather_single (all_gather_into_tensor warns there); older torch has only the latter
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 class TorchComm(StaticPhases):
     """Comm over the default torch.distributed process group (see module docstring)."""
 
@@ -74,9 +78,25 @@ class TorchComm(StaticPhases):
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         return cls(rank, world_size, device, max_rows, hidden, timeout_s)
 
-    # NCCL collectives can be captured in principle, but a captured multi-rank NCCL step has not been run
-    # (one GPU here; NCCL refuses two ranks on one device): graph steps of a torch group run eagerly.
+    # Not capturable: a CUDA graph holding these NCCL calls hung at N = 2 on two H200s (torch 2.11; see
+    # NOTES.md), so graph-shaped steps of a torch group run the static path eagerly; the ipc comm's
+    # device-side phases are what a captured step uses.
     capturable = False
+
+    def all_gather_static(self, local_rows: torch.Tensor) -> torch.Tensor:
+        """[R, H] rows of every rank -> [N, R, H] (one all-gather into one tensor: fixed shapes, capturable)."""
+        R, H = local_rows.shape
+        out = torch.empty(self.world_size, R, H, dtype=local_rows.dtype, device=self.device)
+        self._run("AG", lambda: _all_gather_single(out.view(-1, H), local_rows.contiguous()))
+        return out
+
+    def reduce_scatter_static(self, partial: torch.Tensor) -> torch.Tensor:
+        """[N·R, H] partials of every rank's rows -> this rank's R rows summed over sources in order."""
+        n, H = self.world_size, partial.shape[1]
+        R = partial.shape[0] // n
+        recv = torch.empty(n, R, H, dtype=partial.dtype, device=self.device)            # [N_src, R, H]
+        self._run("RS", lambda: dist.all_to_all_single(recv.view(n * R, H), partial.contiguous()))
+        return ordered_sum(recv.unbind(0))
 
     def _run(self, phase: str, fn) -> None:
         self.epoch += 1

@@ -8,7 +8,8 @@ mentions it until a step lists it as finished.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -57,6 +58,8 @@ class StepResult:
     sampled: dict[str, list[int]] = field(default_factory=dict)            # req_id -> new tokens
     logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # only where requested
     drafts: dict[str, list[int]] = field(default_factory=dict)              # proposals to verify next step
+    busy_ms: float = 0.0     # this rank's wall time in the step (forward, logits, sampling, drafting)
+    draft_ms: float = 0.0    # of which the MTP passes (extend + proposals)
 
 
 @dataclass
@@ -107,6 +110,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, step: WorkerStep) -> StepResult:
+        start = time.perf_counter()
         for rid in step.finished:          # first: a finished id may come back as a new request
             self.requests.pop(rid, None)
         for nr in step.new_requests:
@@ -127,10 +131,12 @@ class ModelRunner:
                                 self.block_size, self.device)
             self.stage(step.shape, batch.num_rows, False)
             hidden = self.model(ids, batch, self.cache)                               # [N, H]
-        result = self._sample(step, hidden, batch)
+        result = self._sample(step, hidden, batch)           # sampling ends in a device sync (token ids)
+        sampled = end = time.perf_counter()
         if self.drafter is not None:
-            self._draft(step, hidden, batch, ids, result)
-        return result
+            self._draft(step, hidden, batch, ids, result)       # so does drafting (draft ids)
+            end = time.perf_counter()
+        return replace(result, busy_ms=(end - start) * 1e3, draft_ms=(end - sampled) * 1e3)
 
     def _sample(self, step: WorkerStep, hidden: torch.Tensor, batch) -> StepResult:
         result = StepResult(step.step_id)

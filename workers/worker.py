@@ -100,6 +100,7 @@ class WorkerSpec:
     setup_timeout_s: float = 300.0
     speculative: bool = False   # fill the MTP cache and propose drafts
     graphs: str = "off"         # decode/verify steps: capture (CUDA graphs) | eager (static shapes) | off
+    load_format: str = "auto"   # auto: the checkpoint | dummy: random weights (benchmarks)
 
 
 class Worker:
@@ -114,13 +115,16 @@ class Worker:
         if spec.device == "cpu":
             torch.set_num_threads(1)
         device = torch.device(spec.device)
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
+        if device.type == "cuda":
+            if device.index is None:
+                device = torch.device("cuda", torch.cuda.current_device())
+            torch.cuda.set_device(device)       # Triton launches and streams follow the current device
         dtype = getattr(torch, spec.dtype)
         ops.configure(spec.kernels, device.type)
         try:
             model = load_model(spec.model, dtype=dtype, device=device,
-                               shard=MoeShard(spec.rank, spec.world_size, spec.moe), progress=False)
+                               shard=MoeShard(spec.rank, spec.world_size, spec.moe), progress=False,
+                               load_format=spec.load_format)
         except BaseException as e:
             rendezvous.fail(spec.rank, f"{type(e).__name__}: {e}")
             raise

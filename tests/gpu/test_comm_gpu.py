@@ -1,5 +1,7 @@
-"""The MoE phase comm on a CUDA GPU: ``ipc`` (cupy IPC buffers, host-shm flags) with 2, 4 and 8
-processes on one device, and ``torch`` (NCCL) at N=1 — NCCL refuses two ranks on one GPU.
+"""The MoE phase comm on CUDA GPUs: ``ipc`` (cupy IPC buffers, host-shm flags) with 2, 4 and 8
+processes, and ``torch`` (NCCL) at N=1 and at every N the host has GPUs for — NCCL refuses two ranks on
+one GPU. Rank r runs on GPU r % (visible GPUs): on one GPU every rank shares it, on a multi-GPU host each
+rank of a group that fits has its own (the ipc buffers then cross NVLink).
 
 Same checks as ``tests/integration/test_comm.py`` at GLM-5 width: AG and RS under Dp and every Span
 owner equal the gathered rows and the in-order sums bit for bit, Span matches Dp bit for bit, many
@@ -34,7 +36,12 @@ from workers.rowmap import Dp, Span, rows_of
 
 HIDDEN = 6144
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-DEV = torch.device("cuda", 0)
+GPUS = torch.cuda.device_count()
+
+
+def _dev() -> torch.device:
+    """This rank's GPU (``_comm`` selects it)."""
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def _needs_cupy() -> None:
@@ -45,7 +52,7 @@ def _data(seed: int, rows: int, dtype: torch.dtype) -> torch.Tensor:
     """Deterministic [rows, HIDDEN] values over many magnitudes (summation order shows), on the GPU."""
     g = torch.Generator().manual_seed(seed)
     scale = 10.0 ** torch.randint(-3, 4, (rows, HIDDEN), generator=g)
-    return (torch.randn(rows, HIDDEN, generator=g) * scale).to(dtype).to(DEV)
+    return (torch.randn(rows, HIDDEN, generator=g) * scale).to(dtype).to(_dev())
 
 
 def _in_order_sum(parts: list[torch.Tensor]) -> torch.Tensor:
@@ -62,7 +69,7 @@ def _to_bytes(obj) -> bytes:
 
 
 def _comm(rank: int, n: int, board, backend: str, max_rows: int, timeout_s: float = 30.0):
-    torch.cuda.set_device(DEV)
+    torch.cuda.set_device(rank % GPUS)
     return make_comm(backend, rank, n, rendezvous=DictRendezvous(board, n, prefix=f"{backend}/"), device="cuda",
                      max_rows=max_rows, hidden=HIDDEN, dtype=torch.bfloat16, timeout_s=timeout_s)
 
@@ -98,7 +105,7 @@ def _suite(rank: int, n: int, board, backend: str, rows_per_rank: int, num_round
         dp_out[name] = {"ag": ag.cpu(), "rs": rs.cpu()}
         span, span_out[name] = Span(n, total), {}
         for owner in range(n):
-            local = bucket if rank == owner else torch.empty(0, HIDDEN, dtype=dtype, device=DEV)
+            local = bucket if rank == owner else torch.empty(0, HIDDEN, dtype=dtype, device=_dev())
             ag = comm.all_gather(local, span, owner)
             expect(torch.equal(ag, bucket), f"ag span owner {owner} {name}")
             rs = comm.reduce_scatter(partials[rank], span, owner)
@@ -125,12 +132,12 @@ def _suite(rank: int, n: int, board, backend: str, rows_per_rank: int, num_round
 
 
 def _spawn(fn, world_size: int, *args, reporting: int | None = None) -> list:
-    """fn on ranks 0..world_size-1, each a process of the shared pool, all on cuda:0."""
+    """fn on ranks 0..world_size-1, each a process of the shared pool (rank r on GPU r % GPUS)."""
     return spawn(fn, world_size, *args, reporting=reporting, deadline_s=120.0)
 
 
 _SUITES: dict[tuple[str, int], list] = {}
-CASES = [("torch", 1), ("ipc", 1), ("ipc", 2), ("ipc", 4), ("ipc", 8)]
+CASES = [("torch", n) for n in (1, 2, 4, 8) if n == 1 or n <= GPUS] + [("ipc", n) for n in (1, 2, 4, 8)]
 
 
 def _suite_results(backend: str, n: int) -> list:
@@ -185,14 +192,14 @@ def _absent_peer(rank: int, n: int, board) -> float | None:
     rdv = DictRendezvous(board, n, prefix="ipc/")
     rdv.wait_all_ready(rank, 60.0, tag="started")
     comm = _comm(rank, n, board, "ipc", 2, timeout_s=1.0)
-    comm.all_gather(torch.ones(1, HIDDEN, device=DEV), Dp(n, 1), 0)  # warm: both present
+    comm.all_gather(torch.ones(1, HIDDEN, device=_dev()), Dp(n, 1), 0)  # warm: both present
     if rank == 1:
         rdv.wait("done", 60.0)
         comm.close()
         return None
     start = time.monotonic()
     try:
-        comm.all_gather(torch.ones(1, HIDDEN, device=DEV), Dp(n, 1), 0)
+        comm.all_gather(torch.ones(1, HIDDEN, device=_dev()), Dp(n, 1), 0)
     except CommTimeout as exc:
         elapsed = time.monotonic() - start
         assert "AG epoch 2" in str(exc) and "ranks [1]" in str(exc), str(exc)
@@ -275,12 +282,14 @@ def test_rank0_keeps_buffer_when_peer_never_unmaps():
 # ----------------------------------------------------------------------------- device-side phases + graphs
 
 
-def _device_phases(rank: int, n: int, board) -> list[str]:
-    """The graph-shaped phases (device-side flags): eager rounds over every bucket and both dtypes, then a
-    CUDA graph of StepComm's span AG → per-rank partial → RS, captured once and replayed with the owner
-    changing through its device scalar, and a dp graph with a pad row. Returns failures."""
-    comm = _comm(rank, n, board, "ipc", 8 * n)
-    comm.poison()
+def _device_phases(rank: int, n: int, board, backend: str) -> list[str]:
+    """The graph-shaped phases (ipc: device-side flags; torch: fixed-shape NCCL calls): eager rounds over every
+    bucket and both dtypes, then StepComm's span AG → per-rank partial → RS with the owner changing through its
+    device scalar, and a dp step with a pad row — as a CUDA graph captured once and replayed, where the comm is
+    capturable (ipc), else eagerly (torch). Returns failures."""
+    comm = _comm(rank, n, board, backend, 8 * n)
+    if hasattr(comm, "poison"):
+        comm.poison()
     comm.barrier()
     failures: list[str] = []
 
@@ -296,8 +305,8 @@ def _device_phases(rank: int, n: int, board) -> list[str]:
         want = ordered_sum([p[rank * R:(rank + 1) * R] for p in partials])
         expect(torch.equal(comm.reduce_scatter_static(partials[rank]), want), f"static rs round {i}")
 
-    sc, R = StepComm(comm, rank, n, DEV), 4
-    h = torch.zeros(R, HIDDEN, dtype=torch.bfloat16, device=DEV)
+    sc, R = StepComm(comm, rank, n, _dev()), 4
+    h = torch.zeros(R, HIDDEN, dtype=torch.bfloat16, device=_dev())
 
     def step():
         bucket = sc.all_gather(h)
@@ -311,12 +320,15 @@ def _device_phases(rank: int, n: int, board) -> list[str]:
                 sc.stage(StepShape("dp", R, n * R, None), R - 1, static=True)   # one pad row per rank
         stage(0)
         h.copy_(_data(5, R, torch.bfloat16))
-        graph, out = capture_graph(step)
+        graph, out = capture_graph(step) if comm.capturable else (None, None)
         for rep, owner in enumerate([0, n - 1, 1 % n, 0, n - 1]):
             stage(owner)
             h.copy_(_data(50 + 7 * rep + rank, R, torch.bfloat16))
-            graph.replay()
-            got = (out[0].clone(), out[1].clone())
+            if graph is not None:
+                graph.replay()
+                got = (out[0].clone(), out[1].clone())
+            else:
+                got = step()
             eager = step()
             expect(torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1]),
                    f"{kind} replay != eager (owner {owner})")
@@ -335,10 +347,12 @@ def _device_phases(rank: int, n: int, board) -> list[str]:
     return failures
 
 
-@pytest.mark.parametrize("n", [1, 2, 4])
-def test_device_phases_and_graph_replay_with_any_owner(n):
-    _needs_cupy()
-    reports = _spawn(_device_phases, n)
+@pytest.mark.parametrize("backend,n", [("ipc", 1), ("ipc", 2), ("ipc", 4)]
+                         + [("torch", n) for n in (1, 2, 4, 8) if n <= GPUS])
+def test_device_phases_and_graph_replay_with_any_owner(backend, n):
+    if backend == "ipc":
+        _needs_cupy()
+    reports = _spawn(_device_phases, n, backend)
     assert [f for r in reports for f in r] == []
 
 
@@ -346,14 +360,14 @@ def _device_absent_peer(rank: int, n: int, board) -> float | None:
     """Rank 1 stops after one graph-shaped AG; rank 0's next wait expires and ``check`` names rank 1."""
     rdv = DictRendezvous(board, n, prefix="ipc/")
     comm = _comm(rank, n, board, "ipc", 8 * n, timeout_s=1.0)
-    comm.all_gather_static(torch.ones(1, HIDDEN, device=DEV))
+    comm.all_gather_static(torch.ones(1, HIDDEN, device=_dev()))
     if rank == 1:
         rdv.wait("done", 120.0)
         comm.close()
         return None
     start = time.monotonic()
     try:
-        comm.all_gather_static(torch.ones(1, HIDDEN, device=DEV))
+        comm.all_gather_static(torch.ones(1, HIDDEN, device=_dev()))
         comm.check()
     except CommTimeout as exc:
         assert "epoch 2 on rank 0" in str(exc) and "'AG': [1]" in str(exc), str(exc)

@@ -1,5 +1,7 @@
-"""The distributed equality gate on a CUDA GPU without Ray: N ranks as processes on the one device,
-``ipc`` comm (cupy IPC buffers), against the single-process engine on the same GPU.
+"""The distributed equality gate on CUDA GPUs without Ray: N ranks as processes, rank r on GPU r % (visible
+GPUs) — all on one GPU on a single-GPU host, one GPU each where the host has N — with the ``ipc`` comm
+(cupy IPC buffers) and, where every rank has its own GPU, ``torch`` (NCCL), against the single-process
+engine on GPU 0.
 
 - greedy tokens of ``cluster.workers.ProcessWorkerGroup`` (N = 2, 4; moe tp/ep; fp32) equal the
   single-process engine's, for a mixed batch (dp steps) and a solo request (its prefill rides in a
@@ -22,6 +24,7 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("cupy")
+GPUS = torch.cuda.device_count()
 
 from cluster.config import EngineConfig
 from cluster.engine import Engine, LocalExecutor
@@ -42,9 +45,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 MOE_LAYER = 3  # an MoE layer of the tiny config (layers 0-1 are dense)
 
 
-def engine_config(ckpt, n: int, moe: str, dtype: str, kernels: str) -> EngineConfig:
+def engine_config(ckpt, n: int, moe: str, dtype: str, kernels: str, comm: str = "ipc") -> EngineConfig:
     return EngineConfig(model=str(ckpt), device=DEVICE, dtype=dtype, kernels=kernels, num_workers=n, moe=moe,
-                        comm="ipc", kv_cache_tokens=NUM_BLOCKS * 16, max_num_batched_tokens=128)
+                        comm=comm, kv_cache_tokens=NUM_BLOCKS * 16, max_num_batched_tokens=128)
 
 
 def _solo() -> dict:
@@ -78,8 +81,9 @@ def _restore_ops():
     ops.configure("reference", "cpu")
 
 
-def _group_tokens(ckpt, tiny_config, n: int, moe: str, dtype: str, kernels: str) -> tuple[dict, dict, dict]:
-    cfg = engine_config(ckpt, n, moe, dtype, kernels)
+def _group_tokens(ckpt, tiny_config, n: int, moe: str, dtype: str, kernels: str,
+                  comm: str = "ipc") -> tuple[dict, dict, dict]:
+    cfg = engine_config(ckpt, n, moe, dtype, kernels, comm)
     group = ProcessWorkerGroup(cfg, NUM_BLOCKS)
     try:
         engine = Engine(group, scheduler_config(cfg, tiny_config, None, NUM_BLOCKS), num_ranks=n,
@@ -91,13 +95,20 @@ def _group_tokens(ckpt, tiny_config, n: int, moe: str, dtype: str, kernels: str)
         group.shutdown()
 
 
-@pytest.mark.parametrize("n,moe,kernels", [(2, "tp", "reference"), (4, "ep", "reference"), (4, "tp", "auto"),
-                                           (2, "ep", "auto")])
-def test_greedy_tokens_equal_single_process(tiny_ckpt, tiny_config, n, moe, kernels):
+def _nccl_fits(n: int):
+    return pytest.mark.skipif(n > GPUS, reason=f"NCCL needs one GPU per rank: {n} ranks, {GPUS} GPU(s) here")
+
+
+@pytest.mark.parametrize("n,moe,kernels,comm", [
+    (2, "tp", "reference", "ipc"), (4, "ep", "reference", "ipc"), (4, "tp", "auto", "ipc"), (2, "ep", "auto", "ipc"),
+    *[pytest.param(n, moe, kernels, "torch", marks=_nccl_fits(n))
+      for n, moe, kernels in [(2, "tp", "reference"), (2, "tp", "auto"), (2, "ep", "auto"), (4, "tp", "auto"),
+                              (8, "ep", "auto")]]])
+def test_greedy_tokens_equal_single_process(tiny_ckpt, tiny_config, n, moe, kernels, comm):
     """``kernels: auto`` also captures the decode steps as CUDA graphs (``cuda_graphs: auto``), their AG/RS
-    through the ipc device-side phases; the single-process oracle runs without graphs."""
+    through the ipc device-side phases or NCCL; the single-process oracle runs without graphs."""
     want_mixed, want_solo = reference_tokens(tiny_ckpt, tiny_config, "float32", kernels)
-    mixed, solo, stats = _group_tokens(tiny_ckpt, tiny_config, n, moe, "float32", kernels)
+    mixed, solo, stats = _group_tokens(tiny_ckpt, tiny_config, n, moe, "float32", kernels, comm)
     assert mixed == want_mixed
     assert solo == want_solo
     assert stats["span_steps"] > 0
@@ -127,11 +138,12 @@ def test_bf16_tokens_close_to_single_process(tiny_ckpt, tiny_config):
 # ----------------------------------------------------------------------------- one MoE layer, per rank
 
 
-def _mlp_gate(rank: int, n: int, board, ckpt: str, moe: str, dtype: str, kernels: str, rows_per_rank: int) -> bytes:
+def _mlp_gate(rank: int, n: int, board, ckpt: str, moe: str, dtype: str, kernels: str, rows_per_rank: int,
+              comm: str) -> bytes:
     """One MoE layer on this rank through Dp, Span(0), Span(n-1) and a half-padded Dp bucket, on
-    NaN-poisoned buffers. Returns the outputs (CPU) as torch.save bytes."""
-    torch.cuda.set_device(0)
-    spec = WorkerSpec(model=ckpt, rank=rank, world_size=n, moe=moe, comm="ipc", device=DEVICE, dtype=dtype,
+    NaN-poisoned buffers (ipc). Returns the outputs (CPU) as torch.save bytes."""
+    spec = WorkerSpec(model=ckpt, rank=rank, world_size=n, moe=moe, comm=comm, device=f"cuda:{rank % GPUS}",
+                      dtype=dtype,
                       kernels=kernels, num_blocks=16, max_rows=4 * n * rows_per_rank)
     worker = Worker(spec, DictRendezvous(board, n, prefix="gate/"))
     R, H = rows_per_rank, worker.runner.model.config.hidden_size
@@ -156,11 +168,13 @@ def _gate_rows(num_rows: int, hidden: int) -> torch.Tensor:
     return torch.randn(num_rows, hidden, generator=torch.Generator().manual_seed(3))
 
 
-@pytest.mark.parametrize("n,moe,dtype", [(4, "tp", "float32"), (2, "ep", "bfloat16")])
-def test_span_matches_dp_on_poisoned_buffers(tiny_ckpt, n, moe, dtype):
+@pytest.mark.parametrize("n,moe,dtype,comm", [(4, "tp", "float32", "ipc"), (2, "ep", "bfloat16", "ipc"),
+                                              pytest.param(2, "tp", "float32", "torch", marks=_nccl_fits(2)),
+                                              pytest.param(8, "ep", "bfloat16", "torch", marks=_nccl_fits(8))])
+def test_span_matches_dp_on_poisoned_buffers(tiny_ckpt, n, moe, dtype, comm):
     R, kernels = 2, "auto"
     reports = [torch.load(io.BytesIO(b)) for b in
-               _spawn(_mlp_gate, n, str(tiny_ckpt), moe, dtype, kernels, R, deadline_s=240.0)]
+               _spawn(_mlp_gate, n, str(tiny_ckpt), moe, dtype, kernels, R, comm, deadline_s=240.0)]
     dp_rows = reports[0]["dp"][0]                                      # [n*R, H] gathered bucket
     dp_out = torch.cat([r["dp"][1] for r in reports])                  # [n*R, H] rank-major outputs
     assert torch.isfinite(dp_out).all()
