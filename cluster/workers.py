@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing as mp
+from multiprocessing import connection as mp_connection
 import time
 import uuid
 from dataclasses import replace
@@ -253,6 +254,8 @@ class ProcessWorkerGroup:
         deadline = time.monotonic() + timeout_s
         out: dict[int, Any] = {}
         while len(out) < len(self.conns):
+            # block until a pipe has an answer (or 50 ms pass: then look for dead ranks and the deadline)
+            mp_connection.wait([c for r, c in enumerate(self.conns) if r not in out], timeout=0.05)
             for rank, (conn, proc) in enumerate(zip(self.conns, self.procs)):
                 if rank in out:
                     continue
@@ -266,8 +269,6 @@ class ProcessWorkerGroup:
             if time.monotonic() > deadline:
                 missing = [r for r in range(len(self.conns)) if r not in out]
                 raise GroupFailure(f"{what}: rank(s) {missing} did not answer within {timeout_s:.0f} s")
-            if len(out) < len(self.conns):
-                time.sleep(0.001)
         return [out[r] for r in range(len(self.conns))]
 
     def execute(self, steps: list[WorkerStep]) -> list[StepResult]:
