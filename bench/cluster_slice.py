@@ -46,6 +46,7 @@ def slice_config(depth: int, tiny: bool) -> dict:
     ``depth`` layers, the first dense, with one MTP layer."""
     cfg = json.loads((Path(DEFAULT_MODEL) / "config.json").read_text()) if tiny else dict(SLICE)
     cfg.update(num_hidden_layers=depth, first_k_dense_replace=1, num_nextn_predict_layers=1,
+               index_share_for_mtp_iteration=True,          # as GLM-5's config: chained drafts reuse the selection
                mlp_layer_types=["dense"] + ["sparse"] * (depth - 1),
                indexer_types=(["full"] * 3 + ["shared"] * (depth - 3))[:depth])
     return cfg

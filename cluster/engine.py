@@ -219,8 +219,13 @@ class Engine:
         self.stats["span_steps"] += shape.is_span
         graph = graph_key(shape, plans) if self.graphs else None
         self.stats["graph_steps"] += graph is not None
+        # the MTP work of a graph step runs as a graph too unless a drafting request samples (its draft
+        # probabilities are computed eagerly); the same flag goes to every rank
+        draft_graph = graph is not None and (num_drafts == 0 or all(
+            self.schedulers[self._rank_of[s.req_id]].get(s.req_id).params.is_greedy for p in plans for s in p.seqs))
         return [WorkerStep(p.step_id, p.seqs, tuple(self._unsent.pop(s.req_id) for s in p.seqs
-                                                    if s.req_id in self._unsent), tuple(f), shape, num_drafts, graph)
+                                                    if s.req_id in self._unsent), tuple(f), shape, num_drafts, graph,
+                           draft_graph)
                 for p, f in zip(plans, forget)]
 
     def _fail_all(self, msg: str) -> list[TokenEvent]:

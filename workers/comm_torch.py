@@ -34,7 +34,6 @@ from workers.comm import (
 )
 from workers.rowmap import Dp, RowMap, rows_of, total_rows
 
-
 # torch >= 2.13 names it all_gather_single (all_gather_into_tensor warns there); older torch has only the latter
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 

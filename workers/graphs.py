@@ -48,9 +48,9 @@ class DecodeGraphs:
         self._host_meta = torch.zeros(3, rows, dtype=torch.long, pin_memory=pin)
         self._host_table = torch.zeros(rows * max_blocks, dtype=torch.int32, pin_memory=pin)
         self._copied = torch.cuda.Event() if pin else None
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
-        self.runs: dict[tuple[int, int], int] = {}      # steps served per (bucket, width)
+        self.runs: dict[tuple[int, int, bool], int] = {}      # steps served per (bucket, width, span)
 
     def stage(self, seqs: Sequence[ScheduledSeq], bucket: int, width: int) -> Batch:
         """Copy the step (its requests' decode / verify rows, in order) into the static buffers, pad rows
@@ -87,9 +87,11 @@ class DecodeGraphs:
                       self.block_size)
         return self.model(self.ids[:bucket], batch, self.cache)
 
-    def run(self, bucket: int, width: int) -> torch.Tensor:
-        """The staged step's hidden rows [bucket, H] (pad rows included): a graph replay, or eagerly."""
-        key = (bucket, width)
+    def run(self, bucket: int, width: int, span: bool = False) -> torch.Tensor:
+        """The staged step's hidden rows [bucket, H] (pad rows included): a graph replay, or eagerly.
+        ``span``: a worker group's span step — its comm phases differ from a dp step's of the same bucket
+        (AG selects the owner's stripe, RS gathers every partial), so it has graphs of its own."""
+        key = (bucket, width, span)
         self.runs[key] = self.runs.get(key, 0) + 1
         if not self.capture:
             return self._forward(bucket, width)
@@ -114,7 +116,7 @@ class DecodeGraphs:
         return graph, out
 
     @property
-    def captured(self) -> list[tuple[int, int]]:
+    def captured(self) -> list[tuple[int, int, bool]]:
         return sorted(self._graphs)
 
 
@@ -131,3 +133,103 @@ def capture_graph(fn, pool=None, warmup: int = 1):
     with torch.cuda.graph(graph, pool=pool):
         out = fn()
     return graph, out
+
+
+class DraftGraphs:
+    """The MTP drafter's work after a graph step, static-shaped and captured like the step itself: the extend pass
+    over the step's rows (the bucket's buffers of ``DecodeGraphs``; it keeps the MTP cache complete), then for a
+    greedy drafting request k − 1 chained single-row passes, each draft picked by argmax inside the graph. One
+    graph per (bucket, width, span, k); k = 0 is the extend alone (steps that do not draft).
+
+    Needs ``index_share_for_mtp_iteration``: a chained pass reuses the extend row's selection, so it runs no
+    indexer over its scratch slots and its shapes are fixed. One drafting request at most (drafts ride only while
+    one request is active); sampled drafts (whose probabilities verification needs) take the eager drafter.
+    In a worker group every rank replays the same graph: a rank without the drafting request runs pad rows that
+    write only the pad slot, and the chained passes' comm rows are masked by a device flag (``chain_real``).
+    ``select(shape, real)``: points the rank's comm at a bucket shape and a device row mask (None: the step's)
+    without writing device memory, so the switch between the extend's and the chain's shapes can be captured.
+    """
+
+    def __init__(self, model: GlmForCausalLM, graphs: DecodeGraphs, scratch_base: int, scratch_len: int,
+                 world_size: int, select, device: torch.device):
+        self.model, self.graphs, self.select, self.world_size = model, graphs, select, world_size
+        self.scratch_base, self.scratch_len = scratch_base, scratch_len
+        rows, hidden = GRAPH_BUCKETS[-1], model.config.hidden_size
+        dtype = graphs.cache.kv[0].dtype
+        self.hidden = torch.zeros(rows, hidden, dtype=dtype, device=device)        # the step's output rows
+        self._meta = torch.zeros(1 + rows + 2 * scratch_len, dtype=torch.long, device=device)
+        self.row = self._meta[:1]                                  # the drafting row within the bucket
+        self.next_ids = self._meta[1:1 + rows]                     # the token after each row
+        self.chain_pos, self.chain_slot = self._meta[1 + rows:].view(2, scratch_len).unbind(0)
+        self.chain_real = torch.zeros(1, dtype=torch.bool, device=device)   # this rank drafts (comm mask)
+        pin = device.type == "cuda"
+        self._host = torch.zeros(self._meta.numel(), dtype=torch.long, pin_memory=pin)
+        self._copied = torch.cuda.Event() if pin else None
+        self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.runs: dict[tuple, int] = {}
+
+    def stage_inputs(self, hidden: torch.Tensor, next_ids: list[int], row: int, position: int | None) -> None:
+        """hidden: the step's [bucket, H] output; next_ids: the token after each real row; row / position: the
+        drafting row and its committed position (None: this rank does not draft — its chain writes the pad slot)."""
+        if self._copied is not None:
+            self._copied.synchronize()
+        host = self._host.numpy()
+        host[:] = 0
+        rows = GRAPH_BUCKETS[-1]
+        host[1:1 + len(next_ids)] = next_ids
+        chain = host[1 + rows:].reshape(2, self.scratch_len)
+        if position is None:
+            chain[1] = self.graphs.pad_slot
+        else:
+            host[0] = row
+            chain[0] = [position + 1 + j for j in range(self.scratch_len)]
+            chain[1] = [self.scratch_base + j for j in range(self.scratch_len)]     # the solo request's scratch
+        self._meta.copy_(self._host, non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
+        self.hidden[: hidden.shape[0]].copy_(hidden)
+        self.chain_real.fill_(position is not None)
+
+    def _forward(self, bucket: int, width: int, span: bool, k: int) -> torch.Tensor:
+        from models.cache import Batch
+        from scheduler.shapes import StepShape
+
+        g, model, n = self.graphs, self.model, self.world_size
+        step = StepShape("span", bucket, bucket, 0) if span else StepShape("dp", bucket, n * bucket, None)
+        self.select(step, None)                            # the extend rides the step's bucket and row mask
+        batch = Batch(g.positions[:bucket], g.slots[:bucket], [], [], g.block_table[:bucket, :width], g.block_size)
+        hn, topk = model.mtp_forward(self.hidden[:bucket], self.next_ids[:bucket], batch, g.cache)
+        if k == 0:
+            return hn
+        hn, topk = hn.index_select(0, self.row), topk.index_select(0, self.row)          # [1, H], [1, K]
+        drafts = []
+        for j in range(k):
+            drafts.append(model.logits(hn).argmax(dim=-1))                               # [1]
+            if j == k - 1:
+                break
+            chain = Batch(self.chain_pos[j:j + 1], self.chain_slot[j:j + 1], [], [])
+            self.select(StepShape("dp", 1, n, None), self.chain_real)
+            hn, _ = model.mtp_forward(hn, drafts[-1], chain, g.cache, topk)
+        return torch.cat(drafts)
+
+    def run(self, bucket: int, width: int, span: bool, k: int) -> torch.Tensor:
+        """The staged drafting: k greedy draft ids [k] (k = 0: the extend alone, returns its hidden rows)."""
+        key = (bucket, width, span, k)
+        self.runs[key] = self.runs.get(key, 0) + 1
+        if not self.graphs.capture:
+            return self._forward(bucket, width, span, k)
+        if key not in self._graphs:
+            try:
+                graph, out = capture_graph(lambda: self._forward(bucket, width, span, k), self.graphs._pool)
+            except Exception as e:
+                raise RuntimeError(f"CUDA graph capture of the MTP drafting (rows {bucket}, width {width}, "
+                                   f"{k} drafts) failed: {e}; set cuda_graphs: off") from e
+            self.graphs._pool = graph.pool()
+            self._graphs[key] = (graph, out)
+        graph, out = self._graphs[key]
+        graph.replay()
+        return out
+
+    @property
+    def captured(self) -> list[tuple]:
+        return sorted(self._graphs)

@@ -19,7 +19,7 @@ from models.glm5 import GlmForCausalLM
 from scheduler.request import SamplingParams
 from scheduler.scheduler import ScheduledSeq
 from scheduler.shapes import StepShape, next_pow2
-from workers.graphs import DecodeGraphs
+from workers.graphs import DecodeGraphs, DraftGraphs
 from workers.sampler import sample
 from workers.speculative import DraftRequest, MtpDrafter, token_logprobs, verify
 
@@ -44,6 +44,7 @@ class WorkerStep:
     shape: StepShape | None = None     # the MoE bucket of this step (all ranks get the same one)
     num_drafts: int = 0                # drafts to propose after this step (0: none; the same on every rank)
     graph: tuple[int, int] | None = None   # (rows bucket, block-table width): a graph-shaped step, same everywhere
+    draft_graph: bool = False          # a graph step whose MTP work may run as a graph (extend; greedy drafts)
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ class ModelRunner:
     def __init__(self, model: GlmForCausalLM, num_blocks: int, block_size: int, dtype: torch.dtype,
                  device: str | torch.device = "cpu", in_group: bool = False, world_size: int = 1,
                  stage: Callable[[StepShape | None, int, bool], None] | None = None, speculative: bool = False,
-                 max_drafting: int = 8, graphs: str = "off"):
+                 max_drafting: int = 8, graphs: str = "off", select: Callable | None = None):
         self.model, self.block_size, self.device = model, block_size, torch.device(device)
         self.in_group, self.world_size = in_group, world_size
         self.stage = stage or (lambda shape, n, static=False: None)
@@ -98,11 +99,14 @@ class ModelRunner:
         self.graphs = None if graphs == "off" else DecodeGraphs(
             model, self.cache, block_size, pad_slot, next_pow2(num_blocks), self.device, capture=graphs == "capture")
         self.requests: dict[str, _RequestState] = {}
-        self.drafter = None
+        self.drafter = self.draft_graphs = None
         if speculative:
             assert model.mtp_layer is not None, "speculative decoding needs the checkpoint's MTP layer"
             self.drafter = MtpDrafter(model, self.cache, block_size, num_slots, scratch, self.stage)
             self.max_drafting = max_drafting
+            if self.graphs is not None and self.drafter.share_index:
+                self.draft_graphs = DraftGraphs(model, self.graphs, num_slots, scratch, world_size,
+                                                select or (lambda shape, real=None: None), self.device)
 
     def reset(self) -> None:
         """Forget every request (after a group failure the scheduler starts over; KV is overwritten)."""
@@ -117,13 +121,16 @@ class ModelRunner:
             self.requests[nr.req_id] = _RequestState(nr.params, len(nr.prompt_ids), list(nr.prompt_ids))
         if not step.seqs and not self.in_group:
             return StepResult(step.step_id)
+        static_draft = self.draft_graphs is not None and step.graph is not None and step.draft_graph
         if self.graphs is not None and step.graph is not None:
             bucket, width = step.graph
             batch = self.graphs.stage(step.seqs, bucket, width)
             self.stage(step.shape, batch.num_rows, True)
             ids = self.graphs.ids[:batch.num_rows]
-            hidden = self.graphs.run(bucket, width)[:batch.num_rows]                 # [N, H]
-            if self.drafter is not None:
+            span = step.shape is not None and step.shape.is_span
+            full = self.graphs.run(bucket, width, span)                                # [bucket, H]
+            hidden = full[:batch.num_rows]                                              # [N, H]
+            if self.drafter is not None and not static_draft:
                 self.stage(step.shape, batch.num_rows, False)   # the eager MTP passes use the ragged comm
         else:
             ids = torch.tensor([t for s in step.seqs for t in s.token_ids], dtype=torch.long, device=self.device)
@@ -133,8 +140,11 @@ class ModelRunner:
             hidden = self.model(ids, batch, self.cache)                               # [N, H]
         result = self._sample(step, hidden, batch)           # sampling ends in a device sync (token ids)
         sampled = end = time.perf_counter()
-        if self.drafter is not None:
-            self._draft(step, hidden, batch, ids, result)       # so does drafting (draft ids)
+        if self.drafter is not None:                            # so does drafting (draft ids)
+            if static_draft:
+                self._draft_static(step, full, batch, result)
+            else:
+                self._draft(step, hidden, batch, ids, result)
             end = time.perf_counter()
         return replace(result, busy_ms=(end - start) * 1e3, draft_ms=(end - sampled) * 1e3)
 
@@ -174,6 +184,28 @@ class ModelRunner:
         result.sampled[s.req_id] = tokens
         if st.params.logprobs is not None:
             result.logprobs[s.req_id] = [TokenLogprobs(lp, top) for lp, top in lps]
+
+    def _draft_static(self, step: WorkerStep, full: torch.Tensor, batch, result: StepResult) -> None:
+        """``_draft`` on the graph path (``DraftGraphs``): the same extend inputs and greedy drafts, one replay."""
+        flat = [t for s in step.seqs for t in s.token_ids]
+        next_ids = flat[1:] + flat[:1]                   # as _draft's roll, then the committed tokens
+        drafting = None
+        for i, s in enumerate(step.seqs):
+            r0, n = batch.seq_rows[i]
+            tokens = result.sampled[s.req_id]
+            last = r0 + n - 1 - s.num_drafts + len(tokens) - 1
+            next_ids[last] = tokens[-1]
+            if step.num_drafts and drafting is None:
+                drafting = (s.req_id, last, s.start_pos + last - r0)
+        assert step.num_drafts == 0 or len(step.seqs) <= 1, "graph drafting serves one drafting request"
+        bucket, width = step.graph
+        req, row, position = drafting or (None, 0, None)
+        assert req is None or self.requests[req].params.is_greedy, f"{req}: graph drafting is greedy only"
+        self.draft_graphs.stage_inputs(full, next_ids, row, position)
+        out = self.draft_graphs.run(bucket, width, step.shape is not None and step.shape.is_span, step.num_drafts)
+        if req is not None:
+            result.drafts[req] = out.tolist()
+            self.requests[req].draft_probs = None
 
     def _draft(self, step: WorkerStep, hidden: torch.Tensor, batch, ids: torch.Tensor, result: StepResult) -> None:
         """MTP extend over the step's rows (the token after each row: the next fed token, or for the last

@@ -38,6 +38,7 @@ class StepComm:
         self.static = False
         self._owner_dev = torch.zeros(1, dtype=torch.long, device=device)
         self._real_dev = torch.zeros(GRAPH_BUCKETS[-1], dtype=torch.bool, device=device)   # static rows < num_local
+        self._mask = self._real_dev          # the row mask static phases read (``select`` may point elsewhere)
 
     def stage(self, shape: StepShape, num_local: int, static: bool = False) -> None:
         """Set this step's row map and owner (the span owner is a per-step value, never baked in)."""
@@ -47,10 +48,19 @@ class StepComm:
         else:
             self.rowmap, self.owner = Dp(self.world_size, shape.rows_per_rank), 0
         self.num_local, self.static = num_local, static
+        self._mask = self._real_dev
         if static:
             self._owner_dev.fill_(self.owner)
             self._real_dev.fill_(False)
             self._real_dev[:num_local].fill_(True)
+
+    def select(self, shape: StepShape, real: torch.Tensor | None = None) -> None:
+        """Static phases over ``shape`` with the row mask ``real`` (None: the one ``stage`` wrote), touching no
+        device memory — safe inside a CUDA graph capture (the MTP drafting graph switches shapes this way; a
+        span's owner is still the device scalar ``stage`` wrote)."""
+        self.rowmap = Span(self.world_size, shape.total_rows) if shape.is_span else Dp(self.world_size,
+                                                                                        shape.rows_per_rank)
+        self.static, self._mask = True, self._real_dev if real is None else real
 
     def _bucket_rows(self) -> int:
         if isinstance(self.rowmap, Span):
@@ -61,7 +71,7 @@ class StepComm:
         """h: [num_local, H] (static: [R, H]) → the step's bucket [total_rows, H], identical on every rank."""
         if self.static:
             R, H = h.shape
-            local = torch.where(self._real_dev[:R, None], h, h.new_zeros(()))       # pads → exact zeros
+            local = torch.where(self._mask[:R, None], h, h.new_zeros(()))           # pads → exact zeros
             gathered = self.comm.all_gather_static(local)                          # [N, R, H]
             if isinstance(self.rowmap, Span):
                 return gathered.index_select(0, self._owner_dev).view(R, H)
@@ -138,7 +148,7 @@ class Worker:
             model.set_comm(self.step_comm)
         self.runner = ModelRunner(model, spec.num_blocks, spec.block_size, dtype, device,
                                   in_group=spec.world_size > 1, world_size=spec.world_size, stage=self._stage,
-                                  speculative=spec.speculative, graphs=self._graphs_mode())
+                                  speculative=spec.speculative, graphs=self._graphs_mode(), select=self._select)
 
     def _graphs_mode(self) -> str:
         """``capture`` needs a capturable comm in a group (ipc's device phases); else the graph
@@ -151,6 +161,10 @@ class Worker:
         if self.spec.world_size > 1:
             assert shape is not None, "a multi-rank step needs its bucket shape"
             self.step_comm.stage(shape, num_rows, static)
+
+    def _select(self, shape: StepShape, real: torch.Tensor | None = None) -> None:
+        if self.spec.world_size > 1:
+            self.step_comm.select(shape, real)
 
     def execute(self, step: WorkerStep) -> StepResult:
         result = self.runner.execute(step)

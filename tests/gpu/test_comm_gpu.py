@@ -25,14 +25,14 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
+from scheduler.shapes import StepShape
 from tests.integration.test_comm import _pool_lifetime, _shm_segments  # noqa: F401 (a module fixture)
 from tests.integration.test_comm import _spawn as spawn
-from scheduler.shapes import StepShape
 from workers.comm import CommTimeout, DictRendezvous, make_comm, ordered_sum
 from workers.comm_device import DevicePhases
 from workers.graphs import capture_graph
-from workers.worker import StepComm
 from workers.rowmap import Dp, Span, rows_of
+from workers.worker import StepComm
 
 HIDDEN = 6144
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

@@ -32,6 +32,7 @@ from cluster.local import scheduler_config
 from cluster.workers import ProcessWorkerGroup
 from kernels import ops
 from models.loader import load_model
+from scheduler.request import SamplingParams
 from scheduler.shapes import StepShape
 from tests.integration.test_comm import _pool_lifetime, _spawn  # noqa: F401 (a module fixture)
 from tests.integration.test_distributed import requests, run
@@ -113,6 +114,38 @@ def test_greedy_tokens_equal_single_process(tiny_ckpt, tiny_config, n, moe, kern
     assert solo == want_solo
     assert stats["span_steps"] > 0
     assert (stats["graph_steps"] > 0) == (kernels == "auto")
+
+
+def test_speculative_group_with_captured_drafting_equals_plain():
+    """The embedded trained tiny model, 2 ipc ranks, k = 3: verify steps (static spans) and the MTP drafting
+    replay CUDA graphs in the group; greedy output equals the single-process plain engine, drafts are accepted."""
+    from cluster.config import DEFAULT_MODEL
+    from models.config import ModelConfig
+
+    text_ckpt = DEFAULT_MODEL
+    mc = ModelConfig.from_json(text_ckpt)
+    g = torch.Generator().manual_seed(23)
+    prompts = [torch.randint(40, mc.vocab_size, (int(torch.randint(4, 40, (1,), generator=g)),),
+                             generator=g).tolist() for _ in range(4)]
+    greedy = SamplingParams(max_tokens=16, temperature=0.0)
+    ops.configure("auto", DEVICE)
+    plain = Engine(LocalExecutor(ModelRunner(load_model(text_ckpt, dtype=torch.float32, device=DEVICE,
+                                                        progress=False), NUM_BLOCKS, 16, torch.float32, DEVICE)),
+                   scheduler_config(engine_config(text_ckpt, 1, "tp", "float32", "auto"), mc, None, NUM_BLOCKS))
+    expected = [run(plain, {f"p{i}": (ids, greedy)})[f"p{i}"] for i, ids in enumerate(prompts)]
+    cfg = EngineConfig(model=str(text_ckpt), device=DEVICE, dtype="float32", kernels="auto", num_workers=2,
+                       comm="ipc", kv_cache_tokens=NUM_BLOCKS * 16, max_num_batched_tokens=128, speculative_tokens=3)
+    group = ProcessWorkerGroup(cfg, NUM_BLOCKS)
+    try:
+        engine = Engine(group, scheduler_config(cfg, mc, None, NUM_BLOCKS), num_ranks=2, speculative_tokens=3,
+                        graphs=True)
+        got = [run(engine, {f"s{i}": (ids, greedy)})[f"s{i}"] for i, ids in enumerate(prompts)]
+        print(f"2 ranks, captured drafting: {engine.spec_metrics()}")
+        assert got == expected
+        assert engine.stats["graph_steps"] > 0 and engine.stats["span_steps"] > 0
+        assert engine.stats["drafts_accepted"] > 0
+    finally:
+        group.shutdown()
 
 
 def _agreement(got: dict, want: dict) -> float:

@@ -83,7 +83,7 @@ def test_replay_is_bit_identical_to_eager(text_ckpt, dtype, step):
         assert torch.isfinite(eager).all()
         assert torch.equal(replay, eager), (step, context, (replay - eager).abs().max().item())
         assert torch.equal(again, replay)
-    assert graphs.captured and all(b in (1, 2, 4, 8) for b, _ in graphs.captured)
+    assert graphs.captured and all(b in (1, 2, 4, 8) for b, *_ in graphs.captured)
 
 
 @pytest.mark.parametrize("n", [1, 3, 6])
@@ -100,7 +100,14 @@ def test_speculative_with_graphs_equals_plain(text_ckpt):
     reqs = requests(1, m.config.vocab_size, max_tokens=24, seed=7)
     spec = _engine(m, True, k=3)
     assert run(spec, reqs) == run(_engine(m, False), reqs)
-    assert any(b == 4 for b, _ in spec.executor.runner.graphs.captured)
+    assert any(b == 4 for b, *_ in spec.executor.runner.graphs.captured)
+    drafting = spec.executor.runner.draft_graphs
+    assert any(k == 3 for *_, k in drafting.captured), drafting.captured      # the MTP drafting replayed too
+    eager = _engine(m, True, k=3)
+    eager.executor.runner.draft_graphs = None                                 # the eager drafter after the replay
+    assert run(eager, reqs) == run(_engine(m, False), reqs)
+    print(f"accepted drafts: graph drafting {spec.spec_metrics()}, eager drafting {eager.spec_metrics()}")
+    assert spec.spec_metrics()["accepted"] > 0
 
 
 def _engine(m, graphs: bool, k: int = 0):

@@ -57,7 +57,7 @@ def test_static_decode_equals_eager(model, n):
     reqs = requests(n, model.config.vocab_size, seed=n)
     static = make_engine(model, graphs=True)
     assert run(static, reqs) == run(make_engine(model, graphs=False), reqs)
-    buckets = {b for b, _ in graph_runs(static)}
+    buckets = {b for b, *_ in graph_runs(static)}
     assert buckets and buckets <= {1, 2, 4, 8} and max(buckets) >= min(n, 8)
 
 
@@ -66,8 +66,28 @@ def test_static_verify_with_speculation_equals_plain(model):
                                                                                          temperature=0.0))}
     spec = make_engine(model, graphs=True, k=3)
     assert run(spec, greedy) == run(make_engine(model, graphs=False), greedy)
-    assert any(b == 4 for b, _ in graph_runs(spec)), graph_runs(spec)      # 1 token + 3 drafts
+    assert any(b == 4 for b, *_ in graph_runs(spec)), graph_runs(spec)      # 1 token + 3 drafts
     assert spec.spec_metrics()["accepted"] > 0
+    drafts = spec.executor.runner.draft_graphs.runs                        # the MTP work took the static path
+    assert any(k == 3 for *_, k in drafts), drafts
+    eager_drafts = make_engine(model, graphs=True, k=3)
+    eager_drafts.executor.runner.draft_graphs = None                        # the eager MtpDrafter after the replay
+    assert run(eager_drafts, greedy) == run(make_engine(model, graphs=False), greedy)
+    assert eager_drafts.spec_metrics() == spec.spec_metrics()                # the same drafts, so the same acceptance
+
+
+def test_static_drafting_batched_and_sampled(model):
+    """With speculation on: several requests (no drafts; the extend alone runs as a graph, k = 0) and a sampled
+    request (its drafts come from the eager drafter, which keeps their probabilities) give the tokens of the
+    engine without graphs."""
+    batch = requests(3, model.config.vocab_size, seed=11)
+    spec, plain = make_engine(model, graphs=True, k=3), make_engine(model, graphs=False, k=3)
+    assert run(spec, batch) == run(plain, batch)
+    assert any(k == 0 for *_, k in spec.executor.runner.draft_graphs.runs)
+    sampled = {"s": (batch["r0"][0], SamplingParams(max_tokens=16, temperature=0.8, seed=5))}
+    spec, plain = make_engine(model, graphs=True, k=3), make_engine(model, graphs=False, k=3)
+    assert run(spec, sampled) == run(plain, sampled)
+    assert not any(k > 0 for *_, k in spec.executor.runner.draft_graphs.runs)
 
 
 @pytest.mark.parametrize("lengths", [[5, 9], [40, 70, 33], [200]])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from cluster.config import EngineConfig
@@ -33,13 +34,15 @@ class _Recording(LocalExecutor):
         return out
 
 
-def test_step_results_carry_the_rank_time_and_its_drafting_share(tiny_config):
+@pytest.mark.parametrize("graphs", ["off", "eager"])        # eager: the static decode and drafting path
+def test_step_results_carry_the_rank_time_and_its_drafting_share(tiny_config, graphs):
     model = dummy_model(tiny_config, torch.float32)
     for k in (0, 2):
-        runner = ModelRunner(model, 16, 16, torch.float32, speculative=k > 0)
+        runner = ModelRunner(model, 16, 16, torch.float32, speculative=k > 0, graphs=graphs)
         executor = _Recording(runner)
         cfg = EngineConfig(device="cpu", kv_cache_tokens=256, speculative_tokens=k)
-        engine = Engine(executor, scheduler_config(cfg, tiny_config, None, 16), speculative_tokens=k)
+        engine = Engine(executor, scheduler_config(cfg, tiny_config, None, 16), speculative_tokens=k,
+                        graphs=graphs != "off")
         run_engine(engine, {"a": ([1, 2, 3], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))})
         assert all(r.busy_ms > 0 and 0 <= r.draft_ms <= r.busy_ms for r in executor.results)
         assert any(r.draft_ms > 0 for r in executor.results) == (k > 0)
