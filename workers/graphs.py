@@ -10,18 +10,21 @@ is captured on first use into one shared memory pool.
 
 On CPU (or with ``capture=False``) the same static-shape forward runs eagerly: it is the oracle a
 replay must equal bit for bit, and on CPU it runs the padded path in CI.
+
+``DraftGraphs`` does the same for the MTP drafter's work after such a step (the extend pass, and a greedy
+request's chained draft passes), reading the step's buffers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from models.cache import Batch, KVCache
 from models.glm5 import GlmForCausalLM
 from scheduler.scheduler import ScheduledSeq
-from scheduler.shapes import GRAPH_BUCKETS
+from scheduler.shapes import GRAPH_BUCKETS, StepShape
 
 
 class DecodeGraphs:
@@ -151,7 +154,7 @@ class DraftGraphs:
     """
 
     def __init__(self, model: GlmForCausalLM, graphs: DecodeGraphs, scratch_base: int, scratch_len: int,
-                 world_size: int, select, device: torch.device):
+                 world_size: int, select: Callable[[StepShape, torch.Tensor | None], None], device: torch.device):
         self.model, self.graphs, self.select, self.world_size = model, graphs, select, world_size
         self.scratch_base, self.scratch_len = scratch_base, scratch_len
         rows, hidden = GRAPH_BUCKETS[-1], model.config.hidden_size
@@ -191,9 +194,6 @@ class DraftGraphs:
         self.chain_real.fill_(position is not None)
 
     def _forward(self, bucket: int, width: int, span: bool, k: int) -> torch.Tensor:
-        from models.cache import Batch
-        from scheduler.shapes import StepShape
-
         g, model, n = self.graphs, self.model, self.world_size
         step = StepShape("span", bucket, bucket, 0) if span else StepShape("dp", bucket, n * bucket, None)
         self.select(step, None)                            # the extend rides the step's bucket and row mask
