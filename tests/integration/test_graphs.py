@@ -129,3 +129,21 @@ def test_graph_key_only_for_decode_and_verify_rows_within_the_buckets():
     assert graph_key(dp, [plan(decode), plan(chunk)]) is None
     assert graph_key(StepShape("dp", 16, 16, None), [plan(decode)]) is None        # beyond the largest bucket
     assert graph_key(dp, [plan(), plan()]) is None
+
+
+def test_span_and_dp_steps_of_one_bucket_keep_separate_graphs(model):
+    """A group's span step and dp step with the same (bucket, width) run different comm phases, so the
+    runner keys their graphs apart (a shared graph would replay the wrong phases)."""
+    from workers.runner import NewRequest, WorkerStep
+
+    runner = ModelRunner(model, NUM_BLOCKS, BLOCK, torch.float32, graphs="eager")
+    prompt = list(range(40, 60))
+    params = SamplingParams(max_tokens=8, temperature=0.0)
+    blocks = (0, 1)
+    first = runner.execute(WorkerStep(0, (ScheduledSeq("a", tuple(prompt), 0, blocks, True, 0),),
+                                      (NewRequest("a", tuple(prompt), params),)))
+    token = first.sampled["a"][0]
+    for step_id, shape in enumerate([StepShape("span", 2, 2, 0), StepShape("dp", 2, 2, None)], start=1):
+        seq = ScheduledSeq("a", (token,), len(prompt) + step_id - 1, blocks, True, step_id)
+        token = runner.execute(WorkerStep(step_id, (seq,), shape=shape, graph=(2, 2))).sampled["a"][0]
+    assert sorted(runner.graphs.runs) == [(2, 2, False), (2, 2, True)]
