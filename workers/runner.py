@@ -81,6 +81,9 @@ class ModelRunner:
     ``graphs``: steps the engine marks ``graph`` (decode / verify rows, ≤ 8 per rank) run the static-shape
     forward of ``workers/graphs.py`` — ``capture``: as CUDA graphs (eager off CUDA); ``eager``: the same
     static path without capture (the replays' oracle); ``off``: every step runs the ragged eager path.
+    With speculation and ``graphs`` on, the MTP work after a graph step runs on ``DraftGraphs`` when the step
+    says ``draft_graph``; ``select(shape, real)`` is the comm's capture-safe switch of bucket shape and row mask
+    (``StepComm.select``) that those graphs use in a group.
     """
 
     def __init__(self, model: GlmForCausalLM, num_blocks: int, block_size: int, dtype: torch.dtype,
