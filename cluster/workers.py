@@ -218,6 +218,8 @@ def _place_on_gpus(specs: list[WorkerSpec]) -> list[WorkerSpec]:
     import torch
 
     count = torch.cuda.device_count()
+    if count == 0:
+        raise GroupFailure("setup: device is cuda but no CUDA GPU is visible to this process")
     return [replace(s, device=f"cuda:{s.rank % count}") for s in specs]
 
 

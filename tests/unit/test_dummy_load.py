@@ -71,3 +71,13 @@ def test_bad_load_format_is_named(config_only, tiny_config):
     with pytest.raises(ValueError, match="moe_intermediate_size"):        # FP8 tp needs whole 128-column blocks
         dummy_model(replace(tiny_config, quantization=ModelConfig.from_json(config_only).quantization),
                     shard=MoeShard(0, 2, "tp"))
+
+
+def test_cli_generate_with_dummy_weights(capsys):
+    """``glmserve generate --load-format dummy``: the embedded model's config and tokenizer, random weights."""
+    from cluster.cli import main
+
+    assert main(["generate", "--load-format", "dummy", "--device", "cpu", "--kv-cache-tokens", "512",
+                 "--max-tokens", "4", "The old man said"]) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith("The old man said") and "[4 tokens" in out.err

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cluster.config import EngineConfig
-from cluster.engine import Engine, LocalExecutor
+from cluster.engine import Engine, GroupFailure, LocalExecutor
 from cluster.local import scheduler_config
 from cluster.workers import _place_on_gpus, worker_specs
 from models.loader import dummy_model
@@ -21,6 +21,9 @@ def test_process_group_puts_rank_r_on_gpu_r_mod_count(monkeypatch):
     assert [s.device for s in _place_on_gpus(specs)] == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
     cpu = worker_specs(EngineConfig(device="cpu", num_workers=2), num_blocks=8)
     assert [s.device for s in _place_on_gpus(cpu)] == ["cpu", "cpu"]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(GroupFailure, match="no CUDA GPU"):
+        _place_on_gpus(specs)
 
 
 class _Recording(LocalExecutor):
