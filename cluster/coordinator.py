@@ -45,6 +45,11 @@ class Metrics:
             self.tokens_per_second)
         Gauge("glmserve_preemptions", "requests preempted so far", registry=r).set_function(
             lambda: engine.stats["preemptions"])
+        Gauge("glmserve_step_seconds", "time in worker-group steps so far (send, every rank's work, collect)",
+              registry=r).set_function(lambda: engine.stats["step_seconds"])
+        Gauge("glmserve_worker_busy_seconds", "of which the busiest rank worked (forward, sampling, drafting)",
+              registry=r).set_function(lambda: engine.stats["worker_busy_seconds"])
+        Gauge("glmserve_steps", "engine steps so far", registry=r).set_function(lambda: engine.stats["steps"])
         Gauge("glmserve_spec_drafts_proposed", "speculative drafts proposed", registry=r).set_function(
             lambda: engine.stats["drafts_proposed"])
         Gauge("glmserve_spec_drafts_accepted", "speculative drafts accepted", registry=r).set_function(

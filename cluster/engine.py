@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Protocol, Sequence
@@ -118,7 +119,7 @@ class Engine:
         self._ids = itertools.count()
         self.stats = {"prompt_tokens": 0, "generated_tokens": 0, "steps": 0, "preemptions": 0,
                       "span_steps": 0, "graph_steps": 0, "failed_steps": 0, "draft_rounds": 0, "drafts_proposed": 0,
-                      "drafts_accepted": 0}
+                      "drafts_accepted": 0, "step_seconds": 0.0, "worker_busy_seconds": 0.0}
         self.accepted_at = [0] * (speculative_tokens + 1)   # rounds whose draft i was accepted
 
     @property
@@ -170,6 +171,7 @@ class Engine:
             steps = self._worker_steps(plans, k)
         if steps is None:
             return []
+        start = time.perf_counter()
         try:
             results = self.executor.execute(steps)
         except GroupFailure as e:      # the group is gone: every live request fails, then rebuild
@@ -184,6 +186,9 @@ class Engine:
                                            f"step failed: {type(e).__name__}: {e}")]
         with self._lock:
             self.stats["steps"] += 1
+            # the executor's wall time vs the busiest rank's own: the difference is the group's per-step cost
+            self.stats["step_seconds"] += time.perf_counter() - start
+            self.stats["worker_busy_seconds"] += max(r.busy_ms for r in results) / 1e3
             events = []
             for sch, plan, res in zip(self.schedulers, plans, results):
                 self._count_drafts(plan, res)

@@ -164,6 +164,13 @@ def test_malformed_json_is_400(base_url):
     assert status == 400 and "malformed JSON" in err["error"]["message"]
 
 
+def test_step_time_metrics(client, base_url):
+    client.completions.create(model=MODEL, prompt="The old man", max_tokens=4, temperature=0)
+    steps, step_s, busy_s = (metric(base_url, f"glmserve_{n}") for n in ("steps", "step_seconds",
+                                                                         "worker_busy_seconds"))
+    assert steps >= 4 and step_s >= busy_s > 0
+
+
 def test_disconnect_frees_kv(base_url):
     full = metric(base_url, "glmserve_kv_free_blocks")
     req = urllib.request.Request(base_url + "/v1/completions", headers={"content-type": "application/json"},

@@ -49,3 +49,6 @@ def test_step_results_carry_the_rank_time_and_its_drafting_share(tiny_config, gr
         run_engine(engine, {"a": ([1, 2, 3], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))})
         assert all(r.busy_ms > 0 and 0 <= r.draft_ms <= r.busy_ms for r in executor.results)
         assert any(r.draft_ms > 0 for r in executor.results) == (k > 0)
+        busy = sum(r.busy_ms for r in executor.results) / 1e3                 # one rank: the busiest is it
+        assert engine.stats["worker_busy_seconds"] == pytest.approx(busy)
+        assert engine.stats["step_seconds"] >= engine.stats["worker_busy_seconds"] > 0
