@@ -28,17 +28,19 @@ from workers.runner import NewRequest, StepResult, TokenLogprobs, WorkerStep
 __all__ = ["AdmissionError", "AsyncEngine", "Engine", "GroupFailure", "LocalExecutor", "TokenEvent"]
 
 
-def graph_key(shape: StepShape, plans: Sequence[StepPlan]) -> tuple[int, int] | None:
-    """(rows bucket, block-table width) when the step is graph-shaped on every rank — only decode / verify
-    rows (each request feeds 1 + num_drafts and samples), at most the largest graph bucket per rank — else
-    None. Width: ``graph_width`` of the step's longest block table. The same key goes to every rank, so all
-    ranks replay (or capture) the same graph and its comm phases line up."""
+def graph_key(shape: StepShape, plans: Sequence[StepPlan]) -> tuple[int, int, bool] | None:
+    """(rows bucket, block-table width, span) when the step is graph-shaped on every rank — only decode /
+    verify rows (each request feeds 1 + num_drafts and samples), at most the largest graph bucket per rank —
+    else None. Width: ``graph_width`` of the step's longest block table. Span: a span step's comm phases differ
+    from a dp step's of the same bucket (AG selects the owner's stripe, RS gathers every partial), so it is a
+    graph of its own. The same key goes to every rank, so all ranks replay (or capture) the same graph and its
+    comm phases line up."""
     seqs = [s for p in plans for s in p.seqs]
     if not seqs or shape.rows_per_rank > GRAPH_BUCKETS[-1]:
         return None
     if not all(s.sample and len(s.token_ids) == 1 + s.num_drafts for s in seqs):
         return None
-    return shape.rows_per_rank, graph_width(max(len(s.block_ids) for s in seqs))
+    return shape.rows_per_rank, graph_width(max(len(s.block_ids) for s in seqs)), shape.is_span
 
 
 class Executor(Protocol):

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing as mp
-from multiprocessing import connection as mp_connection
 import time
 import uuid
 from dataclasses import replace
+from multiprocessing import connection as mp_connection
 from typing import Any
 
 from cluster.config import EngineConfig

@@ -92,14 +92,15 @@ class DecodeGraphs:
 
     def run(self, bucket: int, width: int, span: bool = False) -> torch.Tensor:
         """The staged step's hidden rows [bucket, H] (pad rows included): a graph replay, or eagerly.
-        ``span``: a worker group's span step — its comm phases differ from a dp step's of the same bucket
-        (AG selects the owner's stripe, RS gathers every partial), so it has graphs of its own."""
+        ``span``: a worker group's span step, whose comm phases differ from a dp step's (``graph_key``)."""
         key = (bucket, width, span)
         self.runs[key] = self.runs.get(key, 0) + 1
         if not self.capture:
             return self._forward(bucket, width)
         if key not in self._graphs:
-            self._graphs[key] = self._record(bucket, width)
+            # the step's inputs are staged, so the warm-up writes exactly the KV the replay writes
+            self._graphs[key] = self.record(lambda: self._forward(bucket, width),
+                                            f"the decode step (rows {bucket}, width {width} blocks)")
         graph, out = self._graphs[key]
         graph.replay()
         return out
@@ -108,13 +109,13 @@ class DecodeGraphs:
         """The same static forward without the graph (the replay's oracle)."""
         return self._forward(bucket, width)
 
-    def _record(self, bucket: int, width: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        # the step's inputs are staged, so the warm-up writes exactly the KV the replay writes
+    def record(self, fn, what: str) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """(graph, output) of ``fn`` captured into the runner's one memory pool (its decode and drafting graphs)."""
         try:
-            graph, out = capture_graph(lambda: self._forward(bucket, width), self._pool)
+            graph, out = capture_graph(fn, self._pool)
         except Exception as e:
-            raise RuntimeError(f"CUDA graph capture of the decode step (rows {bucket}, width {width} blocks) "
-                               f"failed: {e}; kernels must be 'auto' on CUDA, or set cuda_graphs: off") from e
+            raise RuntimeError(f"CUDA graph capture of {what} failed: {e}; kernels must be 'auto' on CUDA, "
+                               f"or set cuda_graphs: off") from e
         self._pool = graph.pool()
         return graph, out
 
@@ -219,13 +220,8 @@ class DraftGraphs:
         if not self.graphs.capture:
             return self._forward(bucket, width, span, k)
         if key not in self._graphs:
-            try:
-                graph, out = capture_graph(lambda: self._forward(bucket, width, span, k), self.graphs._pool)
-            except Exception as e:
-                raise RuntimeError(f"CUDA graph capture of the MTP drafting (rows {bucket}, width {width}, "
-                                   f"{k} drafts) failed: {e}; set cuda_graphs: off") from e
-            self.graphs._pool = graph.pool()
-            self._graphs[key] = (graph, out)
+            self._graphs[key] = self.graphs.record(lambda: self._forward(bucket, width, span, k),
+                                                   f"the MTP drafting (rows {bucket}, width {width}, {k} drafts)")
         graph, out = self._graphs[key]
         graph.replay()
         return out

@@ -43,7 +43,7 @@ class WorkerStep:
     finished: tuple[str, ...] = ()
     shape: StepShape | None = None     # the MoE bucket of this step (all ranks get the same one)
     num_drafts: int = 0                # drafts to propose after this step (0: none; the same on every rank)
-    graph: tuple[int, int] | None = None   # (rows bucket, block-table width): a graph-shaped step, same everywhere
+    graph: tuple[int, int, bool] | None = None   # (rows bucket, table width, span): a graph step, same everywhere
     draft_graph: bool = False          # a graph step whose MTP work may run as a graph (extend; greedy drafts)
 
 
@@ -126,12 +126,11 @@ class ModelRunner:
             return StepResult(step.step_id)
         static_draft = self.draft_graphs is not None and step.graph is not None and step.draft_graph
         if self.graphs is not None and step.graph is not None:
-            bucket, width = step.graph
+            bucket, width, _ = step.graph
             batch = self.graphs.stage(step.seqs, bucket, width)
             self.stage(step.shape, batch.num_rows, True)
             ids = self.graphs.ids[:batch.num_rows]
-            span = step.shape is not None and step.shape.is_span
-            full = self.graphs.run(bucket, width, span)                                # [bucket, H]
+            full = self.graphs.run(*step.graph)                                        # [bucket, H]
             hidden = full[:batch.num_rows]                                              # [N, H]
             if self.drafter is not None and not static_draft:
                 self.stage(step.shape, batch.num_rows, False)   # the eager MTP passes use the ragged comm
@@ -196,16 +195,15 @@ class ModelRunner:
         for i, s in enumerate(step.seqs):
             r0, n = batch.seq_rows[i]
             tokens = result.sampled[s.req_id]
-            last = r0 + n - 1 - s.num_drafts + len(tokens) - 1
+            last = _last_valid_row(s, r0, n, tokens)
             next_ids[last] = tokens[-1]
             if step.num_drafts and drafting is None:
                 drafting = (s.req_id, last, s.start_pos + last - r0)
         assert step.num_drafts == 0 or len(step.seqs) <= 1, "graph drafting serves one drafting request"
-        bucket, width = step.graph
         req, row, position = drafting or (None, 0, None)
         assert req is None or self.requests[req].params.is_greedy, f"{req}: graph drafting is greedy only"
         self.draft_graphs.stage_inputs(full, next_ids, row, position)
-        out = self.draft_graphs.run(bucket, width, step.shape is not None and step.shape.is_span, step.num_drafts)
+        out = self.draft_graphs.run(*step.graph, step.num_drafts)
         if req is not None:
             result.drafts[req] = out.tolist()
             self.requests[req].draft_probs = None
@@ -220,7 +218,7 @@ class ModelRunner:
             st = self.requests[s.req_id]
             if s.sample:
                 tokens = result.sampled[s.req_id]
-                last = r0 + n - 1 - s.num_drafts + len(tokens) - 1       # the last row whose KV stays valid
+                last = _last_valid_row(s, r0, n, tokens)
                 next_ids[last] = tokens[-1]
                 if step.num_drafts and len(reqs) < self.max_drafting:
                     rows.append(last)
@@ -233,3 +231,9 @@ class ModelRunner:
             for r, (d, q) in zip(reqs, self.drafter.propose(rows, reqs, step.num_drafts, self.world_size)):
                 result.drafts[r.req_id] = d
                 self.requests[r.req_id].draft_probs = q
+
+
+def _last_valid_row(s: ScheduledSeq, r0: int, n: int, tokens: list[int]) -> int:
+    """The last of request s's rows [r0, r0 + n) whose KV stays valid after verification: the committed token's
+    row plus the accepted drafts (``tokens`` = accepted drafts + one more)."""
+    return r0 + n - 1 - s.num_drafts + len(tokens) - 1

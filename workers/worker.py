@@ -42,11 +42,8 @@ class StepComm:
 
     def stage(self, shape: StepShape, num_local: int, static: bool = False) -> None:
         """Set this step's row map and owner (the span owner is a per-step value, never baked in)."""
-        if shape.is_span:
-            self.rowmap, self.owner = Span(self.world_size, shape.total_rows), shape.owner
-            assert num_local == 0 or self.rank == shape.owner, "only the span owner has rows"
-        else:
-            self.rowmap, self.owner = Dp(self.world_size, shape.rows_per_rank), 0
+        self.rowmap, self.owner = self._rowmap(shape), shape.owner if shape.is_span else 0
+        assert not shape.is_span or num_local == 0 or self.rank == shape.owner, "only the span owner has rows"
         self.num_local, self.static = num_local, static
         self._mask = self._real_dev
         if static:
@@ -58,9 +55,11 @@ class StepComm:
         """Static phases over ``shape`` with the row mask ``real`` (None: the one ``stage`` wrote), touching no
         device memory — safe inside a CUDA graph capture (the MTP drafting graph switches shapes this way; a
         span's owner is still the device scalar ``stage`` wrote)."""
-        self.rowmap = Span(self.world_size, shape.total_rows) if shape.is_span else Dp(self.world_size,
-                                                                                        shape.rows_per_rank)
+        self.rowmap = self._rowmap(shape)
         self.static, self._mask = True, self._real_dev if real is None else real
+
+    def _rowmap(self, shape: StepShape) -> RowMap:
+        return Span(self.world_size, shape.total_rows) if shape.is_span else Dp(self.world_size, shape.rows_per_rank)
 
     def _bucket_rows(self) -> int:
         if isinstance(self.rowmap, Span):

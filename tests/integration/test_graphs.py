@@ -123,8 +123,8 @@ def test_graph_key_only_for_decode_and_verify_rows_within_the_buckets():
     prefill = ScheduledSeq("c", (1, 2, 3), 0, (20,), True, 0)                      # a whole prompt: not a graph
     chunk = ScheduledSeq("d", (5,), 16, (21, 22), False, 0)                        # a chunk that does not sample
     dp = StepShape("dp", 4, 8, None)
-    assert graph_key(dp, [plan(decode, verify), plan()]) == (4, 7)                 # widest table: 7 blocks
-    assert graph_key(StepShape("span", 4, 4, 1), [plan(), plan(verify)]) == (4, 7)
+    assert graph_key(dp, [plan(decode, verify), plan()]) == (4, 7, False)          # widest table: 7 blocks
+    assert graph_key(StepShape("span", 4, 4, 1), [plan(), plan(verify)]) == (4, 7, True)   # not the dp graph
     assert graph_key(dp, [plan(decode), plan(prefill)]) is None                    # every rank must qualify
     assert graph_key(dp, [plan(decode), plan(chunk)]) is None
     assert graph_key(StepShape("dp", 16, 16, None), [plan(decode)]) is None        # beyond the largest bucket
@@ -132,8 +132,8 @@ def test_graph_key_only_for_decode_and_verify_rows_within_the_buckets():
 
 
 def test_span_and_dp_steps_of_one_bucket_keep_separate_graphs(model):
-    """A group's span step and dp step with the same (bucket, width) run different comm phases, so the
-    runner keys their graphs apart (a shared graph would replay the wrong phases)."""
+    """A group's span step and dp step with the same (bucket, width) run different comm phases: their keys
+    differ (``graph_key``), and the runner keeps a graph per key (a shared graph would replay the wrong phases)."""
     from workers.runner import NewRequest, WorkerStep
 
     runner = ModelRunner(model, NUM_BLOCKS, BLOCK, torch.float32, graphs="eager")
@@ -145,5 +145,6 @@ def test_span_and_dp_steps_of_one_bucket_keep_separate_graphs(model):
     token = first.sampled["a"][0]
     for step_id, shape in enumerate([StepShape("span", 2, 2, 0), StepShape("dp", 2, 2, None)], start=1):
         seq = ScheduledSeq("a", (token,), len(prompt) + step_id - 1, blocks, True, step_id)
-        token = runner.execute(WorkerStep(step_id, (seq,), shape=shape, graph=(2, 2))).sampled["a"][0]
+        key = graph_key(shape, [StepPlan(step_id, (seq,), ())])
+        token = runner.execute(WorkerStep(step_id, (seq,), shape=shape, graph=key)).sampled["a"][0]
     assert sorted(runner.graphs.runs) == [(2, 2, False), (2, 2, True)]
