@@ -30,7 +30,7 @@ import triton
 from bench.decode_slice import graph_ms
 from bench.kernels_micro import rand_fp8
 from kernels import reference
-from kernels.triton_linear import LinearTile, decode_tile, fp8_linear
+from kernels.triton_linear import GemvTile, LinearTile, decode_tile, fp8_linear, gemv_tile
 from kernels.triton_moe import ExpertTile, expert_tiles, fused_moe
 from kernels.triton_utils import next_pow2, num_sms
 
@@ -43,7 +43,19 @@ COLD_BYTES = 300e6                                            # 6× the 50 MB L2
 SMEM = 200 * 1024
 
 
-def linear_candidates(M: int, N: int, K: int) -> list[LinearTile]:
+def gemv_candidates(N: int, K: int) -> list[GemvTile]:
+    """One-row (FMA) kernel shapes: fp32 accumulator tiles of 2k–16k lanes, ~2/4/8 programs per SM."""
+    out = set()
+    for bn, bk, warps, stages, pps in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (1, 3), (2, 4, 8)):
+        if 2048 <= bn * bk <= 16384:
+            split = max(1, min(triton.cdiv(pps * num_sms(), triton.cdiv(N, bn)), triton.cdiv(K, bk)))
+            out.add(GemvTile(bn, bk, split, warps, stages))
+    return sorted(out, key=lambda t: (t.block_n, t.block_k, t.split, t.num_warps, t.num_stages))
+
+
+def linear_candidates(M: int, N: int, K: int, one_row: bool = False) -> list[LinearTile | GemvTile]:
+    if one_row:                                # the one-row kernel's sweep beside the tile kernel's pick
+        return [decode_tile(M, N, K)] + gemv_candidates(N, K)
     block_m = max(16, next_pow2(M))
     out = {decode_tile(M, N, K)}
     for bn, bk, warps, stages, waves in itertools.product((32, 64, 128), (128, 256, 512), (4, 8), (3, 5),
@@ -60,8 +72,16 @@ def expert_candidates(loads: int) -> list[ExpertTile]:
             if st * bk * (loads * bn + 32) <= SMEM]
 
 
-def moe_jobs(N: int, I: int) -> list[tuple[ExpertTile, ExpertTile]]:
-    gu0, dn0 = expert_tiles(N * TOPK, H, I)
+def fma_candidates() -> list[ExpertTile]:
+    return [ExpertTile(bn, bk, warps, st, fma=True) for bn, bk, warps, st in
+            itertools.product((8, 16, 32, 64), (128, 256, 512), (4, 8), (1, 3)) if 2048 <= bn * bk <= 16384]
+
+
+def moe_jobs(N: int, I: int, one_row: bool = False) -> list[tuple[ExpertTile, ExpertTile]]:
+    gu0, dn0 = expert_tiles(N, H, I)
+    if one_row:                                # FMA gate/up and down sweeps beside the tile kernels' pick
+        return ([expert_tiles(2, H, I)] + [(gu, dn0) for gu in fma_candidates()]
+                + [(gu0, dn) for dn in fma_candidates()])
     return [(gu, dn0) for gu in expert_candidates(2)] + [(gu0, dn) for dn in expert_candidates(1)]
 
 
@@ -128,8 +148,13 @@ def per_launch_us(run, config) -> float:
     return graph_ms(lambda: [run(i, config) for i in range(run.num_inputs)], 10) * 1e3 / run.num_inputs
 
 
-def linear_rows(baseline, picks_only: bool):
-    for (N, K), M in itertools.product(LINEAR_SHAPES, ROWS):
+def pick_tile(M: int, N: int, K: int) -> LinearTile | GemvTile:
+    """What fp8_linear launches for M rows by default."""
+    return gemv_tile(N, K) if M == 1 else decode_tile(M, N, K)
+
+
+def linear_rows(baseline, picks_only: bool, one_row: bool = False):
+    for (N, K), M in itertools.product(LINEAR_SHAPES, (1,) if one_row else ROWS):
         nbytes = N * K + triton.cdiv(N, 128) * triton.cdiv(K, 128) * 4 + M * (K + N) * 2
         x, ws = linear_inputs(M, N, K, max(2, int(COLD_BYTES // nbytes)))
 
@@ -139,14 +164,14 @@ def linear_rows(baseline, picks_only: bool):
         def run_before(i, _, x=x, ws=ws):
             return baseline[0].fp8_linear(x, *ws[i])
         run.num_inputs = run_before.num_inputs = len(ws)
-        configs = [decode_tile(M, N, K)] if picks_only else linear_candidates(M, N, K)
+        configs = [pick_tile(M, N, K)] if picks_only else linear_candidates(M, N, K, one_row)
         row = sweep(f"linear M={M} [{N}x{K}]", nbytes, configs, run,
                     reference.linear(x.float(), *ws[0]), baseline and run_before)
-        yield {**row, "pick": decode_tile(M, N, K)}
+        yield {**row, "pick": pick_tile(M, N, K)}
 
 
-def moe_rows(baseline, picks_only: bool):
-    for N, I in MOE_CASES:
+def moe_rows(baseline, picks_only: bool, one_row: bool = False):
+    for N, I in [c for c in MOE_CASES if c[0] == 1 or not one_row]:
         x, idx, w, weights = moe_inputs(N, I, E, 8)
         nbytes = sum(i.unique().numel() for i in idx) / len(idx) * 3 * I * H
 
@@ -156,13 +181,13 @@ def moe_rows(baseline, picks_only: bool):
         def run_before(i, _, x=x, idx=idx, w=w, weights=weights):
             return baseline[1].fused_moe(x, idx[i], w, *weights)
         run.num_inputs = run_before.num_inputs = len(idx)
-        configs = [expert_tiles(N * TOPK, H, I)] if picks_only else moe_jobs(N, I)
+        configs = [expert_tiles(N, H, I)] if picks_only else moe_jobs(N, I, one_row)
         row = sweep(f"moe N={N} I={I}", nbytes, configs, run,
                     reference.moe_experts(x.float(), idx[0], w, *weights), baseline and run_before)
-        yield {**row, "pick": expert_tiles(N * TOPK, H, I)}
+        yield {**row, "pick": expert_tiles(N, H, I)}
 
 
-def write_table(rows: list[dict], out: Path) -> str:
+def write_table(rows: list[dict], out: Path, name: str = "tune_decode_kernels.md") -> str:
     lines = [f"# Decode kernel tile sweep ({torch.cuda.get_device_name()})", "",
              ("CUDA-graph replay, weights cold in L2; GB/s = bytes moved / time. `pick` is the launcher's choice; "
               "`before` the --baseline kernels with their own choice."), "",
@@ -178,7 +203,7 @@ def write_table(rows: list[dict], out: Path) -> str:
     top = [f"{r['op']}: " + "; ".join(f"{us:.1f} {short(t)}" for us, t in sorted(r["results"], key=lambda t: t[0])[:6])
            for r in rows]
     text = "\n".join(lines) + "\n\nFastest configs per op (µs):\n\n" + "\n".join(f"- {t}" for t in top) + "\n"
-    (out / "tune_decode_kernels.md").write_text(text)
+    (out / name).write_text(text)
     return text
 
 
@@ -186,8 +211,9 @@ def short(config) -> str:
     """LinearTile / ExpertTile as ``block_n×block_k[ s<split>] w<warps> st<stages>``; pairs joined by ' | '."""
     if isinstance(config, tuple):
         return " | ".join(short(c) for c in config)
-    split = f" s{config.split}" if isinstance(config, LinearTile) else ""
-    return f"{config.block_n}x{config.block_k}{split} w{config.num_warps} st{config.num_stages}"
+    split = f" s{config.split}" if isinstance(config, (LinearTile, GemvTile)) else ""
+    fma = " fma" if isinstance(config, GemvTile) or getattr(config, "fma", False) else ""
+    return f"{config.block_n}x{config.block_k}{split} w{config.num_warps} st{config.num_stages}{fma}"
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -208,22 +234,25 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--baseline", default=None)
     ap.add_argument("--picks-only", action="store_true")
+    ap.add_argument("--one-row", action="store_true", help="sweep the one-row (FMA) kernels only")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if not args.picks_only:
-        jobs = [("linear", M, N, K, t) for (N, K), M in itertools.product(LINEAR_SHAPES, ROWS)
-                for t in linear_candidates(M, N, K)]
-        jobs += [("moe", N, I, tiles) for N, I in MOE_CASES for tiles in moe_jobs(N, I)]
+        rows = (1,) if args.one_row else ROWS
+        jobs = [("linear", M, N, K, t) for (N, K), M in itertools.product(LINEAR_SHAPES, rows)
+                for t in linear_candidates(M, N, K, args.one_row)]
+        jobs += [("moe", N, I, tiles) for N, I in MOE_CASES if N in rows for tiles in moe_jobs(N, I, args.one_row)]
         t0 = time.time()
         precompile(jobs)
         print(f"precompiled {len(jobs)} configs in {time.time() - t0:.0f} s", flush=True)
     baseline = load_baseline(args.baseline) if args.baseline else None
     rows = []
-    for row in itertools.chain(linear_rows(baseline, args.picks_only), moe_rows(baseline, args.picks_only)):
+    for row in itertools.chain(linear_rows(baseline, args.picks_only, args.one_row),
+                               moe_rows(baseline, args.picks_only, args.one_row)):
         rows.append(row)
-        text = write_table(rows, out)
+        text = write_table(rows, out, "tune_decode_kernels_one_row.md" if args.one_row else "tune_decode_kernels.md")
     print(text)
 
 

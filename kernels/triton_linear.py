@@ -79,19 +79,62 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, M, N, 
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     out = out_ptr + rm[:, None] * stride_om + rn[None, :]
     if SPLIT:
-        num_splits = tl.num_programs(2)
-        part = part_ptr + rm[:, None] * N + rn[None, :]
-        tl.store(part + pid_k * M * N, acc, mask=mask)
-        tl.debug_barrier()                     # every thread's partial is stored before the release below
-        tile = pid_m * tl.num_programs(0) + pid_n
-        if tl.atomic_add(count_ptr + tile, 1, sem="acq_rel") == num_splits - 1:
-            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for s in range(num_splits):        # fixed order, whoever arrives last
-                total += tl.load(part + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")
-            tl.store(out, total.to(out_ptr.dtype.element_ty), mask=mask)
-            tl.store(count_ptr + tile, 0)      # the next launch (stream-ordered) starts from zero
+        _reduce_splits(acc, out, mask, part_ptr + rm[:, None] * N + rn[None, :], M * N, count_ptr,
+                       pid_m * tl.num_programs(0) + pid_n, pid_k, tl.num_programs(2))
     else:
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _reduce_splits(acc, out, mask, part, split_stride, count_ptr, tile, pid_k, num_splits):
+    """Split-K epilogue: store this split's fp32 partial; the split that arrives last at ``tile``'s counter
+    adds every partial in split order, writes ``out`` and resets the counter (no float atomics)."""
+    tl.store(part + pid_k * split_stride, acc, mask=mask)
+    tl.debug_barrier()                         # every thread's partial is stored before the release below
+    if tl.atomic_add(count_ptr + tile, 1, sem="acq_rel") == num_splits - 1:
+        total = tl.zeros_like(acc)
+        for s in range(num_splits):            # fixed order, whoever arrives last
+            total += tl.load(part + s * split_stride, mask=mask, other=0.0, cache_modifier=".cg")
+        tl.store(out, total.to(out.dtype.element_ty), mask=mask)
+        tl.store(count_ptr + tile, 0)          # the next launch (stream-ordered) starts from zero
+
+
+@triton.jit
+def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, N, K, num_sb_k, k_per_split,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, STAGES: tl.constexpr):
+    """One row: ``y[n] = Σ_k w8[n, k] · (x[k] · S[n//128, k//128])`` on the FMA units. The activation is
+    scaled by its block's scale once per K step (BLOCK_N divides 128: one scale row per program); the
+    products accumulate elementwise in a [BLOCK_N, BLOCK_K] fp32 tile, reduced over K once at the end."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    s_row = s_ptr + (pid_n * BLOCK_N) // 128 * num_sb_k
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    k0 = pid_k * k_per_split
+    for k in tl.range(k0, tl.minimum(k0 + k_per_split, K), BLOCK_K, num_stages=STAGES):
+        kk = k + rk
+        km = kk < K
+        xs = tl.load(x_ptr + kk, mask=km, other=0.0).to(tl.float32) * tl.load(s_row + kk // 128, mask=km, other=0.0)
+        w = tl.load(w_ptr + rn[:, None] * K + kk[None, :], mask=(rn[:, None] < N) & km[None, :], other=0.0,
+                    eviction_policy="evict_first")
+        acc += w.to(tl.float32) * xs[None, :]
+    y = tl.sum(acc, axis=1)
+    mask = rn < N
+    if SPLIT:
+        _reduce_splits(y, out_ptr + rn, mask, part_ptr + rn, N, count_ptr, pid_n, pid_k, tl.num_programs(1))
+    else:
+        tl.store(out_ptr + rn, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@dataclass(frozen=True)
+class GemvTile:
+    """Launch shape of the one-row kernel: BLOCK_N outputs × BLOCK_K per step, K split over ``split``."""
+    block_n: int
+    block_k: int
+    split: int
+    num_warps: int = 4
+    num_stages: int = 1
 
 
 _tile_counters: dict[torch.device, torch.Tensor] = {}
@@ -117,8 +160,38 @@ def decode_tile(M: int, N: int, K: int) -> LinearTile:
     return LinearTile(block_n, 128, max(1, min(split, k_steps // 2)), num_warps=4, num_stages=3)
 
 
+def gemv_tile(N: int, K: int) -> GemvTile:
+    """The one-row launch measured best on H200 (bench/tune_decode_kernels.py --one-row,
+    bench/results/tune_decode_kernels_one_row.md): 32 outputs × 256 K per step, split-K to ~3 programs
+    per SM, 8 warps on long rows, no software pipelining (num_stages 3 was slower on every shape)."""
+    block_n, block_k = 32, 256
+    k_steps = triton.cdiv(K, block_k)
+    split = round(3 * num_sms() / triton.cdiv(N, block_n))
+    return GemvTile(block_n, block_k, max(1, min(split, k_steps)), num_warps=8 if K >= 4096 else 4,
+                    num_stages=1)
+
+
+def _fp8_gemv(x2: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor, out: torch.Tensor,
+              tile: GemvTile) -> None:
+    N, K = w8.shape
+    assert 128 % tile.block_n == 0
+    k_steps = triton.cdiv(K, tile.block_k)
+    per_split = triton.cdiv(k_steps, tile.split)
+    split = triton.cdiv(k_steps, per_split)
+    grid = (triton.cdiv(N, tile.block_n), split)
+    if split > 1:
+        part = torch.empty(split, N, dtype=torch.float32, device=x2.device)
+        counters = _counters(x2.device)
+        assert grid[0] <= counters.numel()
+    else:
+        part = counters = out
+    _fp8_gemv_kernel[grid](x2, w8, scale_inv, out, part, counters, N, K, triton.cdiv(K, 128),
+                           per_split * tile.block_k, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+                           SPLIT=split > 1, STAGES=tile.num_stages, num_warps=tile.num_warps)
+
+
 def fp8_linear(x: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor,
-               tile: LinearTile | None = None) -> torch.Tensor:
+               tile: LinearTile | GemvTile | None = None) -> torch.Tensor:
     """x: [..., K] (bf16/fp16/fp32), w8: [N, K] float8_e4m3fn contiguous, scale_inv: [⌈N/128⌉, ⌈K/128⌉]
     fp32 → [..., N] in x's dtype. ``tile`` overrides the decode launch shape (benchmarks). No host sync;
     graph-capturable."""
@@ -133,6 +206,10 @@ def fp8_linear(x: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor,
     scale_inv = scale_inv.contiguous()
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 0:
+        return out.view(*x.shape[:-1], N)
+    if isinstance(tile, GemvTile) or (tile is None and M == 1):
+        assert M == 1
+        _fp8_gemv(x2, w8, scale_inv, out, tile or gemv_tile(N, K))
         return out.view(*x.shape[:-1], N)
     if M <= DECODE_ROWS:
         block_m = max(16, next_pow2(M))

@@ -42,6 +42,7 @@ class ExpertTile:
     block_k: int
     num_warps: int = 4
     num_stages: int = 3
+    fma: bool = False          # one row: the FMA kernels (no tensor-core tile of 16 rows)
 
 
 @triton.jit
@@ -156,6 +157,69 @@ def _down_kernel(act_ptr, d_ptr, ds_ptr, w_route_ptr, sorted_e_ptr, sorted_pair_
 
 
 @triton.jit
+def _gate_up_row_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sorted_e_ptr, act_ptr, E_local, H, I, num_sb_h,
+                        num_sb_i, HAS_SCALE: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
+                        STAGES: tl.constexpr):
+    """One row (each pair its own expert): gate/up of sorted pair p on the FMA units, the activation scaled
+    by each 128-block's scale, products kept per K lane and reduced once (as triton_linear's GEMV)."""
+    p = tl.program_id(0)
+    ib = tl.program_id(1)
+    e = tl.load(sorted_e_ptr + p)
+    ri = ib * BLOCK_I + tl.arange(0, BLOCK_I)
+    rh = tl.arange(0, BLOCK_H)
+    acc_g = tl.zeros((BLOCK_I, BLOCK_H), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_I, BLOCK_H), dtype=tl.float32)
+    w_off = e.to(tl.int64) * I * H + ri[:, None] * H
+    s_off = e * num_sb_i * num_sb_h + ((ib * BLOCK_I) // 128) * num_sb_h
+    for h0 in tl.range(0, tl.where(e < E_local, H, 0), BLOCK_H, num_stages=STAGES):
+        h = h0 + rh
+        hm = h < H
+        x = tl.load(x_ptr + h, mask=hm, other=0.0).to(tl.float32)
+        wmask = (ri[:, None] < I) & hm[None, :]
+        wg = tl.load(g_ptr + w_off + h[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
+        wu = tl.load(u_ptr + w_off + h[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
+        if HAS_SCALE:
+            acc_g += wg.to(tl.float32) * (x * tl.load(gs_ptr + s_off + h // 128, mask=hm, other=0.0))[None, :]
+            acc_u += wu.to(tl.float32) * (x * tl.load(us_ptr + s_off + h // 128, mask=hm, other=0.0))[None, :]
+        else:
+            acc_g += wg.to(tl.float32) * x[None, :]
+            acc_u += wu.to(tl.float32) * x[None, :]
+    dt = act_ptr.dtype.element_ty
+    g = tl.sum(acc_g, axis=1).to(dt).to(tl.float32)
+    u = tl.sum(acc_u, axis=1).to(dt).to(tl.float32)
+    a = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32) * u
+    tl.store(act_ptr + p * I + ri, a.to(dt), mask=(ri < I) & ((ri * 0 + e) < E_local))   # vector mask (interpreter)
+
+
+@triton.jit
+def _down_row_kernel(act_ptr, d_ptr, ds_ptr, w_route_ptr, sorted_e_ptr, sorted_pair_ptr, y_ptr, E_local, H, I,
+                     num_sb_h, num_sb_i, HAS_SCALE: tl.constexpr, BLOCK_HO: tl.constexpr, BLOCK_I: tl.constexpr,
+                     STAGES: tl.constexpr):
+    """One row: the down projection of sorted pair p on the FMA units, rounded, times its routing weight."""
+    p = tl.program_id(0)
+    hb = tl.program_id(1)
+    e = tl.load(sorted_e_ptr + p)
+    rh = hb * BLOCK_HO + tl.arange(0, BLOCK_HO)
+    ri = tl.arange(0, BLOCK_I)
+    acc = tl.zeros((BLOCK_HO, BLOCK_I), dtype=tl.float32)
+    w_off = e.to(tl.int64) * H * I + rh[:, None] * I
+    s_off = e * num_sb_h * num_sb_i + ((hb * BLOCK_HO) // 128) * num_sb_i
+    for i0 in tl.range(0, tl.where(e < E_local, I, 0), BLOCK_I, num_stages=STAGES):
+        i = i0 + ri
+        im = i < I
+        a = tl.load(act_ptr + p * I + i, mask=im, other=0.0).to(tl.float32)
+        if HAS_SCALE:
+            a = a * tl.load(ds_ptr + s_off + i // 128, mask=im, other=0.0)
+        wd = tl.load(d_ptr + w_off + i[None, :], mask=(rh[:, None] < H) & im[None, :], other=0.0,
+                     eviction_policy="evict_first")
+        acc += wd.to(tl.float32) * a[None, :]
+    dt = y_ptr.dtype.element_ty
+    pair = tl.load(sorted_pair_ptr + p)
+    y = (tl.sum(acc, axis=1).to(dt).to(tl.float32) * tl.load(w_route_ptr + pair)).to(dt)
+    tl.store(y_ptr + pair * H + rh, y, mask=(rh < H) & ((rh * 0 + e) < E_local))
+
+
+@triton.jit
 def _combine_kernel(y_ptr, order_ptr, valid_ptr, out_ptr, H, TOPK: tl.constexpr, BLOCK_H: tl.constexpr):
     n = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -189,10 +253,12 @@ def route_pairs(topk_idx: torch.Tensor, expert_offset: int, E_local: int
     return sorted_e, sorted_pair, order, valid
 
 
-def expert_tiles(P: int, H: int, I: int) -> tuple[ExpertTile, ExpertTile]:
-    """(gate/up, down) tiles for P pairs, measured best on H200 at 1 and 8 rows with 256 experts, H 6144,
+def expert_tiles(rows: int, H: int, I: int) -> tuple[ExpertTile, ExpertTile]:
+    """(gate/up, down) tiles for ``rows`` rows, measured best on H200 at 1 and 8 rows with 256 experts, H 6144,
     I 2048 and 256 (bench/tune_decode_kernels.py): narrow gate/up outputs with 2 scale blocks per K step
-    (more programs per expert), 64-wide down outputs."""
+    (more programs per expert), 64-wide down outputs; one row takes the FMA kernels."""
+    if rows == 1:
+        return ExpertTile(16, 256, 4, 1, fma=True), ExpertTile(32, 256, 4, 1, fma=True)
     return ExpertTile(32, 256), ExpertTile(64, 128)
 
 
@@ -218,9 +284,18 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
     gs, us, ds = (gate_s, up_s, down_s) if has_scale else (dummy, dummy, dummy)
     prec = dot_precision(x.dtype)
     block_r = max(16, next_pow2(N))
-    gu, dn = tiles or expert_tiles(P, H, I)
-    assert all(128 % t.block_n == 0 and t.block_k % 128 == 0 for t in (gu, dn))
+    gu, dn = tiles or expert_tiles(N, H, I)
+    assert all(128 % t.block_n == 0 and (t.fma or t.block_k % 128 == 0) for t in (gu, dn))
     num_sb_h, num_sb_i = triton.cdiv(H, 128), triton.cdiv(I, 128)
+    if N == 1 and gu.fma:                      # one row: every pair is its own expert's whole run
+        _gate_up_row_kernel[(P, triton.cdiv(I, gu.block_n))](
+            x, gate, up, gs, us, sorted_e, act, E_local, H, I, num_sb_h, num_sb_i, HAS_SCALE=has_scale,
+            BLOCK_I=gu.block_n, BLOCK_H=gu.block_k, STAGES=gu.num_stages, num_warps=gu.num_warps)
+        _down_row_kernel[(P, triton.cdiv(H, dn.block_n))](
+            act, down, ds, topk_w.float().contiguous(), sorted_e, sorted_pair, y, E_local, H, I, num_sb_h,
+            num_sb_i, HAS_SCALE=has_scale, BLOCK_HO=dn.block_n, BLOCK_I=dn.block_k, STAGES=dn.num_stages,
+            num_warps=dn.num_warps)
+        return _combine(y, order, valid, out, N, H, k)
     _gate_up_kernel[(P, triton.cdiv(I, gu.block_n))](
         x, gate, up, gs, us, sorted_e, sorted_pair, act, P, E_local, H, I, num_sb_h, num_sb_i,
         TOPK=k, HAS_SCALE=has_scale, BLOCK_R=block_r, BLOCK_I=gu.block_n, BLOCK_H=gu.block_k, PREC=prec,
@@ -229,9 +304,13 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
         act, down, ds, topk_w.float().contiguous(), sorted_e, sorted_pair, y, P, E_local, H, I,
         num_sb_h, num_sb_i, TOPK=k, HAS_SCALE=has_scale, BLOCK_R=block_r, BLOCK_HO=dn.block_n,
         BLOCK_I=dn.block_k, PREC=prec, num_warps=dn.num_warps, num_stages=dn.num_stages)
+    return _combine(y, order, valid, out, N, H, k)
+
+
+def _combine(y: torch.Tensor, order: torch.Tensor, valid: torch.Tensor, out: torch.Tensor, N: int, H: int,
+             k: int) -> torch.Tensor:
     block_h = min(1024, next_pow2(H))
-    _combine_kernel[(N, triton.cdiv(H, block_h))](y, order, valid, out, H, TOPK=k, BLOCK_H=block_h,
-                                                 num_warps=4)
+    _combine_kernel[(N, triton.cdiv(H, block_h))](y, order, valid, out, H, TOPK=k, BLOCK_H=block_h, num_warps=4)
     return out
 
 

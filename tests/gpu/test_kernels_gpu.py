@@ -89,7 +89,7 @@ def moe_args(seed: int, N: int, I: int, E: int, offset: int) -> tuple:
     return x, idx, w, gate, up, down, gs, us, ds, offset
 
 
-@pytest.mark.parametrize("N,offset,I", [(1, 0, 2048), (8, 0, 2048), (8, 16, 256), (32, 0, 256)])
+@pytest.mark.parametrize("N,offset,I", [(1, 0, 2048), (1, 16, 256), (8, 0, 2048), (8, 16, 256), (32, 0, 256)])
 def test_moe_fp8(N, offset, I):
     args = moe_args(N + I, N, I, 32, offset)
     x = args[0]

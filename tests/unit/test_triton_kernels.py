@@ -1,8 +1,9 @@
 """Triton kernels vs their PyTorch references, on the CPU through Triton's interpreter at tiny shapes.
 
 The interpreter is switched on in this process before the kernel modules are (re)loaded, so their
-``@triton.jit`` functions become interpreted ones. bf16 ``tl.dot`` is wrong in the interpreter, so dots
-run in fp32/fp16 here; bf16 and FP8 at real widths are checked by tests/gpu/test_kernels_gpu.py.
+``@triton.jit`` functions become interpreted ones. bf16 ``tl.dot`` is wrong in the interpreter, and its
+fp32 → bf16 casts truncate (measured: 1.0078 → 1.0), so kernels run in fp32/fp16 here; bf16 and FP8 at
+real widths are checked by tests/gpu/test_kernels_gpu.py.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def test_fp8_linear(tk, M, N, K):
     g = torch.Generator().manual_seed(2)
     w8, s = fp8_quantize(0.02 * torch.randn(N, K, generator=g))
     s = s * (1 + torch.rand(s.shape, generator=g))                         # distinct scale per block
-    for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 1e-2)):
+    for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 1e-2)):     # the interpreter truncates bf16
         x = torch.randn(M, K, generator=g).to(dtype)
         got = tk["lin"].linear(x, w8, s)
         assert got.dtype == dtype and got.shape == (M, N)
@@ -88,7 +89,10 @@ def test_fp8_linear_split_k_semaphore(tk, M):
     w8, s = fp8_quantize(0.02 * torch.randn(40, 300, generator=g))
     s = s * (1 + torch.rand(s.shape, generator=g))
     x = torch.randn(M, 300, generator=g)
-    for tile in (lin.LinearTile(16, 128, 3), lin.LinearTile(32, 256, 2)):     # 3 and 2 splits, edge K step
+    tiles = [lin.LinearTile(16, 128, 3), lin.LinearTile(32, 256, 2)]           # 3 and 2 splits, edge K step
+    if M == 1:                                                                 # the one-row (FMA) kernel too
+        tiles += [lin.GemvTile(16, 128, 3), lin.GemvTile(32, 256, 2), lin.GemvTile(8, 64, 1)]
+    for tile in tiles:
         first = lin.fp8_linear(x, w8, s, tile)
         assert rel(first, reference.linear(x, w8, s)) < 1e-5
         assert torch.equal(lin.fp8_linear(x, w8, s, tile), first)
@@ -118,12 +122,19 @@ def test_moe_experts(tk, N, offset, fp8):
     args = [gate[sl], up[sl], down[sl]] + ([gs[sl], us[sl], ds[sl]] if fp8 else [None, None, None])
     ref = reference.moe_experts(x, idx, w, *args, expert_offset=offset)
     assert rel(tk["moe"].moe_experts(x, idx, w, *args, expert_offset=offset), ref) < 1e-5
-    got16 = tk["moe"].moe_experts(x.half(), idx, w, *[a.half() if a is not None and a.dtype == torch.float32
-                                                      and a.dim() == 3 and not fp8 else a for a in args],
-                                  expert_offset=offset)
+    args16 = [a.half() if a is not None and a.dtype == torch.float32 and a.dim() == 3 and not fp8 else a
+              for a in args]
+    got16 = tk["moe"].moe_experts(x.half(), idx, w, *args16, expert_offset=offset)
     assert got16.dtype == torch.float16 and rel(got16, ref) < 1e-2
     wide = (tk["moe"].ExpertTile(16, 256), tk["moe"].ExpertTile(32, 256))          # K steps past H and I
     assert rel(tk["moe"].fused_moe(x, idx, w, *args, expert_offset=offset, tiles=wide), ref) < 1e-5
+    if N == 1:                                 # the one-row FMA kernels: K steps past H and I, and within
+        for fma in ((16, 256, 8, 64), (8, 64, 16, 128)):
+            tiles = (tk["moe"].ExpertTile(*fma[:2], fma=True), tk["moe"].ExpertTile(*fma[2:], fma=True))
+            assert rel(tk["moe"].fused_moe(x, idx, w, *args, expert_offset=offset, tiles=tiles), ref) < 1e-5
+        fma16 = tk["moe"].fused_moe(x.half(), idx, w, *args16, expert_offset=offset)   # FMA (the default)
+        dot16 = tk["moe"].fused_moe(x.half(), idx, w, *args16, expert_offset=offset, tiles=wide)
+        assert torch.equal(fma16, dot16)       # the same roundings, the same sums at these sizes
 
 
 @pytest.mark.parametrize("N,offset,E_l", [(1, 0, 8), (3, 4, 4), (5, 2, 3)])
