@@ -179,6 +179,30 @@ def test_indexer_sets_bf16(rows):
             assert max(abs(x - kth) for x in v) < 1e-4 * max(1.0, abs(kth)), f"row {n}"
 
 
+@pytest.mark.parametrize("blocks", [80, 256, 640])     # 5120 and 16384 keys: the radix select; 40960: topk
+def test_indexer_paged_select_bf16(blocks):
+    """The graph path's paged indexer at real widths: the slots of exactly the K highest scores (the
+    same scores through torch.topk), -1 past the visible keys; graph replays equal eager."""
+    from kernels.triton_attention import _score
+    g = gen(blocks)
+    ih, idd, topk, bs, N = 32, 128, 2048, 64, 3
+    k_cache = torch.randn(blocks * bs * 2, idd, device=DEV, generator=g).to(BF16)
+    table = torch.stack([torch.randperm(blocks * 2, device=DEV, generator=g)[:blocks] for _ in range(N)]).int()
+    positions = torch.tensor([blocks * bs - 1, blocks * bs // 2, 1000], device=DEV)
+    q = torch.randn(N, ih, idd, device=DEV, generator=g).to(BF16)
+    w = torch.randn(N, ih, device=DEV, generator=g)
+    got = tri("indexer_topk_paged")(q, w, k_cache, table, bs, positions, topk, idd ** -0.5)
+    score = _score(q, w, k_cache, table, None, None, positions, blocks * bs, bs, idd ** -0.5)
+    val, idx = score.topk(topk, dim=-1)
+    slots = (table.long()[:, :, None] * bs + torch.arange(bs, device=DEV)).flatten(1)
+    want = torch.where(torch.isfinite(val), slots.gather(1, idx), -1)
+    for n in range(N):
+        assert set(got[n].tolist()) == set(want[n].tolist()), n
+    assert (got[2] == -1).sum() == topk - 1001
+    assert torch.equal(replayed(lambda: tri("indexer_topk_paged")(q, w, k_cache, table, bs, positions, topk,
+                                                                   idd ** -0.5)), got)
+
+
 def test_norm_rope_bf16():
     g = gen(7)
     x, r = (torch.randn(8, 6144, device=DEV, generator=g).to(BF16) for _ in range(2))

@@ -238,6 +238,32 @@ def test_indexer_topk_paged_sets(tk):
     for n in range(4):
         assert set(got[n].tolist()) == set(ref[n].tolist()), n
     assert (got[2] == -1).sum() == topk - 10 and (got[3] == -1).sum() == topk - 1
+    tk["att"].SELECT_MAX_WIDTH, width = 0, tk["att"].SELECT_MAX_WIDTH          # the torch.topk path too
+    try:
+        wide = tk["att"].indexer_topk_paged(q, w, k_cache, table, bs, positions, topk, idd ** -0.5)
+    finally:
+        tk["att"].SELECT_MAX_WIDTH = width
+    assert all(set(wide[n].tolist()) == set(got[n].tolist()) for n in range(4))
+
+
+def test_select_topk_radix(tk):
+    """The one-program radix select: negative, zero and tied scores (ties at the K-th value filled in key
+    order), -inf past the visible keys, a width that is not a power of two; the slots through the table."""
+    g = torch.Generator().manual_seed(9)
+    W, K, bs = 300, 37, 4
+    score = torch.randn(3, W, generator=g)
+    score[0, :100] = 0.5                                         # 100-way tie across the K-th value
+    score[0, 100:] = torch.rand(200, generator=g) * 0.4 - 0.2   # below the tie... 
+    score[0, 100:120] = 0.9                                      # ... but for 20 above it
+    score[1, 20:] = float("-inf")                                # 20 visible < K
+    score[2, ::3] = -0.0
+    table = torch.randperm(W // bs + 5, generator=g)[:W // bs].repeat(3, 1).to(torch.int32)
+    out = torch.empty(3, K, dtype=torch.int64)
+    tk["att"]._select_topk_kernel[(3,)](score, table, out, W, K, table.stride(0), BS=bs, BLOCK_W=512)
+    slot = (table[0].long()[:, None] * bs + torch.arange(bs)).flatten()
+    assert out[0].tolist() == slot[list(range(17)) + list(range(100, 120))].tolist()   # key order
+    assert set(out[1].tolist()) == set(slot[:20].tolist()) | {-1} and (out[1] == -1).sum() == K - 20
+    assert set(out[2].tolist()) == set(slot[score[2].topk(K).indices].tolist())
 
 
 def test_fp8_dequant(tk):
