@@ -264,6 +264,10 @@ def test_select_topk_radix(tk):
     assert out[0].tolist() == slot[list(range(17)) + list(range(100, 120))].tolist()   # key order
     assert set(out[1].tolist()) == set(slot[:20].tolist()) | {-1} and (out[1] == -1).sum() == K - 20
     assert set(out[2].tolist()) == set(slot[score[2].topk(K).indices].tolist())
+    for k in (1, 2, 299, 300):                                   # the ends: one key, every key
+        one = torch.empty(1, k, dtype=torch.int64)
+        tk["att"]._select_topk_kernel[(1,)](score[2:], table[2:], one, W, k, table.stride(0), BS=bs, BLOCK_W=512)
+        assert set(one[0].tolist()) == set(slot[score[2].topk(k).indices].tolist()), k
 
 
 def test_fp8_dequant(tk):
