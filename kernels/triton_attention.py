@@ -176,8 +176,8 @@ def _select_topk_kernel(score_ptr, table_ptr, out_ptr, W, K, stride_table, BS: t
     """One row: the slots of its K highest scores (of W), in key order, -1 for a selected -inf score.
 
     Radix select on the row held in registers: scores map to unsigned keys ordered as the floats
-    (negative: all bits flipped; else the sign bit set); 16 passes fix the K-th largest key T two bits at a
-    time (the largest T with #{key ≥ T} ≥ K); then every key > T and the first K − #{key > T} keys equal to T
+    (negative: all bits flipped; else the sign bit set); 32 passes fix the K-th largest key T bit by bit
+    (the largest T with #{key ≥ T} ≥ K); then every key > T and the first K − #{key > T} keys equal to T
     (in key order) are written, compacted by a prefix sum, through the block table."""
     n = tl.program_id(0)
     t = tl.arange(0, BLOCK_W)
@@ -186,13 +186,10 @@ def _select_topk_kernel(score_ptr, table_ptr, out_ptr, W, K, stride_table, BS: t
     key = (bits ^ ((bits >> 31) | (-2147483648))).to(tl.uint32, bitcast=True)
     key = tl.where(m, key, 0)                  # past W: below every score, -inf included
     T = tl.zeros((), dtype=tl.uint32)
-    for b in range(30, -1, -2):                # two bits a pass: three counts packed in one int64 sum
-        one = tl.full((), 1, tl.uint32) << b
-        c1, c2, c3 = T | one, T | (one << 1), T | (one << 1) | one
-        packed = tl.sum((key >= c1).to(tl.int64) + ((key >= c2).to(tl.int64) << 21)
-                        + ((key >= c3).to(tl.int64) << 42))          # counts ≤ BLOCK_W < 2^21
-        n1, n2, n3 = packed & 0x1FFFFF, (packed >> 21) & 0x1FFFFF, packed >> 42
-        T = tl.where(n3 >= K, c3, tl.where(n2 >= K, c2, tl.where(n1 >= K, c1, T)))
+    for b in range(31, -1, -1):
+        cand = T | (tl.full((), 1, tl.uint32) << b)
+        if tl.sum((key >= cand).to(tl.int32)) >= K:
+            T = cand
     gt = key > T
     eq = key == T
     sel = gt | (eq & (tl.cumsum(eq.to(tl.int32), 0) <= K - tl.sum(gt.to(tl.int32))))
