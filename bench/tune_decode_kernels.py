@@ -30,26 +30,24 @@ import triton
 from bench.decode_slice import graph_ms
 from bench.kernels_micro import rand_fp8
 from kernels import reference
-from kernels.triton_linear import GEMV_ROWS, GemvTile, LinearTile, decode_tile, fp8_linear, gemv_tile
+from kernels.triton_linear import GemvTile, LinearTile, decode_tile, fp8_linear, gemv_tile
 from kernels.triton_moe import ExpertTile, expert_tiles, fused_moe
 from kernels.triton_utils import next_pow2, num_sms
 
 DEV, BF16 = "cuda", torch.bfloat16
 LINEAR_SHAPES = [(12288, 6144), (6144, 16384), (16384, 2048), (2048, 6144), (576, 6144), (4096, 2048)]
 ROWS = (1, 8)
-FEW_ROWS = (1, 2, 4)                                          # --one-row: the FMA kernel's row counts
 MOE_CASES = [(1, 2048), (8, 2048), (1, 256), (8, 256)]       # (rows, I)
 E, H, TOPK = 256, 6144, 8
 COLD_BYTES = 300e6                                            # 6× the 50 MB L2
 SMEM = 200 * 1024
 
 
-def gemv_candidates(M: int, N: int, K: int) -> list[GemvTile]:
-    """Few-row (FMA) kernel shapes: fp32 accumulator tiles of 2k–16k lanes (rows included), ~2/4/8 programs
-    per SM."""
+def gemv_candidates(N: int, K: int) -> list[GemvTile]:
+    """One-row (FMA) kernel shapes: fp32 accumulator tiles of 2k–16k lanes, ~2/4/8 programs per SM."""
     out = set()
     for bn, bk, warps, stages, pps in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (1, 3), (2, 4, 8)):
-        if 2048 <= next_pow2(M) * bn * bk <= 16384 and (stages == 1 or M == 1):
+        if 2048 <= bn * bk <= 16384:
             split = max(1, min(triton.cdiv(pps * num_sms(), triton.cdiv(N, bn)), triton.cdiv(K, bk)))
             out.add(GemvTile(bn, bk, split, warps, stages))
     return sorted(out, key=lambda t: (t.block_n, t.block_k, t.split, t.num_warps, t.num_stages))
@@ -57,7 +55,7 @@ def gemv_candidates(M: int, N: int, K: int) -> list[GemvTile]:
 
 def linear_candidates(M: int, N: int, K: int, one_row: bool = False) -> list[LinearTile | GemvTile]:
     if one_row:                                # the one-row kernel's sweep beside the tile kernel's pick
-        return [decode_tile(M, N, K)] + gemv_candidates(M, N, K)
+        return [decode_tile(M, N, K)] + gemv_candidates(N, K)
     block_m = max(16, next_pow2(M))
     out = {decode_tile(M, N, K)}
     for bn, bk, warps, stages, waves in itertools.product((32, 64, 128), (128, 256, 512), (4, 8), (3, 5),
@@ -152,11 +150,11 @@ def per_launch_us(run, config) -> float:
 
 def pick_tile(M: int, N: int, K: int) -> LinearTile | GemvTile:
     """What fp8_linear launches for M rows by default."""
-    return gemv_tile(N, K) if M <= GEMV_ROWS else decode_tile(M, N, K)
+    return gemv_tile(N, K) if M == 1 else decode_tile(M, N, K)
 
 
 def linear_rows(baseline, picks_only: bool, one_row: bool = False):
-    for (N, K), M in itertools.product(LINEAR_SHAPES, FEW_ROWS if one_row else ROWS):
+    for (N, K), M in itertools.product(LINEAR_SHAPES, (1,) if one_row else ROWS):
         nbytes = N * K + triton.cdiv(N, 128) * triton.cdiv(K, 128) * 4 + M * (K + N) * 2
         x, ws = linear_inputs(M, N, K, max(2, int(COLD_BYTES // nbytes)))
 
@@ -236,13 +234,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--baseline", default=None)
     ap.add_argument("--picks-only", action="store_true")
-    ap.add_argument("--one-row", action="store_true", help="sweep the FMA kernels only (1, 2, 4 rows)")
+    ap.add_argument("--one-row", action="store_true", help="sweep the one-row (FMA) kernels only")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if not args.picks_only:
-        rows = FEW_ROWS if args.one_row else ROWS
+        rows = (1,) if args.one_row else ROWS
         jobs = [("linear", M, N, K, t) for (N, K), M in itertools.product(LINEAR_SHAPES, rows)
                 for t in linear_candidates(M, N, K, args.one_row)]
         jobs += [("moe", N, I, tiles) for N, I in MOE_CASES if N in rows for tiles in moe_jobs(N, I, args.one_row)]

@@ -38,7 +38,6 @@ from kernels.registry import ops
 from kernels.triton_utils import dot_precision, next_pow2, num_sms, on_cuda
 
 DECODE_ROWS = 64
-GEMV_ROWS = 1              # rows up to which the FMA kernel runs by default (measured: see gemv_tile)
 PREFILL_ROWS = 256
 NUM_TILE_COUNTERS = 65536
 
@@ -101,41 +100,36 @@ def _reduce_splits(acc, out, mask, part, split_stride, count_ptr, tile, pid_k, n
 
 
 @triton.jit
-def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, M, N, K, stride_xm, num_sb_k, k_per_split,
-                     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-                     STAGES: tl.constexpr):
-    """Few rows: ``y[m, n] = Σ_k w8[n, k] · (x[m, k] · S[n//128, k//128])`` on the FMA units. The activations
-    are scaled by their block's scale once per K step (BLOCK_N divides 128: one scale row per program); the
-    products accumulate elementwise in a [ROWS, BLOCK_N, BLOCK_K] fp32 tile, reduced over K once at the end."""
+def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, N, K, num_sb_k, k_per_split,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, STAGES: tl.constexpr):
+    """One row: ``y[n] = Σ_k w8[n, k] · (x[k] · S[n//128, k//128])`` on the FMA units. The activation is
+    scaled by its block's scale once per K step (BLOCK_N divides 128: one scale row per program); the
+    products accumulate elementwise in a [BLOCK_N, BLOCK_K] fp32 tile, reduced over K once at the end."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    rm = tl.arange(0, ROWS)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     s_row = s_ptr + (pid_n * BLOCK_N) // 128 * num_sb_k
-    acc = tl.zeros((ROWS, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     k0 = pid_k * k_per_split
     for k in tl.range(k0, tl.minimum(k0 + k_per_split, K), BLOCK_K, num_stages=STAGES):
         kk = k + rk
         km = kk < K
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=(rm[:, None] < M) & km[None, :], other=0.0)
-        xs = x.to(tl.float32) * tl.load(s_row + kk // 128, mask=km, other=0.0)[None, :]
+        xs = tl.load(x_ptr + kk, mask=km, other=0.0).to(tl.float32) * tl.load(s_row + kk // 128, mask=km, other=0.0)
         w = tl.load(w_ptr + rn[:, None] * K + kk[None, :], mask=(rn[:, None] < N) & km[None, :], other=0.0,
                     eviction_policy="evict_first")
-        acc += w.to(tl.float32)[None, :, :] * xs[:, None, :]
-    y = tl.sum(acc, axis=2)
-    mask = (rm[:, None] < M) & (rn[None, :] < N)
-    out = out_ptr + rm[:, None] * N + rn[None, :]
+        acc += w.to(tl.float32) * xs[None, :]
+    y = tl.sum(acc, axis=1)
+    mask = rn < N
     if SPLIT:
-        _reduce_splits(y, out, mask, part_ptr + rm[:, None] * N + rn[None, :], M * N, count_ptr, pid_n, pid_k,
-                       tl.num_programs(1))
+        _reduce_splits(y, out_ptr + rn, mask, part_ptr + rn, N, count_ptr, pid_n, pid_k, tl.num_programs(1))
     else:
-        tl.store(out, y.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + rn, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @dataclass(frozen=True)
 class GemvTile:
-    """Launch shape of the few-row (FMA) kernel: BLOCK_N outputs × BLOCK_K per step, K split over ``split``."""
+    """Launch shape of the one-row kernel: BLOCK_N outputs × BLOCK_K per step, K split over ``split``."""
     block_n: int
     block_k: int
     split: int
@@ -186,15 +180,14 @@ def _fp8_gemv(x2: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor, out: 
     split = triton.cdiv(k_steps, per_split)
     grid = (triton.cdiv(N, tile.block_n), split)
     if split > 1:
-        part = torch.empty(split, x2.shape[0], N, dtype=torch.float32, device=x2.device)
+        part = torch.empty(split, N, dtype=torch.float32, device=x2.device)
         counters = _counters(x2.device)
         assert grid[0] <= counters.numel()
     else:
         part = counters = out
-    M = x2.shape[0]
-    _fp8_gemv_kernel[grid](x2, w8, scale_inv, out, part, counters, M, N, K, x2.stride(0), triton.cdiv(K, 128),
-                           per_split * tile.block_k, ROWS=next_pow2(M), BLOCK_N=tile.block_n,
-                           BLOCK_K=tile.block_k, SPLIT=split > 1, STAGES=tile.num_stages, num_warps=tile.num_warps)
+    _fp8_gemv_kernel[grid](x2, w8, scale_inv, out, part, counters, N, K, triton.cdiv(K, 128),
+                           per_split * tile.block_k, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+                           SPLIT=split > 1, STAGES=tile.num_stages, num_warps=tile.num_warps)
 
 
 def fp8_linear(x: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor,
@@ -214,8 +207,8 @@ def fp8_linear(x: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor,
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 0:
         return out.view(*x.shape[:-1], N)
-    if isinstance(tile, GemvTile) or (tile is None and M <= GEMV_ROWS):
-        assert M <= 4, "the FMA kernel holds at most 4 rows"
+    if isinstance(tile, GemvTile) or (tile is None and M == 1):
+        assert M == 1
         _fp8_gemv(x2, w8, scale_inv, out, tile or gemv_tile(N, K))
         return out.view(*x.shape[:-1], N)
     if M <= DECODE_ROWS:
