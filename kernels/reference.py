@@ -54,6 +54,22 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: boo
     return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
 
 
+@ops.register("norm_rope_store")
+def norm_rope_store(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float, n_norm: int,
+                    cos: torch.Tensor, sin: torch.Tensor, rope_at: int, interleaved: bool, cache: torch.Tensor,
+                    slots: torch.Tensor) -> None:
+    """Cache one key row per step row: ``cache[slots] = y``, y = x [N, D] with columns ``[0, n_norm)``
+    normalized (RMSNorm; LayerNorm when ``bias`` is given) and then columns ``[rope_at, rope_at + dr)``
+    rotated (cos/sin [N, dr/2]). MLA: (latent RMSNorm | rope key) = n_norm 512, rope_at 512; the indexer:
+    a LayerNorm'd key whose first dr columns are roped = n_norm 128, rope_at 0."""
+    dr = 2 * cos.shape[-1]
+    head = rms_norm(x[:, :n_norm], weight, eps) if bias is None else layer_norm(x[:, :n_norm], weight, bias, eps)
+    y = torch.cat([head, x[:, n_norm:]], dim=-1) if n_norm < x.shape[-1] else head
+    y = torch.cat([y[:, :rope_at], rope(y[:, rope_at:rope_at + dr], cos, sin, interleaved), y[:, rope_at + dr:]],
+                  dim=-1)
+    cache[slots] = y.to(cache.dtype)
+
+
 # ---- FP8 block-scaled weights ------------------------------------------------------------------
 @ops.register("fp8_dequant")
 def fp8_dequant(w8: torch.Tensor, scale_inv: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -196,12 +212,22 @@ def router_topk(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n_group: i
     return idx, w * scaling
 
 
+def swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
+           gate_s: torch.Tensor | None, up_s: torch.Tensor | None, down_s: torch.Tensor | None,
+           linear=None) -> torch.Tensor:
+    """The SwiGLU MLP ``down(silu(gate(x)) · up(x))`` with ``linear`` (default: this module's)."""
+    linear = linear or globals()["linear"]
+    return linear(F.silu(linear(x, gate, gate_s)) * linear(x, up, up_s), down, down_s)
+
+
 @ops.register("moe_experts")
 def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor,
                 gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
                 gate_s: torch.Tensor | None, up_s: torch.Tensor | None, down_s: torch.Tensor | None,
-                expert_offset: int = 0) -> torch.Tensor:
-    """Routed experts held locally, for all rows: Σ_j w[n,j] · down(silu(gate(x)) · up(x)).
+                expert_offset: int = 0, shared: tuple | None = None) -> torch.Tensor:
+    """Routed experts held locally, for all rows: Σ_j w[n,j] · down(silu(gate(x)) · up(x)); with ``shared``
+    = (gate, up, down, gate_s, up_s, down_s) of the shared expert, its output is added last (in x's dtype,
+    as HF's ``experts(x) + shared_experts(x)``).
 
     x: [N, H]; topk_idx/topk_w: [N, k] global expert ids / weights; gate, up: [E_l, I_l, H];
     down: [E_l, H, I_l] (FP8 with [E_l, ⌈·/128⌉, ⌈·/128⌉] scales, or None). Local expert e holds global
@@ -219,4 +245,4 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor,
         u = linear(h, up[e], None if up_s is None else up_s[e])
         y = linear(F.silu(g) * u, down[e], None if down_s is None else down_s[e])
         out.index_add_(0, rows, (y * topk_w[rows, slot, None]).to(x.dtype))
-    return out
+    return out if shared is None else out + swiglu(x, *shared)

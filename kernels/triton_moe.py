@@ -30,6 +30,7 @@ import triton.language as tl
 
 from kernels import reference
 from kernels.registry import ops
+from kernels.triton_linear import linear
 from kernels.triton_utils import dot_precision, next_pow2, on_cuda
 
 FUSED_MAX_ROWS = 32
@@ -157,30 +158,34 @@ def _down_kernel(act_ptr, d_ptr, ds_ptr, w_route_ptr, sorted_e_ptr, sorted_pair_
 
 
 @triton.jit
-def _gate_up_row_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sorted_e_ptr, act_ptr, E_local, H, I, num_sb_h,
-                        num_sb_i, HAS_SCALE: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
-                        STAGES: tl.constexpr):
+def _gate_up_row_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sg_ptr, su_ptr, sgs_ptr, sus_ptr, sorted_e_ptr,
+                        act_ptr, P, E_local, H, I, num_sb_h, num_sb_i, HAS_SCALE: tl.constexpr,
+                        BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, STAGES: tl.constexpr):
     """One row (each pair its own expert): gate/up of sorted pair p on the FMA units, the activation scaled
-    by each 128-block's scale, products kept per K lane and reduced once (as triton_linear's GEMV)."""
+    by each 128-block's scale, products kept per K lane and reduced once (as triton_linear's GEMV).
+    Program p == P (when launched) is the shared expert, whose weights are the ``s*`` pointers."""
     p = tl.program_id(0)
     ib = tl.program_id(1)
-    e = tl.load(sorted_e_ptr + p)
+    shared = p == P
+    e = tl.load(sorted_e_ptr + p, mask=p < P, other=0)
     ri = ib * BLOCK_I + tl.arange(0, BLOCK_I)
     rh = tl.arange(0, BLOCK_H)
     acc_g = tl.zeros((BLOCK_I, BLOCK_H), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_I, BLOCK_H), dtype=tl.float32)
-    w_off = e.to(tl.int64) * I * H + ri[:, None] * H
-    s_off = e * num_sb_i * num_sb_h + ((ib * BLOCK_I) // 128) * num_sb_h
-    for h0 in tl.range(0, tl.where(e < E_local, H, 0), BLOCK_H, num_stages=STAGES):
+    w_off = tl.where(shared, 0, e.to(tl.int64) * I * H) + ri[:, None] * H
+    g_w, u_w = tl.where(shared, sg_ptr, g_ptr) + w_off, tl.where(shared, su_ptr, u_ptr) + w_off
+    s_off = tl.where(shared, 0, e * num_sb_i * num_sb_h) + ((ib * BLOCK_I) // 128) * num_sb_h
+    g_s, u_s = tl.where(shared, sgs_ptr, gs_ptr) + s_off, tl.where(shared, sus_ptr, us_ptr) + s_off
+    for h0 in tl.range(0, tl.where(shared | (e < E_local), H, 0), BLOCK_H, num_stages=STAGES):
         h = h0 + rh
         hm = h < H
         x = tl.load(x_ptr + h, mask=hm, other=0.0).to(tl.float32)
         wmask = (ri[:, None] < I) & hm[None, :]
-        wg = tl.load(g_ptr + w_off + h[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
-        wu = tl.load(u_ptr + w_off + h[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
+        wg = tl.load(g_w + h[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
+        wu = tl.load(u_w + h[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
         if HAS_SCALE:
-            acc_g += wg.to(tl.float32) * (x * tl.load(gs_ptr + s_off + h // 128, mask=hm, other=0.0))[None, :]
-            acc_u += wu.to(tl.float32) * (x * tl.load(us_ptr + s_off + h // 128, mask=hm, other=0.0))[None, :]
+            acc_g += wg.to(tl.float32) * (x * tl.load(g_s + h // 128, mask=hm, other=0.0))[None, :]
+            acc_u += wu.to(tl.float32) * (x * tl.load(u_s + h // 128, mask=hm, other=0.0))[None, :]
         else:
             acc_g += wg.to(tl.float32) * x[None, :]
             acc_u += wu.to(tl.float32) * x[None, :]
@@ -188,39 +193,44 @@ def _gate_up_row_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sorted_e_ptr, act_p
     g = tl.sum(acc_g, axis=1).to(dt).to(tl.float32)
     u = tl.sum(acc_u, axis=1).to(dt).to(tl.float32)
     a = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32) * u
-    tl.store(act_ptr + p * I + ri, a.to(dt), mask=(ri < I) & ((ri * 0 + e) < E_local))   # vector mask (interpreter)
+    tl.store(act_ptr + p * I + ri, a.to(dt), mask=(ri < I) & (((ri * 0 + e) < E_local) | ((ri * 0 + p) == P)))   # vector masks
 
 
 @triton.jit
-def _down_row_kernel(act_ptr, d_ptr, ds_ptr, w_route_ptr, sorted_e_ptr, sorted_pair_ptr, y_ptr, E_local, H, I,
-                     num_sb_h, num_sb_i, HAS_SCALE: tl.constexpr, BLOCK_HO: tl.constexpr, BLOCK_I: tl.constexpr,
-                     STAGES: tl.constexpr):
-    """One row: the down projection of sorted pair p on the FMA units, rounded, times its routing weight."""
+def _down_row_kernel(act_ptr, d_ptr, ds_ptr, sd_ptr, sds_ptr, w_route_ptr, sorted_e_ptr, sorted_pair_ptr, y_ptr,
+                     P, E_local, H, I, num_sb_h, num_sb_i, HAS_SCALE: tl.constexpr, BLOCK_HO: tl.constexpr,
+                     BLOCK_I: tl.constexpr, STAGES: tl.constexpr):
+    """One row: the down projection of sorted pair p on the FMA units, rounded, times its routing weight
+    (the shared expert, p == P: weight 1, written to y[P])."""
     p = tl.program_id(0)
     hb = tl.program_id(1)
-    e = tl.load(sorted_e_ptr + p)
+    shared = p == P
+    e = tl.load(sorted_e_ptr + p, mask=p < P, other=0)
     rh = hb * BLOCK_HO + tl.arange(0, BLOCK_HO)
     ri = tl.arange(0, BLOCK_I)
     acc = tl.zeros((BLOCK_HO, BLOCK_I), dtype=tl.float32)
-    w_off = e.to(tl.int64) * H * I + rh[:, None] * I
-    s_off = e * num_sb_h * num_sb_i + ((hb * BLOCK_HO) // 128) * num_sb_i
-    for i0 in tl.range(0, tl.where(e < E_local, I, 0), BLOCK_I, num_stages=STAGES):
+    d_w = tl.where(shared, sd_ptr, d_ptr) + tl.where(shared, 0, e.to(tl.int64) * H * I) + rh[:, None] * I
+    d_s = (tl.where(shared, sds_ptr, ds_ptr) + tl.where(shared, 0, e * num_sb_h * num_sb_i)
+           + ((hb * BLOCK_HO) // 128) * num_sb_i)
+    for i0 in tl.range(0, tl.where(shared | (e < E_local), I, 0), BLOCK_I, num_stages=STAGES):
         i = i0 + ri
         im = i < I
         a = tl.load(act_ptr + p * I + i, mask=im, other=0.0).to(tl.float32)
         if HAS_SCALE:
-            a = a * tl.load(ds_ptr + s_off + i // 128, mask=im, other=0.0)
-        wd = tl.load(d_ptr + w_off + i[None, :], mask=(rh[:, None] < H) & im[None, :], other=0.0,
+            a = a * tl.load(d_s + i // 128, mask=im, other=0.0)
+        wd = tl.load(d_w + i[None, :], mask=(rh[:, None] < H) & im[None, :], other=0.0,
                      eviction_policy="evict_first")
         acc += wd.to(tl.float32) * a[None, :]
     dt = y_ptr.dtype.element_ty
-    pair = tl.load(sorted_pair_ptr + p)
-    y = (tl.sum(acc, axis=1).to(dt).to(tl.float32) * tl.load(w_route_ptr + pair)).to(dt)
-    tl.store(y_ptr + pair * H + rh, y, mask=(rh < H) & ((rh * 0 + e) < E_local))
+    pair = tl.where(shared, P, tl.load(sorted_pair_ptr + p, mask=p < P, other=0))
+    w = tl.where(shared, 1.0, tl.load(w_route_ptr + pair, mask=p < P, other=0.0))
+    y = (tl.sum(acc, axis=1).to(dt).to(tl.float32) * w).to(dt)
+    tl.store(y_ptr + pair * H + rh, y, mask=(rh < H) & (((rh * 0 + e) < E_local) | ((rh * 0 + p) == P)))
 
 
 @triton.jit
-def _combine_kernel(y_ptr, order_ptr, valid_ptr, out_ptr, H, TOPK: tl.constexpr, BLOCK_H: tl.constexpr):
+def _combine_kernel(y_ptr, order_ptr, valid_ptr, out_ptr, H, P, TOPK: tl.constexpr, SHARED: tl.constexpr,
+                    BLOCK_H: tl.constexpr):
     n = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = h < H
@@ -231,6 +241,8 @@ def _combine_kernel(y_ptr, order_ptr, valid_ptr, out_ptr, H, TOPK: tl.constexpr,
         if tl.load(valid_ptr + n * TOPK + slot) != 0:
             y = tl.load(y_ptr + (n * TOPK + slot) * H + h, mask=mask, other=0.0)
             acc = (acc.to(tl.float32) + y.to(tl.float32)).to(dt)
+    if SHARED:                                 # the shared expert's output (row n's at y[P + n]) last
+        acc = (acc.to(tl.float32) + tl.load(y_ptr + (P + n) * H + h, mask=mask, other=0.0).to(tl.float32)).to(dt)
     tl.store(out_ptr + n * H + h, acc, mask=mask)
 
 
@@ -265,11 +277,12 @@ def expert_tiles(rows: int, H: int, I: int) -> tuple[ExpertTile, ExpertTile]:
 def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gate: torch.Tensor,
               up: torch.Tensor, down: torch.Tensor, gate_s: torch.Tensor | None, up_s: torch.Tensor | None,
               down_s: torch.Tensor | None, expert_offset: int = 0,
-              tiles: tuple[ExpertTile, ExpertTile] | None = None) -> torch.Tensor:
+              tiles: tuple[ExpertTile, ExpertTile] | None = None, shared: tuple | None = None) -> torch.Tensor:
     """x: [N, H] (N ≤ FUSED_MAX_ROWS), topk_idx/topk_w: [N, k] global ids / fp32 weights, gate/up:
     [E_l, I, H], down: [E_l, H, I] (fp8 with block scales, or x's dtype with None) → [N, H] in x's dtype:
-    Σ_j w[n,j] · down(silu(gate(x)) · up(x)) over this rank's experts. ``tiles`` overrides the (gate/up,
-    down) launch shapes (benchmarks). Graph-capturable."""
+    Σ_j w[n,j] · down(silu(gate(x)) · up(x)) over this rank's experts, + the ``shared`` expert's output
+    (as ``reference.moe_experts``; one row runs it as one more pair of the same launches). ``tiles``
+    overrides the (gate/up, down) launch shapes (benchmarks). Graph-capturable."""
     N, H = x.shape
     E_local, I, _ = gate.shape
     k = topk_idx.shape[1]
@@ -288,14 +301,23 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
     assert all(128 % t.block_n == 0 and (t.fma or t.block_k % 128 == 0) for t in (gu, dn))
     num_sb_h, num_sb_i = triton.cdiv(H, 128), triton.cdiv(I, 128)
     if N == 1 and gu.fma:                      # one row: every pair is its own expert's whole run
-        _gate_up_row_kernel[(P, triton.cdiv(I, gu.block_n))](
-            x, gate, up, gs, us, sorted_e, act, E_local, H, I, num_sb_h, num_sb_i, HAS_SCALE=has_scale,
-            BLOCK_I=gu.block_n, BLOCK_H=gu.block_k, STAGES=gu.num_stages, num_warps=gu.num_warps)
-        _down_row_kernel[(P, triton.cdiv(H, dn.block_n))](
-            act, down, ds, topk_w.float().contiguous(), sorted_e, sorted_pair, y, E_local, H, I, num_sb_h,
-            num_sb_i, HAS_SCALE=has_scale, BLOCK_HO=dn.block_n, BLOCK_I=dn.block_k, STAGES=dn.num_stages,
-            num_warps=dn.num_warps)
-        return _combine(y, order, valid, out, N, H, k)
+        fuse = shared is not None and _fusable(shared, gate, down, has_scale)
+        sg, su, sd, sgs, sus, sds = shared if fuse else (gate, up, down, gs, us, ds)
+        if fuse and not has_scale:
+            sgs = sus = sds = dummy
+        if fuse:                               # one more pair: the shared expert's act and y rows at P
+            act, y = (torch.empty(P + 1, t.shape[1], dtype=x.dtype, device=x.device) for t in (act, y))
+        programs = P + fuse
+        _gate_up_row_kernel[(programs, triton.cdiv(I, gu.block_n))](
+            x, gate, up, gs, us, sg, su, sgs, sus, sorted_e, act, P, E_local, H, I, num_sb_h, num_sb_i,
+            HAS_SCALE=has_scale, BLOCK_I=gu.block_n, BLOCK_H=gu.block_k, STAGES=gu.num_stages,
+            num_warps=gu.num_warps)
+        _down_row_kernel[(programs, triton.cdiv(H, dn.block_n))](
+            act, down, ds, sd, sds, topk_w.float().contiguous(), sorted_e, sorted_pair, y, P, E_local, H, I,
+            num_sb_h, num_sb_i, HAS_SCALE=has_scale, BLOCK_HO=dn.block_n, BLOCK_I=dn.block_k,
+            STAGES=dn.num_stages, num_warps=dn.num_warps)
+        out = _combine(y, order, valid, out, N, H, k, shared=fuse)
+        return out if fuse or shared is None else out + reference.swiglu(x, *shared, linear=linear)
     _gate_up_kernel[(P, triton.cdiv(I, gu.block_n))](
         x, gate, up, gs, us, sorted_e, sorted_pair, act, P, E_local, H, I, num_sb_h, num_sb_i,
         TOPK=k, HAS_SCALE=has_scale, BLOCK_R=block_r, BLOCK_I=gu.block_n, BLOCK_H=gu.block_k, PREC=prec,
@@ -304,13 +326,23 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
         act, down, ds, topk_w.float().contiguous(), sorted_e, sorted_pair, y, P, E_local, H, I,
         num_sb_h, num_sb_i, TOPK=k, HAS_SCALE=has_scale, BLOCK_R=block_r, BLOCK_HO=dn.block_n,
         BLOCK_I=dn.block_k, PREC=prec, num_warps=dn.num_warps, num_stages=dn.num_stages)
-    return _combine(y, order, valid, out, N, H, k)
+    out = _combine(y, order, valid, out, N, H, k)
+    return out if shared is None else out + reference.swiglu(x, *shared, linear=linear)
+
+
+def _fusable(shared: tuple, gate: torch.Tensor, down: torch.Tensor, has_scale: bool) -> bool:
+    """The shared expert runs as one more pair when it is one expert of the routed experts' shape (not
+    an ep rank's slice of it, not several shared experts) with the same kind of weights."""
+    sg, su, sd, sgs, sus, sds = shared
+    return (sg.shape == su.shape == gate.shape[1:] and sd.shape == down.shape[1:] and sg.dtype == gate.dtype
+            and all(t.is_contiguous() for t in (sg, su, sd)) and (sgs is not None) == has_scale)
 
 
 def _combine(y: torch.Tensor, order: torch.Tensor, valid: torch.Tensor, out: torch.Tensor, N: int, H: int,
-             k: int) -> torch.Tensor:
+             k: int, shared: bool = False) -> torch.Tensor:
     block_h = min(1024, next_pow2(H))
-    _combine_kernel[(N, triton.cdiv(H, block_h))](y, order, valid, out, H, TOPK=k, BLOCK_H=block_h, num_warps=4)
+    _combine_kernel[(N, triton.cdiv(H, block_h))](y, order, valid, out, H, N * k, TOPK=k, SHARED=shared,
+                                                 BLOCK_H=block_h, num_warps=4)
     return out
 
 
@@ -318,8 +350,10 @@ def _combine(y: torch.Tensor, order: torch.Tensor, valid: torch.Tensor, out: tor
 def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor,
                 gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
                 gate_s: torch.Tensor | None, up_s: torch.Tensor | None, down_s: torch.Tensor | None,
-                expert_offset: int = 0) -> torch.Tensor:
-    """As ``reference.moe_experts``; few rows run fused, many rows (prefill) the per-expert reference."""
+                expert_offset: int = 0, shared: tuple | None = None) -> torch.Tensor:
+    """As ``reference.moe_experts``; few rows run fused, many rows (prefill) the per-expert reference (the
+    shared expert through this backend's linear)."""
     if x.shape[0] > FUSED_MAX_ROWS or x.shape[0] == 0:
-        return reference.moe_experts(x, topk_idx, topk_w, gate, up, down, gate_s, up_s, down_s, expert_offset)
-    return fused_moe(x, topk_idx, topk_w, gate, up, down, gate_s, up_s, down_s, expert_offset)
+        out = reference.moe_experts(x, topk_idx, topk_w, gate, up, down, gate_s, up_s, down_s, expert_offset)
+        return out if shared is None else out + reference.swiglu(x, *shared, linear=linear)
+    return fused_moe(x, topk_idx, topk_w, gate, up, down, gate_s, up_s, down_s, expert_offset, shared=shared)

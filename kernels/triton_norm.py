@@ -118,3 +118,72 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: boo
                                                    HALF=d // 2, INTERLEAVED=interleaved, BLOCK_M=BLOCK_M,
                                                    num_warps=2)
     return out
+
+
+@triton.jit
+def _norm_rope_store_kernel(x_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, cache_ptr, slot_ptr, D, n_norm, rope_at,
+                            stride_x, stride_c, num_slots, eps, LAYER: tl.constexpr, HALF: tl.constexpr,
+                            INTERLEAVED: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One row: the norm's statistics over [0, n_norm), every column normalized where it must be and rounded
+    where the reference rounds (the norm's output, each rope product and sum), the roped pairs gathered from
+    x directly (de-interleaved on store, as ``rope``), the row stored at its slot."""
+    n = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_D)
+    x = tl.load(x_ptr + n * stride_x + cols, mask=cols < D, other=0.0)
+    dt = x.dtype
+    xf = tl.where(cols < n_norm, x.to(tl.float32), 0.0)
+    if LAYER:
+        mean = tl.sum(xf, axis=0) / n_norm
+        xc = tl.where(cols < n_norm, xf - mean, 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=0) / n_norm + eps)
+    else:
+        mean = 0.0
+        rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n_norm + eps)
+    slot = tl.load(slot_ptr + n)
+    slot = tl.where(slot < 0, slot + num_slots, slot).to(tl.int64)
+    out = cache_ptr + slot * stride_c
+    y = _normed(x, cols, n_norm, mean, rstd, w_ptr, b_ptr, LAYER)
+    in_rope = (cols >= rope_at) & (cols < rope_at + 2 * HALF)
+    tl.store(out + cols, y.to(cache_ptr.dtype.element_ty), mask=(cols < D) & ~in_rope)
+    i = tl.arange(0, HALF)
+    ia = rope_at + (2 * i if INTERLEAVED else i)
+    ib = ia + (1 if INTERLEAVED else HALF)
+    a = _normed(tl.load(x_ptr + n * stride_x + ia), ia, n_norm, mean, rstd, w_ptr, b_ptr, LAYER).to(tl.float32)
+    b = _normed(tl.load(x_ptr + n * stride_x + ib), ib, n_norm, mean, rstd, w_ptr, b_ptr, LAYER).to(tl.float32)
+    c = tl.load(cos_ptr + n * HALF + i).to(tl.float32)
+    s = tl.load(sin_ptr + n * HALF + i).to(tl.float32)
+    ac, bs, bc, as_ = (a * c).to(dt), (b * s).to(dt), (b * c).to(dt), (a * s).to(dt)
+    tl.store(out + rope_at + i, (ac.to(tl.float32) - bs.to(tl.float32)).to(dt).to(cache_ptr.dtype.element_ty))
+    tl.store(out + rope_at + HALF + i,
+             (bc.to(tl.float32) + as_.to(tl.float32)).to(dt).to(cache_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _normed(x, cols, n_norm, mean, rstd, w_ptr, b_ptr, LAYER: tl.constexpr):
+    """x's columns ``cols`` normalized (those below n_norm; the others as they are), in x's dtype: RMSNorm
+    rounds the normalized value, then the weight product (as ``reference.rms_norm``); LayerNorm rounds once."""
+    dt = x.dtype
+    m = cols < n_norm
+    w = tl.load(w_ptr + cols, mask=m, other=1.0).to(tl.float32)
+    if LAYER:
+        y = ((x.to(tl.float32) - mean) * rstd * w + tl.load(b_ptr + cols, mask=m, other=0.0).to(tl.float32)).to(dt)
+    else:
+        y = (w * (x.to(tl.float32) * rstd).to(dt).to(tl.float32)).to(dt)
+    return tl.where(m, y, x)
+
+
+@ops.register("norm_rope_store", backend="triton", available=on_cuda)
+def norm_rope_store(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float, n_norm: int,
+                    cos: torch.Tensor, sin: torch.Tensor, rope_at: int, interleaved: bool, cache: torch.Tensor,
+                    slots: torch.Tensor) -> None:
+    """As ``reference.norm_rope_store``, one launch (norm, rope, cast and scatter)."""
+    N, D = x.shape
+    half = cos.shape[-1]
+    if (x.stride(-1) != 1 or cache.stride(-1) != 1 or half & (half - 1) or weight.dtype != x.dtype
+            or (bias is not None and bias.dtype != x.dtype) or cos.dtype != x.dtype):
+        return reference.norm_rope_store(x, weight, bias, eps, n_norm, cos, sin, rope_at, interleaved, cache, slots)
+    if N:
+        _norm_rope_store_kernel[(N,)](x, weight, weight if bias is None else bias, cos.contiguous(),
+                                      sin.contiguous(), cache, slots, D, n_norm, rope_at, x.stride(0),
+                                      cache.stride(0), cache.shape[0], eps, LAYER=bias is not None, HALF=half,
+                                      INTERLEAVED=interleaved, BLOCK_D=next_pow2(D), num_warps=4)

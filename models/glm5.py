@@ -157,9 +157,10 @@ class Indexer(nn.Module):
         return torch.cat([rope.apply(x[..., :dr], self.cfg.indexer_rope_interleave), x[..., dr:]], dim=-1)
 
     def write_keys(self, h: torch.Tensor, rope: Rope, batch: Batch, k_cache: torch.Tensor) -> None:
-        """Cache this step's indexer keys (LayerNorm'd, roped): [N, idd] into their slots."""
-        k = self._rope(self.k_norm(self.wk(h)), rope)
-        k_cache[batch.slot_mapping] = k.to(k_cache.dtype).detach()
+        """Cache this step's indexer keys (LayerNorm'd, then the first dr dims roped): [N, idd] into their slots."""
+        n = self.k_norm
+        ops.norm_rope_store(self.wk(h).detach(), n.weight.detach(), n.bias.detach(), n.eps, self.cfg.index_head_dim,
+                            rope.cos, rope.sin, 0, self.cfg.indexer_rope_interleave, k_cache, batch.slot_mapping)
 
     def forward(self, h: torch.Tensor, q_resid: torch.Tensor, rope: Rope, batch: Batch,
                 k_cache: torch.Tensor) -> torch.Tensor:
@@ -205,10 +206,9 @@ class Attention(nn.Module):
         q = self.q_b_proj(q_resid).view(N, nh, cfg.qk_head_dim)
         q_nope, q_rope = q[..., :dn], rope.apply(q[..., dn:], cfg.rope_interleave)     # MLA layout: [nope | rope]
         ckv = self.kv_a_proj_with_mqa(h)                                               # [N, rkv + dr]
-        latent = self.kv_a_layernorm(ckv[..., :rkv])
-        k_rope = rope.apply(ckv[..., rkv:], cfg.rope_interleave)
-        kv_cache = cache.kv[layer]
-        kv_cache[batch.slot_mapping] = torch.cat([latent, k_rope], dim=-1).to(kv_cache.dtype)
+        kv_cache = cache.kv[layer]                     # (RMSNorm'd latent | roped key) into the step's slots
+        ops.norm_rope_store(ckv, self.kv_a_layernorm.weight, None, self.kv_a_layernorm.eps, rkv,      # trainable
+                            rope.cos, rope.sin, rkv, cfg.rope_interleave, kv_cache, batch.slot_mapping)
 
         if carried_topk is None:
             assert self.indexer is not None, "a shared indexer layer needs the previous layer's selection"
@@ -236,6 +236,11 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    def weights(self) -> tuple:
+        """(gate, up, down, their scales or None): the MLP as ``ops.moe_experts`` takes a shared expert."""
+        g, u, d = self.gate_proj, self.up_proj, self.down_proj
+        return g.weight, u.weight, d.weight, g.weight_scale_inv, u.weight_scale_inv, d.weight_scale_inv
 
 
 class Router(nn.Module):
@@ -267,10 +272,13 @@ class Experts(nn.Module):
         self.up_proj = StackedLinear(len(experts), cfg.hidden_size, inter)
         self.down_proj = StackedLinear(len(experts), inter, cfg.hidden_size)
 
-    def forward(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor,
+                shared: MLP | None = None) -> torch.Tensor:
+        """Σ of the routed experts (+ ``shared``'s output, added last: one op, so a kernel may fuse it)."""
         g, u, d = self.gate_proj, self.up_proj, self.down_proj
         return ops.moe_experts(x, topk_idx, topk_w, g.weight, u.weight, d.weight, g.weight_scale_inv,
-                               u.weight_scale_inv, d.weight_scale_inv, self.expert_offset)
+                               u.weight_scale_inv, d.weight_scale_inv, self.expert_offset,
+                               shared=None if shared is None else shared.weights())
 
 
 class MoE(nn.Module):
@@ -283,7 +291,7 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         topk_idx, topk_w = self.gate(x)                # every rank routes every row identically
-        return self.experts(x, topk_idx, topk_w) + self.shared_experts(x)
+        return self.experts(x, topk_idx, topk_w, shared=self.shared_experts)
 
 
 class DecoderLayer(nn.Module):

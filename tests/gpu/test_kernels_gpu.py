@@ -99,6 +99,25 @@ def test_moe_fp8(N, offset, I):
     assert rel(reference.moe_experts(*args), ref32) < 1e-2
 
 
+@pytest.mark.parametrize("N", [1, 8])
+def test_moe_fp8_with_shared_expert(N):
+    """The shared expert inside moe_experts (one row: one more pair of the fused launches; more rows:
+    composed after them): close to the fp32 reference, bit-identical on repeat and in graph replays."""
+    args = moe_args(20 + N, N, 2048, 64, 0)
+    x = args[0]
+    g = gen(30 + N)
+    shared = [fp8_quantize(0.02 * torch.randn(a, b, device=DEV, generator=g)) for a, b in ((2048, 6144),) * 2 +
+              ((6144, 2048),)]
+    shared = tuple(t for t, _ in shared) + tuple(sc for _, sc in shared)
+    ref32 = reference.moe_experts(x.float(), *args[1:], shared=shared)
+    moe = tri("moe_experts")
+    first = moe(*args, shared=shared)
+    assert rel(first, ref32) < 1e-2
+    assert rel(reference.moe_experts(*args, shared=shared), ref32) < 1e-2
+    assert torch.equal(moe(*args, shared=shared), first)
+    assert torch.equal(replayed(lambda: moe(*args, shared=shared)), first)
+
+
 @pytest.mark.parametrize("N,offset,I", [(1, 0, 2048), (8, 16, 2048), (8, 0, 256)])
 def test_moe_fp8_bitwise_and_graph(N, offset, I):
     """fused_moe (routing kernel included): bit-identical on repeat; graph replays equal eager bitwise."""
@@ -215,6 +234,21 @@ def test_norm_rope_bf16():
     got, ref = tri("rope")(q, cos, sin, True), reference.rope(q, cos, sin, True)
     # bit-identical in the interpreter; on the GPU some elements differ by rounding (seen: 1 bf16 ulp)
     assert rel(got, ref) < 4e-3
+
+
+def test_norm_rope_store_bf16():
+    """The MLA and indexer cache-row kernels at GLM-5 widths vs the reference composition (bf16)."""
+    g = gen(8)
+    for D, n_norm, rope_at, layer in ((576, 512, 512, False), (128, 128, 0, True)):
+        x = torch.randn(8, D, device=DEV, generator=g).to(BF16)
+        w = (1 + 0.1 * torch.randn(n_norm, device=DEV, generator=g)).to(BF16)
+        b = (0.1 * torch.randn(n_norm, device=DEV, generator=g)).to(BF16) if layer else None
+        cos, sin = (torch.randn(8, 32, device=DEV, generator=g).to(BF16) for _ in range(2))
+        slots = torch.randperm(100, device=DEV, generator=g)[:8]
+        got, want = (torch.zeros(100, D, device=DEV, dtype=BF16) for _ in range(2))
+        tri("norm_rope_store")(x, w, b, 1e-6, n_norm, cos, sin, rope_at, True, got, slots)
+        reference.norm_rope_store(x, w, b, 1e-6, n_norm, cos, sin, rope_at, True, want, slots)
+        assert rel(got, want) < 4e-3 and torch.equal(got[slots].ne(0), want[slots].ne(0))
 
 
 @pytest.mark.parametrize("fp8", [False, True])

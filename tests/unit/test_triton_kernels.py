@@ -137,6 +137,38 @@ def test_moe_experts(tk, N, offset, fp8):
         assert torch.equal(fma16, dot16)       # the same roundings, the same sums at these sizes
 
 
+@pytest.mark.parametrize("fp8", [True, False])
+@pytest.mark.parametrize("N,offset", [(1, 0), (1, 4), (3, 0)])
+def test_moe_experts_with_shared(tk, N, offset, fp8):
+    """The shared expert inside ``moe_experts``: one more pair of the one-row launches (its output added
+    last, as the reference), composed after the routed experts otherwise, and left out when its shape is
+    not one routed expert's (an ep rank's slice: composed too)."""
+    g = torch.Generator().manual_seed(13 + N)
+    x, idx, w, gate, up, down, gs, us, ds = _moe_inputs(g, N, 128, 192, 8, 4, fp8)
+    sh = _moe_inputs(g, 1, 128, 192, 1, 1, fp8)[3:]
+    shared = tuple(t[0] if t is not None else None for t in sh)               # one expert: 2-D weights
+    E_l = 4 if offset else 8
+    sl = slice(0, E_l)
+    args = [gate[sl], up[sl], down[sl]] + ([gs[sl], us[sl], ds[sl]] if fp8 else [None, None, None])
+    ref = reference.moe_experts(x, idx, w, *args, expert_offset=offset, shared=shared)
+    assert rel(ref, reference.moe_experts(x, idx, w, *args, expert_offset=offset)
+               + reference.swiglu(x, *shared)) == 0
+    got = tk["moe"].moe_experts(x, idx, w, *args, expert_offset=offset, shared=shared)
+    assert rel(got, ref) < 1e-5
+    half = [a.half() if a is not None and a.dtype == torch.float32 and a.dim() == 3 and not fp8 else a
+            for a in args]
+    shared16 = tuple(a.half() if a is not None and a.dtype == torch.float32 and a.dim() == 2 and not fp8 else a
+                     for a in shared)
+    fused = tk["moe"].moe_experts(x.half(), idx, w, *half, expert_offset=offset, shared=shared16)
+    composed = tk["moe"].moe_experts(x.half(), idx, w, *half, expert_offset=offset) + \
+        reference.swiglu(x.half(), *shared16, linear=tk["lin"].linear)
+    assert torch.equal(fused, composed)        # the same roundings in the same order
+    narrow = tuple(t[:96] if i < 2 else (t[:, :96] if i == 2 else t) for i, t in enumerate(shared))
+    if not fp8:                                # a slice of the shared expert (ep): composed, not fused
+        want = reference.moe_experts(x, idx, w, *args, expert_offset=offset) + reference.swiglu(x, *narrow)
+        assert rel(tk["moe"].moe_experts(x, idx, w, *args, expert_offset=offset, shared=narrow), want) < 1e-5
+
+
 @pytest.mark.parametrize("N,offset,E_l", [(1, 0, 8), (3, 4, 4), (5, 2, 3)])
 def test_route_pairs(tk, N, offset, E_l):
     """The routing kernel equals torch's stable sorts; experts outside [offset, offset + E_l) sort last."""
@@ -268,6 +300,25 @@ def test_select_topk_radix(tk):
         one = torch.empty(1, k, dtype=torch.int64)
         tk["att"]._select_topk_kernel[(1,)](score[2:], table[2:], one, W, k, table.stride(0), BS=bs, BLOCK_W=512)
         assert set(one[0].tolist()) == set(slot[score[2].topk(k).indices].tolist()), k
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_norm_rope_store(tk, interleaved):
+    """MLA's (RMSNorm'd latent | roped key) and the indexer's (LayerNorm'd key, first dims roped) cache rows,
+    scattered to slots (a negative slot wraps as in indexing): equal to the reference composition."""
+    g = torch.Generator().manual_seed(10)
+    for dtype in (torch.float32, torch.float16):
+        for D, n_norm, rope_at, layer in ((72, 64, 64, False), (32, 32, 0, True)):
+            x = torch.randn(3, D, generator=g).to(dtype)
+            w = (1 + 0.1 * torch.randn(n_norm, generator=g)).to(dtype)
+            b = (0.1 * torch.randn(n_norm, generator=g)).to(dtype) if layer else None
+            cos, sin = (torch.randn(3, 4, generator=g).to(dtype) for _ in range(2))
+            slots = torch.tensor([5, 0, -1])
+            got, want = (torch.full((8, D), float("nan"), dtype=dtype) for _ in range(2))
+            tk["norm"].norm_rope_store(x, w, b, 1e-6, n_norm, cos, sin, rope_at, interleaved, got, slots)
+            reference.norm_rope_store(x, w, b, 1e-6, n_norm, cos, sin, rope_at, interleaved, want, slots)
+            assert torch.equal(got.isnan(), want.isnan()) and got.isnan().sum() == 5 * D
+            assert rel(got.nan_to_num(), want.nan_to_num()) < (1e-6 if dtype == torch.float32 else 1e-3)
 
 
 def test_fp8_dequant(tk):
