@@ -103,6 +103,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor | None
     return F.linear(x, weight)
 
 
+@ops.register("linear_pair")
+def linear_pair(x: torch.Tensor, a: tuple, b: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two projections of one input: ``(linear(x, *a), linear(x, *b))``, a/b = (weight, scale_inv or None)."""
+    return linear(x, *a), linear(x, *b)
+
+
 # ---- DSA lightning indexer ---------------------------------------------------------------------
 @ops.register("indexer_topk")
 def indexer_topk(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tensor,

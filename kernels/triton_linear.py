@@ -35,7 +35,7 @@ import triton.language as tl
 
 from kernels import reference
 from kernels.registry import ops
-from kernels.triton_utils import dot_precision, next_pow2, num_sms, on_cuda
+from kernels.triton_utils import dot_precision, element_offset, next_pow2, num_sms, on_cuda
 
 DECODE_ROWS = 64
 PREFILL_ROWS = 256
@@ -101,22 +101,30 @@ def _reduce_splits(acc, out, mask, part, split_stride, count_ptr, tile, pid_k, n
 
 @triton.jit
 def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, N, K, num_sb_k, k_per_split,
+                     N_a, w_b_off, s_b_off,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, STAGES: tl.constexpr):
     """One row: ``y[n] = Σ_k w8[n, k] · (x[k] · S[n//128, k//128])`` on the FMA units. The activation is
     scaled by its block's scale once per K step (BLOCK_N divides 128: one scale row per program); the
-    products accumulate elementwise in a [BLOCK_N, BLOCK_K] fp32 tile, reduced over K once at the end."""
+    products accumulate elementwise in a [BLOCK_N, BLOCK_K] fp32 tile, reduced over K once at the end.
+
+    Outputs from N_a on come from a second weight (and scales) at element offsets ``w_b_off`` / ``s_b_off``
+    from the first: two projections of one input in one launch (N_a = N: one weight)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
-    s_row = s_ptr + (pid_n * BLOCK_N) // 128 * num_sb_k
+    in_b = pid_n * BLOCK_N >= N_a              # N_a is a multiple of BLOCK_N: a tile is in one weight
+    r0 = tl.where(in_b, pid_n * BLOCK_N - N_a, pid_n * BLOCK_N)
+    rw = r0 + tl.arange(0, BLOCK_N)            # row in its own weight
+    w_rows = w_ptr + tl.where(in_b, w_b_off, 0) + rw[:, None] * K
+    s_row = s_ptr + tl.where(in_b, s_b_off, 0) + r0 // 128 * num_sb_k
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     k0 = pid_k * k_per_split
     for k in tl.range(k0, tl.minimum(k0 + k_per_split, K), BLOCK_K, num_stages=STAGES):
         kk = k + rk
         km = kk < K
         xs = tl.load(x_ptr + kk, mask=km, other=0.0).to(tl.float32) * tl.load(s_row + kk // 128, mask=km, other=0.0)
-        w = tl.load(w_ptr + rn[:, None] * K + kk[None, :], mask=(rn[:, None] < N) & km[None, :], other=0.0,
+        w = tl.load(w_rows + kk[None, :], mask=(rn[:, None] < N) & km[None, :], other=0.0,
                     eviction_policy="evict_first")
         acc += w.to(tl.float32) * xs[None, :]
     y = tl.sum(acc, axis=1)
@@ -172,8 +180,14 @@ def gemv_tile(N: int, K: int) -> GemvTile:
 
 
 def _fp8_gemv(x2: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor, out: torch.Tensor,
-              tile: GemvTile) -> None:
+              tile: GemvTile, second: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """out [1, N] = x2 @ W.T, W = w8 (N rows), or w8 stacked over ``second``'s weight (N = both)."""
     N, K = w8.shape
+    N_a, w_b_off, s_b_off = N, 0, 0
+    if second is not None:
+        w_b, s_b = second
+        assert w_b.shape[1] == K and w_b.dtype == w8.dtype and N_a % tile.block_n == 0 and N_a % 128 == 0
+        N, w_b_off, s_b_off = N_a + w_b.shape[0], element_offset(w_b, w8), element_offset(s_b, scale_inv)
     assert 128 % tile.block_n == 0
     k_steps = triton.cdiv(K, tile.block_k)
     per_split = triton.cdiv(k_steps, tile.split)
@@ -186,7 +200,7 @@ def _fp8_gemv(x2: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor, out: 
     else:
         part = counters = out
     _fp8_gemv_kernel[grid](x2, w8, scale_inv, out, part, counters, N, K, triton.cdiv(K, 128),
-                           per_split * tile.block_k, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+                           per_split * tile.block_k, N_a, w_b_off, s_b_off, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
                            SPLIT=split > 1, STAGES=tile.num_stages, num_warps=tile.num_warps)
 
 
@@ -262,6 +276,21 @@ def fp8_dequant(w8: torch.Tensor, scale_inv: torch.Tensor, dtype: torch.dtype = 
         _fp8_dequant_kernel[(triton.cdiv(R, 64), triton.cdiv(C, 128), lead)](
             w8, scale_inv.contiguous(), out, R, C, sb_r, sb_c, BLOCK_R=64, BLOCK_C=128, num_warps=4)
     return out
+
+
+@ops.register("linear_pair", backend="triton", available=on_cuda)
+def linear_pair(x: torch.Tensor, a: tuple, b: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """As ``reference.linear_pair``; one FP8 row runs both projections in one launch (views of one output)."""
+    (wa, sa), (wb, sb) = a, b
+    K = x.shape[-1]
+    if (sa is None or sb is None or x.numel() != K or wa.dim() != 2 or wb.shape[1:] != wa.shape[1:]
+            or not (wa.is_contiguous() and wb.is_contiguous() and sa.is_contiguous() and sb.is_contiguous())
+            or wa.shape[0] % 128 or wb.dtype != wa.dtype):
+        return linear(x, wa, sa), linear(x, wb, sb)
+    out = torch.empty(1, wa.shape[0] + wb.shape[0], dtype=x.dtype, device=x.device)
+    _fp8_gemv(x.reshape(1, K).contiguous(), wa, sa, out, gemv_tile(out.shape[1], K), second=(wb, sb))
+    out = out.view(*x.shape[:-1], -1)
+    return out[..., :wa.shape[0]], out[..., wa.shape[0]:]
 
 
 @ops.register("linear", backend="triton", available=on_cuda)

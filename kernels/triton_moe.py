@@ -31,7 +31,7 @@ import triton.language as tl
 from kernels import reference
 from kernels.registry import ops
 from kernels.triton_linear import linear
-from kernels.triton_utils import dot_precision, next_pow2, on_cuda
+from kernels.triton_utils import dot_precision, element_offset, next_pow2, on_cuda
 
 FUSED_MAX_ROWS = 32
 
@@ -158,12 +158,13 @@ def _down_kernel(act_ptr, d_ptr, ds_ptr, w_route_ptr, sorted_e_ptr, sorted_pair_
 
 
 @triton.jit
-def _gate_up_row_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sg_ptr, su_ptr, sgs_ptr, sus_ptr, sorted_e_ptr,
+def _gate_up_row_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sg_off, su_off, sgs_off, sus_off, sorted_e_ptr,
                         act_ptr, P, E_local, H, I, num_sb_h, num_sb_i, HAS_SCALE: tl.constexpr,
                         BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, STAGES: tl.constexpr):
     """One row (each pair its own expert): gate/up of sorted pair p on the FMA units, the activation scaled
     by each 128-block's scale, products kept per K lane and reduced once (as triton_linear's GEMV).
-    Program p == P (when launched) is the shared expert, whose weights are the ``s*`` pointers."""
+    Program p == P (when launched) is the shared expert: its weights and scales sit at element offsets
+    ``s*_off`` from the stacked tensors' (an integer select keeps the loads' alignment facts)."""
     p = tl.program_id(0)
     ib = tl.program_id(1)
     shared = p == P
@@ -172,10 +173,13 @@ def _gate_up_row_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sg_ptr, su_ptr, sgs
     rh = tl.arange(0, BLOCK_H)
     acc_g = tl.zeros((BLOCK_I, BLOCK_H), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_I, BLOCK_H), dtype=tl.float32)
-    w_off = tl.where(shared, 0, e.to(tl.int64) * I * H) + ri[:, None] * H
-    g_w, u_w = tl.where(shared, sg_ptr, g_ptr) + w_off, tl.where(shared, su_ptr, u_ptr) + w_off
-    s_off = tl.where(shared, 0, e * num_sb_i * num_sb_h) + ((ib * BLOCK_I) // 128) * num_sb_h
-    g_s, u_s = tl.where(shared, sgs_ptr, gs_ptr) + s_off, tl.where(shared, sus_ptr, us_ptr) + s_off
+    w_e = e.to(tl.int64) * I * H
+    g_w = g_ptr + tl.where(shared, sg_off, w_e) + ri[:, None] * H
+    u_w = u_ptr + tl.where(shared, su_off, w_e) + ri[:, None] * H
+    s_e = e.to(tl.int64) * num_sb_i * num_sb_h
+    s_blk = ((ib * BLOCK_I) // 128) * num_sb_h
+    g_s = gs_ptr + tl.where(shared, sgs_off, s_e) + s_blk
+    u_s = us_ptr + tl.where(shared, sus_off, s_e) + s_blk
     for h0 in tl.range(0, tl.where(shared | (e < E_local), H, 0), BLOCK_H, num_stages=STAGES):
         h = h0 + rh
         hm = h < H
@@ -197,7 +201,7 @@ def _gate_up_row_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sg_ptr, su_ptr, sgs
 
 
 @triton.jit
-def _down_row_kernel(act_ptr, d_ptr, ds_ptr, sd_ptr, sds_ptr, w_route_ptr, sorted_e_ptr, sorted_pair_ptr, y_ptr,
+def _down_row_kernel(act_ptr, d_ptr, ds_ptr, sd_off, sds_off, w_route_ptr, sorted_e_ptr, sorted_pair_ptr, y_ptr,
                      P, E_local, H, I, num_sb_h, num_sb_i, HAS_SCALE: tl.constexpr, BLOCK_HO: tl.constexpr,
                      BLOCK_I: tl.constexpr, STAGES: tl.constexpr):
     """One row: the down projection of sorted pair p on the FMA units, rounded, times its routing weight
@@ -209,9 +213,8 @@ def _down_row_kernel(act_ptr, d_ptr, ds_ptr, sd_ptr, sds_ptr, w_route_ptr, sorte
     rh = hb * BLOCK_HO + tl.arange(0, BLOCK_HO)
     ri = tl.arange(0, BLOCK_I)
     acc = tl.zeros((BLOCK_HO, BLOCK_I), dtype=tl.float32)
-    d_w = tl.where(shared, sd_ptr, d_ptr) + tl.where(shared, 0, e.to(tl.int64) * H * I) + rh[:, None] * I
-    d_s = (tl.where(shared, sds_ptr, ds_ptr) + tl.where(shared, 0, e * num_sb_h * num_sb_i)
-           + ((hb * BLOCK_HO) // 128) * num_sb_i)
+    d_w = d_ptr + tl.where(shared, sd_off, e.to(tl.int64) * H * I) + rh[:, None] * I
+    d_s = ds_ptr + tl.where(shared, sds_off, e.to(tl.int64) * num_sb_h * num_sb_i) + ((hb * BLOCK_HO) // 128) * num_sb_i
     for i0 in tl.range(0, tl.where(shared | (e < E_local), I, 0), BLOCK_I, num_stages=STAGES):
         i = i0 + ri
         im = i < I
@@ -302,18 +305,18 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
     num_sb_h, num_sb_i = triton.cdiv(H, 128), triton.cdiv(I, 128)
     if N == 1 and gu.fma:                      # one row: every pair is its own expert's whole run
         fuse = shared is not None and _fusable(shared, gate, down, has_scale)
-        sg, su, sd, sgs, sus, sds = shared if fuse else (gate, up, down, gs, us, ds)
-        if fuse and not has_scale:
-            sgs = sus = sds = dummy
+        offs = [0] * 6                         # the shared expert's element offsets from the stacked tensors
         if fuse:                               # one more pair: the shared expert's act and y rows at P
+            bases = (gate, up, down, gs, us, ds)
+            offs = [element_offset(t, b) if t is not None else 0 for t, b in zip(shared, bases)]
             act, y = (torch.empty(P + 1, t.shape[1], dtype=x.dtype, device=x.device) for t in (act, y))
         programs = P + fuse
         _gate_up_row_kernel[(programs, triton.cdiv(I, gu.block_n))](
-            x, gate, up, gs, us, sg, su, sgs, sus, sorted_e, act, P, E_local, H, I, num_sb_h, num_sb_i,
-            HAS_SCALE=has_scale, BLOCK_I=gu.block_n, BLOCK_H=gu.block_k, STAGES=gu.num_stages,
+            x, gate, up, gs, us, offs[0], offs[1], offs[3], offs[4], sorted_e, act, P, E_local, H, I, num_sb_h,
+            num_sb_i, HAS_SCALE=has_scale, BLOCK_I=gu.block_n, BLOCK_H=gu.block_k, STAGES=gu.num_stages,
             num_warps=gu.num_warps)
         _down_row_kernel[(programs, triton.cdiv(H, dn.block_n))](
-            act, down, ds, sd, sds, topk_w.float().contiguous(), sorted_e, sorted_pair, y, P, E_local, H, I,
+            act, down, ds, offs[2], offs[5], topk_w.float().contiguous(), sorted_e, sorted_pair, y, P, E_local, H, I,
             num_sb_h, num_sb_i, HAS_SCALE=has_scale, BLOCK_HO=dn.block_n, BLOCK_I=dn.block_k,
             STAGES=dn.num_stages, num_warps=dn.num_warps)
         out = _combine(y, order, valid, out, N, H, k, shared=fuse)

@@ -35,3 +35,12 @@ def next_pow2(n: int) -> int:
 def dot_precision(dtype: torch.dtype) -> str:
     """fp32 operands: exact IEEE dots (the reference computes in fp32); else tensor-core defaults."""
     return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def element_offset(t: torch.Tensor, base: torch.Tensor) -> int:
+    """t's address as an element offset from base's (same dtype, one device): a kernel given ``base``
+    reaches ``t`` through it, so one launch serves two tensors without selecting between pointers (which
+    loses the loads' alignment facts)."""
+    delta = t.data_ptr() - base.data_ptr()
+    assert t.dtype == base.dtype and t.device == base.device and delta % t.element_size() == 0
+    return delta // t.element_size()

@@ -202,11 +202,12 @@ class Attention(nn.Module):
         an MTP draft step sharing the first step's selection — whose indexer still caches its keys)."""
         cfg, N = self.cfg, h.shape[0]
         nh, dn, rkv = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.kv_lora_rank
-        q_resid = self.q_a_layernorm(self.q_a_proj(h))                                 # [N, rq]
+        qa, kva = self.q_a_proj, self.kv_a_proj_with_mqa
+        q_a, ckv = ops.linear_pair(h, (qa.weight, qa.weight_scale_inv), (kva.weight, kva.weight_scale_inv))
+        q_resid = self.q_a_layernorm(q_a)                                              # [N, rq]
         q = self.q_b_proj(q_resid).view(N, nh, cfg.qk_head_dim)
         q_nope, q_rope = q[..., :dn], rope.apply(q[..., dn:], cfg.rope_interleave)     # MLA layout: [nope | rope]
-        ckv = self.kv_a_proj_with_mqa(h)                                               # [N, rkv + dr]
-        kv_cache = cache.kv[layer]                     # (RMSNorm'd latent | roped key) into the step's slots
+        kv_cache = cache.kv[layer]                     # ckv [N, rkv + dr]: (RMSNorm'd latent | roped key) to the slots
         ops.norm_rope_store(ckv, self.kv_a_layernorm.weight, None, self.kv_a_layernorm.eps, rkv,      # trainable
                             rope.cos, rope.sin, rkv, cfg.rope_interleave, kv_cache, batch.slot_mapping)
 

@@ -80,6 +80,27 @@ def test_fp8_linear(tk, M, N, K):
         assert rel(got, reference.linear(x.float(), w8, s)) < tol
 
 
+def test_linear_pair(tk):
+    """Two FP8 projections of one row in one launch (the second weight reached by its offset, a partial
+    last block), split-K or not; other cases (more rows, a weight not FP8) run them one by one."""
+    g = torch.Generator().manual_seed(11)
+    (wa, sa), (wb, sb) = (fp8_quantize(0.02 * torch.randn(n, 300, generator=g)) for n in (128, 72))
+    sb = sb * (1 + torch.rand(sb.shape, generator=g))
+    for rows, dtype, tol in ((1, torch.float32, 1e-5), (1, torch.float16, 1e-2), (3, torch.float32, 1e-5)):
+        x = torch.randn(rows, 300, generator=g).to(dtype)
+        ya, yb = tk["lin"].linear_pair(x, (wa, sa), (wb, sb))
+        assert ya.shape == (rows, 128) and yb.shape == (rows, 72)
+        assert rel(ya, reference.linear(x.float(), wa, sa)) < tol and rel(yb, reference.linear(x.float(), wb, sb)) < tol
+    for tile in (tk["lin"].GemvTile(32, 128, 3), tk["lin"].GemvTile(16, 64, 1)):
+        out = torch.empty(1, 200)
+        tk["lin"]._fp8_gemv(x[:1], wa, sa, out, tile, second=(wb, sb))
+        assert torch.equal(out, torch.cat(tk["lin"].linear_pair(x[:1], (wa, sa), (wb, sb)), -1)) or \
+            rel(out, torch.cat([reference.linear(x[:1], wa, sa), reference.linear(x[:1], wb, sb)], -1)) < 1e-5
+    dense = torch.randn(72, 300, generator=g)
+    ya, yb = tk["lin"].linear_pair(x[:1], (wa, sa), (dense, None))
+    assert torch.equal(yb, torch.nn.functional.linear(x[:1], dense))
+
+
 @pytest.mark.parametrize("M", [1, 3])
 def test_fp8_linear_split_k_semaphore(tk, M):
     """Split-K reduced in the launch: the last split of each tile sums the partials in split order and
