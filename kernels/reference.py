@@ -169,6 +169,25 @@ def indexer_topk_paged(q: torch.Tensor, head_weights: torch.Tensor, k_cache: tor
     return torch.where(torch.isfinite(val), slots.gather(1, idx), -1)
 
 
+# ---- MLA weight absorption: W_UK into the query, W_UV out of the latent output ---------------------
+def _kv_b_heads(kv_b, dtype: torch.dtype, nh: int) -> torch.Tensor:
+    return kv_b.dense_weight(dtype).view(nh, -1, kv_b.in_features)                   # [nh, dn + dv, rkv]
+
+
+@ops.register("mla_absorb")
+def mla_absorb(q_nope: torch.Tensor, kv_b) -> torch.Tensor:
+    """q_nope [N, nh, dn] → q_lat [N, nh, rkv] = q_nope · W_UK (W_UK = the first dn rows of each head of
+    ``kv_b``: the kv_b_proj Linear, weight [nh·(dn + dv), rkv], dequantized once and kept)."""
+    nh, dn = q_nope.shape[1:]
+    return torch.einsum("nhd,hdc->nhc", q_nope, _kv_b_heads(kv_b, q_nope.dtype, nh)[:, :dn])
+
+
+@ops.register("mla_expand")
+def mla_expand(o_lat: torch.Tensor, kv_b, dn: int) -> torch.Tensor:
+    """o_lat [N, nh, rkv] → o [N, nh, dv] = o_lat · W_UVᵀ (W_UV = each head's rows after the first dn)."""
+    return torch.einsum("nhc,hvc->nhv", o_lat, _kv_b_heads(kv_b, o_lat.dtype, o_lat.shape[1])[:, dn:])
+
+
 # ---- MLA attention over the selected keys (absorbed, latent space) -------------------------------
 @ops.register("mla_sparse_attention")
 def mla_sparse_attention(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor,

@@ -262,3 +262,80 @@ def indexer_topk_paged(q: torch.Tensor, head_weights: torch.Tensor, k_cache: tor
     _paged_slots_kernel[(N, triton.cdiv(K, 1024))](idx, val, block_table, slots, K, block_table.stride(0),
                                                     BS=block_size, BLOCK=1024, num_warps=4)
     return slots
+
+
+# ---- MLA weight absorption on FP8 kv_b (few rows) -------------------------------------------------
+ABSORB_MAX_ROWS = 16
+
+
+@triton.jit
+def _absorb_kernel(q_ptr, w_ptr, s_ptr, out_ptr, stride_qn, stride_qh, DN, RKV, rows_per_head, num_sb_c,
+                   BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
+    """q_lat[n, h, c-block] = Σ_d q[n, h, d] · W8[h·rows_per_head + d, c] · S[row // 128, c // 128]: the
+    reduction runs down W's rows, so each row's scale multiplies its q element (BLOCK_C ≤ 128 columns
+    share one scale column); products are kept per lane and reduced once."""
+    n = tl.program_id(0)
+    h = tl.program_id(1)
+    c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    acc = tl.zeros((BLOCK_D, BLOCK_C), dtype=tl.float32)
+    for d0 in range(0, DN, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        dm = d < DN
+        row = h * rows_per_head + d
+        q = tl.load(q_ptr + n * stride_qn + h * stride_qh + d, mask=dm, other=0.0).to(tl.float32)
+        qs = q * tl.load(s_ptr + (row // 128) * num_sb_c + (tl.program_id(2) * BLOCK_C) // 128, mask=dm, other=0.0)
+        w = tl.load(w_ptr + row[:, None] * RKV + c[None, :], mask=dm[:, None], other=0.0,
+                    eviction_policy="evict_first")
+        acc += w.to(tl.float32) * qs[:, None]
+    tl.store(out_ptr + (n * tl.num_programs(1) + h) * RKV + c, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _expand_kernel(o_ptr, w_ptr, s_ptr, out_ptr, DN, DV, RKV, rows_per_head, num_sb_c,
+                   BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr):
+    """o[n, h, v-block] = Σ_c o_lat[n, h, c] · W8[h·rows_per_head + DN + v, c] · S[row // 128, c // 128]; a
+    v-block of ≤ 64 rows starting at a multiple of 64 lies in one scale row."""
+    n = tl.program_id(0)
+    h = tl.program_id(1)
+    v = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+    row0 = h * rows_per_head + DN + tl.program_id(2) * BLOCK_V
+    acc = tl.zeros((BLOCK_V, BLOCK_C), dtype=tl.float32)
+    for c0 in range(0, RKV, BLOCK_C):
+        c = c0 + tl.arange(0, BLOCK_C)
+        x = tl.load(o_ptr + (n * tl.num_programs(1) + h) * RKV + c).to(tl.float32)
+        xs = x * tl.load(s_ptr + (row0 // 128) * num_sb_c + c // 128)
+        w = tl.load(w_ptr + (row0 + tl.arange(0, BLOCK_V))[:, None] * RKV + c[None, :], eviction_policy="evict_first")
+        acc += w.to(tl.float32) * xs[None, :]
+    tl.store(out_ptr + (n * tl.num_programs(1) + h) * DV + v, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty))
+
+
+def _absorbable(kv_b, N: int) -> bool:
+    return kv_b.weight_scale_inv is not None and 0 < N <= ABSORB_MAX_ROWS and kv_b.weight.is_contiguous()
+
+
+@ops.register("mla_absorb", backend="triton", available=on_cuda)
+def mla_absorb(q_nope: torch.Tensor, kv_b) -> torch.Tensor:
+    """As ``reference.mla_absorb``; few rows read the FP8 weight directly (no dequantized copy)."""
+    N, nh, dn = q_nope.shape
+    rkv = kv_b.in_features
+    if not _absorbable(kv_b, N) or q_nope.stride(-1) != 1 or rkv % 64:
+        return reference.mla_absorb(q_nope, kv_b)
+    out = torch.empty(N, nh, rkv, dtype=q_nope.dtype, device=q_nope.device)
+    _absorb_kernel[(N, nh, rkv // 64)](q_nope, kv_b.weight, kv_b.weight_scale_inv, out, q_nope.stride(0),
+                                       q_nope.stride(1), dn, rkv, kv_b.out_features // nh,
+                                       kv_b.weight_scale_inv.shape[1], BLOCK_D=64, BLOCK_C=64, num_warps=4)
+    return out
+
+
+@ops.register("mla_expand", backend="triton", available=on_cuda)
+def mla_expand(o_lat: torch.Tensor, kv_b, dn: int) -> torch.Tensor:
+    """As ``reference.mla_expand``; few rows read the FP8 weight directly (no dequantized copy)."""
+    N, nh, rkv = o_lat.shape
+    rows = kv_b.out_features // nh
+    dv = rows - dn
+    if not _absorbable(kv_b, N) or dn % 64 or rows % 64 or dv % 64 or rkv % 128 or not o_lat.is_contiguous():
+        return reference.mla_expand(o_lat, kv_b, dn)
+    out = torch.empty(N, nh, dv, dtype=o_lat.dtype, device=o_lat.device)
+    _expand_kernel[(N, nh, dv // 64)](o_lat, kv_b.weight, kv_b.weight_scale_inv, out, dn, dv, rkv, rows,
+                                      kv_b.weight_scale_inv.shape[1], BLOCK_V=64, BLOCK_C=128, num_warps=4)
+    return out

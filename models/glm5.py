@@ -219,10 +219,9 @@ class Attention(nn.Module):
             if self.indexer is not None:
                 self.indexer.write_keys(h, rope, batch, cache.index_k[layer])
 
-        w_kv = self.kv_b_proj.dense_weight(h.dtype).view(nh, dn + cfg.v_head_dim, rkv)
-        q_lat = torch.einsum("nhd,hdc->nhc", q_nope, w_kv[:, :dn])                     # absorb W_UK
+        q_lat = ops.mla_absorb(q_nope, self.kv_b_proj)                                 # absorb W_UK
         o_lat = ops.mla_sparse_attention(q_lat, q_rope, kv_cache, topk, self.scale)   # [N, nh, rkv]
-        o = torch.einsum("nhc,hvc->nhv", o_lat, w_kv[:, dn:])                          # expand with W_UV
+        o = ops.mla_expand(o_lat, self.kv_b_proj, dn)                                  # expand with W_UV
         return self.o_proj(o.reshape(N, nh * cfg.v_head_dim)), topk
 
 

@@ -342,6 +342,24 @@ def test_norm_rope_store(tk, interleaved):
             assert rel(got.nan_to_num(), want.nan_to_num()) < (1e-6 if dtype == torch.float32 else 1e-3)
 
 
+def test_mla_absorb_expand(tk):
+    """W_UK / W_UV applied from the FP8 kv_b weight (scale blocks straddle heads: 192 rows a head), as the
+    reference's einsums over the dequantized weight; bf16 kv_b (no scales) falls back to them."""
+    from models.glm5 import Linear
+    g = torch.Generator().manual_seed(12)
+    nh, dn, dv, rkv = 3, 64, 128, 256
+    kv_b = Linear(rkv, nh * (dn + dv))
+    kv_b.to_fp8()
+    w8, sc = fp8_quantize(0.05 * torch.randn(nh * (dn + dv), rkv, generator=g))
+    kv_b.weight.data.copy_(w8)
+    kv_b.weight_scale_inv.data.copy_(sc * (1 + torch.rand(sc.shape, generator=g)))
+    for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 1e-2)):
+        q = torch.randn(2, nh, dn + 64, generator=g).to(dtype)[..., :dn]          # a strided view, as q_nope
+        o_lat = torch.randn(2, nh, rkv, generator=g).to(dtype)
+        assert rel(tk["att"].mla_absorb(q, kv_b), reference.mla_absorb(q.float(), kv_b)) < tol
+        assert rel(tk["att"].mla_expand(o_lat, kv_b, dn), reference.mla_expand(o_lat.float(), kv_b, dn)) < tol
+
+
 def test_fp8_dequant(tk):
     g = torch.Generator().manual_seed(6)
     w8, s = fp8_quantize(torch.randn(2, 200, 130, generator=g))                 # stacked, partial blocks
