@@ -71,6 +71,35 @@ def test_fp8_linear_decode_bitwise(M, N, K):
     assert torch.equal(replayed(lambda: lin(x, w8, s)), first)
 
 
+def test_linear_pair_bf16():
+    """q_a and kv_a (2048 + 576 rows of 6144) in one launch: each close to the fp32 reference, bit-identical
+    to itself in a graph replay."""
+    g = gen(5)
+    (wa, sa), (wb, sb) = (fp8_quantize(0.02 * torch.randn(n, 6144, device=DEV, generator=g)) for n in (2048, 576))
+    x = torch.randn(1, 6144, device=DEV, generator=g).to(BF16)
+    ya, yb = tri("linear_pair")(x, (wa, sa), (wb, sb))
+    assert rel(ya, reference.linear(x.float(), wa, sa)) < 1e-2 and rel(yb, reference.linear(x.float(), wb, sb)) < 1e-2
+    both = torch.cat([ya, yb], -1)
+    assert torch.equal(replayed(lambda: torch.cat(tri("linear_pair")(x, (wa, sa), (wb, sb)), -1)), both)
+
+
+def test_mla_absorb_expand_bf16():
+    """W_UK / W_UV from the FP8 kv_b at GLM-5 widths (64 heads, 192 + 256 rows each, latent 512)."""
+    from models.glm5 import Linear
+    g = gen(6)
+    nh, dn, dv, rkv = 64, 192, 256, 512
+    kv_b = Linear(rkv, nh * (dn + dv)).to(DEV)
+    kv_b.to_fp8()
+    w8, sc = fp8_quantize(0.05 * torch.randn(nh * (dn + dv), rkv, device=DEV, generator=g))
+    kv_b.weight.data.copy_(w8)
+    kv_b.weight_scale_inv.data.copy_(sc)
+    for N in (1, 8):
+        q = torch.randn(N, nh, dn + 64, device=DEV, generator=g).to(BF16)[..., :dn]
+        o_lat = torch.randn(N, nh, rkv, device=DEV, generator=g).to(BF16)
+        assert rel(tri("mla_absorb")(q, kv_b), reference.mla_absorb(q.float(), kv_b)) < 1e-2
+        assert rel(tri("mla_expand")(o_lat, kv_b, dn), reference.mla_expand(o_lat.float(), kv_b, dn)) < 1e-2
+
+
 def test_fp8_dequant_exact():
     w8, s = fp8_quantize(torch.randn(3, 576, 6144, device=DEV, generator=gen(1)))
     assert torch.equal(tri("fp8_dequant")(w8, s, BF16), reference.fp8_dequant(w8, s, BF16))
