@@ -73,8 +73,8 @@ def expert_candidates(loads: int) -> list[ExpertTile]:
 
 
 def fma_candidates() -> list[ExpertTile]:
-    return [ExpertTile(bn, bk, warps, st, fma=True) for bn, bk, warps, st in
-            itertools.product((8, 16, 32, 64), (128, 256, 512), (4, 8), (1, 3)) if 2048 <= bn * bk <= 16384]
+    return [ExpertTile(bn, bk, warps, 1, fma=True) for bn, bk, warps in           # num_stages 3: always slower
+            itertools.product((8, 16, 32, 64), (128, 256, 512), (4, 8)) if 2048 <= bn * bk <= 16384]
 
 
 def moe_jobs(N: int, I: int, one_row: bool = False) -> list[tuple[ExpertTile, ExpertTile]]:
@@ -170,20 +170,34 @@ def linear_rows(baseline, picks_only: bool, one_row: bool = False):
         yield {**row, "pick": pick_tile(M, N, K)}
 
 
-def moe_rows(baseline, picks_only: bool, one_row: bool = False):
-    for N, I in [c for c in MOE_CASES if c[0] == 1 or not one_row]:
-        x, idx, w, weights = moe_inputs(N, I, E, 8)
-        nbytes = sum(i.unique().numel() for i in idx) / len(idx) * 3 * I * H
+def shared_inputs(I: int, copies: int) -> list[tuple]:
+    """``copies`` shared experts (gate, up, down, scales), one per routing: each launch reads its own."""
+    out = []
+    for _ in range(copies):
+        (g, gs), (u, us), (d, ds) = rand_fp8(I, H), rand_fp8(I, H), rand_fp8(H, I)
+        out.append((g, u, d, gs, us, ds))
+    return out
 
-        def run(i, tiles, x=x, idx=idx, w=w, weights=weights):
-            return fused_moe(x, idx[i], w, *weights, tiles=tiles)
+
+def moe_rows(baseline, picks_only: bool, one_row: bool = False):
+    """Each case; with --one-row also with the shared expert (one row fuses it as a ninth pair)."""
+    cases = [(N, I, False) for N, I in MOE_CASES if N == 1 or not one_row]
+    for N, I, with_shared in cases + ([(1, I, True) for N, I in MOE_CASES if N == 1] if one_row else []):
+        x, idx, w, weights = moe_inputs(N, I, E, 8)
+        shared = shared_inputs(I, len(idx)) if with_shared else [None] * len(idx)
+        nbytes = (sum(i.unique().numel() for i in idx) / len(idx) + with_shared) * 3 * I * H
+
+        def run(i, tiles, x=x, idx=idx, w=w, weights=weights, shared=shared):
+            return fused_moe(x, idx[i], w, *weights, tiles=tiles, shared=shared[i])
 
         def run_before(i, _, x=x, idx=idx, w=w, weights=weights):
             return baseline[1].fused_moe(x, idx[i], w, *weights)
         run.num_inputs = run_before.num_inputs = len(idx)
         configs = [expert_tiles(N, H, I)] if picks_only else moe_jobs(N, I, one_row)
-        row = sweep(f"moe N={N} I={I}", nbytes, configs, run,
-                    reference.moe_experts(x.float(), idx[0], w, *weights), baseline and run_before)
+        name = f"moe N={N} I={I}" + (" +shared" if with_shared else "")
+        row = sweep(name, nbytes, configs, run,
+                    reference.moe_experts(x.float(), idx[0], w, *weights, shared=shared[0]),
+                    baseline and not with_shared and run_before)
         yield {**row, "pick": expert_tiles(N, H, I)}
 
 
@@ -235,6 +249,7 @@ def main() -> None:
     ap.add_argument("--baseline", default=None)
     ap.add_argument("--picks-only", action="store_true")
     ap.add_argument("--one-row", action="store_true", help="sweep the one-row (FMA) kernels only")
+    ap.add_argument("--moe-only", action="store_true", help="skip the linear shapes")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
     out = Path(args.out)
@@ -242,15 +257,15 @@ def main() -> None:
     if not args.picks_only:
         rows = (1,) if args.one_row else ROWS
         jobs = [("linear", M, N, K, t) for (N, K), M in itertools.product(LINEAR_SHAPES, rows)
-                for t in linear_candidates(M, N, K, args.one_row)]
+                for t in linear_candidates(M, N, K, args.one_row) if not args.moe_only]
         jobs += [("moe", N, I, tiles) for N, I in MOE_CASES if N in rows for tiles in moe_jobs(N, I, args.one_row)]
         t0 = time.time()
         precompile(jobs)
         print(f"precompiled {len(jobs)} configs in {time.time() - t0:.0f} s", flush=True)
     baseline = load_baseline(args.baseline) if args.baseline else None
     rows = []
-    for row in itertools.chain(linear_rows(baseline, args.picks_only, args.one_row),
-                               moe_rows(baseline, args.picks_only, args.one_row)):
+    linear = [] if args.moe_only else linear_rows(baseline, args.picks_only, args.one_row)
+    for row in itertools.chain(linear, moe_rows(baseline, args.picks_only, args.one_row)):
         rows.append(row)
         text = write_table(rows, out, "tune_decode_kernels_one_row.md" if args.one_row else "tune_decode_kernels.md")
     print(text)

@@ -294,7 +294,7 @@ def _absorb_kernel(q_ptr, w_ptr, s_ptr, out_ptr, stride_qn, stride_qh, DN, RKV, 
 def _expand_kernel(o_ptr, w_ptr, s_ptr, out_ptr, DN, DV, RKV, rows_per_head, num_sb_c,
                    BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr):
     """o[n, h, v-block] = Σ_c o_lat[n, h, c] · W8[h·rows_per_head + DN + v, c] · S[row // 128, c // 128]; a
-    v-block of ≤ 64 rows starting at a multiple of 64 lies in one scale row."""
+    v-block of ≤ 32 rows starting at a multiple of 32 lies in one scale row."""
     n = tl.program_id(0)
     h = tl.program_id(1)
     v = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -323,7 +323,8 @@ def mla_absorb(q_nope: torch.Tensor, kv_b) -> torch.Tensor:
     out = torch.empty(N, nh, rkv, dtype=q_nope.dtype, device=q_nope.device)
     _absorb_kernel[(N, nh, rkv // 64)](q_nope, kv_b.weight, kv_b.weight_scale_inv, out, q_nope.stride(0),
                                        q_nope.stride(1), dn, rkv, kv_b.out_features // nh,
-                                       kv_b.weight_scale_inv.shape[1], BLOCK_D=64, BLOCK_C=64, num_warps=4)
+                                       kv_b.weight_scale_inv.shape[1], BLOCK_D=min(256, next_pow2(dn)),
+                                       BLOCK_C=64, num_warps=8)          # a head's rows in one step
     return out
 
 
@@ -333,9 +334,10 @@ def mla_expand(o_lat: torch.Tensor, kv_b, dn: int) -> torch.Tensor:
     N, nh, rkv = o_lat.shape
     rows = kv_b.out_features // nh
     dv = rows - dn
-    if not _absorbable(kv_b, N) or dn % 64 or rows % 64 or dv % 64 or rkv % 128 or not o_lat.is_contiguous():
+    if not _absorbable(kv_b, N) or dn % 32 or rows % 32 or dv % 32 or rkv % 128 or not o_lat.is_contiguous():
         return reference.mla_expand(o_lat, kv_b, dn)
     out = torch.empty(N, nh, dv, dtype=o_lat.dtype, device=o_lat.device)
-    _expand_kernel[(N, nh, dv // 64)](o_lat, kv_b.weight, kv_b.weight_scale_inv, out, dn, dv, rkv, rows,
-                                      kv_b.weight_scale_inv.shape[1], BLOCK_V=64, BLOCK_C=128, num_warps=4)
+    _expand_kernel[(N, nh, dv // 32)](o_lat, kv_b.weight, kv_b.weight_scale_inv, out, dn, dv, rkv, rows,
+                                      kv_b.weight_scale_inv.shape[1], BLOCK_V=32, BLOCK_C=min(512, rkv),
+                                      num_warps=8)                       # the latent in one step
     return out
