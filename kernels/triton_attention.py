@@ -323,8 +323,7 @@ def mla_absorb(q_nope: torch.Tensor, kv_b) -> torch.Tensor:
     out = torch.empty(N, nh, rkv, dtype=q_nope.dtype, device=q_nope.device)
     _absorb_kernel[(N, nh, rkv // 64)](q_nope, kv_b.weight, kv_b.weight_scale_inv, out, q_nope.stride(0),
                                        q_nope.stride(1), dn, rkv, kv_b.out_features // nh,
-                                       kv_b.weight_scale_inv.shape[1], BLOCK_D=min(256, next_pow2(dn)),
-                                       BLOCK_C=64, num_warps=8)          # a head's rows in one step
+                                       kv_b.weight_scale_inv.shape[1], BLOCK_D=64, BLOCK_C=64, num_warps=4)
     return out
 
 
@@ -338,6 +337,5 @@ def mla_expand(o_lat: torch.Tensor, kv_b, dn: int) -> torch.Tensor:
         return reference.mla_expand(o_lat, kv_b, dn)
     out = torch.empty(N, nh, dv, dtype=o_lat.dtype, device=o_lat.device)
     _expand_kernel[(N, nh, dv // 32)](o_lat, kv_b.weight, kv_b.weight_scale_inv, out, dn, dv, rkv, rows,
-                                      kv_b.weight_scale_inv.shape[1], BLOCK_V=32, BLOCK_C=min(512, rkv),
-                                      num_warps=8)                       # the latent in one step
+                                      kv_b.weight_scale_inv.shape[1], BLOCK_V=32, BLOCK_C=128, num_warps=4)
     return out
