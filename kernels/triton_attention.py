@@ -294,7 +294,7 @@ def _absorb_kernel(q_ptr, w_ptr, s_ptr, out_ptr, stride_qn, stride_qh, DN, RKV, 
 def _expand_kernel(o_ptr, w_ptr, s_ptr, out_ptr, DN, DV, RKV, rows_per_head, num_sb_c,
                    BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr):
     """o[n, h, v-block] = Σ_c o_lat[n, h, c] · W8[h·rows_per_head + DN + v, c] · S[row // 128, c // 128]; a
-    v-block of ≤ 32 rows starting at a multiple of 32 lies in one scale row."""
+    v-block of ≤ 64 rows starting at a multiple of 64 lies in one scale row."""
     n = tl.program_id(0)
     h = tl.program_id(1)
     v = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -333,9 +333,9 @@ def mla_expand(o_lat: torch.Tensor, kv_b, dn: int) -> torch.Tensor:
     N, nh, rkv = o_lat.shape
     rows = kv_b.out_features // nh
     dv = rows - dn
-    if not _absorbable(kv_b, N) or dn % 32 or rows % 32 or dv % 32 or rkv % 128 or not o_lat.is_contiguous():
+    if not _absorbable(kv_b, N) or dn % 64 or rows % 64 or dv % 64 or rkv % 128 or not o_lat.is_contiguous():
         return reference.mla_expand(o_lat, kv_b, dn)
     out = torch.empty(N, nh, dv, dtype=o_lat.dtype, device=o_lat.device)
-    _expand_kernel[(N, nh, dv // 32)](o_lat, kv_b.weight, kv_b.weight_scale_inv, out, dn, dv, rkv, rows,
-                                      kv_b.weight_scale_inv.shape[1], BLOCK_V=32, BLOCK_C=128, num_warps=4)
+    _expand_kernel[(N, nh, dv // 64)](o_lat, kv_b.weight, kv_b.weight_scale_inv, out, dn, dv, rkv, rows,
+                                      kv_b.weight_scale_inv.shape[1], BLOCK_V=64, BLOCK_C=128, num_warps=4)
     return out
