@@ -46,10 +46,10 @@ SMEM = 200 * 1024
 def gemv_candidates(N: int, K: int) -> list[GemvTile]:
     """One-row (FMA) kernel shapes: fp32 accumulator tiles of 2k–16k lanes, ~2/4/8 programs per SM."""
     out = set()
-    for bn, bk, warps, unroll, pps in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (1, 2, 4), (2, 3, 4)):
-        if 2048 <= bn * bk <= 16384 and bk * unroll <= 1024:
+    for bn, bk, warps, stages, pps in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (1, 3), (2, 4, 8)):
+        if 2048 <= bn * bk <= 16384:
             split = max(1, min(triton.cdiv(pps * num_sms(), triton.cdiv(N, bn)), triton.cdiv(K, bk)))
-            out.add(GemvTile(bn, bk, split, warps, 1, unroll))
+            out.add(GemvTile(bn, bk, split, warps, stages))
     return sorted(out, key=lambda t: (t.block_n, t.block_k, t.split, t.num_warps, t.num_stages))
 
 
@@ -73,8 +73,8 @@ def expert_candidates(loads: int) -> list[ExpertTile]:
 
 
 def fma_candidates() -> list[ExpertTile]:
-    return [ExpertTile(bn, bk, warps, 1, fma=True, unroll=u) for bn, bk, warps, u in   # num_stages 3: slower
-            itertools.product((8, 16, 32, 64), (128, 256, 512), (4, 8), (1, 2)) if 2048 <= bn * bk <= 16384]
+    return [ExpertTile(bn, bk, warps, 1, fma=True) for bn, bk, warps in           # num_stages 3: always slower
+            itertools.product((8, 16, 32, 64), (128, 256, 512), (4, 8)) if 2048 <= bn * bk <= 16384]
 
 
 def moe_jobs(N: int, I: int, one_row: bool = False) -> list[tuple[ExpertTile, ExpertTile]]:
@@ -227,7 +227,6 @@ def short(config) -> str:
         return " | ".join(short(c) for c in config)
     split = f" s{config.split}" if isinstance(config, (LinearTile, GemvTile)) else ""
     fma = " fma" if isinstance(config, GemvTile) or getattr(config, "fma", False) else ""
-    fma += f" u{config.unroll}" if getattr(config, "unroll", 1) > 1 else ""
     return f"{config.block_n}x{config.block_k}{split} w{config.num_warps} st{config.num_stages}{fma}"
 
 

@@ -102,13 +102,10 @@ def _reduce_splits(acc, out, mask, part, split_stride, count_ptr, tile, pid_k, n
 @triton.jit
 def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, N, K, num_sb_k, k_per_split,
                      N_a, w_b_off, s_b_off,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, STAGES: tl.constexpr,
-                     UNROLL: tl.constexpr):
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, STAGES: tl.constexpr):
     """One row: ``y[n] = Σ_k w8[n, k] · (x[k] · S[n//128, k//128])`` on the FMA units. The activation is
     scaled by its block's scale once per K step (BLOCK_N divides 128: one scale row per program); the
     products accumulate elementwise in a [BLOCK_N, BLOCK_K] fp32 tile, reduced over K once at the end.
-    ``UNROLL`` K steps per loop trip give the scheduler that many independent weight loads to keep in
-    flight (a one-row GEMV is bound by the bytes in flight per SM, not by arithmetic).
 
     Outputs from N_a on come from a second weight (and scales) at element offsets ``w_b_off`` / ``s_b_off``
     from the first: two projections of one input in one launch (N_a = N: one weight)."""
@@ -123,16 +120,13 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, N, K, nu
     s_row = s_ptr + tl.where(in_b, s_b_off, 0) + r0 // 128 * num_sb_k
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     k0 = pid_k * k_per_split
-    k_end = tl.minimum(k0 + k_per_split, K)
-    for k in tl.range(k0, k_end, BLOCK_K * UNROLL, num_stages=STAGES):
-        for u in tl.static_range(UNROLL):
-            kk = k + u * BLOCK_K + rk
-            km = kk < k_end
-            xs = tl.load(x_ptr + kk, mask=km, other=0.0).to(tl.float32) * tl.load(s_row + kk // 128, mask=km,
-                                                                                  other=0.0)
-            w = tl.load(w_rows + kk[None, :], mask=(rn[:, None] < N) & km[None, :], other=0.0,
-                        eviction_policy="evict_first")
-            acc += w.to(tl.float32) * xs[None, :]
+    for k in tl.range(k0, tl.minimum(k0 + k_per_split, K), BLOCK_K, num_stages=STAGES):
+        kk = k + rk
+        km = kk < K
+        xs = tl.load(x_ptr + kk, mask=km, other=0.0).to(tl.float32) * tl.load(s_row + kk // 128, mask=km, other=0.0)
+        w = tl.load(w_rows + kk[None, :], mask=(rn[:, None] < N) & km[None, :], other=0.0,
+                    eviction_policy="evict_first")
+        acc += w.to(tl.float32) * xs[None, :]
     y = tl.sum(acc, axis=1)
     mask = rn < N
     if SPLIT:
@@ -149,7 +143,6 @@ class GemvTile:
     split: int
     num_warps: int = 4
     num_stages: int = 1
-    unroll: int = 1
 
 
 _tile_counters: dict[torch.device, torch.Tensor] = {}
@@ -208,7 +201,7 @@ def _fp8_gemv(x2: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor, out: 
         part = counters = out
     _fp8_gemv_kernel[grid](x2, w8, scale_inv, out, part, counters, N, K, triton.cdiv(K, 128),
                            per_split * tile.block_k, N_a, w_b_off, s_b_off, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-                           SPLIT=split > 1, STAGES=tile.num_stages, UNROLL=tile.unroll, num_warps=tile.num_warps)
+                           SPLIT=split > 1, STAGES=tile.num_stages, num_warps=tile.num_warps)
 
 
 def fp8_linear(x: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor,

@@ -44,7 +44,6 @@ class ExpertTile:
     num_warps: int = 4
     num_stages: int = 3
     fma: bool = False          # one row: the FMA kernels (no tensor-core tile of 16 rows)
-    unroll: int = 1            # the one-row down kernel: K steps per loop trip
 
 
 @triton.jit
@@ -204,7 +203,7 @@ def _gate_up_row_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sg_off, su_off, sgs
 @triton.jit
 def _down_row_kernel(act_ptr, d_ptr, ds_ptr, sd_off, sds_off, w_route_ptr, sorted_e_ptr, sorted_pair_ptr, y_ptr,
                      P, E_local, H, I, num_sb_h, num_sb_i, HAS_SCALE: tl.constexpr, BLOCK_HO: tl.constexpr,
-                     BLOCK_I: tl.constexpr, STAGES: tl.constexpr, UNROLL: tl.constexpr):
+                     BLOCK_I: tl.constexpr, STAGES: tl.constexpr):
     """One row: the down projection of sorted pair p on the FMA units, rounded, times its routing weight
     (the shared expert, p == P: weight 1, written to y[P])."""
     p = tl.program_id(0)
@@ -216,16 +215,15 @@ def _down_row_kernel(act_ptr, d_ptr, ds_ptr, sd_off, sds_off, w_route_ptr, sorte
     acc = tl.zeros((BLOCK_HO, BLOCK_I), dtype=tl.float32)
     d_w = d_ptr + tl.where(shared, sd_off, e.to(tl.int64) * H * I) + rh[:, None] * I
     d_s = ds_ptr + tl.where(shared, sds_off, e.to(tl.int64) * num_sb_h * num_sb_i) + ((hb * BLOCK_HO) // 128) * num_sb_i
-    for i0 in tl.range(0, tl.where(shared | (e < E_local), I, 0), BLOCK_I * UNROLL, num_stages=STAGES):
-        for u in tl.static_range(UNROLL):      # independent loads in flight (see triton_linear's GEMV)
-            i = i0 + u * BLOCK_I + ri
-            im = i < I
-            a = tl.load(act_ptr + p * I + i, mask=im, other=0.0).to(tl.float32)
-            if HAS_SCALE:
-                a = a * tl.load(d_s + i // 128, mask=im, other=0.0)
-            wd = tl.load(d_w + i[None, :], mask=(rh[:, None] < H) & im[None, :], other=0.0,
-                         eviction_policy="evict_first")
-            acc += wd.to(tl.float32) * a[None, :]
+    for i0 in tl.range(0, tl.where(shared | (e < E_local), I, 0), BLOCK_I, num_stages=STAGES):
+        i = i0 + ri
+        im = i < I
+        a = tl.load(act_ptr + p * I + i, mask=im, other=0.0).to(tl.float32)
+        if HAS_SCALE:
+            a = a * tl.load(d_s + i // 128, mask=im, other=0.0)
+        wd = tl.load(d_w + i[None, :], mask=(rh[:, None] < H) & im[None, :], other=0.0,
+                     eviction_policy="evict_first")
+        acc += wd.to(tl.float32) * a[None, :]
     dt = y_ptr.dtype.element_ty
     pair = tl.where(shared, P, tl.load(sorted_pair_ptr + p, mask=p < P, other=0))
     w = tl.where(shared, 1.0, tl.load(w_route_ptr + pair, mask=p < P, other=0.0))
@@ -320,7 +318,7 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
         _down_row_kernel[(programs, triton.cdiv(H, dn.block_n))](
             act, down, ds, offs[2], offs[5], topk_w.float().contiguous(), sorted_e, sorted_pair, y, P, E_local, H, I,
             num_sb_h, num_sb_i, HAS_SCALE=has_scale, BLOCK_HO=dn.block_n, BLOCK_I=dn.block_k,
-            STAGES=dn.num_stages, UNROLL=dn.unroll, num_warps=dn.num_warps)
+            STAGES=dn.num_stages, num_warps=dn.num_warps)
         out = _combine(y, order, valid, out, N, H, k, shared=fuse)
         return out if fuse or shared is None else out + reference.swiglu(x, *shared, linear=linear)
     _gate_up_kernel[(P, triton.cdiv(I, gu.block_n))](
