@@ -7,7 +7,12 @@ log-sum-exp; a combine kernel merges the slices. Scores and probabilities stay i
 rounds scores and probabilities to the activation dtype, so bf16 results differ by rounding only).
 
 ``indexer_topk`` scores every visible key of the row's request with one launch for all rows
-(``Σ_h w_h · relu(q_h·k · scale)`` in fp32 on the tensor cores) and selects with ``torch.topk``.
+(``Σ_h w_h · relu(q_h·k · scale)`` in fp32 on the tensor cores) and selects with ``torch.topk``; the paged
+form (CUDA-graph steps) selects up to 16k keys with a one-program radix select that also maps the keys to
+their slots (``_select_topk_kernel``), torch.topk beyond.
+
+``mla_absorb`` / ``mla_expand`` apply W_UK / W_UV for few rows straight from the FP8 kv_b weight (no
+dequantized copy), on the FMA units.
 """
 
 from __future__ import annotations

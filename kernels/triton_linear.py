@@ -1,8 +1,14 @@
 """Triton FP8 block-scaled linear: ``y = x @ (W8 · S).T`` with the weight dequantized tile by tile.
 
-One kernel serves decode and prefill; the launcher picks the tile shape:
+Two kernels; the launcher picks by rows:
 
-* decode (≤ 64 rows): one row tile holds every row (16..64, rows masked), so each weight byte is read
+* one row (``_fp8_gemv_kernel``, ``GemvTile``): no tensor-core tile at all — each program streams a
+  BLOCK_N × BLOCK_K fp8 tile per step, widens it to fp32 and multiplies by the activation pre-scaled by its
+  block's scale; products stay per K lane and are summed once at the end. Split-K as below. Measured on
+  H200 at 3.0–3.2 TB/s on the big shapes vs 2.3 for the tile kernel at one row (bench/results/
+  tune_decode_kernels_one_row.md). It can also run two weights of one input in one launch (``linear_pair``:
+  q_a and kv_a), the second reached by its element offset from the first.
+* decode (2..64 rows): one row tile holds every row (16..64, rows masked), so each weight byte is read
   once; split-K over the reduction so that even a 576-row projection keeps every SM streaming
   (``LinearTile``: BLOCK_N × BLOCK_K weight tile, split, warps, stages; ``decode_tile`` picks it). The split partials are
   reduced inside the same launch, deterministically: each split program stores its fp32 partial to a

@@ -18,6 +18,12 @@ tile. Programs on the other pairs exit at once, so the grid has a static size an
 
 The GEMMs accumulate in fp32 and scale each 128-wide sub-block of a K step by its one block scale
 (``ExpertTile.block_k`` is a multiple of 128, ``block_n`` divides 128), as kernels/triton_linear.py.
+
+One row (decode without drafts) takes FMA kernels instead (``_gate_up_row_kernel``, ``_down_row_kernel``:
+every pair is its own expert, no 16-row tensor-core tile, as triton_linear's GEMV), and runs the shared
+expert as one more pair of the same two launches (its weights reached by element offsets from the stacked
+experts'); the combine adds its output last, as HF's ``experts(x) + shared_experts(x)``. More rows compose
+the shared expert after the routed ones.
 """
 
 from __future__ import annotations
