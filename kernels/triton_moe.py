@@ -164,16 +164,6 @@ def _down_kernel(act_ptr, d_ptr, ds_ptr, w_route_ptr, sorted_e_ptr, sorted_pair_
 
 
 @triton.jit
-def _row_pair(sorted_e_ptr, P, E_local):
-    """A one-row kernel's program → (sorted pair p, whether it is the shared expert (p == P), its local
-    expert, whether it has work: the shared expert or an expert held here)."""
-    p = tl.program_id(0)
-    e = tl.load(sorted_e_ptr + p, mask=p < P, other=0)
-    shared = p == P
-    return p, shared, e, shared | (e < E_local)
-
-
-@triton.jit
 def _gate_up_row_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sg_off, su_off, sgs_off, sus_off, sorted_e_ptr,
                         act_ptr, P, E_local, H, I, num_sb_h, num_sb_i, HAS_SCALE: tl.constexpr,
                         BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, STAGES: tl.constexpr):
@@ -181,8 +171,10 @@ def _gate_up_row_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sg_off, su_off, sgs
     by each 128-block's scale, products kept per K lane and reduced once (as triton_linear's GEMV).
     Program p == P (when launched) is the shared expert: its weights and scales sit at element offsets
     ``s*_off`` from the stacked tensors' (an integer select keeps the loads' alignment facts)."""
-    p, shared, e, live = _row_pair(sorted_e_ptr, P, E_local)
+    p = tl.program_id(0)
     ib = tl.program_id(1)
+    shared = p == P
+    e = tl.load(sorted_e_ptr + p, mask=p < P, other=0)
     ri = ib * BLOCK_I + tl.arange(0, BLOCK_I)
     rh = tl.arange(0, BLOCK_H)
     acc_g = tl.zeros((BLOCK_I, BLOCK_H), dtype=tl.float32)
@@ -194,7 +186,7 @@ def _gate_up_row_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sg_off, su_off, sgs
     s_blk = ((ib * BLOCK_I) // 128) * num_sb_h
     g_s = gs_ptr + tl.where(shared, sgs_off, s_e) + s_blk
     u_s = us_ptr + tl.where(shared, sus_off, s_e) + s_blk
-    for h0 in tl.range(0, tl.where(live, H, 0), BLOCK_H, num_stages=STAGES):
+    for h0 in tl.range(0, tl.where(shared | (e < E_local), H, 0), BLOCK_H, num_stages=STAGES):
         h = h0 + rh
         hm = h < H
         x = tl.load(x_ptr + h, mask=hm, other=0.0).to(tl.float32)
@@ -211,7 +203,7 @@ def _gate_up_row_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sg_off, su_off, sgs
     g = tl.sum(acc_g, axis=1).to(dt).to(tl.float32)
     u = tl.sum(acc_u, axis=1).to(dt).to(tl.float32)
     a = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32) * u
-    tl.store(act_ptr + p * I + ri, a.to(dt), mask=(ri < I) & ((ri * 0 + live.to(tl.int32)) != 0))   # a vector mask
+    tl.store(act_ptr + p * I + ri, a.to(dt), mask=(ri < I) & (((ri * 0 + e) < E_local) | ((ri * 0 + p) == P)))   # vector masks
 
 
 @triton.jit
@@ -220,15 +212,16 @@ def _down_row_kernel(act_ptr, d_ptr, ds_ptr, sd_off, sds_off, w_route_ptr, sorte
                      BLOCK_I: tl.constexpr, STAGES: tl.constexpr):
     """One row: the down projection of sorted pair p on the FMA units, rounded, times its routing weight
     (the shared expert, p == P: weight 1, written to y[P])."""
-    p, shared, e, live = _row_pair(sorted_e_ptr, P, E_local)
+    p = tl.program_id(0)
     hb = tl.program_id(1)
+    shared = p == P
+    e = tl.load(sorted_e_ptr + p, mask=p < P, other=0)
     rh = hb * BLOCK_HO + tl.arange(0, BLOCK_HO)
     ri = tl.arange(0, BLOCK_I)
     acc = tl.zeros((BLOCK_HO, BLOCK_I), dtype=tl.float32)
     d_w = d_ptr + tl.where(shared, sd_off, e.to(tl.int64) * H * I) + rh[:, None] * I
-    d_s = (ds_ptr + tl.where(shared, sds_off, e.to(tl.int64) * num_sb_h * num_sb_i)
-           + ((hb * BLOCK_HO) // 128) * num_sb_i)
-    for i0 in tl.range(0, tl.where(live, I, 0), BLOCK_I, num_stages=STAGES):
+    d_s = ds_ptr + tl.where(shared, sds_off, e.to(tl.int64) * num_sb_h * num_sb_i) + ((hb * BLOCK_HO) // 128) * num_sb_i
+    for i0 in tl.range(0, tl.where(shared | (e < E_local), I, 0), BLOCK_I, num_stages=STAGES):
         i = i0 + ri
         im = i < I
         a = tl.load(act_ptr + p * I + i, mask=im, other=0.0).to(tl.float32)
@@ -241,7 +234,7 @@ def _down_row_kernel(act_ptr, d_ptr, ds_ptr, sd_off, sds_off, w_route_ptr, sorte
     pair = tl.where(shared, P, tl.load(sorted_pair_ptr + p, mask=p < P, other=0))
     w = tl.where(shared, 1.0, tl.load(w_route_ptr + pair, mask=p < P, other=0.0))
     y = (tl.sum(acc, axis=1).to(dt).to(tl.float32) * w).to(dt)
-    tl.store(y_ptr + pair * H + rh, y, mask=(rh < H) & ((rh * 0 + live.to(tl.int32)) != 0))
+    tl.store(y_ptr + pair * H + rh, y, mask=(rh < H) & (((rh * 0 + e) < E_local) | ((rh * 0 + p) == P)))
 
 
 @triton.jit
