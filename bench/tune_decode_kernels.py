@@ -53,7 +53,7 @@ def gemv_candidates(N: int, K: int) -> list[GemvTile]:
     return sorted(out, key=lambda t: (t.block_n, t.block_k, t.split, t.num_warps, t.num_stages))
 
 
-def linear_candidates(M: int, N: int, K: int, one_row: bool = False) -> list[LinearTile | GemvTile]:
+def linear_candidates(M: int, N: int, K: int, one_row: bool = False) -> list[LinearTile]:
     if one_row:                                # the one-row kernel's sweep beside the tile kernel's pick
         return [decode_tile(M, N, K)] + gemv_candidates(N, K)
     block_m = max(16, next_pow2(M))
@@ -148,7 +148,7 @@ def per_launch_us(run, config) -> float:
     return graph_ms(lambda: [run(i, config) for i in range(run.num_inputs)], 10) * 1e3 / run.num_inputs
 
 
-def pick_tile(M: int, N: int, K: int) -> LinearTile | GemvTile:
+def pick_tile(M: int, N: int, K: int) -> LinearTile:
     """What fp8_linear launches for M rows by default."""
     return gemv_tile(N, K) if M == 1 else decode_tile(M, N, K)
 
@@ -225,7 +225,7 @@ def short(config) -> str:
     """LinearTile / ExpertTile as ``block_n×block_k[ s<split>] w<warps> st<stages>``; pairs joined by ' | '."""
     if isinstance(config, tuple):
         return " | ".join(short(c) for c in config)
-    split = f" s{config.split}" if isinstance(config, (LinearTile, GemvTile)) else ""
+    split = f" s{config.split}" if isinstance(config, LinearTile) else ""
     fma = " fma" if isinstance(config, GemvTile) or getattr(config, "fma", False) else ""
     return f"{config.block_n}x{config.block_k}{split} w{config.num_warps} st{config.num_stages}{fma}"
 

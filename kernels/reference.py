@@ -7,6 +7,8 @@ nh heads, rkv latent rank, dr rope dims, T keys of one request, K selected keys,
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -239,9 +241,9 @@ def router_topk(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n_group: i
 
 def swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
            gate_s: torch.Tensor | None, up_s: torch.Tensor | None, down_s: torch.Tensor | None,
-           linear=None) -> torch.Tensor:
-    """The SwiGLU MLP ``down(silu(gate(x)) · up(x))`` with ``linear`` (default: this module's)."""
-    linear = linear or globals()["linear"]
+           linear: Callable = linear) -> torch.Tensor:
+    """The SwiGLU MLP ``down(silu(gate(x)) · up(x))`` (``MLP.forward``), with ``linear`` (default: this
+    module's)."""
     return linear(F.silu(linear(x, gate, gate_s)) * linear(x, up, up_s), down, down_s)
 
 

@@ -142,12 +142,8 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, N, K, nu
 
 
 @dataclass(frozen=True)
-class GemvTile:
+class GemvTile(LinearTile):
     """Launch shape of the one-row kernel: BLOCK_N outputs × BLOCK_K per step, K split over ``split``."""
-    block_n: int
-    block_k: int
-    split: int
-    num_warps: int = 4
     num_stages: int = 1
 
 
@@ -211,9 +207,10 @@ def _fp8_gemv(x2: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor, out: 
 
 
 def fp8_linear(x: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor,
-               tile: LinearTile | GemvTile | None = None) -> torch.Tensor:
+               tile: LinearTile | None = None) -> torch.Tensor:
     """x: [..., K] (bf16/fp16/fp32), w8: [N, K] float8_e4m3fn contiguous, scale_inv: [⌈N/128⌉, ⌈K/128⌉]
-    fp32 → [..., N] in x's dtype. ``tile`` overrides the decode launch shape (benchmarks). No host sync;
+    fp32 → [..., N] in x's dtype. ``tile`` overrides the decode launch shape (benchmarks; a ``GemvTile``
+    runs the one-row kernel). No host sync;
     graph-capturable."""
     K = x.shape[-1]
     N = w8.shape[0]

@@ -170,7 +170,7 @@ def _gate_up_row_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sg_off, su_off, sgs
     """One row (each pair its own expert): gate/up of sorted pair p on the FMA units, the activation scaled
     by each 128-block's scale, products kept per K lane and reduced once (as triton_linear's GEMV).
     Program p == P (when launched) is the shared expert: its weights and scales sit at element offsets
-    ``s*_off`` from the stacked tensors' (an integer select keeps the loads' alignment facts)."""
+    ``s*_off`` from the stacked tensors' (``triton_utils.element_offset``)."""
     p = tl.program_id(0)
     ib = tl.program_id(1)
     shared = p == P
@@ -309,8 +309,8 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
     gu, dn = tiles or expert_tiles(N, H, I)
     assert all(128 % t.block_n == 0 and (t.fma or t.block_k % 128 == 0) for t in (gu, dn))
     num_sb_h, num_sb_i = triton.cdiv(H, 128), triton.cdiv(I, 128)
+    fuse = N == 1 and gu.fma and shared is not None and _fusable(shared, gate, down, has_scale)
     if N == 1 and gu.fma:                      # one row: every pair is its own expert's whole run
-        fuse = shared is not None and _fusable(shared, gate, down, has_scale)
         offs = [0] * 6                         # the shared expert's element offsets from the stacked tensors
         if fuse:                               # one more pair: the shared expert's act and y rows at P
             bases = (gate, up, down, gs, us, ds)
@@ -326,7 +326,7 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
             num_sb_h, num_sb_i, HAS_SCALE=has_scale, BLOCK_HO=dn.block_n, BLOCK_I=dn.block_k,
             STAGES=dn.num_stages, num_warps=dn.num_warps)
         out = _combine(y, order, valid, out, N, H, k, shared=fuse)
-        return out if fuse or shared is None else out + reference.swiglu(x, *shared, linear=linear)
+        return out if fuse else _plus_shared(out, x, shared)
     _gate_up_kernel[(P, triton.cdiv(I, gu.block_n))](
         x, gate, up, gs, us, sorted_e, sorted_pair, act, P, E_local, H, I, num_sb_h, num_sb_i,
         TOPK=k, HAS_SCALE=has_scale, BLOCK_R=block_r, BLOCK_I=gu.block_n, BLOCK_H=gu.block_k, PREC=prec,
@@ -335,7 +335,11 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
         act, down, ds, topk_w.float().contiguous(), sorted_e, sorted_pair, y, P, E_local, H, I,
         num_sb_h, num_sb_i, TOPK=k, HAS_SCALE=has_scale, BLOCK_R=block_r, BLOCK_HO=dn.block_n,
         BLOCK_I=dn.block_k, PREC=prec, num_warps=dn.num_warps, num_stages=dn.num_stages)
-    out = _combine(y, order, valid, out, N, H, k)
+    return _plus_shared(_combine(y, order, valid, out, N, H, k), x, shared)
+
+
+def _plus_shared(out: torch.Tensor, x: torch.Tensor, shared: tuple | None) -> torch.Tensor:
+    """The routed experts' sum + the shared expert's output run after them (this backend's linear)."""
     return out if shared is None else out + reference.swiglu(x, *shared, linear=linear)
 
 
@@ -364,5 +368,5 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor,
     shared expert through this backend's linear)."""
     if x.shape[0] > FUSED_MAX_ROWS or x.shape[0] == 0:
         out = reference.moe_experts(x, topk_idx, topk_w, gate, up, down, gate_s, up_s, down_s, expert_offset)
-        return out if shared is None else out + reference.swiglu(x, *shared, linear=linear)
+        return _plus_shared(out, x, shared)
     return fused_moe(x, topk_idx, topk_w, gate, up, down, gate_s, up_s, down_s, expert_offset, shared=shared)

@@ -94,8 +94,7 @@ def test_linear_pair(tk):
     for tile in (tk["lin"].GemvTile(32, 128, 3), tk["lin"].GemvTile(16, 64, 1)):
         out = torch.empty(1, 200)
         tk["lin"]._fp8_gemv(x[:1], wa, sa, out, tile, second=(wb, sb))
-        assert torch.equal(out, torch.cat(tk["lin"].linear_pair(x[:1], (wa, sa), (wb, sb)), -1)) or \
-            rel(out, torch.cat([reference.linear(x[:1], wa, sa), reference.linear(x[:1], wb, sb)], -1)) < 1e-5
+        assert rel(out, torch.cat([reference.linear(x[:1], wa, sa), reference.linear(x[:1], wb, sb)], -1)) < 1e-5
     dense = torch.randn(72, 300, generator=g)
     ya, yb = tk["lin"].linear_pair(x[:1], (wa, sa), (dense, None))
     assert torch.equal(yb, torch.nn.functional.linear(x[:1], dense))
