@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from kernels import ops
+from kernels.triton_utils import pdl_mode
 from models.cache import KVCache, build_batch
 from models.config import ModelConfig
 from models.glm5 import GlmForCausalLM, MoeShard
@@ -206,7 +207,8 @@ def write_report(results, hf, read_bw, out: Path) -> None:
              "(one rank of 8, tp). Times in ms (median, CUDA events). 'auto (graph)' is the runner's decode path: "
              "a replay of the step's CUDA graph (workers/graphs.py, paged block tables) + the eager lm_head; "
              "'stage' is the host time to copy the step into the graph's buffers (not overlapped); 'capture' the "
-             "one-time warm-up + capture of that graph.", "",
+             "one-time warm-up + capture of that graph. Programmatic dependent launch of our kernels "
+             f"(GLMSERVE_PDL): {pdl_mode()}.", "",
              "| slice | ctx | rows | experts hit/layer | MB read | floor | reference | auto (eager) | auto (graph) "
              "| graph / floor | stage (host) | capture |", "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
@@ -245,6 +247,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--modes", nargs="+", default=["reference", "auto", "auto_graph"],
+                    help="paths to time (the shard slice takes the non-reference ones)")
+    ap.add_argument("--no-shard", action="store_true")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -257,13 +262,15 @@ def main() -> None:
     for t in cache.kv + [k for k in cache.index_k if k is not None]:
         t.normal_()
     model = build_model(cfg, MoeShard())
-    bench_model(model, cfg, cache, "full", [4096, 32768], [1, 8], ["reference", "auto", "auto_graph"], read_bw,
-                results)
+    bench_model(model, cfg, cache, "full", [4096, 32768], [1, 8], args.modes, read_bw, results)
     del model
     torch.cuda.empty_cache()
-    shard = build_model(cfg, MoeShard(0, 8, "tp"))
-    bench_model(shard, cfg, cache, "shard 1/8", [4096], [1, 8], ["auto", "auto_graph"], read_bw, results)
-    del shard, cache
+    if not args.no_shard:
+        shard = build_model(cfg, MoeShard(0, 8, "tp"))
+        modes = [m for m in args.modes if m != "reference"]
+        bench_model(shard, cfg, cache, "shard 1/8", [4096], [1, 8], modes, read_bw, results)
+        del shard
+    del cache
     torch.cuda.empty_cache()
     hf: dict = {}
     if not args.no_hf:

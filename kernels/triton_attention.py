@@ -8,8 +8,9 @@ rounds scores and probabilities to the activation dtype, so bf16 results differ 
 
 ``indexer_topk`` scores every visible key of the row's request with one launch for all rows
 (``Σ_h w_h · relu(q_h·k · scale)`` in fp32 on the tensor cores) and selects with ``torch.topk``; the paged
-form (CUDA-graph steps) selects up to 16k keys with a one-program radix select that also maps the keys to
-their slots (``_select_topk_kernel``), torch.topk beyond.
+form (CUDA-graph steps) selects up to 16k keys with a one-program select that also maps the keys to their
+slots (``_select_topk_kernel``: a radix select, bit by bit; cutting in three per pass with two counts
+packed in one reduction measured no faster, bench/results/select_topk.md), torch.topk beyond.
 
 ``mla_absorb`` / ``mla_expand`` apply W_UK / W_UV for few rows straight from the FP8 kv_b weight (no
 dequantized copy), on the FMA units.
@@ -23,7 +24,7 @@ import triton.language as tl
 
 from kernels import reference
 from kernels.registry import ops
-from kernels.triton_utils import dot_precision, next_pow2, num_sms, on_cuda
+from kernels.triton_utils import dot_precision, next_pow2, num_sms, on_cuda, pdl_launch, pdl_wait
 
 LOG2E = 1.4426950408889634
 
@@ -32,7 +33,8 @@ LOG2E = 1.4426950408889634
 def _mla_split_kernel(ql_ptr, qr_ptr, kv_ptr, idx_ptr, o_ptr, lse_ptr, nh, K, keys_per_split, scale_log2,
                       stride_ql_n, stride_ql_h, stride_qr_n, stride_qr_h, stride_kv, stride_idx,
                       RKV: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
-                      PREC: tl.constexpr):
+                      PREC: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     n = tl.program_id(0)
     hb = tl.program_id(1)
     sp = tl.program_id(2)
@@ -71,7 +73,8 @@ def _mla_split_kernel(ql_ptr, qr_ptr, kv_ptr, idx_ptr, o_ptr, lse_ptr, nh, K, ke
 
 @triton.jit
 def _mla_combine_kernel(o_ptr, lse_ptr, out_ptr, NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
-                        RKV: tl.constexpr):
+                        RKV: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     nh_row = tl.program_id(0)                  # n * nh + h
     s = tl.arange(0, SPLITS_P2)
     lse = tl.load(lse_ptr + nh_row * NUM_SPLITS + s, mask=s < NUM_SPLITS, other=float("-inf"))
@@ -110,19 +113,21 @@ def mla_sparse_attention(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: to
         q_lat, q_rope, kv_cache, topk_slots, o_part, lse, nh, K, keys_per_split, scale * LOG2E,
         q_lat.stride(0), q_lat.stride(1), q_rope.stride(0), q_rope.stride(1), kv_cache.stride(0),
         topk_slots.stride(0), RKV=rkv, DR=dr, BLOCK_H=block_h, BLOCK_K=block_k,
-        PREC=dot_precision(q_lat.dtype), num_warps=4, num_stages=2)
+        PREC=dot_precision(q_lat.dtype), num_warps=4, num_stages=2, **pdl_launch())
     out = torch.empty(N, nh, rkv, dtype=q_lat.dtype, device=q_lat.device)
     _mla_combine_kernel[(N * nh,)](o_part, lse, out, NUM_SPLITS=splits, SPLITS_P2=next_pow2(splits), RKV=rkv,
-                                   num_warps=4)
+                                   num_warps=4, **pdl_launch())
     return out
 
 
 @triton.jit
 def _index_score_kernel(q_ptr, w_ptr, k_ptr, table_ptr, base_ptr, len_ptr, pos_ptr, score_ptr, T_max, scale,
                         stride_qn, stride_qh, stride_k, stride_table, BS: tl.constexpr, RAGGED: tl.constexpr,
-                        IH: tl.constexpr, IDD: tl.constexpr, BLOCK_T: tl.constexpr, PREC: tl.constexpr):
+                        IH: tl.constexpr, IDD: tl.constexpr, BLOCK_T: tl.constexpr, PREC: tl.constexpr,
+                        PDL: tl.constexpr):
     """Row n's key t sits in slot table[base + t // BS] * BS + t % BS: ragged (BS = 1), a flat slot list with
     base = base[n] and length len[n]; paged, row n of a block table (base = n · stride_table, length T_max)."""
+    pdl_wait(PDL)
     n = tl.program_id(0)
     t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     if RAGGED:
@@ -159,14 +164,15 @@ def _score(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tensor, t
         q, head_weights.float().contiguous(), k_cache, table, base if ragged else table,
         length if ragged else table, positions, score, T_max, scale, q.stride(0), q.stride(1), k_cache.stride(0),
         table.stride(0), BS=block_size, RAGGED=ragged, IH=ih, IDD=idd, BLOCK_T=block_t,
-        PREC=dot_precision(k_cache.dtype), num_warps=4)
+        PREC=dot_precision(k_cache.dtype), num_warps=4, **pdl_launch())
     return score
 
 
 @triton.jit
 def _paged_slots_kernel(idx_ptr, val_ptr, table_ptr, out_ptr, K, stride_table, BS: tl.constexpr,
-                        BLOCK: tl.constexpr):
+                        BLOCK: tl.constexpr, PDL: tl.constexpr):
     """out[n, j] = slot of key idx[n, j] through row n of the block table, or -1 where its score is -inf."""
+    pdl_wait(PDL)
     n = tl.program_id(0)
     j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = j < K
@@ -177,7 +183,8 @@ def _paged_slots_kernel(idx_ptr, val_ptr, table_ptr, out_ptr, K, stride_table, B
 
 
 @triton.jit
-def _select_topk_kernel(score_ptr, table_ptr, out_ptr, W, K, stride_table, BS: tl.constexpr, BLOCK_W: tl.constexpr):
+def _select_topk_kernel(score_ptr, table_ptr, out_ptr, W, K, stride_table, BS: tl.constexpr,
+                        BLOCK_W: tl.constexpr, PDL: tl.constexpr):
     """One row: the slots of its K highest scores (of W), in key order, -1 for a selected -inf score.
 
     Radix select on the row held in registers: scores map to unsigned keys ordered as the floats
@@ -185,6 +192,7 @@ def _select_topk_kernel(score_ptr, table_ptr, out_ptr, W, K, stride_table, BS: t
     (the largest T with #{key ≥ T} ≥ K); then every key > T and the first K − #{key > T} keys equal to T
     (in key order) are written, compacted by a prefix sum, through the block table."""
     n = tl.program_id(0)
+    pdl_wait(PDL)
     t = tl.arange(0, BLOCK_W)
     m = t < W
     bits = tl.load(score_ptr + n * W + t, mask=m, other=float("-inf")).to(tl.int32, bitcast=True)
@@ -258,14 +266,14 @@ def indexer_topk_paged(q: torch.Tensor, head_weights: torch.Tensor, k_cache: tor
     score = _score(q, head_weights, k_cache, block_table, None, None, positions, W, block_size, scale)
     K = min(topk, W)
     slots = torch.empty(N, K, dtype=torch.int64, device=q.device)
-    if W <= SELECT_MAX_WIDTH:                  # one launch: select + slots (torch.topk: 26 µs at 5k keys)
+    if W <= SELECT_MAX_WIDTH:                  # one launch: select + slots (half of torch.topk + gather at 5k)
         block_w = max(16, next_pow2(W))
         _select_topk_kernel[(N,)](score, block_table, slots, W, K, block_table.stride(0), BS=block_size,
-                                  BLOCK_W=block_w, num_warps=max(4, min(16, block_w // 1024)))
+                                  BLOCK_W=block_w, num_warps=max(4, min(16, block_w // 1024)), **pdl_launch())
         return slots
     val, idx = score.topk(K, dim=-1, sorted=False)
     _paged_slots_kernel[(N, triton.cdiv(K, 1024))](idx, val, block_table, slots, K, block_table.stride(0),
-                                                    BS=block_size, BLOCK=1024, num_warps=4)
+                                                    BS=block_size, BLOCK=1024, num_warps=4, **pdl_launch())
     return slots
 
 
@@ -275,20 +283,29 @@ ABSORB_MAX_ROWS = 16
 
 @triton.jit
 def _absorb_kernel(q_ptr, w_ptr, s_ptr, out_ptr, stride_qn, stride_qh, DN, RKV, rows_per_head, num_sb_c,
-                   BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
+                   BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr):
     """q_lat[n, h, c-block] = Σ_d q[n, h, d] · W8[h·rows_per_head + d, c] · S[row // 128, c // 128]: the
     reduction runs down W's rows, so each row's scale multiplies its q element (BLOCK_C ≤ 128 columns
     share one scale column); products are kept per lane and reduced once."""
     n = tl.program_id(0)
     h = tl.program_id(1)
     c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
-    acc = tl.zeros((BLOCK_D, BLOCK_C), dtype=tl.float32)
-    for d0 in range(0, DN, BLOCK_D):
+    s_col = s_ptr + (tl.program_id(2) * BLOCK_C) // 128
+    d = tl.arange(0, BLOCK_D)                  # the first step's weight tile and scales before the wait
+    dm = d < DN
+    row = h * rows_per_head + d
+    w = tl.load(w_ptr + row[:, None] * RKV + c[None, :], mask=dm[:, None], other=0.0,
+                eviction_policy="evict_first")
+    s = tl.load(s_col + (row // 128) * num_sb_c, mask=dm, other=0.0)
+    pdl_wait(PDL)
+    q = tl.load(q_ptr + n * stride_qn + h * stride_qh + d, mask=dm, other=0.0).to(tl.float32)
+    acc = w.to(tl.float32) * (q * s)[:, None]
+    for d0 in range(BLOCK_D, DN, BLOCK_D):
         d = d0 + tl.arange(0, BLOCK_D)
         dm = d < DN
         row = h * rows_per_head + d
         q = tl.load(q_ptr + n * stride_qn + h * stride_qh + d, mask=dm, other=0.0).to(tl.float32)
-        qs = q * tl.load(s_ptr + (row // 128) * num_sb_c + (tl.program_id(2) * BLOCK_C) // 128, mask=dm, other=0.0)
+        qs = q * tl.load(s_col + (row // 128) * num_sb_c, mask=dm, other=0.0)
         w = tl.load(w_ptr + row[:, None] * RKV + c[None, :], mask=dm[:, None], other=0.0,
                     eviction_policy="evict_first")
         acc += w.to(tl.float32) * qs[:, None]
@@ -297,19 +314,26 @@ def _absorb_kernel(q_ptr, w_ptr, s_ptr, out_ptr, stride_qn, stride_qh, DN, RKV, 
 
 @triton.jit
 def _expand_kernel(o_ptr, w_ptr, s_ptr, out_ptr, DN, DV, RKV, rows_per_head, num_sb_c,
-                   BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr):
+                   BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr):
     """o[n, h, v-block] = Σ_c o_lat[n, h, c] · W8[h·rows_per_head + DN + v, c] · S[row // 128, c // 128]; a
     v-block of ≤ 64 rows starting at a multiple of 64 lies in one scale row."""
     n = tl.program_id(0)
     h = tl.program_id(1)
     v = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
     row0 = h * rows_per_head + DN + tl.program_id(2) * BLOCK_V
-    acc = tl.zeros((BLOCK_V, BLOCK_C), dtype=tl.float32)
-    for c0 in range(0, RKV, BLOCK_C):
+    w_rows = w_ptr + (row0 + tl.arange(0, BLOCK_V))[:, None] * RKV
+    s_row = s_ptr + (row0 // 128) * num_sb_c
+    c = tl.arange(0, BLOCK_C)                  # the first step's weight tile and scales before the wait
+    w = tl.load(w_rows + c[None, :], eviction_policy="evict_first")
+    s = tl.load(s_row + c // 128)
+    pdl_wait(PDL)
+    x = tl.load(o_ptr + (n * tl.num_programs(1) + h) * RKV + c).to(tl.float32)
+    acc = w.to(tl.float32) * (x * s)[None, :]
+    for c0 in range(BLOCK_C, RKV, BLOCK_C):
         c = c0 + tl.arange(0, BLOCK_C)
         x = tl.load(o_ptr + (n * tl.num_programs(1) + h) * RKV + c).to(tl.float32)
-        xs = x * tl.load(s_ptr + (row0 // 128) * num_sb_c + c // 128)
-        w = tl.load(w_ptr + (row0 + tl.arange(0, BLOCK_V))[:, None] * RKV + c[None, :], eviction_policy="evict_first")
+        xs = x * tl.load(s_row + c // 128)
+        w = tl.load(w_rows + c[None, :], eviction_policy="evict_first")
         acc += w.to(tl.float32) * xs[None, :]
     tl.store(out_ptr + (n * tl.num_programs(1) + h) * DV + v, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty))
 
@@ -328,7 +352,8 @@ def mla_absorb(q_nope: torch.Tensor, kv_b) -> torch.Tensor:
     out = torch.empty(N, nh, rkv, dtype=q_nope.dtype, device=q_nope.device)
     _absorb_kernel[(N, nh, rkv // 64)](q_nope, kv_b.weight, kv_b.weight_scale_inv, out, q_nope.stride(0),
                                        q_nope.stride(1), dn, rkv, kv_b.out_features // nh,
-                                       kv_b.weight_scale_inv.shape[1], BLOCK_D=64, BLOCK_C=64, num_warps=4)
+                                       kv_b.weight_scale_inv.shape[1], BLOCK_D=64, BLOCK_C=64, num_warps=4,
+                                       **pdl_launch())
     return out
 
 
@@ -342,5 +367,6 @@ def mla_expand(o_lat: torch.Tensor, kv_b, dn: int) -> torch.Tensor:
         return reference.mla_expand(o_lat, kv_b, dn)
     out = torch.empty(N, nh, dv, dtype=o_lat.dtype, device=o_lat.device)
     _expand_kernel[(N, nh, dv // 64)](o_lat, kv_b.weight, kv_b.weight_scale_inv, out, dn, dv, rkv, rows,
-                                      kv_b.weight_scale_inv.shape[1], BLOCK_V=64, BLOCK_C=128, num_warps=4)
+                                      kv_b.weight_scale_inv.shape[1], BLOCK_V=64, BLOCK_C=128, num_warps=4,
+                                      **pdl_launch())
     return out

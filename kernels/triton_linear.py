@@ -41,7 +41,15 @@ import triton.language as tl
 
 from kernels import reference
 from kernels.registry import ops
-from kernels.triton_utils import dot_precision, element_offset, next_pow2, num_sms, on_cuda
+from kernels.triton_utils import (
+    dot_precision,
+    element_offset,
+    next_pow2,
+    num_sms,
+    on_cuda,
+    pdl_launch,
+    pdl_wait,
+)
 
 DECODE_ROWS = 64
 PREFILL_ROWS = 256
@@ -62,7 +70,8 @@ class LinearTile:
 def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_om,
                        num_sb_k, k_steps_per_split,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       SPLIT: tl.constexpr, PREC: tl.constexpr):
+                       SPLIT: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -108,13 +117,15 @@ def _reduce_splits(acc, out, mask, part, split_stride, count_ptr, tile, pid_k, n
 @triton.jit
 def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, N, K, num_sb_k, k_per_split,
                      N_a, w_b_off, s_b_off,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, STAGES: tl.constexpr):
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, STAGES: tl.constexpr,
+                     PDL: tl.constexpr):
     """One row: ``y[n] = Σ_k w8[n, k] · (x[k] · S[n//128, k//128])`` on the FMA units. The activation is
     scaled by its block's scale once per K step (BLOCK_N divides 128: one scale row per program); the
     products accumulate elementwise in a [BLOCK_N, BLOCK_K] fp32 tile, reduced over K once at the end.
 
     Outputs from N_a on come from a second weight (and scales) at element offsets ``w_b_off`` / ``s_b_off``
-    from the first: two projections of one input in one launch (N_a = N: one weight)."""
+    from the first: two projections of one input in one launch (N_a = N: one weight). The first step's
+    weight tile and scales load before ``pdl_wait``: under PDL they stream while the kernel before ends."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -124,9 +135,16 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, N, K, nu
     rw = r0 + tl.arange(0, BLOCK_N)            # row in its own weight
     w_rows = w_ptr + tl.where(in_b, w_b_off, 0) + rw[:, None] * K
     s_row = s_ptr + tl.where(in_b, s_b_off, 0) + r0 // 128 * num_sb_k
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     k0 = pid_k * k_per_split
-    for k in tl.range(k0, tl.minimum(k0 + k_per_split, K), BLOCK_K, num_stages=STAGES):
+    k_end = tl.minimum(k0 + k_per_split, K)
+    kk = k0 + rk                               # the first step's weight tile and scales (weights only)
+    km = kk < K
+    w = tl.load(w_rows + kk[None, :], mask=(rn[:, None] < N) & km[None, :], other=0.0,
+                eviction_policy="evict_first")
+    s = tl.load(s_row + kk // 128, mask=km, other=0.0)
+    pdl_wait(PDL)                              # from here on the activation (written by the kernel before)
+    acc = w.to(tl.float32) * (tl.load(x_ptr + kk, mask=km, other=0.0).to(tl.float32) * s)[None, :]
+    for k in tl.range(k0 + BLOCK_K, k_end, BLOCK_K, num_stages=STAGES):
         kk = k + rk
         km = kk < K
         xs = tl.load(x_ptr + kk, mask=km, other=0.0).to(tl.float32) * tl.load(s_row + kk // 128, mask=km, other=0.0)
@@ -203,7 +221,7 @@ def _fp8_gemv(x2: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor, out: 
         part = counters = out
     _fp8_gemv_kernel[grid](x2, w8, scale_inv, out, part, counters, N, K, triton.cdiv(K, 128),
                            per_split * tile.block_k, N_a, w_b_off, s_b_off, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-                           SPLIT=split > 1, STAGES=tile.num_stages, num_warps=tile.num_warps)
+                           SPLIT=split > 1, STAGES=tile.num_stages, num_warps=tile.num_warps, **pdl_launch())
 
 
 def fp8_linear(x: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor,
@@ -247,7 +265,7 @@ def fp8_linear(x: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor,
     _fp8_linear_kernel[grid](x2, w8, scale_inv, out, part, counters, M, N, K, x2.stride(0), N, num_sb_k,
                              per_split, BLOCK_M=block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
                              SPLIT=split > 1, PREC=dot_precision(x.dtype), num_warps=tile.num_warps,
-                             num_stages=tile.num_stages)
+                             num_stages=tile.num_stages, **pdl_launch(tile=True))
     return out.view(*x.shape[:-1], N)
 
 

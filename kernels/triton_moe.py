@@ -37,7 +37,7 @@ import triton.language as tl
 from kernels import reference
 from kernels.registry import ops
 from kernels.triton_linear import linear
-from kernels.triton_utils import dot_precision, element_offset, next_pow2, on_cuda
+from kernels.triton_utils import dot_precision, element_offset, next_pow2, on_cuda, pdl_launch, pdl_wait
 
 FUSED_MAX_ROWS = 32
 
@@ -63,7 +63,8 @@ def _local_key(idx_ptr, pair, P, expert_offset, E_local):
 
 @triton.jit
 def _route_kernel(idx_ptr, sorted_e_ptr, sorted_pair_ptr, order_ptr, valid_ptr, P, expert_offset, E_local,
-                  TOPK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_J: tl.constexpr):
+                  TOPK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_J: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     i = tl.arange(0, BLOCK_P)
     local, key = _local_key(idx_ptr, i, P, expert_offset, E_local)
     rank = tl.zeros((BLOCK_P,), dtype=tl.int32)          # pairs before i in the sort
@@ -98,7 +99,8 @@ def _run_rows(sorted_e_ptr, sorted_pair_ptr, p, P, E_local, TOPK: tl.constexpr, 
 def _gate_up_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sorted_e_ptr, sorted_pair_ptr, act_ptr,
                     P, E_local, H, I, num_sb_h, num_sb_i,
                     TOPK: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr,
-                    BLOCK_H: tl.constexpr, PREC: tl.constexpr):
+                    BLOCK_H: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     p = tl.program_id(0)
     ib = tl.program_id(1)
     e, owner, in_run, j, row = _run_rows(sorted_e_ptr, sorted_pair_ptr, p, P, E_local, TOPK, BLOCK_R)
@@ -135,7 +137,8 @@ def _gate_up_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sorted_e_ptr, sorted_pa
 def _down_kernel(act_ptr, d_ptr, ds_ptr, w_route_ptr, sorted_e_ptr, sorted_pair_ptr, y_ptr,
                  P, E_local, H, I, num_sb_h, num_sb_i,
                  TOPK: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_HO: tl.constexpr,
-                 BLOCK_I: tl.constexpr, PREC: tl.constexpr):
+                 BLOCK_I: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     p = tl.program_id(0)
     hb = tl.program_id(1)
     e, owner, in_run, j, row = _run_rows(sorted_e_ptr, sorted_pair_ptr, p, P, E_local, TOPK, BLOCK_R)
@@ -166,11 +169,13 @@ def _down_kernel(act_ptr, d_ptr, ds_ptr, w_route_ptr, sorted_e_ptr, sorted_pair_
 @triton.jit
 def _gate_up_row_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sg_off, su_off, sgs_off, sus_off, sorted_e_ptr,
                         act_ptr, P, E_local, H, I, num_sb_h, num_sb_i, HAS_SCALE: tl.constexpr,
-                        BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, STAGES: tl.constexpr):
+                        BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, STAGES: tl.constexpr,
+                        PDL: tl.constexpr):
     """One row (each pair its own expert): gate/up of sorted pair p on the FMA units, the activation scaled
     by each 128-block's scale, products kept per K lane and reduced once (as triton_linear's GEMV).
     Program p == P (when launched) is the shared expert: its weights and scales sit at element offsets
     ``s*_off`` from the stacked tensors' (``triton_utils.element_offset``)."""
+    pdl_wait(PDL)
     p = tl.program_id(0)
     ib = tl.program_id(1)
     shared = p == P
@@ -209,9 +214,10 @@ def _gate_up_row_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sg_off, su_off, sgs
 @triton.jit
 def _down_row_kernel(act_ptr, d_ptr, ds_ptr, sd_off, sds_off, w_route_ptr, sorted_e_ptr, sorted_pair_ptr, y_ptr,
                      P, E_local, H, I, num_sb_h, num_sb_i, HAS_SCALE: tl.constexpr, BLOCK_HO: tl.constexpr,
-                     BLOCK_I: tl.constexpr, STAGES: tl.constexpr):
+                     BLOCK_I: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
     """One row: the down projection of sorted pair p on the FMA units, rounded, times its routing weight
     (the shared expert, p == P: weight 1, written to y[P])."""
+    pdl_wait(PDL)
     p = tl.program_id(0)
     hb = tl.program_id(1)
     shared = p == P
@@ -239,7 +245,8 @@ def _down_row_kernel(act_ptr, d_ptr, ds_ptr, sd_off, sds_off, w_route_ptr, sorte
 
 @triton.jit
 def _combine_kernel(y_ptr, order_ptr, valid_ptr, out_ptr, H, P, TOPK: tl.constexpr, SHARED: tl.constexpr,
-                    BLOCK_H: tl.constexpr):
+                    BLOCK_H: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     n = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = h < H
@@ -270,7 +277,7 @@ def route_pairs(topk_idx: torch.Tensor, expert_offset: int, E_local: int
     block_p = max(16, next_pow2(P))
     assert block_p <= 1024, "route_pairs ranks at most 1024 pairs"
     _route_kernel[(1,)](topk_idx.contiguous(), sorted_e, sorted_pair, order, valid, P, expert_offset, E_local,
-                        TOPK=k, BLOCK_P=block_p, BLOCK_J=min(block_p, 32), num_warps=4)
+                        TOPK=k, BLOCK_P=block_p, BLOCK_J=min(block_p, 32), num_warps=4, **pdl_launch())
     return sorted_e, sorted_pair, order, valid
 
 
@@ -320,21 +327,22 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
         _gate_up_row_kernel[(programs, triton.cdiv(I, gu.block_n))](
             x, gate, up, gs, us, offs[0], offs[1], offs[3], offs[4], sorted_e, act, P, E_local, H, I, num_sb_h,
             num_sb_i, HAS_SCALE=has_scale, BLOCK_I=gu.block_n, BLOCK_H=gu.block_k, STAGES=gu.num_stages,
-            num_warps=gu.num_warps)
+            num_warps=gu.num_warps, **pdl_launch())
         _down_row_kernel[(programs, triton.cdiv(H, dn.block_n))](
             act, down, ds, offs[2], offs[5], topk_w.float().contiguous(), sorted_e, sorted_pair, y, P, E_local, H, I,
             num_sb_h, num_sb_i, HAS_SCALE=has_scale, BLOCK_HO=dn.block_n, BLOCK_I=dn.block_k,
-            STAGES=dn.num_stages, num_warps=dn.num_warps)
+            STAGES=dn.num_stages, num_warps=dn.num_warps, **pdl_launch())
         out = _combine(y, order, valid, out, N, H, k, shared=fuse)
         return out if fuse else _plus_shared(out, x, shared)
     _gate_up_kernel[(P, triton.cdiv(I, gu.block_n))](
         x, gate, up, gs, us, sorted_e, sorted_pair, act, P, E_local, H, I, num_sb_h, num_sb_i,
         TOPK=k, HAS_SCALE=has_scale, BLOCK_R=block_r, BLOCK_I=gu.block_n, BLOCK_H=gu.block_k, PREC=prec,
-        num_warps=gu.num_warps, num_stages=gu.num_stages)
+        num_warps=gu.num_warps, num_stages=gu.num_stages, **pdl_launch(tile=True))
     _down_kernel[(P, triton.cdiv(H, dn.block_n))](
         act, down, ds, topk_w.float().contiguous(), sorted_e, sorted_pair, y, P, E_local, H, I,
         num_sb_h, num_sb_i, TOPK=k, HAS_SCALE=has_scale, BLOCK_R=block_r, BLOCK_HO=dn.block_n,
-        BLOCK_I=dn.block_k, PREC=prec, num_warps=dn.num_warps, num_stages=dn.num_stages)
+        BLOCK_I=dn.block_k, PREC=prec, num_warps=dn.num_warps, num_stages=dn.num_stages,
+        **pdl_launch(tile=True))
     return _plus_shared(_combine(y, order, valid, out, N, H, k), x, shared)
 
 
@@ -355,7 +363,7 @@ def _combine(y: torch.Tensor, order: torch.Tensor, valid: torch.Tensor, out: tor
              k: int, shared: bool = False) -> torch.Tensor:
     block_h = min(1024, next_pow2(H))
     _combine_kernel[(N, triton.cdiv(H, block_h))](y, order, valid, out, H, N * k, TOPK=k, SHARED=shared,
-                                                 BLOCK_H=block_h, num_warps=4)
+                                                 BLOCK_H=block_h, num_warps=4, **pdl_launch())
     return out
 
 

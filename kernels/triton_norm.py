@@ -13,12 +13,13 @@ import triton.language as tl
 
 from kernels import reference
 from kernels.registry import ops
-from kernels.triton_utils import next_pow2, on_cuda
+from kernels.triton_utils import next_pow2, on_cuda, pdl_launch, pdl_wait
 
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, D, stride_x, stride_r, eps,
-                     HAS_RES: tl.constexpr, BLOCK_D: tl.constexpr):
+                     HAS_RES: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     mask = cols < D
@@ -49,7 +50,8 @@ def _launch_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     s = torch.empty(x2.shape, dtype=x.dtype, device=x.device) if residual is not None else out
     if x2.shape[0]:
         _rms_norm_kernel[(x2.shape[0],)](x2, r2, weight, out, s, D, x2.stride(0), r2.stride(0), eps,
-                                         HAS_RES=residual is not None, BLOCK_D=next_pow2(D), num_warps=4)
+                                         HAS_RES=residual is not None, BLOCK_D=next_pow2(D), num_warps=4,
+                                         **pdl_launch())
     shape = x.shape
     return out.view(shape), (s.view(shape) if residual is not None else None)
 
@@ -71,7 +73,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
 
 @triton.jit
 def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, M, stride_xn, stride_xm, stride_cn,
-                 HALF: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_M: tl.constexpr):
+                 HALF: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_M: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     n = tl.program_id(0)
     mb = tl.program_id(1)
     m = mb * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]                         # [BM, 1]
@@ -116,17 +119,18 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: boo
     if N:
         _rope_kernel[(N, triton.cdiv(M, BLOCK_M))](x3, c2, s2, out, M, x3.stride(0), x3.stride(1), c2.stride(0),
                                                    HALF=d // 2, INTERLEAVED=interleaved, BLOCK_M=BLOCK_M,
-                                                   num_warps=2)
+                                                   num_warps=2, **pdl_launch())
     return out
 
 
 @triton.jit
 def _norm_rope_store_kernel(x_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, cache_ptr, slot_ptr, D, n_norm, rope_at,
                             stride_x, stride_c, num_slots, eps, LAYER: tl.constexpr, HALF: tl.constexpr,
-                            INTERLEAVED: tl.constexpr, BLOCK_D: tl.constexpr):
+                            INTERLEAVED: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     """One row: the norm's statistics over [0, n_norm), every column normalized where it must be and rounded
     where the reference rounds (the norm's output, each rope product and sum), the roped pairs gathered from
     x directly (de-interleaved on store, as ``rope``), the row stored at its slot."""
+    pdl_wait(PDL)
     n = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     x = tl.load(x_ptr + n * stride_x + cols, mask=cols < D, other=0.0)
@@ -186,4 +190,4 @@ def norm_rope_store(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
         _norm_rope_store_kernel[(N,)](x, weight, weight if bias is None else bias, cos.contiguous(),
                                       sin.contiguous(), cache, slots, D, n_norm, rope_at, x.stride(0),
                                       cache.stride(0), cache.shape[0], eps, LAYER=bias is not None, HALF=half,
-                                      INTERLEAVED=interleaved, BLOCK_D=next_pow2(D), num_warps=4)
+                                      INTERLEAVED=interleaved, BLOCK_D=next_pow2(D), num_warps=4, **pdl_launch())

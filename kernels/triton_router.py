@@ -13,13 +13,14 @@ import triton
 import triton.language as tl
 
 from kernels.registry import ops
-from kernels.triton_utils import next_pow2, on_cuda
+from kernels.triton_utils import next_pow2, on_cuda, pdl_launch, pdl_wait
 
 
 @triton.jit
 def _router_topk_kernel(logits_ptr, bias_ptr, idx_ptr, w_ptr, E, group_size, n_group, topk_group, scaling,
                         TOPK: tl.constexpr, GROUPED: tl.constexpr, NORM: tl.constexpr, BLOCK_G: tl.constexpr,
-                        BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr):
+                        BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     n = tl.program_id(0)
     g = tl.arange(0, BLOCK_G)
     eid = g[:, None] * group_size + tl.arange(0, BLOCK_S)[None, :]                # [BG, BS] expert ids
@@ -66,5 +67,5 @@ def router_topk(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n_group: i
         _router_topk_kernel[(N,)](logits.float().contiguous(), bias.float().contiguous(), idx, w, E,
                                   group_size, n_group, topk_group, float(scaling), TOPK=top_k,
                                   GROUPED=n_group > 1, NORM=norm_topk_prob, BLOCK_G=next_pow2(n_group),
-                                  BLOCK_S=next_pow2(group_size), BLOCK_K=next_pow2(top_k), num_warps=1)
+                                  BLOCK_S=next_pow2(group_size), BLOCK_K=next_pow2(top_k), num_warps=1, **pdl_launch())
     return idx, w

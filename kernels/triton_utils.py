@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
+import triton
+import triton.language as tl
 
 
 @functools.cache
@@ -44,3 +47,42 @@ def element_offset(t: torch.Tensor, base: torch.Tensor) -> int:
     delta = t.data_ptr() - base.data_ptr()
     assert t.dtype == base.dtype and t.device == base.device and delta % t.element_size() == 0
     return delta // t.element_size()
+
+
+@functools.cache
+def pdl_mode() -> str:
+    """Programmatic dependent launch (Hopper on): a kernel may start while the one before it in the stream
+    finishes, and waits (``pdl_wait``) before touching anything that kernel wrote. ``GLMSERVE_PDL``: ``1``
+    (default) for every kernel but the tensor-core tile kernels of several rows, ``all`` for those too
+    (measured slower at 8 rows on H200: bench/results/decode_slice_pdl.md), ``0`` off. Off on other devices
+    and in the CPU interpreter."""
+    mode = os.environ.get("GLMSERVE_PDL", "1")
+    if mode not in ("0", "1", "all"):
+        raise ValueError(f"GLMSERVE_PDL must be 0, 1 or all, not {mode!r}")
+    if mode == "0" or not triton_usable() or torch.cuda.get_device_capability()[0] < 9:
+        return "0"
+    return mode
+
+
+def pdl_enabled() -> bool:
+    return pdl_mode() != "0"
+
+
+def pdl_launch(tile: bool = False) -> dict:
+    """Launch keywords of a kernel that calls ``pdl_wait(PDL)``: its constexpr and the launch attribute
+    (``tile``: a tensor-core tile kernel of several rows, under PDL only with ``GLMSERVE_PDL=all``)."""
+    on = pdl_mode() == "all" if tile else pdl_enabled()
+    return {"PDL": on, "launch_pdl": on}
+
+
+@triton.jit
+def pdl_wait(PDL: tl.constexpr):
+    """Under PDL: wait until the previous kernel of the stream has finished and its writes are visible,
+    then let the next kernel launch (its programs take free SM slots and start on their own weights).
+    Every kernel launched with ``pdl_launch()`` calls this once, in every program, before it reads an
+    activation or writes anything: reads before it may only touch weights. Waiting before releasing the
+    next kernel keeps at most two kernels resident, and makes completion transitive (a kernel that has
+    returned from its wait had all earlier kernels finish)."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()

@@ -227,7 +227,7 @@ def test_indexer_sets_bf16(rows):
             assert max(abs(x - kth) for x in v) < 1e-4 * max(1.0, abs(kth)), f"row {n}"
 
 
-@pytest.mark.parametrize("blocks", [80, 256, 640])     # 5120 and 16384 keys: the radix select; 40960: topk
+@pytest.mark.parametrize("blocks", [80, 256, 640])     # 5120 and 16384 keys: the one-program select; 40960: topk
 def test_indexer_paged_select_bf16(blocks):
     """The graph path's paged indexer at real widths: the slots of exactly the K highest scores (the
     same scores through torch.topk), -1 past the visible keys; graph replays equal eager."""

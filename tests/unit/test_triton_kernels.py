@@ -299,7 +299,7 @@ def test_indexer_topk_paged_sets(tk):
 
 
 def test_select_topk_radix(tk):
-    """The one-program radix select: negative, zero and tied scores (ties at the K-th value filled in key
+    """The one-program select: negative, zero and tied scores (ties at the K-th value filled in key
     order), -inf past the visible keys, a width that is not a power of two; the slots through the table."""
     g = torch.Generator().manual_seed(9)
     W, K, bs = 300, 37, 4
@@ -311,15 +311,24 @@ def test_select_topk_radix(tk):
     score[2, ::3] = -0.0
     table = torch.randperm(W // bs + 5, generator=g)[:W // bs].repeat(3, 1).to(torch.int32)
     out = torch.empty(3, K, dtype=torch.int64)
-    tk["att"]._select_topk_kernel[(3,)](score, table, out, W, K, table.stride(0), BS=bs, BLOCK_W=512)
+    tk["att"]._select_topk_kernel[(3,)](score, table, out, W, K, table.stride(0), BS=bs, BLOCK_W=512,
+                                        PDL=False)
     slot = (table[0].long()[:, None] * bs + torch.arange(bs)).flatten()
     assert out[0].tolist() == slot[list(range(17)) + list(range(100, 120))].tolist()   # key order
     assert set(out[1].tolist()) == set(slot[:20].tolist()) | {-1} and (out[1] == -1).sum() == K - 20
     assert set(out[2].tolist()) == set(slot[score[2].topk(K).indices].tolist())
     for k in (1, 2, 299, 300):                                   # the ends: one key, every key
         one = torch.empty(1, k, dtype=torch.int64)
-        tk["att"]._select_topk_kernel[(1,)](score[2:], table[2:], one, W, k, table.stride(0), BS=bs, BLOCK_W=512)
+        tk["att"]._select_topk_kernel[(1,)](score[2:], table[2:], one, W, k, table.stride(0), BS=bs, BLOCK_W=512,
+                                        PDL=False)
         assert set(one[0].tolist()) == set(slot[score[2].topk(k).indices].tolist()), k
+    score[2] = 3.0                                               # one value throughout: the first K keys
+    tk["att"]._select_topk_kernel[(1,)](score[2:], table[2:], one, W, 300, table.stride(0), BS=bs, BLOCK_W=512,
+                                        PDL=False)
+    assert one[0].tolist() == slot.tolist()
+    tk["att"]._select_topk_kernel[(1,)](score[2:], table[2:], out[:1], W, K, table.stride(0), BS=bs, BLOCK_W=512,
+                                        PDL=False)
+    assert out[0].tolist() == slot[:K].tolist()
 
 
 @pytest.mark.parametrize("interleaved", [True, False])
@@ -379,3 +388,23 @@ def test_zero_rows_fall_through(tk):
                                     torch.zeros(0, 4, dtype=torch.long), 0.1).shape == (0, 4, 64)
     w8, s = fp8_quantize(torch.randn(256, 64))
     assert lin.linear(torch.zeros(0, 64), w8, s).shape == (0, 256)
+
+
+def test_pdl_mode_env(monkeypatch):
+    """GLMSERVE_PDL: a bad value is an error naming the variable; without a Hopper GPU (here) PDL is off
+    whatever it asks, so every launch passes PDL=False and no launch attribute."""
+    from kernels import triton_utils
+    try:
+        for value, want in (("0", "0"), ("1", "0"), ("all", "0"), ("yes", ValueError)):
+            monkeypatch.setenv("GLMSERVE_PDL", value)
+            triton_utils.pdl_mode.cache_clear()
+            if want is ValueError:
+                with pytest.raises(ValueError, match="GLMSERVE_PDL"):
+                    triton_utils.pdl_mode()
+            elif not torch.cuda.is_available():
+                assert triton_utils.pdl_mode() == want
+                assert triton_utils.pdl_launch() == triton_utils.pdl_launch(tile=True) == {"PDL": False,
+                                                                                            "launch_pdl": False}
+    finally:
+        monkeypatch.delenv("GLMSERVE_PDL")
+        triton_utils.pdl_mode.cache_clear()
