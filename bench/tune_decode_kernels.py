@@ -41,15 +41,18 @@ MOE_CASES = [(1, 2048), (8, 2048), (1, 256), (8, 256)]       # (rows, I)
 E, H, TOPK = 256, 6144, 8
 COLD_BYTES = 300e6                                            # 6× the 50 MB L2
 SMEM = 200 * 1024
+NARROW = False                 # --narrow: the one-row sweeps over 2–8 outputs × 1024–2048 K per step instead
 
 
 def gemv_candidates(N: int, K: int) -> list[GemvTile]:
-    """One-row (FMA) kernel shapes: fp32 accumulator tiles of 2k–16k lanes, ~2/4/8 programs per SM."""
-    out = set()
-    for bn, bk, warps, stages, pps in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (1, 3), (2, 4, 8)):
+    """One-row (FMA) kernel shapes: fp32 accumulator tiles of 2k–16k lanes, ~2/4/8 programs per SM (NARROW:
+    few rows, long runs of each row per step, beside the launcher's pick)."""
+    out = {gemv_tile(N, K)} if NARROW else set()
+    rows, ks, stages = ((2, 4, 8), (1024, 2048), (1,)) if NARROW else ((16, 32, 64), (128, 256, 512), (1, 3))
+    for bn, bk, warps, st, pps in itertools.product(rows, ks, (4, 8), stages, (2, 4, 8)):
         if 2048 <= bn * bk <= 16384:
             split = max(1, min(triton.cdiv(pps * num_sms(), triton.cdiv(N, bn)), triton.cdiv(K, bk)))
-            out.add(GemvTile(bn, bk, split, warps, stages))
+            out.add(GemvTile(bn, bk, split, warps, st))
     return sorted(out, key=lambda t: (t.block_n, t.block_k, t.split, t.num_warps, t.num_stages))
 
 
@@ -73,14 +76,15 @@ def expert_candidates(loads: int) -> list[ExpertTile]:
 
 
 def fma_candidates() -> list[ExpertTile]:
+    rows, ks = ((2, 4, 8), (1024, 2048)) if NARROW else ((8, 16, 32, 64), (128, 256, 512))
     return [ExpertTile(bn, bk, warps, 1, fma=True) for bn, bk, warps in           # num_stages 3: always slower
-            itertools.product((8, 16, 32, 64), (128, 256, 512), (4, 8)) if 2048 <= bn * bk <= 16384]
+            itertools.product(rows, ks, (4, 8)) if 2048 <= bn * bk <= 16384]
 
 
 def moe_jobs(N: int, I: int, one_row: bool = False) -> list[tuple[ExpertTile, ExpertTile]]:
     gu0, dn0 = expert_tiles(N, H, I)
     if one_row:                                # FMA gate/up and down sweeps beside the tile kernels' pick
-        return ([expert_tiles(2, H, I)] + [(gu, dn0) for gu in fma_candidates()]
+        return ([expert_tiles(2, H, I)] + [(gu0, dn0)] * NARROW + [(gu, dn0) for gu in fma_candidates()]
                 + [(gu0, dn) for dn in fma_candidates()])
     return [(gu, dn0) for gu in expert_candidates(2)] + [(gu0, dn) for dn in expert_candidates(1)]
 
@@ -250,8 +254,11 @@ def main() -> None:
     ap.add_argument("--picks-only", action="store_true")
     ap.add_argument("--one-row", action="store_true", help="sweep the one-row (FMA) kernels only")
     ap.add_argument("--moe-only", action="store_true", help="skip the linear shapes")
+    ap.add_argument("--narrow", action="store_true", help="with --one-row: 2–8 outputs × 1024–2048 K per step")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
+    global NARROW
+    NARROW = args.narrow
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if not args.picks_only:
@@ -267,7 +274,8 @@ def main() -> None:
     linear = [] if args.moe_only else linear_rows(baseline, args.picks_only, args.one_row)
     for row in itertools.chain(linear, moe_rows(baseline, args.picks_only, args.one_row)):
         rows.append(row)
-        text = write_table(rows, out, "tune_decode_kernels_one_row.md" if args.one_row else "tune_decode_kernels.md")
+        name = "tune_decode_kernels" + ("_one_row" if args.one_row else "") + ("_narrow" if args.narrow else "")
+        text = write_table(rows, out, name + ".md")
     print(text)
 
 

@@ -189,9 +189,15 @@ def decode_tile(M: int, N: int, K: int) -> LinearTile:
 
 
 def gemv_tile(N: int, K: int) -> GemvTile:
-    """The one-row launch measured best on H200 (bench/tune_decode_kernels.py --one-row,
-    bench/results/tune_decode_kernels_one_row.md): 32 outputs × 256 K per step, split-K to ~3 programs
-    per SM, 8 warps on long rows, no software pipelining (num_stages 3 was slower on every shape)."""
+    """The one-row launch measured best on H200 (bench/tune_decode_kernels.py --one-row [--narrow],
+    bench/results/tune_decode_kernels_one_row*.md). 512..4096 outputs: no split-K (its partials and reduce
+    cost more than they spread), few rows × long runs of each row per step (2048 K, 1024 on short rows) with
+    as many rows per program as keep ≥ 512 programs — 576×6144 3.8 → 3.3 µs, 2048×6144 5.9 → 5.1, 4096×2048
+    5.2 → 3.7. Wider: 32 outputs × 256 K per step, split-K to ~3 programs per SM, 8 warps on long rows (the
+    narrow tiles were no faster there). No software pipelining (num_stages 3 was slower on every shape)."""
+    if 512 <= N <= 4096:
+        block_n = next((b for b in (8, 4) if N // b >= 512), 2)
+        return GemvTile(block_n, 2048 if K >= 4096 else 1024, 1, num_warps=4, num_stages=1)
     block_n, block_k = 32, 256
     k_steps = triton.cdiv(K, block_k)
     split = round(3 * num_sms() / triton.cdiv(N, block_n))

@@ -284,9 +284,12 @@ def route_pairs(topk_idx: torch.Tensor, expert_offset: int, E_local: int
 def expert_tiles(rows: int, H: int, I: int) -> tuple[ExpertTile, ExpertTile]:
     """(gate/up, down) tiles for ``rows`` rows, measured best on H200 at 1 and 8 rows with 256 experts, H 6144,
     I 2048 and 256 (bench/tune_decode_kernels.py): narrow gate/up outputs with 2 scale blocks per K step
-    (more programs per expert), 64-wide down outputs; one row takes the FMA kernels."""
+    (more programs per expert), 64-wide down outputs; one row takes the FMA kernels, whose gate/up on a
+    narrow expert (I ≤ 512, a tp shard's) reads 4 rows × 2048 per step (with the shared expert fused, I 256:
+    34.4 → 28.0 µs; --one-row --narrow)."""
     if rows == 1:
-        return ExpertTile(16, 256, 4, 1, fma=True), ExpertTile(32, 256, 4, 1, fma=True)
+        gate_up = ExpertTile(4, 2048, 4, 1, fma=True) if I <= 512 else ExpertTile(16, 256, 4, 1, fma=True)
+        return gate_up, ExpertTile(32, 256, 4, 1, fma=True)
     return ExpertTile(32, 256), ExpertTile(64, 128)
 
 

@@ -91,7 +91,8 @@ def test_linear_pair(tk):
         ya, yb = tk["lin"].linear_pair(x, (wa, sa), (wb, sb))
         assert ya.shape == (rows, 128) and yb.shape == (rows, 72)
         assert rel(ya, reference.linear(x.float(), wa, sa)) < tol and rel(yb, reference.linear(x.float(), wb, sb)) < tol
-    for tile in (tk["lin"].GemvTile(32, 128, 3), tk["lin"].GemvTile(16, 64, 1)):
+    for tile in (tk["lin"].GemvTile(32, 128, 3), tk["lin"].GemvTile(16, 64, 1), tk["lin"].GemvTile(4, 1024, 1),
+                 tk["lin"].gemv_tile(600, 6144)):                 # the narrow tiles (2 rows × 2048: K masked)
         out = torch.empty(1, 200)
         tk["lin"]._fp8_gemv(x[:1], wa, sa, out, tile, second=(wb, sb))
         assert rel(out, torch.cat([reference.linear(x[:1], wa, sa), reference.linear(x[:1], wb, sb)], -1)) < 1e-5
