@@ -167,6 +167,17 @@ def _down_kernel(act_ptr, d_ptr, ds_ptr, w_route_ptr, sorted_e_ptr, sorted_pair_
 
 
 @triton.jit
+def _row_pair(sorted_e_ptr, P, E_local, PDL: tl.constexpr):
+    """A one-row program's sorted pair p (after the wait for the routing launch): (p, its expert e, shared:
+    p is the shared expert's (p == P), live: it has an expert to run on this rank)."""
+    pdl_wait(PDL)
+    p = tl.program_id(0)
+    e = tl.load(sorted_e_ptr + p, mask=p < P, other=0)
+    shared = p == P
+    return p, e, shared, shared | (e < E_local)
+
+
+@triton.jit
 def _gate_up_row_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sg_off, su_off, sgs_off, sus_off, sorted_e_ptr,
                         act_ptr, P, E_local, H, I, num_sb_h, num_sb_i, HAS_SCALE: tl.constexpr,
                         BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, STAGES: tl.constexpr,
@@ -175,11 +186,8 @@ def _gate_up_row_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sg_off, su_off, sgs
     by each 128-block's scale, products kept per K lane and reduced once (as triton_linear's GEMV).
     Program p == P (when launched) is the shared expert: its weights and scales sit at element offsets
     ``s*_off`` from the stacked tensors' (``triton_utils.element_offset``)."""
-    pdl_wait(PDL)
-    p = tl.program_id(0)
+    p, e, shared, live = _row_pair(sorted_e_ptr, P, E_local, PDL)
     ib = tl.program_id(1)
-    shared = p == P
-    e = tl.load(sorted_e_ptr + p, mask=p < P, other=0)
     ri = ib * BLOCK_I + tl.arange(0, BLOCK_I)
     rh = tl.arange(0, BLOCK_H)
     acc_g = tl.zeros((BLOCK_I, BLOCK_H), dtype=tl.float32)
@@ -191,7 +199,7 @@ def _gate_up_row_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sg_off, su_off, sgs
     s_blk = ((ib * BLOCK_I) // 128) * num_sb_h
     g_s = gs_ptr + tl.where(shared, sgs_off, s_e) + s_blk
     u_s = us_ptr + tl.where(shared, sus_off, s_e) + s_blk
-    for h0 in tl.range(0, tl.where(shared | (e < E_local), H, 0), BLOCK_H, num_stages=STAGES):
+    for h0 in tl.range(0, tl.where(live, H, 0), BLOCK_H, num_stages=STAGES):
         h = h0 + rh
         hm = h < H
         x = tl.load(x_ptr + h, mask=hm, other=0.0).to(tl.float32)
@@ -217,17 +225,14 @@ def _down_row_kernel(act_ptr, d_ptr, ds_ptr, sd_off, sds_off, w_route_ptr, sorte
                      BLOCK_I: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
     """One row: the down projection of sorted pair p on the FMA units, rounded, times its routing weight
     (the shared expert, p == P: weight 1, written to y[P])."""
-    pdl_wait(PDL)
-    p = tl.program_id(0)
+    p, e, shared, live = _row_pair(sorted_e_ptr, P, E_local, PDL)
     hb = tl.program_id(1)
-    shared = p == P
-    e = tl.load(sorted_e_ptr + p, mask=p < P, other=0)
     rh = hb * BLOCK_HO + tl.arange(0, BLOCK_HO)
     ri = tl.arange(0, BLOCK_I)
     acc = tl.zeros((BLOCK_HO, BLOCK_I), dtype=tl.float32)
     d_w = d_ptr + tl.where(shared, sd_off, e.to(tl.int64) * H * I) + rh[:, None] * I
     d_s = ds_ptr + tl.where(shared, sds_off, e.to(tl.int64) * num_sb_h * num_sb_i) + ((hb * BLOCK_HO) // 128) * num_sb_i
-    for i0 in tl.range(0, tl.where(shared | (e < E_local), I, 0), BLOCK_I, num_stages=STAGES):
+    for i0 in tl.range(0, tl.where(live, I, 0), BLOCK_I, num_stages=STAGES):
         i = i0 + ri
         im = i < I
         a = tl.load(act_ptr + p * I + i, mask=im, other=0.0).to(tl.float32)

@@ -64,14 +64,10 @@ def pdl_mode() -> str:
     return mode
 
 
-def pdl_enabled() -> bool:
-    return pdl_mode() != "0"
-
-
 def pdl_launch(tile: bool = False) -> dict:
     """Launch keywords of a kernel that calls ``pdl_wait(PDL)``: its constexpr and the launch attribute
     (``tile``: a tensor-core tile kernel of several rows, under PDL only with ``GLMSERVE_PDL=all``)."""
-    on = pdl_mode() == "all" if tile else pdl_enabled()
+    on = pdl_mode() == "all" if tile else pdl_mode() != "0"
     return {"PDL": on, "launch_pdl": on}
 
 
