@@ -10,7 +10,8 @@ rounds scores and probabilities to the activation dtype, so bf16 results differ 
 (``Σ_h w_h · relu(q_h·k · scale)`` in fp32 on the tensor cores) and selects with ``torch.topk``; the paged
 form (CUDA-graph steps) selects up to 16k keys with a one-program select that also maps the keys to their
 slots (``_select_topk_kernel``: a radix select, bit by bit; cutting in three per pass with two counts
-packed in one reduction measured no faster, bench/results/select_topk.md), torch.topk beyond.
+packed in one reduction measured no faster: bench/results/session5/select_topk_ternary_rejected.md),
+torch.topk beyond.
 
 ``mla_absorb`` / ``mla_expand`` apply W_UK / W_UV for few rows straight from the FP8 kv_b weight (no
 dequantized copy), on the FMA units.
