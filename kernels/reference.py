@@ -43,17 +43,20 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
 # ---- rotary embedding --------------------------------------------------------------------------
 @ops.register("rope")
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
-    """Rotate the last dim of ``x`` [..., d] by angles with ``cos``/``sin`` broadcastable to [..., d/2].
+    """Rotate the first d = 2·cos.shape[-1] dims of ``x``'s last dim by angles with ``cos``/``sin``
+    broadcastable to [..., d/2]; dims past d pass through (the indexer's [rope | nope] heads).
 
     ``interleaved`` (GPT-J, GLM-5): pairs (x[2i], x[2i+1]); otherwise half-split (NeoX): (x[i], x[i+d/2]).
     Both return the rotated pairs de-interleaved as ``cat([a', b'])`` (HF's layout); q and k use the same
     layout, so dot products equal those of the in-place layout.
     """
+    d = 2 * cos.shape[-1]
+    r = x[..., :d]
     if interleaved:
-        a, b = x[..., 0::2], x[..., 1::2]
+        a, b = r[..., 0::2], r[..., 1::2]
     else:
-        a, b = x.chunk(2, dim=-1)
-    return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+        a, b = r.chunk(2, dim=-1)
+    return torch.cat([a * cos - b * sin, b * cos + a * sin] + ([x[..., d:]] if d < x.shape[-1] else []), dim=-1)
 
 
 @ops.register("norm_rope_store")
@@ -103,6 +106,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor | None
     if scale_inv is not None:
         weight = fp8_dequant(weight, scale_inv, x.dtype)
     return F.linear(x, weight)
+
+
+@ops.register("linear_f32")
+def linear_f32(x: torch.Tensor, weight: torch.Tensor, rounded: bool = False, scale: float = 1.0) -> torch.Tensor:
+    """x @ weight.T in fp32 (both upcast: the router's logits), or, ``rounded``, as a linear in x's dtype whose
+    result is then upcast (the indexer's head weights, as HF computes them); times ``scale``."""
+    y = F.linear(x, weight.to(x.dtype)).float() if rounded else F.linear(x.float(), weight.float())
+    return y * scale if scale != 1.0 else y
 
 
 @ops.register("linear_pair")

@@ -2,15 +2,18 @@
 
 Two kernels; the launcher picks by rows:
 
-* one row (``_fp8_gemv_kernel``, ``GemvTile``): no tensor-core tile at all — each program streams a
+* one row (``_gemv_kernel``, ``GemvTile``): no tensor-core tile at all — each program streams a
   BLOCK_N × BLOCK_K fp8 tile per step, widens it to fp32 and multiplies by the activation pre-scaled by its
   block's scale; products stay per K lane and are summed once at the end. Split-K as below. Measured on
   H200 at 3.0–3.2 TB/s on the big shapes vs 2.3 for the tile kernel at one row (bench/results/
-  tune_decode_kernels_one_row.md). It can also run two weights of one input in one launch (``linear_pair``:
-  q_a and kv_a), the second reached by its element offset from the first.
+  tune_decode_kernels_one_row.md), 75–100 % of a bare Triton load stream of the weight (bench/gemv_ceiling.py).
+  It can also run two weights of one input in one launch (``linear_pair``: q_a and kv_a), the second reached
+  by its element offset from the first, and small unquantized weights with an fp32 result (``linear_f32``:
+  the router, the indexer's head weights), where cuBLAS took 5–6 µs a launch plus the casts around it.
 * decode (2..64 rows): one row tile holds every row (16..64, rows masked), so each weight byte is read
   once; split-K over the reduction so that even a 576-row projection keeps every SM streaming
-  (``LinearTile``: BLOCK_N × BLOCK_K weight tile, split, warps, stages; ``decode_tile`` picks it). The split partials are
+  (``LinearTile``: BLOCK_N × BLOCK_K weight tile, split, warps, stages; ``decode_tile`` picks it; ``linear_f32``
+  runs it on unquantized weights with fp32 IEEE dots, or dots in x's dtype). The split partials are
   reduced inside the same launch, deterministically: each split program stores its fp32 partial to a
   workspace and bumps its output tile's counter (acq_rel); the program that arrives last adds the
   partials in split order 0, 1, 2, … (bypassing L1), writes the output and resets the counter to 0.
@@ -70,7 +73,11 @@ class LinearTile:
 def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_om,
                        num_sb_k, k_steps_per_split,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       SPLIT: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
+                       SPLIT: tl.constexpr, PREC: tl.constexpr, HAS_SCALE: tl.constexpr = True,
+                       UPCAST: tl.constexpr = False, ROUND_TO: tl.constexpr = None, OUT_SCALE: tl.constexpr = 1.0,
+                       PDL: tl.constexpr = False):
+    """Rows × weight tiles on the tensor cores: the weight in x's dtype (fp8 blocks scaled per 128-wide
+    sub-product), or, ``UPCAST``, both in fp32 with IEEE dots (``linear_f32``); stored through ``_finish``."""
     pdl_wait(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -89,39 +96,56 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, M, N, 
                         mask=(rm[:, None] < M) & (k[None, :] < K), other=0.0)
             w = tl.load(w_ptr + rn[:, None] * K + k[None, :], mask=(rn[:, None] < N) & (k[None, :] < K),
                         other=0.0)
-            part = tl.dot(x, tl.trans(w.to(x.dtype)), input_precision=PREC)
-            acc += part * tl.load(s_row + kb, mask=kb < num_sb_k, other=0.0)
+            if UPCAST:
+                part = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+            else:
+                part = tl.dot(x, tl.trans(w.to(x.dtype)), input_precision=PREC)
+            if HAS_SCALE:
+                part = part * tl.load(s_row + kb, mask=kb < num_sb_k, other=0.0)
+            acc += part
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     out = out_ptr + rm[:, None] * stride_om + rn[None, :]
     if SPLIT:
         _reduce_splits(acc, out, mask, part_ptr + rm[:, None] * N + rn[None, :], M * N, count_ptr,
-                       pid_m * tl.num_programs(0) + pid_n, pid_k, tl.num_programs(2))
+                       pid_m * tl.num_programs(0) + pid_n, pid_k, tl.num_programs(2), ROUND_TO, OUT_SCALE)
     else:
-        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out, _finish(acc, ROUND_TO, OUT_SCALE).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _reduce_splits(acc, out, mask, part, split_stride, count_ptr, tile, pid_k, num_splits):
+def _finish(y, ROUND_TO: tl.constexpr, OUT_SCALE: tl.constexpr):
+    """An fp32 sum as the launch stores it: rounded to ``ROUND_TO`` first (None: not), times ``OUT_SCALE``."""
+    if ROUND_TO is not None:
+        y = y.to(ROUND_TO).to(tl.float32)
+    if OUT_SCALE != 1.0:
+        y = y * OUT_SCALE
+    return y
+
+
+@triton.jit
+def _reduce_splits(acc, out, mask, part, split_stride, count_ptr, tile, pid_k, num_splits,
+                   ROUND_TO: tl.constexpr = None, OUT_SCALE: tl.constexpr = 1.0):
     """Split-K epilogue: store this split's fp32 partial; the split that arrives last at ``tile``'s counter
-    adds every partial in split order, writes ``out`` and resets the counter (no float atomics)."""
+    adds every partial in split order, writes ``out`` (``_finish``) and resets the counter (no float atomics)."""
     tl.store(part + pid_k * split_stride, acc, mask=mask)
     tl.debug_barrier()                         # every thread's partial is stored before the release below
     if tl.atomic_add(count_ptr + tile, 1, sem="acq_rel") == num_splits - 1:
         total = tl.zeros_like(acc)
         for s in range(num_splits):            # fixed order, whoever arrives last
             total += tl.load(part + s * split_stride, mask=mask, other=0.0, cache_modifier=".cg")
-        tl.store(out, total.to(out.dtype.element_ty), mask=mask)
+        tl.store(out, _finish(total, ROUND_TO, OUT_SCALE).to(out.dtype.element_ty), mask=mask)
         tl.store(count_ptr + tile, 0)          # the next launch (stream-ordered) starts from zero
 
 
 @triton.jit
-def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, N, K, num_sb_k, k_per_split,
-                     N_a, w_b_off, s_b_off,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, STAGES: tl.constexpr,
-                     PDL: tl.constexpr):
-    """One row: ``y[n] = Σ_k w8[n, k] · (x[k] · S[n//128, k//128])`` on the FMA units. The activation is
-    scaled by its block's scale once per K step (BLOCK_N divides 128: one scale row per program); the
-    products accumulate elementwise in a [BLOCK_N, BLOCK_K] fp32 tile, reduced over K once at the end.
+def _gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, N, K, num_sb_k, k_per_split,
+                 N_a, w_b_off, s_b_off,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, STAGES: tl.constexpr,
+                 HAS_SCALE: tl.constexpr, ROUND_TO: tl.constexpr, OUT_SCALE: tl.constexpr, PDL: tl.constexpr):
+    """One row: ``y[n] = Σ_k w[n, k] · (x[k] · S[n//128, k//128])`` on the FMA units (no S: an unquantized
+    weight). The activation is scaled by its block's scale once per K step (BLOCK_N divides 128: one scale
+    row per program); the products accumulate elementwise in a [BLOCK_N, BLOCK_K] fp32 tile, reduced over K
+    once at the end, and stored through ``_finish``.
 
     Outputs from N_a on come from a second weight (and scales) at element offsets ``w_b_off`` / ``s_b_off``
     from the first: two projections of one input in one launch (N_a = N: one weight). The first step's
@@ -141,22 +165,25 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, N, K, nu
     km = kk < K
     w = tl.load(w_rows + kk[None, :], mask=(rn[:, None] < N) & km[None, :], other=0.0,
                 eviction_policy="evict_first")
-    s = tl.load(s_row + kk // 128, mask=km, other=0.0)
+    s = tl.load(s_row + kk // 128, mask=km, other=0.0) if HAS_SCALE else 1.0
     pdl_wait(PDL)                              # from here on the activation (written by the kernel before)
     acc = w.to(tl.float32) * (tl.load(x_ptr + kk, mask=km, other=0.0).to(tl.float32) * s)[None, :]
     for k in tl.range(k0 + BLOCK_K, k_end, BLOCK_K, num_stages=STAGES):
         kk = k + rk
         km = kk < K
-        xs = tl.load(x_ptr + kk, mask=km, other=0.0).to(tl.float32) * tl.load(s_row + kk // 128, mask=km, other=0.0)
+        xs = tl.load(x_ptr + kk, mask=km, other=0.0).to(tl.float32)
+        if HAS_SCALE:
+            xs = xs * tl.load(s_row + kk // 128, mask=km, other=0.0)
         w = tl.load(w_rows + kk[None, :], mask=(rn[:, None] < N) & km[None, :], other=0.0,
                     eviction_policy="evict_first")
         acc += w.to(tl.float32) * xs[None, :]
     y = tl.sum(acc, axis=1)
     mask = rn < N
     if SPLIT:
-        _reduce_splits(y, out_ptr + rn, mask, part_ptr + rn, N, count_ptr, pid_n, pid_k, tl.num_programs(1))
+        _reduce_splits(y, out_ptr + rn, mask, part_ptr + rn, N, count_ptr, pid_n, pid_k, tl.num_programs(1),
+                       ROUND_TO, OUT_SCALE)
     else:
-        tl.store(out_ptr + rn, y.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + rn, _finish(y, ROUND_TO, OUT_SCALE).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @dataclass(frozen=True)
@@ -194,8 +221,13 @@ def gemv_tile(N: int, K: int) -> GemvTile:
     cost more than they spread), few rows × long runs of each row per step (2048 K, 1024 on short rows) with
     as many rows per program as keep ≥ 512 programs — 576×6144 3.8 → 3.3 µs, 2048×6144 5.9 → 5.1, 4096×2048
     5.2 → 3.7. Wider: 32 outputs × 256 K per step, split-K to ~3 programs per SM, 8 warps on long rows (the
-    narrow tiles were no faster there). No software pipelining (num_stages 3 was slower on every shape)."""
-    if 512 <= N <= 4096:
+    narrow tiles were no faster there). Under 512 outputs (unquantized, ``linear_f32``): 4–8 rows × one K step
+    of 1024 per program — router [256 × 6144] fp32 4.4 → 3.5 µs, head weights [32 × 6144] bf16 2.8 → 2.0.
+    No software pipelining (num_stages 3 was slower on every shape; loading the next step into registers
+    while this one is used, 40–75 % slower: bench/results/session6/)."""
+    if N < 512:                                # the router's fp32 logits, the indexer's head weights: one K step
+        return GemvTile(8 if N >= 256 else 4, 1024, triton.cdiv(K, 1024), num_warps=4, num_stages=1)
+    if N <= 4096:
         block_n = next((b for b in (8, 4) if N // b >= 512), 2)
         return GemvTile(block_n, 2048 if K >= 4096 else 1024, 1, num_warps=4, num_stages=1)
     block_n, block_k = 32, 256
@@ -205,15 +237,20 @@ def gemv_tile(N: int, K: int) -> GemvTile:
                     num_stages=1)
 
 
-def _fp8_gemv(x2: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor, out: torch.Tensor,
-              tile: GemvTile, second: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
-    """out [1, N] = x2 @ W.T, W = w8 (N rows), or w8 stacked over ``second``'s weight (N = both)."""
-    N, K = w8.shape
+TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+def _gemv(x2: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor | None, out: torch.Tensor,
+          tile: GemvTile, second: tuple[torch.Tensor, torch.Tensor] | None = None,
+          round_to: torch.dtype | None = None, out_scale: float = 1.0) -> None:
+    """out [1, N] = x2 @ W.T, W = w (N rows; fp8 with ``scale_inv``, or unquantized with None), or w stacked
+    over ``second``'s weight (N = both). ``round_to`` / ``out_scale``: as ``_finish``."""
+    N, K = w.shape
     N_a, w_b_off, s_b_off = N, 0, 0
     if second is not None:
         w_b, s_b = second
-        assert w_b.shape[1] == K and w_b.dtype == w8.dtype and N_a % tile.block_n == 0 and N_a % 128 == 0
-        N, w_b_off, s_b_off = N_a + w_b.shape[0], element_offset(w_b, w8), element_offset(s_b, scale_inv)
+        assert w_b.shape[1] == K and w_b.dtype == w.dtype and N_a % tile.block_n == 0 and N_a % 128 == 0
+        N, w_b_off, s_b_off = N_a + w_b.shape[0], element_offset(w_b, w), element_offset(s_b, scale_inv)
     assert 128 % tile.block_n == 0
     k_steps = triton.cdiv(K, tile.block_k)
     per_split = triton.cdiv(k_steps, tile.split)
@@ -225,9 +262,11 @@ def _fp8_gemv(x2: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor, out: 
         assert grid[0] <= counters.numel()
     else:
         part = counters = out
-    _fp8_gemv_kernel[grid](x2, w8, scale_inv, out, part, counters, N, K, triton.cdiv(K, 128),
-                           per_split * tile.block_k, N_a, w_b_off, s_b_off, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-                           SPLIT=split > 1, STAGES=tile.num_stages, num_warps=tile.num_warps, **pdl_launch())
+    _gemv_kernel[grid](x2, w, w if scale_inv is None else scale_inv, out, part, counters, N, K, triton.cdiv(K, 128),
+                       per_split * tile.block_k, N_a, w_b_off, s_b_off, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+                       SPLIT=split > 1, STAGES=tile.num_stages, HAS_SCALE=scale_inv is not None,
+                       ROUND_TO=None if round_to is None else TL_DTYPES[round_to], OUT_SCALE=float(out_scale),
+                       num_warps=tile.num_warps, **pdl_launch())
 
 
 def fp8_linear(x: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor,
@@ -250,29 +289,39 @@ def fp8_linear(x: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor,
         return out.view(*x.shape[:-1], N)
     if isinstance(tile, GemvTile) or (tile is None and M == 1):
         assert M == 1
-        _fp8_gemv(x2, w8, scale_inv, out, tile or gemv_tile(N, K))
+        _gemv(x2, w8, scale_inv, out, tile or gemv_tile(N, K))
         return out.view(*x.shape[:-1], N)
     if M <= DECODE_ROWS:
         block_m = max(16, next_pow2(M))
         tile = tile or decode_tile(M, N, K)
     else:
         block_m, tile = 64, LinearTile(128, 128, 1, num_warps=4, num_stages=2)
+    _tiles(x2, w8, scale_inv, out, block_m, tile)
+    return out.view(*x.shape[:-1], N)
+
+
+def _tiles(x2: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor | None, out: torch.Tensor, block_m: int,
+           tile: LinearTile, upcast: bool = False, round_to: torch.dtype | None = None, out_scale: float = 1.0) -> None:
+    """out [M, N] = x2 @ W.T on the tile kernel (``upcast``, ``round_to``, ``out_scale``: as the kernel's)."""
+    M, K = x2.shape
+    N = w.shape[0]
     assert 128 % tile.block_n == 0 and tile.block_k % 128 == 0
     k_steps = triton.cdiv(K, tile.block_k)
     per_split = triton.cdiv(k_steps, tile.split)
     split = triton.cdiv(k_steps, per_split)
     grid = (triton.cdiv(N, tile.block_n), triton.cdiv(M, block_m), split)
     if split > 1:
-        part = torch.empty(split, M, N, dtype=torch.float32, device=x.device)
-        counters = _counters(x.device)
+        part = torch.empty(split, M, N, dtype=torch.float32, device=x2.device)
+        counters = _counters(x2.device)
         assert grid[0] * grid[1] <= counters.numel()
     else:
         part = counters = out
-    _fp8_linear_kernel[grid](x2, w8, scale_inv, out, part, counters, M, N, K, x2.stride(0), N, num_sb_k,
-                             per_split, BLOCK_M=block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-                             SPLIT=split > 1, PREC=dot_precision(x.dtype), num_warps=tile.num_warps,
-                             num_stages=tile.num_stages, **pdl_launch(tile=True))
-    return out.view(*x.shape[:-1], N)
+    _fp8_linear_kernel[grid](x2, w, w if scale_inv is None else scale_inv, out, part, counters, M, N, K,
+                             x2.stride(0), N, triton.cdiv(K, 128), per_split, BLOCK_M=block_m,
+                             BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, SPLIT=split > 1,
+                             PREC=dot_precision(x2.dtype), HAS_SCALE=scale_inv is not None, UPCAST=upcast,
+                             ROUND_TO=None if round_to is None else TL_DTYPES[round_to], OUT_SCALE=float(out_scale),
+                             num_warps=tile.num_warps, num_stages=tile.num_stages, **pdl_launch(tile=True))
 
 
 @triton.jit
@@ -315,9 +364,32 @@ def linear_pair(x: torch.Tensor, a: tuple, b: tuple) -> tuple[torch.Tensor, torc
             or wa.shape[0] % 128 or wb.dtype != wa.dtype):
         return linear(x, wa, sa), linear(x, wb, sb)
     out = torch.empty(1, wa.shape[0] + wb.shape[0], dtype=x.dtype, device=x.device)
-    _fp8_gemv(x.reshape(1, K).contiguous(), wa, sa, out, gemv_tile(out.shape[1], K), second=(wb, sb))
+    _gemv(x.reshape(1, K).contiguous(), wa, sa, out, gemv_tile(out.shape[1], K), second=(wb, sb))
     out = out.view(*x.shape[:-1], -1)
     return out[..., :wa.shape[0]], out[..., wa.shape[0]:]
+
+
+@ops.register("linear_f32", backend="triton", available=on_cuda)
+def linear_f32(x: torch.Tensor, weight: torch.Tensor, rounded: bool = False, scale: float = 1.0) -> torch.Tensor:
+    """As ``reference.linear_f32`` for a 2-D unquantized weight: one row on the one-row kernel, up to
+    DECODE_ROWS on the tile kernel (fp32 IEEE dots, or, ``rounded``, dots in x's dtype), rounding and scale in
+    their stores; more rows (prefill) on the reference."""
+    K = x.shape[-1]
+    x2 = x.reshape(-1, K)
+    M = x2.shape[0]
+    if not 0 < M <= DECODE_ROWS or weight.dim() != 2 or not weight.is_contiguous() \
+            or weight.dtype not in TL_DTYPES or x.dtype not in TL_DTYPES or (rounded and weight.dtype != x.dtype):
+        return reference.linear_f32(x, weight, rounded, scale)
+    x2 = x2.contiguous()
+    N = weight.shape[0]
+    out = torch.empty(M, N, dtype=torch.float32, device=x.device)
+    round_to = x.dtype if rounded else None
+    if M == 1:
+        _gemv(x2, weight, None, out, gemv_tile(N, K), round_to=round_to, out_scale=scale)
+    else:
+        _tiles(x2, weight, None, out, max(16, next_pow2(M)), decode_tile(M, N, K), upcast=not rounded,
+               round_to=round_to, out_scale=scale)
+    return out.view(*x.shape[:-1], N)
 
 
 @ops.register("linear", backend="triton", available=on_cuda)

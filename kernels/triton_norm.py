@@ -73,7 +73,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
 
 @triton.jit
 def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, M, stride_xn, stride_xm, stride_cn,
-                 HALF: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_M: tl.constexpr, PDL: tl.constexpr):
+                 HALF: tl.constexpr, TAIL: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_M: tl.constexpr,
+                 PDL: tl.constexpr):
     pdl_wait(PDL)
     n = tl.program_id(0)
     mb = tl.program_id(1)
@@ -93,32 +94,38 @@ def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, M, stride_xn, stride_xm, stri
     # round every product and sum to the output dtype where PyTorch's elementwise ops do
     ac, bs = (a.to(tl.float32) * c.to(tl.float32)).to(dt), (b.to(tl.float32) * s.to(tl.float32)).to(dt)
     bc, as_ = (b.to(tl.float32) * c.to(tl.float32)).to(dt), (a.to(tl.float32) * s.to(tl.float32)).to(dt)
-    out = out_ptr + (n * M + m) * (2 * HALF)
+    out = out_ptr + (n * M + m) * (2 * HALF + TAIL)
     tl.store(out + i, (ac.to(tl.float32) - bs.to(tl.float32)).to(dt), mask=mask)
     tl.store(out + HALF + i, (bc.to(tl.float32) + as_.to(tl.float32)).to(dt), mask=mask)
+    if TAIL > 0:                               # the dims past the rotated ones, copied
+        t = 2 * HALF + tl.arange(0, TAIL)[None, :]
+        tl.store(out + t, tl.load(base + t, mask=m < M, other=0.0).to(dt), mask=m < M)
 
 
 @ops.register("rope", backend="triton", available=on_cuda)
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
-    """x: [N, ..., d] (last dim contiguous), cos/sin: [N, 1.., d/2] (one angle row per leading index)
-    → [N, ..., d] laid out as the reference's ``cat([a', b'])``. Other broadcasts use the reference."""
-    d = x.shape[-1]
+    """x: [N, ..., D] (last dim contiguous), cos/sin: [N, 1.., d/2] (one angle row per leading index, d ≤ D)
+    → [N, ..., D]: the first d dims laid out as the reference's ``cat([a', b'])``, the rest copied. Other
+    broadcasts use the reference."""
+    D, half = x.shape[-1], cos.shape[-1]
     N = x.shape[0]
     per_row = (cos.dim() == x.dim() and cos.shape[0] == N and all(s == 1 for s in cos.shape[1:-1])
-               and cos.shape[-1] == d // 2 and sin.shape == cos.shape)
+               and sin.shape == cos.shape)
     dt = torch.promote_types(x.dtype, cos.dtype)
-    if not per_row or N == 0 or x.stride(-1) != 1 or d % 2 or (d // 2) & (d // 2 - 1) or x.dim() < 2:
+    tail = D - 2 * half
+    if not per_row or N == 0 or x.stride(-1) != 1 or half & (half - 1) or tail < 0 or tail & (tail - 1) \
+            or x.dim() < 2:
         return reference.rope(x, cos, sin, interleaved)
-    x3 = x.reshape(N, -1, d) if x.dim() > 2 else x.unsqueeze(1)
+    x3 = x.reshape(N, -1, D) if x.dim() > 2 else x.unsqueeze(1)
     if x3.stride(-1) != 1:
         x3 = x3.contiguous()
     M = x3.shape[1]
-    c2, s2 = cos.reshape(N, d // 2).contiguous(), sin.reshape(N, d // 2).contiguous()
+    c2, s2 = cos.reshape(N, half).contiguous(), sin.reshape(N, half).contiguous()
     out = torch.empty(x.shape, dtype=dt, device=x.device)
     BLOCK_M = min(next_pow2(M), 16)
     if N:
         _rope_kernel[(N, triton.cdiv(M, BLOCK_M))](x3, c2, s2, out, M, x3.stride(0), x3.stride(1), c2.stride(0),
-                                                   HALF=d // 2, INTERLEAVED=interleaved, BLOCK_M=BLOCK_M,
+                                                   HALF=half, TAIL=tail, INTERLEAVED=interleaved, BLOCK_M=BLOCK_M,
                                                    num_warps=2, **pdl_launch())
     return out
 

@@ -13,6 +13,7 @@ a layer (dense or MoE) gather the step's rows from all ranks and reduce-scatter 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -122,6 +123,13 @@ class LayerNorm(nn.Module):
         return ops.layer_norm(x, self.weight, self.bias, self.eps)
 
 
+@functools.cache
+def inv_freq(dim: int, theta: float, device: torch.device) -> torch.Tensor:
+    """RoPE's inverse frequencies [dim/2] fp32 on ``device``, computed as HF does, once per device (first made
+    by an eager step: a decode graph's capture follows its warm-up)."""
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float, device=device) / dim))
+
+
 @dataclass
 class Rope:
     """cos/sin of the step's positions: [N, dr/2] each, in the activation dtype (as HF casts them)."""
@@ -131,12 +139,11 @@ class Rope:
 
     @classmethod
     def at(cls, positions: torch.Tensor, dim: int, theta: float, dtype: torch.dtype) -> Rope:
-        inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float, device=positions.device) / dim))
-        ang = positions[:, None].float() * inv_freq[None, :]
+        ang = positions[:, None] * inv_freq(dim, theta, positions.device)[None, :]     # fp32, as .float() * f
         return cls(ang.cos().to(dtype), ang.sin().to(dtype))
 
     def apply(self, x: torch.Tensor, interleaved: bool) -> torch.Tensor:
-        """x: [N, ..., dr]; cos/sin broadcast over the middle dims."""
+        """x: [N, ..., D ≥ dr]: its first dr dims rotated (``ops.rope``); cos/sin broadcast over the middle dims."""
         shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (self.cos.shape[-1],)
         return ops.rope(x, self.cos.view(shape), self.sin.view(shape), interleaved)
 
@@ -152,10 +159,6 @@ class Indexer(nn.Module):
         self.k_norm = LayerNorm(cfg.index_head_dim, 1e-6)
         self.weights_proj = Linear(cfg.hidden_size, cfg.index_n_heads)
 
-    def _rope(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
-        dr = self.cfg.qk_rope_head_dim   # indexer layout: [rope | nope]
-        return torch.cat([rope.apply(x[..., :dr], self.cfg.indexer_rope_interleave), x[..., dr:]], dim=-1)
-
     def write_keys(self, h: torch.Tensor, rope: Rope, batch: Batch, k_cache: torch.Tensor) -> None:
         """Cache this step's indexer keys (LayerNorm'd, then the first dr dims roped): [N, idd] into their slots."""
         n = self.k_norm
@@ -167,8 +170,11 @@ class Indexer(nn.Module):
         """Writes this step's indexer keys; returns selected slots [N, K] (-1 = none)."""
         cfg, N = self.cfg, h.shape[0]
         self.write_keys(h, rope, batch, k_cache)
-        q = self._rope(self.wq_b(q_resid).view(N, cfg.index_n_heads, cfg.index_head_dim), rope)
-        w = self.weights_proj(h).float() * cfg.index_n_heads ** -0.5                   # [N, ih]
+        q = self.wq_b(q_resid).view(N, cfg.index_n_heads, cfg.index_head_dim)
+        q = rope.apply(q, cfg.indexer_rope_interleave)                                 # heads [rope | nope]
+        wp = self.weights_proj                                                         # [N, ih] fp32
+        w = (ops.linear_f32(h, wp.weight, rounded=True, scale=cfg.index_n_heads ** -0.5)
+             if wp.weight_scale_inv is None else wp(h).float() * cfg.index_n_heads ** -0.5)
         scale = cfg.index_head_dim ** -0.5
         if batch.block_table is not None:
             return ops.indexer_topk_paged(q.detach(), w.detach(), k_cache, batch.block_table, batch.block_size,
@@ -255,7 +261,7 @@ class Router(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.cfg
-        logits = F.linear(x.float(), self.weight.float())                             # [N, E] fp32
+        logits = ops.linear_f32(x, self.weight)                                        # [N, E] fp32
         return ops.router_topk(logits, self.e_score_correction_bias, c.num_experts_per_tok, c.n_group,
                                c.topk_group, c.norm_topk_prob, c.routed_scaling_factor)
 

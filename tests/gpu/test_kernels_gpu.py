@@ -83,6 +83,27 @@ def test_linear_pair_bf16():
     assert torch.equal(replayed(lambda: torch.cat(tri("linear_pair")(x, (wa, sa), (wb, sb)), -1)), both)
 
 
+def test_linear_f32_router_and_head_weights():
+    """The router's fp32 logits (bf16 x, fp32 [256, 6144]) and the indexer's head weights (bf16 [32, 6144],
+    rounded to bf16, × 32^-0.5), one row and eight: close to the reference, bit-identical in a graph replay."""
+    g = gen(9)
+    x = torch.randn(1, 6144, device=DEV, generator=g).to(BF16)
+    w_router = 0.02 * torch.randn(256, 6144, device=DEV, generator=g)
+    w_heads = (0.02 * torch.randn(32, 6144, device=DEV, generator=g)).to(BF16)
+    logits = tri("linear_f32")(x, w_router)
+    assert logits.dtype == torch.float32 and rel(logits, reference.linear_f32(x, w_router)) < 1e-5
+    heads = tri("linear_f32")(x, w_heads, rounded=True, scale=32 ** -0.5)
+    assert rel(heads, reference.linear_f32(x, w_heads, rounded=True, scale=32 ** -0.5)) < 4e-3
+    assert torch.equal(replayed(lambda: tri("linear_f32")(x, w_router)), logits)
+    assert torch.equal(replayed(lambda: tri("linear_f32")(x, w_heads, rounded=True, scale=32 ** -0.5)), heads)
+    x8 = torch.randn(8, 6144, device=DEV, generator=g).to(BF16)                  # 8 rows: the tile kernel
+    logits8 = tri("linear_f32")(x8, w_router)
+    assert rel(logits8, reference.linear_f32(x8, w_router)) < 1e-5
+    heads8 = tri("linear_f32")(x8, w_heads, rounded=True, scale=32 ** -0.5)
+    assert rel(heads8, reference.linear_f32(x8, w_heads, rounded=True, scale=32 ** -0.5)) < 4e-3
+    assert torch.equal(replayed(lambda: tri("linear_f32")(x8, w_router)), logits8)
+
+
 def test_mla_absorb_expand_bf16():
     """W_UK / W_UV from the FP8 kv_b at GLM-5 widths (64 heads, 192 + 256 rows each, latent 512)."""
     from models.glm5 import Linear
@@ -263,6 +284,9 @@ def test_norm_rope_bf16():
     got, ref = tri("rope")(q, cos, sin, True), reference.rope(q, cos, sin, True)
     # bit-identical in the interpreter; on the GPU some elements differ by rounding (seen: 1 bf16 ulp)
     assert rel(got, ref) < 4e-3
+    heads = torch.randn(8, 32, 128, device=DEV, generator=g).to(BF16)      # indexer q: [rope 64 | nope 64]
+    got, ref = tri("rope")(heads, cos, sin, True), reference.rope(heads, cos, sin, True)
+    assert rel(got, ref) < 4e-3 and torch.equal(got[..., 64:], heads[..., 64:])
 
 
 def test_norm_rope_store_bf16():

@@ -65,6 +65,12 @@ def test_rope_bit_identical(tk, interleaved, dtype):
     assert torch.equal(got, reference.rope(q, cos.view(3, 1, 32), sin.view(3, 1, 32), interleaved))
     k = torch.randn(3, 64, generator=g).to(dtype)
     assert torch.equal(tk["norm"].rope(k, cos, sin, interleaved), reference.rope(k, cos, sin, interleaved))
+    heads = torch.randn(3, 4, 128, generator=g).to(dtype)                    # indexer heads: [rope 64 | nope 64]
+    got = tk["norm"].rope(heads, cos.view(3, 1, 32), sin.view(3, 1, 32), interleaved)
+    want = reference.rope(heads, cos.view(3, 1, 32), sin.view(3, 1, 32), interleaved)
+    assert torch.equal(got, want) and torch.equal(want[..., 64:], heads[..., 64:])
+    assert torch.equal(want[..., :64], reference.rope(heads[..., :64], cos.view(3, 1, 32), sin.view(3, 1, 32),
+                                                      interleaved))
 
 
 @pytest.mark.parametrize("M,N,K", [(1, 576, 256), (5, 200, 320), (70, 130, 192)])
@@ -94,11 +100,46 @@ def test_linear_pair(tk):
     for tile in (tk["lin"].GemvTile(32, 128, 3), tk["lin"].GemvTile(16, 64, 1), tk["lin"].GemvTile(4, 1024, 1),
                  tk["lin"].gemv_tile(600, 6144)):                 # the narrow tiles (2 rows × 2048: K masked)
         out = torch.empty(1, 200)
-        tk["lin"]._fp8_gemv(x[:1], wa, sa, out, tile, second=(wb, sb))
+        tk["lin"]._gemv(x[:1], wa, sa, out, tile, second=(wb, sb))
         assert rel(out, torch.cat([reference.linear(x[:1], wa, sa), reference.linear(x[:1], wb, sb)], -1)) < 1e-5
     dense = torch.randn(72, 300, generator=g)
     ya, yb = tk["lin"].linear_pair(x[:1], (wa, sa), (dense, None))
     assert torch.equal(yb, torch.nn.functional.linear(x[:1], dense))
+
+
+def test_linear_f32(tk):
+    """Unquantized weights, fp32 result: the router (fp32 weight, x upcast) and the indexer's head weights
+    (rounded to x's dtype first, then scaled) on the one-row kernel (split-K or not) and, for a few rows, on
+    the tile kernel; prefill rows on the reference."""
+    lin = tk["lin"]
+    g = torch.Generator().manual_seed(5)
+    w32 = torch.randn(40, 300, generator=g)
+    for dtype in (torch.float32, torch.float16):
+        x = torch.randn(1, 300, generator=g).to(dtype)
+        for tile in (lin.gemv_tile(40, 300), lin.GemvTile(8, 128, 3), lin.GemvTile(32, 256, 1)):
+            out = torch.empty(1, 40)
+            lin._gemv(x, w32, None, out, tile)
+            assert rel(out, torch.nn.functional.linear(x.float(), w32)) < 1e-6
+        got = lin.linear_f32(x, w32)
+        assert got.dtype == torch.float32 and rel(got, reference.linear_f32(x, w32)) < 1e-6
+        w = w32.to(dtype)
+        want = reference.linear_f32(x, w, rounded=True, scale=32 ** -0.5)
+        assert rel(want, torch.nn.functional.linear(x, w).float() * 32 ** -0.5) == 0
+        got = lin.linear_f32(x, w, rounded=True, scale=32 ** -0.5)
+        assert got.dtype == torch.float32 and rel(got, want) < (1e-6 if dtype == torch.float32 else 1e-3)
+        if dtype == torch.float16:             # rounded: every value is an fp16 value times the scale
+            assert torch.equal((got / 32 ** -0.5).half().float() * 32 ** -0.5, got)
+    for dtype in (torch.float32, torch.float16):           # a few rows: the tile kernel
+        x3 = torch.randn(3, 300, generator=g).to(dtype)
+        got = lin.linear_f32(x3, w32)
+        assert got.dtype == torch.float32 and rel(got, reference.linear_f32(x3, w32)) < 1e-6
+        w = w32.to(dtype)
+        got = lin.linear_f32(x3, w, rounded=True, scale=0.5)
+        assert rel(got, reference.linear_f32(x3, w, rounded=True, scale=0.5)) < (1e-6 if dtype == torch.float32
+                                                                                 else 1e-3)
+        assert torch.equal((got * 2).to(dtype).float() * 0.5, got)
+    many = torch.randn(70, 300, generator=g)               # prefill rows: the reference
+    assert torch.equal(lin.linear_f32(many, w32), reference.linear_f32(many, w32))
 
 
 @pytest.mark.parametrize("M", [1, 3])
@@ -365,8 +406,10 @@ def test_mla_absorb_expand(tk):
     for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 1e-2)):
         q = torch.randn(2, nh, dn + 64, generator=g).to(dtype)[..., :dn]          # a strided view, as q_nope
         o_lat = torch.randn(2, nh, rkv, generator=g).to(dtype)
-        assert rel(tk["att"].mla_absorb(q, kv_b), reference.mla_absorb(q.float(), kv_b)) < tol
-        assert rel(tk["att"].mla_expand(o_lat, kv_b, dn), reference.mla_expand(o_lat.float(), kv_b, dn)) < tol
+        for rows in (2, 1):                    # one row: its own expand tile
+            q, o_lat = q[:rows], o_lat[:rows]
+            assert rel(tk["att"].mla_absorb(q, kv_b), reference.mla_absorb(q.float(), kv_b)) < tol
+            assert rel(tk["att"].mla_expand(o_lat, kv_b, dn), reference.mla_expand(o_lat.float(), kv_b, dn)) < tol
 
 
 def test_fp8_dequant(tk):

@@ -1,0 +1,124 @@
+"""Launch-shape sweep of the decode attention kernels on the GPU: MLA sparse attention (keys per program
+and splits of a row's 2048 selected keys) and the W_UK absorb / W_UV expand from the FP8 kv_b (tile
+and warps), at GLM-5 widths (64 heads, kv_lora 512, rope 64, nope 192, v 256) for 1 and 8 rows.
+
+Each config is checked against the reference, then timed as CUDA-graph replays cycling over enough
+caches / kv_b copies that every launch reads from HBM, as one layer of a decode step does.
+
+    PYTHONPATH=. python bench/tune_attention.py [--out bench/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from bench.decode_slice import graph_ms
+from bench.kernels_micro import rand_fp8
+from kernels import reference
+from kernels import triton_attention as ta
+
+DEV, BF16 = "cuda", torch.bfloat16
+NH, RKV, DR, DN, DV, K = 64, 512, 64, 192, 256, 2048
+COLD_BYTES = 300e6
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def sweep(name: str, configs, run, want, copies: int, label) -> list[str]:
+    """Time ``run(i, config)`` over copies i for each config whose output matches ``want``; table rows."""
+    rows = []
+    for config in configs:
+        try:
+            if rel(run(0, config), want) > 1e-2:
+                print(f"{name} {label(config)}: WRONG", flush=True)
+                continue
+            us = graph_ms(lambda c=config: [run(i, c) for i in range(copies)], 10) * 1e3 / copies
+        except Exception as e:  # noqa: BLE001  (out of resources, say: reported, not fatal)
+            print(f"{name} {label(config)}: {type(e).__name__}", flush=True)
+            continue
+        rows.append((us, label(config)))
+        print(f"{name} {label(config)}: {us:.1f} us", flush=True)
+    return rows
+
+
+def mla_rows(N: int) -> tuple[str, list, str]:
+    slots = 40960
+    caches = [torch.randn(slots, RKV + DR, device=DEV, dtype=BF16) for _ in range(8)]
+    sel = torch.stack([torch.randperm(slots, device=DEV)[:K] for _ in range(N)]).int()
+    ql = torch.randn(N, NH, RKV, device=DEV, dtype=BF16)
+    qr = torch.randn(N, NH, DR, device=DEV, dtype=BF16)
+    want = reference.mla_sparse_attention(ql.float(), qr.float(), caches[0].float(), sel, 0.0625)
+
+    def run(i, c):
+        return ta._mla(ql, qr, caches[i], sel, 0.0625, *c)
+    configs = list(itertools.product((16, 32, 64), (0.5, 1, 2, 4), (32, 64, 128)))
+    pick = ta.MLA_TILE
+    return f"mla N={N}", sweep(f"mla N={N}", configs, run, want, len(caches),
+                               lambda c: f"keys {c[0]} per_sm {c[1]} max {c[2]}"), \
+        f"keys {pick[0]} per_sm {pick[1]} max {pick[2]}"
+
+
+class KvB(SimpleNamespace):
+    """The FP8 kv_b as the kernels and the reference take it (models.glm5.Linear's fields)."""
+
+    def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        return reference.fp8_dequant(self.weight, self.weight_scale_inv, dtype)
+
+
+def kv_b_copies(copies: int) -> list[KvB]:
+    out = []
+    for _ in range(copies):
+        w, s = rand_fp8(NH * (DN + DV), RKV)
+        out.append(KvB(weight=w, weight_scale_inv=s, in_features=RKV, out_features=NH * (DN + DV)))
+    return out
+
+
+def absorb_expand_rows(N: int, kv_bs: list) -> list[tuple[str, list, str]]:
+    q_nope = torch.randn(N, NH, DN, device=DEV, dtype=BF16)
+    o_lat = torch.randn(N, NH, RKV, device=DEV, dtype=BF16)
+    want_a = reference.mla_absorb(q_nope.float(), kv_bs[0])
+    want_e = reference.mla_expand(o_lat.float(), kv_bs[0], DN)
+    absorb = list(itertools.product((32, 64, 128, 256), (32, 64, 128), (2, 4, 8)))
+    expand = list(itertools.product((16, 32, 64), (128, 256, 512), (2, 4, 8)))
+
+    def label(c):
+        return f"{c[0]}x{c[1]} w{c[2]}"
+    return [(f"absorb N={N}", sweep(f"absorb N={N}", absorb, lambda i, c: ta._absorb(q_nope, kv_bs[i], *c), want_a,
+                                    len(kv_bs), label), label(ta.absorb_tile(RKV))),
+            (f"expand N={N}", sweep(f"expand N={N}", expand, lambda i, c: ta._expand(o_lat, kv_bs[i], DN, *c), want_e,
+                                    len(kv_bs), label), label(ta.expand_tile(N)))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="bench/results")
+    out = Path(ap.parse_args().out)
+    out.mkdir(parents=True, exist_ok=True)
+    kv_bs = kv_b_copies(int(COLD_BYTES // (NH * (DN + DV) * RKV)))
+    results = []
+    for N in (1, 8):
+        results.append(mla_rows(N))
+        results += absorb_expand_rows(N, kv_bs)
+    lines = [f"# Decode attention launch shapes ({torch.cuda.get_device_name()})", "",
+             ("µs per launch (CUDA-graph replay, cold in L2). MLA: keys per program, programs per SM aimed at, "
+              "most splits of a row's 2048 keys. absorb: BLOCK_D×BLOCK_C; expand: BLOCK_V×BLOCK_C."), "",
+             "| op | pick µs | pick | best µs | best | next best |", "|---|---:|---|---:|---|---|"]
+    for name, rows, pick in results:
+        rows.sort()
+        pick_us = next((us for us, lab in rows if lab == pick), float("nan"))
+        nxt = "; ".join(f"{us:.1f} {lab}" for us, lab in rows[1:5])
+        lines.append(f"| {name} | {pick_us:.1f} | {pick} | {rows[0][0]:.1f} | {rows[0][1]} | {nxt} |")
+    text = "\n".join(lines) + "\n"
+    (out / "tune_attention.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
