@@ -17,8 +17,8 @@ from types import SimpleNamespace
 
 import torch
 
-from bench.decode_slice import graph_ms
 from bench.kernels_micro import rand_fp8
+from bench.tune_decode_kernels import timed
 from kernels import reference
 from kernels import triton_attention as ta
 
@@ -27,25 +27,10 @@ NH, RKV, DR, DN, DV, K = 64, 512, 64, 192, 256, 2048
 COLD_BYTES = 300e6
 
 
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
-def sweep(name: str, configs, run, want, copies: int, label) -> list[str]:
-    """Time ``run(i, config)`` over copies i for each config whose output matches ``want``; table rows."""
-    rows = []
-    for config in configs:
-        try:
-            if rel(run(0, config), want) > 1e-2:
-                print(f"{name} {label(config)}: WRONG", flush=True)
-                continue
-            us = graph_ms(lambda c=config: [run(i, c) for i in range(copies)], 10) * 1e3 / copies
-        except Exception as e:  # noqa: BLE001  (out of resources, say: reported, not fatal)
-            print(f"{name} {label(config)}: {type(e).__name__}", flush=True)
-            continue
-        rows.append((us, label(config)))
-        print(f"{name} {label(config)}: {us:.1f} us", flush=True)
-    return rows
+def sweep(name: str, configs, run, want, copies: int, label) -> list[tuple[float, str]]:
+    """(µs, label) of every config whose output matches ``want``, ``run(i, config)`` over copies i in turn."""
+    run.num_inputs = copies
+    return [(us, label(config)) for us, config in timed(name, configs, run, want, label)]
 
 
 def mla_rows(N: int) -> tuple[str, list, str]:

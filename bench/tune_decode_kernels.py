@@ -129,20 +129,29 @@ def precompile(jobs: list[tuple]) -> None:
         pool.map(_compile, chunks)
 
 
-def sweep(name: str, bytes_moved: float, configs, run, reference_out, baseline_run) -> dict:
-    """Time ``run(inputs, config)`` for every config (output checked first); ``baseline_run`` (or None)."""
+def timed(name: str, configs, run, reference_out, label=None, bytes_moved: float | None = None) -> list[tuple]:
+    """(µs per launch, config) for every config whose ``run(0, config)`` matches ``reference_out`` (1e-2),
+    timed by ``per_launch_us``; a wrong or failing config is printed and skipped."""
+    label = label or short
     results = []
     for config in configs:
         try:
             if rel(run(0, config), reference_out) > 1e-2:
-                print(f"{name} {short(config)}: WRONG", flush=True)
+                print(f"{name} {label(config)}: WRONG", flush=True)
                 continue
             us = per_launch_us(run, config)
         except Exception as e:  # noqa: BLE001  (out of resources, say)
-            print(f"{name} {short(config)}: {type(e).__name__}", flush=True)
+            print(f"{name} {label(config)}: {type(e).__name__}", flush=True)
             continue
         results.append((us, config))
-        print(f"{name} {short(config)}: {us:.1f} us {bytes_moved / us / 1e3:.0f} GB/s", flush=True)
+        rate = f" {bytes_moved / us / 1e3:.0f} GB/s" if bytes_moved else ""
+        print(f"{name} {label(config)}: {us:.1f} us{rate}", flush=True)
+    return results
+
+
+def sweep(name: str, bytes_moved: float, configs, run, reference_out, baseline_run) -> dict:
+    """``timed`` over the configs, and ``baseline_run`` (or None) with its own choice."""
+    results = timed(name, configs, run, reference_out, bytes_moved=bytes_moved)
     before = per_launch_us(baseline_run, None) if baseline_run else float("nan")
     return {"op": name, "bytes": bytes_moved, "results": results, "baseline_us": before}
 
