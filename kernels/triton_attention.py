@@ -104,7 +104,8 @@ def mla_sparse_attention(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: to
 
 
 # (keys per step, programs per SM to aim for, most splits of a row's keys): one row of 2048 keys on H200
-# 12.3 → 9.1 µs with 64 keys a step instead of 32 (32 splits; bench/tune_attention.py)
+# 12.3 → 9.1–9.3 µs with 64 keys a step instead of 32 (32 splits), eight rows 33.4 → 27.9
+# (bench/tune_attention.py)
 MLA_TILE = (64, 2, 64)
 
 
@@ -295,7 +296,8 @@ ABSORB_MAX_ROWS = 16
 
 def absorb_tile(rkv: int) -> tuple[int, int, int]:
     """(BLOCK_D, BLOCK_C, warps) measured best on H200 at 1 and 8 rows (bench/tune_attention.py): 64 × 128 on
-    2 warps, 5.7 → 4.4 µs at one row, 21.2 → 15.8 at eight (64 columns when the latent is not a multiple of 128)."""
+    2 warps, 5.7 → 4.4 µs at one row, 21.2 → 15.8 at eight (64 columns when the latent is not a multiple of
+    128)."""
     return 64, 128 if rkv % 128 == 0 else 64, 2
 
 

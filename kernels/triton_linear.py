@@ -70,7 +70,7 @@ class LinearTile:
 
 
 @triton.jit
-def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_om,
+def _tile_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_om,
                        num_sb_k, k_steps_per_split,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        SPLIT: tl.constexpr, PREC: tl.constexpr, HAS_SCALE: tl.constexpr = True,
@@ -316,7 +316,7 @@ def _tiles(x2: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor | None, ou
         assert grid[0] * grid[1] <= counters.numel()
     else:
         part = counters = out
-    _fp8_linear_kernel[grid](x2, w, w if scale_inv is None else scale_inv, out, part, counters, M, N, K,
+    _tile_kernel[grid](x2, w, w if scale_inv is None else scale_inv, out, part, counters, M, N, K,
                              x2.stride(0), N, triton.cdiv(K, 128), per_split, BLOCK_M=block_m,
                              BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, SPLIT=split > 1,
                              PREC=dot_precision(x2.dtype), HAS_SCALE=scale_inv is not None, UPCAST=upcast,

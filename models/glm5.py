@@ -172,7 +172,7 @@ class Indexer(nn.Module):
         self.write_keys(h, rope, batch, k_cache)
         q = self.wq_b(q_resid).view(N, cfg.index_n_heads, cfg.index_head_dim)
         q = rope.apply(q, cfg.indexer_rope_interleave)                                 # heads [rope | nope]
-        wp = self.weights_proj                                                         # [N, ih] fp32
+        wp = self.weights_proj                         # head weights [N, ih] fp32 (bf16 in GLM-5.2; FP8 composed)
         w = (ops.linear_f32(h, wp.weight, rounded=True, scale=cfg.index_n_heads ** -0.5)
              if wp.weight_scale_inv is None else wp(h).float() * cfg.index_n_heads ** -0.5)
         scale = cfg.index_head_dim ** -0.5
