@@ -8,10 +8,11 @@ rounds scores and probabilities to the activation dtype, so bf16 results differ 
 
 ``indexer_topk`` scores every visible key of the row's request with one launch for all rows
 (``Σ_h w_h · relu(q_h·k · scale)`` in fp32 on the tensor cores) and selects with ``torch.topk``; the paged
-form (CUDA-graph steps) selects up to 16k keys with a one-program select that also maps the keys to their
-slots (``_select_topk_kernel``: a radix select, bit by bit; cutting in three per pass with two counts
-packed in one reduction measured no faster: bench/results/session5/select_topk_ternary_rejected.md),
-torch.topk beyond.
+form (CUDA-graph steps) selects with ``wide_select``, a radix select over many programs a row (three
+passes of 11/11/10 bits on integer-atomic histograms, the first inside the scoring launch, then a count
+and a scatter that also maps the keys to their slots). Top-2048 of 5k–41k keys, one row, on H200: 15–20 µs,
+where torch.topk + the slot gather took 48–96 µs and session 4's one-program bit-by-bit select (≤ 16k keys)
+23–39 µs (bench/results/select_topk.md, session7/).
 
 ``mla_absorb`` / ``mla_expand`` apply W_UK / W_UV for few rows straight from the FP8 kv_b weight (no
 dequantized copy), on the FMA units.
@@ -134,12 +135,13 @@ def _mla(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, topk
 
 
 @triton.jit
-def _index_score_kernel(q_ptr, w_ptr, k_ptr, table_ptr, base_ptr, len_ptr, pos_ptr, score_ptr, T_max, scale,
-                        stride_qn, stride_qh, stride_k, stride_table, BS: tl.constexpr, RAGGED: tl.constexpr,
-                        IH: tl.constexpr, IDD: tl.constexpr, BLOCK_T: tl.constexpr, PREC: tl.constexpr,
-                        PDL: tl.constexpr):
+def _index_score_kernel(q_ptr, w_ptr, k_ptr, table_ptr, base_ptr, len_ptr, pos_ptr, score_ptr, hist_ptr, count_ptr,
+                        state_ptr, T_max, K, scale, stride_qn, stride_qh, stride_k, stride_table, BS: tl.constexpr,
+                        RAGGED: tl.constexpr, IH: tl.constexpr, IDD: tl.constexpr, BLOCK_T: tl.constexpr,
+                        PREC: tl.constexpr, SELECT: tl.constexpr, PDL: tl.constexpr):
     """Row n's key t sits in slot table[base + t // BS] * BS + t % BS: ragged (BS = 1), a flat slot list with
-    base = base[n] and length len[n]; paged, row n of a block table (base = n · stride_table, length T_max)."""
+    base = base[n] and length len[n]; paged, row n of a block table (base = n · stride_table, length T_max).
+    SELECT: also the wide select's first pass over the row's scores (``_radix_count``)."""
     pdl_wait(PDL)
     n = tl.program_id(0)
     t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -162,70 +164,174 @@ def _index_score_kernel(q_ptr, w_ptr, k_ptr, table_ptr, base_ptr, len_ptr, pos_p
     score = tl.sum(tl.maximum(s * scale, 0.0) * w[None, :], axis=1)
     score = tl.where(visible, score, float("-inf"))
     tl.store(score_ptr + n * T_max + t, score, mask=t < T_max)
+    if SELECT:                                 # SELECT_DIGITS[0]
+        _radix_count(_order_key(score), t < T_max, hist_ptr, count_ptr, state_ptr, n, K, 0, 21, 11)
 
 
 def _score(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tensor, table: torch.Tensor,
            base: torch.Tensor | None, length: torch.Tensor | None, positions: torch.Tensor, T_max: int,
-           block_size: int, scale: float) -> torch.Tensor:
+           block_size: int, scale: float, select_k: int = 0) -> torch.Tensor:
     """Scores [N, T_max]: ragged (``base``/``length`` per row into a flat slot list) or paged (``table`` is a
-    block table, one row per query row)."""
+    block table, one row per query row). ``select_k``: run the first pass of ``wide_select(score, …, select_k)``."""
     N, ih, idd = q.shape
     score = torch.empty(N, T_max, dtype=torch.float32, device=q.device)
     block_t = 64
     ragged = base is not None
+    ws = _select_workspace(q.device, N) if select_k else None
     _index_score_kernel[(N, triton.cdiv(T_max, block_t))](
         q, head_weights.float().contiguous(), k_cache, table, base if ragged else table,
-        length if ragged else table, positions, score, T_max, scale, q.stride(0), q.stride(1), k_cache.stride(0),
+        length if ragged else table, positions, score, ws.hist[0] if ws else table, ws.count[0] if ws else table,
+        ws.state if ws else table, T_max, select_k, scale, q.stride(0), q.stride(1), k_cache.stride(0),
         table.stride(0), BS=block_size, RAGGED=ragged, IH=ih, IDD=idd, BLOCK_T=block_t,
-        PREC=dot_precision(k_cache.dtype), num_warps=4, **pdl_launch())
+        PREC=dot_precision(k_cache.dtype), SELECT=bool(select_k), num_warps=4, **pdl_launch())
     return score
 
 
-@triton.jit
-def _paged_slots_kernel(idx_ptr, val_ptr, table_ptr, out_ptr, K, stride_table, BS: tl.constexpr,
-                        BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """out[n, j] = slot of key idx[n, j] through row n of the block table, or -1 where its score is -inf."""
-    pdl_wait(PDL)
-    n = tl.program_id(0)
-    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    m = j < K
-    t = tl.load(idx_ptr + n * K + j, mask=m, other=0)
-    val = tl.load(val_ptr + n * K + j, mask=m, other=float("-inf"))
-    block = tl.load(table_ptr + n * stride_table + t // BS, mask=m, other=0).to(tl.int64)
-    tl.store(out_ptr + n * K + j, tl.where(val > float("-inf"), block * BS + t % BS, -1), mask=m)
+# ---- The wide select: a radix select over many programs a row -----------------------------------
+SELECT_BLOCK = 1024                            # keys a program of the wide select's later launches holds
+SELECT_DIGITS = ((21, 11), (10, 11), (0, 10))  # (shift, bits) of its three passes over the 32-bit keys
 
 
 @triton.jit
-def _select_topk_kernel(score_ptr, table_ptr, out_ptr, W, K, stride_table, BS: tl.constexpr,
-                        BLOCK_W: tl.constexpr, PDL: tl.constexpr):
-    """One row: the slots of its K highest scores (of W), in key order, -1 for a selected -inf score.
+def _order_key(score):
+    """fp32 scores as unsigned ints ordered as the floats (negative: every bit flipped; else the sign bit
+    set); the key of -inf is 0x007FFFFF."""
+    bits = score.to(tl.int32, bitcast=True)
+    return (bits ^ ((bits >> 31) | (-2147483648))).to(tl.uint32, bitcast=True)
 
-    Radix select on the row held in registers: scores map to unsigned keys ordered as the floats
-    (negative: all bits flipped; else the sign bit set); 32 passes fix the K-th largest key T bit by bit
-    (the largest T with #{key ≥ T} ≥ K); then every key > T and the first K − #{key > T} keys equal to T
-    (in key order) are written, compacted by a prefix sum, through the block table."""
-    n = tl.program_id(0)
-    pdl_wait(PDL)
-    t = tl.arange(0, BLOCK_W)
+
+@triton.jit
+def _load_keys(score_ptr, n, t, W):
     m = t < W
-    bits = tl.load(score_ptr + n * W + t, mask=m, other=float("-inf")).to(tl.int32, bitcast=True)
-    key = (bits ^ ((bits >> 31) | (-2147483648))).to(tl.uint32, bitcast=True)
-    key = tl.where(m, key, 0)                  # past W: below every score, -inf included
-    T = tl.zeros((), dtype=tl.uint32)
-    for b in range(31, -1, -1):
-        cand = T | (tl.full((), 1, tl.uint32) << b)
-        if tl.sum((key >= cand).to(tl.int32)) >= K:
-            T = cand
-    gt = key > T
-    eq = key == T
-    sel = gt | (eq & (tl.cumsum(eq.to(tl.int32), 0) <= K - tl.sum(gt.to(tl.int32))))
-    pos = tl.cumsum(sel.to(tl.int32), 0) - 1
+    return _order_key(tl.load(score_ptr + n * W + t, mask=m, other=float("-inf"))), m
+
+
+@triton.jit
+def _radix_count(key, m, hist_ptr, count_ptr, state_ptr, n, K, PASS: tl.constexpr, SHIFT: tl.constexpr,
+                 BITS: tl.constexpr):
+    """One digit of the wide select, in every program of row n (axis 1 of the grid). Before pass i,
+    state[n, i-1] = (prefix, rem): the K-th largest key has its bits above this digit equal to prefix, and
+    rem of the keys with that prefix are still to take (pass 0: no prefix, rem = K). Each program counts
+    its keys (m) with the prefix into the row's digit histogram (integer atomics: the order of arrival
+    cannot change a count); the one arriving last at the row's counter finds the digit d of the rem-th
+    largest (the largest d with #{digit ≥ d} ≥ rem), stores state[n, i] = (prefix·2^BITS + d,
+    rem − #{digit > d}) and zeroes the histogram and the counter for the next launch."""
+    if PASS == 0:
+        prefix = tl.zeros((), dtype=tl.uint32)
+        rem = K
+    else:
+        prefix = tl.load(state_ptr + (n * 3 + PASS - 1) * 2).to(tl.uint32, bitcast=True)
+        rem = tl.load(state_ptr + (n * 3 + PASS - 1) * 2 + 1)
+        m = m & ((key >> (SHIFT + BITS)) == prefix)
+    hist = hist_ptr + n * (1 << BITS)
+    tl.atomic_add(hist + ((key >> SHIFT) & ((1 << BITS) - 1)).to(tl.int32), 1, mask=m, sem="relaxed")
+    tl.debug_barrier()                         # every thread's counts are in before the release below
+    if tl.atomic_add(count_ptr + n, 1, sem="acq_rel") == tl.num_programs(1) - 1:
+        b = tl.arange(0, 1 << BITS)
+        h = tl.load(hist + b, cache_modifier=".cg")
+        ge = tl.sum(h, 0) - tl.cumsum(h, 0) + h                                                  # #{digit ≥ b}
+        d = tl.sum((ge >= rem).to(tl.int32), 0) - 1
+        state = state_ptr + (n * 3 + PASS) * 2
+        tl.store(state, ((prefix << BITS) | d.to(tl.uint32)).to(tl.int32, bitcast=True))
+        tl.store(state + 1, rem - tl.sum(tl.where(b > d, h, 0), 0))
+        tl.store(hist + b, tl.zeros_like(h))
+        tl.store(count_ptr + n, 0)
+
+
+@triton.jit
+def _radix_pass_kernel(score_ptr, hist_ptr, count_ptr, state_ptr, W, K, PASS: tl.constexpr, SHIFT: tl.constexpr,
+                       BITS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """A later pass of the wide select (the first runs in the scoring launch): ``_radix_count`` on a block
+    of row n's scores."""
+    n = tl.program_id(0)
+    pdl_wait(PDL)
+    key, m = _load_keys(score_ptr, n, tl.program_id(1) * BLOCK + tl.arange(0, BLOCK), W)
+    _radix_count(key, m, hist_ptr, count_ptr, state_ptr, n, K, PASS, SHIFT, BITS)
+
+
+@triton.jit
+def _select_count_kernel(score_ptr, state_ptr, part_ptr, W, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """After the passes state[n, 2] = (T, e): T is row n's K-th largest key and the first e keys equal to T
+    (in key order) complete the K. Each program counts its keys > T and == T."""
+    n = tl.program_id(0)
+    p = tl.program_id(1)
+    pdl_wait(PDL)
+    key, m = _load_keys(score_ptr, n, p * BLOCK + tl.arange(0, BLOCK), W)
+    T = tl.load(state_ptr + (n * 3 + 2) * 2).to(tl.uint32, bitcast=True)
+    part = part_ptr + (n * tl.num_programs(1) + p) * 2
+    tl.store(part, tl.sum((m & (key > T)).to(tl.int32), 0))
+    tl.store(part + 1, tl.sum((m & (key == T)).to(tl.int32), 0))
+
+
+@triton.jit
+def _select_scatter_kernel(score_ptr, table_ptr, state_ptr, part_ptr, out_ptr, W, K, stride_table,
+                           BS: tl.constexpr, BLOCK: tl.constexpr, PARTS_P2: tl.constexpr, PDL: tl.constexpr):
+    """Row n's K slots (-1 for -inf): every key > T, in key order, then the first e keys == T. A program
+    places its keys after those of the programs before it (their counts: ``_select_count_kernel``)."""
+    n = tl.program_id(0)
+    p = tl.program_id(1)
+    parts = tl.num_programs(1)
+    pdl_wait(PDL)
+    q = tl.arange(0, PARTS_P2)
+    n_gt = tl.load(part_ptr + (n * parts + q) * 2, mask=q < parts, other=0)
+    n_eq = tl.load(part_ptr + (n * parts + q) * 2 + 1, mask=q < parts, other=0)
+    t = p * BLOCK + tl.arange(0, BLOCK)
+    key, m = _load_keys(score_ptr, n, t, W)
+    T = tl.load(state_ptr + (n * 3 + 2) * 2).to(tl.uint32, bitcast=True)
+    e = tl.load(state_ptr + (n * 3 + 2) * 2 + 1)
+    gt = m & (key > T)
+    eq = m & (key == T)
+    rank_eq = tl.sum(tl.where(q < p, n_eq, 0), 0) + tl.cumsum(eq.to(tl.int32), 0) - 1
+    pos = tl.where(gt, tl.sum(tl.where(q < p, n_gt, 0), 0) + tl.cumsum(gt.to(tl.int32), 0) - 1,
+                   tl.sum(n_gt, 0) + rank_eq)
+    sel = gt | (eq & (rank_eq < e))
     block = tl.load(table_ptr + n * stride_table + t // BS, mask=sel, other=0).to(tl.int64)
-    finite = key > 0x007FFFFF                  # the key of -inf is 0x007FFFFF
-    tl.store(out_ptr + n * K + pos, tl.where(finite, block * BS + t % BS, -1), mask=sel)
+    tl.store(out_ptr + n * K + pos, tl.where(key > 0x007FFFFF, block * BS + t % BS, -1), mask=sel)
 
 
-SELECT_MAX_WIDTH = 16384                       # a row's scores fit the registers of one program (16 warps)
+class _SelectWorkspace:
+    """A device's zeroed histograms and counters of the wide select (each launch leaves them zeroed) and its
+    per-row state, for up to ``rows`` rows. One per device: selects on one device run one after another
+    (one stream), as the forward and its graphs do."""
+
+    def __init__(self, device: torch.device, rows: int):
+        self.rows = rows
+        self.hist = torch.zeros(len(SELECT_DIGITS), rows, 2048, dtype=torch.int32, device=device)
+        self.count = torch.zeros(len(SELECT_DIGITS), rows, dtype=torch.int32, device=device)
+        self.state = torch.empty(rows, len(SELECT_DIGITS), 2, dtype=torch.int32, device=device)
+
+
+_select_workspaces: dict[torch.device, _SelectWorkspace] = {}
+
+
+def _select_workspace(device: torch.device, rows: int) -> _SelectWorkspace:
+    ws = _select_workspaces.get(device)
+    if ws is None or ws.rows < rows:
+        assert not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()), \
+            f"run the paged indexer on {rows} rows once before capturing a CUDA graph (allocates its workspace)"
+        ws = _select_workspaces[device] = _SelectWorkspace(device, max(rows, 64))
+    return ws
+
+
+def wide_select(score: torch.Tensor, table: torch.Tensor, block_size: int, K: int, block: int = SELECT_BLOCK,
+                warps: int = 4, first_done: bool = False) -> torch.Tensor:
+    """Slots [N, K] of each row's K highest scores (score: [N, W] fp32, K ≤ W) through the block table
+    (-1 for a selected -inf): three radix passes, a count and a scatter, each one launch of
+    N × cdiv(W, block) programs (``first_done``: the scoring launch ran the first pass); no host sync,
+    static shapes, bit-identical run to run."""
+    N, W = score.shape
+    ws = _select_workspace(score.device, N)
+    parts = triton.cdiv(W, block)
+    for i, (shift, bits) in enumerate(SELECT_DIGITS):
+        if i or not first_done:
+            _radix_pass_kernel[(N, parts)](score, ws.hist[i], ws.count[i], ws.state, W, K, PASS=i, SHIFT=shift,
+                                           BITS=bits, BLOCK=block, num_warps=warps, **pdl_launch())
+    counts = torch.empty(N, parts, 2, dtype=torch.int32, device=score.device)
+    _select_count_kernel[(N, parts)](score, ws.state, counts, W, BLOCK=block, num_warps=warps, **pdl_launch())
+    out = torch.empty(N, K, dtype=torch.int64, device=score.device)
+    _select_scatter_kernel[(N, parts)](score, table, ws.state, counts, out, W, K, table.stride(0), BS=block_size,
+                                       BLOCK=block, PARTS_P2=next_pow2(parts), num_warps=warps, **pdl_launch())
+    return out
 
 
 def _scorable(q: torch.Tensor) -> bool:
@@ -276,18 +382,9 @@ def indexer_topk_paged(q: torch.Tensor, head_weights: torch.Tensor, k_cache: tor
         return reference.indexer_topk_paged(q, head_weights, k_cache, block_table, block_size, positions, topk,
                                             scale)
     W = MB * block_size
-    score = _score(q, head_weights, k_cache, block_table, None, None, positions, W, block_size, scale)
     K = min(topk, W)
-    slots = torch.empty(N, K, dtype=torch.int64, device=q.device)
-    if W <= SELECT_MAX_WIDTH:                  # one launch: select + slots (half of torch.topk + gather at 5k)
-        block_w = max(16, next_pow2(W))
-        _select_topk_kernel[(N,)](score, block_table, slots, W, K, block_table.stride(0), BS=block_size,
-                                  BLOCK_W=block_w, num_warps=max(4, min(16, block_w // 1024)), **pdl_launch())
-        return slots
-    val, idx = score.topk(K, dim=-1, sorted=False)
-    _paged_slots_kernel[(N, triton.cdiv(K, 1024))](idx, val, block_table, slots, K, block_table.stride(0),
-                                                    BS=block_size, BLOCK=1024, num_warps=4, **pdl_launch())
-    return slots
+    score = _score(q, head_weights, k_cache, block_table, None, None, positions, W, block_size, scale, select_k=K)
+    return wide_select(score, block_table, block_size, K, first_done=True)
 
 
 # ---- MLA weight absorption on FP8 kv_b (few rows) -------------------------------------------------

@@ -248,11 +248,12 @@ def test_indexer_sets_bf16(rows):
             assert max(abs(x - kth) for x in v) < 1e-4 * max(1.0, abs(kth)), f"row {n}"
 
 
-@pytest.mark.parametrize("blocks", [80, 256, 640])     # 5120 and 16384 keys: the one-program select; 40960: topk
+@pytest.mark.parametrize("blocks", [80, 256, 640])     # the graph widths at 4k, 16k and 32k tokens
 def test_indexer_paged_select_bf16(blocks):
     """The graph path's paged indexer at real widths: the slots of exactly the K highest scores (the
-    same scores through torch.topk), -1 past the visible keys; graph replays equal eager."""
-    from kernels.triton_attention import _score
+    same scores through torch.topk), -1 past the visible keys; graph replays equal eager. The select alone
+    (all three passes in their own launches) too."""
+    from kernels.triton_attention import _score, wide_select
     g = gen(blocks)
     ih, idd, topk, bs, N = 32, 128, 2048, 64, 3
     k_cache = torch.randn(blocks * bs * 2, idd, device=DEV, generator=g).to(BF16)
@@ -270,6 +271,10 @@ def test_indexer_paged_select_bf16(blocks):
     assert (got[2] == -1).sum() == topk - 1001
     assert torch.equal(replayed(lambda: tri("indexer_topk_paged")(q, w, k_cache, table, bs, positions, topk,
                                                                    idd ** -0.5)), got)
+    wide = wide_select(score, table, bs, topk)
+    for n in range(N):
+        assert set(wide[n].tolist()) == set(want[n].tolist()), n
+    assert torch.equal(replayed(lambda: wide_select(score, table, bs, topk)), wide)
 
 
 def test_norm_rope_bf16():

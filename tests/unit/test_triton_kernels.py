@@ -332,45 +332,34 @@ def test_indexer_topk_paged_sets(tk):
     for n in range(4):
         assert set(got[n].tolist()) == set(ref[n].tolist()), n
     assert (got[2] == -1).sum() == topk - 10 and (got[3] == -1).sum() == topk - 1
-    tk["att"].SELECT_MAX_WIDTH, width = 0, tk["att"].SELECT_MAX_WIDTH          # the torch.topk path too
-    try:
-        wide = tk["att"].indexer_topk_paged(q, w, k_cache, table, bs, positions, topk, idd ** -0.5)
-    finally:
-        tk["att"].SELECT_MAX_WIDTH = width
-    assert all(set(wide[n].tolist()) == set(got[n].tolist()) for n in range(4))
 
 
-def test_select_topk_radix(tk):
-    """The one-program select: negative, zero and tied scores (ties at the K-th value filled in key
-    order), -inf past the visible keys, a width that is not a power of two; the slots through the table."""
-    g = torch.Generator().manual_seed(9)
+def test_wide_select(tk):
+    """The many-programs select of wide rows, on rows spread over several programs: keys > the K-th value in
+    key order, then the first ties in key order; negative, zero and -inf scores; the ends (K = 1, K = W);
+    one value throughout; the workspace left zeroed for the next launch."""
+    g = torch.Generator().manual_seed(11)
     W, K, bs = 300, 37, 4
     score = torch.randn(3, W, generator=g)
     score[0, :100] = 0.5                                         # 100-way tie across the K-th value
-    score[0, 100:] = torch.rand(200, generator=g) * 0.4 - 0.2   # below the tie... 
-    score[0, 100:120] = 0.9                                      # ... but for 20 above it
+    score[0, 100:] = torch.rand(200, generator=g) * 0.4 - 0.2
+    score[0, 100:120] = 0.9                                      # 20 above the tie, in a later program
     score[1, 20:] = float("-inf")                                # 20 visible < K
     score[2, ::3] = -0.0
     table = torch.randperm(W // bs + 5, generator=g)[:W // bs].repeat(3, 1).to(torch.int32)
-    out = torch.empty(3, K, dtype=torch.int64)
-    tk["att"]._select_topk_kernel[(3,)](score, table, out, W, K, table.stride(0), BS=bs, BLOCK_W=512,
-                                        PDL=False)
     slot = (table[0].long()[:, None] * bs + torch.arange(bs)).flatten()
-    assert out[0].tolist() == slot[list(range(17)) + list(range(100, 120))].tolist()   # key order
+    out = tk["att"].wide_select(score, table, bs, K, block=64)                 # 5 programs a row, the last partial
+    assert out[0].tolist() == slot[list(range(100, 120)) + list(range(17))].tolist()
     assert set(out[1].tolist()) == set(slot[:20].tolist()) | {-1} and (out[1] == -1).sum() == K - 20
     assert set(out[2].tolist()) == set(slot[score[2].topk(K).indices].tolist())
-    for k in (1, 2, 299, 300):                                   # the ends: one key, every key
-        one = torch.empty(1, k, dtype=torch.int64)
-        tk["att"]._select_topk_kernel[(1,)](score[2:], table[2:], one, W, k, table.stride(0), BS=bs, BLOCK_W=512,
-                                        PDL=False)
+    for k in (1, 2, 299, 300):
+        one = tk["att"].wide_select(score[2:], table[2:], bs, k, block=32)
         assert set(one[0].tolist()) == set(slot[score[2].topk(k).indices].tolist()), k
-    score[2] = 3.0                                               # one value throughout: the first K keys
-    tk["att"]._select_topk_kernel[(1,)](score[2:], table[2:], one, W, 300, table.stride(0), BS=bs, BLOCK_W=512,
-                                        PDL=False)
-    assert one[0].tolist() == slot.tolist()
-    tk["att"]._select_topk_kernel[(1,)](score[2:], table[2:], out[:1], W, K, table.stride(0), BS=bs, BLOCK_W=512,
-                                        PDL=False)
-    assert out[0].tolist() == slot[:K].tolist()
+    score[2] = 3.0
+    assert tk["att"].wide_select(score[2:], table[2:], bs, 300, block=64)[0].tolist() == slot.tolist()
+    assert tk["att"].wide_select(score[2:], table[2:], bs, K, block=64)[0].tolist() == slot[:K].tolist()
+    ws = tk["att"]._select_workspaces[torch.device("cpu")]
+    assert not ws.hist.any() and not ws.count.any()
 
 
 @pytest.mark.parametrize("interleaved", [True, False])
