@@ -311,13 +311,16 @@ class DecoderLayer(nn.Module):
                     else MLP(cfg.hidden_size, cfg.intermediate_size // shard.world_size))
         self.comm = LocalComm()
 
-    def forward(self, x: torch.Tensor, rope: Rope, batch: Batch, cache: KVCache,
-                carried_topk: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        a, topk = self.self_attn(self.input_layernorm(x), rope, batch, cache, self.layer, carried_topk)
+    def forward(self, x: torch.Tensor, rope: Rope, batch: Batch, cache: KVCache, carried_topk: torch.Tensor | None,
+                mlp_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The layer's input is x + mlp_out (the layer before's MLP output, None for the first layer); returns
+        (x', mlp_out', selected slots) with output x' + mlp_out'. Each residual add is done by the next norm
+        (``add_rms_norm``: the same rounded sum, one launch fewer)."""
+        h, x = (self.input_layernorm(x), x) if mlp_out is None else self.input_layernorm.add_forward(mlp_out, x)
+        a, topk = self.self_attn(h, rope, batch, cache, self.layer, carried_topk)
         h, x = self.post_attention_layernorm.add_forward(a, x)
         rows = self.comm.all_gather(h)                                # AG: the step's rows to every rank
-        x = x + self.comm.reduce_scatter(self.mlp(rows))              # RS: partial sums to each row's owner
-        return x, topk
+        return x, self.comm.reduce_scatter(self.mlp(rows)), topk      # RS: partial sums to each row's owner
 
 
 class SharedHead(nn.Module):
@@ -382,12 +385,12 @@ class GlmForCausalLM(nn.Module):
         ``topk_out``, when given, receives each layer's selected slots (for parity tests)."""
         x = self.model.embed_tokens(input_ids)
         rope = self._rope(batch, x.dtype)
-        topk = None
+        topk = m = None
         for i, layer in enumerate(self.target_layers):
-            x, topk = layer(x, rope, batch, cache, None if self.config.has_indexer(i) else topk)
+            x, m, topk = layer(x, rope, batch, cache, None if self.config.has_indexer(i) else topk, m)
             if topk_out is not None:
                 topk_out.append(topk)
-        return self.model.norm(x)
+        return self.model.norm.add_forward(m, x)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [M, H] → logits [M, V] in fp32."""
@@ -402,5 +405,5 @@ class GlmForCausalLM(nn.Module):
         assert mtp is not None, "this checkpoint has no MTP layer (num_nextn_predict_layers = 0)"
         e = self.model.embed_tokens(next_ids)
         z = mtp.eh_proj(torch.cat([mtp.enorm(e), mtp.hnorm(hidden)], dim=-1))
-        x, topk = mtp(z, self._rope(batch, z.dtype), batch, cache, topk)
-        return mtp.shared_head.norm(x), topk
+        x, m, topk = mtp(z, self._rope(batch, z.dtype), batch, cache, topk)
+        return mtp.shared_head.norm.add_forward(m, x)[0], topk
