@@ -138,10 +138,11 @@ def _mla(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, topk
 def _index_score_kernel(q_ptr, w_ptr, k_ptr, table_ptr, base_ptr, len_ptr, pos_ptr, score_ptr, hist_ptr, count_ptr,
                         state_ptr, T_max, K, scale, stride_qn, stride_qh, stride_k, stride_table, BS: tl.constexpr,
                         RAGGED: tl.constexpr, IH: tl.constexpr, IDD: tl.constexpr, BLOCK_T: tl.constexpr,
-                        PREC: tl.constexpr, SELECT: tl.constexpr, PDL: tl.constexpr):
+                        PREC: tl.constexpr, SELECT: tl.constexpr, SHIFT: tl.constexpr, BITS: tl.constexpr,
+                        PDL: tl.constexpr):
     """Row n's key t sits in slot table[base + t // BS] * BS + t % BS: ragged (BS = 1), a flat slot list with
     base = base[n] and length len[n]; paged, row n of a block table (base = n · stride_table, length T_max).
-    SELECT: also the wide select's first pass over the row's scores (``_radix_count``)."""
+    SELECT: also the wide select's first pass over the row's scores (``_radix_count`` on digit SHIFT, BITS)."""
     pdl_wait(PDL)
     n = tl.program_id(0)
     t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -164,8 +165,8 @@ def _index_score_kernel(q_ptr, w_ptr, k_ptr, table_ptr, base_ptr, len_ptr, pos_p
     score = tl.sum(tl.maximum(s * scale, 0.0) * w[None, :], axis=1)
     score = tl.where(visible, score, float("-inf"))
     tl.store(score_ptr + n * T_max + t, score, mask=t < T_max)
-    if SELECT:                                 # SELECT_DIGITS[0]
-        _radix_count(_order_key(score), t < T_max, hist_ptr, count_ptr, state_ptr, n, K, 0, 21, 11)
+    if SELECT:
+        _radix_count(_order_key(score), t < T_max, hist_ptr, count_ptr, state_ptr, n, K, 0, SHIFT, BITS)
 
 
 def _score(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tensor, table: torch.Tensor,
@@ -183,13 +184,17 @@ def _score(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tensor, t
         length if ragged else table, positions, score, ws.hist[0] if ws else table, ws.count[0] if ws else table,
         ws.state if ws else table, T_max, select_k, scale, q.stride(0), q.stride(1), k_cache.stride(0),
         table.stride(0), BS=block_size, RAGGED=ragged, IH=ih, IDD=idd, BLOCK_T=block_t,
-        PREC=dot_precision(k_cache.dtype), SELECT=bool(select_k), num_warps=4, **pdl_launch())
+        PREC=dot_precision(k_cache.dtype), SELECT=bool(select_k), SHIFT=SELECT_DIGITS[0][0],
+        BITS=SELECT_DIGITS[0][1], num_warps=4, **pdl_launch())
     return score
 
 
 # ---- The wide select: a radix select over many programs a row -----------------------------------
 SELECT_BLOCK = 1024                            # keys a program of the wide select's later launches holds
-SELECT_DIGITS = ((21, 11), (10, 11), (0, 10))  # (shift, bits) of its three passes over the 32-bit keys
+SELECT_BITS = (11, 11, 10)                     # digit widths of its three passes over the 32-bit keys, high first
+SELECT_DIGITS = tuple((32 - sum(SELECT_BITS[:i + 1]), b) for i, b in enumerate(SELECT_BITS))   # (shift, bits)
+# the kernels index a row's state as [pass 0..2]; the histograms hold 2^11 bins
+assert len(SELECT_BITS) == 3 and sum(SELECT_BITS) == 32 and max(SELECT_BITS) <= 11
 
 
 @triton.jit
