@@ -1,7 +1,7 @@
 """Where a decode step of the GLM-5.2-width slice spends its time on the runner's graph path (replay of
 ``workers/graphs.py`` + the lm_head): per-kernel CUDA time (torch.profiler), grouped by kernel name.
 
-    PYTHONPATH=. python bench/profile_slice.py [--ctx 4096] [--rows 1 8]
+    PYTHONPATH=. python bench/profile_slice.py [--ctx 4096] [--rows 1 8] [--shard]
 """
 
 from __future__ import annotations
@@ -26,12 +26,13 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--shard", action="store_true", help="MoE and dense MLP at 1/8 width (one tp rank of 8)")
     args = ap.parse_args()
     cfg = ModelConfig.from_dict(dict(SLICE))
     cache = KVCache(cfg, 8 * (args.ctx + BLOCK) + BLOCK, BF16, DEV)     # + a block for the pad slot
     for t in cache.kv + [k for k in cache.index_k if k is not None]:
         t.normal_()
-    model = build_model(cfg, MoeShard())
+    model = build_model(cfg, MoeShard(0, 8, "tp") if args.shard else MoeShard())
     ops.configure("auto", DEV)
     per_req = cache.num_slots // 8 // BLOCK
     graphs = decode_graphs(model, cache)

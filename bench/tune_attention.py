@@ -1,11 +1,11 @@
 """Launch-shape sweep of the decode attention kernels on the GPU: MLA sparse attention (keys per program
 and splits of a row's 2048 selected keys) and the W_UK absorb / W_UV expand from the FP8 kv_b (tile
-and warps), at GLM-5 widths (64 heads, kv_lora 512, rope 64, nope 192, v 256) for 1 and 8 rows.
+and warps; for several rows also the kernels that read the weight once for all rows), at GLM-5 widths (64 heads, kv_lora 512, rope 64, nope 192, v 256) for 1 and 8 rows.
 
 Each config is checked against the reference, then timed as CUDA-graph replays cycling over enough
 caches / kv_b copies that every launch reads from HBM, as one layer of a decode step does.
 
-    PYTHONPATH=. python bench/tune_attention.py [--out bench/results]
+    PYTHONPATH=. python bench/tune_attention.py [--rows 1 8] [--out bench/results]
 """
 
 from __future__ import annotations
@@ -43,11 +43,12 @@ def mla_rows(N: int) -> tuple[str, list, str]:
 
     def run(i, c):
         return ta._mla(ql, qr, caches[i], sel, 0.0625, *c)
-    configs = list(itertools.product((16, 32, 64), (0.5, 1, 2, 4), (32, 64, 128)))
-    pick = ta.MLA_TILE
-    return f"mla N={N}", sweep(f"mla N={N}", configs, run, want, len(caches),
-                               lambda c: f"keys {c[0]} per_sm {c[1]} max {c[2]}"), \
-        f"keys {pick[0]} per_sm {pick[1]} max {pick[2]}"
+    configs = [ta.mla_tile(N)] + [c for c in itertools.product((64,), (1, 2), (64,), (16, 32, 64), (4, 8))
+                                  if c != ta.mla_tile(N)]   # 32 keys a step and 32 / 128 splits: never faster
+
+    def label(c):
+        return f"keys {c[0]} per_sm {c[1]} max {c[2]} heads {c[3]} w{c[4]}"
+    return f"mla N={N}", sweep(f"mla N={N}", configs, run, want, len(caches), label), label(ta.mla_tile(N))
 
 
 class KvB(SimpleNamespace):
@@ -75,20 +76,35 @@ def absorb_expand_rows(N: int, kv_bs: list) -> list[tuple[str, list, str]]:
 
     def label(c):
         return f"{c[0]}x{c[1]} w{c[2]}"
-    return [(f"absorb N={N}", sweep(f"absorb N={N}", absorb, lambda i, c: ta._absorb(q_nope, kv_bs[i], *c), want_a,
-                                    len(kv_bs), label), label(ta.absorb_tile(RKV))),
-            (f"expand N={N}", sweep(f"expand N={N}", expand, lambda i, c: ta._expand(o_lat, kv_bs[i], DN, *c), want_e,
-                                    len(kv_bs), label), label(ta.expand_tile(N)))]
+
+    def rows_label(c):
+        return f"BLOCK_C {c[0]} w{c[1]}"
+
+    def run_rows(kernel, *args):
+        return lambda i, c: kernel(args[0], kv_bs[i], *args[1:], *c)
+    rows_cfg = list(itertools.product((64, 128), (2, 4, 8)))
+    several = [] if N == 1 else [         # several rows: the kernels that read each weight tile once for all
+        (f"absorb rows N={N}", sweep(f"absorb rows N={N}", rows_cfg, run_rows(ta._absorb_rows, q_nope), want_a,
+                                     len(kv_bs), rows_label), rows_label(ta.ABSORB_ROWS_TILE)),
+        (f"expand rows N={N}", sweep(f"expand rows N={N}", rows_cfg, run_rows(ta._expand_rows, o_lat, DN), want_e,
+                                     len(kv_bs), rows_label), rows_label(ta.EXPAND_ROWS_TILE))]
+    return several + [
+        (f"absorb per row N={N}", sweep(f"absorb per row N={N}", absorb, run_rows(ta._absorb, q_nope), want_a,
+                                        len(kv_bs), label), label(ta.absorb_tile(RKV))),
+        (f"expand per row N={N}", sweep(f"expand per row N={N}", expand, run_rows(ta._expand, o_lat, DN), want_e,
+                                        len(kv_bs), label), label(ta.expand_tile(N)))]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/results")
-    out = Path(ap.parse_args().out)
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8])
+    args = ap.parse_args()
+    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     kv_bs = kv_b_copies(int(COLD_BYTES // (NH * (DN + DV) * RKV)))
     results = []
-    for N in (1, 8):
+    for N in args.rows:
         results.append(mla_rows(N))
         results += absorb_expand_rows(N, kv_bs)
     lines = [f"# Decode attention launch shapes ({torch.cuda.get_device_name()})", "",

@@ -15,7 +15,8 @@ where torch.topk + the slot gather took 48–96 µs and session 4's one-program 
 23–39 µs (bench/results/select_topk.md, session7/).
 
 ``mla_absorb`` / ``mla_expand`` apply W_UK / W_UV for few rows straight from the FP8 kv_b weight (no
-dequantized copy), on the FMA units.
+dequantized copy): one row on the FMA units, several rows on the tensor cores with each weight tile read
+once for all of them (eight rows: 15.7 → 5.1 µs absorb, 13.5 → 6.1 expand, a layer).
 """
 
 from __future__ import annotations
@@ -101,21 +102,22 @@ def mla_sparse_attention(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: to
     if rkv & (rkv - 1) or dr & (dr - 1) or q_lat.stride(-1) != 1 or q_rope.stride(-1) != 1 \
             or kv_cache.stride(-1) != 1 or N == 0 or K == 0:
         return reference.mla_sparse_attention(q_lat, q_rope, kv_cache, topk_slots, scale, row_chunk)
-    return _mla(q_lat, q_rope, kv_cache, topk_slots.contiguous(), scale, *MLA_TILE)
+    return _mla(q_lat, q_rope, kv_cache, topk_slots.contiguous(), scale, *mla_tile(N))
 
 
-# (keys per step, programs per SM to aim for, most splits of a row's keys): one row of 2048 keys on H200
-# 12.3 → 9.1–9.3 µs with 64 keys a step instead of 32 (32 splits), eight rows 33.4 → 27.9
-# (bench/tune_attention.py)
-MLA_TILE = (64, 2, 64)
+def mla_tile(N: int) -> tuple:
+    """(keys per step, programs per SM to aim for, most splits of a row's keys, heads per program, warps),
+    measured on H200 (bench/tune_attention.py): one row of 2048 keys 12.3 → 9.1–9.3 µs with 64 keys a step
+    instead of 32 (32 splits), 16 heads a program (32: 10.8, 64: 13.4); eight rows 33.4 → 27.9 → 25.3 with 32
+    heads a program and ~1 program per SM (64 heads on 8 warps: 25.2; bench/results/session8/)."""
+    return (64, 1, 64, 32, 4) if N >= 8 else (64, 2, 64, 16, 4)
 
 
 def _mla(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, topk_slots: torch.Tensor, scale: float,
-         block_k: int, per_sm: float, max_splits: int) -> torch.Tensor:
+         block_k: int, per_sm: float, max_splits: int, block_h: int = 16, warps: int = 4) -> torch.Tensor:
     N, nh, rkv = q_lat.shape
     dr = q_rope.shape[-1]
     K = topk_slots.shape[1]
-    block_h = 16
     head_blocks = triton.cdiv(nh, block_h)
     # few rows: split K (down to one key block per program) so that a decode row still covers every SM
     splits = max(1, min(triton.cdiv(int(per_sm * num_sms()), N * head_blocks), triton.cdiv(K, block_k), max_splits))
@@ -127,7 +129,7 @@ def _mla(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, topk
         q_lat, q_rope, kv_cache, topk_slots, o_part, lse, nh, K, keys_per_split, scale * LOG2E,
         q_lat.stride(0), q_lat.stride(1), q_rope.stride(0), q_rope.stride(1), kv_cache.stride(0),
         topk_slots.stride(0), RKV=rkv, DR=dr, BLOCK_H=block_h, BLOCK_K=block_k,
-        PREC=dot_precision(q_lat.dtype), num_warps=4, num_stages=2, **pdl_launch())
+        PREC=dot_precision(q_lat.dtype), num_warps=warps, num_stages=2, **pdl_launch())
     out = torch.empty(N, nh, rkv, dtype=q_lat.dtype, device=q_lat.device)
     _mla_combine_kernel[(N * nh,)](o_part, lse, out, NUM_SPLITS=splits, SPLITS_P2=next_pow2(splits), RKV=rkv,
                                    num_warps=4, **pdl_launch())
@@ -465,6 +467,54 @@ def _expand_kernel(o_ptr, w_ptr, s_ptr, out_ptr, DN, DV, RKV, rows_per_head, num
     tl.store(out_ptr + (n * tl.num_programs(1) + h) * DV + v, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty))
 
 
+@triton.jit
+def _absorb_rows_kernel(q_ptr, w_ptr, s_ptr, out_ptr, N, stride_qn, stride_qh, DN, RKV, rows_per_head, num_sb_c,
+                        BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
+    """Several rows: q_lat[:, h, c-block] of every row from one read of the weight tile — a
+    [rows, 64] × [64, BLOCK_C] dot a step, times the step's one block scale (a head's rows start at a
+    multiple of 64, so 64 of them lie in one 128-row scale block; BLOCK_C ≤ 128 columns in one column)."""
+    h = tl.program_id(0)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    s_col = s_ptr + (tl.program_id(1) * BLOCK_C) // 128
+    n = tl.arange(0, BLOCK_R)
+    acc = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
+    pdl_wait(PDL)
+    for d0 in range(0, DN, 64):
+        d = d0 + tl.arange(0, 64)
+        row = h * rows_per_head + d
+        w = tl.load(w_ptr + row[:, None] * RKV + c[None, :], mask=(d < DN)[:, None], other=0.0,
+                    eviction_policy="evict_first")
+        q = tl.load(q_ptr + n[:, None] * stride_qn + h * stride_qh + d[None, :],
+                    mask=(n < N)[:, None] & (d < DN)[None, :], other=0.0)
+        acc += tl.dot(q, w.to(q.dtype), input_precision=PREC) * tl.load(s_col + ((h * rows_per_head + d0) // 128) * num_sb_c)
+    out = out_ptr + (n[:, None] * tl.num_programs(0) + h) * RKV + c[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(n < N)[:, None])
+
+
+@triton.jit
+def _expand_rows_kernel(o_ptr, w_ptr, s_ptr, out_ptr, N, DN, DV, RKV, rows_per_head, num_sb_c,
+                        BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
+    """Several rows: o[:, h, v-block of 64] of every row from one read of the weight tile — W-tile · o_latᵀ
+    ([64, BLOCK_C] × [BLOCK_C, rows]: the weight as the dot's first operand, wgmma on sm_90), times the
+    step's one block scale."""
+    h = tl.program_id(0)
+    row0 = h * rows_per_head + DN + tl.program_id(1) * 64
+    w_rows = w_ptr + (row0 + tl.arange(0, 64))[:, None] * RKV
+    s_row = s_ptr + (row0 // 128) * num_sb_c
+    n = tl.arange(0, BLOCK_R)
+    o_rows = o_ptr + (n[None, :] * tl.num_programs(0) + h) * RKV
+    acc = tl.zeros((64, BLOCK_R), dtype=tl.float32)
+    pdl_wait(PDL)
+    for c0 in range(0, RKV, BLOCK_C):
+        c = c0 + tl.arange(0, BLOCK_C)
+        w = tl.load(w_rows + c[None, :], eviction_policy="evict_first")
+        ot = tl.load(o_rows + c[:, None], mask=(n < N)[None, :], other=0.0)
+        acc += tl.dot(w.to(ot.dtype), ot, input_precision=PREC) * tl.load(s_row + c0 // 128)
+    v = tl.program_id(1) * 64 + tl.arange(0, 64)
+    out = out_ptr + (n[None, :] * tl.num_programs(0) + h) * DV + v[:, None]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(n < N)[None, :])
+
+
 def _absorbable(kv_b, N: int) -> bool:
     return kv_b.weight_scale_inv is not None and 0 < N <= ABSORB_MAX_ROWS and kv_b.weight.is_contiguous()
 
@@ -476,7 +526,35 @@ def mla_absorb(q_nope: torch.Tensor, kv_b) -> torch.Tensor:
     rkv = kv_b.in_features
     if not _absorbable(kv_b, N) or q_nope.stride(-1) != 1 or rkv % 64:
         return reference.mla_absorb(q_nope, kv_b)
+    if N > 1 and _rows_aligned(kv_b, q_nope.shape[1], q_nope.shape[2]):
+        return _absorb_rows(q_nope, kv_b, *ABSORB_ROWS_TILE)
     return _absorb(q_nope, kv_b, *absorb_tile(rkv))
+
+
+# (BLOCK_C, warps) of the several-row absorb / expand, measured best on H200 at eight rows (64 heads, 192 / 256
+# rows each, latent 512): absorb 5.1 µs, expand 6.1, where the per-row kernels took 15.7 and 13.5
+# (bench/tune_attention.py --rows 8, bench/results/session8/)
+ABSORB_ROWS_TILE = (64, 2)
+EXPAND_ROWS_TILE = (128, 4)
+
+
+def _rows_aligned(kv_b, nh: int, dn: int) -> bool:
+    """The several-row kernels' layout: each head's rows and its W_UV rows start at multiples of 64, the
+    latent a multiple of 128."""
+    return (kv_b.out_features // nh) % 64 == 0 and dn % 64 == 0 and kv_b.in_features % 128 == 0
+
+
+def _absorb_rows(q_nope: torch.Tensor, kv_b, block_c: int, warps: int) -> torch.Tensor:
+    N, nh, dn = q_nope.shape
+    rkv = kv_b.in_features
+    assert 128 % block_c == 0 and rkv % block_c == 0
+    out = torch.empty(N, nh, rkv, dtype=q_nope.dtype, device=q_nope.device)
+    _absorb_rows_kernel[(nh, rkv // block_c)](q_nope, kv_b.weight, kv_b.weight_scale_inv, out, N, q_nope.stride(0),
+                                              q_nope.stride(1), dn, rkv, kv_b.out_features // nh,
+                                              kv_b.weight_scale_inv.shape[1], BLOCK_R=max(16, next_pow2(N)),
+                                              BLOCK_C=block_c, PREC=dot_precision(q_nope.dtype), num_warps=warps,
+                                              **pdl_launch())
+    return out
 
 
 def _absorb(q_nope: torch.Tensor, kv_b, block_d: int, block_c: int, warps: int) -> torch.Tensor:
@@ -500,7 +578,21 @@ def mla_expand(o_lat: torch.Tensor, kv_b, dn: int) -> torch.Tensor:
     tile = expand_tile(N)
     if not _absorbable(kv_b, N) or dn % 64 or rows % 64 or dv % 64 or rkv % tile[1] or not o_lat.is_contiguous():
         return reference.mla_expand(o_lat, kv_b, dn)
+    if N > 1 and _rows_aligned(kv_b, nh, dn):
+        return _expand_rows(o_lat, kv_b, dn, *EXPAND_ROWS_TILE)
     return _expand(o_lat, kv_b, dn, *tile)
+
+
+def _expand_rows(o_lat: torch.Tensor, kv_b, dn: int, block_c: int, warps: int) -> torch.Tensor:
+    N, nh, rkv = o_lat.shape
+    dv = kv_b.out_features // nh - dn
+    assert 128 % block_c == 0 and rkv % block_c == 0
+    out = torch.empty(N, nh, dv, dtype=o_lat.dtype, device=o_lat.device)
+    _expand_rows_kernel[(nh, dv // 64)](o_lat, kv_b.weight, kv_b.weight_scale_inv, out, N, dn, dv, rkv,
+                                        kv_b.out_features // nh, kv_b.weight_scale_inv.shape[1],
+                                        BLOCK_R=max(16, next_pow2(N)), BLOCK_C=block_c,
+                                        PREC=dot_precision(o_lat.dtype), num_warps=warps, **pdl_launch())
+    return out
 
 
 def _expand(o_lat: torch.Tensor, kv_b, dn: int, block_v: int, block_c: int, warps: int) -> torch.Tensor:

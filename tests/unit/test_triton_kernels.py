@@ -279,6 +279,8 @@ def test_mla_sparse_attention(tk, dtype, tol):
     got = tk["att"].mla_sparse_attention(q_lat, q_rope, kv, sel, 0.1)
     ref = reference.mla_sparse_attention(q_lat.float(), q_rope.float(), kv.float(), sel, 0.1)
     assert got.shape == (N, nh, rkv) and got.dtype == dtype and rel(got, ref) < tol
+    for tile in ((64, 1, 64, 32, 4), (32, 2, 64, 8, 4)):          # more heads a program than there are (masked)
+        assert rel(tk["att"]._mla(q_lat, q_rope, kv, sel, 0.1, *tile), ref) < tol
 
 
 def _same_sets_or_tied(got, ref, score_of, margin=1e-4):
@@ -395,10 +397,15 @@ def test_mla_absorb_expand(tk):
     for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 1e-2)):
         q = torch.randn(2, nh, dn + 64, generator=g).to(dtype)[..., :dn]          # a strided view, as q_nope
         o_lat = torch.randn(2, nh, rkv, generator=g).to(dtype)
-        for rows in (2, 1):                    # one row: its own expand tile
+        for rows in (2, 1):                    # several rows: one read of the weight for all; one row: FMA
             q, o_lat = q[:rows], o_lat[:rows]
             assert rel(tk["att"].mla_absorb(q, kv_b), reference.mla_absorb(q.float(), kv_b)) < tol
             assert rel(tk["att"].mla_expand(o_lat, kv_b, dn), reference.mla_expand(o_lat.float(), kv_b, dn)) < tol
+            for block_c in (64, 128):          # the several-row kernels at one row too, and 64-wide steps
+                a = tk["att"]._absorb_rows(q, kv_b, block_c, 4)
+                e = tk["att"]._expand_rows(o_lat, kv_b, dn, block_c, 4)
+                assert rel(a, reference.mla_absorb(q.float(), kv_b)) < tol
+                assert rel(e, reference.mla_expand(o_lat.float(), kv_b, dn)) < tol
 
 
 def test_fp8_dequant(tk):
