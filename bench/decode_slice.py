@@ -56,6 +56,23 @@ def build_model(cfg: ModelConfig, shard: MoeShard) -> GlmForCausalLM:
     return dummy_model(cfg, BF16, DEV, shard)
 
 
+class OtherRanks:
+    """One rank's MLP phases in a step of ``world`` ranks (data-parallel attention, tp MoE), without the
+    communication: AG appends the other ranks' rows — fixed random activations, as their own tokens, routed
+    apart from ours — and RS keeps this rank's rows (summing the ranks' partials is the comm's, timed in
+    bench/comm_latency.py). Graph-capturable."""
+
+    def __init__(self, world: int, hidden: int, max_rows: int = 8):
+        self.others = torch.randn((world - 1) * max_rows, hidden, device=DEV, dtype=BF16)
+        self.world = world
+
+    def all_gather(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.cat([rows, self.others[:(self.world - 1) * rows.shape[0]]])
+
+    def reduce_scatter(self, partial: torch.Tensor) -> torch.Tensor:
+        return partial[:partial.shape[0] // self.world]
+
+
 def step_bytes(model: GlmForCausalLM, cfg: ModelConfig, hit: list[int], rows: int, ctx: int) -> int:
     first_moe = next(layer for layer in range(cfg.num_hidden_layers) if cfg.is_moe(layer))
     per_expert = sum(p[0].numel() * p.element_size() for n, p in model.named_parameters()
@@ -204,7 +221,9 @@ def write_report(results, hf, read_bw, out: Path) -> None:
              "", "1 dense + 3 MoE layers (indexer full,full,full,shared), FP8 block weights, bf16 activations and "
              "KV, index_topk 2048; step = forward + lm_head (vocab 154880). Floor = bytes read / "
              f"{read_bw / 1e12:.2f} TB/s (measured read stream). 'shard' = MoE and dense MLP at 1/8 width "
-             "(one rank of 8, tp). Times in ms (median, CUDA events). 'auto (graph)' is the runner's decode path: "
+             "(one rank of 8, tp). 'rank of dp 8' = that shard as one rank of an 8-rank step with one row a rank: "
+             "attention and lm_head over its own row, the MoE and dense MLP over all 8 ranks' rows (the other 7 "
+             "random, routed apart), the AG/RS communication itself not included. Times in ms (median, CUDA events). 'auto (graph)' is the runner's decode path: "
              "a replay of the step's CUDA graph (workers/graphs.py, paged block tables) + the eager lm_head; "
              "'stage' is the host time to copy the step into the graph's buffers (not overlapped); 'capture' the "
              "one-time warm-up + capture of that graph. Programmatic dependent launch of our kernels "
@@ -269,6 +288,8 @@ def main() -> None:
         shard = build_model(cfg, MoeShard(0, 8, "tp"))
         modes = [m for m in args.modes if m != "reference"]
         bench_model(shard, cfg, cache, "shard 1/8", [4096], [1, 8], modes, read_bw, results)
+        shard.set_comm(OtherRanks(8, cfg.hidden_size))     # one rank of 8, each with one row: MoE over 8 rows
+        bench_model(shard, cfg, cache, "rank of dp 8", [4096], [1], modes, read_bw, results)
         del shard
     del cache
     torch.cuda.empty_cache()
