@@ -1,6 +1,7 @@
 """Launch-shape sweep of the decode attention kernels on the GPU: MLA sparse attention (keys per program
 and splits of a row's 2048 selected keys) and the W_UK absorb / W_UV expand from the FP8 kv_b (tile
-and warps; for several rows also the kernels that read the weight once for all rows), at GLM-5 widths (64 heads, kv_lora 512, rope 64, nope 192, v 256) for 1 and 8 rows.
+and warps; for several rows also the kernels that read the weight once for all rows), at GLM-5 widths
+(64 heads, kv_lora 512, rope 64, nope 192, v 256) for 1 and 8 rows.
 
 Each config is checked against the reference, then timed as CUDA-graph replays cycling over enough
 caches / kv_b copies that every launch reads from HBM, as one layer of a decode step does.

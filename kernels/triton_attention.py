@@ -486,7 +486,8 @@ def _absorb_rows_kernel(q_ptr, w_ptr, s_ptr, out_ptr, N, stride_qn, stride_qh, D
                     eviction_policy="evict_first")
         q = tl.load(q_ptr + n[:, None] * stride_qn + h * stride_qh + d[None, :],
                     mask=(n < N)[:, None] & (d < DN)[None, :], other=0.0)
-        acc += tl.dot(q, w.to(q.dtype), input_precision=PREC) * tl.load(s_col + ((h * rows_per_head + d0) // 128) * num_sb_c)
+        scale = tl.load(s_col + ((h * rows_per_head + d0) // 128) * num_sb_c)
+        acc += tl.dot(q, w.to(q.dtype), input_precision=PREC) * scale
     out = out_ptr + (n[:, None] * tl.num_programs(0) + h) * RKV + c[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(n < N)[:, None])
 
