@@ -16,7 +16,7 @@ where torch.topk + the slot gather took 48–96 µs and session 4's one-program 
 
 ``mla_absorb`` / ``mla_expand`` apply W_UK / W_UV for few rows straight from the FP8 kv_b weight (no
 dequantized copy): one row on the FMA units, several rows on the tensor cores with each weight tile read
-once for all of them (eight rows: 15.7 → 5.1 µs absorb, 13.5 → 6.1 expand, a layer).
+once for all of them (eight rows: 15.6 → 5.2 µs absorb, 13.5 → 6.2 expand, a layer; the expand from four rows).
 """
 
 from __future__ import annotations
@@ -108,9 +108,12 @@ def mla_sparse_attention(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: to
 def mla_tile(N: int) -> tuple:
     """(keys per step, programs per SM to aim for, most splits of a row's keys, heads per program, warps),
     measured on H200 (bench/tune_attention.py): one row of 2048 keys 12.3 → 9.1–9.3 µs with 64 keys a step
-    instead of 32 (32 splits), 16 heads a program (32: 10.8, 64: 13.4); eight rows 33.4 → 27.9 → 25.3 with 32
-    heads a program and ~1 program per SM (64 heads on 8 warps: 25.2; bench/results/session8/)."""
-    return (64, 1, 64, 32, 4) if N >= 8 else (64, 2, 64, 16, 4)
+    instead of 32 (32 splits), 16 heads a program (32: 10.8, 64: 13.4); more rows ~1 program per SM, from four
+    rows 32 heads a program — two rows 12.8 → 11.8 µs, four 17.6 → 17.3, eight 33.4 → 27.9 → 25.1 (64 heads on
+    8 warps: 25.4; bench/results/session8/)."""
+    if N == 1:
+        return 64, 2, 64, 16, 4
+    return (64, 1, 64, 32, 4) if N >= 4 else (64, 1, 64, 16, 4)
 
 
 def _mla(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, topk_slots: torch.Tensor, scale: float,
@@ -532,11 +535,13 @@ def mla_absorb(q_nope: torch.Tensor, kv_b) -> torch.Tensor:
     return _absorb(q_nope, kv_b, *absorb_tile(rkv))
 
 
-# (BLOCK_C, warps) of the several-row absorb / expand, measured best on H200 at eight rows (64 heads, 192 / 256
-# rows each, latent 512): absorb 5.1 µs, expand 6.1, where the per-row kernels took 15.7 and 13.5
-# (bench/tune_attention.py --rows 8, bench/results/session8/)
+# (BLOCK_C, warps) of the several-row absorb / expand, measured best on H200 (64 heads, 192 / 256 rows each,
+# latent 512; bench/tune_attention.py --rows 2 4 8, bench/results/session8/): absorb 5.2 µs at 2, 4 and 8 rows
+# where the per-row kernel takes 5.3 / 8.9 / 15.6; expand 6.0–6.2 µs where the per-row one takes 4.6 / 7.8 /
+# 13.5 — so two and three rows keep the per-row expand
 ABSORB_ROWS_TILE = (64, 2)
 EXPAND_ROWS_TILE = (128, 4)
+EXPAND_ROWS_FROM = 4
 
 
 def _rows_aligned(kv_b, nh: int, dn: int) -> bool:
@@ -579,7 +584,7 @@ def mla_expand(o_lat: torch.Tensor, kv_b, dn: int) -> torch.Tensor:
     tile = expand_tile(N)
     if not _absorbable(kv_b, N) or dn % 64 or rows % 64 or dv % 64 or rkv % tile[1] or not o_lat.is_contiguous():
         return reference.mla_expand(o_lat, kv_b, dn)
-    if N > 1 and _rows_aligned(kv_b, nh, dn):
+    if N >= EXPAND_ROWS_FROM and _rows_aligned(kv_b, nh, dn):
         return _expand_rows(o_lat, kv_b, dn, *EXPAND_ROWS_TILE)
     return _expand(o_lat, kv_b, dn, *tile)
 

@@ -395,9 +395,9 @@ def test_mla_absorb_expand(tk):
     kv_b.weight.data.copy_(w8)
     kv_b.weight_scale_inv.data.copy_(sc * (1 + torch.rand(sc.shape, generator=g)))
     for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 1e-2)):
-        q = torch.randn(2, nh, dn + 64, generator=g).to(dtype)[..., :dn]          # a strided view, as q_nope
-        o_lat = torch.randn(2, nh, rkv, generator=g).to(dtype)
-        for rows in (2, 1):                    # several rows: one read of the weight for all; one row: FMA
+        q = torch.randn(4, nh, dn + 64, generator=g).to(dtype)[..., :dn]          # a strided view, as q_nope
+        o_lat = torch.randn(4, nh, rkv, generator=g).to(dtype)
+        for rows in (4, 2, 1):                 # several rows: one read of the weight for all; one row: FMA
             q, o_lat = q[:rows], o_lat[:rows]
             assert rel(tk["att"].mla_absorb(q, kv_b), reference.mla_absorb(q.float(), kv_b)) < tol
             assert rel(tk["att"].mla_expand(o_lat, kv_b, dn), reference.mla_expand(o_lat.float(), kv_b, dn)) < tol
