@@ -43,6 +43,15 @@ def rand_fp8(*shape):
     return w8, torch.rand(*shape[:-2], -(-shape[-2] // 128), -(-shape[-1] // 128), device=DEV) * 1e-3
 
 
+def kv_b_proj(nh: int, dn: int, dv: int, rkv: int):
+    """An FP8 kv_b_proj as the model holds it (its reference path dequantizes once and keeps the result)."""
+    from models.glm5 import Linear
+    kv_b = Linear(rkv, nh * (dn + dv)).to(DEV)
+    kv_b.to_fp8()
+    kv_b.weight.data, kv_b.weight_scale_inv.data = rand_fp8(nh * (dn + dv), rkv)
+    return kv_b
+
+
 def cases():
     """(name, op, args builder, bytes, flops)."""
     out = []
@@ -77,6 +86,15 @@ def cases():
         qr = torch.randn(N, nh, dr, device=DEV, dtype=BF16)
         out.append((f"mla_sparse_attention N={N} K={K}", "mla_sparse_attention", (ql, qr, kv, sel, 0.0625),
                     N * K * (rkv + dr) * 2 + N * nh * (2 * rkv + dr) * 2, 2 * N * nh * K * (2 * rkv + dr)))
+    for N in (1, 2, 4, 8):                     # W_UK absorb / W_UV expand straight from the FP8 kv_b
+        kv_b = kv_b_proj(64, 192, 256, 512)
+        q_nope = torch.randn(N, 64, 256, device=DEV, dtype=BF16)[..., :192]          # strided, as the model's
+        o_lat = torch.randn(N, 64, 512, device=DEV, dtype=BF16)
+        w_uk, w_uv = 64 * 192 * 512, 64 * 256 * 512                                   # fp8 bytes read
+        out.append((f"mla_absorb N={N} [64 heads x 192 -> 512]", "mla_absorb", (q_nope, kv_b),
+                    w_uk + N * 64 * (192 + 512) * 2, 2 * N * w_uk))
+        out.append((f"mla_expand N={N} [64 heads x 512 -> 256]", "mla_expand", (o_lat, kv_b, 192),
+                    w_uv + N * 64 * (512 + 256) * 2, 2 * N * w_uv))
     for N, T in ((1, 32768), (8, 32768)):
         ih, idd, slots = 32, 128, N * T
         kc = torch.randn(slots, idd, device=DEV, dtype=BF16)
