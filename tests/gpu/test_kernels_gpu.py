@@ -55,7 +55,7 @@ def replayed(fn, times: int = 2) -> torch.Tensor:
     return out.clone()
 
 
-@pytest.mark.parametrize("M", [1, 8])
+@pytest.mark.parametrize("M", [1, 4, 8])
 @pytest.mark.parametrize("N,K", [(12288, 6144), (6144, 16384), (16384, 2048), (2048, 6144), (576, 6144),
                                  (4096, 2048)])
 def test_fp8_linear_decode_bitwise(M, N, K):
@@ -69,6 +69,61 @@ def test_fp8_linear_decode_bitwise(M, N, K):
     assert rel(first, reference.linear(x.float(), w8, s)) < 1e-2
     assert all(torch.equal(lin(x, w8, s), first) for _ in range(3))
     assert torch.equal(replayed(lambda: lin(x, w8, s)), first)
+
+
+gluon_rows = pytest.importorskip("kernels.gluon_rows")
+needs_gluon = pytest.mark.skipif(not gluon_rows.HAVE_GLUON, reason="triton without Gluon: the tile kernel runs")
+
+
+def all_e4m3(N: int, K: int) -> torch.Tensor:
+    """[N, K] e4m3 holding every finite e4m3 value (the two NaNs left out), repeated."""
+    codes = torch.arange(256, dtype=torch.int32, device=DEV).to(torch.uint8)
+    finite = codes[(codes & 0x7F) != 0x7F]
+    return finite.repeat(N * K // finite.numel() + 1)[:N * K].view(torch.float8_e4m3fn).view(N, K).contiguous()
+
+
+@pytest.mark.parametrize("path", ["gemv", "rows bits", "rows cvt"])
+def test_fp8_widening_exact(path):
+    """Every finite e4m3 value through the one-row GEMV and the Gluon rows kernel (its bit move, or cvt), one
+    product per output: one-hot activation rows pick weight columns, so y must equal
+    the weight × a power-of-two scale exactly — zeros, subnormals and signs included."""
+    N, K = 1024, 256
+    w8 = all_e4m3(N, K)
+    s = torch.full((N // 128, K // 128), 0.5, device=DEV)
+    for rows in ((1,) if path == "gemv" else (2, 5, 8)):
+        cols = torch.randint(0, K, (rows,), device=DEV)
+        x = torch.zeros(rows, K, device=DEV, dtype=BF16)
+        x[torch.arange(rows, device=DEV), cols] = 1.0
+        if path == "gemv":
+            out = tri("linear")(x, w8, s)
+        else:
+            if not gluon_rows.HAVE_GLUON:
+                pytest.skip("triton without Gluon")
+            out = torch.empty(rows, N, device=DEV, dtype=BF16)
+            gluon_rows.fp8_linear_rows(x, w8, s, out, gluon_rows.RowsTile(64, 2, 1, 4, bits=path == "rows bits"),
+                                       torch.zeros(1024, dtype=torch.int32, device=DEV))
+        assert torch.equal(out.float(), w8.float()[:, cols].T * 0.5)
+
+
+@needs_gluon
+@pytest.mark.parametrize("M", [2, 3, 5, 8])
+@pytest.mark.parametrize("N,K,tile", [(1088, 6144, (64, 4, 5, 4)), (6144, 16384, (128, 4, 11, 8)),
+                                      (2048, 700, (64, 1, 3, 4)), (4096, 2048, (128, 2, 1, 8)),
+                                      (16384, 2048, None)])
+def test_gluon_rows_linear(M, N, K, tile):
+    """The rows kernel (2..8 rows) against the fp32 reference: ragged N (a partial 128-row scale block) and K
+    (700: a partial K block), split-K on and off, the default launch; repeat calls and graph replays bitwise."""
+    g = gen(M * N + K)
+    w8, s = fp8_quantize(0.02 * torch.randn(N, K, device=DEV, generator=g))
+    x = torch.randn(M, K, device=DEV, generator=g).to(BF16)
+    from kernels.triton_linear import fp8_linear
+    t = gluon_rows.RowsTile(*tile) if tile else None
+    if t is None:
+        assert gluon_rows.usable(x, N)
+    first = fp8_linear(x, w8, s, t)
+    assert rel(first, reference.linear(x.float(), w8, s)) < 1e-2
+    assert all(torch.equal(fp8_linear(x, w8, s, t), first) for _ in range(3))
+    assert torch.equal(replayed(lambda: fp8_linear(x, w8, s, t)), first)
 
 
 def test_linear_pair_bf16():
