@@ -7,6 +7,7 @@ the replay time / launches. Every Gluon launch is checked against the reference 
 weight) before it is timed.
 
     PYTHONPATH=. python bench/rows_gemm.py --out bench/results
+    PYTHONPATH=. python bench/rows_gemm.py --moe --out bench/results     # the fused MoE experts (256 of 6144 × I)
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import torch
 import triton
 
 from kernels import reference
-from kernels.gluon_rows import RowsTile, fp8_linear_rows, rows_tile
+from kernels.gluon_rows import MoeTile, RowsTile, fp8_linear_rows, moe_tile, rows_tile
 from kernels.triton_linear import _counters, fp8_linear
+from kernels.triton_moe import expert_tiles, fused_moe
 from kernels.triton_utils import num_sms
 
 DEV = "cuda"
@@ -37,15 +39,15 @@ def weights(N: int, K: int, copies: int):
     return out
 
 
-def graph_us(fn, ws, x, reps: int = 20) -> float:
-    """Device time of one launch: a graph of len(ws) launches (one per weight copy), replayed ``reps`` times."""
-    for w8, s in ws:
-        fn(x, w8, s)                             # compile, allocate
+def graph_us(calls, reps: int = 20) -> float:
+    """Device time of one call: a graph of ``calls`` (zero-argument launches) replayed ``reps`` times."""
+    for call in calls:
+        call()                                   # compile, allocate
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        for w8, s in ws:
-            fn(x, w8, s)
+        for call in calls:
+            call()
     g.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -56,8 +58,13 @@ def graph_us(fn, ws, x, reps: int = 20) -> float:
             g.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / reps / len(ws))
+        times.append(start.elapsed_time(end) * 1e3 / reps / len(calls))
     return sorted(times)[len(times) // 2]
+
+
+def over(fn, ws, x):
+    """One launch of ``fn`` per weight copy."""
+    return [lambda w=w: fn(x, *w) for w in ws]
 
 
 def gluon(tile: RowsTile):
@@ -79,28 +86,92 @@ def variants(M: int, N: int, K: int) -> dict[str, RowsTile]:
     return out
 
 
+def moe_case(I: int, M: int, experts: tuple, k: int = 8) -> dict:
+    """One (I, rows) case of ``moe_main``: the Triton tile kernels, the Gluon default and (8 rows) a sweep."""
+    gate, up, down, gs, us, ds = experts
+    E, _, H = gate.shape
+    x = torch.randn(M, H, device=DEV, dtype=torch.bfloat16)
+    idx = torch.stack([torch.randperm(E, device=DEV)[:k] for _ in range(M)])
+    wr = torch.rand(M, k, device=DEV)
+
+    def call(tiles):
+        return fused_moe(x, idx, wr, gate, up, down, gs, us, ds, tiles=tiles)
+
+    tri = call(expert_tiles(M, H, I)).float()
+    t_tile = graph_us([lambda: call(expert_tiles(M, H, I))])
+    cands = {"default": moe_tile(H, I, min(M * k, E), num_sms())}
+    if M == 8:
+        d = cands["default"].split
+        for bi, sp, bo, sub in itertools.product((64, 128), sorted({1, d, 2 * d}), (64, 128), (2, 4)):
+            cands[f"{bi}/{sp}/{bo}/{sub}"] = MoeTile(bi, sp, bo, sub, 4 if bi == 64 else 8, 4 if bo == 64 else 8)
+    times = {}
+    for name, t in cands.items():
+        err = ((call(t).float() - tri).norm() / tri.norm()).item()
+        assert err < 1e-2, (I, M, name, err)
+        times[name] = graph_us([lambda t=t: call(t)])
+    hit = idx.unique().numel()
+    return {"I": I, "rows": M, "experts_hit": hit, "bytes": hit * 3 * I * H, "tile_us": t_tile, "gluon": times}
+
+
+def moe_main(out: Path) -> None:
+    """fused_moe (routing and combine included) over 256 experts of 6144 × I, the Triton tile kernels vs the
+    Gluon kernels (default launch and a sweep), one graph replay a call (the experts hit are ≫ L2)."""
+    H, E = 6144, 256
+    lines = [f"# Fused MoE experts, few rows ({torch.cuda.get_device_name()}): Gluon vs Triton tile kernels", "",
+             ("µs a call (route + gate/up + down + combine), device time of a CUDA graph replay; TB/s = expert "
+             "bytes read / time. Gluon launch: block_i/split/block_ho/sub."), "",
+             "| I | rows | experts hit | MB | Triton tile | Gluon default | best Gluon | best | TB/s tile → best |",
+             "|---:|---:|---:|---:|---:|---:|---|---:|---|"]
+    res = []
+    for I in (2048, 256):
+        ws = []
+        for a, b in ((I, H), (I, H), (H, I)):
+            w = torch.empty(E, a, b, device=DEV).uniform_(-200, 200).to(torch.float8_e4m3fn)
+            ws.append((w, torch.rand(E, a // 128, b // 128, device=DEV) * 1e-3 + 1e-4))
+        experts = tuple(w for w, _ in ws) + tuple(sc for _, sc in ws)
+        for M in (2, 4, 8):
+            r = moe_case(I, M, experts)
+            g = r["gluon"]
+            best = min(g, key=g.get)
+            nb = r["bytes"]
+            print(f"I={I} M={M} hit {r['experts_hit']}: tile {r['tile_us']:.1f}  default {g['default']:.1f}  best "
+                  f"{best} {g[best]:.1f} µs  ({nb / r['tile_us'] / 1e6:.2f} → {nb / g[best] / 1e6:.2f} TB/s)",
+                  flush=True)
+            res.append(r)
+            lines.append(f"| {I} | {M} | {r['experts_hit']} | {nb / 1e6:.0f} | {r['tile_us']:.1f} | {g['default']:.1f} "
+                         f"| {best} | {g[best]:.1f} | {nb / r['tile_us'] / 1e6:.2f} → {nb / g[best] / 1e6:.2f} |")
+        ws = experts = None
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "rows_moe.json").write_text(json.dumps(res, indent=1))
+    (out / "rows_moe.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--rows", type=int, nargs="+", default=[2, 4, 8, 16])
+    ap.add_argument("--moe", action="store_true")
     args = ap.parse_args()
+    if args.moe:
+        return moe_main(Path(args.out))
     torch.manual_seed(0)
     rows = []
     for N, K, what in SHAPES:
         ws = weights(N, K, max(2, triton.cdiv(256 << 20, N * K)))
         nbytes = N * K
         x1 = torch.randn(1, K, device=DEV, dtype=torch.bfloat16)
-        one = graph_us(fp8_linear, ws, x1)
+        one = graph_us(over(fp8_linear, ws, x1))
         for M in args.rows:
             x = torch.randn(M, K, device=DEV, dtype=torch.bfloat16)
             ref = reference.linear(x.float(), reference.fp8_dequant(*ws[0]), None)
-            tile = graph_us(fp8_linear, ws, x)
+            tile = graph_us(over(fp8_linear, ws, x))
             res = {"shape": what, "N": N, "K": K, "rows": M, "gemv_1row_us": one, "tile_us": tile, "gluon": {}}
             for name, t in variants(M, N, K).items():
                 y = gluon(t)(x, *ws[0]).float()
                 err = ((y - ref).abs().max() / ref.abs().max()).item()
                 assert err < 1e-2, (what, M, name, err)
-                res["gluon"][name] = graph_us(gluon(t), ws, x)
+                res["gluon"][name] = graph_us(over(gluon(t), ws, x))
             best = min(res["gluon"], key=res["gluon"].get)
             print(f"{what:14s} M={M:2d} gemv(1) {one:6.1f}  tile {tile:6.1f}  default {res['gluon']['gluon default']:6.1f}"
                   f"  cvt {res['gluon']['gluon cvt']:6.1f}  best {best} {res['gluon'][best]:6.1f} µs"

@@ -1,26 +1,29 @@
-"""Gluon (Triton's layout-explicit dialect) FP8 block-scaled linear for a few rows: ``y = x @ (W8 · S).T``.
+"""Gluon (Triton's layout-explicit dialect) kernels for a few rows: the FP8 block-scaled linear
+``y = x @ (W8 · S).T`` and the fused MoE experts' two GEMMs, for 2..MAX_ROWS bf16 rows.
 
-The Triton tile kernel (kernels/triton_linear.py) hands ``tl.dot`` a weight tile loaded in a coalesced
-layout; the compiler then moves it through shared memory into the tensor cores' operand layout (a store,
-a barrier and ldmatrix every K step). Here the layouts are ours to name, so the weight is loaded from HBM
-straight into the registers of an ``mma.sync`` A operand and never touches shared memory:
+The Triton tile kernels (kernels/triton_linear.py, triton_moe.py) hand ``tl.dot`` a weight tile loaded in
+a coalesced layout; the compiler then moves it through shared memory into the tensor cores' operand layout
+(a store, a barrier and ldmatrix every K step). Here the layouts are ours to name, so the weight is loaded
+from HBM straight into the registers of an ``mma.sync`` A operand and never touches shared memory:
 
 * the accumulator is an Ampere-style MMA layout (``NVMMADistributedLayout`` v2, m16n8k16), its M the
-  weight's output rows (16 per warp per repeat) and its N the activation rows (8 per repeat) — the swap
-  that lets 1–8 rows fill an instruction whose smallest tile is 16 × 8;
-* the weight tile is ``DotOperandLayout(0, k_width=KW)``: each thread holds KW consecutive K elements of a
-  row, so with KW = 16 a thread loads 16 fp8 bytes at once (one ``ld.global.v4``), 4 threads cover a
-  64-byte run of a row. The activation tile is the B operand in the same k_width — a K permutation that
-  A and B share, so the dot product is unchanged;
+  weight's output rows (16 per warp per repeat) and its N the activation rows (8) — the swap that lets
+  1–8 rows fill an instruction whose smallest tile is 16 × 8;
+* the weight tile is ``DotOperandLayout(0, k_width=16)``: each thread holds 16 consecutive K elements of a
+  row, i.e. loads 16 fp8 bytes at once (one ``ld.global.v4``). The activation tile is the B operand in the
+  same k_width — a K permutation that A and B share, so the dot product is unchanged;
 * fp8 → bf16 is a bit move (``FP8_TO_BF16``): e4m3's sign, exponent and mantissa bits placed into a bf16
   (exponent bias 7 vs 127), then one packed bf16 multiply by 2^120 — exact for every e4m3 value, zeros
   and subnormals included, and cheaper than the cvt chain the compiler emits (e4m3x2 → f16x2, then one
-  f16 → bf16 per element).
+  f16 → bf16 per element; o_proj at 8 rows 57.7 → 52.0 µs with the same launch).
 
-Math as the tile kernel's: fp32 accumulation, each 128-wide K block's product scaled by its one block
+Math as the Triton kernels': fp32 accumulation, each 128-wide K block's product scaled by its one block
 scale; split-K partials reduced in split order by the last split to arrive (no float atomics:
-bit-identical run to run). ``RowsTile`` picks the launch; ``fp8_linear_rows`` is the entry point
-``triton_linear.fp8_linear`` takes for 2..MAX_ROWS rows when Gluon is present (Triton ≥ 3.6, sm_80+).
+bit-identical run to run). Measured on H200 (``bench/rows_gemm.py [--moe]``, bench/results/session9/): at 8
+rows o_proj 41.1 → 33.4 µs, dense down 40.9 → 25.6, q_b 16.3 → 13.2; the 8-row MoE (56 experts of 2048)
+681 → 566 µs (3.1 → 3.7 TB/s), a tp shard's (57 experts of 256) 119 → 93. The Triton kernels keep
+1 row (FMA kernels), > 8 rows, non-bf16 activations, < 1024 outputs (kv_a, indexer wk: no faster here)
+and ``GLMSERVE_GLUON=0``. No programmatic dependent launch (the tile kernels run without it by default).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from dataclasses import dataclass
 
 import torch
 import triton
+
+from kernels.triton_utils import num_sms
 
 try:                                           # Gluon: triton >= 3.5
     from triton.experimental import gluon
@@ -180,3 +185,187 @@ def fp8_linear_rows(x2: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor,
                        BLOCK_N=tile.block_n, BLOCK_M=max(8, triton.next_power_of_2(M)), SUB=tile.sub, KW=16,
                        WARPS=tile.num_warps, SPLIT=split > 1, BITS=tile.bits, EVEN_K=K % 128 == 0,
                        num_warps=tile.num_warps)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Fused MoE experts for 2..MAX_ROWS rows: the two GEMM launches of triton_moe.fused_moe (gate/up with SiLU,
+# down with the routing weight) on the same register-operand mma. Routing, sorted pairs and the combine are
+# triton_moe's; each expert's run of pairs (≤ MAX_ROWS rows) is the mma's N = 8 side.
+# ---------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MoeTile:
+    """gate/up: BLOCK_I expert outputs a program, H split over ``split`` programs (narrow experts have few
+    tiles to spread); down: BLOCK_HO outputs a program; both SUB 128-wide K blocks a step."""
+    block_i: int
+    split: int
+    block_ho: int
+    sub: int = 2
+    gu_warps: int = 4
+    dn_warps: int = 4
+
+
+if HAVE_GLUON:
+    @gluon.jit
+    def _run(sorted_e_ptr, sorted_pair_ptr, p, P, E_local, layout: gl.constexpr):
+        """The run of pairs from sorted position p, as triton_moe._run_rows: (expert, p owns the run,
+        in_run [8], positions [8], pair ids [8]) in ``layout``."""
+        e = gl.load(sorted_e_ptr + p)
+        prev = gl.load(sorted_e_ptr + p - 1, mask=p > 0, other=-1)
+        owner = (e < E_local) & (prev != e)
+        j = p + gl.arange(0, 8, layout=layout)
+        in_run = (j < P) & (gl.load(sorted_e_ptr + j, mask=j < P, other=-1) == e) & owner
+        pair = gl.load(sorted_pair_ptr + j, mask=in_run, other=0)
+        return e, owner, in_run, j, pair
+
+    @gluon.jit
+    def _moe_gate_up_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sorted_e_ptr, sorted_pair_ptr, act_ptr, part_ptr,
+                            count_ptr, P, E_local, H, I, num_sb_h, num_sb_i, kb_per_split,
+                            TOPK: gl.constexpr, BLOCK_I: gl.constexpr, SUB: gl.constexpr, WARPS: gl.constexpr,
+                            SPLIT: gl.constexpr, BITS: gl.constexpr):
+        """act[j] = silu(x[row_j] @ G_e.T) * (x[row_j] @ U_e.T) for the run's pairs j, each rounded as the
+        reference rounds; split over H: the last split of a tile adds the partials in split order."""
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1],
+                                                      instr_shape=[16, 8])
+        wl: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=16)
+        xl: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=16)
+        p = gl.program_id(0)
+        ib = gl.program_id(1)
+        ks = gl.program_id(2)
+        e, owner, in_run, j_x, pair = _run(sorted_e_ptr, sorted_pair_ptr, p, P, E_local, gl.SliceLayout(0, xl))
+        ri = ib * BLOCK_I + gl.arange(0, BLOCK_I, layout=gl.SliceLayout(1, wl))
+        kw = gl.arange(0, 128, layout=gl.SliceLayout(0, wl))
+        kx = gl.arange(0, 128, layout=gl.SliceLayout(1, xl))
+        w_off = e.to(gl.int64) * I * H + ri[:, None] * H
+        x_rows = x_ptr + (pair // TOPK)[None, :] * H
+        s_off = e * num_sb_i * num_sb_h + ((ib * BLOCK_I) // 128) * num_sb_h
+        acc_g = gl.zeros([BLOCK_I, 8], gl.float32, layout=mma)
+        acc_u = gl.zeros([BLOCK_I, 8], gl.float32, layout=mma)
+        kb0 = ks * kb_per_split
+        kb_end = gl.where(owner, gl.minimum(kb0 + kb_per_split, num_sb_h), kb0)
+        for kb in range(kb0, kb_end, SUB):
+            for s in gl.static_range(SUB):
+                k = (kb + s) * 128
+                live = kb + s < kb_end
+                wm = (ri[:, None] < I) & live
+                wg = gl.load(g_ptr + w_off + (k + kw)[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
+                wu = gl.load(u_ptr + w_off + (k + kw)[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
+                x = gl.load(x_rows + (k + kx)[:, None], mask=in_run[None, :] & live, other=0.0)
+                zero = gl.zeros([BLOCK_I, 8], gl.float32, layout=mma)
+                acc_g += mma_v2(_to_bf16(wg, BITS), x, zero) * gl.load(gs_ptr + s_off + kb + s, mask=live, other=0.0)
+                acc_u += mma_v2(_to_bf16(wu, BITS), x, zero) * gl.load(us_ptr + s_off + kb + s, mask=live, other=0.0)
+        if owner:
+            e_o, owner_o, in_run_o, j_o, pair_o = _run(sorted_e_ptr, sorted_pair_ptr, p, P, E_local,
+                                                       gl.SliceLayout(0, mma))
+            io = ib * BLOCK_I + gl.arange(0, BLOCK_I, layout=gl.SliceLayout(1, mma))
+            mask = in_run_o[None, :] & (io[:, None] < I)
+            if SPLIT:
+                tile = p * gl.num_programs(1) + ib
+                loc = (io - ib * BLOCK_I)[:, None] * 8 + gl.arange(0, 8, layout=gl.SliceLayout(0, mma))[None, :]
+                stride = 2 * BLOCK_I * 8
+                base = part_ptr + tile.to(gl.int64) * gl.num_programs(2) * stride
+                gl.store(base + ks * stride + loc, acc_g)
+                gl.store(base + ks * stride + BLOCK_I * 8 + loc, acc_u)
+                gl.thread_barrier()
+                if gl.atomic_add(count_ptr + tile, 1, sem="acq_rel") == gl.num_programs(2) - 1:
+                    acc_g = gl.zeros([BLOCK_I, 8], gl.float32, layout=mma)
+                    acc_u = gl.zeros([BLOCK_I, 8], gl.float32, layout=mma)
+                    for s in range(gl.num_programs(2)):
+                        acc_g += gl.load(base + s * stride + loc, cache_modifier=".cg")
+                        acc_u += gl.load(base + s * stride + BLOCK_I * 8 + loc, cache_modifier=".cg")
+                    _store_act(act_ptr, acc_g, acc_u, j_o, io, I, mask)
+                    gl.store(count_ptr + tile, 0)
+            else:
+                _store_act(act_ptr, acc_g, acc_u, j_o, io, I, mask)
+
+    @gluon.jit
+    def _store_act(act_ptr, acc_g, acc_u, j, i, I, mask):
+        dt: gl.constexpr = act_ptr.dtype.element_ty
+        g = acc_g.to(dt).to(gl.float32)
+        u = acc_u.to(dt).to(gl.float32)
+        a = (g / (1.0 + gl.exp(-g))).to(dt).to(gl.float32) * u
+        gl.store(act_ptr + j[None, :] * I + i[:, None], a.to(dt), mask=mask)
+
+    @gluon.jit
+    def _moe_down_kernel(act_ptr, d_ptr, ds_ptr, w_route_ptr, sorted_e_ptr, sorted_pair_ptr, y_ptr, P, E_local, H, I,
+                         num_sb_h, num_sb_i, BLOCK_HO: gl.constexpr, SUB: gl.constexpr, WARPS: gl.constexpr,
+                         BITS: gl.constexpr):
+        """y[pair] = round(round(act[j] @ D_e.T) · w_route[pair]) for the run's pairs j."""
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1],
+                                                      instr_shape=[16, 8])
+        wl: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=16)
+        xl: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=16)
+        p = gl.program_id(0)
+        hb = gl.program_id(1)
+        e, owner, in_run, j, pair_x = _run(sorted_e_ptr, sorted_pair_ptr, p, P, E_local, gl.SliceLayout(0, xl))
+        rh = hb * BLOCK_HO + gl.arange(0, BLOCK_HO, layout=gl.SliceLayout(1, wl))
+        kw = gl.arange(0, 128, layout=gl.SliceLayout(0, wl))
+        kx = gl.arange(0, 128, layout=gl.SliceLayout(1, xl))
+        d_rows = d_ptr + e.to(gl.int64) * H * I + rh[:, None] * I
+        a_rows = act_ptr + j[None, :] * I
+        s_off = e * num_sb_h * num_sb_i + ((hb * BLOCK_HO) // 128) * num_sb_i
+        acc = gl.zeros([BLOCK_HO, 8], gl.float32, layout=mma)
+        kb_end = gl.where(owner, num_sb_i, 0)
+        for kb in range(0, kb_end, SUB):
+            for s in gl.static_range(SUB):
+                k = (kb + s) * 128
+                live = kb + s < kb_end
+                wd = gl.load(d_rows + (k + kw)[None, :], mask=(rh[:, None] < H) & live, other=0.0,
+                             eviction_policy="evict_first")
+                a = gl.load(a_rows + (k + kx)[:, None], mask=in_run[None, :] & live, other=0.0)
+                acc += mma_v2(_to_bf16(wd, BITS), a, gl.zeros([BLOCK_HO, 8], gl.float32, layout=mma)) * gl.load(
+                    ds_ptr + s_off + kb + s, mask=live, other=0.0)
+        if owner:
+            e_o, owner_o, in_run_o, j_o, pair_o = _run(sorted_e_ptr, sorted_pair_ptr, p, P, E_local,
+                                                       gl.SliceLayout(0, mma))
+            ho = hb * BLOCK_HO + gl.arange(0, BLOCK_HO, layout=gl.SliceLayout(1, mma))
+            dt: gl.constexpr = y_ptr.dtype.element_ty
+            w = gl.load(w_route_ptr + pair_o, mask=in_run_o, other=0.0)
+            y = (acc.to(dt).to(gl.float32) * w[None, :]).to(dt)
+            gl.store(y_ptr + pair_o[None, :] * H + ho[:, None], y, mask=in_run_o[None, :] & (ho[:, None] < H))
+
+
+def moe_usable(x: torch.Tensor, gate: torch.Tensor, has_scale: bool) -> bool:
+    """The Gluon expert kernels apply: as ``usable`` for x [N, H], FP8 experts with H and I multiples of 128."""
+    N, H = x.shape
+    I = gate.shape[1]
+    return (enabled() and has_scale and x.is_cuda and x.dtype == torch.bfloat16 and 2 <= N <= MAX_ROWS
+            and H % 128 == 0 and I % 128 == 0 and torch.cuda.get_device_capability(x.device)[0] >= 8)
+
+
+def moe_tile(H: int, I: int, experts_hit: int, sms: int) -> MoeTile:
+    """The launch measured best on H200 at 8 rows of 256 experts (``bench/rows_gemm.py --moe``,
+    bench/results/session9/rows_moe.md): 128 outputs a program on 8 warps for gate/up and down, two K blocks a
+    step; gate/up split over H only when its tiles (one per 128 outputs of each expert hit) are fewer than the
+    SMs — a tp shard's narrow experts — to ~2 programs per SM (I 2048: 609 → 567 µs, I 256: 94 → 93)."""
+    tiles = experts_hit * triton.cdiv(I, 128)
+    split = 1 if tiles >= sms else max(1, min(triton.cdiv(2 * sms, tiles), H // 128 // 4))
+    return MoeTile(128, split, 128, sub=2, gu_warps=8, dn_warps=8)
+
+
+def moe_gemms(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, gate_s: torch.Tensor,
+              up_s: torch.Tensor, down_s: torch.Tensor, topk_w: torch.Tensor, sorted_e: torch.Tensor,
+              sorted_pair: torch.Tensor, act: torch.Tensor, y: torch.Tensor, k: int, E_local: int,
+              counters: torch.Tensor, tile: MoeTile | None = None) -> None:
+    """The gate/up and down launches of triton_moe.fused_moe for 2..MAX_ROWS rows: act [P, I] and y [P, H]
+    of the sorted pairs (P = N·k), as its Triton tile kernels write them."""
+    N, H = x.shape
+    I = gate.shape[1]
+    P = N * k
+    tile = tile or moe_tile(H, I, min(P, E_local), num_sms())
+    num_sb_h, num_sb_i = H // 128, I // 128
+    per_split = triton.cdiv(triton.cdiv(num_sb_h, tile.split), tile.sub) * tile.sub
+    split = triton.cdiv(num_sb_h, per_split)
+    n_ib = triton.cdiv(I, tile.block_i)
+    if split > 1:
+        part = torch.empty(P * n_ib * split * 2 * tile.block_i * 8, dtype=torch.float32, device=x.device)
+        assert P * n_ib <= counters.numel()
+    else:
+        part = counters
+    _moe_gate_up_kernel[(P, n_ib, split)](
+        x, gate, up, gate_s, up_s, sorted_e, sorted_pair, act, part, counters, P, E_local, H, I, num_sb_h, num_sb_i,
+        per_split, TOPK=k, BLOCK_I=tile.block_i, SUB=tile.sub, WARPS=tile.gu_warps, SPLIT=split > 1, BITS=True,
+        num_warps=tile.gu_warps)
+    _moe_down_kernel[(P, triton.cdiv(H, tile.block_ho))](
+        act, down, down_s, topk_w, sorted_e, sorted_pair, y, P, E_local, H, I, num_sb_h, num_sb_i,
+        BLOCK_HO=tile.block_ho, SUB=tile.sub, WARPS=tile.dn_warps, BITS=True, num_warps=tile.dn_warps)

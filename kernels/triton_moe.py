@@ -19,6 +19,10 @@ tile. Programs on the other pairs exit at once, so the grid has a static size an
 The GEMMs accumulate in fp32 and scale each 128-wide sub-block of a K step by its one block scale
 (``ExpertTile.block_k`` is a multiple of 128, ``block_n`` divides 128), as kernels/triton_linear.py.
 
+2..8 bf16 rows with FP8 experts run launches 1 and 2 as Gluon kernels instead (kernels/gluon_rows.py: the
+weight straight into the tensor cores' register operand, no shared-memory pass; gate/up split over H for
+narrow experts).
+
 One row (decode without drafts) takes FMA kernels instead (``_gate_up_row_kernel``, ``_down_row_kernel``:
 every pair is its own expert, no 16-row tensor-core tile, as triton_linear's GEMV), and runs the shared
 expert as one more pair of the same two launches (its weights reached by element offsets from the stacked
@@ -34,9 +38,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import reference
+from kernels import gluon_rows, reference
 from kernels.registry import ops
-from kernels.triton_linear import linear
+from kernels.triton_linear import _counters, linear
 from kernels.triton_utils import dot_precision, element_offset, next_pow2, on_cuda, pdl_launch, pdl_wait
 
 FUSED_MAX_ROWS = 32
@@ -301,12 +305,14 @@ def expert_tiles(rows: int, H: int, I: int) -> tuple[ExpertTile, ExpertTile]:
 def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gate: torch.Tensor,
               up: torch.Tensor, down: torch.Tensor, gate_s: torch.Tensor | None, up_s: torch.Tensor | None,
               down_s: torch.Tensor | None, expert_offset: int = 0,
-              tiles: tuple[ExpertTile, ExpertTile] | None = None, shared: tuple | None = None) -> torch.Tensor:
+              tiles: tuple[ExpertTile, ExpertTile] | gluon_rows.MoeTile | None = None,
+              shared: tuple | None = None) -> torch.Tensor:
     """x: [N, H] (N ≤ FUSED_MAX_ROWS), topk_idx/topk_w: [N, k] global ids / fp32 weights, gate/up:
     [E_l, I, H], down: [E_l, H, I] (fp8 with block scales, or x's dtype with None) → [N, H] in x's dtype:
     Σ_j w[n,j] · down(silu(gate(x)) · up(x)) over this rank's experts, + the ``shared`` expert's output
-    (as ``reference.moe_experts``; one row runs it as one more pair of the same launches). ``tiles``
-    overrides the (gate/up, down) launch shapes (benchmarks). Graph-capturable."""
+    (as ``reference.moe_experts``; one row runs it as one more pair of the same launches). 2..8 bf16 rows
+    with FP8 experts take the Gluon kernels (kernels/gluon_rows.py) where present. ``tiles`` overrides the
+    (gate/up, down) launch shapes or (a ``MoeTile``) the Gluon launch (benchmarks). Graph-capturable."""
     N, H = x.shape
     E_local, I, _ = gate.shape
     k = topk_idx.shape[1]
@@ -321,6 +327,10 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
     gs, us, ds = (gate_s, up_s, down_s) if has_scale else (dummy, dummy, dummy)
     prec = dot_precision(x.dtype)
     block_r = max(16, next_pow2(N))
+    if isinstance(tiles, gluon_rows.MoeTile) or (tiles is None and gluon_rows.moe_usable(x, gate, has_scale)):
+        gluon_rows.moe_gemms(x, gate, up, down, gate_s, up_s, down_s, topk_w.float().contiguous(), sorted_e,
+                             sorted_pair, act, y, k, E_local, _counters(x.device), tiles)
+        return _plus_shared(_combine(y, order, valid, out, N, H, k), x, shared)
     gu, dn = tiles or expert_tiles(N, H, I)
     assert all(128 % t.block_n == 0 and (t.fma or t.block_k % 128 == 0) for t in (gu, dn))
     num_sb_h, num_sb_i = triton.cdiv(H, 128), triton.cdiv(I, 128)

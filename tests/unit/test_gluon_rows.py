@@ -1,0 +1,43 @@
+"""The Gluon rows kernels' host side on the CPU: when they apply, the launch choices and the switch. The
+kernels themselves (no interpreter for Gluon) run in tests/gpu/test_kernels_gpu.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+gluon_rows = pytest.importorskip("kernels.gluon_rows", reason="triton is not installed (the 'gpu' extra)")
+
+
+@pytest.mark.parametrize("N,K", [(2048, 6144), (16384, 2048), (6144, 16384), (12288, 6144), (6144, 12288),
+                                 (4096, 2048), (1536, 6144), (6144, 1536), (1088, 700)])
+def test_rows_tile_shapes(N, K):
+    """Every default launch is one the kernel accepts: warps × 16 rows tile BLOCK_N, BLOCK_N divides 128 (one
+    scale row a program), and the split leaves every program at least one step of K."""
+    for sms in (4, 132):
+        t = gluon_rows.rows_tile(8, N, K, sms)
+        assert t.block_n % (16 * t.num_warps) == 0 and 128 % t.block_n == 0
+        assert 1 <= t.split and t.split * t.sub <= max(t.sub, -(-K // 128))
+
+
+def test_moe_tile_splits_only_narrow_experts():
+    wide = gluon_rows.moe_tile(6144, 2048, 64, 132)
+    narrow = gluon_rows.moe_tile(6144, 256, 64, 132)
+    assert wide.split == 1 and 1 < narrow.split <= 6144 // 128 // 4
+    assert wide.block_i % (16 * wide.gu_warps) == 0 and wide.block_ho % (16 * wide.dn_warps) == 0
+
+
+def test_not_usable_on_cpu_and_switch(monkeypatch):
+    x = torch.zeros(4, 6144, dtype=torch.bfloat16)
+    assert not gluon_rows.usable(x, 2048)
+    assert not gluon_rows.moe_usable(x, torch.zeros(8, 256, 6144), True)
+    monkeypatch.setenv("GLMSERVE_GLUON", "yes")
+    gluon_rows.enabled.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="GLMSERVE_GLUON"):
+            gluon_rows.enabled()
+        monkeypatch.setenv("GLMSERVE_GLUON", "0")
+        gluon_rows.enabled.cache_clear()
+        assert not gluon_rows.enabled()
+    finally:
+        gluon_rows.enabled.cache_clear()
