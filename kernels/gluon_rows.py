@@ -335,11 +335,12 @@ def moe_usable(x: torch.Tensor, gate: torch.Tensor, has_scale: bool) -> bool:
 
 def moe_tile(H: int, I: int, experts_hit: int, sms: int) -> MoeTile:
     """The launch measured best on H200 at 8 rows of 256 experts (``bench/rows_gemm.py --moe``,
-    bench/results/session9/rows_moe.md): 128 outputs a program on 8 warps for gate/up and down, two K blocks a
-    step; gate/up split over H only when its tiles (one per 128 outputs of each expert hit) are fewer than the
-    SMs — a tp shard's narrow experts — to ~2 programs per SM (I 2048: 609 → 567 µs, I 256: 94 → 93)."""
+    bench/results/session9/): 128 outputs a program on 8 warps for gate/up and down, two K blocks a step;
+    gate/up split over H only when its tiles (one per 128 outputs of each expert hit) are fewer than the SMs
+    — a tp shard's narrow experts — to ~4 programs per SM (I 256 at 8 rows: split 1 / 3 / 6 = 113 / 111 /
+    101 µs in one run; I 2048 unsplit: 681 → 567 µs against the Triton tile kernels)."""
     tiles = experts_hit * triton.cdiv(I, 128)
-    split = 1 if tiles >= sms else max(1, min(triton.cdiv(2 * sms, tiles), H // 128 // 4))
+    split = 1 if tiles >= sms else max(1, min(triton.cdiv(4 * sms, tiles), H // 128 // 4))
     return MoeTile(128, split, 128, sub=2, gu_warps=8, dn_warps=8)
 
 
