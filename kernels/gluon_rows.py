@@ -335,13 +335,15 @@ def moe_usable(x: torch.Tensor, gate: torch.Tensor, has_scale: bool) -> bool:
 
 def moe_tile(H: int, I: int, experts_hit: int, sms: int) -> MoeTile:
     """The launch measured best on H200 at 8 rows of 256 experts (``bench/rows_gemm.py --moe``,
-    bench/results/session9/): 128 outputs a program on 8 warps for gate/up and down, two K blocks a step;
-    gate/up split over H only when its tiles (one per 128 outputs of each expert hit) are fewer than the SMs
-    — a tp shard's narrow experts — to ~4 programs per SM (I 256 at 8 rows: split 1 / 3 / 6 = 113 / 111 /
-    101 µs in one run; I 2048 unsplit: 681 → 567 µs against the Triton tile kernels)."""
-    tiles = experts_hit * triton.cdiv(I, 128)
-    split = 1 if tiles >= sms else max(1, min(triton.cdiv(4 * sms, tiles), H // 128 // 4))
-    return MoeTile(128, split, 128, sub=2, gu_warps=8, dn_warps=8)
+    bench/results/session9/call6, call7). Wide experts (I ≥ 1024): 128 outputs a program on 8 warps for gate/up
+    and down, H unsplit (I 2048: 681 → 567–610 µs against the Triton tile kernels). A tp shard's narrow
+    experts have few gate/up tiles: 64 outputs on 4 warps, H split to ~16 programs per SM, ≥ 4 K blocks each
+    (I 256: split 3 / 5 / 10 = 107 / 102 / 99 µs in one run, against 120 for the Triton tile kernels)."""
+    if I >= 1024:
+        return MoeTile(128, 1, 128, sub=2, gu_warps=8, dn_warps=8)
+    tiles = experts_hit * triton.cdiv(I, 64)
+    split = max(1, min(triton.cdiv(16 * sms, tiles), H // 128 // 4))
+    return MoeTile(64, split, 64, sub=2, gu_warps=4, dn_warps=4)
 
 
 def moe_gemms(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, gate_s: torch.Tensor,

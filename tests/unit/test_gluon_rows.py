@@ -24,7 +24,8 @@ def test_moe_tile_splits_only_narrow_experts():
     wide = gluon_rows.moe_tile(6144, 2048, 64, 132)
     narrow = gluon_rows.moe_tile(6144, 256, 64, 132)
     assert wide.split == 1 and 1 < narrow.split <= 6144 // 128 // 4
-    assert wide.block_i % (16 * wide.gu_warps) == 0 and wide.block_ho % (16 * wide.dn_warps) == 0
+    for t in (wide, narrow):
+        assert t.block_i % (16 * t.gu_warps) == 0 and t.block_ho % (16 * t.dn_warps) == 0
 
 
 def test_not_usable_on_cpu_and_switch(monkeypatch):
