@@ -232,7 +232,7 @@ if HAVE_GLUON:
         p = gl.program_id(0)
         ib = gl.program_id(1)
         ks = gl.program_id(2)
-        e, owner, in_run, j_x, pair = _run(sorted_e_ptr, sorted_pair_ptr, p, P, E_local, gl.SliceLayout(0, xl))
+        e, owner, in_run, _j_x, pair = _run(sorted_e_ptr, sorted_pair_ptr, p, P, E_local, gl.SliceLayout(0, xl))
         ri = ib * BLOCK_I + gl.arange(0, BLOCK_I, layout=gl.SliceLayout(1, wl))
         kw = gl.arange(0, 128, layout=gl.SliceLayout(0, wl))
         kx = gl.arange(0, 128, layout=gl.SliceLayout(1, xl))
@@ -255,7 +255,7 @@ if HAVE_GLUON:
                 acc_g += mma_v2(_to_bf16(wg, BITS), x, zero) * gl.load(gs_ptr + s_off + kb + s, mask=live, other=0.0)
                 acc_u += mma_v2(_to_bf16(wu, BITS), x, zero) * gl.load(us_ptr + s_off + kb + s, mask=live, other=0.0)
         if owner:
-            e_o, owner_o, in_run_o, j_o, pair_o = _run(sorted_e_ptr, sorted_pair_ptr, p, P, E_local,
+            _e_o, _owner_o, in_run_o, j_o, _pair_o = _run(sorted_e_ptr, sorted_pair_ptr, p, P, E_local,
                                                        gl.SliceLayout(0, mma))
             io = ib * BLOCK_I + gl.arange(0, BLOCK_I, layout=gl.SliceLayout(1, mma))
             mask = in_run_o[None, :] & (io[:, None] < I)
@@ -297,7 +297,7 @@ if HAVE_GLUON:
         xl: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=16)
         p = gl.program_id(0)
         hb = gl.program_id(1)
-        e, owner, in_run, j, pair_x = _run(sorted_e_ptr, sorted_pair_ptr, p, P, E_local, gl.SliceLayout(0, xl))
+        e, owner, in_run, j, _pair_x = _run(sorted_e_ptr, sorted_pair_ptr, p, P, E_local, gl.SliceLayout(0, xl))
         rh = hb * BLOCK_HO + gl.arange(0, BLOCK_HO, layout=gl.SliceLayout(1, wl))
         kw = gl.arange(0, 128, layout=gl.SliceLayout(0, wl))
         kx = gl.arange(0, 128, layout=gl.SliceLayout(1, xl))
@@ -316,7 +316,7 @@ if HAVE_GLUON:
                 acc += mma_v2(_to_bf16(wd, BITS), a, gl.zeros([BLOCK_HO, 8], gl.float32, layout=mma)) * gl.load(
                     ds_ptr + s_off + kb + s, mask=live, other=0.0)
         if owner:
-            e_o, owner_o, in_run_o, j_o, pair_o = _run(sorted_e_ptr, sorted_pair_ptr, p, P, E_local,
+            _e_o, _owner_o, in_run_o, _j_o, pair_o = _run(sorted_e_ptr, sorted_pair_ptr, p, P, E_local,
                                                        gl.SliceLayout(0, mma))
             ho = hb * BLOCK_HO + gl.arange(0, BLOCK_HO, layout=gl.SliceLayout(1, mma))
             dt: gl.constexpr = y_ptr.dtype.element_ty
