@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from triton.testing import do_bench
 
+from bench.decode_slice import graph_ms
 from kernels import ops, reference
 
 DEV, BF16 = "cuda", torch.bfloat16
@@ -41,33 +42,16 @@ def clone(a):
     return a
 
 
-def graph_ms(fn, args: tuple, nbytes: int, reps: int = 10) -> float | None:
+def device_ms(fn, args: tuple, nbytes: int, reps: int = 10) -> float | None:
     """Device time of one call of ``fn``: a CUDA graph of calls over clones of ``args`` (as many as make
     ≥ 256 MB of inputs, so none is served from L2), replayed; None if the op cannot be captured."""
     copies = [args] + [tuple(clone(a) for a in args) for _ in range(min(63, (256 << 20) // max(1, nbytes)))]
     try:
-        for a in copies:
-            fn(*a)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for a in copies:
-                fn(*a)
+        return graph_ms(lambda: [fn(*a) for a in copies], reps) / len(copies)
     except Exception as e:                       # an op that syncs the host or allocates mid-capture
         print(f"  (no graph: {type(e).__name__}: {str(e)[:80]})")
         torch.cuda.synchronize()
         return None
-    g.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(5):
-        start.record()
-        for _ in range(reps):
-            g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / reps / len(copies))
-    return sorted(times)[2]
 
 
 def ceilings() -> dict[str, float]:
@@ -170,7 +154,7 @@ def main() -> None:
     for name, op, a, nbytes, flops in cases():
         tri = t_ms(lambda: ops.impl(op, "triton")(*a))
         ref = t_ms(lambda: reference.__dict__[op](*a))
-        dev = graph_ms(ops.impl(op, "triton"), a, nbytes)
+        dev = device_ms(ops.impl(op, "triton"), a, nbytes)
         t = dev or tri
         rows.append({"kernel": name, "triton_us": tri * 1e3, "reference_us": ref * 1e3,
                      "graph_us": None if dev is None else dev * 1e3, "GBps": nbytes / t / 1e6,

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import triton
 
+from bench.decode_slice import graph_ms
 from kernels import reference
 from kernels.gluon_rows import MoeTile, RowsTile, fp8_linear_rows, moe_tile, rows_tile
 from kernels.triton_linear import _counters, fp8_linear
@@ -41,25 +42,7 @@ def weights(N: int, K: int, copies: int):
 
 def graph_us(calls, reps: int = 20) -> float:
     """Device time of one call: a graph of ``calls`` (zero-argument launches) replayed ``reps`` times."""
-    for call in calls:
-        call()                                   # compile, allocate
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for call in calls:
-            call()
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(5):
-        start.record()
-        for _ in range(reps):
-            g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / reps / len(calls))
-    return sorted(times)[len(times) // 2]
+    return graph_ms(lambda: [call() for call in calls], reps) * 1e3 / len(calls)
 
 
 def over(fn, ws, x):

@@ -81,6 +81,22 @@ class RowsTile:
 
 
 if HAVE_GLUON:
+    @gluon.constexpr_function
+    def _acc_layout(warps):
+        """The accumulator: m16n8k16 MMA tiles, warps stacked along the weight's output rows."""
+        return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[warps, 1], instr_shape=[16, 8])
+
+    @gluon.constexpr_function
+    def _operand_layout(index, warps):
+        """A (0: the weight, 16 consecutive K bytes a thread) or B (1: the activation rows) of that MMA."""
+        return gl.DotOperandLayout(operand_index=index, parent=_acc_layout(warps), k_width=16)
+
+    @gluon.jit
+    def _k_lanes(WARPS: gl.constexpr):
+        """The 128 K offsets of one scale block in the weight's (A) and the activations' (B) operand layouts."""
+        return (gl.arange(0, 128, layout=gl.SliceLayout(0, _operand_layout(0, WARPS))),
+                gl.arange(0, 128, layout=gl.SliceLayout(1, _operand_layout(1, WARPS))))
+
     @gluon.jit
     def _to_bf16(w, BITS: gl.constexpr):
         if BITS:
@@ -92,17 +108,15 @@ if HAVE_GLUON:
     @gluon.jit
     def _rows_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, M, N, K, stride_xm, num_sb_k,
                      kb_per_split, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, SUB: gl.constexpr,
-                     KW: gl.constexpr, WARPS: gl.constexpr, SPLIT: gl.constexpr, BITS: gl.constexpr,
+                     WARPS: gl.constexpr, SPLIT: gl.constexpr, BITS: gl.constexpr,
                      EVEN_K: gl.constexpr):
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1],
-                                                      instr_shape=[16, 8])
-        wl: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=KW)
-        xl: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=KW)
+        mma: gl.constexpr = _acc_layout(WARPS)
+        wl: gl.constexpr = _operand_layout(0, WARPS)
+        xl: gl.constexpr = _operand_layout(1, WARPS)
         pid_n = gl.program_id(0)
         pid_k = gl.program_id(1)
         rn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, wl))
-        kw = gl.arange(0, 128, layout=gl.SliceLayout(0, wl))
-        kx = gl.arange(0, 128, layout=gl.SliceLayout(1, xl))
+        kw, kx = _k_lanes(WARPS)
         rm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, xl))
         w_rows = w_ptr + rn[:, None] * K
         x_rows = x_ptr + rm[None, :] * stride_xm
@@ -182,7 +196,7 @@ def fp8_linear_rows(x2: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor,
     else:
         part = counters = out
     _rows_kernel[grid](x2, w8, scale_inv, out, part, counters, M, N, K, x2.stride(0), kbs, per_split,
-                       BLOCK_N=tile.block_n, BLOCK_M=max(8, triton.next_power_of_2(M)), SUB=tile.sub, KW=16,
+                       BLOCK_N=tile.block_n, BLOCK_M=max(8, triton.next_power_of_2(M)), SUB=tile.sub,
                        WARPS=tile.num_warps, SPLIT=split > 1, BITS=tile.bits, EVEN_K=K % 128 == 0,
                        num_warps=tile.num_warps)
 
@@ -225,17 +239,15 @@ if HAVE_GLUON:
                             SPLIT: gl.constexpr, BITS: gl.constexpr):
         """act[j] = silu(x[row_j] @ G_e.T) * (x[row_j] @ U_e.T) for the run's pairs j, each rounded as the
         reference rounds; split over H: the last split of a tile adds the partials in split order."""
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1],
-                                                      instr_shape=[16, 8])
-        wl: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=16)
-        xl: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=16)
+        mma: gl.constexpr = _acc_layout(WARPS)
+        wl: gl.constexpr = _operand_layout(0, WARPS)
+        xl: gl.constexpr = _operand_layout(1, WARPS)
         p = gl.program_id(0)
         ib = gl.program_id(1)
         ks = gl.program_id(2)
         e, owner, in_run, _j_x, pair = _run(sorted_e_ptr, sorted_pair_ptr, p, P, E_local, gl.SliceLayout(0, xl))
         ri = ib * BLOCK_I + gl.arange(0, BLOCK_I, layout=gl.SliceLayout(1, wl))
-        kw = gl.arange(0, 128, layout=gl.SliceLayout(0, wl))
-        kx = gl.arange(0, 128, layout=gl.SliceLayout(1, xl))
+        kw, kx = _k_lanes(WARPS)
         w_off = e.to(gl.int64) * I * H + ri[:, None] * H
         x_rows = x_ptr + (pair // TOPK)[None, :] * H
         s_off = e * num_sb_i * num_sb_h + ((ib * BLOCK_I) // 128) * num_sb_h
@@ -291,16 +303,14 @@ if HAVE_GLUON:
                          num_sb_h, num_sb_i, BLOCK_HO: gl.constexpr, SUB: gl.constexpr, WARPS: gl.constexpr,
                          BITS: gl.constexpr):
         """y[pair] = round(round(act[j] @ D_e.T) · w_route[pair]) for the run's pairs j."""
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1],
-                                                      instr_shape=[16, 8])
-        wl: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=16)
-        xl: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=16)
+        mma: gl.constexpr = _acc_layout(WARPS)
+        wl: gl.constexpr = _operand_layout(0, WARPS)
+        xl: gl.constexpr = _operand_layout(1, WARPS)
         p = gl.program_id(0)
         hb = gl.program_id(1)
         e, owner, in_run, j, _pair_x = _run(sorted_e_ptr, sorted_pair_ptr, p, P, E_local, gl.SliceLayout(0, xl))
         rh = hb * BLOCK_HO + gl.arange(0, BLOCK_HO, layout=gl.SliceLayout(1, wl))
-        kw = gl.arange(0, 128, layout=gl.SliceLayout(0, wl))
-        kx = gl.arange(0, 128, layout=gl.SliceLayout(1, xl))
+        kw, kx = _k_lanes(WARPS)
         d_rows = d_ptr + e.to(gl.int64) * H * I + rh[:, None] * I
         a_rows = act_ptr + j[None, :] * I
         s_off = e * num_sb_h * num_sb_i + ((hb * BLOCK_HO) // 128) * num_sb_i
