@@ -23,7 +23,7 @@ import triton
 from bench.decode_slice import graph_ms
 from kernels import reference
 from kernels.gluon_rows import MoeTile, RowsTile, fp8_linear_rows, moe_tile, rows_tile
-from kernels.triton_linear import _counters, fp8_linear
+from kernels.triton_linear import fp8_linear, tile_counters
 from kernels.triton_moe import expert_tiles, fused_moe
 from kernels.triton_utils import num_sms
 
@@ -53,7 +53,7 @@ def over(fn, ws, x):
 def gluon(tile: RowsTile):
     def run(x, w8, s):
         out = torch.empty(x.shape[0], w8.shape[0], dtype=x.dtype, device=x.device)
-        fp8_linear_rows(x, w8, s, out, tile, _counters(x.device))
+        fp8_linear_rows(x, w8, s, out, tile, tile_counters(x.device))
         return out
     return run
 

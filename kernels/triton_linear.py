@@ -198,8 +198,9 @@ class GemvTile(LinearTile):
 _tile_counters: dict[torch.device, torch.Tensor] = {}
 
 
-def _counters(device: torch.device) -> torch.Tensor:
-    """The device's zeroed int32 tile counters (the split programs of a tile count their arrivals)."""
+def tile_counters(device: torch.device) -> torch.Tensor:
+    """The device's zeroed int32 tile counters (the split programs of a tile count their arrivals), shared by
+    every split-K launch on the device: the Triton linear kernels and the Gluon rows / MoE kernels."""
     counters = _tile_counters.get(device)
     if counters is None:
         assert not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()), \
@@ -261,7 +262,7 @@ def _gemv(x2: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor | None, out
     grid = (triton.cdiv(N, tile.block_n), split)
     if split > 1:
         part = torch.empty(split, N, dtype=torch.float32, device=x2.device)
-        counters = _counters(x2.device)
+        counters = tile_counters(x2.device)
         assert grid[0] <= counters.numel()
     else:
         part = counters = out
@@ -295,7 +296,7 @@ def fp8_linear(x: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor,
         return out.view(*x.shape[:-1], N)
     if isinstance(tile, gluon_rows.RowsTile) or (tile is None and gluon_rows.usable(x2, N)):
         gluon_rows.fp8_linear_rows(x2, w8, scale_inv, out, tile or gluon_rows.rows_tile(M, N, K, num_sms()),
-                                   _counters(x2.device))
+                                   tile_counters(x2.device))
         return out.view(*x.shape[:-1], N)
     if M <= DECODE_ROWS:
         block_m = max(16, next_pow2(M))
@@ -318,7 +319,7 @@ def _tiles(x2: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor | None, ou
     grid = (triton.cdiv(N, tile.block_n), triton.cdiv(M, block_m), split)
     if split > 1:
         part = torch.empty(split, M, N, dtype=torch.float32, device=x2.device)
-        counters = _counters(x2.device)
+        counters = tile_counters(x2.device)
         assert grid[0] * grid[1] <= counters.numel()
     else:
         part = counters = out

@@ -40,7 +40,7 @@ import triton.language as tl
 
 from kernels import gluon_rows, reference
 from kernels.registry import ops
-from kernels.triton_linear import _counters, linear
+from kernels.triton_linear import linear, tile_counters
 from kernels.triton_utils import dot_precision, element_offset, next_pow2, on_cuda, pdl_launch, pdl_wait
 
 FUSED_MAX_ROWS = 32
@@ -329,7 +329,7 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
     block_r = max(16, next_pow2(N))
     if isinstance(tiles, gluon_rows.MoeTile) or (tiles is None and gluon_rows.moe_usable(x, gate, has_scale)):
         gluon_rows.moe_gemms(x, gate, up, down, gate_s, up_s, down_s, topk_w.float().contiguous(), sorted_e,
-                             sorted_pair, act, y, k, E_local, _counters(x.device), tiles)
+                             sorted_pair, act, y, k, E_local, tile_counters(x.device), tiles)
         return _plus_shared(_combine(y, order, valid, out, N, H, k), x, shared)
     gu, dn = tiles or expert_tiles(N, H, I)
     assert all(128 % t.block_n == 0 and (t.fma or t.block_k % 128 == 0) for t in (gu, dn))

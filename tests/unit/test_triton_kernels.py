@@ -158,7 +158,7 @@ def test_fp8_linear_split_k_semaphore(tk, M):
         first = lin.fp8_linear(x, w8, s, tile)
         assert rel(first, reference.linear(x, w8, s)) < 1e-5
         assert torch.equal(lin.fp8_linear(x, w8, s, tile), first)
-        assert not lin._counters(x.device).any()
+        assert not lin.tile_counters(x.device).any()
 
 
 def _moe_inputs(g, N, H, I, E, k, fp8):
