@@ -100,6 +100,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _to_bf16(w, BITS: gl.constexpr):
+        """An e4m3 weight tile in bf16, same layout: the bit move (``FP8_TO_BF16``) or the compiler's cvt."""
         if BITS:
             return gl.inline_asm_elementwise(_FP8_TO_BF16, "=r,=r,r", [w], dtype=gl.bfloat16, is_pure=True,
                                              pack=4)
@@ -111,6 +112,8 @@ if HAVE_GLUON:
                      kb_per_split, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, SUB: gl.constexpr,
                      WARPS: gl.constexpr, SPLIT: gl.constexpr, BITS: gl.constexpr,
                      EVEN_K: gl.constexpr):
+        """out[m, n] = Σ_k x[m, k] · W8[n, k] · S[n // 128, k // 128] for BLOCK_N outputs × this split's K
+        blocks, the M ≤ BLOCK_M rows on the MMA's N side; split partials reduced by the last split."""
         mma: gl.constexpr = _acc_layout(WARPS)
         wl: gl.constexpr = _operand_layout(0, WARPS)
         xl: gl.constexpr = _operand_layout(1, WARPS)
