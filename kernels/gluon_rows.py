@@ -167,11 +167,21 @@ def enabled() -> bool:
     return mode == "1" and HAVE_GLUON
 
 
-def usable(x2: torch.Tensor, N: int) -> bool:
-    """The rows kernel applies: Gluon on, x2 [M, K] bf16 with 2..MAX_ROWS rows on an sm_80+ GPU, and at least
-    1024 outputs (below that the Triton tile kernel measured as fast or faster: bench/results/session9/)."""
+def _rows_fit(x2: torch.Tensor) -> bool:
+    """Gluon on and x2 [M, ·] bf16 with 2..MAX_ROWS rows on an sm_80+ GPU (the capability cached per device)."""
     return (enabled() and x2.is_cuda and x2.dtype == torch.bfloat16 and 2 <= x2.shape[0] <= MAX_ROWS
-            and N >= 1024 and torch.cuda.get_device_capability(x2.device)[0] >= 8)
+            and _sm_major(x2.device.index or 0) >= 8)
+
+
+@functools.cache
+def _sm_major(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
+def usable(x2: torch.Tensor, N: int) -> bool:
+    """The rows kernel applies: ``_rows_fit`` and at least 1024 outputs (below that the Triton tile kernel
+    measured as fast or faster: bench/results/session9/)."""
+    return N >= 1024 and _rows_fit(x2)
 
 
 def rows_tile(M: int, N: int, K: int, sms: int) -> RowsTile:
@@ -340,11 +350,8 @@ if HAVE_GLUON:
 
 
 def moe_usable(x: torch.Tensor, gate: torch.Tensor, has_scale: bool) -> bool:
-    """The Gluon expert kernels apply: as ``usable`` for x [N, H], FP8 experts with H and I multiples of 128."""
-    N, H = x.shape
-    I = gate.shape[1]
-    return (enabled() and has_scale and x.is_cuda and x.dtype == torch.bfloat16 and 2 <= N <= MAX_ROWS
-            and H % 128 == 0 and I % 128 == 0 and torch.cuda.get_device_capability(x.device)[0] >= 8)
+    """The Gluon expert kernels apply: ``_rows_fit`` for x [N, H], FP8 experts with H and I multiples of 128."""
+    return has_scale and x.shape[1] % 128 == 0 and gate.shape[1] % 128 == 0 and _rows_fit(x)
 
 
 def moe_tile(H: int, I: int, experts_hit: int, sms: int) -> MoeTile:
