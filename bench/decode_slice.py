@@ -10,6 +10,10 @@ Byte floor = bytes the step must read / the measured read-stream bandwidth: ever
 (routed experts only those actually hit, counted on the step's own routing; embedding only the rows
 used) + the MLA cache rows selected (576 values) + the indexer keys scored (128 values, full layers).
 
+HF transformers runs the same widths with bf16 random weights and eager attention, at each of the full slice's
+(ctx, rows) cases: its cache prefilled in chunks, then one decode step at a time, the cache cropped back after
+each. A case whose HF cache cannot fit beside HF's weights is reported as not run, with the estimate.
+
     PYTHONPATH=. python bench/decode_slice.py --out bench/results
 """
 
@@ -106,10 +110,15 @@ def time_ms(fn, iters: int) -> float:
     return statistics.median(times)
 
 
-def graph_ms(step, iters: int) -> float:
-    """Capture ``step`` in a CUDA graph (after warm-up on a side stream) and time its replays."""
+def graph_ms(step, iters: int, chained: bool = False) -> float:
+    """Capture ``step`` in a CUDA graph (after warm-up on a side stream) and time its replays: each alone
+    (median; a decode step, synchronized after), or ``chained``: the mean of ``iters`` back-to-back replays
+    (median of 5 such runs), where the launch of a replay hides behind the one before — for kernel micro-
+    benchmarks, whose graphs are many launches of one kernel and whose per-replay host launch is not theirs."""
     graph, _ = capture_graph(step, warmup=3)
-    return time_ms(graph.replay, iters)
+    if not chained:
+        return time_ms(graph.replay, iters)
+    return time_ms(lambda: [graph.replay() for _ in range(iters)], 5) / iters
 
 
 def decode_graphs(model, cache: KVCache) -> DecodeGraphs:
@@ -180,10 +189,34 @@ def bench_model(model, cfg, cache, label, ctxs, rows_list, modes, read_bw, resul
             results.append(row)
 
 
-def bench_hf(ctx: int, rows: int, experts: str | None) -> float:
+HF_CASES = [(4096, 1), (4096, 8), (32768, 1), (32768, 8)]      # (ctx, rows), the full slice's cases
+
+
+def _hf_cache_bytes(pkv) -> int:
+    """Bytes held by an HF cache's layers (keys, values, indexer keys — whatever this transformers stores)."""
+    return sum(v.numel() * v.element_size() for layer in getattr(pkv, "layers", [])
+               for v in vars(layer).values() if isinstance(v, torch.Tensor))
+
+
+def _hf_prefill(hf, rows: int, ctx: int):
+    """HF's cache for ``rows`` random prompts of ``ctx`` tokens, prefilled in chunks small enough that eager
+    attention's scores (bf16 + fp32 softmax, 64 heads) and the indexer's (fp32, 32 heads) stay within ~16 GB."""
+    chunk = 128
+    while chunk < ctx and rows * (2 * chunk) * ctx * 900 <= 16e9:
+        chunk *= 2
+    pkv = None
+    for start in range(0, ctx, chunk):
+        ids = torch.randint(0, 1000, (rows, min(chunk, ctx - start)), device=DEV)
+        pkv = hf(ids, past_key_values=pkv, use_cache=True).past_key_values
+    return pkv
+
+
+def bench_hf(experts: str | None, cases=HF_CASES) -> tuple[str, dict]:
     """HF transformers on the same widths, bf16 random weights (timing only), eager attention; ``experts``
     is HF's experts implementation ("eager" = the oracle's per-expert loop; None = HF's default for the
-    device, grouped_mm on CUDA)."""
+    device, grouped_mm on CUDA). One decode step (``rows`` rows at context ``ctx``, its cache cropped back
+    after each) per case: (median, min, max) ms of 6 after 2 warm-up steps, or why the case did not run
+    (a cache that cannot fit beside the weights is not attempted)."""
     from transformers import GlmMoeDsaConfig, GlmMoeDsaForCausalLM
 
     hf_cfg = GlmMoeDsaConfig(**{k: v for k, v in SLICE.items() if k not in ("architectures", "quantization_config")})
@@ -193,23 +226,40 @@ def bench_hf(ctx: int, rows: int, experts: str | None) -> float:
         hf = GlmMoeDsaForCausalLM._from_config(hf_cfg, attn_implementation="eager", **kwargs).eval()
     impl = hf.config._experts_implementation
     torch.set_default_dtype(torch.float32)
+    out: dict = {}
     with torch.no_grad():
-        out = hf(torch.randint(0, 1000, (rows, ctx), device=DEV), use_cache=True)
-        pkv = out.past_key_values
-        nxt = torch.randint(0, 1000, (rows, 1), device=DEV)
-        times = []
-        for i in range(8):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            hf(nxt, past_key_values=pkv, use_cache=True)
-            b.record()
-            b.synchronize()
-            pkv.crop(ctx)
-            if i >= 2:
-                times.append(a.elapsed_time(b))
-    del hf, pkv, out
+        per_token = _hf_cache_bytes(_hf_prefill(hf, 1, 256)) / 256
+        torch.cuda.empty_cache()
+        for ctx, rows in cases:
+            need = per_token * rows * (ctx + 1) * 1.25 + 20e9    # + one layer's cat copy, + prefill scores
+            free = torch.cuda.mem_get_info()[0]
+            if need > free:
+                out[(ctx, rows)] = (f"not run: HF's cache ({per_token / 1024:.0f} KiB a token) needs ~{need / 1e9:.0f} "
+                                    f"GB, {free / 1e9:.0f} GB free beside its bf16 weights")
+                continue
+            pkv = None
+            try:
+                pkv = _hf_prefill(hf, rows, ctx)
+                nxt = torch.randint(0, 1000, (rows, 1), device=DEV)
+                times = []
+                for i in range(8):
+                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    a.record()
+                    hf(nxt, past_key_values=pkv, use_cache=True)
+                    b.record()
+                    b.synchronize()
+                    pkv.crop(-1)                   # drop the step's token: every step at context ctx
+                    if i >= 2:
+                        times.append(a.elapsed_time(b))
+                out[(ctx, rows)] = (statistics.median(times), min(times), max(times))
+            except torch.OutOfMemoryError:
+                out[(ctx, rows)] = "out of GPU memory"
+            del pkv
+            torch.cuda.empty_cache()
+            print(f"HF experts {impl}, ctx {ctx} x {rows}: {out[(ctx, rows)]}", flush=True)
+    del hf
     torch.cuda.empty_cache()
-    return impl, statistics.median(times), min(times), max(times)
+    return impl, out
 
 
 def _ms(v: float | None) -> str:
@@ -217,6 +267,7 @@ def _ms(v: float | None) -> str:
 
 
 def write_report(results, hf, read_bw, out: Path) -> None:
+    cols = {impl: cases for impl, cases in hf.items() if "error" not in cases}
     lines = [f"# Decode step on a GLM-5.2-width slice ({torch.cuda.get_device_name()}, torch {torch.__version__})",
              "", "1 dense + 3 MoE layers (indexer full,full,full,shared), FP8 block weights, bf16 activations and "
              "KV, index_topk 2048; step = forward + lm_head (vocab 154880). Floor = bytes read / "
@@ -230,18 +281,32 @@ def write_report(results, hf, read_bw, out: Path) -> None:
              "one-time warm-up + capture of that graph. Programmatic dependent launch of our kernels "
              f"(GLMSERVE_PDL): {pdl_mode()}.", "",
              "| slice | ctx | rows | experts hit/layer | MB read | floor | reference | auto (eager) | auto (graph) "
-             "| graph / floor | stage (host) | capture |", "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| graph / floor | stage (host) | capture |" + "".join(f" HF ({i}) | HF ({i}) / graph |" for i in cols),
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|---:|" * len(cols)]
+    notes = []
     for r in results:
         g = r.get("auto_graph")
         ratio = "—" if g is None else f"{g / r['floor_ms']:.2f}×"
-        lines.append(f"| {r['slice']} | {r['ctx']} | {r['rows']} | {r['experts_hit']} | {r['bytes'] / 1e6:.0f} | "
-                     f"{r['floor_ms']:.2f} | {_ms(r.get('reference'))} | {_ms(r.get('auto'))} | {_ms(g)} | {ratio} | "
-                     f"{_ms(r.get('stage_ms'))} | {_ms(r.get('capture_ms'))} |")
-    lines += ["", "HF transformers 5.x (same widths and layers, bf16 random weights, eager attention; experts "
-              "'eager' is the oracle's per-expert loop, the other HF's default on CUDA): "
-              + "; ".join(f"ctx {k}: {v}" for k, v in hf.items())]
+        line = (f"| {r['slice']} | {r['ctx']} | {r['rows']} | {r['experts_hit']} | {r['bytes'] / 1e6:.0f} | "
+                f"{r['floor_ms']:.2f} | {_ms(r.get('reference'))} | {_ms(r.get('auto'))} | {_ms(g)} | {ratio} | "
+                f"{_ms(r.get('stage_ms'))} | {_ms(r.get('capture_ms'))} |")
+        for impl, cases in cols.items():
+            t = cases.get((r["ctx"], r["rows"])) if r["slice"] == "full" else None
+            if isinstance(t, tuple):
+                line += f" {t[0]:.1f} ({t[1]:.1f}–{t[2]:.1f}) | {'—' if g is None else f'{t[0] / g:.1f}×'} |"
+            else:
+                line += " — | — |"
+                if t is not None:
+                    notes.append(f"HF ({impl}) at {r['ctx']} × {r['rows']}: {t}")
+        lines.append(line)
+    lines += ["", "HF transformers (same widths and layers, bf16 random weights, eager attention, its cache prefilled in "
+              "chunks; experts 'eager' is the oracle's per-expert loop, the other HF's default on CUDA): median ms of "
+              "6 steps (min–max), the full slice only; 'HF / graph' = how many times faster ours is."]
+    lines += [f"- {n}" for n in notes] + [f"- HF ({impl}): {c['error']}" for impl, c in hf.items() if "error" in c]
     (out / "decode_slice.md").write_text("\n".join(lines) + "\n")
-    (out / "decode_slice.json").write_text(json.dumps({"results": results, "hf": hf, "read_Bps": read_bw}, indent=1))
+    hf_json = {impl: {f"{k[0]}x{k[1]}" if isinstance(k, tuple) else k: v for k, v in c.items()} for impl, c in hf.items()}
+    (out / "decode_slice.json").write_text(json.dumps({"results": results, "hf": hf_json, "read_Bps": read_bw},
+                                                      indent=1))
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -249,9 +314,16 @@ def write_report(results, hf, read_bw, out: Path) -> None:
         fig, ax = plt.subplots(figsize=(11, 4.5))
         labels = [f"{r['slice']}\n{r['ctx'] // 1024}k×{r['rows']}" for r in results]
         xs = range(len(results))
-        for i, (key, name) in enumerate([("floor_ms", "byte floor"), ("auto_graph", "auto (graph)"),
-                                         ("auto", "auto (eager)"), ("reference", "reference")]):
-            ax.bar([x + 0.2 * i - 0.3 for x in xs], [r.get(key) or 0 for r in results], 0.2, label=name)
+        series = [("byte floor", [r["floor_ms"] for r in results]),
+                  ("auto (graph)", [r.get("auto_graph") or 0 for r in results]),
+                  ("auto (eager)", [r.get("auto") or 0 for r in results]),
+                  ("reference", [r.get("reference") or 0 for r in results])]
+        for impl, cases in cols.items():           # HF where it ran (the full slice)
+            ts = [cases.get((r["ctx"], r["rows"])) if r["slice"] == "full" else None for r in results]
+            series.append((f"HF ({impl} experts)", [t[0] if isinstance(t, tuple) else 0 for t in ts]))
+        w = 0.8 / len(series)
+        for i, (name, ys) in enumerate(series):
+            ax.bar([x + w * i - 0.4 + w / 2 for x in xs], ys, w, label=name)
         ax.set_yscale("log")
         ax.set_ylabel("step time (ms)")
         ax.set_xticks(list(xs), labels, fontsize=8)
@@ -294,14 +366,14 @@ def main() -> None:
         del shard
     del cache
     torch.cuda.empty_cache()
-    hf: dict = {}
+    hf: dict = {}                              # experts implementation -> {(ctx, rows): times or why not}
     if not args.no_hf:
         for experts in ("eager", None):
             try:
-                impl, med, lo, hi = bench_hf(4096, 1, experts)
-                hf[f"4096×1, experts {impl}"] = f"{med:.1f} ms (of 6: {lo:.1f}–{hi:.1f})"
-            except Exception as e:  # noqa: BLE001
-                hf[f"error ({experts})"] = repr(e)[:300]
+                impl, cases = bench_hf(experts)
+                hf[impl] = cases
+            except Exception as e:  # noqa: BLE001 — report, keep the rest of the table
+                hf[f"{experts or 'default'} (failed)"] = {"error": repr(e)[:300]}
     write_report(results, hf, read_bw, out)
 
 

@@ -88,13 +88,14 @@ def main() -> None:
         nbytes = N * K
         ws = [rand_fp8(N, K) for _ in range(max(2, int(COLD_BYTES // nbytes)))]
         x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
-        ours = graph_ms(lambda x=x, ws=ws: [fp8_linear(x, w, s) for w, s in ws], 10) * 1e3 / len(ws)
+        ours = graph_ms(lambda x=x, ws=ws: [fp8_linear(x, w, s) for w, s in ws], 10, chained=True) * 1e3 / len(ws)
         pick = gemv_tile(N, K)
         best = (float("inf"), "")
         for bn, bk, warps, per_sm in itertools.product((8, 16, 32), (512, 1024, 2048), (4, 8), (2, 4)):
             split = max(1, min(triton.cdiv(per_sm * num_sms(), triton.cdiv(N, bn)), triton.cdiv(K, bk)))
             o = torch.empty(split + 1, N, device="cuda", dtype=torch.int32)
-            us = graph_ms(lambda o=o, t=(bn, bk, split, warps), ws=ws: [stream(w, o, *t) for w, _ in ws], 10) * 1e3 / len(ws)
+            us = graph_ms(lambda o=o, t=(bn, bk, split, warps), ws=ws: [stream(w, o, *t) for w, _ in ws], 10,
+                          chained=True) * 1e3 / len(ws)
             best = min(best, (us, f"{bn}x{bk} s{split} w{warps}"))
         tma = (float("inf"), "")
         for bn, bk, stages, per_sm in itertools.product((64, 128), (128, 256), (3, 5), (1, 2)):
@@ -102,7 +103,7 @@ def main() -> None:
             o = torch.empty(split + 1, N, device="cuda", dtype=torch.int32)
             descs = [TensorDescriptor.from_tensor(w.view(torch.uint8), [bn, bk]) for w, _ in ws]
             us = graph_ms(lambda o=o, t=(N, K, bn, bk, split, stages), d=descs: [stream_tma(x, o, *t) for x in d],
-                          10) * 1e3 / len(ws)
+                          10, chained=True) * 1e3 / len(ws)
             tma = min(tma, (us, f"{bn}x{bk} s{split} st{stages}"))
         lines.append(f"| {N}x{K} | {ours:.1f} ({nbytes / ours / 1e3:.0f}) | {pick.block_n}x{pick.block_k} "
                      f"s{pick.split} w{pick.num_warps} | {best[0]:.1f} ({nbytes / best[0] / 1e3:.0f}) | {best[1]} | "

@@ -44,10 +44,11 @@ def clone(a):
 
 def device_ms(fn, args: tuple, nbytes: int, reps: int = 10) -> float | None:
     """Device time of one call of ``fn``: a CUDA graph of calls over clones of ``args`` (as many as make
-    ≥ 256 MB of inputs, so none is served from L2), replayed; None if the op cannot be captured."""
+    ≥ 256 MB of inputs, so none is served from L2), replayed back to back (the host launch of a replay hidden
+    behind the one before); None if the op cannot be captured."""
     copies = [args] + [tuple(clone(a) for a in args) for _ in range(min(63, (256 << 20) // max(1, nbytes)))]
     try:
-        return graph_ms(lambda: [fn(*a) for a in copies], reps) / len(copies)
+        return graph_ms(lambda: [fn(*a) for a in copies], reps, chained=True) / len(copies)
     except Exception as e:                       # an op that syncs the host or allocates mid-capture
         print(f"  (no graph: {type(e).__name__}: {str(e)[:80]})")
         torch.cuda.synchronize()

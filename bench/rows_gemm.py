@@ -42,7 +42,7 @@ def weights(N: int, K: int, copies: int):
 
 def graph_us(calls, reps: int = 20) -> float:
     """Device time of one call: a graph of ``calls`` (zero-argument launches) replayed ``reps`` times."""
-    return graph_ms(lambda: [call() for call in calls], reps) * 1e3 / len(calls)
+    return graph_ms(lambda: [call() for call in calls], reps, chained=True) * 1e3 / len(calls)
 
 
 def over(fn, ws, x):
