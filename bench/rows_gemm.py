@@ -23,7 +23,7 @@ import triton
 from bench.decode_slice import graph_ms
 from kernels import reference
 from kernels.gluon_rows import MoeTile, RowsTile, fp8_linear_rows, moe_tile, rows_tile
-from kernels.triton_linear import fp8_linear, tile_counters
+from kernels.triton_linear import decode_tile, fp8_linear, tile_counters
 from kernels.triton_moe import expert_tiles, fused_moe
 from kernels.triton_utils import num_sms
 
@@ -50,6 +50,11 @@ def over(fn, ws, x):
     return [lambda w=w: fn(x, *w) for w in ws]
 
 
+def triton_tile(tile):
+    """fp8_linear on the Triton tile kernel (its own pick at 2..8 rows and ≥ 1024 outputs is the Gluon kernel)."""
+    return lambda x, w8, s: fp8_linear(x, w8, s, tile)
+
+
 def gluon(tile: RowsTile):
     def run(x, w8, s):
         out = torch.empty(x.shape[0], w8.shape[0], dtype=x.dtype, device=x.device)
@@ -61,8 +66,8 @@ def gluon(tile: RowsTile):
 def variants(M: int, N: int, K: int) -> dict[str, RowsTile]:
     base = rows_tile(M, N, K, num_sms())
     out = {"gluon default": base, "gluon cvt": RowsTile(base.block_n, base.sub, base.split, base.num_warps, bits=False)}
-    for bn, sub, warps, sx in itertools.product((64, 128), (1, 2, 4), (4, 8), (1, 2)):
-        if bn % (16 * warps):
+    for bn, sub, warps, sx in itertools.product((16, 32, 64, 128), (1, 2, 4), (1, 2, 4, 8), (1, 2, 4)):
+        if bn % (16 * warps) or (bn >= 64 and (warps < 4 or sx == 4)):
             continue
         split = max(1, min(triton.cdiv(2 * sx * num_sms(), triton.cdiv(N, bn)), triton.cdiv(K, 128) // sub))
         out[f"gluon {bn}/{sub}/{warps}w/s{split}"] = RowsTile(bn, sub, split, warps)
@@ -148,7 +153,7 @@ def main() -> None:
         for M in args.rows:
             x = torch.randn(M, K, device=DEV, dtype=torch.bfloat16)
             ref = reference.linear(x.float(), reference.fp8_dequant(*ws[0]), None)
-            tile = graph_us(over(fp8_linear, ws, x))
+            tile = graph_us(over(triton_tile(decode_tile(M, N, K)), ws, x))
             res = {"shape": what, "N": N, "K": K, "rows": M, "gemv_1row_us": one, "tile_us": tile, "gluon": {}}
             for name, t in variants(M, N, K).items():
                 y = gluon(t)(x, *ws[0]).float()

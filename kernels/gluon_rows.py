@@ -41,8 +41,10 @@ try:                                           # Gluon as in triton 3.6 (the dev
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+    # the CTA barrier of the split-K reduce: ``thread_barrier`` in triton 3.6, ``barrier`` from 3.9 on
+    _cta_barrier = getattr(gl, "thread_barrier", None) or getattr(gl, "barrier", None)
     HAVE_GLUON = all(hasattr(gl, a) for a in ("NVMMADistributedLayout", "DotOperandLayout", "inline_asm_elementwise")) \
-        and hasattr(gluon, "constexpr_function")
+        and hasattr(gluon, "constexpr_function") and _cta_barrier is not None
 except ImportError:                            # pragma: no cover - another triton: the Triton tile kernels run
     HAVE_GLUON = False
 
@@ -146,7 +148,7 @@ if HAVE_GLUON:
         offs = om[None, :] * N + on[:, None]
         if SPLIT:                              # as triton_linear._reduce_splits, in this layout
             gl.store(part_ptr + pid_k * M * N + offs, acc, mask=mask)
-            gl.thread_barrier()
+            _cta_barrier()
             if gl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel") == gl.num_programs(1) - 1:
                 total = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
                 for s in range(gl.num_programs(1)):
@@ -292,7 +294,7 @@ if HAVE_GLUON:
                 base = part_ptr + tile.to(gl.int64) * gl.num_programs(2) * stride
                 gl.store(base + ks * stride + loc, acc_g)
                 gl.store(base + ks * stride + BLOCK_I * 8 + loc, acc_u)
-                gl.thread_barrier()
+                _cta_barrier()
                 if gl.atomic_add(count_ptr + tile, 1, sem="acq_rel") == gl.num_programs(2) - 1:
                     acc_g = gl.zeros([BLOCK_I, 8], gl.float32, layout=mma)
                     acc_u = gl.zeros([BLOCK_I, 8], gl.float32, layout=mma)

@@ -42,3 +42,20 @@ def test_not_usable_on_cpu_and_switch(monkeypatch):
         assert not gluon_rows.enabled()
     finally:
         gluon_rows.enabled.cache_clear()
+
+
+def test_kernels_compile_for_sm90():
+    """Every Gluon kernel of the default launches compiles for sm_90 with the installed triton (no GPU needed):
+    an API change in triton.experimental (3.9 renamed ``thread_barrier`` to ``barrier``) fails here, not on a
+    GPU at the first 2..8-row step. Tensor-core MMAs present, nothing spilled."""
+    regs = pytest.importorskip("bench.gluon_regs", reason="needs triton's CUDA backend")
+    if not gluon_rows.HAVE_GLUON:
+        pytest.skip("this triton has no usable Gluon: the Triton tile kernels run")
+    cases = [(gluon_rows._rows_kernel, regs.ROWS_SIG, {"BLOCK_N": 128, "BLOCK_M": 8, "SUB": 4, "WARPS": 8,
+                                                         "SPLIT": True, "BITS": True, "EVEN_K": False}, 8),
+             (gluon_rows._moe_gate_up_kernel, regs.GATE_UP_SIG, {"TOPK": 8, "BLOCK_I": 64, "SUB": 2, "WARPS": 4,
+                                                                  "SPLIT": True, "BITS": True}, 4),
+             (gluon_rows._moe_down_kernel, regs.DOWN_SIG, {"BLOCK_HO": 128, "SUB": 2, "WARPS": 8, "BITS": True}, 8)]
+    for fn, sig, constexprs, warps in cases:
+        r = regs.inspect(fn, sig, constexprs, warps)
+        assert r["HMMA"] > 0 and r["local"] == 0 and r["regs"] <= 255, (fn.__name__, r)

@@ -1,0 +1,84 @@
+"""Registers, spills and load / MMA counts of the Gluon kernels (kernels/gluon_rows.py), compiled for sm_90
+on this machine — no GPU needed: triton's own ptxas (inside ``triton.compile``) and cuobjdump. A refactor that looks neutral can change the
+register count and with it how many CTAs an SM holds (session 10: 64 → 86 registers halved the rows kernel's
+8-warp occupancy); check here before sweeping launches on the GPU.
+
+    PYTHONPATH=. python bench/gluon_regs.py
+
+The device image's triton is 3.6 (whose kernels the GPU numbers are of); CI's 3.9 compiles the same source to
+other register counts. To see 3.6's here: ``pip install --target /tmp/tr36 --no-deps triton==3.6.0`` and
+``PYTHONPATH=/tmp/tr36:. python bench/gluon_regs.py``.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+
+from kernels import gluon_rows as G
+
+BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+ROWS_SIG = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "out_ptr": "*bf16", "part_ptr": "*fp32",
+            "count_ptr": "*i32", **dict.fromkeys(["M", "N", "K", "stride_xm", "num_sb_k", "kb_per_split"], "i32")}
+GATE_UP_SIG = {"x_ptr": "*bf16", "g_ptr": "*fp8e4nv", "u_ptr": "*fp8e4nv", "gs_ptr": "*fp32", "us_ptr": "*fp32",
+               "sorted_e_ptr": "*i32", "sorted_pair_ptr": "*i32", "act_ptr": "*bf16", "part_ptr": "*fp32",
+               "count_ptr": "*i32", **dict.fromkeys(["P", "E_local", "H", "I", "num_sb_h", "num_sb_i", "kb_per_split"], "i32")}
+DOWN_SIG = {"act_ptr": "*bf16", "d_ptr": "*fp8e4nv", "ds_ptr": "*fp32", "w_route_ptr": "*fp32", "sorted_e_ptr": "*i32",
+            "sorted_pair_ptr": "*i32", "y_ptr": "*bf16", **dict.fromkeys(["P", "E_local", "H", "I", "num_sb_h", "num_sb_i"], "i32")}
+DIVISIBLE = ("K", "N", "stride_xm", "H", "I")     # as Triton specializes them at launch (multiples of 16)
+
+
+def inspect(fn, signature: dict, constexprs: dict, warps: int) -> dict:
+    """Compile ``fn`` for sm_90 (to a cubin: triton runs its own ptxas) and read the cubin's resource usage and
+    SASS instruction mix with triton's cuobjdump."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+    sig = dict(signature, **dict.fromkeys(constexprs, "constexpr"))
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items())
+             if t.startswith("*") or n in DIVISIBLE}
+    kernel = triton.compile(GluonASTSource(fn, signature=sig, constexprs=constexprs, attrs=attrs),
+                            target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    with tempfile.TemporaryDirectory() as d:
+        cubin = Path(d) / "k.cubin"
+        cubin.write_bytes(kernel.asm["cubin"])
+        usage = subprocess.run([BIN / "cuobjdump", "-res-usage", cubin], capture_output=True, text=True,
+                               check=True).stdout
+        sass = subprocess.run([BIN / "cuobjdump", "-sass", cubin], capture_output=True, text=True, check=True).stdout
+    ops = collections.Counter(op.split(".")[0] for op in
+                              re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", sass,
+                                         re.MULTILINE))
+    res = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", usage))
+    regs = int(res["REG"])
+    return {"regs": regs, "ctas_per_sm": 65536 // (-(-regs // 8) * 8 * 32 * warps), "local": int(res["LOCAL"]),
+            "shared": int(res["SHARED"]), "sass": sum(ops.values()), "LDG": ops["LDG"], "HMMA": ops["HMMA"],
+            "BAR": ops["BAR"]}
+
+
+def main() -> None:
+    cases = []
+    for bn, sub, warps in ((128, 4, 8), (64, 4, 4)):      # rows_tile's two classes
+        cases.append((f"rows {bn}/{sub}/{warps}w", G._rows_kernel, ROWS_SIG,
+                      {"BLOCK_N": bn, "BLOCK_M": 8, "SUB": sub, "WARPS": warps, "SPLIT": True, "BITS": True,
+                       "EVEN_K": True}, warps))
+    for bi, warps, split in ((128, 8, False), (64, 4, True)):   # moe_tile's wide and narrow launches
+        cases.append((f"moe gate/up {bi}/{warps}w", G._moe_gate_up_kernel, GATE_UP_SIG,
+                      {"TOPK": 8, "BLOCK_I": bi, "SUB": 2, "WARPS": warps, "SPLIT": split, "BITS": True}, warps))
+    for bo, warps in ((128, 8), (64, 4)):
+        cases.append((f"moe down {bo}/{warps}w", G._moe_down_kernel, DOWN_SIG,
+                      {"BLOCK_HO": bo, "SUB": 2, "WARPS": warps, "BITS": True}, warps))
+    print(f"triton {triton.__version__}, sm_90\n")
+    print("| kernel | registers | CTAs / SM (by registers) | local (spill) bytes | shared bytes | SASS | LDG | HMMA | BAR |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, fn, sig, cons, warps in cases:
+        r = inspect(fn, sig, cons, warps)
+        print(f"| {name} | {r['regs']} | {r['ctas_per_sm']} | {r['local']} | {r['shared']} | {r['sass']} | {r['LDG']} | "
+              f"{r['HMMA']} | {r['BAR']} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
