@@ -13,6 +13,7 @@ weight) before it is timed.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 from pathlib import Path
@@ -48,11 +49,6 @@ def graph_us(calls, reps: int = 20) -> float:
 def over(fn, ws, x):
     """One launch of ``fn`` per weight copy."""
     return [lambda w=w: fn(x, *w) for w in ws]
-
-
-def triton_tile(tile):
-    """fp8_linear on the Triton tile kernel (its own pick at 2..8 rows and ≥ 1024 outputs is the Gluon kernel)."""
-    return lambda x, w8, s: fp8_linear(x, w8, s, tile)
 
 
 def gluon(tile: RowsTile):
@@ -153,7 +149,8 @@ def main() -> None:
         for M in args.rows:
             x = torch.randn(M, K, device=DEV, dtype=torch.bfloat16)
             ref = reference.linear(x.float(), reference.fp8_dequant(*ws[0]), None)
-            tile = graph_us(over(triton_tile(decode_tile(M, N, K)), ws, x))
+            # the Triton tile kernel by its launch (fp8_linear's own pick at 2..8 rows, ≥ 1024 outputs is Gluon's)
+            tile = graph_us(over(functools.partial(fp8_linear, tile=decode_tile(M, N, K)), ws, x))
             res = {"shape": what, "N": N, "K": K, "rows": M, "gemv_1row_us": one, "tile_us": tile, "gluon": {}}
             for name, t in variants(M, N, K).items():
                 y = gluon(t)(x, *ws[0]).float()
