@@ -290,14 +290,20 @@ def route_pairs(topk_idx: torch.Tensor, expert_offset: int, E_local: int
     return sorted_e, sorted_pair, order, valid
 
 
-def expert_tiles(rows: int, H: int, I: int) -> tuple[ExpertTile, ExpertTile]:
+def expert_tiles(rows: int, H: int, I: int, shared_fused: bool = False) -> tuple[ExpertTile, ExpertTile]:
     """(gate/up, down) tiles for ``rows`` rows, measured best on H200 at 1 and 8 rows with 256 experts, H 6144,
     I 2048 and 256 (bench/tune_decode_kernels.py): narrow gate/up outputs with 2 scale blocks per K step
     (more programs per expert), 64-wide down outputs; one row takes the FMA kernels, whose gate/up on a
     narrow expert (I ≤ 512, a tp shard's) reads 4 rows × 2048 per step (with the shared expert fused, I 256:
-    34.4 → 28.0 µs; --one-row --narrow)."""
+    34.4 → 28.0 µs; --one-row --narrow). A wide expert's gate/up at one row with the shared expert fused (9
+    pairs) takes 4 outputs × 512 on 2 warps: every launch measured costs the ninth pair 1.2–1.6× the time of 8
+    (bench/moe_one_row.py --occupancy, bench/results/session11/), this one least (16 × 256: 57.1 → 76.0 µs;
+    4 × 512: 60.9 → 71.7)."""
     if rows == 1:
-        gate_up = ExpertTile(4, 2048, 4, 1, fma=True) if I <= 512 else ExpertTile(16, 256, 4, 1, fma=True)
+        if I <= 512:
+            gate_up = ExpertTile(4, 2048, 4, 1, fma=True)
+        else:
+            gate_up = ExpertTile(4, 512, 2, 1, fma=True) if shared_fused else ExpertTile(16, 256, 4, 1, fma=True)
         return gate_up, ExpertTile(32, 256, 4, 1, fma=True)
     return ExpertTile(32, 256), ExpertTile(64, 128)
 
@@ -331,10 +337,11 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
         gluon_rows.moe_gemms(x, gate, up, down, gate_s, up_s, down_s, topk_w.float().contiguous(), sorted_e,
                              sorted_pair, act, y, k, E_local, tile_counters(x.device), tiles)
         return _plus_shared(_combine(y, order, valid, out, N, H, k), x, shared)
-    gu, dn = tiles or expert_tiles(N, H, I)
+    fuse = N == 1 and shared is not None and _fusable(shared, gate, down, has_scale)
+    gu, dn = tiles or expert_tiles(N, H, I, shared_fused=fuse)
     assert all(128 % t.block_n == 0 and (t.fma or t.block_k % 128 == 0) for t in (gu, dn))
     num_sb_h, num_sb_i = triton.cdiv(H, 128), triton.cdiv(I, 128)
-    fuse = N == 1 and gu.fma and shared is not None and _fusable(shared, gate, down, has_scale)
+    fuse = fuse and gu.fma
     if N == 1 and gu.fma:                      # one row: every pair is its own expert's whole run
         offs = [0] * 6                         # the shared expert's element offsets from the stacked tensors
         if fuse:                               # one more pair: the shared expert's act and y rows at P

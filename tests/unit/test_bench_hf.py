@@ -38,7 +38,7 @@ def test_chunked_prefill_and_crop(hf):
 
 
 def test_report_hf_columns(monkeypatch, tmp_path):
-    """HF columns for the full slice only, 'ours ×' = HF / graph, a case not run listed with its reason, a failed
+    """HF columns for the full slice only, 'ours ×' = HF / graph beside HF / floor, a case not run listed with its reason, a failed
     implementation reported and left out of the columns."""
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "test device")
     row = {"ctx": 4096, "experts_hit": [8], "bytes": 1e9, "floor_ms": 1.0, "auto": 5.0, "stage_ms": 0.1,
@@ -52,8 +52,8 @@ def test_report_hf_columns(monkeypatch, tmp_path):
     md = (tmp_path / "decode_slice.md").read_text()
     lines = md.splitlines()
     header = next(line for line in lines if line.startswith("| slice |"))
-    assert header.endswith("| HF (eager) | HF (eager) / graph |") and "failed" not in header
+    assert header.endswith("| HF (eager) | HF (eager) / graph | HF (eager) / floor |") and "failed" not in header
     full1 = next(line for line in lines if line.startswith("| full | 4096 | 1 |"))
-    assert full1.endswith("| 30.0 (29.0–31.0) | 15.0× |")
-    assert next(line for line in lines if line.startswith("| shard 1/8 |")).endswith("| — | — |")
+    assert full1.endswith("| 30.0 (29.0–31.0) | 15.0× | 30.0× |")
+    assert next(line for line in lines if line.startswith("| shard 1/8 |")).endswith("| — | — | — |")
     assert "- HF (eager) at 4096 × 8: not run: too big" in md and "RuntimeError('boom')" in md

@@ -217,6 +217,11 @@ def test_moe_experts_with_shared(tk, N, offset, fp8):
                + reference.swiglu(x, *shared)) == 0
     got = tk["moe"].moe_experts(x, idx, w, *args, expert_offset=offset, shared=shared)
     assert rel(got, ref) < 1e-5
+    if N == 1:                                 # the launch a wide expert takes with the shared one fused (9 pairs)
+        tiles = tk["moe"].expert_tiles(1, 6144, 2048, shared_fused=True)
+        assert tiles != tk["moe"].expert_tiles(1, 6144, 2048) and tiles[0].fma
+        got = tk["moe"].fused_moe(x, idx, w, *args, expert_offset=offset, tiles=tiles, shared=shared)
+        assert rel(got, ref) < 1e-5
     half = [a.half() if a is not None and a.dtype == torch.float32 and a.dim() == 3 and not fp8 else a
             for a in args]
     shared16 = tuple(a.half() if a is not None and a.dtype == torch.float32 and a.dim() == 2 and not fp8 else a

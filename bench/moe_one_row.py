@@ -1,0 +1,142 @@
+"""The fused MoE at one row (I 2048, H 6144, 256 experts, FP8): what the shared expert costs when it runs as the
+FMA row kernels' ninth pair, and which gate/up launch pays least for it.
+
+    PYTHONPATH=. python bench/moe_one_row.py                          # 8 / 9 routed, shared fused / after
+    GLMSERVE_PDL=0 PYTHONPATH=. python bench/moe_one_row.py --launches  # gate/up launches alone, 8 vs 9 pairs
+    PYTHONPATH=. python bench/moe_one_row.py --step                     # the launch choice in the whole step
+
+µs a call (route + gate/up + down + combine) are device times of chained graph replays over 8 routings (and 8
+shared experts), so the experts stream from HBM; per-kernel times come from the profiler (under PDL a kernel's
+time includes its wait for the one before: run --launches with GLMSERVE_PDL=0). ``--step`` times the runner's
+1-row decode step (CUDA-graph path + lm_head, the slice of bench/decode_slice.py at 4k) with session 10's gate/up
+launch and the current one, alternating runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from bench.rows_gemm import DEV, graph_us
+from kernels import reference, triton_moe
+from kernels.triton_linear import linear
+from kernels.triton_moe import ExpertTile, expert_tiles, fused_moe
+
+H, E, I = 6144, 256, 2048
+COPIES = 8
+LAUNCHES = [(16, 256, 4), (8, 256, 2), (8, 512, 4), (32, 128, 4), (16, 128, 2), (4, 512, 2), (8, 128, 1),
+            (16, 128, 4), (32, 64, 2)]         # gate/up: outputs × K per step, warps
+
+
+def per_kernel(fn, reps: int = 20) -> dict[str, float]:
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    by: dict[str, float] = defaultdict(float)
+    for ev in prof.events():
+        if ev.device_type.name == "CUDA":
+            by[ev.name[:40]] += ev.device_time / reps
+    return dict(by)
+
+
+def experts():
+    ws = []
+    for a, b in ((I, H), (I, H), (H, I)):
+        w = torch.empty(E, a, b, device=DEV).uniform_(-200, 200).to(torch.float8_e4m3fn)
+        ws.append((w, torch.rand(E, a // 128, b // 128, device=DEV) * 1e-3 + 1e-4))
+    (gate, gs), (up, us), (down, ds) = ws
+    return gate, up, down, gs, us, ds
+
+
+def routings(k: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    return [torch.randperm(E, device=DEV)[:k][None] for _ in range(COPIES)], torch.rand(1, k, device=DEV)
+
+
+def ninth_pair() -> None:
+    w = experts()
+    shared = [tuple(t[e + 1].clone() for t in w) for e in range(COPIES)]   # one per call: ≫ L2 in the graph
+    x = torch.randn(1, H, device=DEV, dtype=torch.bfloat16)
+    (idx8, w8), (idx9, w9) = routings(8), routings(9)
+    t1 = expert_tiles(1, H, I)
+
+    def moe(i, idx, wr, sh=None, tiles=t1):
+        return fused_moe(x, idx[i], wr, *w, tiles=tiles, shared=sh)
+    cases = {
+        "8 routed": [lambda i=i: moe(i, idx8, w8) for i in range(COPIES)],
+        "9 routed": [lambda i=i: moe(i, idx9, w9) for i in range(COPIES)],
+        "8 routed + shared fused (9th pair), 16x256 w4": [lambda i=i: moe(i, idx8, w8, shared[i]) for i in range(COPIES)],
+        "8 routed + shared fused, the launch for 9 pairs": [
+            lambda i=i: moe(i, idx8, w8, shared[i], expert_tiles(1, H, I, shared_fused=True)) for i in range(COPIES)],
+        "8 routed, then shared (3 GEMVs)": [lambda i=i: moe(i, idx8, w8) + reference.swiglu(x, *shared[i], linear=linear)
+                                            for i in range(COPIES)],
+    }
+    for name, calls in cases.items():
+        t = graph_us(calls)
+        ks = per_kernel(lambda calls=calls: [c() for c in calls])
+        print(f"{name}: {t:.1f} µs  [" + ", ".join(f"{n} {v / COPIES:.1f}" for n, v in
+                                                  sorted(ks.items(), key=lambda kv: -kv[1])) + "]", flush=True)
+
+
+def launches() -> None:
+    w = experts()
+    x = torch.randn(1, H, device=DEV, dtype=torch.bfloat16)
+    dn = expert_tiles(1, H, I)[1]
+    cases = {k: routings(k) for k in (8, 9)}
+    print("| gate/up launch | gate/up µs, 8 pairs | 9 pairs | 9 / 8 |\n|---|---:|---:|---:|")
+    for bi, bh, wp in LAUNCHES:
+        gu = ExpertTile(bi, bh, wp, 1, fma=True)
+        t = []
+        for idx, wr in cases.values():
+            ks = per_kernel(lambda idx=idx, wr=wr, gu=gu: [fused_moe(x, idx[i], wr, *w, tiles=(gu, dn))
+                                                           for i in range(COPIES)])
+            t.append(sum(v for n, v in ks.items() if n.startswith("_gate_up_row")) / COPIES)
+        print(f"| {bi}x{bh} w{wp} | {t[0]:.1f} | {t[1]:.1f} | {t[1] / t[0]:.2f} |", flush=True)
+
+
+def step(reps: int) -> None:
+    from bench.decode_slice import BF16, BLOCK, SLICE, bench_model, build_model
+    from models.cache import KVCache
+    from models.config import ModelConfig
+    from models.glm5 import MoeShard
+
+    current = triton_moe.expert_tiles
+
+    def session10(rows: int, H: int, I: int, shared_fused: bool = False):
+        return current(rows, H, I)
+    cfg = ModelConfig.from_dict(dict(SLICE))
+    cache = KVCache(cfg, 8 * (4096 + BLOCK) + BLOCK, BF16, DEV)
+    for t in cache.kv + [k for k in cache.index_k if k is not None]:
+        t.normal_()
+    model = build_model(cfg, MoeShard())
+    times: dict[str, list[float]] = defaultdict(list)
+    for _ in range(reps):
+        for name, choice in (("session 10 (16x256 w4)", session10), ("current", current)):
+            triton_moe.expert_tiles = choice
+            res: list[dict] = []
+            bench_model(model, cfg, cache, "full", [4096], [1], ["auto_graph"], 1.0, res)
+            times[name].append(res[0]["auto_graph"])
+    triton_moe.expert_tiles = current
+    print("| gate/up launch at one row | runs (ms) | median |\n|---|---|---:|")
+    for name, ts in times.items():
+        print(f"| {name} | {', '.join(f'{t:.3f}' for t in ts)} | {statistics.median(ts):.3f} |")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--launches", action="store_true")
+    ap.add_argument("--step", action="store_true")
+    ap.add_argument("--reps", type=int, default=4)
+    args = ap.parse_args()
+    if args.step:
+        step(args.reps)
+    elif args.launches:
+        launches()
+    else:
+        ninth_pair()
