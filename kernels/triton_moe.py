@@ -296,9 +296,9 @@ def expert_tiles(rows: int, H: int, I: int, shared_fused: bool = False) -> tuple
     (more programs per expert), 64-wide down outputs; one row takes the FMA kernels, whose gate/up on a
     narrow expert (I ≤ 512, a tp shard's) reads 4 rows × 2048 per step (with the shared expert fused, I 256:
     34.4 → 28.0 µs; --one-row --narrow). A wide expert's gate/up at one row with the shared expert fused (9
-    pairs) takes 4 outputs × 512 on 2 warps: every launch measured costs the ninth pair 1.2–1.6× the time of 8
-    (bench/moe_one_row.py --occupancy, bench/results/session11/), this one least (16 × 256: 57.1 → 76.0 µs;
-    4 × 512: 60.9 → 71.7)."""
+    pairs) takes 4 outputs × 512 on 2 warps: every launch that is fast at 8 pairs takes 1.18–1.60× as long at 9
+    (bench/moe_one_row.py --launches, bench/results/session11/), this one least (16 × 256: 57.1 → 76.0 µs;
+    4 × 512: 60.9 → 71.7; in the one-row step 1.299 → 1.288 ms)."""
     if rows == 1:
         if I <= 512:
             gate_up = ExpertTile(4, 2048, 4, 1, fma=True)

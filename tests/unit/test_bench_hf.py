@@ -38,8 +38,8 @@ def test_chunked_prefill_and_crop(hf):
 
 
 def test_report_hf_columns(monkeypatch, tmp_path):
-    """HF columns for the full slice only, 'ours ×' = HF / graph beside HF / floor, a case not run listed with its reason, a failed
-    implementation reported and left out of the columns."""
+    """HF columns for the full slice only, 'ours ×' = HF / graph beside HF / floor, a case not run listed with its
+    reason, a failed implementation reported and left out of the columns."""
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "test device")
     row = {"ctx": 4096, "experts_hit": [8], "bytes": 1e9, "floor_ms": 1.0, "auto": 5.0, "stage_ms": 0.1,
            "capture_ms": 9.0}
