@@ -19,8 +19,9 @@ import statistics
 from collections import defaultdict
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
+from bench.kernels_micro import rand_fp8
+from bench.profile_slice import kernel_times
 from bench.rows_gemm import DEV, graph_us
 from kernels import reference, triton_moe
 from kernels.triton_linear import linear
@@ -32,26 +33,9 @@ LAUNCHES = [(16, 256, 4), (8, 256, 2), (8, 512, 4), (32, 128, 4), (16, 128, 2), 
             (16, 128, 4), (32, 64, 2)]         # gate/up: outputs × K per step, warps
 
 
-def per_kernel(fn, reps: int = 20) -> dict[str, float]:
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    by: dict[str, float] = defaultdict(float)
-    for ev in prof.events():
-        if ev.device_type.name == "CUDA":
-            by[ev.name[:40]] += ev.device_time / reps
-    return dict(by)
-
-
 def experts():
-    ws = []
-    for a, b in ((I, H), (I, H), (H, I)):
-        w = torch.empty(E, a, b, device=DEV).uniform_(-200, 200).to(torch.float8_e4m3fn)
-        ws.append((w, torch.rand(E, a // 128, b // 128, device=DEV) * 1e-3 + 1e-4))
-    (gate, gs), (up, us), (down, ds) = ws
+    """256 FP8 experts of 6144 × 2048 with block scales: (gate, up, down, their scales), as fused_moe takes them."""
+    (gate, gs), (up, us), (down, ds) = rand_fp8(E, I, H), rand_fp8(E, I, H), rand_fp8(E, H, I)
     return gate, up, down, gs, us, ds
 
 
@@ -78,10 +62,10 @@ def ninth_pair() -> None:
                                             for i in range(COPIES)],
     }
     for name, calls in cases.items():
-        t = graph_us(calls)
-        ks = per_kernel(lambda calls=calls: [c() for c in calls])
-        print(f"{name}: {t:.1f} µs  [" + ", ".join(f"{n} {v / COPIES:.1f}" for n, v in
-                                                  sorted(ks.items(), key=lambda kv: -kv[1])) + "]", flush=True)
+        t = graph_us(calls)                        # (its warm-up compiles before the profile)
+        ks = kernel_times(lambda calls=calls: [c() for c in calls], 20)
+        print(f"{name}: {t:.1f} µs  [" + ", ".join(f"{n[:40]} {v / COPIES:.1f}" for n, (v, _) in
+                                                  sorted(ks.items(), key=lambda kv: -kv[1][0])) + "]", flush=True)
 
 
 def launches() -> None:
@@ -94,9 +78,11 @@ def launches() -> None:
         gu = ExpertTile(bi, bh, wp, 1, fma=True)
         t = []
         for idx, wr in cases.values():
-            ks = per_kernel(lambda idx=idx, wr=wr, gu=gu: [fused_moe(x, idx[i], wr, *w, tiles=(gu, dn))
-                                                           for i in range(COPIES)])
-            t.append(sum(v for n, v in ks.items() if n.startswith("_gate_up_row")) / COPIES)
+            def run(idx=idx, wr=wr, gu=gu):
+                return [fused_moe(x, idx[i], wr, *w, tiles=(gu, dn)) for i in range(COPIES)]
+            run()                                  # compile outside the profile
+            ks = kernel_times(run, 20)
+            t.append(sum(v for n, (v, _) in ks.items() if n.startswith("_gate_up_row")) / COPIES)
         print(f"| {bi}x{bh} w{wp} | {t[0]:.1f} | {t[1]:.1f} | {t[1] / t[0]:.2f} |", flush=True)
 
 

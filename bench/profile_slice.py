@@ -21,6 +21,21 @@ from scheduler.scheduler import ScheduledSeq
 from scheduler.shapes import graph_width
 
 
+def kernel_times(fn, reps: int) -> dict[str, tuple[float, float]]:
+    """CUDA kernels of ``fn()`` by name (torch.profiler over ``reps`` calls): µs and launches per call. Under PDL a
+    kernel's time includes its wait for the one before (profile with ``GLMSERVE_PDL=0`` for kernel-alone times)."""
+    by: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    for ev in prof.events():
+        if ev.device_type.name == "CUDA":
+            by[ev.name][0] += ev.device_time if hasattr(ev, "device_time") else ev.cuda_time
+            by[ev.name][1] += 1
+    return {name: (t / reps, c / reps) for name, (t, c) in by.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ctx", type=int, default=4096)
@@ -46,23 +61,16 @@ def main() -> None:
             with torch.no_grad():
                 model.logits(graphs.run(rows, width))
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(args.replays):
-                with torch.no_grad():
-                    model.logits(graphs.run(rows, width))
-            torch.cuda.synchronize()
-        by = defaultdict(lambda: [0.0, 0])
-        total = 0.0
-        for ev in prof.events():
-            if ev.device_type.name == "CUDA":
-                t = ev.device_time if hasattr(ev, "device_time") else ev.cuda_time
-                by[ev.name][0] += t
-                by[ev.name][1] += 1
-                total += t
-        print(f"\n== rows {rows} ctx {args.ctx}: kernel time per step {total / args.replays:.0f} us, "
-              f"{sum(c for _, c in by.values()) / args.replays:.0f} kernels per step")
+
+        def step(rows=rows, width=width):
+            with torch.no_grad():
+                model.logits(graphs.run(rows, width))
+        by = kernel_times(step, args.replays)
+        total = sum(t for t, _ in by.values())
+        print(f"\n== rows {rows} ctx {args.ctx}: kernel time per step {total:.0f} us, "
+              f"{sum(c for _, c in by.values()):.0f} kernels per step")
         for name, (t, c) in sorted(by.items(), key=lambda kv: -kv[1][0])[:40]:
-            print(f"{t / args.replays:9.1f} us  {c / args.replays:6.1f}x  {name[:110]}")
+            print(f"{t:9.1f} us  {c:6.1f}x  {name[:110]}")
 
 
 if __name__ == "__main__":
