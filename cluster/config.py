@@ -31,6 +31,7 @@ class EngineConfig:
     moe: str = "tp"                     # tp | ep
     comm: str = "torch"                 # torch | ipc
     step_timeout_s: float = 60.0        # a step that overruns this fails its requests
+    step_channel: str = "socket"        # Ray groups: socket (a TCP connection per actor) | ray (actor calls)
     speculative_tokens: int = 0         # MTP drafts per round (0 = off)
     cuda_graphs: str = "auto"           # auto: decode/verify steps replay CUDA graphs where supported | off | eager
     reasoning_parser: str = "none"      # glm: chat text before </think> is returned as reasoning_content
@@ -51,6 +52,7 @@ class EngineConfig:
             "moe": self.moe in ("tp", "ep"),
             "comm": self.comm in ("torch", "ipc"),
             "step_timeout_s": self.step_timeout_s > 0,
+            "step_channel": self.step_channel in ("socket", "ray"),
             "speculative_tokens": 0 <= self.speculative_tokens <= 7,
             "reasoning_parser": self.reasoning_parser in ("none", "glm"),
             "tool_parser": self.tool_parser in ("none", "glm"),

@@ -4,12 +4,22 @@ Both implement the engine's ``Executor``: ``execute(steps) -> results`` (one ste
 every step), ``recover()`` (rebuild after a failure), ``shutdown()``. A rank that dies, fails setup or
 overruns the step deadline raises ``GroupFailure`` within the deadline — nothing waits forever: every
 comm phase inside a step is itself bounded by ``timeout_s``.
+
+Steps travel over one connection per rank (``_serve``'s loop on the rank's side, ``_ConnGroup._collect`` on
+the driver's): a pipe to a spawned process, or a TCP socket to a Ray actor (``step_channel: socket``; the
+actor's node must accept the driver's connection on an ephemeral port, as Ray's own worker ports do).
+``step_channel: ray`` sends steps as Ray actor calls instead (measured ~4× the per-step cost,
+``bench/group_overhead.py``).
 """
 
 from __future__ import annotations
 
+import hmac
 import itertools
 import multiprocessing as mp
+import os
+import socket
+import threading
 import time
 import uuid
 from dataclasses import replace
@@ -79,6 +89,22 @@ class _WorkerActor:
     def ready(self) -> int:
         return self.worker.spec.rank
 
+    def open_channel(self, token: bytes) -> tuple[str, int]:
+        """Listen for the driver's step connection (the first that presents ``token``) on a thread that
+        then runs ``_serve``; returns the address to connect to."""
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        server = socket.create_server((host, 0))
+        threading.Thread(target=self._channel, args=(server, token), daemon=True, name="step-channel").start()
+        return host, server.getsockname()[1]
+
+    def _channel(self, server: socket.socket, token: bytes) -> None:
+        with server:
+            conn = _accept(server, token)
+        self.worker.enter_thread()
+        _serve(self.worker, conn)
+
     def execute(self, step: WorkerStep) -> StepResult:
         return self.worker.execute(step)
 
@@ -90,7 +116,108 @@ class _WorkerActor:
         self.worker.close()
 
 
-class RayWorkerGroup:
+# ---- the step channel: one connection per rank --------------------------------------------------------
+def _serve(worker: Worker, conn) -> None:
+    """A rank's step loop: a ``WorkerStep`` in, ``("ok", StepResult)`` or ``("error", text)`` out; ``None``
+    closes the worker and ends the loop (so does the driver's side of the connection going away)."""
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            conn.send(("ok", worker.close() if msg is None else worker.execute(msg)))
+        except BaseException as e:
+            conn.send(("error", f"{type(e).__name__}: {e}"))
+        if msg is None:
+            return
+
+
+def _accept(server: socket.socket, token: bytes) -> mp_connection.Connection:
+    """The first connection to ``server`` whose first bytes are ``token`` (others are closed unread:
+    nothing is unpickled from a peer before it shows the token)."""
+    while True:
+        sock, _ = server.accept()
+        sock.settimeout(10.0)
+        try:
+            got = b""
+            while len(got) < len(token) and (chunk := sock.recv(len(token) - len(got))):
+                got += chunk
+        except OSError:
+            got = b""
+        if hmac.compare_digest(got, token):
+            return _connection(sock)
+        sock.close()
+
+
+def _connect(address: tuple[str, int], token: bytes, timeout_s: float) -> mp_connection.Connection:
+    sock = socket.create_connection(address, timeout=timeout_s)
+    sock.sendall(token)
+    return _connection(sock)
+
+
+def _connection(sock: socket.socket) -> mp_connection.Connection:
+    sock.settimeout(None)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)    # a header and a large body go out as two writes
+    return mp_connection.Connection(sock.detach())
+
+
+class _ConnGroup:
+    """The driver's side of the channel: ``conns[r]`` reaches rank r; ``_dead(r)`` says why rank r is gone
+    (None while it lives)."""
+
+    conns: list[mp_connection.Connection]
+
+    def _dead(self, rank: int) -> str | None:
+        return None
+
+    def _collect(self, timeout_s: float, what: str) -> list:
+        """One answer per rank; the first failure to arrive (an error, a dead rank) is the one reported."""
+        deadline = time.monotonic() + timeout_s
+        out: dict[int, Any] = {}
+        while len(out) < len(self.conns):
+            # block until a connection has an answer (or 50 ms pass: then look for dead ranks and the deadline)
+            mp_connection.wait([c for r, c in enumerate(self.conns) if r not in out], timeout=0.05)
+            for rank, conn in enumerate(self.conns):
+                if rank in out:
+                    continue
+                if conn.poll():
+                    try:
+                        kind, value = conn.recv()
+                    except (EOFError, OSError):
+                        raise GroupFailure(f"{what}: rank {rank} died ({self._dead(rank) or 'connection closed'})") \
+                            from None
+                    if kind == "error":
+                        raise GroupFailure(f"{what}: rank {rank} failed: {value}")
+                    out[rank] = value
+                elif (why := self._dead(rank)) is not None:
+                    raise GroupFailure(f"{what}: rank {rank} died ({why})")
+            if time.monotonic() > deadline:
+                missing = [r for r in range(len(self.conns)) if r not in out]
+                raise GroupFailure(f"{what}: rank(s) {missing} did not answer within {timeout_s:.0f} s")
+        return [out[r] for r in range(len(self.conns))]
+
+    def _send_all(self, steps: list, what: str) -> None:
+        for rank, (conn, step) in enumerate(zip(self.conns, steps)):
+            try:
+                conn.send(step)
+            except OSError:
+                raise GroupFailure(f"{what}: rank {rank} died ({self._dead(rank) or 'connection closed'})") from None
+
+    def _close_conns(self) -> None:
+        """Ask every rank to close its worker (all at once: ipc rank 0 waits for its peers), briefly wait."""
+        try:
+            self._send_all([None] * len(self.conns), "shutdown")
+            self._collect(10.0, "shutdown")
+        except GroupFailure:
+            pass
+        for conn in self.conns:
+            conn.close()
+        self.conns = []
+
+
+# ---- Ray ------------------------------------------------------------------------------------------
+class RayWorkerGroup(_ConnGroup):
     """N worker actors; on CPU each takes a logical GPU when the cluster has N of them, else none
     (``serve run`` on a fresh cluster sees 0 GPUs; CPU mode must not wait for GPUs it cannot get)."""
 
@@ -104,6 +231,7 @@ class RayWorkerGroup:
         self._board = ray.remote(num_cpus=0)(_Board).remote()
         self._generation = itertools.count()
         self.actors: list[Any] = []
+        self.conns = []
         self._start()
 
     def _actor_options(self) -> dict:
@@ -135,6 +263,14 @@ class RayWorkerGroup:
                        for spec in worker_specs(self.cfg, self.num_blocks)]
         try:
             self._wait([a.ready.remote() for a in self.actors], self.setup_timeout_s, "setup")
+            if self.cfg.step_channel == "socket":
+                token = os.urandom(32)
+                addresses = self._wait([a.open_channel.remote(token) for a in self.actors], 30.0, "setup")
+                try:
+                    self.conns = [_connect(tuple(addr), token, 30.0) for addr in addresses]
+                except OSError as e:
+                    raise GroupFailure(f"setup: cannot reach a rank's step channel ({e}); "
+                                       "step_channel: ray sends steps as Ray calls instead") from None
         except GroupFailure:
             self._kill()
             raise
@@ -157,6 +293,9 @@ class RayWorkerGroup:
         return [done[r] for r in refs]
 
     def execute(self, steps: list[WorkerStep]) -> list[StepResult]:
+        if self.conns:
+            self._send_all(steps, "step")
+            return self._collect(self.cfg.step_timeout_s, "step")
         refs = [a.execute.remote(s) for a, s in zip(self.actors, steps)]
         return self._wait(refs, self.cfg.step_timeout_s, "step")
 
@@ -167,6 +306,9 @@ class RayWorkerGroup:
     def _kill(self) -> None:
         import ray
 
+        for conn in self.conns:
+            conn.close()
+        self.conns = []
         for a in self.actors:
             ray.kill(a, no_restart=True)
         self.actors = []
@@ -174,11 +316,14 @@ class RayWorkerGroup:
     def shutdown(self) -> None:
         import ray
 
-        closing = [a.close.remote() for a in self.actors]    # all at once: ipc rank 0 waits for its peers
-        try:
-            ray.get(closing, timeout=10)
-        except Exception:
-            pass
+        if self.conns:
+            self._close_conns()
+        else:
+            closing = [a.close.remote() for a in self.actors]    # all at once: ipc rank 0 waits for its peers
+            try:
+                ray.get(closing, timeout=10)
+            except Exception:
+                pass
         self._kill()
         ray.kill(self._board, no_restart=True)
         if self._pg is not None:
@@ -197,19 +342,11 @@ def _root_cause(e: BaseException) -> str:
 def _process_main(spec: WorkerSpec, board: Any, prefix: str, conn) -> None:
     try:
         worker = Worker(spec, DictRendezvous(board, spec.world_size, prefix))
-        conn.send(("ready", spec.rank))
+        conn.send(("ok", spec.rank))
     except BaseException as e:
         conn.send(("error", f"{type(e).__name__}: {e}"))
         return
-    while True:
-        msg = conn.recv()
-        if msg is None:
-            worker.close()
-            return
-        try:
-            conn.send(("ok", worker.execute(msg)))
-        except BaseException as e:
-            conn.send(("error", f"{type(e).__name__}: {e}"))
+    _serve(worker, conn)
 
 
 def _place_on_gpus(specs: list[WorkerSpec]) -> list[WorkerSpec]:
@@ -223,7 +360,7 @@ def _place_on_gpus(specs: list[WorkerSpec]) -> list[WorkerSpec]:
     return [replace(s, device=f"cuda:{s.rank % count}") for s in specs]
 
 
-class ProcessWorkerGroup:
+class ProcessWorkerGroup(_ConnGroup):
     """N ranks as spawned processes talking over pipes; same contract as ``RayWorkerGroup``. On CUDA rank r
     takes GPU r % (visible GPUs): one GPU each when there are N, else several share (ipc only: NCCL
     refuses two ranks on one GPU)."""
@@ -251,31 +388,12 @@ class ProcessWorkerGroup:
             self._kill()
             raise
 
-    def _collect(self, timeout_s: float, what: str) -> list:
-        """One answer per rank; the first failure to arrive (an error, a dead rank) is the one reported."""
-        deadline = time.monotonic() + timeout_s
-        out: dict[int, Any] = {}
-        while len(out) < len(self.conns):
-            # block until a pipe has an answer (or 50 ms pass: then look for dead ranks and the deadline)
-            mp_connection.wait([c for r, c in enumerate(self.conns) if r not in out], timeout=0.05)
-            for rank, (conn, proc) in enumerate(zip(self.conns, self.procs)):
-                if rank in out:
-                    continue
-                if conn.poll():
-                    kind, value = conn.recv()
-                    if kind == "error":
-                        raise GroupFailure(f"{what}: rank {rank} failed: {value}")
-                    out[rank] = value
-                elif not proc.is_alive():
-                    raise GroupFailure(f"{what}: rank {rank} died (exit code {proc.exitcode})")
-            if time.monotonic() > deadline:
-                missing = [r for r in range(len(self.conns)) if r not in out]
-                raise GroupFailure(f"{what}: rank(s) {missing} did not answer within {timeout_s:.0f} s")
-        return [out[r] for r in range(len(self.conns))]
+    def _dead(self, rank: int) -> str | None:
+        proc = self.procs[rank]
+        return None if proc.is_alive() else f"exit code {proc.exitcode}"
 
     def execute(self, steps: list[WorkerStep]) -> list[StepResult]:
-        for conn, step in zip(self.conns, steps):
-            conn.send(step)
+        self._send_all(steps, "step")
         return self._collect(self.cfg.step_timeout_s, "step")
 
     def recover(self) -> None:
@@ -289,11 +407,7 @@ class ProcessWorkerGroup:
         self.procs, self.conns = [], []
 
     def shutdown(self) -> None:
-        for conn in self.conns:
-            try:
-                conn.send(None)
-            except Exception:
-                pass
+        self._close_conns()
         for p in self.procs:
             p.join(10)
         self._kill()

@@ -121,13 +121,11 @@ class Worker:
         from models.loader import load_model
 
         self.spec = spec
-        if spec.device == "cpu":
-            torch.set_num_threads(1)
         device = torch.device(spec.device)
-        if device.type == "cuda":
-            if device.index is None:
-                device = torch.device("cuda", torch.cuda.current_device())
-            torch.cuda.set_device(device)       # Triton launches and streams follow the current device
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
+        self.enter_thread()
         dtype = getattr(torch, spec.dtype)
         ops.configure(spec.kernels, device.type)
         try:
@@ -148,6 +146,14 @@ class Worker:
         self.runner = ModelRunner(model, spec.num_blocks, spec.block_size, dtype, device,
                                   in_group=spec.world_size > 1, world_size=spec.world_size, stage=self._stage,
                                   speculative=spec.speculative, graphs=self._graphs_mode(), select=self._select)
+
+    def enter_thread(self) -> None:
+        """Set this thread's torch state for the rank (both are per thread): a socket-served Ray actor
+        runs its steps on a thread other than the one that built the worker."""
+        if self.device.type == "cpu":
+            torch.set_num_threads(1)
+        else:
+            torch.cuda.set_device(self.device)       # Triton launches and streams follow the current device
 
     def _graphs_mode(self) -> str:
         """``capture`` needs a capturable comm in a group (ipc's device phases); else the graph

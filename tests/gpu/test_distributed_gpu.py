@@ -7,6 +7,8 @@ engine on GPU 0.
   single-process engine's, for a mixed batch (dp steps) and a solo request (its prefill rides in a
   span); one bf16 case is compared at a looser level (token agreement), since the MoE partial sums
   round in a different order there;
+- a worker whose steps run on a thread other than the one that built it (how a Ray actor serves its socket
+  step channel), bf16 + Triton + CUDA graphs + MTP drafting, gives the tokens of one run on its own thread;
 - one MoE layer through ``Worker.run_mlp`` on NaN-poisoned comm buffers: Span(owner) is
   bit-identical to Dp, pads gather as zeros, and the result matches the unsharded layer.
 
@@ -16,6 +18,7 @@ Run on a lent H200: ``PYTHONPATH=. python -m pytest -q tests/gpu/test_distribute
 from __future__ import annotations
 
 import io
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -29,7 +32,7 @@ GPUS = torch.cuda.device_count()
 from cluster.config import EngineConfig
 from cluster.engine import Engine, LocalExecutor
 from cluster.local import scheduler_config
-from cluster.workers import ProcessWorkerGroup
+from cluster.workers import ProcessWorkerGroup, worker_specs
 from kernels import ops
 from models.loader import load_model
 from scheduler.request import SamplingParams
@@ -146,6 +149,48 @@ def test_speculative_group_with_captured_drafting_equals_plain():
         assert engine.stats["drafts_accepted"] > 0
     finally:
         group.shutdown()
+
+
+class _OnThread(LocalExecutor):
+    """Steps on a thread of their own, as ``cluster.workers._WorkerActor._channel`` runs them."""
+
+    def __init__(self, worker: Worker):
+        self.worker, self.pool = worker, ThreadPoolExecutor(1, initializer=worker.enter_thread)
+
+    def execute(self, steps):
+        return [self.pool.submit(self.worker.execute, steps[0]).result()]
+
+
+class _OnCaller(LocalExecutor):
+    def __init__(self, worker: Worker):
+        self.worker = worker
+
+    def execute(self, steps):
+        return [self.worker.execute(steps[0])]
+
+
+def test_steps_on_another_thread_equal_steps_on_the_building_thread():
+    from cluster.config import DEFAULT_MODEL
+    from models.config import ModelConfig
+
+    mc = ModelConfig.from_json(DEFAULT_MODEL)
+    cfg = EngineConfig(model=DEFAULT_MODEL, device=DEVICE, dtype="bfloat16", kernels="auto", num_workers=1,
+                       kv_cache_tokens=NUM_BLOCKS * 16, max_num_batched_tokens=128, speculative_tokens=3)
+    g = torch.Generator().manual_seed(29)
+    reqs = {f"p{i}": (torch.randint(40, mc.vocab_size, (int(torch.randint(4, 40, (1,), generator=g)),),
+                                    generator=g).tolist(), SamplingParams(max_tokens=16, temperature=0.0))
+            for i in range(3)}
+    out = []
+    for executor_cls in (_OnCaller, _OnThread):
+        worker = Worker(worker_specs(cfg, NUM_BLOCKS)[0], DictRendezvous({}, 1, "t/"))
+        try:
+            engine = Engine(executor_cls(worker), scheduler_config(cfg, mc, None, NUM_BLOCKS), speculative_tokens=3,
+                            graphs=True)
+            out.append({k: run(engine, {k: r})[k] for k, r in reqs.items()})
+            assert engine.stats["graph_steps"] > 0
+        finally:
+            worker.close()
+    assert out[1] == out[0]
 
 
 def _agreement(got: dict, want: dict) -> float:

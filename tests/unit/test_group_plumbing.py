@@ -1,6 +1,10 @@
-"""Small pieces of the worker group: ranks placed on GPUs, and each rank's step timing in its result."""
+"""Small pieces of the worker group: ranks placed on GPUs, the step channel, each rank's step timing in its result,
+the engine config's field checks."""
 
 from __future__ import annotations
+
+import socket
+import threading
 
 import pytest
 import torch
@@ -8,7 +12,7 @@ import torch
 from cluster.config import EngineConfig
 from cluster.engine import Engine, GroupFailure, LocalExecutor
 from cluster.local import scheduler_config
-from cluster.workers import _place_on_gpus, worker_specs
+from cluster.workers import _accept, _connect, _ConnGroup, _place_on_gpus, _serve, worker_specs
 from models.loader import dummy_model
 from scheduler.request import SamplingParams
 from tests.conftest import run_engine
@@ -24,6 +28,68 @@ def test_process_group_puts_rank_r_on_gpu_r_mod_count(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     with pytest.raises(GroupFailure, match="no CUDA GPU"):
         _place_on_gpus(specs)
+
+
+class _EchoWorker:
+    def __init__(self):
+        self.closed = False
+
+    def execute(self, step):
+        if step == "boom":
+            raise ValueError("bad step")
+        return step * 2
+
+    def close(self):
+        self.closed = True
+
+
+def test_step_channel_serves_only_the_token_holder_and_reports_errors():
+    token, worker = b"t" * 32, _EchoWorker()
+    server = socket.create_server(("127.0.0.1", 0))
+    address = server.getsockname()
+
+    def rank_side():
+        with server:
+            conn = _accept(server, token)
+        _serve(worker, conn)
+
+    t = threading.Thread(target=rank_side, daemon=True)
+    t.start()
+    intruder = socket.create_connection(address, timeout=5)
+    intruder.sendall(b"x" * 32)                                  # a wrong token: closed, nothing unpickled
+    assert intruder.recv(1) == b""
+    group = _ConnGroup()
+    group.conns = [_connect(address, token, 5.0)]
+    group._send_all([21], "step")
+    assert group._collect(5.0, "step") == [42]
+    group._send_all(["boom"], "step")
+    with pytest.raises(GroupFailure, match="step: rank 0 failed: ValueError: bad step"):
+        group._collect(5.0, "step")
+    group._close_conns()                                         # None: the rank closes its worker, the loop ends
+    t.join(5)
+    assert worker.closed and not t.is_alive() and group.conns == []
+
+
+def test_a_closed_step_channel_fails_the_step_fast():
+    server = socket.create_server(("127.0.0.1", 0))
+    group = _ConnGroup()
+    accepted = []
+    threading.Thread(target=lambda: accepted.append(_accept(server, b"k" * 32)), daemon=True).start()
+    group.conns = [_connect(server.getsockname(), b"k" * 32, 5.0)]
+    while not accepted:
+        threading.Event().wait(0.01)
+    accepted[0].close()                                          # the rank's process is gone
+    with pytest.raises(GroupFailure, match="rank 0 died"):
+        group._collect(30.0, "step")
+    server.close()
+
+
+@pytest.mark.parametrize("field,value", [("step_channel", "zmq"), ("comm", "mpi"), ("num_workers", 3)])
+def test_bad_engine_config_names_the_field(field, value):
+    with pytest.raises(ValueError, match=f"field '{field}'"):
+        EngineConfig(**{field: value})
+    with pytest.raises(ValueError, match="unknown engine config field"):
+        EngineConfig.from_dict({"step_chanel": "ray"})
 
 
 class _Recording(LocalExecutor):
