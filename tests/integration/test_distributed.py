@@ -66,6 +66,18 @@ def test_greedy_tokens_equal_single_process(ray_session, tiny_ckpt, tiny_config,
         group.shutdown()
 
 
+def test_steps_as_ray_actor_calls_equal_single_process(ray_session, tiny_ckpt, tiny_config, reference):
+    """``step_channel: ray`` (the fallback where the socket channel cannot connect) gives the same tokens."""
+    cfg = engine_config(tiny_ckpt, 2, "tp", "ipc", step_channel="ray")
+    group = RayWorkerGroup(cfg, NUM_BLOCKS)
+    try:
+        assert group.conns == []
+        engine = Engine(group, scheduler_config(cfg, tiny_config, None, NUM_BLOCKS), num_ranks=2)
+        assert run(engine, requests()) == reference[0]
+    finally:
+        group.shutdown()
+
+
 def _gate_span_matches_dp(group, n: int, hidden: int, comm: str) -> None:
     """span_matches_dp: the same rows through Dp (rank r holds rows r*R..) and Span(owner) (the owner holds
     all) give bit-identical MoE outputs; NaN-poisoned buffers and pad rows never leak."""
