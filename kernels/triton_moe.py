@@ -23,6 +23,12 @@ The GEMMs accumulate in fp32 and scale each 128-wide sub-block of a K step by it
 weight straight into the tensor cores' register operand, no shared-memory pass; gate/up split over H for
 narrow experts).
 
+More than FUSED_MAX_ROWS rows (prefill chunks) take the grouped launches instead (``grouped_moe``): the pairs are
+sorted by expert on the host side of one sync, each expert's run padded to whole blocks of 64 or 128 rows, and a
+gate/up and a down launch run a program per (block, output tile), its expert read from a per-block table; the
+same roundings and the same combine as above. (The reference's per-expert loop with a host sync per expert and
+a whole-weight dequantization per linear took 153 ms a layer for a 2048-row chunk on the slice, H200.)
+
 One row (decode without drafts) takes FMA kernels instead (``_gate_up_row_kernel``, ``_down_row_kernel``:
 every pair is its own expert, no 16-row tensor-core tile, as triton_linear's GEMV), and runs the shared
 expert as one more pair of the same two launches (its weights reached by element offsets from the stacked
@@ -253,6 +259,78 @@ def _down_row_kernel(act_ptr, d_ptr, ds_ptr, sd_off, sds_off, w_route_ptr, sorte
 
 
 @triton.jit
+def _grouped_gate_up_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, block_e_ptr, slot_pair_ptr, act_ptr,
+                            H, I, num_sb_h, num_sb_i, TOPK: tl.constexpr, HAS_SCALE: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, PREC: tl.constexpr):
+    """Block b of one expert's padded run: act[b·BM + r] = silu(x[row] @ G_e.T) · (x[row] @ U_e.T) (as
+    ``_gate_up_kernel``); the block index varies fastest, so an expert's blocks share its weight tiles in L2.
+    Each FP8 tile is dequantized as the reference does (W·S in fp32, rounded to x's dtype) and the dots
+    accumulate in place (scaling each dot's result instead took 1.3× as long: bench/results/session12/)."""
+    b = tl.program_id(0)
+    ib = tl.program_id(1)
+    e = tl.load(block_e_ptr + b)
+    slots = b * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(slot_pair_ptr + slots)
+    live = pair >= 0
+    row = tl.where(live, pair // TOPK, 0)
+    ri = ib * BLOCK_I + tl.arange(0, BLOCK_I)
+    rh = tl.arange(0, 128)
+    acc_g = tl.zeros((BLOCK_M, BLOCK_I), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_I), dtype=tl.float32)
+    w_base = e.to(tl.int64) * I * H
+    s_base = e * num_sb_i * num_sb_h + ((ib * BLOCK_I) // 128) * num_sb_h
+    for hb in range(num_sb_h):
+        h = hb * 128 + rh
+        x = tl.load(x_ptr + row[:, None].to(tl.int64) * H + h[None, :], mask=live[:, None] & (h[None, :] < H),
+                    other=0.0)
+        wmask = (ri[:, None] < I) & (h[None, :] < H)
+        wg = tl.load(g_ptr + w_base + ri[:, None] * H + h[None, :], mask=wmask, other=0.0)
+        wu = tl.load(u_ptr + w_base + ri[:, None] * H + h[None, :], mask=wmask, other=0.0)
+        if HAS_SCALE:
+            wg = wg.to(tl.float32) * tl.load(gs_ptr + s_base + hb)
+            wu = wu.to(tl.float32) * tl.load(us_ptr + s_base + hb)
+        acc_g = tl.dot(x, tl.trans(wg.to(x.dtype)), acc_g, input_precision=PREC)
+        acc_u = tl.dot(x, tl.trans(wu.to(x.dtype)), acc_u, input_precision=PREC)
+    dt = act_ptr.dtype.element_ty
+    g = acc_g.to(dt).to(tl.float32)
+    u = acc_u.to(dt).to(tl.float32)
+    a = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32) * u
+    tl.store(act_ptr + slots[:, None].to(tl.int64) * I + ri[None, :], a.to(dt), mask=ri[None, :] < I)
+
+
+@triton.jit
+def _grouped_down_kernel(act_ptr, d_ptr, ds_ptr, w_route_ptr, block_e_ptr, slot_pair_ptr, y_ptr,
+                         H, I, num_sb_h, num_sb_i, HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_HO: tl.constexpr, PREC: tl.constexpr):
+    """y[pair] = round(round(act[slot] @ D_e.T) · w[pair]) for block b's live slots (as ``_down_kernel``; the
+    weight dequantized per tile as in the gate/up launch)."""
+    b = tl.program_id(0)
+    hb = tl.program_id(1)
+    e = tl.load(block_e_ptr + b)
+    slots = b * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(slot_pair_ptr + slots)
+    live = pair >= 0
+    rh = hb * BLOCK_HO + tl.arange(0, BLOCK_HO)
+    ri = tl.arange(0, 128)
+    acc = tl.zeros((BLOCK_M, BLOCK_HO), dtype=tl.float32)
+    w_base = e.to(tl.int64) * H * I
+    s_base = e * num_sb_h * num_sb_i + ((hb * BLOCK_HO) // 128) * num_sb_i
+    for ib in range(num_sb_i):
+        i = ib * 128 + ri
+        a = tl.load(act_ptr + slots[:, None].to(tl.int64) * I + i[None, :], mask=i[None, :] < I, other=0.0)
+        wd = tl.load(d_ptr + w_base + rh[:, None] * I + i[None, :], mask=(rh[:, None] < H) & (i[None, :] < I),
+                     other=0.0)
+        if HAS_SCALE:
+            wd = wd.to(tl.float32) * tl.load(ds_ptr + s_base + ib)
+        acc = tl.dot(a, tl.trans(wd.to(a.dtype)), acc, input_precision=PREC)
+    dt = y_ptr.dtype.element_ty
+    w = tl.load(w_route_ptr + pair, mask=live, other=0.0)
+    y = (acc.to(dt).to(tl.float32) * w[:, None]).to(dt)
+    tl.store(y_ptr + tl.where(live, pair, 0)[:, None].to(tl.int64) * H + rh[None, :], y,
+             mask=live[:, None] & (rh[None, :] < H))
+
+
+@triton.jit
 def _combine_kernel(y_ptr, order_ptr, valid_ptr, out_ptr, H, P, TOPK: tl.constexpr, SHARED: tl.constexpr,
                     BLOCK_H: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
@@ -371,6 +449,105 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
     return _plus_shared(_combine(y, order, valid, out, N, H, k), x, shared)
 
 
+def group_pairs(topk_idx: torch.Tensor, expert_offset: int, E_local: int, block_m: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """topk_idx: [N, k] global ids → (block_e [B] int32: each block's local expert, slot_pair [B·block_m]
+    int32: the pair (row·k + slot) in each padded slot or -1, order [N, k] int32, valid [P] int8 as
+    ``route_pairs``): the pairs held here stably sorted by local expert, each expert's run padded to whole
+    blocks. One host sync (the block count)."""
+    N, k = topk_idx.shape
+    dev = topk_idx.device
+    local = (topk_idx - expert_offset).flatten()
+    held = (local >= 0) & (local < E_local)
+    key = torch.where(held, local, E_local)
+    sorted_key, sorted_pair = torch.sort(key, stable=True)
+    counts = torch.bincount(key, minlength=E_local + 1)[:E_local]
+    blocks = (counts + block_m - 1) // block_m
+    num_blocks, num_held = torch.stack([blocks.sum(), counts.sum()]).tolist()
+    block_e = torch.repeat_interleave(torch.arange(E_local, device=dev, dtype=torch.int32), blocks,
+                                      output_size=num_blocks)
+    first = torch.cumsum(counts, 0) - counts                         # each expert's first pair in the sort
+    first_slot = (torch.cumsum(blocks, 0) - blocks) * block_m        # and its first padded slot
+    e = sorted_key[:num_held]
+    slots = first_slot[e] + torch.arange(num_held, device=dev) - first[e]
+    slot_pair = torch.full((num_blocks * block_m,), -1, dtype=torch.int32, device=dev)
+    slot_pair[slots] = sorted_pair[:num_held].to(torch.int32)
+    order = torch.sort(key.view(N, k), dim=1, stable=True).indices.to(torch.int32)
+    return block_e, slot_pair, order, held.to(torch.int8)
+
+
+@dataclass(frozen=True)
+class GroupTile:
+    """Launch shape of a grouped expert GEMM: BLOCK_N outputs per program (dividing 128: one scale row)."""
+    block_n: int = 128
+    num_warps: int = 8
+    num_stages: int = 3
+
+
+SMEM_LIMIT = 232448            # shared memory a Hopper block may opt into (bytes)
+
+
+def _smem_bytes(block_m: int, tile: GroupTile, x_size: int, w_size: int, num_weights: int) -> int:
+    """Shared memory of a grouped launch: ``num_stages`` buffers of the row tile and the weight tiles as loaded,
+    plus the weight tiles widened to the rows' dtype. It matched Triton's refusals of the fp8-bf16 shapes on
+    fp32 rows (320 KB) and bf16 weights (240 KB), and over-counts the fp8 weights on bf16 rows at 128 rows."""
+    loads = block_m * 128 * x_size + num_weights * tile.block_n * 128 * w_size
+    widened = num_weights * tile.block_n * 128 * x_size if w_size != x_size else 0
+    return tile.num_stages * loads + widened
+
+
+def group_launch(rows: int, k: int, E_local: int, x_dtype: torch.dtype, w_dtype: torch.dtype
+                 ) -> tuple[int, GroupTile, GroupTile]:
+    """(block rows, gate/up tile, down tile). FP8 experts on 2-byte rows: 128-row blocks once an expert averages
+    128 pairs, else 64, 128-wide tiles on 8 warps in 3 stages (measured best at 2048 and 8192 rows, 256 experts
+    of width 2048 and 256: bench/moe_prefill.py --sweep, bench/results/session12/). Other dtypes (fp32 rows,
+    unquantized experts: tests, bf16 checkpoints): 64-row blocks and the first tile whose shared memory fits with
+    a 10 % margin."""
+    block_m = 128 if rows * k >= 128 * E_local else 64
+    x_size, w_size = x_dtype.itemsize, w_dtype.itemsize
+    if x_size == 2 and w_size == 1:
+        return block_m, GroupTile(), GroupTile()
+    tiles = (GroupTile(), GroupTile(64, 4, 3), GroupTile(64, 4, 2), GroupTile(32, 4, 2), GroupTile(32, 4, 1))
+    gate_up, down = (next(t for t in tiles if _smem_bytes(64, t, x_size, w_size, n) <= 0.9 * SMEM_LIMIT)
+                     for n in (2, 1))
+    return 64, gate_up, down
+
+
+def grouped_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gate: torch.Tensor,
+                up: torch.Tensor, down: torch.Tensor, gate_s: torch.Tensor | None, up_s: torch.Tensor | None,
+                down_s: torch.Tensor | None, expert_offset: int = 0, block_m: int | None = None,
+                tiles: tuple[GroupTile, GroupTile] | None = None) -> torch.Tensor:
+    """As ``fused_moe`` (routed experts only) for any number of rows, on the grouped launches; not
+    graph-capturable (one host sync). ``block_m`` and ``tiles`` (the gate/up and down launch shapes; default
+    ``group_launch``'s) for tests and benchmarks."""
+    N, H = x.shape
+    E_local, I, _ = gate.shape
+    k = topk_idx.shape[1]
+    x = x.contiguous()
+    auto_m, gu, dn = group_launch(N, k, E_local, x.dtype, gate.dtype)
+    block_m, (gu, dn) = block_m or auto_m, tiles or (gu, dn)
+    block_e, slot_pair, order, valid = group_pairs(topk_idx, expert_offset, E_local, block_m)
+    num_blocks = block_e.numel()
+    act = torch.empty(num_blocks * block_m, I, dtype=x.dtype, device=x.device)
+    y = torch.empty(N * k, H, dtype=x.dtype, device=x.device)
+    out = torch.empty_like(x)
+    has_scale = gate_s is not None
+    dummy = torch.empty(1, dtype=torch.float32, device=x.device)
+    gs, us, ds = (gate_s, up_s, down_s) if has_scale else (dummy, dummy, dummy)
+    prec = dot_precision(x.dtype)
+    num_sb_h, num_sb_i = triton.cdiv(H, 128), triton.cdiv(I, 128)
+    if num_blocks:
+        _grouped_gate_up_kernel[(num_blocks, triton.cdiv(I, gu.block_n))](
+            x, gate, up, gs, us, block_e, slot_pair, act, H, I, num_sb_h, num_sb_i, TOPK=k, HAS_SCALE=has_scale,
+            BLOCK_M=block_m, BLOCK_I=gu.block_n, PREC=prec, num_warps=gu.num_warps,
+            num_stages=gu.num_stages)
+        _grouped_down_kernel[(num_blocks, triton.cdiv(H, dn.block_n))](
+            act, down, ds, topk_w.float().contiguous(), block_e, slot_pair, y, H, I, num_sb_h, num_sb_i,
+            HAS_SCALE=has_scale, BLOCK_M=block_m, BLOCK_HO=dn.block_n, PREC=prec,
+            num_warps=dn.num_warps, num_stages=dn.num_stages)
+    return _combine(y, order, valid, out, N, H, k)
+
+
 def _plus_shared(out: torch.Tensor, x: torch.Tensor, shared: tuple | None) -> torch.Tensor:
     """The routed experts' sum + the shared expert's output run after them (this backend's linear)."""
     return out if shared is None else out + reference.swiglu(x, *shared, linear=linear)
@@ -397,9 +574,17 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor,
                 gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
                 gate_s: torch.Tensor | None, up_s: torch.Tensor | None, down_s: torch.Tensor | None,
                 expert_offset: int = 0, shared: tuple | None = None) -> torch.Tensor:
-    """As ``reference.moe_experts``; few rows run fused, many rows (prefill) the per-expert reference (the
-    shared expert through this backend's linear)."""
+    """As ``reference.moe_experts``; few rows run fused, more rows (prefill) grouped (the shared expert through
+    this backend's linear); weights the kernels cannot read (not contiguous, a dtype Triton lacks) the reference."""
     if x.shape[0] > FUSED_MAX_ROWS or x.shape[0] == 0:
-        out = reference.moe_experts(x, topk_idx, topk_w, gate, up, down, gate_s, up_s, down_s, expert_offset)
+        if x.shape[0] == 0 or not _groupable(x, gate, up, down):
+            out = reference.moe_experts(x, topk_idx, topk_w, gate, up, down, gate_s, up_s, down_s, expert_offset)
+        else:
+            out = grouped_moe(x, topk_idx, topk_w, gate, up, down, gate_s, up_s, down_s, expert_offset)
         return _plus_shared(out, x, shared)
     return fused_moe(x, topk_idx, topk_w, gate, up, down, gate_s, up_s, down_s, expert_offset, shared=shared)
+
+
+def _groupable(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> bool:
+    return (x.dtype in (torch.float32, torch.bfloat16, torch.float16) and gate.dim() == 3
+            and all(t.is_contiguous() for t in (gate, up, down)))

@@ -204,6 +204,16 @@ def test_moe_fp8(N, offset, I):
     assert rel(reference.moe_experts(*args), ref32) < 1e-2
 
 
+@pytest.mark.parametrize("N,offset,I", [(33, 0, 2048), (300, 16, 256), (2048, 0, 2048)])
+def test_grouped_moe_fp8(N, offset, I):
+    """Prefill rows (the grouped launches): close to the fp32 reference, bit-identical on repeat."""
+    args = moe_args(40 + N + I, N, I, 32, offset)
+    moe = tri("moe_experts")
+    first = moe(*args)
+    assert rel(first, reference.moe_experts(args[0].float(), *args[1:])) < 1e-2
+    assert torch.equal(moe(*args), first)
+
+
 @pytest.mark.parametrize("N", [1, 8])
 def test_moe_fp8_with_shared_expert(N):
     """The shared expert inside moe_experts (one row: one more pair of the fused launches; more rows:

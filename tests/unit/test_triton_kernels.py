@@ -200,6 +200,34 @@ def test_moe_experts(tk, N, offset, fp8):
 
 
 @pytest.mark.parametrize("fp8", [True, False])
+@pytest.mark.parametrize("offset", [0, 4])
+def test_grouped_moe(tk, offset, fp8):
+    """More rows than the fused launches take (prefill): each expert's run padded to whole blocks, a run over
+    several blocks, rows routed to experts held elsewhere — against the reference; the shared expert after."""
+    g = torch.Generator().manual_seed(31 + offset)
+    N = tk["moe"].FUSED_MAX_ROWS + 8
+    x, idx, w, gate, up, down, gs, us, ds = _moe_inputs(g, N, 128, 192, 8, 4, fp8)
+    idx[:, 0] = 5                                                             # a run of ≥ N rows: ≥ 3 blocks of 16
+    E_l = 4 if offset else 8
+    sl = slice(0, E_l)
+    args = [gate[sl], up[sl], down[sl]] + ([gs[sl], us[sl], ds[sl]] if fp8 else [None, None, None])
+    ref = reference.moe_experts(x, idx, w, *args, expert_offset=offset)
+    block_e, slot_pair, _, valid = tk["moe"].group_pairs(idx, offset, E_l, 16)
+    held = (idx - offset >= 0) & (idx - offset < E_l)
+    assert int(valid.sum()) == int(held.sum()) == int((slot_pair >= 0).sum())
+    runs = torch.bincount((idx - offset)[held], minlength=E_l)                 # pairs per local expert
+    assert torch.equal(block_e, torch.repeat_interleave(torch.arange(E_l, dtype=torch.int32), (runs + 15) // 16))
+    assert rel(tk["moe"].grouped_moe(x, idx, w, *args, expert_offset=offset, block_m=16), ref) < 1e-5
+    sh = tuple(t[0] if t is not None else None for t in _moe_inputs(g, 1, 128, 192, 1, 1, fp8)[3:])
+    got = tk["moe"].moe_experts(x, idx, w, *args, expert_offset=offset, shared=sh)   # default blocks
+    assert rel(got, reference.moe_experts(x, idx, w, *args, expert_offset=offset, shared=sh)) < 1e-5
+    args16 = [a.half() if a is not None and a.dtype == torch.float32 and a.dim() == 3 and not fp8 else a
+              for a in args]
+    got16 = tk["moe"].moe_experts(x.half(), idx, w, *args16, expert_offset=offset)
+    assert got16.dtype == torch.float16 and rel(got16, ref) < 1e-2
+
+
+@pytest.mark.parametrize("fp8", [True, False])
 @pytest.mark.parametrize("N,offset", [(1, 0), (1, 4), (3, 0)])
 def test_moe_experts_with_shared(tk, N, offset, fp8):
     """The shared expert inside ``moe_experts``: one more pair of the one-row launches (its output added

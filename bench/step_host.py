@@ -1,0 +1,123 @@
+"""Where a single-process engine's decode step spends its wall time on the GPU: the GLM-5.2-width slice (1 dense
++ 3 MoE layers, FP8 random weights, one MTP layer) built as ``serve run`` builds it with ``num_workers: 1``
+(``cluster.local.build_local_engine``, ``load_format: dummy``, CUDA graphs on), one request decoding after a prompt
+of ``--ctx`` tokens.
+
+The prefill's time to the first token; per decode step: the engine step's wall time (median); the GPU's kernel time in it (torch.profiler: the sum of
+kernel durations over the decode steps / steps); the host time the GPU did not hide = wall − kernel time (staging
+the step, launching the replay and the eager lm_head, sampling's device sync and what follows it, the scheduler).
+Under PDL (``GLMSERVE_PDL``, on by default) a kernel's duration includes its wait for the one before, so the sum
+over-counts and the difference means nothing: run with ``GLMSERVE_PDL=0`` for it (the report says which).
+Then a cProfile of the same decode steps: host functions by own time (a device sync shows as the time of the call
+that waits).
+
+    NCCL_NVLS_ENABLE=0 PYTHONPATH=. python bench/step_host.py [--ctx 4096] [--tokens 64] [--spec 0]
+    PYTHONPATH=. python bench/step_host.py --tiny --device cpu --ctx 64 --tokens 8     # plumbing on CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from bench.cluster_slice import slice_config
+from cluster.config import EngineConfig
+from cluster.local import build_local_engine
+from kernels.triton_utils import pdl_mode
+from scheduler.request import SamplingParams
+
+
+def decode_steps(engine, name: str, ctx: int, vocab: int, tokens: int, during=None) -> tuple[float, list[float]]:
+    """Add a request, run its prefill (timed: the time to its first token), then time its decode steps, inside
+    ``during`` (a context manager) when given. Returns (prefill ms, decode step ms)."""
+    import contextlib
+
+    prompt = [(7 * i + len(name)) % vocab for i in range(ctx)]
+    engine.add_request(prompt, SamplingParams(max_tokens=tokens + 1, temperature=0.0, ignore_eos=True), name)
+    t0 = time.perf_counter()
+    while not any(ev.token_ids for ev in engine.step()):           # the prefill, to its first token
+        pass
+    prefill_ms = (time.perf_counter() - t0) * 1e3
+    with during or contextlib.nullcontext():
+        return prefill_ms, _decode(engine, name)
+
+
+def _decode(engine, name: str) -> list[float]:
+    walls = []
+    while engine.has_unfinished():
+        t0 = time.perf_counter()
+        for ev in engine.step():
+            if ev.error:
+                raise RuntimeError(f"{name}: {ev.error}")
+        walls.append((time.perf_counter() - t0) * 1e3)
+    return walls
+
+
+def kernel_ms(prof) -> float:
+    return sum(ev.device_time if hasattr(ev, "device_time") else ev.cuda_time
+               for ev in prof.events() if ev.device_type.name == "CUDA") / 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--spec", type=int, default=0, help="MTP drafts per round (0: plain decode)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="the embedded tiny model's widths (a CPU plumbing check)")
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--out", default=None, help="folder for step_host.json")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        model_cfg = slice_config(4, args.tiny)
+        (Path(tmp) / "config.json").write_text(json.dumps(model_cfg))
+        cfg = EngineConfig(model=tmp, load_format="dummy", device=args.device, speculative_tokens=args.spec,
+                           kv_cache_tokens=args.ctx + 4 * args.tokens + 256, max_num_batched_tokens=2048,
+                           max_num_seqs=8, cuda_graphs="eager" if args.device == "cpu" else "auto")
+        print("building the engine ...", flush=True)
+        engine, _ = build_local_engine(cfg, progress=False)
+    vocab = model_cfg["vocab_size"]
+    decode_steps(engine, "warmup", args.ctx, vocab, args.tokens)     # compiles kernels, captures graphs
+    prefill_ms, walls = decode_steps(engine, "timed", args.ctx, vocab, args.tokens)
+    gpu = None
+    if args.device == "cuda":
+        from torch.profiler import ProfilerActivity, profile
+
+        prof = profile(activities=[ProfilerActivity.CUDA])
+        _, prof_walls = decode_steps(engine, "profiled", args.ctx, vocab, args.tokens, during=prof)
+        gpu = kernel_ms(prof) / len(prof_walls)
+    profiler = cProfile.Profile()
+    _, host_walls = decode_steps(engine, "cprofiled", args.ctx, vocab, args.tokens, during=profiler)
+    wall = statistics.median(walls)
+    pdl = pdl_mode() if args.device == "cuda" else "0"
+    row = {"ctx": args.ctx, "spec": args.spec, "pdl": pdl,
+           "prefill_ms": prefill_ms, "steps": len(walls), "step_ms": wall,
+           "step_ms_mean": statistics.fmean(walls), "kernel_ms": gpu,
+           "host_unhidden_ms": None if gpu is None or pdl != "0" else statistics.fmean(walls) - gpu,
+           "graph_steps": engine.stats["graph_steps"]}
+    print(json.dumps(row))
+    print(f"prefill of {args.ctx} tokens (to the first token): {prefill_ms:.1f} ms")
+    print(f"decode step: median {wall:.3f} ms, mean {row['step_ms_mean']:.3f} ms over {len(walls)} steps"
+          + ("" if gpu is None else f"; GPU kernels {gpu:.3f} ms a step (PDL {pdl})")
+          + ("" if row["host_unhidden_ms"] is None else f"; host not hidden {row['host_unhidden_ms']:.3f} ms"))
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(args.top)
+    print(f"cProfile of {len(host_walls)} decode steps (mean {statistics.fmean(host_walls):.3f} ms under the "
+          f"profiler), by own time:")
+    print("\n".join(text.getvalue().splitlines()[4:]))
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "step_host.json").write_text(json.dumps(row, indent=1))
+        (Path(args.out) / "step_host_cprofile.txt").write_text(text.getvalue())
+
+
+if __name__ == "__main__":
+    main()
