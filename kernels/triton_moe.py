@@ -259,6 +259,14 @@ def _down_row_kernel(act_ptr, d_ptr, ds_ptr, sd_off, sds_off, w_route_ptr, sorte
 
 
 @triton.jit
+def _group_block(block_e_ptr, slot_pair_ptr, b, BLOCK_M: tl.constexpr):
+    """Grouped block b: (its local expert, its slots [BM], their pairs (row·k + slot), which slots hold one)."""
+    slots = b * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(slot_pair_ptr + slots)
+    return tl.load(block_e_ptr + b), slots, pair, pair >= 0
+
+
+@triton.jit
 def _grouped_gate_up_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, block_e_ptr, slot_pair_ptr, act_ptr,
                             H, I, num_sb_h, num_sb_i, TOPK: tl.constexpr, HAS_SCALE: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, PREC: tl.constexpr):
@@ -266,12 +274,8 @@ def _grouped_gate_up_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, block_e_ptr, sl
     ``_gate_up_kernel``); the block index varies fastest, so an expert's blocks share its weight tiles in L2.
     Each FP8 tile is dequantized as the reference does (W·S in fp32, rounded to x's dtype) and the dots
     accumulate in place (scaling each dot's result instead took 1.3× as long: bench/results/session12/)."""
-    b = tl.program_id(0)
     ib = tl.program_id(1)
-    e = tl.load(block_e_ptr + b)
-    slots = b * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(slot_pair_ptr + slots)
-    live = pair >= 0
+    e, slots, pair, live = _group_block(block_e_ptr, slot_pair_ptr, tl.program_id(0), BLOCK_M)
     row = tl.where(live, pair // TOPK, 0)
     ri = ib * BLOCK_I + tl.arange(0, BLOCK_I)
     rh = tl.arange(0, 128)
@@ -304,12 +308,8 @@ def _grouped_down_kernel(act_ptr, d_ptr, ds_ptr, w_route_ptr, block_e_ptr, slot_
                          BLOCK_HO: tl.constexpr, PREC: tl.constexpr):
     """y[pair] = round(round(act[slot] @ D_e.T) · w[pair]) for block b's live slots (as ``_down_kernel``; the
     weight dequantized per tile as in the gate/up launch)."""
-    b = tl.program_id(0)
     hb = tl.program_id(1)
-    e = tl.load(block_e_ptr + b)
-    slots = b * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(slot_pair_ptr + slots)
-    live = pair >= 0
+    e, slots, pair, live = _group_block(block_e_ptr, slot_pair_ptr, tl.program_id(0), BLOCK_M)
     rh = hb * BLOCK_HO + tl.arange(0, BLOCK_HO)
     ri = tl.arange(0, 128)
     acc = tl.zeros((BLOCK_M, BLOCK_HO), dtype=tl.float32)
