@@ -95,7 +95,7 @@ class _WorkerActor:
         import ray
 
         host = ray.util.get_node_ip_address()
-        server = socket.create_server((host, 0))
+        server = _listen(host)
         threading.Thread(target=self._channel, args=(server, token), daemon=True, name="step-channel").start()
         return host, server.getsockname()[1]
 
@@ -131,6 +131,11 @@ def _serve(worker: Worker, conn) -> None:
             conn.send(("error", f"{type(e).__name__}: {e}"))
         if msg is None:
             return
+
+
+def _listen(host: str) -> socket.socket:
+    """A listening socket on ``host`` (IPv4 or IPv6), port chosen by the OS."""
+    return socket.create_server((host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
 
 
 def _accept(server: socket.socket, token: bytes) -> mp_connection.Connection:

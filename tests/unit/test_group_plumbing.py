@@ -12,7 +12,7 @@ import torch
 from cluster.config import EngineConfig
 from cluster.engine import Engine, GroupFailure, LocalExecutor
 from cluster.local import scheduler_config
-from cluster.workers import _accept, _connect, _ConnGroup, _place_on_gpus, _serve, worker_specs
+from cluster.workers import _accept, _connect, _ConnGroup, _listen, _place_on_gpus, _serve, worker_specs
 from models.loader import dummy_model
 from scheduler.request import SamplingParams
 from tests.conftest import run_engine
@@ -43,10 +43,18 @@ class _EchoWorker:
         self.closed = True
 
 
-def test_step_channel_serves_only_the_token_holder_and_reports_errors():
+def _loopback(host: str) -> socket.socket:
+    try:
+        return _listen(host)
+    except OSError as e:
+        pytest.skip(f"no {host} loopback here: {e}")
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+def test_step_channel_serves_only_the_token_holder_and_reports_errors(host):
     token, worker = b"t" * 32, _EchoWorker()
-    server = socket.create_server(("127.0.0.1", 0))
-    address = server.getsockname()
+    server = _loopback(host)
+    address = server.getsockname()[:2]
 
     def rank_side():
         with server:
@@ -71,7 +79,7 @@ def test_step_channel_serves_only_the_token_holder_and_reports_errors():
 
 
 def test_a_closed_step_channel_fails_the_step_fast():
-    server = socket.create_server(("127.0.0.1", 0))
+    server = _loopback("127.0.0.1")
     group = _ConnGroup()
     accepted = []
     threading.Thread(target=lambda: accepted.append(_accept(server, b"k" * 32)), daemon=True).start()
