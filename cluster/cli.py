@@ -29,6 +29,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculative-tokens", type=int, default=0)
     p.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
                    help="dummy: random weights from config.json alone (benchmarks; outputs are meaningless)")
+    p.add_argument("--step-channel", default="socket", choices=["socket", "ray"],
+                   help="how serve's worker group gets its steps: a TCP connection per actor, or Ray actor calls")
 
 
 def _engine_config(a: argparse.Namespace):
@@ -37,7 +39,8 @@ def _engine_config(a: argparse.Namespace):
     return EngineConfig(model=a.model, device=a.device, dtype=a.dtype, kernels=a.kernels,
                         kv_cache_tokens=a.kv_cache_tokens, max_num_seqs=a.max_num_seqs,
                         max_num_batched_tokens=a.max_num_batched_tokens, num_workers=a.num_workers,
-                        moe=a.moe, comm=a.comm, speculative_tokens=a.speculative_tokens, load_format=a.load_format)
+                        moe=a.moe, comm=a.comm, speculative_tokens=a.speculative_tokens, load_format=a.load_format,
+                        step_channel=a.step_channel)
 
 
 def cmd_generate(a: argparse.Namespace) -> int:

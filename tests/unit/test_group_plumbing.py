@@ -100,6 +100,17 @@ def test_bad_engine_config_names_the_field(field, value):
         EngineConfig.from_dict({"step_chanel": "ray"})
 
 
+def test_serve_flags_reach_the_engine_config():
+    import argparse
+
+    from cluster.cli import _add_engine_args, _engine_config
+
+    p = argparse.ArgumentParser()
+    _add_engine_args(p)
+    assert _engine_config(p.parse_args([])).step_channel == "socket"
+    assert _engine_config(p.parse_args(["--step-channel", "ray", "--num-workers", "2"])).step_channel == "ray"
+
+
 class _Recording(LocalExecutor):
     def __init__(self, runner):
         super().__init__(runner)
