@@ -148,8 +148,9 @@ class Worker:
                                   speculative=spec.speculative, graphs=self._graphs_mode(), select=self._select)
 
     def enter_thread(self) -> None:
-        """Set this thread's torch state for the rank (both are per thread): a socket-served Ray actor
-        runs its steps on a thread other than the one that built the worker."""
+        """Set this thread's torch state for the rank — the current CUDA device is per host thread, and so is
+        OpenMP's thread count under ``torch.set_num_threads``: a socket-served Ray actor runs its steps on a
+        thread other than the one that built the worker."""
         if self.device.type == "cpu":
             torch.set_num_threads(1)
         else:
