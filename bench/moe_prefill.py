@@ -6,7 +6,8 @@ Cases: 256 experts top-8 of width 2048 (a whole layer) and 256 (one tp rank of 8
 (a prefill chunk is up to ``max_num_batched_tokens`` rows). Reported per call: ms, TFLOP/s of the expert GEMMs
 (2 · rows · 8 · 3 · H · I) against the measured bf16 GEMM ceiling (768 TFLOP/s on H200; the kernels widen the
 FP8 tiles to bf16 for the tensor cores), and the experts' bytes read once / time against the copy stream
-(4.2 TB/s), with the relative difference of the two outputs against an fp32 reference.
+(4.2 TB/s), with the relative difference of the two outputs against an fp32 reference. Times: median of single
+synchronized calls (``decode_slice.time_ms``; session 12's table took the mean of back-to-back calls).
 
     PYTHONPATH=. python bench/moe_prefill.py [--rows 512 2048 8192] [--out DIR]
     PYTHONPATH=. python bench/moe_prefill.py --sweep [--rows 2048 8192]    # launch shapes, grouped only
@@ -21,7 +22,9 @@ from pathlib import Path
 
 import torch
 
+from bench.decode_slice import time_ms
 from bench.kernels_micro import rand_fp8
+from bench.tune_decode_kernels import rel
 from kernels import reference
 from kernels.triton_moe import GroupTile, grouped_moe
 
@@ -30,26 +33,10 @@ H, E, K = 6144, 256, 8
 BF16_TFLOPS, COPY_TBS = 768.0, 4.2        # measured on the lent H200 (brief)
 
 
-def time_ms(fn, iters: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(iters):
-        fn()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) / iters
-
-
 def experts(I: int) -> tuple:
     """Random FP8 experts: (gate, up, down, their block scales)."""
     out = [rand_fp8(E, a, b) for a, b in ((I, H), (I, H), (H, I))]
     return tuple(w for w, _ in out) + tuple(s for _, s in out)
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 def sweep(args) -> None:

@@ -34,22 +34,19 @@ from kernels.triton_utils import pdl_mode
 from scheduler.request import SamplingParams
 
 
-def decode_steps(engine, name: str, ctx: int, vocab: int, tokens: int, during=None) -> tuple[float, list[float]]:
-    """Add a request, run its prefill (timed: the time to its first token), then time its decode steps, inside
-    ``during`` (a context manager) when given. Returns (prefill ms, decode step ms)."""
-    import contextlib
-
+def prefill(engine, name: str, ctx: int, vocab: int, tokens: int) -> float:
+    """Add a request of a ``ctx``-token prompt and ``tokens`` decode steps; run its prefill. Returns the time to its
+    first token (ms)."""
     prompt = [(7 * i + len(name)) % vocab for i in range(ctx)]
     engine.add_request(prompt, SamplingParams(max_tokens=tokens + 1, temperature=0.0, ignore_eos=True), name)
     t0 = time.perf_counter()
-    while not any(ev.token_ids for ev in engine.step()):           # the prefill, to its first token
+    while not any(ev.token_ids for ev in engine.step()):
         pass
-    prefill_ms = (time.perf_counter() - t0) * 1e3
-    with during or contextlib.nullcontext():
-        return prefill_ms, _decode(engine, name)
+    return (time.perf_counter() - t0) * 1e3
 
 
-def _decode(engine, name: str) -> list[float]:
+def decode(engine, name: str) -> list[float]:
+    """The engine's steps until no request is left: each step's wall ms."""
     walls = []
     while engine.has_unfinished():
         t0 = time.perf_counter()
@@ -58,11 +55,6 @@ def _decode(engine, name: str) -> list[float]:
                 raise RuntimeError(f"{name}: {ev.error}")
         walls.append((time.perf_counter() - t0) * 1e3)
     return walls
-
-
-def kernel_ms(prof) -> float:
-    return sum(ev.device_time if hasattr(ev, "device_time") else ev.cuda_time
-               for ev in prof.events() if ev.device_type.name == "CUDA") / 1e3
 
 
 def main() -> None:
@@ -84,17 +76,22 @@ def main() -> None:
         print("building the engine ...", flush=True)
         engine, _ = build_local_engine(cfg, progress=False)
     vocab = model_cfg["vocab_size"]
-    decode_steps(engine, "warmup", args.ctx, vocab, args.tokens)     # compiles kernels, captures graphs
-    prefill_ms, walls = decode_steps(engine, "timed", args.ctx, vocab, args.tokens)
+    req = (args.ctx, vocab, args.tokens)            # a request: prompt tokens, vocabulary, decode steps
+    prefill(engine, "warmup", *req)                              # compiles kernels, captures graphs
+    decode(engine, "warmup")
+    prefill_ms = prefill(engine, "timed", *req)
+    walls = decode(engine, "timed")
     gpu = None
     if args.device == "cuda":
-        from torch.profiler import ProfilerActivity, profile
+        from bench.profile_slice import kernel_times
 
-        prof = profile(activities=[ProfilerActivity.CUDA])
-        _, prof_walls = decode_steps(engine, "profiled", args.ctx, vocab, args.tokens, during=prof)
-        gpu = kernel_ms(prof) / len(prof_walls)
-    profiler = cProfile.Profile()
-    _, host_walls = decode_steps(engine, "cprofiled", args.ctx, vocab, args.tokens, during=profiler)
+        prefill(engine, "profiled", *req)
+        prof_walls: list[float] = []
+        kernels = kernel_times(lambda: prof_walls.extend(decode(engine, "profiled")), 1)
+        gpu = sum(t for t, _ in kernels.values()) / 1e3 / len(prof_walls)
+    prefill(engine, "cprofiled", *req)
+    with cProfile.Profile() as profiler:
+        host_walls = decode(engine, "cprofiled")
     wall = statistics.median(walls)
     pdl = pdl_mode() if args.device == "cuda" else "0"
     row = {"ctx": args.ctx, "spec": args.spec, "pdl": pdl,
