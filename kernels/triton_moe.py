@@ -47,7 +47,15 @@ import triton.language as tl
 from kernels import gluon_rows, reference
 from kernels.registry import ops
 from kernels.triton_linear import linear, tile_counters
-from kernels.triton_utils import dot_precision, element_offset, next_pow2, on_cuda, pdl_launch, pdl_wait
+from kernels.triton_utils import (
+    dot_precision,
+    element_offset,
+    next_pow2,
+    on_cuda,
+    pdl_launch,
+    pdl_wait,
+    smem_per_block,
+)
 
 FUSED_MAX_ROWS = 32
 
@@ -484,7 +492,7 @@ class GroupTile:
     num_stages: int = 3
 
 
-SMEM_LIMIT = 232448            # shared memory a Hopper block may opt into (bytes)
+HOPPER_SMEM = 232448           # shared memory a Hopper block may opt into (bytes)
 
 
 def _smem_bytes(block_m: int, tile: GroupTile, x_size: int, w_size: int, num_weights: int) -> int:
@@ -496,19 +504,19 @@ def _smem_bytes(block_m: int, tile: GroupTile, x_size: int, w_size: int, num_wei
     return tile.num_stages * loads + widened
 
 
-def group_launch(rows: int, k: int, E_local: int, x_dtype: torch.dtype, w_dtype: torch.dtype
-                 ) -> tuple[int, GroupTile, GroupTile]:
+def group_launch(rows: int, k: int, E_local: int, x_dtype: torch.dtype, w_dtype: torch.dtype,
+                 smem: int = HOPPER_SMEM) -> tuple[int, GroupTile, GroupTile]:
     """(block rows, gate/up tile, down tile). FP8 experts on 2-byte rows: 128-row blocks once an expert averages
     128 pairs, else 64, 128-wide tiles on 8 warps in 3 stages (measured best at 2048 and 8192 rows, 256 experts
     of width 2048 and 256: bench/moe_prefill.py --sweep, bench/results/session12/). Other dtypes (fp32 rows,
-    unquantized experts: tests, bf16 checkpoints): 64-row blocks and the first tile whose shared memory fits with
-    a 10 % margin."""
+    unquantized experts: tests, bf16 checkpoints) and GPUs with less shared memory than Hopper (``smem``, bytes a
+    block may opt into): 64-row blocks and the first tile whose shared memory fits with a 10 % margin."""
     block_m = 128 if rows * k >= 128 * E_local else 64
     x_size, w_size = x_dtype.itemsize, w_dtype.itemsize
-    if x_size == 2 and w_size == 1:
+    if x_size == 2 and w_size == 1 and smem >= HOPPER_SMEM:
         return block_m, GroupTile(), GroupTile()
     tiles = (GroupTile(), GroupTile(64, 4, 3), GroupTile(64, 4, 2), GroupTile(32, 4, 2), GroupTile(32, 4, 1))
-    gate_up, down = (next(t for t in tiles if _smem_bytes(64, t, x_size, w_size, n) <= 0.9 * SMEM_LIMIT)
+    gate_up, down = (next((t for t in tiles if _smem_bytes(64, t, x_size, w_size, n) <= 0.9 * smem), tiles[-1])
                      for n in (2, 1))
     return 64, gate_up, down
 
@@ -524,7 +532,8 @@ def grouped_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, g
     E_local, I, _ = gate.shape
     k = topk_idx.shape[1]
     x = x.contiguous()
-    auto_m, gu, dn = group_launch(N, k, E_local, x.dtype, gate.dtype)
+    auto_m, gu, dn = group_launch(N, k, E_local, x.dtype, gate.dtype,
+                                  smem_per_block(x.device.index or 0) if x.is_cuda else HOPPER_SMEM)
     block_m, (gu, dn) = block_m or auto_m, tiles or (gu, dn)
     block_e, slot_pair, order, valid = group_pairs(topk_idx, expert_offset, E_local, block_m)
     num_blocks = block_e.numel()

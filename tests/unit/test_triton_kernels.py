@@ -227,6 +227,22 @@ def test_grouped_moe(tk, offset, fp8):
     assert got16.dtype == torch.float16 and rel(got16, ref) < 1e-2
 
 
+def test_group_launch_fits_shared_memory(tk):
+    """The grouped launch shapes: Hopper's measured ones for FP8 experts on bf16 rows (128-row blocks once an expert
+    averages 128 pairs); for other dtypes and smaller GPUs, tiles whose estimated shared memory fits."""
+    moe = tk["moe"]
+    assert moe.group_launch(2048, 8, 256, torch.bfloat16, torch.float8_e4m3fn) == (64, moe.GroupTile(), moe.GroupTile())
+    assert moe.group_launch(8192, 8, 256, torch.bfloat16, torch.float8_e4m3fn)[0] == 128
+    for smem in (moe.HOPPER_SMEM, 166912, 101376):             # H100/H200, A100, consumer parts
+        for x_dt, w_dt in ((torch.float32, torch.float8_e4m3fn), (torch.bfloat16, torch.bfloat16),
+                           (torch.float32, torch.float32), (torch.bfloat16, torch.float8_e4m3fn)):
+            block_m, gate_up, down = moe.group_launch(8192, 8, 256, x_dt, w_dt, smem)
+            if smem < moe.HOPPER_SMEM or x_dt.itemsize != 2 or w_dt.itemsize != 1:
+                assert block_m == 64
+                for tile, n in ((gate_up, 2), (down, 1)):
+                    assert moe._smem_bytes(block_m, tile, x_dt.itemsize, w_dt.itemsize, n) <= 0.9 * smem
+
+
 @pytest.mark.parametrize("fp8", [True, False])
 @pytest.mark.parametrize("N,offset", [(1, 0), (1, 4), (3, 0)])
 def test_moe_experts_with_shared(tk, N, offset, fp8):
