@@ -11,6 +11,10 @@ over-counts and the difference means nothing: run with ``GLMSERVE_PDL=0`` for it
 Then a cProfile of the same decode steps: host functions by own time (a device sync shows as the time of the call
 that waits).
 
+``--prefill-activations fp8``: the engine's W8A8 prefill (kernels/triton_w8a8.py); on CUDA the prefill's kernels are
+listed by time as well. ``--list-index``: sampling picks its rows with a Python list index, as before session 13
+(a synchronous copy: lm_head waits for the whole replay) — for an A/B in one process.
+
     NCCL_NVLS_ENABLE=0 PYTHONPATH=. python bench/step_host.py [--ctx 4096] [--tokens 64] [--spec 0]
     PYTHONPATH=. python bench/step_host.py --tiny --device cpu --ctx 64 --tokens 8     # plumbing on CPU
 """
@@ -65,6 +69,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="the embedded tiny model's widths (a CPU plumbing check)")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--prefill-activations", default="bf16", choices=["bf16", "fp8"])
+    ap.add_argument("--list-index", action="store_true", help="sampling's row pick as before session 13 (A/B)")
     ap.add_argument("--out", default=None, help="folder for step_host.json")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -72,7 +78,12 @@ def main() -> None:
         (Path(tmp) / "config.json").write_text(json.dumps(model_cfg))
         cfg = EngineConfig(model=tmp, load_format="dummy", device=args.device, speculative_tokens=args.spec,
                            kv_cache_tokens=args.ctx + 4 * args.tokens + 256, max_num_batched_tokens=2048,
-                           max_num_seqs=8, cuda_graphs="eager" if args.device == "cpu" else "auto")
+                           max_num_seqs=8, cuda_graphs="eager" if args.device == "cpu" else "auto",
+                           prefill_activations=args.prefill_activations)
+        if args.list_index:
+            import workers.runner
+
+            workers.runner._take_rows = lambda hidden, rows: hidden[rows]
         print("building the engine ...", flush=True)
         engine, _ = build_local_engine(cfg, progress=False)
     vocab = model_cfg["vocab_size"]
@@ -85,6 +96,12 @@ def main() -> None:
     if args.device == "cuda":
         from bench.profile_slice import kernel_times
 
+        by_kernel = kernel_times(lambda: prefill(engine, "prefill-profiled", *req), 1)
+        decode(engine, "prefill-profiled")
+        total = sum(t for t, _ in by_kernel.values())
+        print(f"prefill kernels: {total / 1e3:.1f} ms in all; the largest:")
+        for name, (us, n) in sorted(by_kernel.items(), key=lambda kv: -kv[1][0])[:args.top // 2]:
+            print(f"  {us / 1e3:8.2f} ms {us / total:6.1%} {int(n):5d}×  {name[:110]}")
         prefill(engine, "profiled", *req)
         prof_walls: list[float] = []
         kernels = kernel_times(lambda: prof_walls.extend(decode(engine, "profiled")), 1)
@@ -94,7 +111,8 @@ def main() -> None:
         host_walls = decode(engine, "cprofiled")
     wall = statistics.median(walls)
     pdl = pdl_mode() if args.device == "cuda" else "0"
-    row = {"ctx": args.ctx, "spec": args.spec, "pdl": pdl,
+    row = {"ctx": args.ctx, "spec": args.spec, "pdl": pdl, "prefill_activations": args.prefill_activations,
+           "list_index": args.list_index,
            "prefill_ms": prefill_ms, "steps": len(walls), "step_ms": wall,
            "step_ms_mean": statistics.fmean(walls), "kernel_ms": gpu,
            "host_unhidden_ms": None if gpu is None or pdl != "0" else statistics.fmean(walls) - gpu,

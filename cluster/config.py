@@ -21,6 +21,7 @@ class EngineConfig:
     device: str = "auto"                # auto | cpu | cuda
     dtype: str = "auto"                 # auto (fp32 on CPU, bf16 on GPU) | float32 | bfloat16
     kernels: str = "auto"               # auto | reference
+    prefill_activations: str = "bf16"   # bf16: W8A16 prefill | fp8: FP8 rows × FP8 weights (GPU, kernels auto)
     block_size: int = 16
     kv_cache_tokens: int = 32768        # KV slots per worker
     max_model_len: int | None = None    # default: min(max_position_embeddings, kv_cache_tokens)
@@ -42,6 +43,8 @@ class EngineConfig:
             "device": self.device in ("auto", "cpu", "cuda"),
             "dtype": self.dtype in ("auto", "float32", "bfloat16"),
             "kernels": self.kernels in ("auto", "reference"),
+            "prefill_activations": self.prefill_activations == "bf16" or (
+                self.prefill_activations == "fp8" and self.kernels == "auto" and self.device != "cpu"),
             "load_format": self.load_format in ("auto", "dummy"),
             "block_size": self.block_size >= 1,
             "kv_cache_tokens": self.kv_cache_tokens >= self.block_size,
@@ -81,6 +84,16 @@ class EngineConfig:
         if self.cuda_graphs != "auto":
             return self.cuda_graphs
         return "capture" if self.resolved_device() == "cuda" and self.kernels == "auto" else "off"
+
+    def kernel_overrides(self) -> dict[str, str]:
+        """``ops.configure``'s per-op overrides: ``prefill_activations: fp8`` runs the FP8 linears and experts of
+        prefill chunks (more than 256 rows) on the W8A8 kernels (kernels/triton_w8a8.py); decode stays W8A16."""
+        if self.prefill_activations == "bf16":
+            return {}
+        if self.resolved_device() != "cuda":
+            raise ValueError("engine config field 'prefill_activations' is 'fp8', which needs a CUDA device "
+                             "(the W8A8 kernels are Triton's); use 'bf16' on CPU")
+        return {"linear": "triton_w8a8", "moe_experts": "triton_w8a8"}
 
     def resolved_device(self) -> str:
         if self.device != "auto":

@@ -33,7 +33,7 @@ def build_local_engine(cfg: EngineConfig, progress: bool = True) -> tuple[Engine
     from workers.runner import ModelRunner
 
     device = cfg.resolved_device()
-    ops.configure(cfg.kernels, device)
+    ops.configure(cfg.kernels, device, cfg.kernel_overrides())
     model = load_model(cfg.model, dtype=cfg.resolved_dtype(), device=device, progress=progress,
                        load_format=cfg.load_format)
     tokenizer = load_tokenizer(cfg.model)

@@ -14,6 +14,7 @@ def _register_triton() -> None:
     except ImportError:
         return
     from kernels import triton_attention, triton_linear, triton_moe, triton_norm, triton_router  # noqa: F401
+    from kernels import triton_w8a8  # noqa: F401  (after the triton backend: `auto` takes the first registered)
 
 
 _register_triton()

@@ -108,6 +108,31 @@ def linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor | None
     return F.linear(x, weight)
 
 
+def act_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Activations to FP8 per 128 columns of each row ("dynamic" activations of an FP8 checkpoint): s = max|x| ·
+    fp32(1/448) (≥ 1e-12; a product, not a quotient: torch on CUDA divides by a scalar as a multiply by its
+    reciprocal, so ``/ 448`` would differ by an ulp between devices), q = e4m3(x / s).
+    x: [M, K] → (q [M, K] float8_e4m3fn, s [M, ⌈K/128⌉] fp32)."""
+    M, K = x.shape
+    kb = -(-K // BLOCK)
+    blocks = F.pad(x.float(), (0, kb * BLOCK - K)).view(M, kb, BLOCK)
+    s = blocks.abs().amax(dim=-1).mul(1.0 / FP8_MAX).clamp(min=1e-12)           # [M, kb]
+    q = (blocks / s[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return q.view(M, kb * BLOCK)[:, :K].contiguous(), s
+
+
+def linear_w8a8(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor | None) -> torch.Tensor:
+    """``linear`` of an FP8 weight with the activations quantized first (``act_quant``): the dequantized
+    operands' product in fp32, rounded to x's dtype (the oracle of kernels/triton_w8a8.py); an unquantized
+    weight (no scales) is a plain ``linear``."""
+    if scale_inv is None:
+        return linear(x, weight)
+    K = x.shape[-1]
+    q, s = act_quant(x.reshape(-1, K))
+    xd = (q.float().view(q.shape[0], -1) * s.repeat_interleave(BLOCK, dim=-1)[:, :K])
+    return F.linear(xd, fp8_dequant(weight, scale_inv)).to(x.dtype).view(*x.shape[:-1], -1)
+
+
 @ops.register("linear_f32")
 def linear_f32(x: torch.Tensor, weight: torch.Tensor, rounded: bool = False, scale: float = 1.0) -> torch.Tensor:
     """x @ weight.T in fp32 (both upcast: the router's logits), or, ``rounded``, as a linear in x's dtype whose
@@ -284,3 +309,20 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor,
         y = linear(F.silu(g) * u, down[e], None if down_s is None else down_s[e])
         out.index_add_(0, rows, (y * topk_w[rows, slot, None]).to(x.dtype))
     return out if shared is None else out + swiglu(x, *shared)
+
+
+def moe_experts_w8a8(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gate: torch.Tensor,
+                     up: torch.Tensor, down: torch.Tensor, gate_s: torch.Tensor, up_s: torch.Tensor,
+                     down_s: torch.Tensor, expert_offset: int = 0, shared: tuple | None = None) -> torch.Tensor:
+    """``moe_experts`` with every FP8 linear as ``linear_w8a8`` (activations quantized per 128 columns; a row's
+    groups do not depend on the other rows, so quantizing an expert's rows alone is quantizing all rows once)."""
+    out = torch.zeros_like(x)
+    local = topk_idx - expert_offset
+    hit = torch.unique(local[(local >= 0) & (local < gate.shape[0])])
+    for e in hit.tolist():
+        rows, slot = torch.where(local == e)
+        h = x[rows]
+        act = F.silu(linear_w8a8(h, gate[e], gate_s[e])) * linear_w8a8(h, up[e], up_s[e])
+        y = linear_w8a8(act, down[e], down_s[e])
+        out.index_add_(0, rows, (y * topk_w[rows, slot, None]).to(x.dtype))
+    return out if shared is None else out + swiglu(x, *shared, linear=linear_w8a8)

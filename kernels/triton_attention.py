@@ -110,14 +110,19 @@ def mla_tile(N: int) -> tuple:
     measured on H200 (bench/tune_attention.py): one row of 2048 keys 12.3 → 9.1–9.3 µs with 64 keys a step
     instead of 32 (32 splits), 16 heads a program (32: 10.8, 64: 13.4); more rows ~1 program per SM, from four
     rows 32 heads a program — two rows 12.8 → 11.8 µs, four 17.6 → 17.3, eight 33.4 → 27.9 → 25.1 (64 heads on
-    8 warps: 25.4; bench/results/session8/)."""
+    8 warps: 25.4; bench/results/session8/). Prefill chunks (more than 32 rows) all 64 heads a program on 8 warps,
+    so that a row's selected keys are gathered once: 2048 rows of 2048 keys 3.21 → 2.53 ms (bench/mla_prefill.py,
+    the best of 37 shapes; bench/results/session13/)."""
     if N == 1:
         return 64, 2, 64, 16, 4
+    if N > 32:
+        return 64, 1, 64, 64, 8
     return (64, 1, 64, 32, 4) if N >= 4 else (64, 1, 64, 16, 4)
 
 
 def _mla(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, topk_slots: torch.Tensor, scale: float,
-         block_k: int, per_sm: float, max_splits: int, block_h: int = 16, warps: int = 4) -> torch.Tensor:
+         block_k: int, per_sm: float, max_splits: int, block_h: int = 16, warps: int = 4, stages: int = 2
+         ) -> torch.Tensor:
     N, nh, rkv = q_lat.shape
     dr = q_rope.shape[-1]
     K = topk_slots.shape[1]
@@ -132,7 +137,7 @@ def _mla(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, topk
         q_lat, q_rope, kv_cache, topk_slots, o_part, lse, nh, K, keys_per_split, scale * LOG2E,
         q_lat.stride(0), q_lat.stride(1), q_rope.stride(0), q_rope.stride(1), kv_cache.stride(0),
         topk_slots.stride(0), RKV=rkv, DR=dr, BLOCK_H=block_h, BLOCK_K=block_k,
-        PREC=dot_precision(q_lat.dtype), num_warps=warps, num_stages=2, **pdl_launch())
+        PREC=dot_precision(q_lat.dtype), num_warps=warps, num_stages=stages, **pdl_launch())
     out = torch.empty(N, nh, rkv, dtype=q_lat.dtype, device=q_lat.device)
     _mla_combine_kernel[(N * nh,)](o_part, lse, out, NUM_SPLITS=splits, SPLITS_P2=next_pow2(splits), RKV=rkv,
                                    num_warps=4, **pdl_launch())

@@ -156,7 +156,8 @@ class ModelRunner:
         if plain:
             seqs = [step.seqs[i] for i in plain]
             states = [self._state(s) for s in seqs]
-            logits = self.model.logits(hidden[[batch.seq_rows[i][0] + batch.seq_rows[i][1] - 1 for i in plain]])
+            logits = self.model.logits(_take_rows(hidden, [batch.seq_rows[i][0] + batch.seq_rows[i][1] - 1
+                                                           for i in plain]))
             out = sample(logits, [st.params for st in states], [st.history for st in states],
                          [st.num_prompt for st in states], [s.num_generated for s in seqs])
             for i, (s, st) in enumerate(zip(seqs, states)):
@@ -231,6 +232,18 @@ class ModelRunner:
             for r, (d, q) in zip(reqs, self.drafter.propose(rows, reqs, step.num_drafts, self.world_size)):
                 result.drafts[r.req_id] = d
                 self.requests[r.req_id].draft_probs = q
+
+
+def _take_rows(hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """hidden[rows] without waiting for the GPU: a run of consecutive rows (every decode step's) is a view; other
+    rows index with an asynchronous copy of the index (a Python list index would copy it synchronously, so the
+    launches after it — lm_head, sampling — would wait for the whole forward to finish)."""
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        return hidden[rows[0]: rows[0] + len(rows)]
+    index = torch.tensor(rows, dtype=torch.long)
+    if hidden.is_cuda:
+        index = index.pin_memory().to(hidden.device, non_blocking=True)
+    return hidden.index_select(0, index)
 
 
 def _last_valid_row(s: ScheduledSeq, r0: int, n: int, tokens: list[int]) -> int:

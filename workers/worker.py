@@ -102,6 +102,7 @@ class WorkerSpec:
     device: str = "cpu"
     dtype: str = "float32"
     kernels: str = "auto"
+    kernel_overrides: tuple[tuple[str, str], ...] = ()    # (op, backend): ``EngineConfig.kernel_overrides``
     num_blocks: int = 2048
     block_size: int = 16
     max_rows: int = 4096        # bound on any step's bucket (total rows)
@@ -127,7 +128,7 @@ class Worker:
         self.device = device
         self.enter_thread()
         dtype = getattr(torch, spec.dtype)
-        ops.configure(spec.kernels, device.type)
+        ops.configure(spec.kernels, device.type, dict(spec.kernel_overrides))
         try:
             model = load_model(spec.model, dtype=dtype, device=device,
                                shard=MoeShard(spec.rank, spec.world_size, spec.moe), progress=False,

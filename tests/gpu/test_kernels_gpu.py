@@ -214,6 +214,64 @@ def test_grouped_moe_fp8(N, offset, I):
     assert torch.equal(moe(*args), first)
 
 
+def test_act_quant_codes_on_gpu():
+    """Activations to e4m3 per 128 columns on the GPU: the reference's codes and scales bit for bit (bf16 rows of
+    a ragged width, a zero row, fp32 rows spanning 12 decades)."""
+    from kernels.triton_w8a8 import act_quant
+
+    g = gen(51)
+    x = torch.randn(300, 6144 + 64, device=DEV, generator=g).to(BF16)
+    x[7] = 0
+    wide = torch.randn(64, 1000, device=DEV, generator=g) * torch.logspace(-6, 6, 64, device=DEV)[:, None]
+    for rows in (x, wide):
+        q, s = act_quant(rows)
+        ref_q, ref_s = reference.act_quant(rows)
+        assert torch.equal(s, ref_s) and torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8))
+
+
+@pytest.mark.parametrize("M,N,K", [(257, 2048, 6144), (1001, 576, 6144), (2048, 6144, 16384), (300, 4096, 2048)])
+def test_w8a8_linear_bf16(M, N, K):
+    """The W8A8 prefill linear on cuBLAS's block-scaled GEMM and on the Triton kernel (the fallback): as close to
+    the fp32 reference as bf16 output rounding allows, bit-identical on repeat, a few per cent from the W8A16
+    product; rows not a multiple of 4 (cuBLAS's padding); the op takes it once the work is large enough."""
+    from kernels import triton_w8a8
+
+    g = gen(M + K)
+    w8, s = fp8_quantize(0.02 * torch.randn(N, K, device=DEV, generator=g))
+    x = torch.randn(M, K, device=DEV, generator=g).to(BF16)
+    ref = reference.linear_w8a8(x.float(), w8, s)
+    got = {gemm: triton_w8a8.w8a8_linear(x, w8, s, gemm=gemm) for gemm in ("cublas", "triton")}
+    for gemm, y in got.items():
+        assert y.shape == (M, N) and rel(y, ref) < 5e-3, gemm
+        assert torch.equal(triton_w8a8.w8a8_linear(x, w8, s, gemm=gemm), y)
+        assert rel(y, reference.linear(x.float(), w8, s)) < 5e-2
+    op = ops.impl("linear", "triton_w8a8")(x, w8, s)
+    w8a8 = M * N * K >= triton_w8a8.MIN_LINEAR_WORK
+    assert torch.equal(op, got["cublas"] if w8a8 else tri("linear")(x, w8, s))
+
+
+@pytest.mark.parametrize("N,offset,I", [(257, 0, 2048), (600, 16, 256), (2048, 0, 2048)])
+def test_w8a8_moe_fp8(N, offset, I):
+    """Prefill experts with FP8 activations: as close to the W8A8 reference loop over fp32 rows as that loop over
+    bf16 rows is (where bf16 rounding moves an activation across an e4m3 boundary the two differ by a whole e4m3
+    step: ~1.7e-2 overall), bit-identical on repeat, a few per cent from the W8A16 result; the shared expert."""
+    args = moe_args(60 + N + I, N, I, 32, offset)
+    moe = ops.impl("moe_experts", "triton_w8a8")
+    first = moe(*args)
+    ref32 = reference.moe_experts_w8a8(args[0].float(), *args[1:])
+    ref16 = reference.moe_experts_w8a8(*args)
+    assert rel(first, ref32) < 1.5 * rel(ref16, ref32) + 1e-3 and rel(first, ref16) < 3e-2
+    assert torch.equal(moe(*args), first)
+    assert rel(first, reference.moe_experts(args[0].float(), *args[1:])) < 5e-2
+    g = gen(N)
+    shared = [fp8_quantize(0.02 * torch.randn(a, b, device=DEV, generator=g)) for a, b in ((I, 6144),) * 2 +
+              ((6144, I),)]
+    shared = tuple(t for t, _ in shared) + tuple(sc for _, sc in shared)
+    want = reference.moe_experts_w8a8(args[0].float(), *args[1:-1], expert_offset=offset) + reference.swiglu(
+        args[0], *shared, linear=ops.impl("linear", "triton_w8a8"))
+    assert rel(moe(*args, shared=shared), want) < 3e-2
+
+
 @pytest.mark.parametrize("N", [1, 8])
 def test_moe_fp8_with_shared_expert(N):
     """The shared expert inside moe_experts (one row: one more pair of the fused launches; more rows:
@@ -421,3 +479,45 @@ def test_tiny_model_auto_vs_reference(fp8):
     err_auto, err_ref = rel(outs["auto"], outs["fp32"]), rel(outs["reference"], outs["fp32"])
     print(f"tiny model vs fp32: auto {err_auto:.3e}, bf16 reference {err_ref:.3e}")
     assert err_auto < 1.5 * err_ref + 1e-2
+
+
+def test_engine_with_fp8_prefill_activations(tmp_path, monkeypatch):
+    """``prefill_activations: fp8`` on a whole engine (the tiny random config, FP8-quantized, dummy weights; a
+    300-token prompt, so prefill takes the W8A8 kernels): the prompt's logits stay within a few per cent of the
+    W8A16 engine's, and it decodes."""
+    import json
+    from pathlib import Path
+
+    from cluster.config import EngineConfig
+    from cluster.local import build_local_engine
+    from kernels import triton_w8a8
+    from scheduler.request import SamplingParams
+
+    cfg = json.loads(Path("models/configs/glm5-tiny-random.json").read_text())
+    cfg["index_topk"] = 2048           # every key selected: no near-tied selection flips between the two runs
+    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                  "weight_block_size": [128, 128]}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    prompt = torch.randint(0, 1000, (300,), generator=torch.Generator().manual_seed(5)).tolist()
+    logits = {}
+    calls = []
+    grouped = triton_w8a8.w8a8_moe
+    monkeypatch.setattr(triton_w8a8, "w8a8_moe", lambda *a, **k: calls.append(a[0].shape[0]) or grouped(*a, **k))
+    for act in ("bf16", "fp8"):
+        engine, _ = build_local_engine(EngineConfig(model=str(tmp_path), load_format="dummy",
+                                                    device="cuda", kv_cache_tokens=1024, max_num_batched_tokens=512,
+                                                    prefill_activations=act), progress=False)
+        runner = engine.executor.runner
+        seen = []
+        forward = runner.model.logits
+        runner.model.logits = lambda h, seen=seen, forward=forward: seen.append(forward(h)) or seen[-1]
+        engine.add_request(prompt, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True), "r")
+        events = []
+        while engine.has_unfinished():
+            events += engine.step()
+        assert sum(len(ev.token_ids) for ev in events) == 4 and not any(ev.error for ev in events)
+        logits[act] = seen[0].float()
+    ops.configure("reference", DEV)
+    err = rel(logits["fp8"], logits["bf16"])
+    print(f"prompt logits, fp8 vs bf16 prefill activations: {err:.3e}; W8A8 MoE calls {calls}")
+    assert calls and min(calls) >= triton_w8a8.MIN_ROWS and 0 < err < 0.1

@@ -92,10 +92,11 @@ def test_a_closed_step_channel_fails_the_step_fast():
     server.close()
 
 
-@pytest.mark.parametrize("field,value", [("step_channel", "zmq"), ("comm", "mpi"), ("num_workers", 3)])
+@pytest.mark.parametrize("field,value", [("step_channel", "zmq"), ("comm", "mpi"), ("num_workers", 3),
+                                         ("prefill_activations", "int8"), ("prefill_activations", "fp8")])
 def test_bad_engine_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=f"field '{field}'"):
-        EngineConfig(**{field: value})
+        EngineConfig(**{field: value}, **({"kernels": "reference"} if value == "fp8" else {}))
     with pytest.raises(ValueError, match="unknown engine config field"):
         EngineConfig.from_dict({"step_chanel": "ray"})
 
@@ -109,6 +110,23 @@ def test_serve_flags_reach_the_engine_config():
     _add_engine_args(p)
     assert _engine_config(p.parse_args([])).step_channel == "socket"
     assert _engine_config(p.parse_args(["--step-channel", "ray", "--num-workers", "2"])).step_channel == "ray"
+    assert _engine_config(p.parse_args([])).prefill_activations == "bf16"
+    assert _engine_config(p.parse_args(["--prefill-activations", "fp8"])).prefill_activations == "fp8"
+
+
+def test_fp8_prefill_activations_pick_the_w8a8_backend_on_gpu_only():
+    """``prefill_activations: fp8`` becomes the ops' overrides on every rank (the W8A8 backend registered beside the
+    Triton one); on CPU, or with device auto on a machine without a GPU, it is a config error naming the field."""
+    assert EngineConfig().kernel_overrides() == {}
+    gpu = EngineConfig(device="cuda", num_workers=2, prefill_activations="fp8")
+    want = {"linear": "triton_w8a8", "moe_experts": "triton_w8a8"}
+    assert gpu.kernel_overrides() == want
+    assert all(dict(s.kernel_overrides) == want for s in worker_specs(gpu, num_blocks=8))
+    with pytest.raises(ValueError, match="'prefill_activations'"):
+        EngineConfig(device="cpu", prefill_activations="fp8")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="'prefill_activations' is 'fp8', which needs a CUDA device"):
+            EngineConfig(prefill_activations="fp8").kernel_overrides()
 
 
 class _Recording(LocalExecutor):

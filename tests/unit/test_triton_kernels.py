@@ -34,8 +34,9 @@ def tk():
     import kernels.triton_moe as moe
     import kernels.triton_norm as norm
     import kernels.triton_router as router
-    mods = [importlib.reload(m) for m in (norm, lin, moe, att, router)]
-    return dict(zip(("norm", "lin", "moe", "att", "router"), mods))
+    import kernels.triton_w8a8 as w8a8
+    mods = [importlib.reload(m) for m in (norm, lin, moe, att, router, w8a8)]     # w8a8 imports lin and moe
+    return dict(zip(("norm", "lin", "moe", "att", "router", "w8a8"), mods))
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -225,6 +226,73 @@ def test_grouped_moe(tk, offset, fp8):
               for a in args]
     got16 = tk["moe"].moe_experts(x.half(), idx, w, *args16, expert_offset=offset)
     assert got16.dtype == torch.float16 and rel(got16, ref) < 1e-2
+
+
+def test_act_quant_codes_equal_the_reference(tk):
+    """Activations to e4m3 per 128 columns: the reference's codes and scales bit for bit — ragged K, a zero row,
+    rows whose values sit on rounding ties, mantissa carries (7.99 → 8, which the interpreter's own cast gets
+    wrong) and the subnormal range."""
+    g = torch.Generator().manual_seed(41)
+    x = torch.randn(37, 300, generator=g) * torch.logspace(-6, 3, 37)[:, None]
+    x[3] = 0.0
+    x[4, :128] = torch.linspace(-448, 448, 128) / 448 * 7.995                # amax ≈ 7.995: s ≈ 1/56
+    x[5, :128] = torch.arange(128) * 2.0 ** -10                              # subnormal e4m3 codes after scaling
+    x[6, :128] = torch.tensor([448.0, 9.0, 11.0, 13.0, 17.0, 19.0, -9.0, -11.0] * 16)   # ties at 3 mantissa bits
+    q, s = tk["w8a8"].act_quant(x)
+    ref_q, ref_s = reference.act_quant(x)
+    assert torch.equal(s, ref_s)
+    assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8))
+    assert torch.equal(reference.act_quant(x.half())[0].view(torch.uint8), tk["w8a8"].act_quant(x.half())[0].view(
+        torch.uint8))
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
+def test_w8a8_linear(tk, dtype, tol, monkeypatch):
+    """FP8 activations × FP8 block weights on the FP8 dot (exact products): against the reference's fp32 product
+    of the dequantized operands; ragged N and K; and how far the activations' quantization moves the result from
+    the W8A16 linear (a few per cent, the price of the opt-in)."""
+    g = torch.Generator().manual_seed(43)
+    x = torch.randn(150, 200, generator=g).to(dtype)
+    w8, s = fp8_quantize(0.1 * torch.randn(192, 200, generator=g))
+    got = tk["w8a8"].w8a8_linear(x, w8, s)
+    assert got.dtype == dtype and rel(got, reference.linear_w8a8(x, w8, s)) < tol
+    assert 1e-3 < rel(got, reference.linear(x.float(), w8, s)) < 5e-2
+    op, rows = tk["w8a8"].linear, tk["w8a8"].MIN_ROWS
+    x_many = torch.randn(rows, 200, generator=g)
+    assert torch.equal(op(x_many, w8, s), tk["lin"].linear(x_many, w8, s))         # too little work: W8A16
+    monkeypatch.setattr(tk["w8a8"], "MIN_LINEAR_WORK", rows * w8.numel())
+    assert torch.equal(op(x_many, w8, s), tk["w8a8"].w8a8_linear(x_many, w8, s))
+    assert torch.equal(op(x_many[:rows - 1], w8, s), tk["lin"].linear(x_many[:rows - 1], w8, s))   # too few rows
+    q, qs = tk["w8a8"].act_quant(x, rows=152, col_major=True)                   # cuBLAS's layout: padded rows
+    ref_q, ref_s = reference.act_quant(x)
+    assert qs.stride(0) == 1 and torch.equal(qs[:150], ref_s) and torch.equal(q[:150].view(torch.uint8),
+                                                                               ref_q.view(torch.uint8))
+    assert not q[150:].float().any()
+
+
+@pytest.mark.parametrize("offset", [0, 4])
+def test_w8a8_moe(tk, offset, monkeypatch):
+    """Grouped experts with FP8 activations (rows quantized once, the SiLU-gated activation per 128 columns inside
+    the gate/up launch; I = 192 leaves a ragged group): against the reference loop, experts held elsewhere, a run
+    over several blocks; the op takes it from MIN_ROWS rows with the shared expert after."""
+    g = torch.Generator().manual_seed(47 + offset)
+    w8a8 = tk["w8a8"]
+    x, idx, w, gate, up, down, gs, us, ds = _moe_inputs(g, 40, 128, 192, 8, 4, True)
+    idx[:, 0] = 5
+    E_l = 4 if offset else 8
+    args = [t[:E_l] for t in (gate, up, down, gs, us, ds)]
+    ref = reference.moe_experts_w8a8(x, idx, w, *args, expert_offset=offset)
+    # 1e-4, not fp32's 1e-5: a sum order differing in the last fp32 bit can move a value across an e4m3 rounding
+    # boundary, and then that activation moves by a whole e4m3 step (measured up to 2.5e-5 here)
+    assert rel(w8a8.w8a8_moe(x, idx, w, *args, expert_offset=offset, block_m=16), ref) < 1e-4
+    assert 1e-3 < rel(ref, reference.moe_experts(x, idx, w, *args, expert_offset=offset)) < 5e-2
+    xm, idxm, wm = _moe_inputs(g, w8a8.MIN_ROWS, 128, 192, 8, 4, True)[:3]
+    sh = tuple(t[0] for t in _moe_inputs(g, 1, 128, 192, 1, 1, True)[3:])
+    monkeypatch.setattr(w8a8, "MIN_LINEAR_WORK", 0)                       # the shared expert's linears W8A8 too
+    got = w8a8.moe_experts(xm, idxm, wm, *args, expert_offset=offset, shared=sh)
+    assert rel(got, reference.moe_experts_w8a8(xm, idxm, wm, *args, expert_offset=offset, shared=sh)) < 1e-4
+    few = w8a8.moe_experts(xm[:40], idxm[:40], wm[:40], *args, expert_offset=offset)
+    assert torch.equal(few, tk["moe"].moe_experts(xm[:40], idxm[:40], wm[:40], *args, expert_offset=offset))
 
 
 def test_group_launch_fits_shared_memory(tk):
