@@ -40,8 +40,8 @@ def _engine_config(a: argparse.Namespace):
     from cluster.config import EngineConfig
 
     return EngineConfig(model=a.model, device=a.device, dtype=a.dtype, kernels=a.kernels,
-                        prefill_activations=a.prefill_activations, kv_cache_tokens=a.kv_cache_tokens, max_num_seqs=a.max_num_seqs,
-                        max_num_batched_tokens=a.max_num_batched_tokens, num_workers=a.num_workers,
+                        prefill_activations=a.prefill_activations, kv_cache_tokens=a.kv_cache_tokens,
+                        max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens, num_workers=a.num_workers,
                         moe=a.moe, comm=a.comm, speculative_tokens=a.speculative_tokens, load_format=a.load_format,
                         step_channel=a.step_channel)
 

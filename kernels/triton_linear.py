@@ -27,8 +27,9 @@ Two kernels; the launcher picks by rows:
   GEMM": fp8 tiles are widened to the activation dtype in registers and multiplied on the tensor cores.
 * prefill (> PREFILL_ROWS rows): one Triton pass dequantizes the weight to the activation dtype, then
   cuBLAS runs the bf16 GEMM (measured faster than the tile GEMM above on H200 at 4096 rows; the weight
-  pass is ≤ 1/20 of the GEMM there). Activations are never quantized (no W8A8), so all paths stay
-  close to the reference, which dequantizes the whole weight too.
+  pass is ≤ 1/20 of the GEMM there). This backend never quantizes activations (W8A16), so all paths stay
+  close to the reference, which dequantizes the whole weight too; the opt-in W8A8 prefill is
+  kernels/triton_w8a8.py.
 
 Math of every path: fp32 accumulation, scales per 128×128 block. A K step of BLOCK_K covers BLOCK_K/128
 whole scale columns and BLOCK_N divides 128, so each 128-wide sub-product is scaled by one scalar:

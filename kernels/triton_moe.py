@@ -313,9 +313,10 @@ def _grouped_gate_up_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, block_e_ptr, sl
 @triton.jit
 def _grouped_down_kernel(act_ptr, d_ptr, ds_ptr, w_route_ptr, block_e_ptr, slot_pair_ptr, y_ptr,
                          H, I, num_sb_h, num_sb_i, HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_HO: tl.constexpr, PREC: tl.constexpr):
+                         BLOCK_HO: tl.constexpr, PREC: tl.constexpr, as_ptr=None, ACT_SCALED: tl.constexpr = False):
     """y[pair] = round(round(act[slot] @ D_e.T) · w[pair]) for block b's live slots (as ``_down_kernel``; the
-    weight dequantized per tile as in the gate/up launch)."""
+    weight dequantized per tile as in the gate/up launch). ``ACT_SCALED`` (kernels/triton_w8a8.py): act holds e4m3
+    codes with a scale per (slot, 128 columns) at ``as_ptr``; each FP8 × FP8 dot is scaled by both block scales."""
     hb = tl.program_id(1)
     e, slots, pair, live = _group_block(block_e_ptr, slot_pair_ptr, tl.program_id(0), BLOCK_M)
     rh = hb * BLOCK_HO + tl.arange(0, BLOCK_HO)
@@ -328,9 +329,13 @@ def _grouped_down_kernel(act_ptr, d_ptr, ds_ptr, w_route_ptr, block_e_ptr, slot_
         a = tl.load(act_ptr + slots[:, None].to(tl.int64) * I + i[None, :], mask=i[None, :] < I, other=0.0)
         wd = tl.load(d_ptr + w_base + rh[:, None] * I + i[None, :], mask=(rh[:, None] < H) & (i[None, :] < I),
                      other=0.0)
-        if HAS_SCALE:
-            wd = wd.to(tl.float32) * tl.load(ds_ptr + s_base + ib)
-        acc = tl.dot(a, tl.trans(wd.to(a.dtype)), acc, input_precision=PREC)
+        if ACT_SCALED:
+            sa = tl.load(as_ptr + slots * num_sb_i + ib)
+            acc += tl.dot(a, tl.trans(wd)) * (sa[:, None] * tl.load(ds_ptr + s_base + ib))
+        else:
+            if HAS_SCALE:
+                wd = wd.to(tl.float32) * tl.load(ds_ptr + s_base + ib)
+            acc = tl.dot(a, tl.trans(wd.to(a.dtype)), acc, input_precision=PREC)
     dt = y_ptr.dtype.element_ty
     w = tl.load(w_route_ptr + pair, mask=live, other=0.0)
     y = (acc.to(dt).to(tl.float32) * w[:, None]).to(dt)

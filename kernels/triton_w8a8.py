@@ -29,7 +29,7 @@ import triton.language as tl
 
 from kernels import reference, triton_linear, triton_moe
 from kernels.registry import ops
-from kernels.triton_moe import _combine, _group_block, group_pairs
+from kernels.triton_moe import _combine, _group_block, _grouped_down_kernel, group_pairs
 from kernels.triton_utils import on_cuda
 
 MIN_ROWS = triton_linear.PREFILL_ROWS + 1     # rows from which the W8A8 kernels run (fewer: W8A16)
@@ -129,10 +129,16 @@ def w8a8_linear(x: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor, gemm
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
     assert w8.is_contiguous() and scale_inv.shape == (triton.cdiv(N, 128), triton.cdiv(K, 128))
-    if gemm != "triton" and M and x.is_cuda and _cublas_block_scaled(x.device, gemm == "cublas"):
+    if (gemm != "triton" and M and x.is_cuda and (N, K) not in _CUBLAS_REFUSED
+            and _cublas_block_scaled(x.device, gemm == "cublas")):
         q, s = act_quant(x2, rows=-(-M // 4) * 4, col_major=True)           # cuBLAS: rows a multiple of 4
-        out = torch._scaled_mm(q, w8.t(), s, scale_inv.t(), out_dtype=x.dtype)[:M]
-        return out.view(*x.shape[:-1], N)
+        try:
+            out = torch._scaled_mm(q, w8.t(), s, scale_inv.t(), out_dtype=x.dtype)[:M]
+            return out.view(*x.shape[:-1], N)
+        except RuntimeError:                   # a shape cuBLAS refuses (K blocks not a multiple of 4, say): Triton
+            if gemm == "cublas":
+                raise
+            _CUBLAS_REFUSED.add((N, K))
     q, s = act_quant(x2)
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M:
@@ -143,6 +149,7 @@ def w8a8_linear(x: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor, gemm
 
 
 _CUBLAS: dict[torch.device, bool] = {}
+_CUBLAS_REFUSED: set[tuple[int, int]] = set()      # weight shapes (N, K) cuBLAS raised on: the Triton GEMM runs them
 
 
 def _cublas_block_scaled(device: torch.device, required: bool = False) -> bool:
@@ -195,31 +202,6 @@ def _moe_gate_up_kernel(q_ptr, qs_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, block_e_ptr
     tl.store(as_ptr + slots * num_sb_i + ib, sa)
 
 
-@triton.jit
-def _moe_down_kernel(aq_ptr, as_ptr, d_ptr, ds_ptr, w_route_ptr, block_e_ptr, slot_pair_ptr, y_ptr, H, I,
-                     num_sb_h, num_sb_i, BLOCK_M: tl.constexpr, BLOCK_HO: tl.constexpr):
-    """y[pair] = round(round(dequant(aq) @ D_e.T) · w[pair]) for block b's live slots."""
-    hb = tl.program_id(1)
-    e, slots, pair, live = _group_block(block_e_ptr, slot_pair_ptr, tl.program_id(0), BLOCK_M)
-    rh = hb * BLOCK_HO + tl.arange(0, BLOCK_HO)
-    ri = tl.arange(0, 128)
-    acc = tl.zeros((BLOCK_M, BLOCK_HO), dtype=tl.float32)
-    w_base = e.to(tl.int64) * H * I
-    s_base = e * num_sb_h * num_sb_i + ((hb * BLOCK_HO) // 128) * num_sb_i
-    for ib in range(num_sb_i):
-        i = ib * 128 + ri
-        a = tl.load(aq_ptr + slots[:, None].to(tl.int64) * I + i[None, :], mask=i[None, :] < I, other=0.0)
-        sa = tl.load(as_ptr + slots * num_sb_i + ib)
-        wd = tl.load(d_ptr + w_base + rh[:, None] * I + i[None, :], mask=(rh[:, None] < H) & (i[None, :] < I),
-                     other=0.0)
-        acc += tl.dot(a, tl.trans(wd)) * (sa[:, None] * tl.load(ds_ptr + s_base + ib))
-    dt = y_ptr.dtype.element_ty
-    w = tl.load(w_route_ptr + pair, mask=live, other=0.0)
-    y = (acc.to(dt).to(tl.float32) * w[:, None]).to(dt)
-    tl.store(y_ptr + tl.where(live, pair, 0)[:, None].to(tl.int64) * H + rh[None, :], y,
-             mask=live[:, None] & (rh[None, :] < H))
-
-
 def w8a8_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
              down: torch.Tensor, gate_s: torch.Tensor, up_s: torch.Tensor, down_s: torch.Tensor,
              expert_offset: int = 0, block_m: int | None = None, down_n: int = 128,
@@ -244,9 +226,9 @@ def w8a8_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gate
         _moe_gate_up_kernel[(num_blocks, num_sb_i)](
             q, qs, gate, up, gate_s, up_s, block_e, slot_pair, aq, a_s, H, I, num_sb_h, num_sb_i, TOPK=k,
             BLOCK_M=block_m, DT=triton_linear.TL_DTYPES[x.dtype], **launch)
-        _moe_down_kernel[(num_blocks, triton.cdiv(H, down_n))](
-            aq, a_s, down, down_s, topk_w.float().contiguous(), block_e, slot_pair, y, H, I, num_sb_h, num_sb_i,
-            BLOCK_M=block_m, BLOCK_HO=down_n, **launch)
+        _grouped_down_kernel[(num_blocks, triton.cdiv(H, down_n))](
+            aq, down, down_s, topk_w.float().contiguous(), block_e, slot_pair, y, H, I, num_sb_h, num_sb_i,
+            HAS_SCALE=True, BLOCK_M=block_m, BLOCK_HO=down_n, PREC="tf32", as_ptr=a_s, ACT_SCALED=True, **launch)
     return _combine(y, order, valid, torch.empty_like(x), N, H, k)
 
 

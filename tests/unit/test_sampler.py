@@ -173,3 +173,15 @@ def test_bad_shapes_assert():
         sample(torch.zeros(2, V, dtype=torch.long), params, [[], []], [0, 0], [0, 0])
     with pytest.raises(AssertionError):  # history id outside the vocab
         sample(torch.zeros(2, V), [SamplingParams(presence_penalty=1.0)] * 2, [[V], []], [0, 0], [0, 0])
+
+
+def test_runner_row_pick_is_a_view_for_a_run_and_an_index_otherwise():
+    """``_take_rows``: the rows sampling reads — a run of consecutive rows (decode steps) is a view of the hidden
+    rows (no index copy, so nothing waits for the forward), any other set the same rows as a list index."""
+    from workers.runner import _take_rows
+
+    hidden = torch.randn(9, 4)
+    run = _take_rows(hidden, [3, 4, 5])
+    assert run.data_ptr() == hidden[3].data_ptr() and torch.equal(run, hidden[[3, 4, 5]])
+    for rows in ([8, 2, 5], [0, 2], [7]):
+        assert torch.equal(_take_rows(hidden, rows), hidden[rows])
