@@ -129,13 +129,17 @@ def w8a8_linear(x: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor, gemm
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
     assert w8.is_contiguous() and scale_inv.shape == (triton.cdiv(N, 128), triton.cdiv(K, 128))
-    if (gemm != "triton" and M and x.is_cuda and (N, K) not in _CUBLAS_REFUSED
+    if gemm == "cublas" and K % 512:
+        raise RuntimeError(f"cuBLAS's block-scaled GEMM needs K a multiple of 512 (4 scale blocks), got {K}")
+    # K % 512: with a K-block count not a multiple of 4 cuBLAS returns wrong products without an error (torch 2.11,
+    # CUDA 13, H200: bench/results/session13/call10/cublas_shapes.txt); GLM-5's FP8 linears all have K % 512 == 0
+    if (gemm != "triton" and M and x.is_cuda and K % 512 == 0 and (N, K) not in _CUBLAS_REFUSED
             and _cublas_block_scaled(x.device, gemm == "cublas")):
         q, s = act_quant(x2, rows=-(-M // 4) * 4, col_major=True)           # cuBLAS: rows a multiple of 4
         try:
             out = torch._scaled_mm(q, w8.t(), s, scale_inv.t(), out_dtype=x.dtype)[:M]
             return out.view(*x.shape[:-1], N)
-        except RuntimeError:                   # a shape cuBLAS refuses (K blocks not a multiple of 4, say): Triton
+        except RuntimeError:                   # a shape cuBLAS refuses: the Triton GEMM from now on
             if gemm == "cublas":
                 raise
             _CUBLAS_REFUSED.add((N, K))
@@ -157,8 +161,8 @@ def _cublas_block_scaled(device: torch.device, required: bool = False) -> bool:
     ≥ 12.9, Hopper): tried once per device on a tiny product checked against the reference."""
     if device not in _CUBLAS:
         g = torch.Generator(device=device).manual_seed(0)
-        x = torch.randn(4, 256, device=device, generator=g).to(torch.bfloat16)
-        w8, ws = reference.fp8_quantize(torch.randn(128, 256, device=device, generator=g))
+        x = torch.randn(4, 512, device=device, generator=g).to(torch.bfloat16)
+        w8, ws = reference.fp8_quantize(torch.randn(256, 512, device=device, generator=g))
         try:
             q, s = act_quant(x, col_major=True)
             y = torch._scaled_mm(q, w8.t(), s, ws.t(), out_dtype=torch.bfloat16)
