@@ -13,7 +13,8 @@ that waits).
 
 ``--prefill-activations fp8``: the engine's W8A8 prefill (kernels/triton_w8a8.py); on CUDA the prefill's kernels are
 listed by time as well. ``--list-index``: sampling picks its rows with a Python list index, as before session 13
-(a synchronous copy: lm_head waits for the whole replay) — for an A/B in one process.
+(a synchronous copy: lm_head waits for the whole replay) — for an A/B in one process. ``--no-lookahead``: the engine
+does not let the runner launch the next decode step before reading this one's tokens (as before session 13).
 
     NCCL_NVLS_ENABLE=0 PYTHONPATH=. python bench/step_host.py [--ctx 4096] [--tokens 64] [--spec 0]
     PYTHONPATH=. python bench/step_host.py --tiny --device cpu --ctx 64 --tokens 8     # plumbing on CPU
@@ -71,6 +72,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--prefill-activations", default="bf16", choices=["bf16", "fp8"])
     ap.add_argument("--list-index", action="store_true", help="sampling's row pick as before session 13 (A/B)")
+    ap.add_argument("--no-lookahead", action="store_true", help="no step launched ahead (A/B)")
     ap.add_argument("--out", default=None, help="folder for step_host.json")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -86,6 +88,7 @@ def main() -> None:
             workers.runner._take_rows = lambda hidden, rows: hidden[rows]
         print("building the engine ...", flush=True)
         engine, _ = build_local_engine(cfg, progress=False)
+        engine.lookahead = not args.no_lookahead
     vocab = model_cfg["vocab_size"]
     req = (args.ctx, vocab, args.tokens)            # a request: prompt tokens, vocabulary, decode steps
     prefill(engine, "warmup", *req)                              # compiles kernels, captures graphs
@@ -112,11 +115,11 @@ def main() -> None:
     wall = statistics.median(walls)
     pdl = pdl_mode() if args.device == "cuda" else "0"
     row = {"ctx": args.ctx, "spec": args.spec, "pdl": pdl, "prefill_activations": args.prefill_activations,
-           "list_index": args.list_index,
+           "list_index": args.list_index, "lookahead": not args.no_lookahead,
            "prefill_ms": prefill_ms, "steps": len(walls), "step_ms": wall,
            "step_ms_mean": statistics.fmean(walls), "kernel_ms": gpu,
            "host_unhidden_ms": None if gpu is None or pdl != "0" else statistics.fmean(walls) - gpu,
-           "graph_steps": engine.stats["graph_steps"]}
+           "graph_steps": engine.stats["graph_steps"], "ahead": dict(engine.executor.runner.ahead_stats)}
     print(json.dumps(row))
     print(f"prefill of {args.ctx} tokens (to the first token): {prefill_ms:.1f} ms")
     print(f"decode step: median {wall:.3f} ms, mean {row['step_ms_mean']:.3f} ms over {len(walls)} steps"

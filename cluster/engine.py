@@ -103,14 +103,16 @@ class Engine:
     there. Each step every rank's scheduler plans its rows, ``plan_step_shapes`` picks the MoE bucket
     (dp stripes, or a span when a solo request wants several rows), and the executor runs all ranks.
     ``decode`` turns ids into text (None: token ids only). ``graphs``: the workers run graph-shaped steps
-    (``graph_key``) on their static path — set iff their ``graphs`` mode is not ``off``.
+    (``graph_key``) on their static path — set iff their ``graphs`` mode is not ``off``. ``lookahead``: mark
+    graph steps after which the same requests will decode again, so that a single-process runner may launch that
+    step before returning this one's tokens (``workers/runner.py``; off: for A/B measurements).
     """
 
     def __init__(self, executor: Executor, config: SchedulerConfig,
                  decode: Callable[[Sequence[int]], str] | None = None, num_ranks: int = 1, span: bool = True,
-                 speculative_tokens: int = 0, graphs: bool = False):
+                 speculative_tokens: int = 0, graphs: bool = False, lookahead: bool = True):
         self.executor, self.config, self.decode, self.span = executor, config, decode, span
-        self.graphs = graphs
+        self.graphs, self.lookahead = graphs, lookahead
         self.speculative_tokens = speculative_tokens
         self.schedulers = [Scheduler(config) for _ in range(num_ranks)]
         self._rank_of: dict[str, int] = {}
@@ -230,9 +232,15 @@ class Engine:
         # probabilities are computed eagerly); the same flag goes to every rank
         draft_graph = graph is not None and (num_drafts == 0 or all(
             self.schedulers[self._rank_of[s.req_id]].get(s.req_id).params.is_greedy for p in plans for s in p.seqs))
+        # the next step will be these requests' decode step again, as far as the engine can tell now: nothing waits
+        # to be prefilled and no request ends by length (a stop token or string ends one later, unforeseen)
+        lookahead = self.lookahead and graph is not None and num_drafts == 0 \
+            and not any(sch.num_waiting for sch in self.schedulers) \
+            and all(s.num_generated + 1 < self.schedulers[self._rank_of[s.req_id]].get(s.req_id).params.max_tokens
+                    for p in plans for s in p.seqs)
         return [WorkerStep(p.step_id, p.seqs, tuple(self._unsent.pop(s.req_id) for s in p.seqs
                                                     if s.req_id in self._unsent), tuple(f), shape, num_drafts, graph,
-                           draft_graph)
+                           draft_graph, lookahead)
                 for p, f in zip(plans, forget)]
 
     def _fail_all(self, msg: str) -> list[TokenEvent]:

@@ -18,12 +18,13 @@ from models.cache import KVCache, build_batch
 from models.glm5 import GlmForCausalLM
 from scheduler.request import SamplingParams
 from scheduler.scheduler import ScheduledSeq
-from scheduler.shapes import StepShape, next_pow2
+from scheduler.shapes import GRAPH_BUCKETS, StepShape, next_pow2
 from workers.graphs import DecodeGraphs, DraftGraphs
 from workers.sampler import sample
 from workers.speculative import DraftRequest, MtpDrafter, token_logprobs, verify
 
 MAX_DRAFTS = 7       # drafts per round at most (N - 1 on an 8-rank span)
+GRAPH_ROWS = GRAPH_BUCKETS[-1]
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class WorkerStep:
     num_drafts: int = 0                # drafts to propose after this step (0: none; the same on every rank)
     graph: tuple[int, int, bool] | None = None   # (rows bucket, table width, span): a graph step, same everywhere
     draft_graph: bool = False          # a graph step whose MTP work may run as a graph (extend; greedy drafts)
+    lookahead: bool = False            # the engine expects the same requests' next decode step (``ModelRunner``)
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,23 @@ class StepResult:
     drafts: dict[str, list[int]] = field(default_factory=dict)              # proposals to verify next step
     busy_ms: float = 0.0     # this rank's wall time in the step (forward, logits, sampling, drafting)
     draft_ms: float = 0.0    # of which the MTP passes (extend + proposals)
+
+
+@dataclass
+class _Ahead:
+    """A decode step launched before the engine asked for it: the requests of ``seqs`` one position on, fed the
+    tokens sampled on the device. ``tokens``: its greedy tokens, on the device."""
+
+    key: tuple[int, int, bool]
+    seqs: tuple[ScheduledSeq, ...]
+    batch: object
+    tokens: torch.Tensor
+
+    def matches(self, step: WorkerStep, fed: dict[str, int]) -> bool:
+        """The engine's step is this one: the same graph key and rows, each fed the token the last step sampled."""
+        return step.graph == self.key and len(step.seqs) == len(self.seqs) and all(
+            s.req_id == a.req_id and s.start_pos == a.start_pos and s.block_ids == a.block_ids
+            and s.token_ids == (fed.get(s.req_id),) for s, a in zip(step.seqs, self.seqs))
 
 
 @dataclass
@@ -84,6 +103,14 @@ class ModelRunner:
     With speculation and ``graphs`` on, the MTP work after a graph step runs on ``DraftGraphs`` when the step
     says ``draft_graph``; ``select(shape, real)`` is the comm's capture-safe switch of bucket shape and row mask
     (``StepComm.select``) that those graphs use in a group.
+
+    Look-ahead (one process, graphs on, no speculation): a graph step whose rows all sample greedily (no penalties,
+    no logprobs) samples on the device, and when the engine marks it ``lookahead`` the same requests' next decode
+    step is staged and launched at once — fed those device-side tokens — before this step's tokens are read back.
+    The host then returns, and the engine updates and plans while the GPU runs that step; if the engine's next step
+    is it (``_Ahead.matches``), it is not run again. Otherwise its results are dropped: its KV writes went to the
+    positions after the requests' last token, which a later step writes again before anything reads them (or to
+    blocks a finished request freed, which a new owner writes before reading, later in the same stream).
     """
 
     def __init__(self, model: GlmForCausalLM, num_blocks: int, block_size: int, dtype: torch.dtype,
@@ -102,6 +129,11 @@ class ModelRunner:
         self.graphs = None if graphs == "off" else DecodeGraphs(
             model, self.cache, block_size, pad_slot, next_pow2(num_blocks), self.device, capture=graphs == "capture")
         self.requests: dict[str, _RequestState] = {}
+        self._ahead: _Ahead | None = None
+        self._fed: dict[str, int] = {}                  # the last greedy device step's tokens (what ``_ahead`` fed)
+        self.ahead_stats = {"launched": 0, "used": 0}
+        self._host_tokens = torch.zeros(GRAPH_ROWS, dtype=torch.long, pin_memory=self.device.type == "cuda")
+        self._tokens_read = torch.cuda.Event() if self.device.type == "cuda" else None
         self.drafter = self.draft_graphs = None
         if speculative:
             assert model.mtp_layer is not None, "speculative decoding needs the checkpoint's MTP layer"
@@ -114,6 +146,7 @@ class ModelRunner:
     def reset(self) -> None:
         """Forget every request (after a group failure the scheduler starts over; KV is overwritten)."""
         self.requests.clear()
+        self._ahead = None
 
     @torch.inference_mode()
     def execute(self, step: WorkerStep) -> StepResult:
@@ -122,8 +155,13 @@ class ModelRunner:
             self.requests.pop(rid, None)
         for nr in step.new_requests:
             self.requests[nr.req_id] = _RequestState(nr.params, len(nr.prompt_ids), list(nr.prompt_ids))
+        ahead, self._ahead = self._ahead, None           # used by this step, or dropped
         if not step.seqs and not self.in_group:
             return StepResult(step.step_id)
+        if self.graphs is not None and step.graph is not None and self._greedy_rows(step):
+            result = self._execute_greedy(step, ahead if ahead is not None and ahead.matches(step, self._fed)
+                                          else None)
+            return replace(result, busy_ms=(time.perf_counter() - start) * 1e3)
         static_draft = self.draft_graphs is not None and step.graph is not None and step.draft_graph
         if self.graphs is not None and step.graph is not None:
             bucket, width, _ = step.graph
@@ -149,6 +187,59 @@ class ModelRunner:
                 self._draft(step, hidden, batch, ids, result)
             end = time.perf_counter()
         return replace(result, busy_ms=(end - start) * 1e3, draft_ms=(end - sampled) * 1e3)
+
+    def _greedy_rows(self, step: WorkerStep) -> bool:
+        """A step whose sampling can stay on the device: one process, no drafting, every row one greedy token
+        without penalties or logprobs."""
+        if self.in_group or self.drafter is not None:
+            return False
+        for s in step.seqs:
+            st = self.requests.get(s.req_id)
+            p = st.params if st is not None else None
+            if (p is None or not s.sample or s.num_drafts or not p.is_greedy or p.logprobs is not None
+                    or p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty):
+                return False
+        return True
+
+    def _execute_greedy(self, step: WorkerStep, ahead: _Ahead | None) -> StepResult:
+        """A graph step sampled on the device (the launched look-ahead if it is this step, else staged and replayed
+        now), the next one launched ahead if the engine allows, then this step's tokens read back."""
+        if ahead is not None:
+            tokens, batch = ahead.tokens, ahead.batch
+            self.ahead_stats["used"] += 1
+        else:
+            batch = self.graphs.stage(step.seqs, *step.graph[:2])
+            tokens = self._greedy(self.graphs.run(*step.graph)[:batch.num_rows], batch)
+        n = len(step.seqs)
+        host = self._host_tokens[:n]
+        host.copy_(tokens, non_blocking=True)
+        if self._tokens_read is not None:
+            self._tokens_read.record()
+        if step.lookahead and all((s.start_pos + 1) // self.graphs.block_size < len(s.block_ids) for s in step.seqs):
+            self._ahead = self._launch_ahead(step, tokens)
+        if self._tokens_read is not None:
+            self._tokens_read.synchronize()
+        sampled = host.tolist()
+        result = StepResult(step.step_id)
+        for s, t in zip(step.seqs, sampled):
+            self._commit(result, s, self._state(s), [t], [])
+        self._fed = {s.req_id: t for s, t in zip(step.seqs, sampled)}
+        return result
+
+    def _greedy(self, hidden: torch.Tensor, batch) -> torch.Tensor:
+        """Each request's last row's greedy token, on the device [num requests] (as ``sample`` picks it)."""
+        rows = _take_rows(hidden, [r0 + n - 1 for r0, n in batch.seq_rows])
+        return self.model.logits(rows).argmax(dim=-1)
+
+    def _launch_ahead(self, step: WorkerStep, tokens: torch.Tensor) -> _Ahead:
+        """Stage and launch the same requests' next decode step, fed ``tokens`` (on the device)."""
+        seqs = tuple(replace(s, token_ids=(0,), start_pos=s.start_pos + 1, num_generated=s.num_generated + 1)
+                     for s in step.seqs)
+        batch = self.graphs.stage(seqs, *step.graph[:2])
+        self.graphs.ids[:len(seqs)].copy_(tokens)       # after the staged ids in stream order
+        self.ahead_stats["launched"] += 1
+        out = self._greedy(self.graphs.run(*step.graph)[:batch.num_rows], batch)
+        return _Ahead(step.graph, seqs, batch, out)
 
     def _sample(self, step: WorkerStep, hidden: torch.Tensor, batch) -> StepResult:
         result = StepResult(step.step_id)

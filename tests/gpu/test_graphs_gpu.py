@@ -93,6 +93,7 @@ def test_engine_with_graphs_equals_without(text_ckpt, n):
     on, off = _engine(m, True), _engine(m, False)
     assert run(on, reqs) == run(off, reqs)
     assert on.executor.runner.graphs.captured and on.stats["graph_steps"] > 0
+    assert on.executor.runner.ahead_stats["used"] > 0       # greedy steps replayed ahead of the engine, same tokens
 
 
 def test_speculative_with_graphs_equals_plain(text_ckpt):

@@ -148,3 +148,57 @@ def test_span_and_dp_steps_of_one_bucket_keep_separate_graphs(model):
         key = graph_key(shape, [StepPlan(step_id, (seq,), ())])
         token = runner.execute(WorkerStep(step_id, (seq,), shape=shape, graph=key)).sampled["a"][0]
     assert sorted(runner.graphs.runs) == [(2, 2, False), (2, 2, True)]
+
+
+def test_lookahead_decode_equals_eager_and_is_used(model):
+    """Greedy graph steps sample on the device and launch the next decode step before the tokens are read back: the
+    tokens are the eager path's, and most steps of a lone request were launched ahead and used. With traffic —
+    requests arriving mid-decode (their prefill steps do not match the step launched ahead), ending on a stop
+    token, aborted — the dropped look-aheads change nothing: same tokens, every block back."""
+    vocab = model.config.vocab_size
+    solo = requests(1, vocab, max_tokens=40, seed=11)
+    engine = make_engine(model, graphs=True)
+    assert run(engine, solo) == run(make_engine(model, graphs=False), solo)
+    stats = engine.executor.runner.ahead_stats
+    assert stats["used"] >= 30 and stats["launched"] <= stats["used"] + 3, stats   # the last step and block edges
+
+    reqs = requests(5, vocab, max_tokens=20, seed=12)
+    eager = make_engine(model, graphs=False)
+    want = run(eager, reqs)
+    stop_tok = want["r1"][5]                       # r1 ends on its sixth token when that is a stop token
+    reqs["r1"] = (reqs["r1"][0], SamplingParams(max_tokens=20, temperature=0.0, stop_token_ids=[stop_tok]))
+    want = run(make_engine(model, graphs=False), reqs)
+    assert len(want["r1"]) <= 6
+    static = make_engine(model, graphs=True)
+    got, pending, step = {}, dict(reqs), 0
+    while pending or static.has_unfinished():
+        if pending and step % 7 == 0:             # one request joins every 7 steps
+            rid, (prompt, params) = pending.popitem()
+            static.add_request(prompt, params, rid)
+            got[rid] = []
+        for ev in static.step():
+            got[ev.req_id] += ev.token_ids
+        step += 1
+    assert got == want
+    assert static.num_free_blocks() == NUM_BLOCKS
+    runner = static.executor.runner
+    assert runner.ahead_stats["used"] > 0 and runner.ahead_stats["launched"] > runner.ahead_stats["used"]
+
+    aborted = make_engine(model, graphs=True)
+    aborted.add_request(solo["r0"][0], solo["r0"][1], "a")
+    for _ in range(6):
+        aborted.step()
+    assert aborted.abort("a").finished and aborted.executor.runner._ahead is not None
+    assert run(aborted, solo) == run(make_engine(model, graphs=False), solo)   # the next request is unaffected
+
+
+def test_lookahead_only_for_greedy_rows_without_extras(model):
+    """Sampled rows, penalties and logprobs read their tokens on the host: no look-ahead, same tokens as eager."""
+    vocab = model.config.vocab_size
+    prompt = requests(1, vocab, seed=13)["r0"][0]
+    for params in (SamplingParams(max_tokens=10, temperature=0.8, seed=3),
+                   SamplingParams(max_tokens=10, temperature=0.0, repetition_penalty=1.3),
+                   SamplingParams(max_tokens=10, temperature=0.0, logprobs=2)):
+        engine = make_engine(model, graphs=True)
+        assert run(engine, {"r": (prompt, params)}) == run(make_engine(model, graphs=False), {"r": (prompt, params)})
+        assert engine.executor.runner.ahead_stats == {"launched": 0, "used": 0}
