@@ -23,7 +23,7 @@ from cluster.detok import IncrementalDetokenizer, StopStringMatcher
 from scheduler.request import FinishReason, SamplingParams
 from scheduler.scheduler import AdmissionError, RequestEvent, Scheduler, SchedulerConfig, StepPlan
 from scheduler.shapes import GRAPH_BUCKETS, StepShape, graph_width, place_request, plan_step_shapes
-from workers.runner import NewRequest, StepResult, TokenLogprobs, WorkerStep
+from workers.runner import NewRequest, StepResult, TokenLogprobs, WorkerStep, device_greedy
 
 __all__ = ["AdmissionError", "AsyncEngine", "Engine", "GroupFailure", "LocalExecutor", "TokenEvent"]
 
@@ -41,6 +41,17 @@ def graph_key(shape: StepShape, plans: Sequence[StepPlan]) -> tuple[int, int, bo
     if not all(s.sample and len(s.token_ids) == 1 + s.num_drafts for s in seqs):
         return None
     return shape.rows_per_rank, graph_width(max(len(s.block_ids) for s in seqs)), shape.is_span
+
+
+def _advanced(launched: tuple, graph, plans: Sequence[StepPlan]) -> bool:
+    """Whether ``plans`` are the launched step's: the same graph key and, on every rank, the same requests each one
+    position on, in the same blocks (their fed tokens are the ones just sampled, by construction)."""
+    key, before = launched
+    return graph == key and all(
+        len(p.seqs) == len(q.seqs) and all(
+            s.req_id == r.req_id and s.start_pos == r.start_pos + 1 and s.block_ids == r.block_ids
+            and len(s.token_ids) == 1 and not s.num_drafts for s, r in zip(p.seqs, q.seqs))
+        for p, q in zip(plans, before))
 
 
 class Executor(Protocol):
@@ -103,9 +114,10 @@ class Engine:
     there. Each step every rank's scheduler plans its rows, ``plan_step_shapes`` picks the MoE bucket
     (dp stripes, or a span when a solo request wants several rows), and the executor runs all ranks.
     ``decode`` turns ids into text (None: token ids only). ``graphs``: the workers run graph-shaped steps
-    (``graph_key``) on their static path — set iff their ``graphs`` mode is not ``off``. ``lookahead``: mark
-    graph steps after which the same requests will decode again, so that a single-process runner may launch that
-    step before returning this one's tokens (``workers/runner.py``; off: for A/B measurements).
+    (``graph_key``) on their static path — set iff their ``graphs`` mode is not ``off``. ``lookahead``: let the
+    workers launch the same requests' next decode step before returning a greedy graph step's tokens, and tell them
+    when the next step is that one (``WorkerStep.lookahead`` / ``use_ahead``, decided here for all ranks alike;
+    ``workers/runner.py``; off: for A/B measurements).
     """
 
     def __init__(self, executor: Executor, config: SchedulerConfig,
@@ -113,6 +125,7 @@ class Engine:
                  speculative_tokens: int = 0, graphs: bool = False, lookahead: bool = True):
         self.executor, self.config, self.decode, self.span = executor, config, decode, span
         self.graphs, self.lookahead = graphs, lookahead
+        self._launched: tuple[tuple[int, int, bool], list[StepPlan]] | None = None   # (graph, plans) launched ahead
         self.speculative_tokens = speculative_tokens
         self.schedulers = [Scheduler(config) for _ in range(num_ranks)]
         self._rank_of: dict[str, int] = {}
@@ -122,7 +135,7 @@ class Engine:
         self._lock = threading.Lock()                 # add/abort (caller's thread) vs step (loop thread)
         self._ids = itertools.count()
         self.stats = {"prompt_tokens": 0, "generated_tokens": 0, "steps": 0, "preemptions": 0,
-                      "span_steps": 0, "graph_steps": 0, "failed_steps": 0, "draft_rounds": 0, "drafts_proposed": 0,
+                      "span_steps": 0, "graph_steps": 0, "ahead_steps": 0, "failed_steps": 0, "draft_rounds": 0, "drafts_proposed": 0,
                       "drafts_accepted": 0, "step_seconds": 0.0, "worker_busy_seconds": 0.0}
         self.accepted_at = [0] * (speculative_tokens + 1)   # rounds whose draft i was accepted
 
@@ -174,13 +187,17 @@ class Engine:
             plans = [s.schedule(max_drafts=k) for s in self.schedulers]
             steps = self._worker_steps(plans, k)
         if steps is None:
+            self._launched = None
             return []
         start = time.perf_counter()
+        self._launched = (steps[0].graph, plans) if steps[0].lookahead else None
         try:
             results = self.executor.execute(steps)
         except GroupFailure as e:      # the group is gone: every live request fails, then rebuild
+            self._launched = None
             return self._fail_all(f"worker group failed: {e}")
         except Exception as e:         # a failed step fails its requests, never the engine
+            self._launched = None
             traceback.print_exc()
             self.stats["failed_steps"] += 1
             with self._lock:
@@ -232,16 +249,30 @@ class Engine:
         # probabilities are computed eagerly); the same flag goes to every rank
         draft_graph = graph is not None and (num_drafts == 0 or all(
             self.schedulers[self._rank_of[s.req_id]].get(s.req_id).params.is_greedy for p in plans for s in p.seqs))
-        # the next step will be these requests' decode step again, as far as the engine can tell now: nothing waits
-        # to be prefilled and no request ends by length (a stop token or string ends one later, unforeseen)
-        lookahead = self.lookahead and graph is not None and num_drafts == 0 \
-            and not any(sch.num_waiting for sch in self.schedulers) \
-            and all(s.num_generated + 1 < self.schedulers[self._rank_of[s.req_id]].get(s.req_id).params.max_tokens
-                    for p in plans for s in p.seqs)
+        use_ahead = self._launched is not None and _advanced(self._launched, graph, plans)
+        self.stats["ahead_steps"] += use_ahead        # steps the workers had launched ahead (look-ahead)
+        lookahead = self._may_look_ahead(graph, plans)
         return [WorkerStep(p.step_id, p.seqs, tuple(self._unsent.pop(s.req_id) for s in p.seqs
                                                     if s.req_id in self._unsent), tuple(f), shape, num_drafts, graph,
-                           draft_graph, lookahead)
+                           draft_graph, lookahead, use_ahead)
                 for p, f in zip(plans, forget)]
+
+    def _may_look_ahead(self, graph, plans: list[StepPlan]) -> bool:
+        """Whether the workers may launch this graph step's successor ahead: every row samples one greedy token on
+        the device (no speculation, penalties or logprobs), and the next step will be these requests' decode step
+        again as far as the engine can tell — nothing waits to be prefilled, no request ends by length or needs a new
+        KV block (a stop token or string ends one unforeseen: that launched step is dropped)."""
+        if not (self.lookahead and graph is not None and self.speculative_tokens == 0) \
+                or any(sch.num_waiting for sch in self.schedulers):
+            return False
+        bs = self.config.block_size
+        for p in plans:
+            for s in p.seqs:
+                params = self.schedulers[self._rank_of[s.req_id]].get(s.req_id).params
+                if (not device_greedy(params) or s.num_generated + 1 >= params.max_tokens
+                        or s.end_pos + 1 > len(s.block_ids) * bs):
+                    return False
+        return True
 
     def _fail_all(self, msg: str) -> list[TokenEvent]:
         with self._lock:

@@ -46,7 +46,8 @@ class WorkerStep:
     num_drafts: int = 0                # drafts to propose after this step (0: none; the same on every rank)
     graph: tuple[int, int, bool] | None = None   # (rows bucket, table width, span): a graph step, same everywhere
     draft_graph: bool = False          # a graph step whose MTP work may run as a graph (extend; greedy drafts)
-    lookahead: bool = False            # the engine expects the same requests' next decode step (``ModelRunner``)
+    lookahead: bool = False            # launch the same requests' next decode step ahead (``ModelRunner``)
+    use_ahead: bool = False            # this step is the one the last step launched ahead (the same everywhere)
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,6 @@ class _Ahead:
 
     key: tuple[int, int, bool]
     seqs: tuple[ScheduledSeq, ...]
-    batch: object
     tokens: torch.Tensor
 
     def matches(self, step: WorkerStep, fed: dict[str, int]) -> bool:
@@ -104,13 +104,15 @@ class ModelRunner:
     says ``draft_graph``; ``select(shape, real)`` is the comm's capture-safe switch of bucket shape and row mask
     (``StepComm.select``) that those graphs use in a group.
 
-    Look-ahead (one process, graphs on, no speculation): a graph step whose rows all sample greedily (no penalties,
-    no logprobs) samples on the device, and when the engine marks it ``lookahead`` the same requests' next decode
-    step is staged and launched at once — fed those device-side tokens — before this step's tokens are read back.
-    The host then returns, and the engine updates and plans while the GPU runs that step; if the engine's next step
-    is it (``_Ahead.matches``), it is not run again. Otherwise its results are dropped: its KV writes went to the
-    positions after the requests' last token, which a later step writes again before anything reads them (or to
-    blocks a finished request freed, which a new owner writes before reading, later in the same stream).
+    Look-ahead (graphs on, no speculation): a graph step the engine marks ``lookahead`` (every row of every rank
+    samples one greedy token without penalties or logprobs, and the same requests will decode again as far as the
+    engine can tell) samples on the device, and the same requests' next decode step is staged and launched at once —
+    fed those device-side tokens, through the same comm phases on every rank — before this step's tokens are read
+    back. The host returns, and the engine updates and plans while the GPU runs that step; if the engine's next step
+    is it (``use_ahead``, decided by the engine for all ranks alike, checked here by ``_Ahead.matches``), it is not
+    run again. Otherwise every rank drops it: its KV writes went to the positions after the requests' last token,
+    which a later step writes again before anything reads them (or to blocks a finished request freed, which a new
+    owner writes before reading, later in the same stream).
     """
 
     def __init__(self, model: GlmForCausalLM, num_blocks: int, block_size: int, dtype: torch.dtype,
@@ -158,9 +160,10 @@ class ModelRunner:
         ahead, self._ahead = self._ahead, None           # used by this step, or dropped
         if not step.seqs and not self.in_group:
             return StepResult(step.step_id)
-        if self.graphs is not None and step.graph is not None and self._greedy_rows(step):
-            result = self._execute_greedy(step, ahead if ahead is not None and ahead.matches(step, self._fed)
-                                          else None)
+        if self.graphs is not None and step.graph is not None and (step.lookahead or step.use_ahead):
+            if step.use_ahead:
+                assert ahead is not None and ahead.matches(step, self._fed), "the step launched ahead is not this one"
+            result = self._execute_greedy(step, ahead if step.use_ahead else None)
             return replace(result, busy_ms=(time.perf_counter() - start) * 1e3)
         static_draft = self.draft_graphs is not None and step.graph is not None and step.draft_graph
         if self.graphs is not None and step.graph is not None:
@@ -188,34 +191,22 @@ class ModelRunner:
             end = time.perf_counter()
         return replace(result, busy_ms=(end - start) * 1e3, draft_ms=(end - sampled) * 1e3)
 
-    def _greedy_rows(self, step: WorkerStep) -> bool:
-        """A step whose sampling can stay on the device: one process, no drafting, every row one greedy token
-        without penalties or logprobs."""
-        if self.in_group or self.drafter is not None:
-            return False
-        for s in step.seqs:
-            st = self.requests.get(s.req_id)
-            p = st.params if st is not None else None
-            if (p is None or not s.sample or s.num_drafts or not p.is_greedy or p.logprobs is not None
-                    or p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty):
-                return False
-        return True
-
     def _execute_greedy(self, step: WorkerStep, ahead: _Ahead | None) -> StepResult:
         """A graph step sampled on the device (the launched look-ahead if it is this step, else staged and replayed
         now), the next one launched ahead if the engine allows, then this step's tokens read back."""
+        assert self.drafter is None and all(device_greedy(self.requests[s.req_id].params) and s.sample
+                                            and not s.num_drafts for s in step.seqs), "not a greedy decode step"
         if ahead is not None:
-            tokens, batch = ahead.tokens, ahead.batch
+            tokens = ahead.tokens
             self.ahead_stats["used"] += 1
         else:
-            batch = self.graphs.stage(step.seqs, *step.graph[:2])
-            tokens = self._greedy(self.graphs.run(*step.graph)[:batch.num_rows], batch)
+            tokens = self._replay_greedy(step, step.seqs)
         n = len(step.seqs)
         host = self._host_tokens[:n]
         host.copy_(tokens, non_blocking=True)
         if self._tokens_read is not None:
             self._tokens_read.record()
-        if step.lookahead and all((s.start_pos + 1) // self.graphs.block_size < len(s.block_ids) for s in step.seqs):
+        if step.lookahead:
             self._ahead = self._launch_ahead(step, tokens)
         if self._tokens_read is not None:
             self._tokens_read.synchronize()
@@ -226,8 +217,17 @@ class ModelRunner:
         self._fed = {s.req_id: t for s, t in zip(step.seqs, sampled)}
         return result
 
-    def _greedy(self, hidden: torch.Tensor, batch) -> torch.Tensor:
-        """Each request's last row's greedy token, on the device [num requests] (as ``sample`` picks it)."""
+    def _replay_greedy(self, step: WorkerStep, seqs: tuple[ScheduledSeq, ...],
+                       fed: torch.Tensor | None = None) -> torch.Tensor:
+        """Stage ``seqs`` (their ids replaced by ``fed`` on the device when given), replay the step's graph, and
+        return each request's greedy token on the device [len(seqs)] (as ``sample`` picks it)."""
+        batch = self.graphs.stage(seqs, *step.graph[:2])
+        if fed is not None:
+            self.graphs.ids[:len(seqs)].copy_(fed)       # after the staged ids, in stream order
+        self.stage(step.shape, batch.num_rows, True)
+        hidden = self.graphs.run(*step.graph)
+        if not seqs:
+            return torch.empty(0, dtype=torch.long, device=hidden.device)
         rows = _take_rows(hidden, [r0 + n - 1 for r0, n in batch.seq_rows])
         return self.model.logits(rows).argmax(dim=-1)
 
@@ -235,11 +235,9 @@ class ModelRunner:
         """Stage and launch the same requests' next decode step, fed ``tokens`` (on the device)."""
         seqs = tuple(replace(s, token_ids=(0,), start_pos=s.start_pos + 1, num_generated=s.num_generated + 1)
                      for s in step.seqs)
-        batch = self.graphs.stage(seqs, *step.graph[:2])
-        self.graphs.ids[:len(seqs)].copy_(tokens)       # after the staged ids in stream order
+        assert all(s.end_pos <= len(s.block_ids) * self.graphs.block_size for s in seqs), "a block edge: no look-ahead"
         self.ahead_stats["launched"] += 1
-        out = self._greedy(self.graphs.run(*step.graph)[:batch.num_rows], batch)
-        return _Ahead(step.graph, seqs, batch, out)
+        return _Ahead(step.graph, seqs, self._replay_greedy(step, seqs, tokens))
 
     def _sample(self, step: WorkerStep, hidden: torch.Tensor, batch) -> StepResult:
         result = StepResult(step.step_id)
@@ -323,6 +321,12 @@ class ModelRunner:
             for r, (d, q) in zip(reqs, self.drafter.propose(rows, reqs, step.num_drafts, self.world_size)):
                 result.drafts[r.req_id] = d
                 self.requests[r.req_id].draft_probs = q
+
+
+def device_greedy(p: SamplingParams) -> bool:
+    """Rows whose token can be picked on the device: greedy, no penalties (they read the history), no logprobs."""
+    return (p.is_greedy and p.logprobs is None and p.repetition_penalty == 1.0 and not p.presence_penalty
+            and not p.frequency_penalty)
 
 
 def _take_rows(hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:

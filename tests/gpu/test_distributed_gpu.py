@@ -117,6 +117,7 @@ def test_greedy_tokens_equal_single_process(tiny_ckpt, tiny_config, n, moe, kern
     assert solo == want_solo
     assert stats["span_steps"] > 0
     assert (stats["graph_steps"] > 0) == (kernels == "auto")
+    assert (stats["ahead_steps"] > 0) == (kernels == "auto")     # graph steps launched ahead on every rank
 
 
 def test_speculative_group_with_captured_drafting_equals_plain():

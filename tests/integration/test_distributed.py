@@ -226,6 +226,7 @@ def test_static_graph_steps_equal_single_process(ray_session, tiny_ckpt, tiny_co
         assert run(engine, requests()) == reference[0]
         assert run(engine, {"solo": requests(1, max_tokens=8, seed=5)["r0"]}) == reference[1]
         assert engine.stats["graph_steps"] > 0
+        assert engine.stats["ahead_steps"] > 0      # every rank replayed steps launched ahead, in lock-step
     finally:
         group.shutdown()
 

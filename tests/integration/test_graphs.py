@@ -161,6 +161,7 @@ def test_lookahead_decode_equals_eager_and_is_used(model):
     assert run(engine, solo) == run(make_engine(model, graphs=False), solo)
     stats = engine.executor.runner.ahead_stats
     assert stats["used"] >= 30 and stats["launched"] <= stats["used"] + 3, stats   # the last step and block edges
+    assert engine.stats["ahead_steps"] == stats["used"]
 
     reqs = requests(5, vocab, max_tokens=20, seed=12)
     eager = make_engine(model, graphs=False)
