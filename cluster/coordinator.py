@@ -50,6 +50,10 @@ class Metrics:
         Gauge("glmserve_worker_busy_seconds", "of which the busiest rank worked (forward, sampling, drafting)",
               registry=r).set_function(lambda: engine.stats["worker_busy_seconds"])
         Gauge("glmserve_steps", "engine steps so far", registry=r).set_function(lambda: engine.stats["steps"])
+        Gauge("glmserve_graph_steps", "of which CUDA-graph decode steps", registry=r).set_function(
+            lambda: engine.stats["graph_steps"])
+        Gauge("glmserve_ahead_steps", "of which the workers had launched ahead (look-ahead)", registry=r).set_function(
+            lambda: engine.stats["ahead_steps"])
         Gauge("glmserve_spec_drafts_proposed", "speculative drafts proposed", registry=r).set_function(
             lambda: engine.stats["drafts_proposed"])
         Gauge("glmserve_spec_drafts_accepted", "speculative drafts accepted", registry=r).set_function(

@@ -135,8 +135,8 @@ class Engine:
         self._lock = threading.Lock()                 # add/abort (caller's thread) vs step (loop thread)
         self._ids = itertools.count()
         self.stats = {"prompt_tokens": 0, "generated_tokens": 0, "steps": 0, "preemptions": 0,
-                      "span_steps": 0, "graph_steps": 0, "ahead_steps": 0, "failed_steps": 0, "draft_rounds": 0, "drafts_proposed": 0,
-                      "drafts_accepted": 0, "step_seconds": 0.0, "worker_busy_seconds": 0.0}
+                      "span_steps": 0, "graph_steps": 0, "ahead_steps": 0, "failed_steps": 0, "draft_rounds": 0,
+                      "drafts_proposed": 0, "drafts_accepted": 0, "step_seconds": 0.0, "worker_busy_seconds": 0.0}
         self.accepted_at = [0] * (speculative_tokens + 1)   # rounds whose draft i was accepted
 
     @property

@@ -169,6 +169,8 @@ def test_step_time_metrics(client, base_url):
     steps, step_s, busy_s = (metric(base_url, f"glmserve_{n}") for n in ("steps", "step_seconds",
                                                                          "worker_busy_seconds"))
     assert steps >= 4 and step_s >= busy_s > 0
+    graph, ahead = metric(base_url, "glmserve_graph_steps"), metric(base_url, "glmserve_ahead_steps")
+    assert 0 <= ahead <= graph <= steps
 
 
 def test_disconnect_frees_kv(base_url):
