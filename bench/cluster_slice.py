@@ -5,7 +5,8 @@ scheduler → ``ProcessWorkerGroup`` (the GPU host has no Ray) → each worker's
 For each comm backend and each depth (1 dense + 1 MoE layer, 1 dense + 3 MoE layers; one MTP layer):
 
 - plain: one request decodes after a prompt of ``--ctx`` tokens. Its steps are 1 row (a dp bucket of one
-  row per rank); reported: the engine's step time (median) and the request owner's time inside it;
+  row per rank); reported: the group's step time (median), the whole engine step's (with look-ahead the group
+  returns a step while the next one runs: ``--no-lookahead`` for the A/B) and the request owner's time inside it;
 - speculative: one request with ``--spec`` MTP drafts per round. A round is one engine step: the verify
   rows 1 + k in one span bucket (a graph step), then the k chained MTP passes (eager). Reported: round time,
   of which drafting, and the acceptance measured — random weights accept almost nothing, so tokens/s
@@ -93,7 +94,7 @@ def run_case(model_dir: Path, args, comm: str, spec: int) -> dict:
     try:
         model_cfg = ModelConfig.from_json(model_dir)
         engine = Engine(timed, scheduler_config(cfg, model_cfg, None, num_blocks), num_ranks=args.workers,
-                        speculative_tokens=spec, graphs=cfg.graphs_mode() != "off")
+                        speculative_tokens=spec, graphs=cfg.graphs_mode() != "off", lookahead=not args.no_lookahead)
         params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
         for name in ("warmup", "timed"):          # the warm-up compiles kernels and captures the graphs
             timed.log.clear()
@@ -101,9 +102,12 @@ def run_case(model_dir: Path, args, comm: str, spec: int) -> dict:
             engine.add_request(prompt, params, name)
             t0 = time.perf_counter()
             while engine.has_unfinished():
+                t_step = time.perf_counter()
                 for ev in engine.step():
                     if ev.error:
                         raise RuntimeError(f"{name}: {ev.error}")
+                if timed.log:
+                    timed.log[-1]["wall_ms"] = (time.perf_counter() - t_step) * 1e3
             wall = time.perf_counter() - t0
         decode = [s for s in timed.log if s["graph"] is not None]
         if not decode:
@@ -117,9 +121,11 @@ def run_case(model_dir: Path, args, comm: str, spec: int) -> dict:
                "busy_ms": statistics.median(s["busy_ms"] for s in decode),
                "draft_ms": statistics.median(s["draft_ms"] for s in decode),
                "forward_ms": statistics.median(s["forward_ms"] for s in decode),
-               "graph_steps": engine.stats["graph_steps"],
+               "engine_step_ms": statistics.median(s["wall_ms"] for s in decode),
+               "graph_steps": engine.stats["graph_steps"], "ahead_steps": engine.stats["ahead_steps"],
                "mean_accepted_length": metrics["mean_accepted_length"] if spec else 1.0}
-        row["tok_s"] = tokens / sum(s["ms"] for s in decode) * 1e3 if not spec else None
+        # per token: the engine's whole step (with look-ahead the group's own time hides part of the GPU's)
+        row["tok_s"] = tokens / sum(s["wall_ms"] for s in decode) * 1e3 if not spec else None
         return row
     finally:
         timed.shutdown()
@@ -155,16 +161,18 @@ def write_report(rows: list[dict], ext: list[dict], args, out: Path) -> None:
              f"kernels `{args.kernels}`, CUDA graphs auto; one request, prompt {args.ctx} tokens, {args.tokens} new "
              f"tokens (greedy, ignore_eos), after a warm-up request. Step = one engine step (scheduler → "
              f"ProcessWorkerGroup over pipes → every rank); owner busy = the request owner's time inside it "
-             f"(forward, lm_head, sampling, drafting).", "",
-             "| comm | depth | mode | rows (bucket) | step ms | owner busy ms | of which drafting ms | "
-             "step − drafting ms | accepted length | steps | setup s |",
-             "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             f"(forward, lm_head, sampling, drafting); engine step = the whole `Engine.step` (planning and updating "
+             f"too: with look-ahead — {'off' if args.no_lookahead else 'on'} here — the group's step returns while "
+             f"the next one runs, so the engine step is the per-token time); ahead = steps launched ahead.", "",
+             "| comm | depth | mode | rows (bucket) | step ms | engine step ms | owner busy ms | of which drafting ms | "
+             "step − drafting ms | accepted length | steps | ahead | setup s |",
+             "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         mode = f"MTP k={r['spec']}" if r["spec"] else "plain"
         shape = f"{r['rows']} ({'span' if r['span'] else 'dp'})"
-        lines.append(f"| {r['comm']} | {r['depth']} | {mode} | {shape} | {r['step_ms']:.2f} | {r['busy_ms']:.2f} | "
-                     f"{r['draft_ms']:.2f} | {r['forward_ms']:.2f} | {r['mean_accepted_length']:.2f} | {r['steps']} | "
-                     f"{r['setup_s']:.0f} |")
+        lines.append(f"| {r['comm']} | {r['depth']} | {mode} | {shape} | {r['step_ms']:.2f} | {r['engine_step_ms']:.2f} | "
+                     f"{r['busy_ms']:.2f} | {r['draft_ms']:.2f} | {r['forward_ms']:.2f} | {r['mean_accepted_length']:.2f} | "
+                     f"{r['steps']} | {r['ahead_steps']} | {r['setup_s']:.0f} |")
     lines += ["", f"Per MoE layer (difference of the depths) and extrapolated to {FULL_DEPTH} layers:", "",
               "| comm | mode | forward ms / layer | owner busy ms / layer | forward ms, 78 layers | drafting ms | "
               "step ms, 78 layers | plain tok/s | " + " | ".join(f"tok/s at AL {a}" for a in ACCEPTANCE) + " |",
@@ -197,6 +205,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--kernels", default="auto")
     ap.add_argument("--tiny", action="store_true", help="the embedded tiny model's widths (a CPU plumbing check)")
+    ap.add_argument("--no-lookahead", action="store_true", help="no decode step launched ahead (A/B)")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--name", default="cluster_slice", help="report file name (without .md / .json)")
     args = ap.parse_args()
