@@ -3,6 +3,8 @@ the steps it is given: when a graph step may be launched ahead, and when the nex
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from cluster.engine import Engine
 from scheduler.request import SamplingParams
 from scheduler.scheduler import SchedulerConfig
@@ -43,7 +45,7 @@ def test_a_greedy_solo_request_looks_ahead_except_at_block_edges_and_its_last_st
     _drain(engine)
     decode = [st[0] for st in rec.steps if st[0].graph is not None]
     assert len(decode) == 29
-    for prev, st in zip(decode, decode[1:]):
+    for prev, st in pairwise(decode):
         assert st.use_ahead == prev.lookahead               # every step launched ahead was the next one
     for st in decode:
         s = st.seqs[0]
