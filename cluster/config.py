@@ -43,8 +43,7 @@ class EngineConfig:
             "device": self.device in ("auto", "cpu", "cuda"),
             "dtype": self.dtype in ("auto", "float32", "bfloat16"),
             "kernels": self.kernels in ("auto", "reference"),
-            "prefill_activations": self.prefill_activations == "bf16" or (
-                self.prefill_activations == "fp8" and self.kernels == "auto" and self.device != "cpu"),
+            "prefill_activations": self.prefill_activations in ("bf16", "fp8"),
             "load_format": self.load_format in ("auto", "dummy"),
             "block_size": self.block_size >= 1,
             "kv_cache_tokens": self.kv_cache_tokens >= self.block_size,
@@ -65,6 +64,10 @@ class EngineConfig:
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"engine config field '{name}' has an invalid value {getattr(self, name)!r}")
+        if self.prefill_activations == "fp8" and (self.kernels != "auto" or self.device == "cpu"):
+            raise ValueError("engine config field 'prefill_activations' is 'fp8', which needs the Triton kernels on a "
+                             f"CUDA device (kernels: auto, device: cuda or auto); got kernels {self.kernels!r}, "
+                             f"device {self.device!r}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EngineConfig:
