@@ -23,7 +23,8 @@ from cluster.detok import IncrementalDetokenizer, StopStringMatcher
 from scheduler.request import FinishReason, SamplingParams
 from scheduler.scheduler import AdmissionError, RequestEvent, Scheduler, SchedulerConfig, StepPlan
 from scheduler.shapes import GRAPH_BUCKETS, StepShape, graph_width, place_request, plan_step_shapes
-from workers.runner import NewRequest, StepResult, TokenLogprobs, WorkerStep, device_greedy
+from workers.runner import NewRequest, StepResult, TokenLogprobs, WorkerStep
+from workers.sampler import greedy_on_device
 
 __all__ = ["AdmissionError", "AsyncEngine", "Engine", "GroupFailure", "LocalExecutor", "TokenEvent"]
 
@@ -186,18 +187,15 @@ class Engine:
             k = self.speculative_tokens if solo else 0
             plans = [s.schedule(max_drafts=k) for s in self.schedulers]
             steps = self._worker_steps(plans, k)
+        self._launched = None          # set again below if this step launches its successor ahead
         if steps is None:
-            self._launched = None
             return []
         start = time.perf_counter()
-        self._launched = (steps[0].graph, plans) if steps[0].lookahead else None
         try:
             results = self.executor.execute(steps)
         except GroupFailure as e:      # the group is gone: every live request fails, then rebuild
-            self._launched = None
             return self._fail_all(f"worker group failed: {e}")
         except Exception as e:         # a failed step fails its requests, never the engine
-            self._launched = None
             traceback.print_exc()
             self.stats["failed_steps"] += 1
             with self._lock:
@@ -205,6 +203,8 @@ class Engine:
                 return [self._end(ev) for r, sch in enumerate(self.schedulers)
                         for ev in sch.fail([i for i in ids if self._rank_of.get(i) == r],
                                            f"step failed: {type(e).__name__}: {e}")]
+        if steps[0].lookahead:         # the workers launched the next step ahead
+            self._launched = (steps[0].graph, plans)
         with self._lock:
             self.stats["steps"] += 1
             # the executor's wall time vs the busiest rank's own: the difference is the group's per-step cost
@@ -269,7 +269,7 @@ class Engine:
         for p in plans:
             for s in p.seqs:
                 params = self.schedulers[self._rank_of[s.req_id]].get(s.req_id).params
-                if (not device_greedy(params) or s.num_generated + 1 >= params.max_tokens
+                if (not greedy_on_device(params) or s.num_generated + 1 >= params.max_tokens
                         or s.end_pos + 1 > len(s.block_ids) * bs):
                     return False
         return True

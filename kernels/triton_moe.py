@@ -48,6 +48,7 @@ from kernels import gluon_rows, reference
 from kernels.registry import ops
 from kernels.triton_linear import linear, tile_counters
 from kernels.triton_utils import (
+    HOPPER_SMEM,
     dot_precision,
     element_offset,
     next_pow2,
@@ -497,9 +498,6 @@ class GroupTile:
     num_stages: int = 3
 
 
-HOPPER_SMEM = 232448           # shared memory a Hopper block may opt into (bytes)
-
-
 def _smem_bytes(block_m: int, tile: GroupTile, x_size: int, w_size: int, num_weights: int) -> int:
     """Shared memory of a grouped launch: ``num_stages`` buffers of the row tile and the weight tiles as loaded,
     plus the weight tiles widened to the rows' dtype. It matched Triton's refusals of the fp8-bf16 shapes on
@@ -509,6 +507,11 @@ def _smem_bytes(block_m: int, tile: GroupTile, x_size: int, w_size: int, num_wei
     return tile.num_stages * loads + widened
 
 
+def group_rows(rows: int, k: int, E_local: int) -> int:
+    """Rows of a grouped block: 128 once an expert averages 128 pairs, else 64 (measured: ``group_launch``)."""
+    return 128 if rows * k >= 128 * E_local else 64
+
+
 def group_launch(rows: int, k: int, E_local: int, x_dtype: torch.dtype, w_dtype: torch.dtype,
                  smem: int = HOPPER_SMEM) -> tuple[int, GroupTile, GroupTile]:
     """(block rows, gate/up tile, down tile). FP8 experts on 2-byte rows: 128-row blocks once an expert averages
@@ -516,7 +519,7 @@ def group_launch(rows: int, k: int, E_local: int, x_dtype: torch.dtype, w_dtype:
     of width 2048 and 256: bench/moe_prefill.py --sweep, bench/results/session12/). Other dtypes (fp32 rows,
     unquantized experts: tests, bf16 checkpoints) and GPUs with less shared memory than Hopper (``smem``, bytes a
     block may opt into): 64-row blocks and the first tile whose shared memory fits with a 10 % margin."""
-    block_m = 128 if rows * k >= 128 * E_local else 64
+    block_m = group_rows(rows, k, E_local)
     x_size, w_size = x_dtype.itemsize, w_dtype.itemsize
     if x_size == 2 and w_size == 1 and smem >= HOPPER_SMEM:
         return block_m, GroupTile(), GroupTile()
@@ -537,8 +540,7 @@ def grouped_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, g
     E_local, I, _ = gate.shape
     k = topk_idx.shape[1]
     x = x.contiguous()
-    auto_m, gu, dn = group_launch(N, k, E_local, x.dtype, gate.dtype,
-                                  smem_per_block(x.device.index or 0) if x.is_cuda else HOPPER_SMEM)
+    auto_m, gu, dn = group_launch(N, k, E_local, x.dtype, gate.dtype, smem_per_block(x.device.index or 0))
     block_m, (gu, dn) = block_m or auto_m, tiles or (gu, dn)
     block_e, slot_pair, order, valid = group_pairs(topk_idx, expert_offset, E_local, block_m)
     num_blocks = block_e.numel()

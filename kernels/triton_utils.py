@@ -31,11 +31,14 @@ def num_sms(device_index: int = 0) -> int:
     return 4   # the CPU interpreter: keep grids tiny
 
 
+HOPPER_SMEM = 232448           # shared memory a Hopper block may opt into (bytes)
+
+
 def smem_per_block(device_index: int = 0) -> int:
-    """Shared memory a block may opt into (bytes); Hopper's 227 KB in the CPU interpreter."""
+    """Shared memory a block may opt into (bytes); Hopper's in the CPU interpreter."""
     if torch.cuda.is_available():
         return getattr(torch.cuda.get_device_properties(device_index), "shared_memory_per_block_optin", 49152)
-    return 232448
+    return HOPPER_SMEM
 
 
 def next_pow2(n: int) -> int:

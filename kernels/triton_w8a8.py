@@ -29,7 +29,7 @@ import triton.language as tl
 
 from kernels import reference, triton_linear, triton_moe
 from kernels.registry import ops
-from kernels.triton_moe import _combine, _group_block, _grouped_down_kernel, group_pairs
+from kernels.triton_moe import _combine, _group_block, _grouped_down_kernel, group_pairs, group_rows
 from kernels.triton_utils import on_cuda
 
 MIN_ROWS = triton_linear.PREFILL_ROWS + 1     # rows from which the W8A8 kernels run (fewer: W8A16)
@@ -133,16 +133,10 @@ def w8a8_linear(x: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor, gemm
         raise RuntimeError(f"cuBLAS's block-scaled GEMM needs K a multiple of 512 (4 scale blocks), got {K}")
     # K % 512: with a K-block count not a multiple of 4 cuBLAS returns wrong products without an error (torch 2.11,
     # CUDA 13, H200: bench/results/session13/call10/cublas_shapes.txt); GLM-5's FP8 linears all have K % 512 == 0
-    if (gemm != "triton" and M and x.is_cuda and K % 512 == 0 and (N, K) not in _CUBLAS_REFUSED
-            and _cublas_block_scaled(x.device, gemm == "cublas")):
+    if gemm != "triton" and M and x.is_cuda and K % 512 == 0 and _cublas_block_scaled(x.device, gemm == "cublas"):
         q, s = act_quant(x2, rows=-(-M // 4) * 4, col_major=True)           # cuBLAS: rows a multiple of 4
-        try:
-            out = torch._scaled_mm(q, w8.t(), s, scale_inv.t(), out_dtype=x.dtype)[:M]
-            return out.view(*x.shape[:-1], N)
-        except RuntimeError:                   # a shape cuBLAS refuses: the Triton GEMM from now on
-            if gemm == "cublas":
-                raise
-            _CUBLAS_REFUSED.add((N, K))
+        out = torch._scaled_mm(q, w8.t(), s, scale_inv.t(), out_dtype=x.dtype)[:M]
+        return out.view(*x.shape[:-1], N)
     q, s = act_quant(x2)
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M:
@@ -153,7 +147,6 @@ def w8a8_linear(x: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor, gemm
 
 
 _CUBLAS: dict[torch.device, bool] = {}
-_CUBLAS_REFUSED: set[tuple[int, int]] = set()      # weight shapes (N, K) cuBLAS raised on: the Triton GEMM runs them
 
 
 def _cublas_block_scaled(device: torch.device, required: bool = False) -> bool:
@@ -217,7 +210,7 @@ def w8a8_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gate
     N, H = x.shape
     E_local, I, _ = gate.shape
     k = topk_idx.shape[1]
-    block_m = block_m or (128 if N * k >= 128 * E_local else 64)
+    block_m = block_m or group_rows(N, k, E_local)
     block_e, slot_pair, order, valid = group_pairs(topk_idx, expert_offset, E_local, block_m)
     num_blocks = block_e.numel()
     q, qs = act_quant(x)

@@ -75,11 +75,12 @@ class _Ahead:
     seqs: tuple[ScheduledSeq, ...]
     tokens: torch.Tensor
 
-    def matches(self, step: WorkerStep, fed: dict[str, int]) -> bool:
-        """The engine's step is this one: the same graph key and rows, each fed the token the last step sampled."""
+    def matches(self, step: WorkerStep, requests: dict) -> bool:
+        """The engine's step is this one: the same graph key and rows, each fed its request's last token (the one
+        the launched step was fed on the device)."""
         return step.graph == self.key and len(step.seqs) == len(self.seqs) and all(
             s.req_id == a.req_id and s.start_pos == a.start_pos and s.block_ids == a.block_ids
-            and s.token_ids == (fed.get(s.req_id),) for s, a in zip(step.seqs, self.seqs))
+            and s.token_ids == (requests[s.req_id].history[-1],) for s, a in zip(step.seqs, self.seqs))
 
 
 @dataclass
@@ -132,7 +133,6 @@ class ModelRunner:
             model, self.cache, block_size, pad_slot, next_pow2(num_blocks), self.device, capture=graphs == "capture")
         self.requests: dict[str, _RequestState] = {}
         self._ahead: _Ahead | None = None
-        self._fed: dict[str, int] = {}                  # the last greedy device step's tokens (what ``_ahead`` fed)
         self.ahead_stats = {"launched": 0, "used": 0}
         self._host_tokens = torch.zeros(GRAPH_ROWS, dtype=torch.long, pin_memory=self.device.type == "cuda")
         self._tokens_read = torch.cuda.Event() if self.device.type == "cuda" else None
@@ -162,7 +162,7 @@ class ModelRunner:
             return StepResult(step.step_id)
         if self.graphs is not None and step.graph is not None and (step.lookahead or step.use_ahead):
             if step.use_ahead:
-                assert ahead is not None and ahead.matches(step, self._fed), "the step launched ahead is not this one"
+                assert ahead is not None and ahead.matches(step, self.requests), "the step launched ahead is not this one"
             result = self._execute_greedy(step, ahead if step.use_ahead else None)
             return replace(result, busy_ms=(time.perf_counter() - start) * 1e3)
         static_draft = self.draft_graphs is not None and step.graph is not None and step.draft_graph
@@ -194,8 +194,6 @@ class ModelRunner:
     def _execute_greedy(self, step: WorkerStep, ahead: _Ahead | None) -> StepResult:
         """A graph step sampled on the device (the launched look-ahead if it is this step, else staged and replayed
         now), the next one launched ahead if the engine allows, then this step's tokens read back."""
-        assert self.drafter is None and all(device_greedy(self.requests[s.req_id].params) and s.sample
-                                            and not s.num_drafts for s in step.seqs), "not a greedy decode step"
         if ahead is not None:
             tokens = ahead.tokens
             self.ahead_stats["used"] += 1
@@ -214,7 +212,6 @@ class ModelRunner:
         result = StepResult(step.step_id)
         for s, t in zip(step.seqs, sampled):
             self._commit(result, s, self._state(s), [t], [])
-        self._fed = {s.req_id: t for s, t in zip(step.seqs, sampled)}
         return result
 
     def _replay_greedy(self, step: WorkerStep, seqs: tuple[ScheduledSeq, ...],
@@ -235,7 +232,6 @@ class ModelRunner:
         """Stage and launch the same requests' next decode step, fed ``tokens`` (on the device)."""
         seqs = tuple(replace(s, token_ids=(0,), start_pos=s.start_pos + 1, num_generated=s.num_generated + 1)
                      for s in step.seqs)
-        assert all(s.end_pos <= len(s.block_ids) * self.graphs.block_size for s in seqs), "a block edge: no look-ahead"
         self.ahead_stats["launched"] += 1
         return _Ahead(step.graph, seqs, self._replay_greedy(step, seqs, tokens))
 
@@ -321,12 +317,6 @@ class ModelRunner:
             for r, (d, q) in zip(reqs, self.drafter.propose(rows, reqs, step.num_drafts, self.world_size)):
                 result.drafts[r.req_id] = d
                 self.requests[r.req_id].draft_probs = q
-
-
-def device_greedy(p: SamplingParams) -> bool:
-    """Rows whose token can be picked on the device: greedy, no penalties (they read the history), no logprobs."""
-    return (p.is_greedy and p.logprobs is None and p.repetition_penalty == 1.0 and not p.presence_penalty
-            and not p.frequency_penalty)
 
 
 def _take_rows(hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:

@@ -190,6 +190,12 @@ def _row_values(values: list[float], device: torch.device) -> Tensor:
     return torch.tensor(values, dtype=torch.float32, device=device)[:, None]
 
 
+def greedy_on_device(p: SamplingParams) -> bool:
+    """Whether a row's token can be picked without the host: greedy, no penalties (they read the history), no
+    logprobs — ``sample`` then returns the argmax of the raw logits (the runner's look-ahead relies on this)."""
+    return p.is_greedy and p.logprobs is None and not _has_penalty(p)
+
+
 def _has_penalty(p: SamplingParams) -> bool:
     return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
 
