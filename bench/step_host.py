@@ -15,6 +15,9 @@ that waits).
 listed by time as well. ``--list-index``: sampling picks its rows with a Python list index, as before session 13
 (a synchronous copy: lm_head waits for the whole replay) — for an A/B in one process. ``--no-lookahead``: the engine
 does not let the runner launch the next decode step before reading this one's tokens (as before session 13).
+``--temperature T [--top-p P]``: the request draws its tokens (greedy by default); ``--pageable-copies``: sampling
+copies its per-row values (temperatures, rows, top-k) from pageable memory, each copy waiting for the forward, as
+before session 14.
 
     NCCL_NVLS_ENABLE=0 PYTHONPATH=. python bench/step_host.py [--ctx 4096] [--tokens 64] [--spec 0]
     PYTHONPATH=. python bench/step_host.py --tiny --device cpu --ctx 64 --tokens 8     # plumbing on CPU
@@ -32,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 from bench.cluster_slice import slice_config
 from cluster.config import EngineConfig
 from cluster.local import build_local_engine
@@ -39,11 +44,13 @@ from kernels.triton_utils import pdl_mode
 from scheduler.request import SamplingParams
 
 
-def prefill(engine, name: str, ctx: int, vocab: int, tokens: int) -> float:
+def prefill(engine, name: str, ctx: int, vocab: int, tokens: int, temperature: float = 0.0,
+            top_p: float = 1.0) -> float:
     """Add a request of a ``ctx``-token prompt and ``tokens`` decode steps; run its prefill. Returns the time to its
     first token (ms)."""
     prompt = [(7 * i + len(name)) % vocab for i in range(ctx)]
-    engine.add_request(prompt, SamplingParams(max_tokens=tokens + 1, temperature=0.0, ignore_eos=True), name)
+    params = SamplingParams(max_tokens=tokens + 1, temperature=temperature, top_p=top_p, ignore_eos=True)
+    engine.add_request(prompt, params, name)
     t0 = time.perf_counter()
     while not any(ev.token_ids for ev in engine.step()):
         pass
@@ -73,6 +80,10 @@ def main() -> None:
     ap.add_argument("--prefill-activations", default="bf16", choices=["bf16", "fp8"])
     ap.add_argument("--list-index", action="store_true", help="sampling's row pick as before session 13 (A/B)")
     ap.add_argument("--no-lookahead", action="store_true", help="no step launched ahead (A/B)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="the request's (0: greedy)")
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--pageable-copies", action="store_true",
+                    help="sampling copies its per-row values from pageable memory, as before session 14 (A/B)")
     ap.add_argument("--out", default=None, help="folder for step_host.json")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -86,11 +97,15 @@ def main() -> None:
             import workers.runner
 
             workers.runner._take_rows = lambda hidden, rows: hidden[rows]
+        if args.pageable_copies:
+            import workers.sampler
+
+            workers.sampler._to_device = lambda values, dtype, device: torch.tensor(values, dtype=dtype, device=device)
         print("building the engine ...", flush=True)
         engine, _ = build_local_engine(cfg, progress=False)
         engine.lookahead = not args.no_lookahead
     vocab = model_cfg["vocab_size"]
-    req = (args.ctx, vocab, args.tokens)            # a request: prompt tokens, vocabulary, decode steps
+    req = (args.ctx, vocab, args.tokens, args.temperature, args.top_p)   # prompt tokens, vocabulary, decode steps
     prefill(engine, "warmup", *req)                              # compiles kernels, captures graphs
     decode(engine, "warmup")
     prefill_ms = prefill(engine, "timed", *req)
@@ -115,7 +130,8 @@ def main() -> None:
     wall = statistics.median(walls)
     pdl = pdl_mode() if args.device == "cuda" else "0"
     row = {"ctx": args.ctx, "spec": args.spec, "pdl": pdl, "prefill_activations": args.prefill_activations,
-           "list_index": args.list_index, "lookahead": not args.no_lookahead,
+           "list_index": args.list_index, "lookahead": not args.no_lookahead, "temperature": args.temperature,
+           "top_p": args.top_p, "pageable_copies": args.pageable_copies,
            "prefill_ms": prefill_ms, "steps": len(walls), "step_ms": wall,
            "step_ms_mean": statistics.fmean(walls), "kernel_ms": gpu,
            "host_unhidden_ms": None if gpu is None or pdl != "0" else statistics.fmean(walls) - gpu,

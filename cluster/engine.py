@@ -24,7 +24,7 @@ from scheduler.request import FinishReason, SamplingParams
 from scheduler.scheduler import AdmissionError, RequestEvent, Scheduler, SchedulerConfig, StepPlan
 from scheduler.shapes import GRAPH_BUCKETS, StepShape, graph_width, place_request, plan_step_shapes
 from workers.runner import NewRequest, StepResult, TokenLogprobs, WorkerStep
-from workers.sampler import greedy_on_device
+from workers.sampler import samples_on_device
 
 __all__ = ["AdmissionError", "AsyncEngine", "Engine", "GroupFailure", "LocalExecutor", "TokenEvent"]
 
@@ -116,9 +116,9 @@ class Engine:
     (dp stripes, or a span when a solo request wants several rows), and the executor runs all ranks.
     ``decode`` turns ids into text (None: token ids only). ``graphs``: the workers run graph-shaped steps
     (``graph_key``) on their static path — set iff their ``graphs`` mode is not ``off``. ``lookahead``: let the
-    workers launch the same requests' next decode step before returning a greedy graph step's tokens, and tell them
-    when the next step is that one (``WorkerStep.lookahead`` / ``use_ahead``, decided here for all ranks alike;
-    ``workers/runner.py``; off: for A/B measurements).
+    workers launch the same requests' next decode step before returning a graph step's tokens sampled on the device,
+    and tell them when the next step is that one (``WorkerStep.lookahead`` / ``use_ahead``, decided here for all ranks
+    alike; ``workers/runner.py``; off: for A/B measurements).
     """
 
     def __init__(self, executor: Executor, config: SchedulerConfig,
@@ -258,8 +258,8 @@ class Engine:
                 for p, f in zip(plans, forget)]
 
     def _may_look_ahead(self, graph, plans: list[StepPlan]) -> bool:
-        """Whether the workers may launch this graph step's successor ahead: every row samples one greedy token on
-        the device (no speculation, penalties or logprobs), and the next step will be these requests' decode step
+        """Whether the workers may launch this graph step's successor ahead: every row samples one token on the
+        device (greedy or drawn; no speculation, penalties or logprobs), and the next step will be these requests' decode step
         again as far as the engine can tell — nothing waits to be prefilled, no request ends by length or needs a new
         KV block (a stop token or string ends one unforeseen: that launched step is dropped)."""
         if not (self.lookahead and graph is not None and self.speculative_tokens == 0) \
@@ -269,7 +269,7 @@ class Engine:
         for p in plans:
             for s in p.seqs:
                 params = self.schedulers[self._rank_of[s.req_id]].get(s.req_id).params
-                if (not greedy_on_device(params) or s.num_generated + 1 >= params.max_tokens
+                if (not samples_on_device(params) or s.num_generated + 1 >= params.max_tokens
                         or s.end_pos + 1 > len(s.block_ids) * bs):
                     return False
         return True

@@ -110,6 +110,9 @@ class DevicePhases:
         self._ag = region[fb: fb + 2 * N * slot * 4]
         self._rs = region[fb + 2 * N * slot * 4: fb + 2 * N * slot * 4 + 2 * N * N * slot * 4]
         self._state = torch.zeros(3, dtype=torch.int64, device=region.device)   # epoch, arrivals, expired epoch
+        if region.is_cuda:                          # ``check`` reads the expired epoch on a stream of its own
+            self._side = torch.cuda.Stream(region.device)
+            self._expired_host = torch.zeros(1, dtype=torch.int64, pin_memory=True)
         self._max_spins = max_spins or int(min(2 ** 31 - 1, max(1.0, timeout_s) * SPINS_PER_S))
 
     @staticmethod
@@ -161,13 +164,23 @@ class DevicePhases:
         return (self._ag if phase == "AG" else self._rs).view(dtype)
 
     def check(self) -> None:
-        """Raise ``CommTimeout`` if a wait of this rank expired (syncs with the device)."""
-        expired = int(self._state[2])
+        """Raise ``CommTimeout`` if a wait of this rank expired. Call it once the step's work is done (its tokens read):
+        on CUDA the error word is read on a side stream, so this does not wait for a step launched ahead behind it on
+        the rank's stream (whose expiry a later check reports)."""
+        expired = self._expired()
         if expired:
             flags = self._flags.view(2, len(PHASES), self.world_size, LINE)[expired % 2, :, :, 0].tolist()
             behind = {PHASES[p]: [r for r, v in enumerate(row) if v != expired] for p, row in enumerate(flags)}
             raise CommTimeout(f"device phase epoch {expired} on rank {self.rank}: peers did not publish within "
                               f"~{self.timeout_s:.1f}s (ranks behind per phase: {behind})")
+
+    def _expired(self) -> int:
+        if not self._state.is_cuda:
+            return int(self._state[2])
+        with torch.cuda.stream(self._side):
+            self._expired_host.copy_(self._state[2:3], non_blocking=True)
+        self._side.synchronize()
+        return int(self._expired_host[0])
 
     def poison(self) -> None:
         """NaN bit patterns over both data regions (flags untouched)."""

@@ -20,7 +20,7 @@ from scheduler.request import SamplingParams
 from scheduler.scheduler import ScheduledSeq
 from scheduler.shapes import GRAPH_BUCKETS, StepShape, next_pow2
 from workers.graphs import DecodeGraphs, DraftGraphs
-from workers.sampler import sample
+from workers.sampler import sample, sample_on_device
 from workers.speculative import DraftRequest, MtpDrafter, token_logprobs, verify
 
 MAX_DRAFTS = 7       # drafts per round at most (N - 1 on an 8-rank span)
@@ -69,7 +69,7 @@ class StepResult:
 @dataclass
 class _Ahead:
     """A decode step launched before the engine asked for it: the requests of ``seqs`` one position on, fed the
-    tokens sampled on the device. ``tokens``: its greedy tokens, on the device."""
+    tokens sampled on the device. ``tokens``: its own sampled tokens, on the device."""
 
     key: tuple[int, int, bool]
     seqs: tuple[ScheduledSeq, ...]
@@ -106,10 +106,10 @@ class ModelRunner:
     (``StepComm.select``) that those graphs use in a group.
 
     Look-ahead (graphs on, no speculation): a graph step the engine marks ``lookahead`` (every row of every rank
-    samples one greedy token without penalties or logprobs, and the same requests will decode again as far as the
-    engine can tell) samples on the device, and the same requests' next decode step is staged and launched at once —
-    fed those device-side tokens, through the same comm phases on every rank — before this step's tokens are read
-    back. The host returns, and the engine updates and plans while the GPU runs that step; if the engine's next step
+    samples one token, greedy or drawn, without penalties or logprobs, and the same requests will decode again as
+    far as the engine can tell) samples on the device (``sample_on_device``), and the same requests' next decode step
+    is staged and launched at once — fed those device-side tokens, through the same comm phases on every rank —
+    before this step's tokens are read back. The host returns, and the engine updates and plans while the GPU runs that step; if the engine's next step
     is it (``use_ahead``, decided by the engine for all ranks alike, checked here by ``_Ahead.matches``), it is not
     run again. Otherwise every rank drops it: its KV writes went to the positions after the requests' last token,
     which a later step writes again before anything reads them (or to blocks a finished request freed, which a new
@@ -163,7 +163,7 @@ class ModelRunner:
         if self.graphs is not None and step.graph is not None and (step.lookahead or step.use_ahead):
             if step.use_ahead:
                 assert ahead is not None and ahead.matches(step, self.requests), "the step launched ahead is not this one"
-            result = self._execute_greedy(step, ahead if step.use_ahead else None)
+            result = self._execute_on_device(step, ahead if step.use_ahead else None)
             return replace(result, busy_ms=(time.perf_counter() - start) * 1e3)
         static_draft = self.draft_graphs is not None and step.graph is not None and step.draft_graph
         if self.graphs is not None and step.graph is not None:
@@ -191,14 +191,14 @@ class ModelRunner:
             end = time.perf_counter()
         return replace(result, busy_ms=(end - start) * 1e3, draft_ms=(end - sampled) * 1e3)
 
-    def _execute_greedy(self, step: WorkerStep, ahead: _Ahead | None) -> StepResult:
+    def _execute_on_device(self, step: WorkerStep, ahead: _Ahead | None) -> StepResult:
         """A graph step sampled on the device (the launched look-ahead if it is this step, else staged and replayed
         now), the next one launched ahead if the engine allows, then this step's tokens read back."""
         if ahead is not None:
             tokens = ahead.tokens
             self.ahead_stats["used"] += 1
         else:
-            tokens = self._replay_greedy(step, step.seqs)
+            tokens = self._replay_on_device(step, step.seqs)
         n = len(step.seqs)
         host = self._host_tokens[:n]
         host.copy_(tokens, non_blocking=True)
@@ -214,10 +214,10 @@ class ModelRunner:
             self._commit(result, s, self._state(s), [t], [])
         return result
 
-    def _replay_greedy(self, step: WorkerStep, seqs: tuple[ScheduledSeq, ...],
-                       fed: torch.Tensor | None = None) -> torch.Tensor:
+    def _replay_on_device(self, step: WorkerStep, seqs: tuple[ScheduledSeq, ...],
+                          fed: torch.Tensor | None = None) -> torch.Tensor:
         """Stage ``seqs`` (their ids replaced by ``fed`` on the device when given), replay the step's graph, and
-        return each request's greedy token on the device [len(seqs)] (as ``sample`` picks it)."""
+        return each request's token on the device [len(seqs)] (as ``sample`` draws it)."""
         batch = self.graphs.stage(seqs, *step.graph[:2])
         if fed is not None:
             self.graphs.ids[:len(seqs)].copy_(fed)       # after the staged ids, in stream order
@@ -226,14 +226,15 @@ class ModelRunner:
         if not seqs:
             return torch.empty(0, dtype=torch.long, device=hidden.device)
         rows = _take_rows(hidden, [r0 + n - 1 for r0, n in batch.seq_rows])
-        return self.model.logits(rows).argmax(dim=-1)
+        return sample_on_device(self.model.logits(rows), [self.requests[s.req_id].params for s in seqs],
+                                [s.num_generated for s in seqs])
 
     def _launch_ahead(self, step: WorkerStep, tokens: torch.Tensor) -> _Ahead:
         """Stage and launch the same requests' next decode step, fed ``tokens`` (on the device)."""
         seqs = tuple(replace(s, token_ids=(0,), start_pos=s.start_pos + 1, num_generated=s.num_generated + 1)
                      for s in step.seqs)
         self.ahead_stats["launched"] += 1
-        return _Ahead(step.graph, seqs, self._replay_greedy(step, seqs, tokens))
+        return _Ahead(step.graph, seqs, self._replay_on_device(step, seqs, tokens))
 
     def _sample(self, step: WorkerStep, hidden: torch.Tensor, batch) -> StepResult:
         result = StepResult(step.step_id)

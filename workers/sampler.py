@@ -2,7 +2,7 @@
 
 Order (as vLLM): penalties on the raw logits, then greedy rows take the argmax; sampled rows are divided
 by their temperature, filtered by top-k, top-p and min-p, and drawn with an exponential race
-(``argmax(p / q)``, ``q ~ Exp(1)``), which samples exactly from ``p``. A seeded row draws its noise from
+(``argmax(p / q)``, ``q ~ Exp(1)``, p up to a factor per row), which samples exactly from ``p``. A seeded row draws its noise from
 its own generator seeded by ``(seed, num_generated)``, so its token depends only on that pair and the
 row's logits: it repeats alone, in any batch and after preemption. Logprobs come from the raw logits.
 """
@@ -19,6 +19,8 @@ from scheduler.request import SamplingParams
 
 _SEED_MULT = 1_000_003
 _SEED_MASK = (1 << 63) - 1
+TOPK_SELECT = 4096  # rows that all keep at most this many tokens (top-k) select them instead of sorting
+_SCAN_CHUNK = 256
 
 
 @dataclass
@@ -46,17 +48,33 @@ def sample(
     _check_batch(logits, params, histories, num_prompt)
     assert len(num_generated) == len(params), "one num_generated per row"
     raw = logits.float()  # [B, V]
-    processed = apply_penalties(raw, params, histories, num_prompt)  # [B, V]
+    chosen = _choose(apply_penalties(raw, params, histories, num_prompt), params, num_generated).tolist()
+    logprobs, top_logprobs = _logprobs(raw, params, chosen)
+    return SampleOutput(token_ids=chosen, logprobs=logprobs, top_logprobs=top_logprobs)
+
+
+def sample_on_device(logits: Tensor, params: list[SamplingParams], num_generated: list[int]) -> Tensor:
+    """``sample``'s tokens [B] for rows that need no host (``samples_on_device``), left on the device: nothing here
+    waits for the GPU, so a caller can launch more work fed these tokens before it reads them back."""
+    assert logits.dim() == 2 and len(params) == len(num_generated) == logits.shape[0], "one row per params"
+    assert all(samples_on_device(p) for p in params), "a row needs its history or logprobs: use sample()"
+    return _choose(logits.float(), params, num_generated)
+
+
+def _choose(processed: Tensor, params: list[SamplingParams], num_generated: list[int]) -> Tensor:
+    """One token per row of the penalized logits [B, V] fp32, on their device: [B] int64."""
     token_ids = processed.argmax(dim=-1)  # [B]; greedy rows keep this (ties -> lowest id)
     sampled_rows = [i for i, p in enumerate(params) if not p.is_greedy]
     if sampled_rows:
-        rows = torch.tensor(sampled_rows, device=raw.device)
-        probs = _filtered_probs(processed[rows], [params[i] for i in sampled_rows])  # [S, V]
-        noise = _exponential_noise(probs.shape, raw.device, params, num_generated, sampled_rows)  # [S, V]
-        token_ids[rows] = (probs / noise).argmax(dim=-1)
-    chosen = token_ids.tolist()
-    logprobs, top_logprobs = _logprobs(raw, params, chosen)
-    return SampleOutput(token_ids=chosen, logprobs=logprobs, top_logprobs=top_logprobs)
+        rows = _to_device(sampled_rows, torch.long, processed.device)
+        weights, order = _filtered_weights(processed[rows], [params[i] for i in sampled_rows])  # [S, W]
+        noise = _exponential_noise(processed.shape[1], processed.device, params, num_generated, sampled_rows)
+        if order is None:
+            token_ids[rows] = (weights / noise).argmax(dim=-1)
+        else:  # the race in descending order; the noise stays the token's own
+            pick = (weights / noise.gather(1, order)).argmax(dim=-1, keepdim=True)  # [S, 1]
+            token_ids[rows] = order.gather(1, pick).squeeze(1)
+    return token_ids
 
 
 def probs_for_rows(
@@ -74,8 +92,12 @@ def probs_for_rows(
     probs = torch.zeros_like(processed).scatter_(1, processed.argmax(dim=-1, keepdim=True), 1.0)
     sampled_rows = [i for i, p in enumerate(params) if not p.is_greedy]
     if sampled_rows:
-        rows = torch.tensor(sampled_rows, device=processed.device)
-        probs[rows] = _filtered_probs(processed[rows], [params[i] for i in sampled_rows])
+        rows = _to_device(sampled_rows, torch.long, processed.device)
+        weights, order = _filtered_weights(processed[rows], [params[i] for i in sampled_rows])
+        if order is not None:
+            weights = torch.zeros(len(sampled_rows), processed.shape[1], device=processed.device).scatter_(
+                1, order, weights)
+        probs[rows] = weights / weights.sum(dim=-1, keepdim=True)
     return probs
 
 
@@ -104,39 +126,64 @@ def apply_penalties(
     return out - presence * (gen_counts > 0).float() - frequency * gen_counts
 
 
-def _filtered_probs(logits: Tensor, params: list[SamplingParams]) -> Tensor:
-    """Temperature, then top-k, top-p and min-p filtering; returns probabilities. logits: [S, V] fp32."""
+def _filtered_weights(logits: Tensor, params: list[SamplingParams]) -> tuple[Tensor, Tensor | None]:
+    """Temperature, then top-k, top-p and min-p: each row's distribution up to a factor, as the weights
+    exp((logit - max) / T) of its kept tokens (the most likely weighs 1) and 0 for the dropped ones.
+
+    logits: [S, V] fp32. Without top-k and top-p: ([S, V] in vocabulary order, None). With either: ([S, W] in
+    descending order, order [S, W] the token at each position), W = V — or, when every row has a top-k of at most
+    ``TOPK_SELECT``, the largest top-k: those are selected, not the vocabulary sorted. Nothing is normalized
+    (a factor changes no race, and top-p compares against the kept mass): on the GPU each full-vocabulary pass is
+    a launch, and a softmax or a cumsum of one long row runs on one block (bench/sampler.py).
+    """
     device, vocab_size = logits.device, logits.shape[1]
     scaled = logits / _row_values([p.temperature for p in params], device)  # [S, V]
-    if all(p.top_k == 0 and p.top_p >= 1.0 and p.min_p == 0.0 for p in params):
-        return torch.softmax(scaled, dim=-1)
-    sorted_logits, sorted_idx = scaled.sort(dim=-1, descending=True)  # [S, V] each
-    rank = torch.arange(vocab_size, device=device)  # [V]
-    top_k = torch.tensor([p.top_k or vocab_size for p in params], device=device)  # [S]
-    sorted_logits = sorted_logits.masked_fill(rank >= top_k[:, None], float("-inf"))
-    sorted_probs = torch.softmax(sorted_logits, dim=-1)  # [S, V]
-    # Keep a token while the mass strictly above it is below top_p; top_p == 1 turns this off so
-    # cumsum rounding never drops the tail.
-    top_p = _row_values([p.top_p if p.top_p < 1.0 else float("inf") for p in params], device)
-    mass_above = sorted_probs.cumsum(dim=-1) - sorted_probs  # [S, V]
-    drop = mass_above >= top_p
-    # min-p is relative to the most likely token, so it does not care about renormalisation.
-    min_p = _row_values([p.min_p for p in params], device)
-    drop |= sorted_probs < min_p * sorted_probs[:, :1]
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    filtered = torch.empty_like(scaled).scatter_(1, sorted_idx, sorted_logits)  # [S, V]
-    return torch.softmax(filtered, dim=-1)
+    order = None
+    if not any(p.top_k != 0 or p.top_p < 1.0 for p in params):  # min-p alone needs no order
+        weights = torch.exp(scaled - scaled.amax(dim=-1, keepdim=True))  # [S, V]
+    else:
+        top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
+        if max(top_k) <= TOPK_SELECT:
+            top, order = scaled.topk(max(top_k), dim=-1)  # [S, W], descending
+        else:
+            top, order = scaled.sort(dim=-1, descending=True)  # [S, V]
+        weights = torch.exp(top - top[:, :1])  # [S, W]
+        if min(top_k) < top.shape[1]:
+            rank = torch.arange(top.shape[1], device=device)
+            weights = weights.masked_fill(rank >= _to_device(top_k, torch.long, device)[:, None], 0.0)
+        if any(p.top_p < 1.0 for p in params):
+            # Keep a token while the kept mass strictly above it is below top_p of the top-k's; top_p == 1 turns
+            # this off so rounding never drops the tail.
+            top_p = _row_values([p.top_p if p.top_p < 1.0 else float("inf") for p in params], device)
+            above = _cumsum_rows(weights) - weights
+            weights = weights.masked_fill(above >= top_p * weights.sum(dim=-1, keepdim=True), 0.0)
+    if any(p.min_p > 0.0 for p in params):
+        # min-p is relative to the most likely token, whose weight is 1.
+        weights = weights.masked_fill(weights < _row_values([p.min_p for p in params], device), 0.0)
+    return weights, order
+
+
+def _cumsum_rows(x: Tensor) -> Tensor:
+    """x.cumsum(-1) of [S, W] in two levels — within chunks of 256, then over the chunks' sums: a long row's scan
+    runs on one GPU block (205 µs for 8 rows of GLM's vocabulary, bench/sampler.py); the chunks are many rows."""
+    S, W = x.shape
+    chunks = -(-W // _SCAN_CHUNK)
+    inner = torch.nn.functional.pad(x, (0, chunks * _SCAN_CHUNK - W)).view(S, chunks, _SCAN_CHUNK).cumsum(dim=-1)
+    ends = inner[:, :, -1]  # [S, chunks]
+    return (inner + (ends.cumsum(dim=-1) - ends)[:, :, None]).view(S, -1)[:, :W]
 
 
 def _exponential_noise(
-    shape: torch.Size,
+    vocab_size: int,
     device: torch.device,
     params: list[SamplingParams],
     num_generated: list[int],
     sampled_rows: list[int],
 ) -> Tensor:
     """Exp(1) noise [S, V] for the sampled rows: seeded rows from their own generator, others global."""
-    noise = torch.empty(shape, device=device).exponential_()  # global generator for unseeded rows
+    noise = torch.empty(len(sampled_rows), vocab_size, device=device)
+    if any(params[row].seed is None for row in sampled_rows):
+        noise.exponential_()  # global generator for unseeded rows
     for out_row, row in enumerate(sampled_rows):
         seed = params[row].seed
         if seed is None:
@@ -187,13 +234,22 @@ def _id_counts(
 
 def _row_values(values: list[float], device: torch.device) -> Tensor:
     """One float per row as a [B, 1] column, ready to broadcast over the vocab."""
-    return torch.tensor(values, dtype=torch.float32, device=device)[:, None]
+    return _to_device(values, torch.float32, device)[:, None]
 
 
-def greedy_on_device(p: SamplingParams) -> bool:
-    """Whether a row's token can be picked without the host: greedy, no penalties (they read the history), no
-    logprobs — ``sample`` then returns the argmax of the raw logits (the runner's look-ahead relies on this)."""
-    return p.is_greedy and p.logprobs is None and not _has_penalty(p)
+def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A small host list on the device without waiting for the GPU: a copy from pageable memory would wait for
+    everything queued before it (the whole forward), so CUDA gets a pinned, asynchronous copy."""
+    host = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+def samples_on_device(p: SamplingParams) -> bool:
+    """Whether a row's token can be picked without the host: no penalties (they read the history) and no logprobs
+    — ``sample_on_device`` then draws it as ``sample`` does, greedy or not (the runner's look-ahead relies on this)."""
+    return p.logprobs is None and not _has_penalty(p)
 
 
 def _has_penalty(p: SamplingParams) -> bool:

@@ -2,7 +2,8 @@
 
 - a replay is bit-identical to the same static forward run eagerly, for every bucket (1, 2, 4, 8 rows:
   decode rows, verify rows of 1 + k drafts, pad rows) and several context widths, in fp32 and bf16;
-- the engine's greedy tokens with graphs equal its tokens without them (fp32), batched and speculative.
+- the engine's greedy tokens with graphs equal its tokens without them (fp32), batched and speculative;
+- seeded drawn rows launched ahead draw the tokens they draw without look-ahead.
 
 Run on a lent H200: ``PYTHONPATH=. python -m pytest -q tests/gpu/test_graphs_gpu.py``.
 """
@@ -94,6 +95,21 @@ def test_engine_with_graphs_equals_without(text_ckpt, n):
     assert run(on, reqs) == run(off, reqs)
     assert on.executor.runner.graphs.captured and on.stats["graph_steps"] > 0
     assert on.executor.runner.ahead_stats["used"] > 0       # greedy steps replayed ahead of the engine, same tokens
+
+
+def test_lookahead_draws_seeded_rows_as_without(text_ckpt):
+    """Seeded drawn rows (temperature, top-k / top-p) and a greedy one sample on the device and launch the next step
+    ahead: the same tokens as the same graph steps without look-ahead (sampling on the host's side)."""
+    from scheduler.request import SamplingParams
+
+    m = model(text_ckpt, "float32")
+    params = [SamplingParams(max_tokens=20, temperature=0.9, seed=5), SamplingParams(max_tokens=20, temperature=0.7,
+              top_k=20, top_p=0.9, seed=6), SamplingParams(max_tokens=20, temperature=0.0)]
+    reqs = {rid: (prompt, p) for (rid, (prompt, _)), p in zip(requests(3, m.config.vocab_size, seed=9).items(), params)}
+    on, off = _engine(m, True), _engine(m, True)
+    off.lookahead = False
+    assert run(on, reqs) == run(off, reqs)
+    assert on.executor.runner.ahead_stats["used"] > 0 and off.executor.runner.ahead_stats["used"] == 0
 
 
 def test_speculative_with_graphs_equals_plain(text_ckpt):

@@ -193,11 +193,24 @@ def test_lookahead_decode_equals_eager_and_is_used(model):
     assert run(aborted, solo) == run(make_engine(model, graphs=False), solo)   # the next request is unaffected
 
 
-def test_lookahead_only_for_greedy_rows_without_extras(model):
-    """Sampled rows, penalties and logprobs read their tokens on the host: no look-ahead, same tokens as eager."""
+def test_lookahead_draws_seeded_rows_as_eager(model):
+    """Drawn rows (temperature, top-k / top-p / min-p, a seed each) sample on the device beside a greedy one: the
+    steps launched ahead are used, and every request's tokens are the eager path's."""
+    reqs = requests(4, model.config.vocab_size, seed=14)
+    drawn = [SamplingParams(max_tokens=24, temperature=0.9, seed=5), SamplingParams(max_tokens=24, temperature=0.7,
+             top_k=20, top_p=0.9, seed=6), SamplingParams(max_tokens=24, temperature=1.3, min_p=0.05, seed=7),
+             SamplingParams(max_tokens=24, temperature=0.0)]
+    reqs = {rid: (prompt, params) for (rid, (prompt, _)), params in zip(reqs.items(), drawn)}
+    engine = make_engine(model, graphs=True)
+    assert run(engine, reqs) == run(make_engine(model, graphs=False), reqs)
+    assert engine.executor.runner.ahead_stats["used"] >= 10, engine.executor.runner.ahead_stats
+
+
+def test_no_lookahead_for_rows_with_penalties_or_logprobs(model):
+    """Penalties and logprobs read their tokens on the host: no look-ahead, same tokens as eager."""
     vocab = model.config.vocab_size
     prompt = requests(1, vocab, seed=13)["r0"][0]
-    for params in (SamplingParams(max_tokens=10, temperature=0.8, seed=3),
+    for params in (SamplingParams(max_tokens=10, temperature=0.8, seed=3, presence_penalty=0.4),
                    SamplingParams(max_tokens=10, temperature=0.0, repetition_penalty=1.3),
                    SamplingParams(max_tokens=10, temperature=0.0, logprobs=2)):
         engine = make_engine(model, graphs=True)

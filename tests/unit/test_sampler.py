@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from scheduler.request import SamplingParams
-from workers.sampler import apply_penalties, probs_for_rows, sample
+from workers.sampler import apply_penalties, probs_for_rows, sample, sample_on_device, samples_on_device
 
 V = 8
 
@@ -92,6 +92,41 @@ def test_probs_for_rows_matches_filters_and_greedy_is_one_hot():
     assert torch.allclose(probs[2], torch.softmax(logits[2], -1))
 
 
+def _sorted_filter_reference(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """One row's filtered distribution the plain way: the whole row sorted, softmax, top-k, softmax again, top-p on
+    the cumulative mass, min-p against the top token, softmax of what is kept."""
+    vals, idx = (logits / p.temperature).sort(descending=True)
+    if p.top_k:
+        vals[p.top_k:] = float("-inf")
+    probs = torch.softmax(vals, -1)
+    drop = (probs.cumsum(-1) - probs >= p.top_p) if p.top_p < 1.0 else torch.zeros_like(probs, dtype=torch.bool)
+    drop |= probs < p.min_p * probs[0]
+    return torch.zeros_like(probs).scatter_(0, idx, torch.softmax(vals.masked_fill(drop, float("-inf")), -1))
+
+
+@pytest.mark.parametrize("vocab", [50, 300, 5000])
+def test_filtered_distribution_equals_the_sorted_reference(vocab):
+    """Every combination of filters, at a vocabulary the selected top-k covers (50, 300: under ``TOPK_SELECT``)
+    and one it does not (5000 with top-k off or 4500: the row sorted; the two-level cumsum over 20 chunks): the
+    kept set is the reference's exactly, the probabilities within 1e-6 — also when a batch's rows all have a small
+    top-k (selected) or none has top-k or top-p (vocabulary order)."""
+    torch.manual_seed(vocab)
+    cases = [SamplingParams(temperature=t, top_k=k, top_p=tp, min_p=mp) for t in (0.6, 1.3) for k in (0, 7, 4500)
+             for tp in (1.0, 0.9, 0.3) for mp in (0.0, 0.02)]
+    logits = torch.randn(len(cases), vocab) * 3
+    got = probs_for_rows(logits, cases, [[]] * len(cases), [0] * len(cases))
+    for row, p in enumerate(cases):
+        want = _sorted_filter_reference(logits[row], p)
+        assert torch.equal(got[row] > 0, want > 0), p
+        assert torch.allclose(got[row], want, atol=1e-6, rtol=1e-5), p
+    sevens = [row for row, p in enumerate(cases) if p.top_k == 7]   # a batch of top-k 7 alone: selected, not sorted
+    alone = probs_for_rows(logits[sevens], [cases[r] for r in sevens], [[]] * 12, [0] * 12)
+    assert torch.equal(alone > 0, got[sevens] > 0) and torch.allclose(alone, got[sevens], atol=1e-7)
+    plain = [row for row, p in enumerate(cases) if p.top_k == 0 and p.top_p == 1.0]   # min-p or nothing: no order
+    alone = probs_for_rows(logits[plain], [cases[r] for r in plain], [[]] * 4, [0] * 4)
+    assert torch.equal(alone > 0, got[plain] > 0) and torch.allclose(alone, got[plain], atol=1e-7)
+
+
 def test_penalties_hand_computed():
     logits = torch.tensor([[2.0, -1.0, 0.5, 1.0, -2.0, 0.0, 3.0, 1.0]])
     params = SamplingParams(repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25)
@@ -136,6 +171,26 @@ def test_seeded_row_repeats_alone_and_in_any_batch():
     other_seed = [_sample(logits[:1], [SamplingParams(seed=43)], num_generated=[s]).token_ids[0]
                   for s in range(20)]
     assert other_seed != alone
+
+
+def test_sample_on_device_draws_what_sample_draws():
+    """Rows without penalties or logprobs — greedy, drawn, filtered, seeded or not — get ``sample``'s tokens, as a
+    tensor left on the device; a row that needs its history or logprobs is refused."""
+    torch.manual_seed(4)
+    logits = torch.randn(5, 50, dtype=torch.bfloat16)
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=1),
+              SamplingParams(temperature=1.2, top_k=5, top_p=0.8, seed=2), SamplingParams(min_p=0.1, seed=3),
+              SamplingParams(temperature=0.0, max_tokens=4)]
+    assert all(samples_on_device(p) for p in params)
+    for step in range(8):
+        got = sample_on_device(logits, params, [step] * 5)
+        assert got.dtype == torch.long and got.shape == (5,)
+        assert got.tolist() == _sample(logits, params, num_generated=[step] * 5).token_ids
+    for extra in (SamplingParams(repetition_penalty=1.1), SamplingParams(frequency_penalty=0.3),
+                  SamplingParams(temperature=0.0, logprobs=0)):
+        assert not samples_on_device(extra)
+        with pytest.raises(AssertionError, match="history or logprobs"):
+            sample_on_device(logits[:1], [extra], [0])
 
 
 def test_logprobs_are_raw_log_softmax():
