@@ -17,7 +17,8 @@ listed by time as well. ``--list-index``: sampling picks its rows with a Python 
 does not let the runner launch the next decode step before reading this one's tokens (as before session 13).
 ``--temperature T [--top-p P]``: the request draws its tokens (greedy by default); ``--pageable-copies``: sampling
 copies its per-row values (temperatures, rows, top-k) from pageable memory, each copy waiting for the forward, as
-before session 14.
+before session 14. ``--eager-drafts`` (with ``--spec``): the eager MTP drafter after each graph step — as drawn
+requests had it before session 14.
 
     NCCL_NVLS_ENABLE=0 PYTHONPATH=. python bench/step_host.py [--ctx 4096] [--tokens 64] [--spec 0]
     PYTHONPATH=. python bench/step_host.py --tiny --device cpu --ctx 64 --tokens 8     # plumbing on CPU
@@ -82,6 +83,8 @@ def main() -> None:
     ap.add_argument("--no-lookahead", action="store_true", help="no step launched ahead (A/B)")
     ap.add_argument("--temperature", type=float, default=0.0, help="the request's (0: greedy)")
     ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--eager-drafts", action="store_true",
+                    help="with --spec: the MTP drafts by the eager drafter after each graph step (A/B)")
     ap.add_argument("--pageable-copies", action="store_true",
                     help="sampling copies its per-row values from pageable memory, as before session 14 (A/B)")
     ap.add_argument("--out", default=None, help="folder for step_host.json")
@@ -104,6 +107,8 @@ def main() -> None:
         print("building the engine ...", flush=True)
         engine, _ = build_local_engine(cfg, progress=False)
         engine.lookahead = not args.no_lookahead
+        if args.eager_drafts:
+            engine.executor.runner.draft_graphs = None
     vocab = model_cfg["vocab_size"]
     req = (args.ctx, vocab, args.tokens, args.temperature, args.top_p)   # prompt tokens, vocabulary, decode steps
     prefill(engine, "warmup", *req)                              # compiles kernels, captures graphs
@@ -131,7 +136,7 @@ def main() -> None:
     pdl = pdl_mode() if args.device == "cuda" else "0"
     row = {"ctx": args.ctx, "spec": args.spec, "pdl": pdl, "prefill_activations": args.prefill_activations,
            "list_index": args.list_index, "lookahead": not args.no_lookahead, "temperature": args.temperature,
-           "top_p": args.top_p, "pageable_copies": args.pageable_copies,
+           "top_p": args.top_p, "pageable_copies": args.pageable_copies, "eager_drafts": args.eager_drafts,
            "prefill_ms": prefill_ms, "steps": len(walls), "step_ms": wall,
            "step_ms_mean": statistics.fmean(walls), "kernel_ms": gpu,
            "host_unhidden_ms": None if gpu is None or pdl != "0" else statistics.fmean(walls) - gpu,

@@ -245,10 +245,11 @@ class Engine:
         self.stats["span_steps"] += shape.is_span
         graph = graph_key(shape, plans) if self.graphs else None
         self.stats["graph_steps"] += graph is not None
-        # the MTP work of a graph step runs as a graph too unless a drafting request samples (its draft
-        # probabilities are computed eagerly); the same flag goes to every rank
-        draft_graph = graph is not None and (num_drafts == 0 or all(
-            self.schedulers[self._rank_of[s.req_id]].get(s.req_id).params.is_greedy for p in plans for s in p.seqs))
+        # the MTP work of a graph step runs on graphs too: a greedy drafting request's drafts are picked inside one,
+        # a drawn one's between them (its draft distributions are kept); the same mode goes to every rank
+        draft_graph = None if graph is None else "greedy" if num_drafts == 0 or all(
+            self.schedulers[self._rank_of[s.req_id]].get(s.req_id).params.is_greedy for p in plans for s in p.seqs) \
+            else "drawn"
         use_ahead = self._launched is not None and _advanced(self._launched, graph, plans)
         self.stats["ahead_steps"] += use_ahead        # steps the workers had launched ahead (look-ahead)
         lookahead = self._may_look_ahead(graph, plans)

@@ -11,7 +11,7 @@ is captured on first use into one shared memory pool.
 On CPU (or with ``capture=False``) the same static-shape forward runs eagerly: it is the oracle a
 replay must equal bit for bit, and on CPU it runs the padded path in CI.
 
-``DraftGraphs`` does the same for the MTP drafter's work after such a step (the extend pass, and a greedy
+``DraftGraphs`` does the same for the MTP drafter's work after such a step (the extend pass, and a drafting
 request's chained draft passes), reading the step's buffers.
 """
 
@@ -145,10 +145,14 @@ class DraftGraphs:
     greedy drafting request k − 1 chained single-row passes, each draft picked by argmax inside the graph. One
     graph per (bucket, width, span, k); k = 0 is the extend alone (steps that do not draft).
 
+    A drawn drafting request (``run_drawn``) needs each draft's distribution for verification, so the drafts are
+    picked between graphs: one graph for the extend and the first draft's logits (per (bucket, width, span)), one per
+    chained pass j (its logits), and ``pick`` — the eager drafter's own sampling — between them, on the device; the
+    drafts are read back once, at the end.
+
     Needs ``index_share_for_mtp_iteration``: a chained pass reuses the extend row's selection, so it runs no
     indexer over its scratch slots and its shapes are fixed. One drafting request at most (drafts ride only while
-    one request is active); sampled drafts (whose probabilities verification needs) take the eager drafter.
-    In a worker group every rank replays the same graph: a rank without the drafting request runs pad rows that
+    one request is active). In a worker group every rank replays the same graphs: a rank without the drafting request runs pad rows that
     write only the pad slot, and the chained passes' comm rows are masked by a device flag (``chain_real``).
     ``select(shape, real)``: points the rank's comm at a bucket shape and a device row mask (None: the step's)
     without writing device memory, so the switch between the extend's and the chain's shapes can be captured.
@@ -166,6 +170,9 @@ class DraftGraphs:
         self.next_ids = self._meta[1:1 + rows]                     # the token after each row
         self.chain_pos, self.chain_slot = self._meta[1 + rows:].view(2, scratch_len).unbind(0)
         self.chain_real = torch.zeros(1, dtype=torch.bool, device=device)   # this rank drafts (comm mask)
+        self._chain_h = torch.zeros(2, 1, hidden, dtype=dtype, device=device)   # drawn chain: pass j reads j % 2
+        self._chain_topk: torch.Tensor | None = None                           # the extend row's selection
+        self._chain_tok = torch.zeros(1, dtype=torch.long, device=device)       # the draft a pass is fed
         pin = device.type == "cuda"
         self._host = torch.zeros(self._meta.numel(), dtype=torch.long, pin_memory=pin)
         self._copied = torch.cuda.Event() if pin else None
@@ -194,38 +201,87 @@ class DraftGraphs:
         self.hidden[: hidden.shape[0]].copy_(hidden)
         self.chain_real.fill_(position is not None)
 
-    def _forward(self, bucket: int, width: int, span: bool, k: int) -> torch.Tensor:
-        g, model, n = self.graphs, self.model, self.world_size
+    def _extend(self, bucket: int, width: int, span: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        g, n = self.graphs, self.world_size
         step = StepShape("span", bucket, bucket, 0) if span else StepShape("dp", bucket, n * bucket, None)
         self.select(step, None)                            # the extend rides the step's bucket and row mask
         batch = Batch(g.positions[:bucket], g.slots[:bucket], [], [], g.block_table[:bucket, :width], g.block_size)
-        hn, topk = model.mtp_forward(self.hidden[:bucket], self.next_ids[:bucket], batch, g.cache)
+        return self.model.mtp_forward(self.hidden[:bucket], self.next_ids[:bucket], batch, g.cache)
+
+    def _chain_pass(self, j: int, hn: torch.Tensor, fed: torch.Tensor, topk: torch.Tensor) -> torch.Tensor:
+        """Chained pass j: the draft ``fed`` [1] after hidden ``hn`` [1, H], into scratch slot j → [1, H]."""
+        chain = Batch(self.chain_pos[j:j + 1], self.chain_slot[j:j + 1], [], [])
+        self.select(StepShape("dp", 1, self.world_size, None), self.chain_real)
+        return self.model.mtp_forward(hn, fed, chain, self.graphs.cache, topk)[0]
+
+    def _forward(self, bucket: int, width: int, span: bool, k: int) -> torch.Tensor:
+        hn, topk = self._extend(bucket, width, span)
         if k == 0:
             return hn
         hn, topk = hn.index_select(0, self.row), topk.index_select(0, self.row)          # [1, H], [1, K]
         drafts = []
         for j in range(k):
-            drafts.append(model.logits(hn).argmax(dim=-1))                               # [1]
+            drafts.append(self.model.logits(hn).argmax(dim=-1))                          # [1]
             if j == k - 1:
                 break
-            chain = Batch(self.chain_pos[j:j + 1], self.chain_slot[j:j + 1], [], [])
-            self.select(StepShape("dp", 1, n, None), self.chain_real)
-            hn, _ = model.mtp_forward(hn, drafts[-1], chain, g.cache, topk)
+            hn = self._chain_pass(j, hn, drafts[-1], topk)
         return torch.cat(drafts)
+
+    def _drawn_head(self, bucket: int, width: int, span: bool) -> torch.Tensor:
+        """The extend, its drafting row kept for the chain; returns the first draft's logits [1, V]."""
+        hn, topk = self._extend(bucket, width, span)
+        hn, topk = hn.index_select(0, self.row), topk.index_select(0, self.row)
+        if self._chain_topk is None:
+            self._chain_topk = torch.empty_like(topk)
+        self._chain_h[0].copy_(hn)
+        self._chain_topk.copy_(topk)
+        return self.model.logits(hn)
+
+    def _drawn_pass(self, j: int) -> torch.Tensor:
+        """Chained pass j fed ``_chain_tok``: reads hidden buffer j % 2, writes the other (a graph's warm-up run
+        must not overwrite its own input); returns the next draft's logits [1, V]."""
+        hn = self._chain_pass(j, self._chain_h[j % 2], self._chain_tok, self._chain_topk)
+        self._chain_h[(j + 1) % 2].copy_(hn)
+        return self.model.logits(hn)
 
     def run(self, bucket: int, width: int, span: bool, k: int) -> torch.Tensor:
         """The staged drafting: k greedy draft ids [k] (k = 0: the extend alone, returns its hidden rows)."""
-        key = (bucket, width, span, k)
+        self._count((bucket, width, span, k))
+        return self._replay((bucket, width, span, k), lambda: self._forward(bucket, width, span, k),
+                            f"the MTP drafting (rows {bucket}, width {width}, {k} drafts)")
+
+    def run_drawn(self, bucket: int, width: int, span: bool, k: int,
+                  pick: Callable[[torch.Tensor, int], torch.Tensor] | None) -> list[torch.Tensor]:
+        """The staged drafting of k ≥ 1 drafts picked between graphs: ``pick(logits [1, V], j)`` → draft j [1] on the
+        device (None: this rank does not draft; its passes run on pad rows, fed 0). Returns the picked drafts."""
+        self._count(("drawn", bucket, width, span, k))
+        logits = self._replay(("head", bucket, width, span), lambda: self._drawn_head(bucket, width, span),
+                              f"the MTP extend for drawn drafts (rows {bucket}, width {width})")
+        drafts = []
+        for j in range(k):
+            if pick is not None:
+                drafts.append(pick(logits, j))
+            if j == k - 1:
+                break
+            if pick is not None:
+                self._chain_tok.copy_(drafts[-1])
+            else:
+                self._chain_tok.zero_()
+            logits = self._replay(("pass", j), lambda j=j: self._drawn_pass(j), f"MTP draft pass {j}")
+        return drafts
+
+    def _count(self, key: tuple) -> None:
         self.runs[key] = self.runs.get(key, 0) + 1
+
+    def _replay(self, key: tuple, fn: Callable[[], torch.Tensor], what: str) -> torch.Tensor:
         if not self.graphs.capture:
-            return self._forward(bucket, width, span, k)
+            return fn()
         if key not in self._graphs:
-            self._graphs[key] = self.graphs.record(lambda: self._forward(bucket, width, span, k),
-                                                   f"the MTP drafting (rows {bucket}, width {width}, {k} drafts)")
+            self._graphs[key] = self.graphs.record(fn, what)
         graph, out = self._graphs[key]
         graph.replay()
         return out
 
     @property
     def captured(self) -> list[tuple]:
-        return sorted(self._graphs)
+        return sorted(self._graphs, key=str)

@@ -21,7 +21,7 @@ from scheduler.scheduler import ScheduledSeq
 from scheduler.shapes import GRAPH_BUCKETS, StepShape, next_pow2
 from workers.graphs import DecodeGraphs, DraftGraphs
 from workers.sampler import sample, sample_on_device
-from workers.speculative import DraftRequest, MtpDrafter, token_logprobs, verify
+from workers.speculative import DraftRequest, MtpDrafter, pick_draft, token_logprobs, verify
 
 MAX_DRAFTS = 7       # drafts per round at most (N - 1 on an 8-rank span)
 GRAPH_ROWS = GRAPH_BUCKETS[-1]
@@ -45,7 +45,8 @@ class WorkerStep:
     shape: StepShape | None = None     # the MoE bucket of this step (all ranks get the same one)
     num_drafts: int = 0                # drafts to propose after this step (0: none; the same on every rank)
     graph: tuple[int, int, bool] | None = None   # (rows bucket, table width, span): a graph step, same everywhere
-    draft_graph: bool = False          # a graph step whose MTP work may run as a graph (extend; greedy drafts)
+    draft_graph: str | None = None     # a graph step's MTP work on DraftGraphs: "greedy" (drafts picked inside one
+                                       # graph) or "drawn" (picked between graphs); None: the eager drafter
     lookahead: bool = False            # launch the same requests' next decode step ahead (``ModelRunner``)
     use_ahead: bool = False            # this step is the one the last step launched ahead (the same everywhere)
 
@@ -101,8 +102,8 @@ class ModelRunner:
     ``graphs``: steps the engine marks ``graph`` (decode / verify rows, ≤ 8 per rank) run the static-shape
     forward of ``workers/graphs.py`` — ``capture``: as CUDA graphs (eager off CUDA); ``eager``: the same
     static path without capture (the replays' oracle); ``off``: every step runs the ragged eager path.
-    With speculation and ``graphs`` on, the MTP work after a graph step runs on ``DraftGraphs`` when the step
-    says ``draft_graph``; ``select(shape, real)`` is the comm's capture-safe switch of bucket shape and row mask
+    With speculation and ``graphs`` on, the MTP work after a graph step runs on ``DraftGraphs`` as the step's
+    ``draft_graph`` says; ``select(shape, real)`` is the comm's capture-safe switch of bucket shape and row mask
     (``StepComm.select``) that those graphs use in a group.
 
     Look-ahead (graphs on, no speculation): a graph step the engine marks ``lookahead`` (every row of every rank
@@ -165,7 +166,7 @@ class ModelRunner:
                 assert ahead is not None and ahead.matches(step, self.requests), "the step launched ahead is not this one"
             result = self._execute_on_device(step, ahead if step.use_ahead else None)
             return replace(result, busy_ms=(time.perf_counter() - start) * 1e3)
-        static_draft = self.draft_graphs is not None and step.graph is not None and step.draft_graph
+        static_draft = self.draft_graphs is not None and step.graph is not None and step.draft_graph is not None
         if self.graphs is not None and step.graph is not None:
             bucket, width, _ = step.graph
             batch = self.graphs.stage(step.seqs, bucket, width)
@@ -275,7 +276,8 @@ class ModelRunner:
             result.logprobs[s.req_id] = [TokenLogprobs(lp, top) for lp, top in lps]
 
     def _draft_static(self, step: WorkerStep, full: torch.Tensor, batch, result: StepResult) -> None:
-        """``_draft`` on the graph path (``DraftGraphs``): the same extend inputs and greedy drafts, one replay."""
+        """``_draft`` on the graph path (``DraftGraphs``): the same extend inputs and drafts — greedy ones in one replay,
+        drawn ones picked between replays by the eager drafter's ``pick_draft``, with their distributions."""
         flat = [t for s in step.seqs for t in s.token_ids]
         next_ids = flat[1:] + flat[:1]                   # as _draft's roll, then the committed tokens
         drafting = None
@@ -288,12 +290,27 @@ class ModelRunner:
                 drafting = (s.req_id, last, s.start_pos + last - r0)
         assert step.num_drafts == 0 or len(step.seqs) <= 1, "graph drafting serves one drafting request"
         req, row, position = drafting or (None, 0, None)
-        assert req is None or self.requests[req].params.is_greedy, f"{req}: graph drafting is greedy only"
         self.draft_graphs.stage_inputs(full, next_ids, row, position)
-        out = self.draft_graphs.run(*step.graph, step.num_drafts)
-        if req is not None:
-            result.drafts[req] = out.tolist()
-            self.requests[req].draft_probs = None
+        if step.draft_graph == "greedy" or step.num_drafts == 0:
+            assert req is None or self.requests[req].params.is_greedy, f"{req}: drawn drafts in the greedy graph"
+            out = self.draft_graphs.run(*step.graph, step.num_drafts)
+            if req is not None:
+                result.drafts[req] = out.tolist()
+                self.requests[req].draft_probs = None
+            return
+        st = self.requests[req] if req is not None else None
+        probs, drafts = [], []
+
+        def pick(logits: torch.Tensor, j: int) -> torch.Tensor:
+            tok, q = pick_draft(logits[0], st.params, st.history, st.num_prompt, drafts)
+            drafts.append(tok)
+            probs.append(q)
+            return tok
+
+        self.draft_graphs.run_drawn(*step.graph, step.num_drafts, pick if st is not None else None)
+        if st is not None:
+            result.drafts[req] = torch.cat(drafts).tolist()
+            st.draft_probs = None if probs[0] is None else torch.stack(probs)
 
     def _draft(self, step: WorkerStep, hidden: torch.Tensor, batch, ids: torch.Tensor, result: StepResult) -> None:
         """MTP extend over the step's rows (the token after each row: the next fed token, or for the last

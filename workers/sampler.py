@@ -113,7 +113,7 @@ def apply_penalties(
     repetition: logit / pen where logit > 0, else logit * pen (HF / vLLM).
     presence / frequency: logit - presence * [count > 0] - frequency * count (OpenAI / vLLM).
     """
-    if not any(_has_penalty(p) for p in params):
+    if not any(has_penalties(p) for p in params):
         return logits
     device, vocab_size = logits.device, logits.shape[1]
     seen = _id_counts(histories, [0] * len(params), vocab_size, device) > 0  # [B, V]
@@ -249,10 +249,11 @@ def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> Tensor
 def samples_on_device(p: SamplingParams) -> bool:
     """Whether a row's token can be picked without the host: no penalties (they read the history) and no logprobs
     — ``sample_on_device`` then draws it as ``sample`` does, greedy or not (the runner's look-ahead relies on this)."""
-    return p.logprobs is None and not _has_penalty(p)
+    return p.logprobs is None and not has_penalties(p)
 
 
-def _has_penalty(p: SamplingParams) -> bool:
+def has_penalties(p: SamplingParams) -> bool:
+    """Whether a row's logits depend on its history (repetition, presence or frequency penalty)."""
     return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
 
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from scheduler.request import SamplingParams
-from workers.sampler import probs_for_rows, sample
+from workers.sampler import has_penalties, probs_for_rows, sample
 
 _MULT, _MASK = 1_000_003, (1 << 63) - 1
 
@@ -79,6 +79,22 @@ def rejection_sample(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, g: 
     return torch.where(accept, drafts, fallback)
 
 
+def pick_draft(logits: torch.Tensor, params: SamplingParams, history: list[int], num_prompt: int,
+               so_far: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The next draft from the MTP's logits [V], left on the device: greedy → (the argmax [1], None); drawn → a draw
+    from q, the distribution ``sample`` would draw from (what verification weighs the draft by), by an exponential
+    race with the draft's own noise (seeded rows: from (seed, its index among the generated tokens)) → ([1], q [V]).
+    history: prompt + output; so_far: the drafts before this one ([1] each; read back only for penalties)."""
+    if params.is_greedy:
+        return logits.argmax(dim=-1, keepdim=True), None
+    index = len(history) + len(so_far) - num_prompt
+    if so_far and has_penalties(params):
+        history = history + torch.cat(so_far).tolist()
+    q = probs_for_rows(logits[None], [params], [history], [num_prompt])[0]
+    noise = torch.empty_like(q).exponential_(generator=_generator(params.seed, index, 2, logits.device))
+    return (q / noise.clamp_(min=torch.finfo(q.dtype).tiny)).argmax(dim=-1, keepdim=True), q
+
+
 class Drafter(Protocol):
     """Proposes draft tokens for requests that just sampled. An external drafter (e.g. a DFlash-style block
     drafter) implements the same two calls."""
@@ -124,7 +140,7 @@ class MtpDrafter:
         from models.cache import Batch, build_batch
         from scheduler.shapes import StepShape
 
-        drafts = [[] for _ in requests]
+        drafts = [[] for _ in requests]           # [1] on the device each (read back once, at the end)
         probs = [[] for _ in requests]
         hn = self._hn[rows] if rows else self._hn[:0]
         topk = self._topk[rows] if rows else None
@@ -132,7 +148,7 @@ class MtpDrafter:
             if requests:
                 logits = self.model.logits(hn)
                 for i, r in enumerate(requests):
-                    tok, q = self._pick(logits[i], r, j, drafts[i])
+                    tok, q = pick_draft(logits[i], r.params, r.history, r.num_prompt, drafts[i])
                     drafts[i].append(tok)
                     probs[i].append(q)
             if j == num_drafts - 1:
@@ -140,18 +156,13 @@ class MtpDrafter:
             batch = Batch(*self._chain_rows(requests, j)) if requests else build_batch([], self.block_size,
                                                                                         self._hn.device)
             self.stage(StepShape("dp", 1, world_size, None), len(requests))
-            ids = torch.tensor([d[-1] for d in drafts], dtype=torch.long, device=self._hn.device)
+            ids = torch.cat([d[-1] for d in drafts]) if requests else torch.zeros(0, dtype=torch.long,
+                                                                                 device=self._hn.device)
             hn, topk2 = self.model.mtp_forward(hn, ids, batch, self.cache, topk if self.share_index else None)
             topk = topk if self.share_index else topk2
-        return [(d, torch.stack(p) if p and p[0] is not None else None) for d, p in zip(drafts, probs)]
+        return [(torch.cat(d).tolist() if d else [], torch.stack(p) if p and p[0] is not None else None)
+                for d, p in zip(drafts, probs)]
 
-    def _pick(self, logits: torch.Tensor, r: DraftRequest, j: int, so_far: list[int]):
-        hist = r.history + so_far
-        if r.params.is_greedy:
-            return int(logits.argmax()), None
-        q = probs_for_rows(logits[None], [r.params], [hist], [r.num_prompt])[0]
-        g = _generator(r.params.seed, len(hist) - r.num_prompt, 2, logits.device)
-        return _draw(q, g), q
 
     def _chain_rows(self, requests: list[DraftRequest], j: int):
         """Positions p+1+j: real slots for 0..p, scratch slots beyond (the real cache stays untouched)."""

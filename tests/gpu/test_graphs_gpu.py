@@ -3,7 +3,8 @@
 - a replay is bit-identical to the same static forward run eagerly, for every bucket (1, 2, 4, 8 rows:
   decode rows, verify rows of 1 + k drafts, pad rows) and several context widths, in fp32 and bf16;
 - the engine's greedy tokens with graphs equal its tokens without them (fp32), batched and speculative;
-- seeded drawn rows launched ahead draw the tokens they draw without look-ahead.
+- seeded drawn rows launched ahead draw the tokens they draw without look-ahead;
+- drawn drafts picked between captured drafting graphs equal the eager drafter's.
 
 Run on a lent H200: ``PYTHONPATH=. python -m pytest -q tests/gpu/test_graphs_gpu.py``.
 """
@@ -125,6 +126,23 @@ def test_speculative_with_graphs_equals_plain(text_ckpt):
     assert run(eager, reqs) == run(_engine(m, False), reqs)
     print(f"accepted drafts: graph drafting {spec.spec_metrics()}, eager drafting {eager.spec_metrics()}")
     assert spec.spec_metrics()["accepted"] > 0
+
+
+def test_drawn_speculation_with_captured_drafting(text_ckpt):
+    """A seeded drawn request (T 0.8, top-p 0.95): its drafts picked between captured drafting graphs (the extend and
+    each chained pass) give the tokens and acceptance of the eager drafter after the same replayed verify steps."""
+    from scheduler.request import SamplingParams
+
+    m = model(text_ckpt, "float32")
+    prompt = next(iter(requests(1, m.config.vocab_size, seed=7).values()))[0]
+    reqs = {"d": (prompt, SamplingParams(max_tokens=24, temperature=0.8, top_p=0.95, seed=9))}
+    spec = _engine(m, True, k=3)
+    eager = _engine(m, True, k=3)
+    eager.executor.runner.draft_graphs = None
+    assert run(spec, reqs) == run(eager, reqs)
+    assert spec.spec_metrics() == eager.spec_metrics() and spec.spec_metrics()["accepted"] > 0
+    captured = spec.executor.runner.draft_graphs.captured
+    assert any(key[0] == "head" for key in captured) and ("pass", 1) in captured, captured
 
 
 def _engine(m, graphs: bool, k: int = 0):

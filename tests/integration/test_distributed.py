@@ -233,7 +233,9 @@ def test_static_graph_steps_equal_single_process(ray_session, tiny_ckpt, tiny_co
 
 def test_static_span_verify_steps_equal_plain(ray_session, text_ckpt):
     """Speculation on 4 ranks with graph-shaped steps: each verify step (1 + 3 drafts) is a static span
-    whose owner comes from a device scalar; greedy output equals single-process plain decode."""
+    whose owner comes from a device scalar; greedy output equals single-process plain decode, and a seeded drawn
+    request (its drafts picked between the drafting graphs on its rank, the other ranks' passes on pad rows) gives
+    the tokens of a single process with speculation and no graphs."""
     from models.config import ModelConfig
 
     mc = ModelConfig.from_json(text_ckpt)
@@ -245,6 +247,11 @@ def test_static_span_verify_steps_equal_plain(ray_session, text_ckpt):
                                              NUM_BLOCKS, 16, torch.float32)),
                    scheduler_config(engine_config(text_ckpt, 1), mc, None, NUM_BLOCKS))
     expected = [run(plain, {f"p{i}": (ids, greedy)})[f"p{i}"] for i, ids in enumerate(prompts)]
+    drawn = SamplingParams(max_tokens=16, temperature=0.8, top_p=0.95, seed=4)
+    spec = Engine(LocalExecutor(ModelRunner(load_model(text_ckpt, dtype=torch.float32, progress=False),
+                                            NUM_BLOCKS, 16, torch.float32, speculative=True)),
+                  scheduler_config(engine_config(text_ckpt, 1), mc, None, NUM_BLOCKS), speculative_tokens=3)
+    expected_drawn = run(spec, {"d": (prompts[0], drawn)})["d"]
     cfg = engine_config(text_ckpt, 4, "tp", "ipc", speculative_tokens=3, cuda_graphs="eager")
     group = RayWorkerGroup(cfg, NUM_BLOCKS)
     try:
@@ -254,5 +261,8 @@ def test_static_span_verify_steps_equal_plain(ray_session, text_ckpt):
         assert got == expected
         assert engine.stats["graph_steps"] > 0 and engine.stats["drafts_accepted"] > 0
         assert engine.stats["span_steps"] > 0
+        accepted = engine.stats["drafts_accepted"]
+        assert run(engine, {"d": (prompts[0], drawn)})["d"] == expected_drawn
+        assert engine.stats["drafts_accepted"] - accepted == spec.stats["drafts_accepted"]
     finally:
         group.shutdown()

@@ -77,17 +77,27 @@ def test_static_verify_with_speculation_equals_plain(model):
 
 
 def test_static_drafting_batched_and_sampled(model):
-    """With speculation on: several requests (no drafts; the extend alone runs as a graph, k = 0) and a sampled
-    request (its drafts come from the eager drafter, which keeps their probabilities) give the tokens of the
-    engine without graphs."""
+    """With speculation on: several requests (no drafts; the extend alone runs as a graph, k = 0), then drawn
+    requests — seeded, unseeded (the same global seed before each engine), with top-p and with a penalty (its
+    drafts' history read back) — whose drafts are picked between the drafting graphs with their distributions kept:
+    the tokens and the acceptance of the engine without graphs (the eager drafter)."""
     batch = requests(3, model.config.vocab_size, seed=11)
     spec, plain = make_engine(model, graphs=True, k=3), make_engine(model, graphs=False, k=3)
     assert run(spec, batch) == run(plain, batch)
     assert any(k == 0 for *_, k in spec.executor.runner.draft_graphs.runs)
-    sampled = {"s": (batch["r0"][0], SamplingParams(max_tokens=16, temperature=0.8, seed=5))}
-    spec, plain = make_engine(model, graphs=True, k=3), make_engine(model, graphs=False, k=3)
-    assert run(spec, sampled) == run(plain, sampled)
-    assert not any(k > 0 for *_, k in spec.executor.runner.draft_graphs.runs)
+    prompt = batch["r0"][0]
+    for params in (SamplingParams(max_tokens=20, temperature=0.8, seed=5),
+                   SamplingParams(max_tokens=20, temperature=0.6, top_p=0.9),
+                   SamplingParams(max_tokens=20, temperature=0.7, top_k=30, repetition_penalty=1.2, seed=6)):
+        spec, plain = make_engine(model, graphs=True, k=3), make_engine(model, graphs=False, k=3)
+        torch.manual_seed(3)
+        got = run(spec, {"s": (prompt, params)})
+        torch.manual_seed(3)
+        assert got == run(plain, {"s": (prompt, params)}), params
+        assert spec.spec_metrics() == plain.spec_metrics()
+        runs = spec.executor.runner.draft_graphs.runs
+        assert any(key[0] == "drawn" and key[-1] == 3 for key in runs), runs
+    assert spec.spec_metrics()["accepted"] > 0
 
 
 @pytest.mark.parametrize("lengths", [[5, 9], [40, 70, 33], [200]])
