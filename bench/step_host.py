@@ -103,7 +103,7 @@ def main() -> None:
         if args.pageable_copies:
             import workers.sampler
 
-            workers.sampler._to_device = lambda values, dtype, device: torch.tensor(values, dtype=dtype, device=device)
+            workers.sampler.to_device = lambda values, dtype, device: torch.tensor(values, dtype=dtype, device=device)
         print("building the engine ...", flush=True)
         engine, _ = build_local_engine(cfg, progress=False)
         engine.lookahead = not args.no_lookahead

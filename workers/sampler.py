@@ -53,12 +53,18 @@ def sample(
     return SampleOutput(token_ids=chosen, logprobs=logprobs, top_logprobs=top_logprobs)
 
 
-def sample_on_device(logits: Tensor, params: list[SamplingParams], num_generated: list[int]) -> Tensor:
-    """``sample``'s tokens [B] for rows that need no host (``samples_on_device``), left on the device: nothing here
-    waits for the GPU, so a caller can launch more work fed these tokens before it reads them back."""
+def sample_on_device(logits: Tensor, params: list[SamplingParams], num_generated: list[int],
+                     histories: list[Sequence[int]] | None = None, num_prompt: list[int] | None = None) -> Tensor:
+    """``sample``'s tokens [B], left on the device. Without penalties nothing here waits for the GPU, so a caller can
+    launch more work fed these tokens before it reads them back; rows with penalties need their histories (building
+    their counts waits for the GPU). No logprobs."""
     assert logits.dim() == 2 and len(params) == len(num_generated) == logits.shape[0], "one row per params"
-    assert all(samples_on_device(p) for p in params), "a row needs its history or logprobs: use sample()"
-    return _choose(logits.float(), params, num_generated)
+    raw = logits.float()
+    if histories is None:
+        assert not any(has_penalties(p) for p in params), "a row with penalties needs its history"
+        return _choose(raw, params, num_generated)
+    _check_batch(logits, params, histories, num_prompt)
+    return _choose(apply_penalties(raw, params, histories, num_prompt), params, num_generated)
 
 
 def _choose(processed: Tensor, params: list[SamplingParams], num_generated: list[int]) -> Tensor:
@@ -66,7 +72,7 @@ def _choose(processed: Tensor, params: list[SamplingParams], num_generated: list
     token_ids = processed.argmax(dim=-1)  # [B]; greedy rows keep this (ties -> lowest id)
     sampled_rows = [i for i, p in enumerate(params) if not p.is_greedy]
     if sampled_rows:
-        rows = _to_device(sampled_rows, torch.long, processed.device)
+        rows = to_device(sampled_rows, torch.long, processed.device)
         weights, order = _filtered_weights(processed[rows], [params[i] for i in sampled_rows])  # [S, W]
         noise = _exponential_noise(processed.shape[1], processed.device, params, num_generated, sampled_rows)
         if order is None:
@@ -92,7 +98,7 @@ def probs_for_rows(
     probs = torch.zeros_like(processed).scatter_(1, processed.argmax(dim=-1, keepdim=True), 1.0)
     sampled_rows = [i for i, p in enumerate(params) if not p.is_greedy]
     if sampled_rows:
-        rows = _to_device(sampled_rows, torch.long, processed.device)
+        rows = to_device(sampled_rows, torch.long, processed.device)
         weights, order = _filtered_weights(processed[rows], [params[i] for i in sampled_rows])
         if order is not None:
             weights = torch.zeros(len(sampled_rows), processed.shape[1], device=processed.device).scatter_(
@@ -150,7 +156,7 @@ def _filtered_weights(logits: Tensor, params: list[SamplingParams]) -> tuple[Ten
         weights = torch.exp(top - top[:, :1])  # [S, W]
         if min(top_k) < top.shape[1]:
             rank = torch.arange(top.shape[1], device=device)
-            weights = weights.masked_fill(rank >= _to_device(top_k, torch.long, device)[:, None], 0.0)
+            weights = weights.masked_fill(rank >= to_device(top_k, torch.long, device)[:, None], 0.0)
         if any(p.top_p < 1.0 for p in params):
             # Keep a token while the kept mass strictly above it is below top_p of the top-k's; top_p == 1 turns
             # this off so rounding never drops the tail.
@@ -234,10 +240,10 @@ def _id_counts(
 
 def _row_values(values: list[float], device: torch.device) -> Tensor:
     """One float per row as a [B, 1] column, ready to broadcast over the vocab."""
-    return _to_device(values, torch.float32, device)[:, None]
+    return to_device(values, torch.float32, device)[:, None]
 
 
-def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> Tensor:
+def to_device(values: Sequence, dtype: torch.dtype, device: torch.device) -> Tensor:
     """A small host list on the device without waiting for the GPU: a copy from pageable memory would wait for
     everything queued before it (the whole forward), so CUDA gets a pinned, asynchronous copy."""
     host = torch.tensor(values, dtype=dtype)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from scheduler.request import SamplingParams
-from workers.sampler import has_penalties, probs_for_rows, sample
+from workers.sampler import has_penalties, probs_for_rows, sample, sample_on_device, to_device
 
 _MULT, _MASK = 1_000_003, (1 << 63) - 1
 
@@ -32,51 +32,44 @@ def _generator(seed: int | None, index: int, salt: int, device) -> torch.Generat
     return g
 
 
-def _uniform(g: torch.Generator | None, device) -> float:
-    return float(torch.rand((), generator=g, device=device))
-
-
-def _draw(p: torch.Tensor, g: torch.Generator | None) -> int:
-    return int(torch.multinomial(p, 1, generator=g))
+def _race(probs: torch.Tensor, g: torch.Generator | None) -> torch.Tensor:
+    """A draw from ``probs`` [V] by an exponential race (argmax p / q, q ~ Exp(1) from ``g``): [1] on the device."""
+    noise = torch.empty_like(probs).exponential_(generator=g).clamp_(min=torch.finfo(probs.dtype).tiny)
+    return (probs / noise).argmax(dim=-1, keepdim=True)
 
 
 def verify(logits: torch.Tensor, drafts: Sequence[int], draft_probs: torch.Tensor | None, params: SamplingParams,
            history: list[int], num_prompt: int, num_generated: int) -> list[int]:
     """Accepted drafts plus one more token. logits: [k+1, V] target rows; drafts: k ids; draft_probs:
-    [k, V] the distribution each draft was drawn from (sampled mode); history: prompt + output so far."""
+    [k, V] the distribution each draft was drawn from (sampled mode); history: prompt + output so far.
+
+    Every position is decided at once on the device and read back once: position i's target token (greedy), or
+    its acceptance test and the replacement drawn from its residual (drawn; each position's own generator gives the
+    uniform, then the replacement), and the bonus token after k acceptances; the host keeps those up to the first
+    rejection."""
     k = len(drafts)
     assert logits.shape[0] == k + 1
-    out: list[int] = []
-    for i in range(k + 1):
-        hist = history + list(drafts[:i])
-        if params.is_greedy or i == k or draft_probs is None:
-            tok = sample(logits[i:i + 1], [params], [hist], [num_prompt], [num_generated + i]).token_ids[0]
-            out.append(tok)
-            if i == k or tok != drafts[i]:
-                return out
-            continue
-        p = probs_for_rows(logits[i:i + 1], [params], [hist], [num_prompt])[0]      # [V]
-        q = draft_probs[i]
-        d = drafts[i]
-        g = _generator(params.seed, num_generated + i, 1, logits.device)
-        if q[d] > 0 and _uniform(g, logits.device) * float(q[d]) < float(p[d]):
-            out.append(d)
-            continue
-        residual = (p - q).clamp(min=0)
-        out.append(_draw(residual / residual.sum() if residual.sum() > 0 else p, g))
-        return out
-    return out
-
-
-def rejection_sample(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-    """Vectorised rejection sampling of one position over many independent trials (for the statistical
-    test of losslessness): p, q: [V]; drafts: [T] drawn from q. Returns the emitted token per trial [T]."""
-    u = torch.rand(drafts.shape, generator=g)
-    accept = u * q[drafts] < p[drafts]
-    residual = (p - q).clamp(min=0)
-    residual = residual / residual.sum()
-    fallback = torch.multinomial(residual.expand(drafts.numel(), -1), 1, replacement=True, generator=g)[:, 0]
-    return torch.where(accept, drafts, fallback)
+    hists = [history + list(drafts[:i]) for i in range(k + 1)]
+    if params.is_greedy or draft_probs is None:
+        tokens = sample(logits, [params] * (k + 1), hists, [num_prompt] * (k + 1),
+                        [num_generated + i for i in range(k + 1)]).token_ids
+        n = next((i for i in range(k) if tokens[i] != drafts[i]), k)
+        return tokens[:n + 1]                          # the drafts that match, then the target's own token
+    device, draft_probs = logits.device, draft_probs[:k]     # the plan may verify fewer drafts than were proposed
+    p = probs_for_rows(logits[:k], [params] * k, hists[:k], [num_prompt] * k)           # [k, V]
+    d = to_device(drafts, torch.long, device)[:, None]                                  # [k, 1]
+    p_d, q_d = p.gather(1, d)[:, 0], draft_probs.gather(1, d)[:, 0]                     # [k]
+    gens = [_generator(params.seed, num_generated + i, 1, device) for i in range(k)]
+    u = torch.stack([torch.rand((), generator=g, device=device) for g in gens])       # [k]
+    accept = (q_d > 0) & (u * q_d < p_d)
+    residual = (p - draft_probs).clamp(min=0)
+    total = residual.sum(dim=-1, keepdim=True)
+    residual = torch.where(total > 0, residual / total, p)             # p itself where q covers p everywhere
+    fixes = torch.cat([_race(residual[i], g) for i, g in enumerate(gens)])              # [k]
+    bonus = sample_on_device(logits[k:], [params], [num_generated + k], hists[k:], [num_prompt])    # [1]
+    read = torch.cat([accept.long(), fixes, bonus]).tolist()                            # the one read-back
+    n = next((i for i in range(k) if not read[i]), k)                                   # the first rejection
+    return [*drafts[:n], read[k + n]]                  # its replacement, or after k acceptances the bonus
 
 
 def pick_draft(logits: torch.Tensor, params: SamplingParams, history: list[int], num_prompt: int,
@@ -91,8 +84,7 @@ def pick_draft(logits: torch.Tensor, params: SamplingParams, history: list[int],
     if so_far and has_penalties(params):
         history = history + torch.cat(so_far).tolist()
     q = probs_for_rows(logits[None], [params], [history], [num_prompt])[0]
-    noise = torch.empty_like(q).exponential_(generator=_generator(params.seed, index, 2, logits.device))
-    return (q / noise.clamp_(min=torch.finfo(q.dtype).tiny)).argmax(dim=-1, keepdim=True), q
+    return _race(q, _generator(params.seed, index, 2, logits.device)), q
 
 
 class Drafter(Protocol):

@@ -11,7 +11,7 @@ from scheduler.request import SamplingParams
 from scheduler.scheduler import SchedulerConfig
 from tests.conftest import run_engine
 from workers.runner import ModelRunner
-from workers.speculative import rejection_sample
+from workers.speculative import verify
 
 K = 3
 
@@ -126,17 +126,26 @@ def test_sampled_speculation_runs_and_repeats(model):
     assert a == b and len(a) == 16
 
 
-def test_rejection_sampling_preserves_target_distribution():
-    """Many independent trials, small vocabulary: the emitted token's distribution is p, whatever q is."""
-    g = torch.Generator().manual_seed(0)
-    V, T = 6, 200_000
-    for trial in range(3):
-        p = torch.softmax(torch.randn(V, generator=g) * 1.5, 0)
-        q = torch.softmax(torch.randn(V, generator=g) * 1.5, 0)
-        drafts = torch.multinomial(q, T, replacement=True, generator=g)
-        out = rejection_sample(p, q, drafts, g)
-        freq = torch.bincount(out, minlength=V).double() / T
-        chi2 = float(((freq - p.double()) ** 2 / p.double()).sum() * T)
-        assert chi2 < 25.0, f"trial {trial}: chi2 {chi2:.1f} for {V - 1} dof"        # p < 1e-3 under H0
-        naive = torch.bincount(drafts, minlength=V).double() / T                        # accepting everything
-        assert float(((naive - p.double()) ** 2 / p.double()).sum() * T) > 100, "q must differ from p"
+def test_verify_preserves_target_distribution():
+    """``verify`` itself over many independent rounds (small vocabulary, k = 2, drafts drawn from q): the first emitted
+    token is distributed as p0, and after an accepted first draft the second as p1 — whatever q is; accepting every
+    draft would be visibly off."""
+    torch.manual_seed(0)
+    V, T = 6, 12_000
+    logits = torch.randn(3, V) * 1.5                           # target rows: the committed token and two drafts
+    p = torch.softmax(logits, -1)
+    q = torch.softmax(torch.randn(2, V) * 1.5, -1)             # what the drafts are drawn from
+    drafts = torch.multinomial(q, T, replacement=True).T.tolist()         # [T, 2]
+    params = SamplingParams(temperature=1.0)
+    first, second = [], []
+    for t, ds in enumerate(drafts):
+        out = verify(logits, ds, torch.cat([q, q[:1]]), params, [], 0, t)    # a third proposal the plan cut
+        first.append(out[0])
+        if out[0] == ds[0]:
+            second.append(out[1])
+    for emitted, want in ((first, p[0]), (second, p[1])):
+        freq = torch.bincount(torch.tensor(emitted), minlength=V).double() / len(emitted)
+        chi2 = float(((freq - want.double()) ** 2 / want.double()).sum() * len(emitted))
+        assert chi2 < 25.0, f"chi2 {chi2:.1f} for {V - 1} dof over {len(emitted)} rounds"   # p < 1e-3 under H0
+    naive = torch.bincount(torch.tensor([ds[0] for ds in drafts]), minlength=V).double() / T
+    assert float(((naive - p[0].double()) ** 2 / p[0].double()).sum() * T) > 100, "q must differ from p"

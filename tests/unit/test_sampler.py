@@ -174,8 +174,8 @@ def test_seeded_row_repeats_alone_and_in_any_batch():
 
 
 def test_sample_on_device_draws_what_sample_draws():
-    """Rows without penalties or logprobs — greedy, drawn, filtered, seeded or not — get ``sample``'s tokens, as a
-    tensor left on the device; a row that needs its history or logprobs is refused."""
+    """Rows without penalties — greedy, drawn, filtered, seeded or not — get ``sample``'s tokens, as a tensor left on
+    the device; a row with penalties is refused without its history, and given it gets ``sample``'s token too."""
     torch.manual_seed(4)
     logits = torch.randn(5, 50, dtype=torch.bfloat16)
     params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=1),
@@ -186,11 +186,14 @@ def test_sample_on_device_draws_what_sample_draws():
         got = sample_on_device(logits, params, [step] * 5)
         assert got.dtype == torch.long and got.shape == (5,)
         assert got.tolist() == _sample(logits, params, num_generated=[step] * 5).token_ids
-    for extra in (SamplingParams(repetition_penalty=1.1), SamplingParams(frequency_penalty=0.3),
-                  SamplingParams(temperature=0.0, logprobs=0)):
+    for extra in (SamplingParams(repetition_penalty=1.1, seed=2), SamplingParams(frequency_penalty=0.3, seed=4)):
         assert not samples_on_device(extra)
-        with pytest.raises(AssertionError, match="history or logprobs"):
+        with pytest.raises(AssertionError, match="needs its history"):
             sample_on_device(logits[:1], [extra], [0])
+        hist = [[3, 7, 7, 11]]
+        assert sample_on_device(logits[:1], [extra], [2], hist, [1]).tolist() == _sample(
+            logits[:1], [extra], hist, [1], [2]).token_ids
+    assert not samples_on_device(SamplingParams(temperature=0.0, logprobs=0))   # the look-ahead's other exclusion
 
 
 def test_logprobs_are_raw_log_softmax():
