@@ -2,9 +2,10 @@
 
 Order (as vLLM): penalties on the raw logits, then greedy rows take the argmax; sampled rows are divided
 by their temperature, filtered by top-k, top-p and min-p, and drawn with an exponential race
-(``argmax(p / q)``, ``q ~ Exp(1)``, p up to a factor per row), which samples exactly from ``p``. A seeded row draws its noise from
-its own generator seeded by ``(seed, num_generated)``, so its token depends only on that pair and the
-row's logits: it repeats alone, in any batch and after preemption. Logprobs come from the raw logits.
+(``argmax(p / q)``, ``q ~ Exp(1)``, p known up to a factor per row), which samples exactly from ``p``. A
+seeded row draws its noise from its own generator seeded by ``(seed, num_generated)``, so its token depends
+only on that pair and the row's logits: it repeats alone, in any batch and after preemption. Logprobs come
+from the raw logits. ``sample_on_device`` draws the same tokens without reading them back.
 """
 
 from __future__ import annotations
