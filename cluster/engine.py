@@ -247,9 +247,9 @@ class Engine:
         self.stats["graph_steps"] += graph is not None
         # the MTP work of a graph step runs on graphs too: a greedy drafting request's drafts are picked inside one,
         # a drawn one's between them (its draft distributions are kept); the same mode goes to every rank
-        draft_graph = None if graph is None else "greedy" if num_drafts == 0 or all(
-            self.schedulers[self._rank_of[s.req_id]].get(s.req_id).params.is_greedy for p in plans for s in p.seqs) \
-            else "drawn"
+        greedy = num_drafts == 0 or all(self.schedulers[self._rank_of[s.req_id]].get(s.req_id).params.is_greedy
+                                        for p in plans for s in p.seqs)
+        draft_graph = None if graph is None else "greedy" if greedy else "drawn"
         use_ahead = self._launched is not None and _advanced(self._launched, graph, plans)
         self.stats["ahead_steps"] += use_ahead        # steps the workers had launched ahead (look-ahead)
         lookahead = self._may_look_ahead(graph, plans)
@@ -260,9 +260,9 @@ class Engine:
 
     def _may_look_ahead(self, graph, plans: list[StepPlan]) -> bool:
         """Whether the workers may launch this graph step's successor ahead: every row samples one token on the
-        device (greedy or drawn; no speculation, penalties or logprobs), and the next step will be these requests' decode step
-        again as far as the engine can tell — nothing waits to be prefilled, no request ends by length or needs a new
-        KV block (a stop token or string ends one unforeseen: that launched step is dropped)."""
+        device (greedy or drawn; no speculation, penalties or logprobs), and the next step will be these requests'
+        decode step again as far as the engine can tell — nothing waits to be prefilled, no request ends by length or
+        needs a new KV block (a stop token or string ends one unforeseen: that launched step is dropped)."""
         if not (self.lookahead and graph is not None and self.speculative_tokens == 0) \
                 or any(sch.num_waiting for sch in self.schedulers):
             return False

@@ -152,8 +152,9 @@ class DraftGraphs:
 
     Needs ``index_share_for_mtp_iteration``: a chained pass reuses the extend row's selection, so it runs no
     indexer over its scratch slots and its shapes are fixed. One drafting request at most (drafts ride only while
-    one request is active). In a worker group every rank replays the same graphs: a rank without the drafting request runs pad rows that
-    write only the pad slot, and the chained passes' comm rows are masked by a device flag (``chain_real``).
+    one request is active). In a worker group every rank replays the same graphs: a rank without the drafting
+    request runs pad rows that write only the pad slot, and the chained passes' comm rows are masked by a device
+    flag (``chain_real``).
     ``select(shape, real)``: points the rank's comm at a bucket shape and a device row mask (None: the step's)
     without writing device memory, so the switch between the extend's and the chain's shapes can be captured.
     """

@@ -110,11 +110,11 @@ class ModelRunner:
     samples one token, greedy or drawn, without penalties or logprobs, and the same requests will decode again as
     far as the engine can tell) samples on the device (``sample_on_device``), and the same requests' next decode step
     is staged and launched at once — fed those device-side tokens, through the same comm phases on every rank —
-    before this step's tokens are read back. The host returns, and the engine updates and plans while the GPU runs that step; if the engine's next step
-    is it (``use_ahead``, decided by the engine for all ranks alike, checked here by ``_Ahead.matches``), it is not
-    run again. Otherwise every rank drops it: its KV writes went to the positions after the requests' last token,
-    which a later step writes again before anything reads them (or to blocks a finished request freed, which a new
-    owner writes before reading, later in the same stream).
+    before this step's tokens are read back. The host returns, and the engine updates and plans while the GPU runs
+    that step; if the engine's next step is it (``use_ahead``, decided by the engine for all ranks alike, checked here
+    by ``_Ahead.matches``), it is not run again. Otherwise every rank drops it: its KV writes went to the positions
+    after the requests' last token, which a later step writes again before anything reads them (or to blocks a
+    finished request freed, which a new owner writes before reading, later in the same stream).
     """
 
     def __init__(self, model: GlmForCausalLM, num_blocks: int, block_size: int, dtype: torch.dtype,
@@ -276,8 +276,8 @@ class ModelRunner:
             result.logprobs[s.req_id] = [TokenLogprobs(lp, top) for lp, top in lps]
 
     def _draft_static(self, step: WorkerStep, full: torch.Tensor, batch, result: StepResult) -> None:
-        """``_draft`` on the graph path (``DraftGraphs``): the same extend inputs and drafts — greedy ones in one replay,
-        drawn ones picked between replays by the eager drafter's ``pick_draft``, with their distributions."""
+        """``_draft`` on the graph path (``DraftGraphs``): the same extend inputs and drafts — greedy ones in one
+        replay, drawn ones picked between replays by the eager drafter's ``pick_draft``, with their distributions."""
         flat = [t for s in step.seqs for t in s.token_ids]
         next_ids = flat[1:] + flat[:1]                   # as _draft's roll, then the committed tokens
         drafting = None
