@@ -260,9 +260,9 @@ class Engine:
 
     def _may_look_ahead(self, graph, plans: list[StepPlan]) -> bool:
         """Whether the workers may launch this graph step's successor ahead: every row samples one token on the
-        device (greedy or drawn; no speculation, penalties or logprobs), and the next step will be these requests'
-        decode step again as far as the engine can tell — nothing waits to be prefilled, no request ends by length or
-        needs a new KV block (a stop token or string ends one unforeseen: that launched step is dropped)."""
+        device (greedy or drawn, with logprobs or not; no speculation or penalties), and the next step will be these
+        requests' decode step again as far as the engine can tell — nothing waits to be prefilled, no request ends by
+        length or needs a new KV block (a stop token or string ends one unforeseen: that launched step is dropped)."""
         if not (self.lookahead and graph is not None and self.speculative_tokens == 0) \
                 or any(sch.num_waiting for sch in self.schedulers):
             return False

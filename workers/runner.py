@@ -20,7 +20,7 @@ from scheduler.request import SamplingParams
 from scheduler.scheduler import ScheduledSeq
 from scheduler.shapes import GRAPH_BUCKETS, StepShape, next_pow2
 from workers.graphs import DecodeGraphs, DraftGraphs
-from workers.sampler import sample, sample_on_device
+from workers.sampler import RowLogprobs, row_logprobs, sample, sample_on_device
 from workers.speculative import DraftRequest, MtpDrafter, pick_draft, token_logprobs, verify
 
 MAX_DRAFTS = 7       # drafts per round at most (N - 1 on an 8-rank span)
@@ -70,11 +70,13 @@ class StepResult:
 @dataclass
 class _Ahead:
     """A decode step launched before the engine asked for it: the requests of ``seqs`` one position on, fed the
-    tokens sampled on the device. ``tokens``: its own sampled tokens, on the device."""
+    tokens sampled on the device. ``tokens``: its own sampled tokens, on the device; ``logprobs``: theirs, where
+    asked."""
 
     key: tuple[int, int, bool]
     seqs: tuple[ScheduledSeq, ...]
     tokens: torch.Tensor
+    logprobs: RowLogprobs | None
 
     def matches(self, step: WorkerStep, requests: dict) -> bool:
         """The engine's step is this one: the same graph key and rows, each fed its request's last token (the one
@@ -107,10 +109,10 @@ class ModelRunner:
     (``StepComm.select``) that those graphs use in a group.
 
     Look-ahead (graphs on, no speculation): a graph step the engine marks ``lookahead`` (every row of every rank
-    samples one token, greedy or drawn, without penalties or logprobs, and the same requests will decode again as
-    far as the engine can tell) samples on the device (``sample_on_device``), and the same requests' next decode step
-    is staged and launched at once — fed those device-side tokens, through the same comm phases on every rank —
-    before this step's tokens are read back. The host returns, and the engine updates and plans while the GPU runs
+    samples one token, greedy or drawn, without penalties, and the same requests will decode again as far as the
+    engine can tell) samples on the device (``sample_on_device``, ``row_logprobs``), and the same requests' next
+    decode step is staged and launched at once — fed those device-side tokens, through the same comm phases on every
+    rank — before this step's tokens are read back. The host returns, and the engine updates and plans while the GPU runs
     that step; if the engine's next step is it (``use_ahead``, decided by the engine for all ranks alike, checked here
     by ``_Ahead.matches``), it is not run again. Otherwise every rank drops it: its KV writes went to the positions
     after the requests' last token, which a later step writes again before anything reads them (or to blocks a
@@ -196,46 +198,49 @@ class ModelRunner:
         """A graph step sampled on the device (the launched look-ahead if it is this step, else staged and replayed
         now), the next one launched ahead if the engine allows, then this step's tokens read back."""
         if ahead is not None:
-            tokens = ahead.tokens
+            tokens, logprobs = ahead.tokens, ahead.logprobs
             self.ahead_stats["used"] += 1
         else:
-            tokens = self._replay_on_device(step, step.seqs)
+            tokens, logprobs = self._replay_on_device(step, step.seqs)
         n = len(step.seqs)
         host = self._host_tokens[:n]
         host.copy_(tokens, non_blocking=True)
+        logprobs = logprobs.to_host() if logprobs is not None else None
         if self._tokens_read is not None:
             self._tokens_read.record()
         if step.lookahead:
             self._ahead = self._launch_ahead(step, tokens)
         if self._tokens_read is not None:
             self._tokens_read.synchronize()
-        sampled = host.tolist()
+        states = [self._state(s) for s in step.seqs]
+        lps, tops = logprobs.read([st.params for st in states]) if logprobs is not None else ([None] * n, [None] * n)
         result = StepResult(step.step_id)
-        for s, t in zip(step.seqs, sampled):
-            self._commit(result, s, self._state(s), [t], [])
+        for s, st, t, lp, top in zip(step.seqs, states, host.tolist(), lps, tops):
+            self._commit(result, s, st, [t], [(lp, tuple(top or ()))])
         return result
 
     def _replay_on_device(self, step: WorkerStep, seqs: tuple[ScheduledSeq, ...],
-                          fed: torch.Tensor | None = None) -> torch.Tensor:
+                          fed: torch.Tensor | None = None) -> tuple[torch.Tensor, RowLogprobs | None]:
         """Stage ``seqs`` (their ids replaced by ``fed`` on the device when given), replay the step's graph, and
-        return each request's token on the device [len(seqs)] (as ``sample`` draws it)."""
+        return each request's token on the device [len(seqs)] and the logprobs asked for (as ``sample`` gives them)."""
         batch = self.graphs.stage(seqs, *step.graph[:2])
         if fed is not None:
             self.graphs.ids[:len(seqs)].copy_(fed)       # after the staged ids, in stream order
         self.stage(step.shape, batch.num_rows, True)
         hidden = self.graphs.run(*step.graph)
         if not seqs:
-            return torch.empty(0, dtype=torch.long, device=hidden.device)
-        rows = _take_rows(hidden, [r0 + n - 1 for r0, n in batch.seq_rows])
-        return sample_on_device(self.model.logits(rows), [self.requests[s.req_id].params for s in seqs],
-                                [s.num_generated for s in seqs])
+            return torch.empty(0, dtype=torch.long, device=hidden.device), None
+        logits = self.model.logits(_take_rows(hidden, [r0 + n - 1 for r0, n in batch.seq_rows]))
+        params = [self.requests[s.req_id].params for s in seqs]
+        tokens = sample_on_device(logits, params, [s.num_generated for s in seqs])
+        return tokens, row_logprobs(logits.float(), params, tokens)
 
     def _launch_ahead(self, step: WorkerStep, tokens: torch.Tensor) -> _Ahead:
         """Stage and launch the same requests' next decode step, fed ``tokens`` (on the device)."""
         seqs = tuple(replace(s, token_ids=(0,), start_pos=s.start_pos + 1, num_generated=s.num_generated + 1)
                      for s in step.seqs)
         self.ahead_stats["launched"] += 1
-        return _Ahead(step.graph, seqs, self._replay_on_device(step, seqs, tokens))
+        return _Ahead(step.graph, seqs, *self._replay_on_device(step, seqs, tokens))
 
     def _sample(self, step: WorkerStep, hidden: torch.Tensor, batch) -> StepResult:
         result = StepResult(step.step_id)

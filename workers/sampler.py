@@ -5,7 +5,7 @@ by their temperature, filtered by top-k, top-p and min-p, and drawn with an expo
 (``argmax(p / q)``, ``q ~ Exp(1)``, p known up to a factor per row), which samples exactly from ``p``. A
 seeded row draws its noise from its own generator seeded by ``(seed, num_generated)``, so its token depends
 only on that pair and the row's logits: it repeats alone, in any batch and after preemption. Logprobs come
-from the raw logits. ``sample_on_device`` draws the same tokens without reading them back.
+from the raw logits. ``sample_on_device`` (and ``row_logprobs``) give the same without reading them back.
 """
 
 from __future__ import annotations
@@ -49,9 +49,12 @@ def sample(
     _check_batch(logits, params, histories, num_prompt)
     assert len(num_generated) == len(params), "one num_generated per row"
     raw = logits.float()  # [B, V]
-    chosen = _choose(apply_penalties(raw, params, histories, num_prompt), params, num_generated).tolist()
-    logprobs, top_logprobs = _logprobs(raw, params, chosen)
-    return SampleOutput(token_ids=chosen, logprobs=logprobs, top_logprobs=top_logprobs)
+    tokens = _choose(apply_penalties(raw, params, histories, num_prompt), params, num_generated)
+    logprobs = row_logprobs(raw, params, tokens)
+    chosen = tokens.tolist()
+    if logprobs is None:
+        return SampleOutput(token_ids=chosen, logprobs=[None] * len(chosen), top_logprobs=[None] * len(chosen))
+    return SampleOutput(chosen, *logprobs.read(params))
 
 
 def sample_on_device(logits: Tensor, params: list[SamplingParams], num_generated: list[int],
@@ -202,28 +205,46 @@ def _exponential_noise(
     return noise.clamp_(min=torch.finfo(noise.dtype).tiny)
 
 
-def _logprobs(
-    raw: Tensor, params: list[SamplingParams], chosen: list[int]
-) -> tuple[list[float | None], list[list[tuple[int, float]] | None]]:
-    """Chosen-token and top-n logprobs from the raw logits [B, V], for rows that asked."""
-    num_rows = len(params)
-    logprobs: list[float | None] = [None] * num_rows
-    top: list[list[tuple[int, float]] | None] = [None] * num_rows
+@dataclass
+class RowLogprobs:
+    """``sample``'s logprobs from the raw logits, for the rows that asked (``rows``): the chosen token's [R] and the
+    top max-n [R, n] (values, ids) — on the device until ``to_host`` copies them (without waiting) and ``read``."""
+
+    rows: list[int]
+    chosen: Tensor
+    top_logp: Tensor
+    top_ids: Tensor
+
+    def to_host(self) -> RowLogprobs:
+        """Asynchronous copies into pinned memory (CUDA; elsewhere plain ones): read them once the stream got there."""
+        if not self.chosen.is_cuda:
+            return self
+        return RowLogprobs(self.rows, *(torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+                                        for t in (self.chosen, self.top_logp, self.top_ids)))
+
+    def read(self, params: list[SamplingParams]) -> tuple[list[float | None], list[list[tuple[int, float]] | None]]:
+        """(chosen-token logprob, top-n (id, logprob) pairs) per row of the batch; None for rows that did not ask."""
+        logprobs: list[float | None] = [None] * len(params)
+        top: list[list[tuple[int, float]] | None] = [None] * len(params)
+        chosen, top_logp, top_ids = self.chosen.tolist(), self.top_logp.tolist(), self.top_ids.tolist()
+        for j, i in enumerate(self.rows):
+            n = params[i].logprobs
+            logprobs[i] = chosen[j]
+            top[i] = list(zip(top_ids[j][:n], top_logp[j][:n])) if n else []
+        return logprobs, top
+
+
+def row_logprobs(raw: Tensor, params: list[SamplingParams], tokens: Tensor) -> RowLogprobs | None:
+    """Logprobs of the chosen ``tokens`` [B] and the top n under the raw logits [B, V] (fp32), for the rows whose
+    params ask; None when none does. Nothing here waits for the GPU."""
     rows = [i for i, p in enumerate(params) if p.logprobs is not None]
     if not rows:
-        return logprobs, top
-    row_idx = torch.tensor(rows, device=raw.device)
-    logp = torch.log_softmax(raw[row_idx], dim=-1)  # [R, V]
-    chosen_idx = torch.tensor([chosen[i] for i in rows], device=raw.device)
-    chosen_logp = logp.gather(1, chosen_idx[:, None]).squeeze(1).tolist()
-    max_n = max(params[i].logprobs for i in rows)
-    top_logp, top_ids = logp.topk(max_n, dim=-1)  # [R, max_n] each
-    top_logp, top_ids = top_logp.tolist(), top_ids.tolist()
-    for j, i in enumerate(rows):
-        n = params[i].logprobs
-        logprobs[i] = chosen_logp[j]
-        top[i] = list(zip(top_ids[j][:n], top_logp[j][:n])) if n else []
-    return logprobs, top
+        return None
+    index = to_device(rows, torch.long, raw.device)
+    logp = torch.log_softmax(raw[index], dim=-1)  # [R, V]
+    chosen = logp.gather(1, tokens[index][:, None]).squeeze(1)  # [R]
+    top_logp, top_ids = logp.topk(max(params[i].logprobs for i in rows), dim=-1)  # [R, max_n] each
+    return RowLogprobs(rows, chosen, top_logp, top_ids)
 
 
 def _id_counts(
@@ -254,9 +275,10 @@ def to_device(values: Sequence, dtype: torch.dtype, device: torch.device) -> Ten
 
 
 def samples_on_device(p: SamplingParams) -> bool:
-    """Whether a row's token can be picked without the host: no penalties (they read the history) and no logprobs
-    — ``sample_on_device`` then draws it as ``sample`` does, greedy or not (the runner's look-ahead relies on this)."""
-    return p.logprobs is None and not has_penalties(p)
+    """Whether a row's token can be picked without the host: no penalties (they read the history) — then
+    ``sample_on_device`` draws it as ``sample`` does, greedy or not, and ``row_logprobs`` gives its logprobs (the
+    runner's look-ahead relies on this)."""
+    return not has_penalties(p)
 
 
 def has_penalties(p: SamplingParams) -> bool:

@@ -99,13 +99,14 @@ def test_engine_with_graphs_equals_without(text_ckpt, n):
 
 
 def test_lookahead_draws_seeded_rows_as_without(text_ckpt):
-    """Seeded drawn rows (temperature, top-k / top-p) and a greedy one sample on the device and launch the next step
-    ahead: the same tokens as the same graph steps without look-ahead (sampling on the host's side)."""
+    """Seeded drawn rows (temperature, top-k / top-p) and a greedy one asking for logprobs sample on the device and
+    launch the next step ahead: the same tokens as the same graph steps without look-ahead (sampling on the host's
+    side)."""
     from scheduler.request import SamplingParams
 
     m = model(text_ckpt, "float32")
     params = [SamplingParams(max_tokens=20, temperature=0.9, seed=5), SamplingParams(max_tokens=20, temperature=0.7,
-              top_k=20, top_p=0.9, seed=6), SamplingParams(max_tokens=20, temperature=0.0)]
+              top_k=20, top_p=0.9, seed=6), SamplingParams(max_tokens=20, temperature=0.0, logprobs=2)]
     reqs = {rid: (prompt, p) for (rid, (prompt, _)), p in zip(requests(3, m.config.vocab_size, seed=9).items(), params)}
     on, off = _engine(m, True), _engine(m, True)
     off.lookahead = False

@@ -216,13 +216,39 @@ def test_lookahead_draws_seeded_rows_as_eager(model):
     assert engine.executor.runner.ahead_stats["used"] >= 10, engine.executor.runner.ahead_stats
 
 
-def test_no_lookahead_for_rows_with_penalties_or_logprobs(model):
-    """Penalties and logprobs read their tokens on the host: no look-ahead, same tokens as eager."""
+def test_no_lookahead_for_rows_with_penalties(model):
+    """Penalties read the history on the host: no look-ahead, same tokens as eager."""
     vocab = model.config.vocab_size
     prompt = requests(1, vocab, seed=13)["r0"][0]
     for params in (SamplingParams(max_tokens=10, temperature=0.8, seed=3, presence_penalty=0.4),
-                   SamplingParams(max_tokens=10, temperature=0.0, repetition_penalty=1.3),
-                   SamplingParams(max_tokens=10, temperature=0.0, logprobs=2)):
+                   SamplingParams(max_tokens=10, temperature=0.0, repetition_penalty=1.3)):
         engine = make_engine(model, graphs=True)
         assert run(engine, {"r": (prompt, params)}) == run(make_engine(model, graphs=False), {"r": (prompt, params)})
         assert engine.executor.runner.ahead_stats == {"launched": 0, "used": 0}
+
+
+def test_lookahead_gives_the_eager_logprobs(model):
+    """Rows asking for logprobs (greedy with top 2, seeded drawn with none, beside a row without) look ahead; every
+    token's logprob and top-n are those of the same steps sampled on the host."""
+    reqs = requests(3, model.config.vocab_size, seed=15)
+    asks = [SamplingParams(max_tokens=12, temperature=0.0, logprobs=2),
+            SamplingParams(max_tokens=12, temperature=0.9, seed=4, logprobs=0), SamplingParams(max_tokens=12, seed=5)]
+    reqs = {rid: (prompt, p) for (rid, (prompt, _)), p in zip(reqs.items(), asks)}
+
+    def logprobs(engine):
+        out = {rid: [] for rid in reqs}
+        for rid, (prompt, params) in reqs.items():
+            engine.add_request(prompt, params, rid)
+        while engine.has_unfinished():
+            for ev in engine.step():
+                assert ev.error is None, ev.error
+                out[ev.req_id] += [(t, lp.logprob, lp.top) for t, lp in zip(ev.token_ids, ev.logprobs)] \
+                    if ev.logprobs else ev.token_ids
+        return out
+
+    engine, host = make_engine(model, graphs=True), make_engine(model, graphs=True)
+    host.lookahead = False                  # the same graph steps, sampled on the host (the ragged path's logits
+    got = logprobs(engine)                  # differ from the padded bucket's in the last bits)
+    assert got == logprobs(host)
+    assert engine.executor.runner.ahead_stats["used"] >= 5 and host.executor.runner.ahead_stats["used"] == 0
+    assert len(got["r0"][3][2]) == 2 and got["r1"][3][2] == ()

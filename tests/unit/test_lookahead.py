@@ -65,16 +65,17 @@ def test_no_look_ahead_while_a_prompt_waits_or_for_rows_that_read_their_tokens_o
     _drain(engine)
     assert any(st[0].lookahead for st in rec.steps)        # b alone looks ahead
     for params in (SamplingParams(max_tokens=6, temperature=0.7, presence_penalty=0.5),
-                   SamplingParams(max_tokens=6, temperature=0.0, repetition_penalty=1.2),
-                   SamplingParams(max_tokens=6, temperature=0.7, logprobs=1)):
+                   SamplingParams(max_tokens=6, temperature=0.0, repetition_penalty=1.2)):
         engine, rec = _engine()
         engine.add_request([1, 2, 3], params, "r")
         _drain(engine)
         assert not any(st[0].lookahead or st[0].use_ahead for st in rec.steps)
-    engine, rec = _engine()                                # drawn rows sample on the device as greedy ones do
-    engine.add_request([1, 2, 3], SamplingParams(max_tokens=6, temperature=0.7, top_p=0.9, seed=1), "r")
-    _drain(engine)
-    assert any(st[0].lookahead for st in rec.steps)
+    for params in (SamplingParams(max_tokens=6, temperature=0.7, top_p=0.9, seed=1),   # drawn rows and logprobs come
+                   SamplingParams(max_tokens=6, temperature=0.7, logprobs=1)):        # from the device as greedy ones
+        engine, rec = _engine()
+        engine.add_request([1, 2, 3], params, "r")
+        _drain(engine)
+        assert any(st[0].lookahead for st in rec.steps)
     engine, rec = _engine(k=2)                             # speculation: the MTP work follows every step
     engine.add_request([1, 2, 3], SamplingParams(max_tokens=6, temperature=0.0), "r")
     _drain(engine)

@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from scheduler.request import SamplingParams
-from workers.sampler import apply_penalties, probs_for_rows, sample, sample_on_device, samples_on_device
+from workers.sampler import (
+    apply_penalties,
+    probs_for_rows,
+    row_logprobs,
+    sample,
+    sample_on_device,
+    samples_on_device,
+)
 
 V = 8
 
@@ -193,7 +200,14 @@ def test_sample_on_device_draws_what_sample_draws():
         hist = [[3, 7, 7, 11]]
         assert sample_on_device(logits[:1], [extra], [2], hist, [1]).tolist() == _sample(
             logits[:1], [extra], hist, [1], [2]).token_ids
-    assert not samples_on_device(SamplingParams(temperature=0.0, logprobs=0))   # the look-ahead's other exclusion
+    asking = [SamplingParams(temperature=0.0, logprobs=3), SamplingParams(), SamplingParams(seed=8, logprobs=0)]
+    assert all(samples_on_device(p) for p in asking)                 # logprobs come from the device too
+    tokens = sample_on_device(logits[:3], asking, [0, 0, 0])
+    got = row_logprobs(logits[:3].float(), asking, tokens).to_host().read(asking)
+    want = _sample(logits[:3], asking)
+    assert tokens[0] == want.token_ids[0] and tokens[2] == want.token_ids[2]
+    assert got[0][0] == want.logprobs[0] and got[1][0] == want.top_logprobs[0] and got[0][1] is None
+    assert got[1][2] == [] and got[0][2] == pytest.approx(float(torch.log_softmax(logits[2].float(), -1)[tokens[2]]))
 
 
 def test_logprobs_are_raw_log_softmax():
