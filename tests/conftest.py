@@ -38,14 +38,17 @@ def hf_model(path, dtype=torch.float32):
                                                 experts_implementation="eager").eval()
 
 
-def run_engine(engine, reqs: dict) -> dict[str, list[int]]:
+def run_engine(engine, reqs: dict, logprobs: bool = False) -> dict[str, list]:
     """Add every request (``{id: (prompt ids, SamplingParams)}``), step until all finish with no error
-    event; returns each request's tokens."""
+    event; returns each request's tokens (``logprobs``: (token, logprob, top) where its events carry them)."""
     out = {rid: [] for rid in reqs}
     for rid, (ids, params) in reqs.items():
         engine.add_request(ids, params, rid)
     while engine.has_unfinished():
         for ev in engine.step():
             assert ev.error is None, ev.error
-            out[ev.req_id] += ev.token_ids
+            if logprobs and ev.logprobs:
+                out[ev.req_id] += [(t, lp.logprob, lp.top) for t, lp in zip(ev.token_ids, ev.logprobs)]
+            else:
+                out[ev.req_id] += ev.token_ids
     return out

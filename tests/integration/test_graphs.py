@@ -234,21 +234,9 @@ def test_lookahead_gives_the_eager_logprobs(model):
     asks = [SamplingParams(max_tokens=12, temperature=0.0, logprobs=2),
             SamplingParams(max_tokens=12, temperature=0.9, seed=4, logprobs=0), SamplingParams(max_tokens=12, seed=5)]
     reqs = {rid: (prompt, p) for (rid, (prompt, _)), p in zip(reqs.items(), asks)}
-
-    def logprobs(engine):
-        out = {rid: [] for rid in reqs}
-        for rid, (prompt, params) in reqs.items():
-            engine.add_request(prompt, params, rid)
-        while engine.has_unfinished():
-            for ev in engine.step():
-                assert ev.error is None, ev.error
-                out[ev.req_id] += [(t, lp.logprob, lp.top) for t, lp in zip(ev.token_ids, ev.logprobs)] \
-                    if ev.logprobs else ev.token_ids
-        return out
-
     engine, host = make_engine(model, graphs=True), make_engine(model, graphs=True)
     host.lookahead = False                  # the same graph steps, sampled on the host (the ragged path's logits
-    got = logprobs(engine)                  # differ from the padded bucket's in the last bits)
-    assert got == logprobs(host)
+    got = run_engine(engine, reqs, logprobs=True)          # differ from the padded bucket's in the last bits)
+    assert got == run_engine(host, reqs, logprobs=True)
     assert engine.executor.runner.ahead_stats["used"] >= 5 and host.executor.runner.ahead_stats["used"] == 0
     assert len(got["r0"][3][2]) == 2 and got["r1"][3][2] == ()
