@@ -164,15 +164,15 @@ def write_report(rows: list[dict], ext: list[dict], args, out: Path) -> None:
              f"(forward, lm_head, sampling, drafting); engine step = the whole `Engine.step` (planning and updating "
              f"too: with look-ahead — {'off' if args.no_lookahead else 'on'} here — the group's step returns while "
              f"the next one runs, so the engine step is the per-token time); ahead = steps launched ahead.", "",
-             "| comm | depth | mode | rows (bucket) | step ms | engine step ms | owner busy ms | of which drafting ms | "
-             "step − drafting ms | accepted length | steps | ahead | setup s |",
+             "| comm | depth | mode | rows (bucket) | step ms | engine step ms | owner busy ms | "
+             "of which drafting ms | step − drafting ms | accepted length | steps | ahead | setup s |",
              "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         mode = f"MTP k={r['spec']}" if r["spec"] else "plain"
         shape = f"{r['rows']} ({'span' if r['span'] else 'dp'})"
-        lines.append(f"| {r['comm']} | {r['depth']} | {mode} | {shape} | {r['step_ms']:.2f} | {r['engine_step_ms']:.2f} | "
-                     f"{r['busy_ms']:.2f} | {r['draft_ms']:.2f} | {r['forward_ms']:.2f} | {r['mean_accepted_length']:.2f} | "
-                     f"{r['steps']} | {r['ahead_steps']} | {r['setup_s']:.0f} |")
+        lines.append(f"| {r['comm']} | {r['depth']} | {mode} | {shape} | {r['step_ms']:.2f} | "
+                     f"{r['engine_step_ms']:.2f} | {r['busy_ms']:.2f} | {r['draft_ms']:.2f} | {r['forward_ms']:.2f} | "
+                     f"{r['mean_accepted_length']:.2f} | {r['steps']} | {r['ahead_steps']} | {r['setup_s']:.0f} |")
     lines += ["", f"Per MoE layer (difference of the depths) and extrapolated to {FULL_DEPTH} layers:", "",
               "| comm | mode | forward ms / layer | owner busy ms / layer | forward ms, 78 layers | drafting ms | "
               "step ms, 78 layers | plain tok/s | " + " | ".join(f"tok/s at AL {a}" for a in ACCEPTANCE) + " |",

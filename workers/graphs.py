@@ -252,24 +252,21 @@ class DraftGraphs:
                             f"the MTP drafting (rows {bucket}, width {width}, {k} drafts)")
 
     def run_drawn(self, bucket: int, width: int, span: bool, k: int,
-                  pick: Callable[[torch.Tensor, int], torch.Tensor] | None) -> list[torch.Tensor]:
-        """The staged drafting of k ≥ 1 drafts picked between graphs: ``pick(logits [1, V], j)`` → draft j [1] on the
-        device (None: this rank does not draft; its passes run on pad rows, fed 0). Returns the picked drafts."""
+                  pick: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
+        """The staged drafting of k ≥ 1 drafts picked between graphs: ``pick(logits [1, V])`` → the next draft [1] on
+        the device, fed to the next pass (None: this rank does not draft; its passes run on pad rows, fed 0)."""
         self._count(("drawn", bucket, width, span, k))
         logits = self._replay(("head", bucket, width, span), lambda: self._drawn_head(bucket, width, span),
                               f"the MTP extend for drawn drafts (rows {bucket}, width {width})")
-        drafts = []
         for j in range(k):
-            if pick is not None:
-                drafts.append(pick(logits, j))
+            draft = pick(logits) if pick is not None else None
             if j == k - 1:
                 break
-            if pick is not None:
-                self._chain_tok.copy_(drafts[-1])
+            if draft is not None:
+                self._chain_tok.copy_(draft)
             else:
                 self._chain_tok.zero_()
             logits = self._replay(("pass", j), lambda j=j: self._drawn_pass(j), f"MTP draft pass {j}")
-        return drafts
 
     def _count(self, key: tuple) -> None:
         self.runs[key] = self.runs.get(key, 0) + 1

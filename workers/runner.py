@@ -114,9 +114,9 @@ class ModelRunner:
     decode step is staged and launched at once — fed those device-side tokens, through the same comm phases on every
     rank — before this step's tokens are read back. The host returns, and the engine updates and plans while the GPU
     runs that step; if the engine's next step is it (``use_ahead``, decided by the engine for all ranks alike,
-    checked here by ``_Ahead.matches``), it is not run again. Otherwise every rank drops it: its KV writes went to the positions
-    after the requests' last token, which a later step writes again before anything reads them (or to blocks a
-    finished request freed, which a new owner writes before reading, later in the same stream).
+    checked here by ``_Ahead.matches``), it is not run again. Otherwise every rank drops it: its KV writes went to the
+    positions after the requests' last token, which a later step writes again before anything reads them (or to
+    blocks a finished request freed, which a new owner writes before reading, later in the same stream).
     """
 
     def __init__(self, model: GlmForCausalLM, num_blocks: int, block_size: int, dtype: torch.dtype,
@@ -165,7 +165,8 @@ class ModelRunner:
             return StepResult(step.step_id)
         if self.graphs is not None and step.graph is not None and (step.lookahead or step.use_ahead):
             if step.use_ahead:
-                assert ahead is not None and ahead.matches(step, self.requests), "the step launched ahead is not this one"
+                assert ahead is not None and ahead.matches(step, self.requests), \
+                    "the step launched ahead is not this one"
             result = self._execute_on_device(step, ahead if step.use_ahead else None)
             return replace(result, busy_ms=(time.perf_counter() - start) * 1e3)
         static_draft = self.draft_graphs is not None and step.graph is not None and step.draft_graph is not None
@@ -230,10 +231,10 @@ class ModelRunner:
         hidden = self.graphs.run(*step.graph)
         if not seqs:
             return torch.empty(0, dtype=torch.long, device=hidden.device), None
-        logits = self.model.logits(_take_rows(hidden, [r0 + n - 1 for r0, n in batch.seq_rows]))
+        raw = self.model.logits(_take_rows(hidden, [r0 + n - 1 for r0, n in batch.seq_rows])).float()
         params = [self.requests[s.req_id].params for s in seqs]
-        tokens = sample_on_device(logits, params, [s.num_generated for s in seqs])
-        return tokens, row_logprobs(logits.float(), params, tokens)
+        tokens = sample_on_device(raw, params, [s.num_generated for s in seqs])
+        return tokens, row_logprobs(raw, params, tokens)
 
     def _launch_ahead(self, step: WorkerStep, tokens: torch.Tensor) -> _Ahead:
         """Stage and launch the same requests' next decode step, fed ``tokens`` (on the device)."""
@@ -306,7 +307,7 @@ class ModelRunner:
         st = self.requests[req] if req is not None else None
         probs, drafts = [], []
 
-        def pick(logits: torch.Tensor, j: int) -> torch.Tensor:
+        def pick(logits: torch.Tensor) -> torch.Tensor:
             tok, q = pick_draft(logits[0], st.params, st.history, st.num_prompt, drafts)
             drafts.append(tok)
             probs.append(q)

@@ -49,7 +49,8 @@ def verify(logits: torch.Tensor, drafts: Sequence[int], draft_probs: torch.Tenso
     rejection."""
     k = len(drafts)
     assert logits.shape[0] == k + 1
-    hists = [history + list(drafts[:i]) for i in range(k + 1)]
+    # each position's history (read only by penalties: without them, the one list serves every position uncopied)
+    hists = [history + list(drafts[:i]) if has_penalties(params) else history for i in range(k + 1)]
     if params.is_greedy or draft_probs is None:
         tokens = sample(logits, [params] * (k + 1), hists, [num_prompt] * (k + 1),
                         [num_generated + i for i in range(k + 1)]).token_ids

@@ -368,8 +368,8 @@ def _device_absent_peer(rank: int, n: int, board) -> float | None:
     start = time.monotonic()
     try:
         comm.all_gather_static(torch.ones(1, HIDDEN, device=_dev()))
-        assert comm.check() is None                 # a check reads the error word only when the step's work is done
-        torch.cuda.synchronize()                    # (the runner's token read): not yet here, then it is
+        comm.check()             # raises nothing yet: the error word is read as it is, the wait still spins (~1 s)
+        torch.cuda.synchronize()                    # the step's work done (the runner's token read): now it raises
         comm.check()
     except CommTimeout as exc:
         assert "epoch 2 on rank 0" in str(exc) and "'AG': [1]" in str(exc), str(exc)
