@@ -1,5 +1,6 @@
 """What drawing a token costs on the GPU at GLM-5's vocabulary (154880): ``sample_on_device`` on fp32 logits of 1 and
-8 rows for greedy rows and the common drawn settings, each as the wall time of one call (CUDA events around it: the
+8 rows for greedy rows and the common drawn settings (and with penalties, their token counts of a 4096-token history
+stacked from the device), each as the wall time of one call (CUDA events around it: the
 host's launches included) and the sum of its kernels (torch.profiler) — with look-ahead the host part hides behind
 the next step, the kernels do not. The largest kernels of each setting are listed.
 
@@ -17,7 +18,7 @@ import torch
 from bench.decode_slice import time_ms
 from bench.profile_slice import kernel_times
 from scheduler.request import SamplingParams
-from workers.sampler import sample_on_device
+from workers.sampler import TokenCounts, has_penalties, sample_on_device
 
 VOCAB = 154880
 SETTINGS = {
@@ -27,7 +28,11 @@ SETTINGS = {
     "T 0.7, top-p 0.95, seed": SamplingParams(temperature=0.7, top_p=0.95, seed=1),
     "T 0.7, top-k 50": SamplingParams(temperature=0.7, top_k=50),
     "T 1.0, min-p 0.05": SamplingParams(temperature=1.0, min_p=0.05),
+    "T 1.0, top-p 0.95, presence 0.5, frequency 0.3": SamplingParams(temperature=1.0, top_p=0.95,
+                                                                     presence_penalty=0.5, frequency_penalty=0.3),
+    "greedy, repetition 1.1": SamplingParams(temperature=0.0, repetition_penalty=1.1),
 }
+HISTORY = 4096       # a penalized row's history: its token counts (``TokenCounts``, on the device) are stacked per call
 
 
 def main() -> None:
@@ -41,9 +46,14 @@ def main() -> None:
     results = []
     for rows in args.rows:
         logits = torch.randn(rows, VOCAB, device="cuda", generator=gen) * 4      # a peaked-enough distribution
+        history = torch.randint(0, VOCAB, (HISTORY,), generator=torch.Generator().manual_seed(1)).tolist()
+        counts = [TokenCounts(HISTORY // 2, VOCAB, logits.device) for _ in range(rows)]
+        for c in counts:
+            c.of(history)
         for name, params in SETTINGS.items():
-            def call(params=params, logits=logits, rows=rows):
-                return sample_on_device(logits, [params] * rows, list(range(rows)))
+            def call(params=params, logits=logits, rows=rows, counts=counts, history=history):
+                penalized = torch.stack([c.of(history) for c in counts]) if has_penalties(params) else None
+                return sample_on_device(logits, [params] * rows, list(range(rows)), penalized)
             wall = time_ms(call, args.iters)
             kernels = kernel_times(call, 10)
             total = sum(us for us, _ in kernels.values())

@@ -95,7 +95,8 @@ def main() -> None:
         cfg = EngineConfig(model=tmp, load_format="dummy", device=args.device, speculative_tokens=args.spec,
                            kv_cache_tokens=args.ctx + 4 * args.tokens + 256, max_num_batched_tokens=2048,
                            max_num_seqs=8, cuda_graphs="eager" if args.device == "cpu" else "auto",
-                           prefill_activations=args.prefill_activations)
+                           prefill_activations=args.prefill_activations,
+                           warmup_tokens=0)                         # it warms up below, with its own request
         if args.list_index:
             import workers.runner
 

@@ -34,6 +34,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="dummy: random weights from config.json alone (benchmarks; outputs are meaningless)")
     p.add_argument("--step-channel", default="socket", choices=["socket", "ray"],
                    help="how serve's worker group gets its steps: a TCP connection per actor, or Ray actor calls")
+    p.add_argument("--warmup-tokens", type=int, default=None,
+                   help="at start-up, capture the decode graphs of contexts up to this many tokens and serve short "
+                        "requests (default: 4096 with CUDA graphs, else 0; 0: compile and capture on first use)")
 
 
 def _engine_config(a: argparse.Namespace):
@@ -43,7 +46,7 @@ def _engine_config(a: argparse.Namespace):
                         prefill_activations=a.prefill_activations, kv_cache_tokens=a.kv_cache_tokens,
                         max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens, num_workers=a.num_workers,
                         moe=a.moe, comm=a.comm, speculative_tokens=a.speculative_tokens, load_format=a.load_format,
-                        step_channel=a.step_channel)
+                        step_channel=a.step_channel, warmup_tokens=a.warmup_tokens)
 
 
 def cmd_generate(a: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_MODEL = str(Path(__file__).resolve().parents[1] / "models" / "tiny")
+DEFAULT_WARMUP_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ class EngineConfig:
     step_channel: str = "socket"        # Ray groups: socket (a TCP connection per actor) | ray (actor calls)
     speculative_tokens: int = 0         # MTP drafts per round (0 = off)
     cuda_graphs: str = "auto"           # auto: decode/verify steps replay CUDA graphs where supported | off | eager
+    warmup_tokens: int | None = None    # start-up: capture the graph steps of contexts up to this many tokens, serve
+                                        # short requests (kernels compile); 0: none; default 4096 with CUDA graphs
     reasoning_parser: str = "none"      # glm: chat text before </think> is returned as reasoning_content
     tool_parser: str = "none"           # glm: <tool_call>… in chat output becomes OpenAI tool_calls
 
@@ -60,6 +63,8 @@ class EngineConfig:
             "tool_parser": self.tool_parser in ("none", "glm"),
             "max_model_len": self.max_model_len is None or self.max_model_len >= 1,
             "cuda_graphs": self.cuda_graphs in ("auto", "off", "eager"),
+            "warmup_tokens": self.warmup_tokens is None or (isinstance(self.warmup_tokens, int)
+                                                           and self.warmup_tokens >= 0),
         }
         for name, ok in checks.items():
             if not ok:
@@ -87,6 +92,13 @@ class EngineConfig:
         if self.cuda_graphs != "auto":
             return self.cuda_graphs
         return "capture" if self.resolved_device() == "cuda" and self.kernels == "auto" else "off"
+
+    def resolved_warmup_tokens(self) -> int:
+        """``warmup_tokens``, its default resolved: 4096 where decode steps are captured as CUDA graphs (a capture
+        or a kernel compile met while serving stalls every request in the step), else 0 (nothing to capture)."""
+        if self.warmup_tokens is not None:
+            return self.warmup_tokens
+        return DEFAULT_WARMUP_TOKENS if self.graphs_mode() == "capture" else 0
 
     def kernel_overrides(self) -> dict[str, str]:
         """``ops.configure``'s per-op overrides: ``prefill_activations: fp8`` runs the FP8 linears and experts of

@@ -13,7 +13,7 @@ from typing import AsyncIterator
 
 from cluster.config import EngineConfig
 from cluster.engine import AsyncEngine, Engine, TokenEvent
-from cluster.local import load_tokenizer, scheduler_config
+from cluster.local import load_tokenizer, report, scheduler_config
 from scheduler.request import SamplingParams
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -110,9 +110,21 @@ class Coordinator:
         self.sched_config = scheduler_config(cfg, model_config, tokenizer, num_blocks)
         self.engine = Engine(self.group, self.sched_config, decode, num_ranks=cfg.num_workers,
                              speculative_tokens=cfg.speculative_tokens, graphs=cfg.graphs_mode() != "off")
+        self._warm_up(cfg)
         self.aengine = AsyncEngine(self.engine)
         self.metrics = Metrics(self.engine)
         self.replica_id = _replica_id()
+
+    def _warm_up(self, cfg: EngineConfig) -> None:
+        """The engine's start-up warm-up (before the replica takes requests); a failure fails the replica's start."""
+        tokens = cfg.resolved_warmup_tokens()
+        if not tokens:
+            return
+        try:
+            self.engine.warm_up(tokens, report)
+        except BaseException:
+            self.group.shutdown()
+            raise
 
     @staticmethod
     def _build_group(cfg: EngineConfig, num_blocks: int):
@@ -140,7 +152,7 @@ class Coordinator:
 
     async def info(self) -> dict:
         return {"max_model_len": self.sched_config.max_model_len, "vocab_size": self.sched_config.vocab_size,
-                "num_workers": self.cfg.num_workers, "stats": dict(self.engine.stats),
+                "num_workers": self.cfg.num_workers, "stats": dict(self.engine.stats), "warmup": self.engine.warmed,
                 "free_blocks": self.engine.num_free_blocks()}
 
     async def check_health(self) -> None:

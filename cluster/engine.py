@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import random
 import threading
 import time
 import traceback
@@ -22,9 +23,17 @@ from typing import AsyncIterator, Callable, Protocol, Sequence
 from cluster.detok import IncrementalDetokenizer, StopStringMatcher
 from scheduler.request import FinishReason, SamplingParams
 from scheduler.scheduler import AdmissionError, RequestEvent, Scheduler, SchedulerConfig, StepPlan
-from scheduler.shapes import GRAPH_BUCKETS, StepShape, graph_width, place_request, plan_step_shapes
+from scheduler.shapes import (
+    GRAPH_BUCKETS,
+    StepShape,
+    graph_shape,
+    graph_width,
+    graph_widths,
+    next_pow2,
+    place_request,
+    plan_step_shapes,
+)
 from workers.runner import NewRequest, StepResult, TokenLogprobs, WorkerStep
-from workers.sampler import samples_on_device
 
 __all__ = ["AdmissionError", "AsyncEngine", "Engine", "GroupFailure", "LocalExecutor", "TokenEvent"]
 
@@ -42,6 +51,23 @@ def graph_key(shape: StepShape, plans: Sequence[StepPlan]) -> tuple[int, int, bo
     if not all(s.sample and len(s.token_ids) == 1 + s.num_drafts for s in seqs):
         return None
     return shape.rows_per_rank, graph_width(max(len(s.block_ids) for s in seqs)), shape.is_span
+
+
+def warm_keys(num_ranks: int, span: bool, drafts: int, widths: Sequence[int]) -> list[tuple[tuple, tuple[int, ...]]]:
+    """The graph keys an engine's steps can take at these widths, each with the draft counts whose MTP graphs can
+    follow it (``WorkerStep.warm``): every dp bucket — 0 drafts (several requests: the extend alone), and
+    ``drafts`` where a solo request's 1 + drafts verify rows land (one row in a group whose solo verify rides a
+    span) — and in a group with span steps, the span buckets of a solo request's 1 + d rows, d = 1 … drafts."""
+    solo = next_pow2(1 + drafts) if num_ranks == 1 or not span else 1
+    keys = []
+    for w in widths:
+        for b in GRAPH_BUCKETS:
+            keys.append(((b, w, False), () if not drafts else (0, drafts) if b <= solo else (0,)))
+        if span and num_ranks > 1:
+            keys += [((b, w, True), (drafts,)) for b in sorted({next_pow2(max(num_ranks, 1 + d))
+                                                               for d in range(1, drafts + 1)})
+                     if b <= GRAPH_BUCKETS[-1]]
+    return keys
 
 
 def _advanced(launched: tuple, graph, plans: Sequence[StepPlan]) -> bool:
@@ -135,10 +161,14 @@ class Engine:
         self._forget: list[list[str]] = [[] for _ in range(num_ranks)]  # ended, still held by workers
         self._lock = threading.Lock()                 # add/abort (caller's thread) vs step (loop thread)
         self._ids = itertools.count()
+        self.warmed: dict | None = None               # what ``warm_up`` did, if it ran
+        self._reset_stats()
+
+    def _reset_stats(self) -> None:
         self.stats = {"prompt_tokens": 0, "generated_tokens": 0, "steps": 0, "preemptions": 0,
                       "span_steps": 0, "graph_steps": 0, "ahead_steps": 0, "failed_steps": 0, "draft_rounds": 0,
                       "drafts_proposed": 0, "drafts_accepted": 0, "step_seconds": 0.0, "worker_busy_seconds": 0.0}
-        self.accepted_at = [0] * (speculative_tokens + 1)   # rounds whose draft i was accepted
+        self.accepted_at = [0] * (self.speculative_tokens + 1)   # rounds whose draft i was accepted
 
     @property
     def scheduler(self) -> Scheduler:
@@ -178,6 +208,53 @@ class Engine:
 
     def num_free_blocks(self) -> int:
         return sum(s.pool.num_free for s in self.schedulers)
+
+    # ---- start-up ----------------------------------------------------------------------------
+    def warm_up(self, tokens: int, report: Callable[[str], None] | None = None) -> dict:
+        """Before serving: capture every graph step of contexts up to ``tokens`` tokens (``warm_keys``: each bucket,
+        dp and span, with the MTP drafting graphs after it) on pad rows, one warm step per key on every rank; then
+        serve short requests, one per rank, at prompt lengths that meet the kernels' row classes (prefill and
+        sampling compile their kernels). A failure raises — a replica that cannot warm up cannot serve. The stats
+        start afresh after. Returns what was done."""
+        start = time.perf_counter()
+        keys = []
+        if self.graphs and tokens > 0:
+            cfg = self.config
+            blocks = min(-(-tokens // cfg.block_size), -(-cfg.max_model_len // cfg.block_size), cfg.num_blocks)
+            keys = warm_keys(len(self.schedulers), self.span, self.speculative_tokens, graph_widths(blocks))
+            if report:
+                report(f"warm-up: capturing {len(keys)} graph steps (contexts up to {tokens} tokens) ...")
+            for i, (key, drafts) in enumerate(keys):
+                shape = graph_shape(key[0], key[2], len(self.schedulers))
+                self.executor.execute([WorkerStep(-1, (), shape=shape, graph=key, warm=drafts)] * len(self.schedulers))
+                if report and (i + 1) % max(1, len(keys) // 4) == 0 and i + 1 < len(keys):
+                    report(f"warm-up: {i + 1} of {len(keys)} graph steps in {time.perf_counter() - start:.1f} s")
+        captured = time.perf_counter()
+        # prompts of a prefill chunk at most, decoding within the captured widths; sizes in each of the kernels' row
+        # classes (prefill, mid-size, the decode tiles' 16 / 32 / 64-row blocks), a multiple of 16 and not (Triton
+        # compiles a kernel per divisibility of its integer arguments)
+        top = max(1, min(self.config.max_num_batched_tokens, self.config.max_model_len - 16, tokens - 16))
+        lengths = sorted({min(n, top) for n in (top, top - 7, 200, 192, 48, 41, 24, 17, 16, 9) if n >= 1},
+                         reverse=True)
+        rng = random.Random(0)
+        params = SamplingParams(max_tokens=2 + self.speculative_tokens, ignore_eos=True, seed=0)
+        for n in lengths:
+            for r in range(len(self.schedulers)):     # one request a rank (placed on the least loaded)
+                self.add_request([rng.randrange(self.config.vocab_size) for _ in range(n)], params, f"warm-up-{r}")
+            while self.has_work():
+                for ev in self.step():
+                    if ev.error:
+                        raise RuntimeError(f"warm-up request failed: {ev.error}")
+        self._launched = None
+        self._reset_stats()
+        done = {"graph_steps": len(keys), "capture_s": captured - start, "request_s": time.perf_counter() - captured,
+                "prompt_lengths": lengths}
+        self.warmed = done
+        if report:
+            report(f"warm-up: done in {time.perf_counter() - start:.1f} s ({len(keys)} graph steps "
+                   f"{done['capture_s']:.1f} s, prompts of {lengths[-1]}–{lengths[0]} tokens "
+                   f"{done['request_s']:.1f} s)")
+        return done
 
     # ---- the step loop -----------------------------------------------------------------------
     def step(self) -> list[TokenEvent]:
@@ -260,7 +337,7 @@ class Engine:
 
     def _may_look_ahead(self, graph, plans: list[StepPlan]) -> bool:
         """Whether the workers may launch this graph step's successor ahead: every row samples one token on the
-        device (greedy or drawn, with logprobs or not; no speculation or penalties), and the next step will be these
+        device (greedy or drawn, with logprobs, penalties or not; no speculation), and the next step will be these
         requests' decode step again as far as the engine can tell — nothing waits to be prefilled, no request ends by
         length or needs a new KV block (a stop token or string ends one unforeseen: that launched step is dropped)."""
         if not (self.lookahead and graph is not None and self.speculative_tokens == 0) \
@@ -270,8 +347,7 @@ class Engine:
         for p in plans:
             for s in p.seqs:
                 params = self.schedulers[self._rank_of[s.req_id]].get(s.req_id).params
-                if (not samples_on_device(params) or s.num_generated + 1 >= params.max_tokens
-                        or s.end_pos + 1 > len(s.block_ids) * bs):
+                if s.num_generated + 1 >= params.max_tokens or s.end_pos + 1 > len(s.block_ids) * bs:
                     return False
         return True
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from cluster.config import EngineConfig
@@ -44,4 +45,11 @@ def build_local_engine(cfg: EngineConfig, progress: bool = True) -> tuple[Engine
     decode = (lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer else None
     engine = Engine(LocalExecutor(runner), sched, decode, speculative_tokens=cfg.speculative_tokens,
                     graphs=cfg.graphs_mode() != "off")
+    if cfg.resolved_warmup_tokens():
+        engine.warm_up(cfg.resolved_warmup_tokens(), report if progress else None)
     return engine, tokenizer
+
+
+def report(line: str) -> None:
+    """Start-up progress on stderr (the engine's warm-up)."""
+    print(f"glmserve: {line}", file=sys.stderr, flush=True)

@@ -123,6 +123,13 @@ class Request:
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 
+    def ids(self, start: int, end: int) -> list[int]:
+        """``all_ids[start:end]`` without building ``all_ids`` (a long context's copy per step)."""
+        p = len(self.prompt_ids)
+        if start >= p:
+            return self.output_ids[start - p:end - p]
+        return self.prompt_ids[start:end] + self.output_ids[:max(0, end - p)]
+
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)

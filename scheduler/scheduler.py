@@ -298,7 +298,7 @@ class Scheduler:
         end = start + num_new
         assert num_new > 0 and end <= req.num_tokens
         assert len(req.block_ids) == self.pool.blocks_needed(end + len(drafts))
-        token_ids = tuple(req.all_ids[start:end]) + tuple(drafts)
+        token_ids = tuple(req.ids(start, end)) + tuple(drafts)
         return ScheduledSeq(
             req_id=req.req_id,
             token_ids=token_ids,

@@ -74,6 +74,20 @@ def graph_width(blocks: int) -> int:
     return -(-blocks // granule) * granule
 
 
+def graph_widths(max_blocks: int) -> list[int]:
+    """Every ``graph_width`` of a block table of 1 … ``max_blocks`` blocks (the widths a start-up warm-up captures)."""
+    widths, blocks = [], 1
+    while blocks <= max_blocks:
+        widths.append(graph_width(blocks))
+        blocks = widths[-1] + 1
+    return widths
+
+
+def graph_shape(bucket: int, span: bool, num_ranks: int) -> StepShape:
+    """The MoE bucket of a graph step of ``bucket`` rows per rank (a span's owner is a device value, so 0 here)."""
+    return StepShape(SPAN, bucket, bucket, 0) if span else StepShape(DP, bucket, num_ranks * bucket, None)
+
+
 def place_request(kv_load: dict[int, int]) -> int:
     """Rank with the least KV load (ties -> lowest rank)."""
     if not kv_load:

@@ -24,7 +24,7 @@ import torch
 from models.cache import Batch, KVCache
 from models.glm5 import GlmForCausalLM
 from scheduler.scheduler import ScheduledSeq
-from scheduler.shapes import GRAPH_BUCKETS, StepShape
+from scheduler.shapes import GRAPH_BUCKETS, StepShape, graph_shape
 
 
 class DecodeGraphs:
@@ -147,7 +147,8 @@ class DraftGraphs:
 
     A drawn drafting request (``run_drawn``) needs each draft's distribution for verification, so the drafts are
     picked between graphs: one graph for the extend and the first draft's logits (per (bucket, width, span)), one per
-    chained pass j (its logits), and ``pick`` — the eager drafter's own sampling — between them, on the device; the
+    chained pass j (its logits; per selection width too: a context narrower than ``index_topk`` keys selects
+    fewer), and ``pick`` — the eager drafter's own sampling — between them, on the device; the
     drafts are read back once, at the end.
 
     Needs ``index_share_for_mtp_iteration``: a chained pass reuses the extend row's selection, so it runs no
@@ -172,7 +173,8 @@ class DraftGraphs:
         self.chain_pos, self.chain_slot = self._meta[1 + rows:].view(2, scratch_len).unbind(0)
         self.chain_real = torch.zeros(1, dtype=torch.bool, device=device)   # this rank drafts (comm mask)
         self._chain_h = torch.zeros(2, 1, hidden, dtype=dtype, device=device)   # drawn chain: pass j reads j % 2
-        self._chain_topk: torch.Tensor | None = None                           # the extend row's selection
+        self._chain_topk: dict[int, torch.Tensor] = {}      # the extend row's selection, per selection width
+        self._head_sel: dict[tuple, int] = {}               # each head graph's selection width
         self._chain_tok = torch.zeros(1, dtype=torch.long, device=device)       # the draft a pass is fed
         pin = device.type == "cuda"
         self._host = torch.zeros(self._meta.numel(), dtype=torch.long, pin_memory=pin)
@@ -203,9 +205,8 @@ class DraftGraphs:
         self.chain_real.fill_(position is not None)
 
     def _extend(self, bucket: int, width: int, span: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        g, n = self.graphs, self.world_size
-        step = StepShape("span", bucket, bucket, 0) if span else StepShape("dp", bucket, n * bucket, None)
-        self.select(step, None)                            # the extend rides the step's bucket and row mask
+        g = self.graphs
+        self.select(graph_shape(bucket, span, self.world_size), None)   # the extend rides the step's bucket and rows
         batch = Batch(g.positions[:bucket], g.slots[:bucket], [], [], g.block_table[:bucket, :width], g.block_size)
         return self.model.mtp_forward(self.hidden[:bucket], self.next_ids[:bucket], batch, g.cache)
 
@@ -229,19 +230,21 @@ class DraftGraphs:
         return torch.cat(drafts)
 
     def _drawn_head(self, bucket: int, width: int, span: bool) -> torch.Tensor:
-        """The extend, its drafting row kept for the chain; returns the first draft's logits [1, V]."""
+        """The extend, its drafting row kept for the chain; returns the first draft's logits [1, V]. The selection
+        has min(index_topk, width keys) slots, so the chain keeps one buffer (and graphs) per selection width."""
         hn, topk = self._extend(bucket, width, span)
         hn, topk = hn.index_select(0, self.row), topk.index_select(0, self.row)
-        if self._chain_topk is None:
-            self._chain_topk = torch.empty_like(topk)
+        sel = self._head_sel[(bucket, width, span)] = topk.shape[1]
+        if sel not in self._chain_topk:                    # first met in an eager run (a capture's warm-up)
+            self._chain_topk[sel] = torch.empty_like(topk)
         self._chain_h[0].copy_(hn)
-        self._chain_topk.copy_(topk)
+        self._chain_topk[sel].copy_(topk)
         return self.model.logits(hn)
 
-    def _drawn_pass(self, j: int) -> torch.Tensor:
-        """Chained pass j fed ``_chain_tok``: reads hidden buffer j % 2, writes the other (a graph's warm-up run
-        must not overwrite its own input); returns the next draft's logits [1, V]."""
-        hn = self._chain_pass(j, self._chain_h[j % 2], self._chain_tok, self._chain_topk)
+    def _drawn_pass(self, j: int, sel: int) -> torch.Tensor:
+        """Chained pass j fed ``_chain_tok`` over the selection of width ``sel``: reads hidden buffer j % 2, writes the
+        other (a graph's warm-up run must not overwrite its own input); returns the next draft's logits [1, V]."""
+        hn = self._chain_pass(j, self._chain_h[j % 2], self._chain_tok, self._chain_topk[sel])
         self._chain_h[(j + 1) % 2].copy_(hn)
         return self.model.logits(hn)
 
@@ -258,6 +261,7 @@ class DraftGraphs:
         self._count(("drawn", bucket, width, span, k))
         logits = self._replay(("head", bucket, width, span), lambda: self._drawn_head(bucket, width, span),
                               f"the MTP extend for drawn drafts (rows {bucket}, width {width})")
+        sel = self._head_sel[(bucket, width, span)]
         for j in range(k):
             draft = pick(logits) if pick is not None else None
             if j == k - 1:
@@ -266,7 +270,8 @@ class DraftGraphs:
                 self._chain_tok.copy_(draft)
             else:
                 self._chain_tok.zero_()
-            logits = self._replay(("pass", j), lambda j=j: self._drawn_pass(j), f"MTP draft pass {j}")
+            logits = self._replay(("pass", j, sel), lambda j=j: self._drawn_pass(j, sel),
+                                  f"MTP draft pass {j} (selection {sel})")
 
     def _count(self, key: tuple) -> None:
         self.runs[key] = self.runs.get(key, 0) + 1

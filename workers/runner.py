@@ -2,8 +2,8 @@
 
 The coordinator↔worker contract is ``WorkerStep`` in, ``StepResult`` out: plain ints, strings and
 frozen dataclasses (no tensors), so it crosses process boundaries through Ray unchanged. The runner
-keeps each request's token history (for penalties) and sampling parameters from the step that first
-mentions it until a step lists it as finished.
+keeps each request's token history (with penalties, its token counts on the device) and sampling parameters
+from the step that first mentions it until a step lists it as finished.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from scheduler.request import SamplingParams
 from scheduler.scheduler import ScheduledSeq
 from scheduler.shapes import GRAPH_BUCKETS, StepShape, next_pow2
 from workers.graphs import DecodeGraphs, DraftGraphs
-from workers.sampler import RowLogprobs, row_logprobs, sample, sample_on_device
+from workers.sampler import RowLogprobs, TokenCounts, has_penalties, row_logprobs, sample, sample_on_device
 from workers.speculative import DraftRequest, MtpDrafter, pick_draft, token_logprobs, verify
 
 MAX_DRAFTS = 7       # drafts per round at most (N - 1 on an 8-rank span)
@@ -49,6 +49,8 @@ class WorkerStep:
                                        # graph) or "drawn" (picked between graphs); None: the eager drafter
     lookahead: bool = False            # launch the same requests' next decode step ahead (``ModelRunner``)
     use_ahead: bool = False            # this step is the one the last step launched ahead (the same everywhere)
+    warm: tuple[int, ...] | None = None  # a warm-up step (no rows): capture ``graph`` ahead of use, then the MTP
+                                         # drafting graphs after it for these draft counts (0: the extend alone)
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,7 @@ class _RequestState:
     params: SamplingParams
     num_prompt: int
     history: list[int]
+    counts: TokenCounts | None = None         # with penalties: the history's token counts, on the device
     draft_probs: torch.Tensor | None = None   # [k, V]: what the pending drafts were drawn from
 
 
@@ -109,8 +112,9 @@ class ModelRunner:
     (``StepComm.select``) that those graphs use in a group.
 
     Look-ahead (graphs on, no speculation): a graph step the engine marks ``lookahead`` (every row of every rank
-    samples one token, greedy or drawn, without penalties, and the same requests will decode again as far as the
-    engine can tell) samples on the device (``sample_on_device``, ``row_logprobs``), and the same requests' next
+    samples one token, greedy or drawn, and the same requests will decode again as far as the engine can tell)
+    samples on the device (``sample_on_device``, ``row_logprobs``; penalties from the device-side ``TokenCounts``, which
+    count the fed token before the host has it), and the same requests' next
     decode step is staged and launched at once — fed those device-side tokens, through the same comm phases on every
     rank — before this step's tokens are read back. The host returns, and the engine updates and plans while the GPU
     runs that step; if the engine's next step is it (``use_ahead``, decided by the engine for all ranks alike,
@@ -159,8 +163,13 @@ class ModelRunner:
         for rid in step.finished:          # first: a finished id may come back as a new request
             self.requests.pop(rid, None)
         for nr in step.new_requests:
-            self.requests[nr.req_id] = _RequestState(nr.params, len(nr.prompt_ids), list(nr.prompt_ids))
+            counts = TokenCounts(len(nr.prompt_ids), self.model.config.vocab_size, self.device) \
+                if has_penalties(nr.params) else None
+            self.requests[nr.req_id] = _RequestState(nr.params, len(nr.prompt_ids), list(nr.prompt_ids), counts)
         ahead, self._ahead = self._ahead, None           # used by this step, or dropped
+        if step.warm is not None:
+            self._warm(step)
+            return StepResult(step.step_id, busy_ms=(time.perf_counter() - start) * 1e3)
         if not step.seqs and not self.in_group:
             return StepResult(step.step_id)
         if self.graphs is not None and step.graph is not None and (step.lookahead or step.use_ahead):
@@ -194,6 +203,28 @@ class ModelRunner:
                 self._draft(step, hidden, batch, ids, result)
             end = time.perf_counter()
         return replace(result, busy_ms=(end - start) * 1e3, draft_ms=(end - sampled) * 1e3)
+
+    def _warm(self, step: WorkerStep) -> None:
+        """Capture the step's graph, and the drafting graphs after it, on pad rows alone (they write only the pad
+        slot), so no request's step pays a capture later. Every rank runs the same warm steps, so a group's captured
+        comm phases line up. The graphs' step counters are left as they were."""
+        if self.graphs is None:
+            return
+        runs = dict(self.graphs.runs)
+        bucket, width, _ = step.graph
+        self.graphs.stage((), bucket, width)
+        self.stage(step.shape, 0, True)
+        full = self.graphs.run(*step.graph)
+        self.graphs.runs = runs
+        if self.draft_graphs is None:
+            return
+        runs = dict(self.draft_graphs.runs)
+        self.draft_graphs.stage_inputs(full, [], 0, None)
+        for k in step.warm:
+            self.draft_graphs.run(*step.graph, k)
+            if k:
+                self.draft_graphs.run_drawn(*step.graph, k, None)
+        self.draft_graphs.runs = runs
 
     def _execute_on_device(self, step: WorkerStep, ahead: _Ahead | None) -> StepResult:
         """A graph step sampled on the device (the launched look-ahead if it is this step, else staged and replayed
@@ -232,9 +263,29 @@ class ModelRunner:
         if not seqs:
             return torch.empty(0, dtype=torch.long, device=hidden.device), None
         raw = self.model.logits(_take_rows(hidden, [r0 + n - 1 for r0, n in batch.seq_rows])).float()
-        params = [self.requests[s.req_id].params for s in seqs]
-        tokens = sample_on_device(raw, params, [s.num_generated for s in seqs])
+        states = [self.requests[s.req_id] for s in seqs]
+        params = [st.params for st in states]
+        tokens = sample_on_device(raw, params, [s.num_generated for s in seqs], self._counts(states, fed))
         return tokens, row_logprobs(raw, params, tokens)
+
+    def _history_counts(self, st: _RequestState) -> torch.Tensor | None:
+        """A request's token counts [2, V] over its whole history (penalties), None without penalties."""
+        return st.counts.of(st.history) if st.counts is not None else None
+
+    def _counts(self, states: list[_RequestState], fed: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The rows' token counts [B, 2, V] for penalties (zeros for rows without), None when no row has them.
+        ``fed``: each row's fed token on the device, not yet in its history (a step launched ahead)."""
+        if all(st.counts is None for st in states):
+            return None
+        rows = []
+        for i, st in enumerate(states):
+            if st.counts is None:
+                rows.append(torch.zeros(2, self.model.config.vocab_size, dtype=torch.int32, device=self.device))
+                continue
+            rows.append(self._history_counts(st))
+            if fed is not None:
+                st.counts.add(fed[i:i + 1])
+        return torch.stack(rows)
 
     def _launch_ahead(self, step: WorkerStep, tokens: torch.Tensor) -> _Ahead:
         """Stage and launch the same requests' next decode step, fed ``tokens`` (on the device)."""
@@ -251,8 +302,7 @@ class ModelRunner:
             states = [self._state(s) for s in seqs]
             logits = self.model.logits(_take_rows(hidden, [batch.seq_rows[i][0] + batch.seq_rows[i][1] - 1
                                                            for i in plain]))
-            out = sample(logits, [st.params for st in states], [st.history for st in states],
-                         [st.num_prompt for st in states], [s.num_generated for s in seqs])
+            out = sample(logits, [st.params for st in states], self._counts(states), [s.num_generated for s in seqs])
             for i, (s, st) in enumerate(zip(seqs, states)):
                 self._commit(result, s, st, [out.token_ids[i]],
                              [(out.logprobs[i], tuple(out.top_logprobs[i] or ()))])
@@ -262,8 +312,7 @@ class ModelRunner:
                 r0, n = batch.seq_rows[i]
                 logits = self.model.logits(hidden[r0 + n - 1 - s.num_drafts: r0 + n])            # [k+1, V]
                 drafts = s.token_ids[-s.num_drafts:]
-                tokens = verify(logits, drafts, st.draft_probs, st.params, st.history, st.num_prompt,
-                                s.num_generated)
+                tokens = verify(logits, drafts, st.draft_probs, st.params, self._history_counts(st), s.num_generated)
                 lps = token_logprobs(logits, tokens, st.params.logprobs or 0) if st.params.logprobs is not None \
                     else []
                 self._commit(result, s, st, tokens, lps)
@@ -305,10 +354,11 @@ class ModelRunner:
                 self.requests[req].draft_probs = None
             return
         st = self.requests[req] if req is not None else None
+        counts = self._history_counts(st) if st is not None else None
         probs, drafts = [], []
 
         def pick(logits: torch.Tensor) -> torch.Tensor:
-            tok, q = pick_draft(logits[0], st.params, st.history, st.num_prompt, drafts)
+            tok, q = pick_draft(logits[0], st.params, counts, len(st.history) - st.num_prompt, drafts)
             drafts.append(tok)
             probs.append(q)
             return tok
@@ -333,7 +383,7 @@ class ModelRunner:
                 if step.num_drafts and len(reqs) < self.max_drafting:
                     rows.append(last)
                     reqs.append(DraftRequest(s.req_id, s.start_pos + last - r0, s.block_ids, st.params,
-                                             st.history, st.num_prompt, len(reqs)))
+                                             self._history_counts(st), len(st.history) - st.num_prompt, len(reqs)))
             else:
                 next_ids[r0 + n - 1] = st.history[s.end_pos]          # the next prompt token
         self.drafter.extend(hidden, next_ids, batch)

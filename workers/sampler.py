@@ -6,6 +6,10 @@ by their temperature, filtered by top-k, top-p and min-p, and drawn with an expo
 seeded row draws its noise from its own generator seeded by ``(seed, num_generated)``, so its token depends
 only on that pair and the row's logits: it repeats alone, in any batch and after preemption. Logprobs come
 from the raw logits. ``sample_on_device`` (and ``row_logprobs``) give the same without reading them back.
+
+Penalties read a row's token counts — [2, V] per row: every id of its history, and its generated ids — on the
+device: a request keeps its own (``TokenCounts``, fed the ids it commits, or one sampled on the device and not yet
+read back), so no step copies a history; ``history_counts`` builds them from host lists.
 """
 
 from __future__ import annotations
@@ -36,20 +40,19 @@ class SampleOutput:
 def sample(
     logits: Tensor,
     params: list[SamplingParams],
-    histories: list[Sequence[int]],
-    num_prompt: list[int],
+    counts: Tensor | None,
     num_generated: list[int],
 ) -> SampleOutput:
     """Sample one token per row.
 
-    logits: [B, V], any float dtype (computed in fp32). histories[i]: prompt + generated ids of row i,
-    of which the first num_prompt[i] are prompt. num_generated[i]: index of the token being sampled
-    (with the seed, it fixes the row's random draw).
+    logits: [B, V], any float dtype (computed in fp32). counts: [B, 2, V] each row's token counts (every id of its
+    history, its generated ids), read by penalties only (None: no row has any). num_generated[i]: index of the token
+    being sampled (with the seed, it fixes the row's random draw).
     """
-    _check_batch(logits, params, histories, num_prompt)
+    _check_batch(logits, params, counts)
     assert len(num_generated) == len(params), "one num_generated per row"
     raw = logits.float()  # [B, V]
-    tokens = _choose(apply_penalties(raw, params, histories, num_prompt), params, num_generated)
+    tokens = _choose(apply_penalties(raw, params, counts), params, num_generated)
     logprobs = row_logprobs(raw, params, tokens)
     chosen = tokens.tolist()
     if logprobs is None:
@@ -58,17 +61,12 @@ def sample(
 
 
 def sample_on_device(logits: Tensor, params: list[SamplingParams], num_generated: list[int],
-                     histories: list[Sequence[int]] | None = None, num_prompt: list[int] | None = None) -> Tensor:
-    """``sample``'s tokens [B], left on the device. Without penalties nothing here waits for the GPU, so a caller can
-    launch more work fed these tokens before it reads them back; rows with penalties need their histories (building
-    their counts waits for the GPU). No logprobs."""
-    assert logits.dim() == 2 and len(params) == len(num_generated) == logits.shape[0], "one row per params"
-    raw = logits.float()
-    if histories is None:
-        assert not any(has_penalties(p) for p in params), "a row with penalties needs its history"
-        return _choose(raw, params, num_generated)
-    _check_batch(logits, params, histories, num_prompt)
-    return _choose(apply_penalties(raw, params, histories, num_prompt), params, num_generated)
+                     counts: Tensor | None = None) -> Tensor:
+    """``sample``'s tokens [B], left on the device: nothing here waits for the GPU, so a caller can launch more work
+    fed these tokens before it reads them back. No logprobs."""
+    _check_batch(logits, params, counts)
+    assert len(num_generated) == len(params), "one num_generated per row"
+    return _choose(apply_penalties(logits.float(), params, counts), params, num_generated)
 
 
 def _choose(processed: Tensor, params: list[SamplingParams], num_generated: list[int]) -> Tensor:
@@ -87,18 +85,13 @@ def _choose(processed: Tensor, params: list[SamplingParams], num_generated: list
     return token_ids
 
 
-def probs_for_rows(
-    logits: Tensor,
-    params: list[SamplingParams],
-    histories: list[Sequence[int]],
-    num_prompt: list[int],
-) -> Tensor:
+def probs_for_rows(logits: Tensor, params: list[SamplingParams], counts: Tensor | None = None) -> Tensor:
     """The distribution ``sample`` draws from, per row: [B, V] fp32 (greedy rows: one-hot at the argmax).
 
     For speculative decoding's rejection sampling, which needs the target and draft distributions.
     """
-    _check_batch(logits, params, histories, num_prompt)
-    processed = apply_penalties(logits.float(), params, histories, num_prompt)  # [B, V]
+    _check_batch(logits, params, counts)
+    processed = apply_penalties(logits.float(), params, counts)  # [B, V]
     probs = torch.zeros_like(processed).scatter_(1, processed.argmax(dim=-1, keepdim=True), 1.0)
     sampled_rows = [i for i, p in enumerate(params) if not p.is_greedy]
     if sampled_rows:
@@ -111,29 +104,29 @@ def probs_for_rows(
     return probs
 
 
-def apply_penalties(
-    logits: Tensor,
-    params: list[SamplingParams],
-    histories: list[Sequence[int]],
-    num_prompt: list[int],
-) -> Tensor:
+def apply_penalties(logits: Tensor, params: list[SamplingParams], counts: Tensor | None) -> Tensor:
     """Repetition (prompt + generated ids), presence and frequency (generated ids only) penalties.
 
-    logits: [B, V] fp32; returns a new [B, V] tensor (the input is left untouched).
+    logits: [B, V] fp32; counts: [B, 2, V] (every id of the row's history, its generated ids); returns a new [B, V]
+    tensor (the input is left untouched), or the input when no row has penalties.
     repetition: logit / pen where logit > 0, else logit * pen (HF / vLLM).
     presence / frequency: logit - presence * [count > 0] - frequency * count (OpenAI / vLLM).
     """
     if not any(has_penalties(p) for p in params):
         return logits
-    device, vocab_size = logits.device, logits.shape[1]
-    seen = _id_counts(histories, [0] * len(params), vocab_size, device) > 0  # [B, V]
-    gen_counts = _id_counts(histories, num_prompt, vocab_size, device).float()  # [B, V]
-    rep = _row_values([p.repetition_penalty for p in params], device)  # [B, 1]
-    presence = _row_values([p.presence_penalty for p in params], device)  # [B, 1]
-    frequency = _row_values([p.frequency_penalty for p in params], device)  # [B, 1]
-    penalized = torch.where(logits > 0, logits / rep, logits * rep)
-    out = torch.where(seen, penalized, logits)
-    return out - presence * (gen_counts > 0).float() - frequency * gen_counts
+    assert counts is not None, "rows with penalties need their token counts"
+    # few launches: on the GPU each op here costs more host time than device time (one copy of the values, and the
+    # kinds of penalty no row asks for skipped on the host)
+    values = to_device([[p.repetition_penalty, p.presence_penalty, p.frequency_penalty] for p in params], torch.float32,
+                       logits.device)  # [B, 3]
+    rep, presence, frequency = values[:, 0:1], values[:, 1:2], values[:, 2:3]  # [B, 1] each
+    out = logits
+    if any(p.repetition_penalty != 1.0 for p in params):
+        out = torch.where(counts[:, 0] > 0, torch.where(logits > 0, logits / rep, logits * rep), logits)
+    if any(p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 for p in params):
+        generated = counts[:, 1]  # [B, V] int32
+        out = out - torch.where(generated > 0, presence + frequency * generated, 0.0)
+    return out
 
 
 def _filtered_weights(logits: Tensor, params: list[SamplingParams]) -> tuple[Tensor, Tensor | None]:
@@ -247,17 +240,53 @@ def row_logprobs(raw: Tensor, params: list[SamplingParams], tokens: Tensor) -> R
     return RowLogprobs(rows, chosen, top_logp, top_ids)
 
 
-def _id_counts(
-    histories: list[Sequence[int]], starts: list[int], vocab_size: int, device: torch.device
-) -> Tensor:
-    """counts[i, t] = occurrences of token t in histories[i][starts[i]:]; [B, V] int64."""
-    counts = torch.zeros(len(histories), vocab_size, dtype=torch.long, device=device)
-    for i, (hist, start) in enumerate(zip(histories, starts)):
-        ids = torch.as_tensor(list(hist[start:]), dtype=torch.long, device=device)
-        if ids.numel():
-            assert int(ids.min()) >= 0 and int(ids.max()) < vocab_size, "history id outside the vocab"
-            counts[i].scatter_add_(0, ids, torch.ones_like(ids))
-    return counts
+class TokenCounts:
+    """One request's token counts on the device, for its penalties: ``counts`` [2, V] int32 — every id of its history,
+    and its generated ids (those after the first ``num_prompt``) — over the first ``counted`` ids of the history.
+
+    ``of(history)`` adds the ids not yet counted (one asynchronous copy of those alone) and returns the counts;
+    ``add(token)`` counts a generated id that is still on the device (sampled, not read back: the runner's
+    look-ahead), the history's next one — the host appends it later, and ``of`` does not count it again."""
+
+    def __init__(self, num_prompt: int, vocab_size: int, device: torch.device):
+        self.counts = torch.zeros(2, vocab_size, dtype=torch.int32, device=device)
+        self.num_prompt, self.counted = num_prompt, 0
+
+    def of(self, history: Sequence[int]) -> Tensor:
+        new = history[self.counted:]
+        if new:
+            assert 0 <= min(new) and max(new) < self.counts.shape[1], "history id outside the vocab"
+            ids = to_device(new, torch.long, self.counts.device)
+            self.counts[0].index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
+            generated = ids[max(0, self.num_prompt - self.counted):]
+            self.counts[1].index_add_(0, generated, torch.ones_like(generated, dtype=torch.int32))
+            self.counted = len(history)
+        return self.counts
+
+    def add(self, token: Tensor) -> None:
+        """token: [1] on the device, the id after the last one counted (a generated one)."""
+        self.counts.index_add_(1, token, torch.ones(2, 1, dtype=torch.int32, device=token.device))
+        self.counted += 1
+
+
+def history_counts(histories: list[Sequence[int]], num_prompt: list[int], vocab_size: int,
+                   device: torch.device | str) -> Tensor:
+    """``TokenCounts`` of host histories: [B, 2, V] int32 (every id of history i, those after num_prompt[i])."""
+    assert len(histories) == len(num_prompt), "one num_prompt per history"
+    out = []
+    for hist, n in zip(histories, num_prompt):
+        assert 0 <= n <= len(hist), f"num_prompt {n} outside a history of {len(hist)} ids"
+        out.append(TokenCounts(n, vocab_size, torch.device(device)).of(hist))
+    return torch.stack(out)
+
+
+def with_drafts(counts: Tensor, drafts: Tensor) -> Tensor:
+    """counts [2, V] of a history, drafts [k] (generated ids after it, on the device) → [k + 1, 2, V]: row i counts
+    the history and the first i drafts (what penalties read at verification position i)."""
+    k, vocab_size = drafts.shape[0], counts.shape[1]
+    added = torch.zeros(k + 1, vocab_size, dtype=counts.dtype, device=counts.device)
+    added[1:].scatter_(1, drafts[:, None], 1)
+    return counts[None] + added.cumsum(dim=0, dtype=counts.dtype)[:, None]
 
 
 def _row_values(values: list[float], device: torch.device) -> Tensor:
@@ -274,26 +303,15 @@ def to_device(values: Sequence, dtype: torch.dtype, device: torch.device) -> Ten
     return host.pin_memory().to(device, non_blocking=True)
 
 
-def samples_on_device(p: SamplingParams) -> bool:
-    """Whether a row's token can be picked without the host: no penalties (they read the history) — then
-    ``sample_on_device`` draws it as ``sample`` does, greedy or not, and ``row_logprobs`` gives its logprobs (the
-    runner's look-ahead relies on this)."""
-    return not has_penalties(p)
-
-
 def has_penalties(p: SamplingParams) -> bool:
     """Whether a row's logits depend on its history (repetition, presence or frequency penalty)."""
     return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
 
 
-def _check_batch(
-    logits: Tensor, params: list[SamplingParams], histories: list[Sequence[int]], num_prompt: list[int]
-) -> None:
+def _check_batch(logits: Tensor, params: list[SamplingParams], counts: Tensor | None) -> None:
     assert logits.dim() == 2, f"logits must be [B, V], got shape {tuple(logits.shape)}"
     assert logits.is_floating_point(), f"logits must be floating point, got {logits.dtype}"
     num_rows = logits.shape[0]
     assert len(params) == num_rows, f"{len(params)} params for {num_rows} rows"
-    assert len(histories) == num_rows, f"{len(histories)} histories for {num_rows} rows"
-    assert len(num_prompt) == num_rows, f"{len(num_prompt)} num_prompt for {num_rows} rows"
-    for hist, n in zip(histories, num_prompt):
-        assert 0 <= n <= len(hist), f"num_prompt {n} outside a history of {len(hist)} ids"
+    assert counts is None or tuple(counts.shape) == (num_rows, 2, logits.shape[1]), \
+        f"token counts of shape {tuple(counts.shape)} for {num_rows} rows of {logits.shape[1]} ids"

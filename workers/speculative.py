@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from scheduler.request import SamplingParams
-from workers.sampler import has_penalties, probs_for_rows, sample, sample_on_device, to_device
+from workers.sampler import has_penalties, probs_for_rows, sample, sample_on_device, to_device, with_drafts
 
 _MULT, _MASK = 1_000_003, (1 << 63) - 1
 
@@ -39,9 +39,10 @@ def _race(probs: torch.Tensor, g: torch.Generator | None) -> torch.Tensor:
 
 
 def verify(logits: torch.Tensor, drafts: Sequence[int], draft_probs: torch.Tensor | None, params: SamplingParams,
-           history: list[int], num_prompt: int, num_generated: int) -> list[int]:
+           counts: torch.Tensor | None, num_generated: int) -> list[int]:
     """Accepted drafts plus one more token. logits: [k+1, V] target rows; drafts: k ids; draft_probs:
-    [k, V] the distribution each draft was drawn from (sampled mode); history: prompt + output so far.
+    [k, V] the distribution each draft was drawn from (sampled mode); counts: [2, V] the token counts of the prompt
+    + output so far (``TokenCounts``; None without penalties), position i's penalties count the first i drafts too.
 
     Every position is decided at once on the device and read back once: position i's target token (greedy), or
     its acceptance test and the replacement drawn from its residual (drawn; each position's own generator gives the
@@ -49,17 +50,16 @@ def verify(logits: torch.Tensor, drafts: Sequence[int], draft_probs: torch.Tenso
     rejection."""
     k = len(drafts)
     assert logits.shape[0] == k + 1
-    # each position's history (read only by penalties: without them, the one list serves every position uncopied)
-    hists = [history + list(drafts[:i]) if has_penalties(params) else history for i in range(k + 1)]
-    if params.is_greedy or draft_probs is None:
-        tokens = sample(logits, [params] * (k + 1), hists, [num_prompt] * (k + 1),
-                        [num_generated + i for i in range(k + 1)]).token_ids
+    device, greedy = logits.device, params.is_greedy or draft_probs is None
+    d = to_device(drafts, torch.long, device) if has_penalties(params) or not greedy else None   # [k]
+    counts = with_drafts(counts, d) if has_penalties(params) else None                  # [k + 1, 2, V]
+    if greedy:
+        tokens = sample(logits, [params] * (k + 1), counts, [num_generated + i for i in range(k + 1)]).token_ids
         n = next((i for i in range(k) if tokens[i] != drafts[i]), k)
         return tokens[:n + 1]                          # the drafts that match, then the target's own token
-    device, draft_probs = logits.device, draft_probs[:k]     # the plan may verify fewer drafts than were proposed
-    p = probs_for_rows(logits[:k], [params] * k, hists[:k], [num_prompt] * k)           # [k, V]
-    d = to_device(drafts, torch.long, device)[:, None]                                  # [k, 1]
-    p_d, q_d = p.gather(1, d)[:, 0], draft_probs.gather(1, d)[:, 0]                     # [k]
+    draft_probs = draft_probs[:k]                        # the plan may verify fewer drafts than were proposed
+    p = probs_for_rows(logits[:k], [params] * k, None if counts is None else counts[:k])  # [k, V]
+    p_d, q_d = p.gather(1, d[:, None])[:, 0], draft_probs.gather(1, d[:, None])[:, 0]   # [k]
     gens = [_generator(params.seed, num_generated + i, 1, device) for i in range(k)]
     u = torch.stack([torch.rand((), generator=g, device=device) for g in gens])       # [k]
     accept = (q_d > 0) & (u * q_d < p_d)
@@ -67,25 +67,25 @@ def verify(logits: torch.Tensor, drafts: Sequence[int], draft_probs: torch.Tenso
     total = residual.sum(dim=-1, keepdim=True)
     residual = torch.where(total > 0, residual / total, p)             # p itself where q covers p everywhere
     fixes = torch.cat([_race(residual[i], g) for i, g in enumerate(gens)])              # [k]
-    bonus = sample_on_device(logits[k:], [params], [num_generated + k], hists[k:], [num_prompt])    # [1]
+    bonus = sample_on_device(logits[k:], [params], [num_generated + k], None if counts is None else counts[k:])
     read = torch.cat([accept.long(), fixes, bonus]).tolist()                            # the one read-back
     n = next((i for i in range(k) if not read[i]), k)                                   # the first rejection
     return [*drafts[:n], read[k + n]]                  # its replacement, or after k acceptances the bonus
 
 
-def pick_draft(logits: torch.Tensor, params: SamplingParams, history: list[int], num_prompt: int,
+def pick_draft(logits: torch.Tensor, params: SamplingParams, counts: torch.Tensor | None, num_generated: int,
                so_far: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The next draft from the MTP's logits [V], left on the device: greedy → (the argmax [1], None); drawn → a draw
     from q, the distribution ``sample`` would draw from (what verification weighs the draft by), by an exponential
     race with the draft's own noise (seeded rows: from (seed, its index among the generated tokens)) → ([1], q [V]).
-    history: prompt + output; so_far: the drafts before this one ([1] each; read back only for penalties)."""
+    counts: [2, V] the token counts of prompt + output (None without penalties; the drafts so far are added on the
+    device); num_generated: the output's length; so_far: the drafts before this one ([1] each)."""
     if params.is_greedy:
         return logits.argmax(dim=-1, keepdim=True), None
-    index = len(history) + len(so_far) - num_prompt
-    if so_far and has_penalties(params):
-        history = history + torch.cat(so_far).tolist()
-    q = probs_for_rows(logits[None], [params], [history], [num_prompt])[0]
-    return _race(q, _generator(params.seed, index, 2, logits.device)), q
+    if counts is not None:
+        counts = with_drafts(counts, torch.cat(so_far))[-1:] if so_far else counts[None]
+    q = probs_for_rows(logits[None], [params], counts)[0]
+    return _race(q, _generator(params.seed, num_generated + len(so_far), 2, logits.device)), q
 
 
 class Drafter(Protocol):
@@ -106,8 +106,8 @@ class DraftRequest:
     position: int            # the last committed position (its row was the last valid row of the step)
     block_ids: Sequence[int]
     params: SamplingParams
-    history: list[int]       # prompt + output, including the token just committed
-    num_prompt: int
+    counts: torch.Tensor | None   # [2, V] token counts of prompt + output (penalties; ``TokenCounts``), else None
+    num_generated: int       # output tokens, including the one just committed
     scratch: int             # index of this request's scratch region
 
 
@@ -141,7 +141,7 @@ class MtpDrafter:
             if requests:
                 logits = self.model.logits(hn)
                 for i, r in enumerate(requests):
-                    tok, q = pick_draft(logits[i], r.params, r.history, r.num_prompt, drafts[i])
+                    tok, q = pick_draft(logits[i], r.params, r.counts, r.num_generated, drafts[i])
                     drafts[i].append(tok)
                     probs[i].append(q)
             if j == num_drafts - 1:

@@ -23,7 +23,7 @@ from kernels import ops
 from models.loader import load_model
 from scheduler.scheduler import ScheduledSeq
 from scheduler.shapes import next_pow2
-from tests.integration.test_graphs import make_engine, requests, run
+from tests.integration.test_graphs import captured, make_engine, requests, run, serve_warm_shapes
 from workers.runner import ModelRunner
 
 DEV = "cuda"
@@ -99,15 +99,16 @@ def test_engine_with_graphs_equals_without(text_ckpt, n):
 
 
 def test_lookahead_draws_seeded_rows_as_without(text_ckpt):
-    """Seeded drawn rows (temperature, top-k / top-p) and a greedy one asking for logprobs sample on the device and
-    launch the next step ahead: the same tokens as the same graph steps without look-ahead (sampling on the host's
-    side)."""
+    """Seeded drawn rows (temperature, top-k / top-p; one with penalties, read from its token counts on the device)
+    and a greedy one asking for logprobs sample on the device and launch the next step ahead: the same tokens as the
+    same graph steps without look-ahead (sampling on the host's side)."""
     from scheduler.request import SamplingParams
 
     m = model(text_ckpt, "float32")
     params = [SamplingParams(max_tokens=20, temperature=0.9, seed=5), SamplingParams(max_tokens=20, temperature=0.7,
-              top_k=20, top_p=0.9, seed=6), SamplingParams(max_tokens=20, temperature=0.0, logprobs=2)]
-    reqs = {rid: (prompt, p) for (rid, (prompt, _)), p in zip(requests(3, m.config.vocab_size, seed=9).items(), params)}
+              top_k=20, top_p=0.9, seed=6), SamplingParams(max_tokens=20, temperature=0.0, logprobs=2),
+              SamplingParams(max_tokens=20, temperature=0.8, seed=7, presence_penalty=1.5, frequency_penalty=0.8)]
+    reqs = {rid: (prompt, p) for (rid, (prompt, _)), p in zip(requests(4, m.config.vocab_size, seed=9).items(), params)}
     on, off = _engine(m, True), _engine(m, True)
     off.lookahead = False
     assert run(on, reqs) == run(off, reqs)
@@ -130,20 +131,35 @@ def test_speculative_with_graphs_equals_plain(text_ckpt):
 
 
 def test_drawn_speculation_with_captured_drafting(text_ckpt):
-    """A seeded drawn request (T 0.8, top-p 0.95): its drafts picked between captured drafting graphs (the extend and
-    each chained pass) give the tokens and acceptance of the eager drafter after the same replayed verify steps."""
+    """Seeded drawn requests (T 0.8, top-p 0.95): their drafts picked between captured drafting graphs (the extend and
+    each chained pass) give the tokens and acceptance of the eager drafter after the same replayed verify steps — one
+    whose prompt is shorter than ``index_topk`` keys, so its selection widens as it decodes (chain graphs per width)."""
     from scheduler.request import SamplingParams
 
     m = model(text_ckpt, "float32")
     prompt = next(iter(requests(1, m.config.vocab_size, seed=7).values()))[0]
-    reqs = {"d": (prompt, SamplingParams(max_tokens=24, temperature=0.8, top_p=0.95, seed=9))}
+    params = SamplingParams(max_tokens=24, temperature=0.8, top_p=0.95, seed=9)
+    reqs = {"d": (prompt, params), "short": (prompt[:9], params)}
     spec = _engine(m, True, k=3)
     eager = _engine(m, True, k=3)
     eager.executor.runner.draft_graphs = None
-    assert run(spec, reqs) == run(eager, reqs)
+    for rid, req in reqs.items():
+        assert run(spec, {rid: req}) == run(eager, {rid: req}), rid
     assert spec.spec_metrics() == eager.spec_metrics() and spec.spec_metrics()["accepted"] > 0
     captured = spec.executor.runner.draft_graphs.captured
-    assert any(key[0] == "head" for key in captured) and ("pass", 1) in captured, captured
+    assert any(key[0] == "head" for key in captured), captured
+    assert len({key[2] for key in captured if key[:2] == ("pass", 1)}) >= 2, captured   # two selection widths
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_warm_up_captures_every_graph_served_after_it(text_ckpt, k):
+    """After ``Engine.warm_up`` (graphs captured on pad rows), requests within its contexts — alone and drafting
+    (greedy, drawn), then four at once — capture nothing more, and their tokens are an unwarmed engine's."""
+    m = model(text_ckpt, "float32")
+    engine, got, warm = serve_warm_shapes(m, k, 48)
+    assert warm[0] and (warm[1] or not k)
+    assert captured(engine) == warm
+    assert got == serve_warm_shapes(m, k, None)[1]
 
 
 def _engine(m, graphs: bool, k: int = 0):

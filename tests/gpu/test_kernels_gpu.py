@@ -513,7 +513,7 @@ def test_engine_with_fp8_prefill_activations(tmp_path, monkeypatch):
     for act in ("bf16", "fp8"):
         engine, _ = build_local_engine(EngineConfig(model=str(tmp_path), load_format="dummy",
                                                     device="cuda", kv_cache_tokens=1024, max_num_batched_tokens=512,
-                                                    prefill_activations=act), progress=False)
+                                                    prefill_activations=act, warmup_tokens=0), progress=False)
         runner = engine.executor.runner
         seen = []
         forward = runner.model.logits

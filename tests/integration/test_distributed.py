@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from cluster.config import EngineConfig
-from cluster.engine import AsyncEngine, Engine, GroupFailure, LocalExecutor
+from cluster.engine import AsyncEngine, Engine, GroupFailure, LocalExecutor, warm_keys
 from cluster.local import scheduler_config
 from cluster.workers import RayWorkerGroup
 from models.loader import load_model
 from scheduler.request import SamplingParams
-from scheduler.shapes import StepShape
+from scheduler.shapes import StepShape, graph_widths
 from tests.conftest import run_engine as run
 from workers.runner import ModelRunner
 from workers.worker import Worker
@@ -232,7 +232,7 @@ def test_static_graph_steps_equal_single_process(ray_session, tiny_ckpt, tiny_co
 
 
 def test_static_span_verify_steps_equal_plain(ray_session, text_ckpt):
-    """Speculation on 4 ranks with graph-shaped steps: each verify step (1 + 3 drafts) is a static span
+    """Speculation on 4 ranks with graph-shaped steps, after a warm-up: each verify step (1 + 3 drafts) is a static span
     whose owner comes from a device scalar; greedy output equals single-process plain decode, and a seeded drawn
     request (its drafts picked between the drafting graphs on its rank, the other ranks' passes on pad rows) gives
     the tokens of a single process with speculation and no graphs."""
@@ -257,6 +257,9 @@ def test_static_span_verify_steps_equal_plain(ray_session, text_ckpt):
     try:
         engine = Engine(group, scheduler_config(cfg, mc, None, NUM_BLOCKS), num_ranks=4, speculative_tokens=3,
                         graphs=True)
+        # the start-up warm-up first: every rank runs each warm step (dp and span keys, drafting graphs after them)
+        assert engine.warm_up(64)["graph_steps"] == len(warm_keys(4, True, 3, graph_widths(4)))
+        assert engine.stats["steps"] == 0 and engine.num_free_blocks() == 4 * NUM_BLOCKS
         got = [run(engine, {f"s{i}": (ids, greedy)})[f"s{i}"] for i, ids in enumerate(prompts)]
         assert got == expected
         assert engine.stats["graph_steps"] > 0 and engine.stats["drafts_accepted"] > 0

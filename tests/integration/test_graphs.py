@@ -7,15 +7,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cluster.engine import Engine, LocalExecutor, graph_key
+import workers.runner as runner_module
+from cluster.engine import Engine, LocalExecutor, graph_key, warm_keys
 from kernels.reference import indexer_topk, indexer_topk_paged
 from models.cache import build_batch
 from models.loader import load_model
 from scheduler.request import SamplingParams
 from scheduler.scheduler import ScheduledSeq, SchedulerConfig, StepPlan
-from scheduler.shapes import StepShape
+from scheduler.shapes import StepShape, graph_width, graph_widths
 from tests.conftest import run_engine
 from workers.runner import ModelRunner
+from workers.sampler import has_penalties, history_counts
 
 BLOCK, NUM_BLOCKS = 16, 128
 
@@ -78,17 +80,21 @@ def test_static_verify_with_speculation_equals_plain(model):
 
 def test_static_drafting_batched_and_sampled(model):
     """With speculation on: several requests (no drafts; the extend alone runs as a graph, k = 0), then drawn
-    requests — seeded, unseeded (the same global seed before each engine), with top-p and with a penalty (its
-    drafts' history read back) — whose drafts are picked between the drafting graphs with their distributions kept:
-    the tokens and the acceptance of the engine without graphs (the eager drafter)."""
+    requests — seeded, unseeded (the same global seed before each engine), with top-p, with a penalty (the drafts
+    so far counted on the device), and one whose context starts under ``index_topk`` keys — whose drafts are picked
+    between the drafting graphs with their distributions kept: the tokens and the acceptance of the engine without
+    graphs (the eager drafter)."""
     batch = requests(3, model.config.vocab_size, seed=11)
     spec, plain = make_engine(model, graphs=True, k=3), make_engine(model, graphs=False, k=3)
     assert run(spec, batch) == run(plain, batch)
     assert any(k == 0 for *_, k in spec.executor.runner.draft_graphs.runs)
-    prompt = batch["r0"][0]
-    for params in (SamplingParams(max_tokens=20, temperature=0.8, seed=5),
-                   SamplingParams(max_tokens=20, temperature=0.6, top_p=0.9),
-                   SamplingParams(max_tokens=20, temperature=0.7, top_k=30, repetition_penalty=1.2, seed=6)):
+    long = batch["r0"][0]
+    short = long[:9]                  # fewer keys than index_topk: the selection widens as it decodes
+    for prompt, params in ((long, SamplingParams(max_tokens=20, temperature=0.8, seed=5)),
+                           (long, SamplingParams(max_tokens=20, temperature=0.6, top_p=0.9)),
+                           (long, SamplingParams(max_tokens=20, temperature=0.7, top_k=30, repetition_penalty=1.2,
+                                                 seed=6)),
+                           (short, SamplingParams(max_tokens=20, temperature=0.8, seed=8))):
         spec, plain = make_engine(model, graphs=True, k=3), make_engine(model, graphs=False, k=3)
         torch.manual_seed(3)
         got = run(spec, {"s": (prompt, params)})
@@ -98,6 +104,64 @@ def test_static_drafting_batched_and_sampled(model):
         runs = spec.executor.runner.draft_graphs.runs
         assert any(key[0] == "drawn" and key[-1] == 3 for key in runs), runs
     assert spec.spec_metrics()["accepted"] > 0
+
+
+def warmed(keys) -> tuple[set, set]:
+    """The decode and drafting graph keys (as the runner counts them) that the warm steps of ``keys`` run."""
+    drafting = {key + (k,) for key, counts in keys for k in counts}
+    return {key for key, _ in keys}, drafting | {("drawn",) + key for key in drafting if key[-1]}
+
+
+def captured(engine: Engine) -> tuple[list, list]:
+    runner = engine.executor.runner
+    return runner.graphs.captured, runner.draft_graphs.captured if runner.draft_graphs is not None else []
+
+
+def serve_warm_shapes(model, k: int, warmup: int | None) -> tuple[Engine, list, tuple]:
+    """An engine (warmed up to ``warmup`` tokens, or not) serving contexts under 48 tokens: a greedy and a drawn
+    request alone (drafting), then four at once. Returns the engine, every request's tokens, and the graphs captured
+    before serving (on CUDA)."""
+    engine = make_engine(model, graphs=True, k=k)
+    if warmup is not None:
+        done = engine.warm_up(warmup)
+        runner = engine.executor.runner
+        assert done["graph_steps"] == len(warm_keys(1, True, k, graph_widths(-(-warmup // BLOCK))))
+        assert engine.stats["steps"] == 0 and engine.num_free_blocks() == NUM_BLOCKS and not runner.requests
+    g = torch.Generator().manual_seed(30)
+    prompts = [torch.randint(40, model.config.vocab_size, (n,), generator=g).tolist() for n in (20, 9, 30, 14)]
+    solo = [SamplingParams(max_tokens=12, temperature=0.0), SamplingParams(max_tokens=12, temperature=0.8, seed=2)]
+    batch = {f"b{i}": (p, SamplingParams(max_tokens=10, temperature=0.0)) for i, p in enumerate(prompts)}
+    before = captured(engine)
+    return engine, [run(engine, {f"s{i}": (prompts[0], p)}) for i, p in enumerate(solo)] + [run(engine, batch)], before
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_warm_up_runs_every_served_graph_key_and_changes_nothing(model, k):
+    """``Engine.warm_up`` runs the graph keys of short contexts (``warm_keys``) on pad rows — with speculation, the
+    drafting graphs after them, greedy and drawn — then a short request, and leaves no request, block or stat behind.
+    Requests served after it give the tokens of an engine that never warmed up, and every decode and drafting graph
+    key they ran was a warmed one (on a GPU: none was captured while serving)."""
+    engine, got, _ = serve_warm_shapes(model, k, 48)
+    assert got == serve_warm_shapes(model, k, None)[1]
+    decode, drafting = warmed(warm_keys(1, True, k, graph_widths(3)))
+    runner = engine.executor.runner
+    assert runner.graphs.runs and set(runner.graphs.runs) <= decode, (sorted(runner.graphs.runs), sorted(decode))
+    if k:
+        assert any(key[0] == "drawn" for key in runner.draft_graphs.runs)
+        assert set(runner.draft_graphs.runs) <= drafting, (sorted(runner.draft_graphs.runs, key=str), drafting)
+
+
+def test_warm_keys_follow_the_step_shapes():
+    """One process: every dp bucket, drafts after the buckets a solo verify of 1 + 3 rows lands in; a group with
+    span steps: drafts after a one-row dp step and on the span buckets; without speculation no drafting graphs."""
+    assert warm_keys(1, True, 0, [1]) == [((b, 1, False), ()) for b in (1, 2, 4, 8)]
+    assert warm_keys(1, True, 3, [2]) == [((1, 2, False), (0, 3)), ((2, 2, False), (0, 3)),
+                                          ((4, 2, False), (0, 3)), ((8, 2, False), (0,))]
+    assert warm_keys(2, True, 3, [5]) == [((1, 5, False), (0, 3)), ((2, 5, False), (0,)), ((4, 5, False), (0,)),
+                                          ((8, 5, False), (0,)), ((2, 5, True), (3,)), ((4, 5, True), (3,))]
+    assert warm_keys(8, False, 1, [1])[:2] == [((1, 1, False), (0, 1)), ((2, 1, False), (0, 1))]
+    assert graph_widths(20) == [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20]
+    assert all(graph_width(b) in graph_widths(300) for b in range(1, 301))
 
 
 @pytest.mark.parametrize("lengths", [[5, 9], [40, 70, 33], [200]])
@@ -216,15 +280,38 @@ def test_lookahead_draws_seeded_rows_as_eager(model):
     assert engine.executor.runner.ahead_stats["used"] >= 10, engine.executor.runner.ahead_stats
 
 
-def test_no_lookahead_for_rows_with_penalties(model):
-    """Penalties read the history on the host: no look-ahead, same tokens as eager."""
+def test_lookahead_rows_with_penalties_equal_eager(model, monkeypatch):
+    """Penalties read each request's token counts on the device, the token fed to a step launched ahead counted before
+    the host has it: rows with repetition / presence / frequency penalties (beside a row without) look ahead, and
+    their tokens are the eager path's (which counts host histories), and every draw read the counts of exactly the
+    tokens before it."""
     vocab = model.config.vocab_size
-    prompt = requests(1, vocab, seed=13)["r0"][0]
-    for params in (SamplingParams(max_tokens=10, temperature=0.8, seed=3, presence_penalty=0.4),
-                   SamplingParams(max_tokens=10, temperature=0.0, repetition_penalty=1.3)):
-        engine = make_engine(model, graphs=True)
-        assert run(engine, {"r": (prompt, params)}) == run(make_engine(model, graphs=False), {"r": (prompt, params)})
-        assert engine.executor.runner.ahead_stats == {"launched": 0, "used": 0}
+    reqs = requests(3, vocab, seed=13)
+    asks = [SamplingParams(max_tokens=24, temperature=0.8, seed=3, presence_penalty=1.5, frequency_penalty=0.8),
+            SamplingParams(max_tokens=24, temperature=0.0, repetition_penalty=1.6),
+            SamplingParams(max_tokens=24, temperature=0.0)]
+    reqs = {rid: (prompt, p) for (rid, (prompt, _)), p in zip(reqs.items(), asks)}
+    engine = make_engine(model, graphs=True)
+    seen = []                                   # (request, index of the token drawn, the counts its penalties read)
+    draw = runner_module.sample_on_device
+
+    def spy(logits, params, num_generated, counts=None):
+        if counts is not None:
+            rids = [next(rid for rid, (_, p) in reqs.items() if p is q) for q in params]   # distinct params each
+            seen.extend((rid, j, c.clone()) for rid, j, c in zip(rids, num_generated, counts))
+        return draw(logits, params, num_generated, counts)
+
+    monkeypatch.setattr(runner_module, "sample_on_device", spy)
+    got = run(engine, reqs)
+    assert got == run(make_engine(model, graphs=False), reqs)
+    assert engine.executor.runner.ahead_stats["used"] >= 10, engine.executor.runner.ahead_stats
+    # every draw on the device read the counts of its prompt and the tokens before it, the fed one included
+    assert len(seen) >= 30
+    for rid, j, counts in seen:
+        prompt, params = reqs[rid]
+        if has_penalties(params):
+            want = history_counts([prompt + got[rid][:j]], [len(prompt)], vocab, counts.device)[0]
+            assert torch.equal(counts, want), (rid, j)
 
 
 def test_lookahead_gives_the_eager_logprobs(model):

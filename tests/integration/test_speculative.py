@@ -66,7 +66,7 @@ class OracleDrafter:
     def propose(self, rows, requests, k, world):
         out = []
         for r in requests:
-            done = len(r.history) - self.prompt_len
+            done = r.num_generated
             nxt = self.truth[done:done + k]
             drafts = [t if i < self.good else (t + 1) % 1000 + 40 for i, t in enumerate(nxt)]
             out.append((drafts + [41] * (k - len(drafts)), None))
@@ -139,7 +139,7 @@ def test_verify_preserves_target_distribution():
     params = SamplingParams(temperature=1.0)
     first, second = [], []
     for t, ds in enumerate(drafts):
-        out = verify(logits, ds, torch.cat([q, q[:1]]), params, [], 0, t)    # a third proposal the plan cut
+        out = verify(logits, ds, torch.cat([q, q[:1]]), params, None, t)     # a third proposal the plan cut
         first.append(out[0])
         if out[0] == ds[0]:
             second.append(out[1])

@@ -93,7 +93,8 @@ def test_a_closed_step_channel_fails_the_step_fast():
 
 
 @pytest.mark.parametrize("field,value", [("step_channel", "zmq"), ("comm", "mpi"), ("num_workers", 3),
-                                         ("prefill_activations", "int8"), ("prefill_activations", "fp8")])
+                                         ("prefill_activations", "int8"), ("prefill_activations", "fp8"),
+                                         ("warmup_tokens", -1), ("warmup_tokens", 1.5)])
 def test_bad_engine_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=f"field '{field}'"):
         EngineConfig(**{field: value}, **({"kernels": "reference"} if value == "fp8" else {}))
@@ -112,6 +113,17 @@ def test_serve_flags_reach_the_engine_config():
     assert _engine_config(p.parse_args(["--step-channel", "ray", "--num-workers", "2"])).step_channel == "ray"
     assert _engine_config(p.parse_args([])).prefill_activations == "bf16"
     assert _engine_config(p.parse_args(["--prefill-activations", "fp8"])).prefill_activations == "fp8"
+    assert _engine_config(p.parse_args(["--warmup-tokens", "0"])).warmup_tokens == 0
+
+
+def test_warmup_by_default_only_where_graphs_are_captured():
+    """The start-up warm-up's default: 4096 tokens where decode steps are captured (CUDA, kernels auto), none on CPU or
+    without capture; an explicit value wins."""
+    assert EngineConfig(device="cpu").resolved_warmup_tokens() == 0
+    assert EngineConfig(device="cuda").resolved_warmup_tokens() == 4096
+    assert EngineConfig(device="cuda", cuda_graphs="off").resolved_warmup_tokens() == 0
+    assert EngineConfig(device="cuda", kernels="reference").resolved_warmup_tokens() == 0
+    assert EngineConfig(device="cpu", cuda_graphs="eager", warmup_tokens=64).resolved_warmup_tokens() == 64
 
 
 def test_fp8_prefill_activations_pick_the_w8a8_backend_on_gpu_only():

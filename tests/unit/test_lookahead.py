@@ -55,7 +55,7 @@ def test_a_greedy_solo_request_looks_ahead_except_at_block_edges_and_its_last_st
     assert engine.stats["ahead_steps"] == sum(st.use_ahead for st in decode)
 
 
-def test_no_look_ahead_while_a_prompt_waits_or_for_rows_that_read_their_tokens_on_the_host():
+def test_no_look_ahead_while_a_prompt_waits_or_with_speculation():
     engine, rec = _engine(max_num_seqs=1)
     engine.add_request([1, 2, 3], SamplingParams(max_tokens=6, temperature=0.0), "a")
     engine.add_request([4, 5, 6], SamplingParams(max_tokens=6, temperature=0.0), "b")   # waits for a's seat
@@ -64,14 +64,10 @@ def test_no_look_ahead_while_a_prompt_waits_or_for_rows_that_read_their_tokens_o
     assert rec.steps[-1][0].graph is not None and not rec.steps[-1][0].lookahead
     _drain(engine)
     assert any(st[0].lookahead for st in rec.steps)        # b alone looks ahead
-    for params in (SamplingParams(max_tokens=6, temperature=0.7, presence_penalty=0.5),
+    for params in (SamplingParams(max_tokens=6, temperature=0.7, top_p=0.9, seed=1),   # drawn rows, logprobs and
+                   SamplingParams(max_tokens=6, temperature=0.7, logprobs=1),         # penalties come from the
+                   SamplingParams(max_tokens=6, temperature=0.7, presence_penalty=0.5),   # device as greedy ones
                    SamplingParams(max_tokens=6, temperature=0.0, repetition_penalty=1.2)):
-        engine, rec = _engine()
-        engine.add_request([1, 2, 3], params, "r")
-        _drain(engine)
-        assert not any(st[0].lookahead or st[0].use_ahead for st in rec.steps)
-    for params in (SamplingParams(max_tokens=6, temperature=0.7, top_p=0.9, seed=1),   # drawn rows and logprobs come
-                   SamplingParams(max_tokens=6, temperature=0.7, logprobs=1)):        # from the device as greedy ones
         engine, rec = _engine()
         engine.add_request([1, 2, 3], params, "r")
         _drain(engine)

@@ -9,23 +9,28 @@ import torch
 
 from scheduler.request import SamplingParams
 from workers.sampler import (
+    TokenCounts,
     apply_penalties,
+    history_counts,
     probs_for_rows,
     row_logprobs,
     sample,
     sample_on_device,
-    samples_on_device,
+    with_drafts,
 )
 
 V = 8
 
 
+def _counts(logits, histories, num_prompt):
+    """The rows' token counts from host histories (None: no history given)."""
+    return None if histories is None else history_counts(histories, num_prompt, logits.shape[1], logits.device)
+
+
 def _sample(logits, params, histories=None, num_prompt=None, num_generated=None):
     rows = logits.shape[0]
-    histories = histories if histories is not None else [[] for _ in range(rows)]
-    num_prompt = num_prompt if num_prompt is not None else [0] * rows
     num_generated = num_generated if num_generated is not None else [0] * rows
-    return sample(logits, params, histories, num_prompt, num_generated)
+    return sample(logits, params, _counts(logits, histories, num_prompt), num_generated)
 
 
 def _draw_many(logits_row, params, num_draws):
@@ -83,7 +88,7 @@ def test_filters_never_emit_filtered_tokens():
 
 def test_top_p_applies_after_top_k_renormalisation():
     logits = torch.tensor([[2.0, 1.0, 0.0, -5.0, -5.0, -5.0, -5.0, -5.0]])
-    probs = probs_for_rows(logits, [SamplingParams(top_k=2, top_p=0.7)], [[]], [0])
+    probs = probs_for_rows(logits, [SamplingParams(top_k=2, top_p=0.7)])
     # after top-k the two tokens hold ~0.73 / 0.27, so top_p 0.7 keeps only token 0
     assert torch.equal(probs, torch.tensor([[1.0] + [0.0] * (V - 1)]))
 
@@ -91,7 +96,7 @@ def test_top_p_applies_after_top_k_renormalisation():
 def test_probs_for_rows_matches_filters_and_greedy_is_one_hot():
     logits = torch.tensor([[1.0, 2.0, 3.0, 0.0, 0.0, 0.0, 0.0, 0.0]] * 3)
     params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.5, top_k=2), SamplingParams()]
-    probs = probs_for_rows(logits, params, [[]] * 3, [0] * 3)
+    probs = probs_for_rows(logits, params)
     assert torch.equal(probs[0], torch.eye(V)[2])
     expected = torch.softmax(torch.tensor([2.0, 3.0]) / 0.5, -1)
     assert torch.allclose(probs[1, 1:3], expected) and probs[1].sum().item() == pytest.approx(1.0)
@@ -121,16 +126,16 @@ def test_filtered_distribution_equals_the_sorted_reference(vocab):
     cases = [SamplingParams(temperature=t, top_k=k, top_p=tp, min_p=mp) for t in (0.6, 1.3) for k in (0, 7, 4500)
              for tp in (1.0, 0.9, 0.3) for mp in (0.0, 0.02)]
     logits = torch.randn(len(cases), vocab) * 3
-    got = probs_for_rows(logits, cases, [[]] * len(cases), [0] * len(cases))
+    got = probs_for_rows(logits, cases)
     for row, p in enumerate(cases):
         want = _sorted_filter_reference(logits[row], p)
         assert torch.equal(got[row] > 0, want > 0), p
         assert torch.allclose(got[row], want, atol=1e-6, rtol=1e-5), p
     sevens = [row for row, p in enumerate(cases) if p.top_k == 7]   # a batch of top-k 7 alone: selected, not sorted
-    alone = probs_for_rows(logits[sevens], [cases[r] for r in sevens], [[]] * 12, [0] * 12)
+    alone = probs_for_rows(logits[sevens], [cases[r] for r in sevens])
     assert torch.equal(alone > 0, got[sevens] > 0) and torch.allclose(alone, got[sevens], atol=1e-7)
     plain = [row for row, p in enumerate(cases) if p.top_k == 0 and p.top_p == 1.0]   # min-p or nothing: no order
-    alone = probs_for_rows(logits[plain], [cases[r] for r in plain], [[]] * 4, [0] * 4)
+    alone = probs_for_rows(logits[plain], [cases[r] for r in plain])
     assert torch.equal(alone > 0, got[plain] > 0) and torch.allclose(alone, got[plain], atol=1e-7)
 
 
@@ -138,7 +143,7 @@ def test_penalties_hand_computed():
     logits = torch.tensor([[2.0, -1.0, 0.5, 1.0, -2.0, 0.0, 3.0, 1.0]])
     params = SamplingParams(repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25)
     history = [0, 1, 2, 2, 1, 3]  # prompt [0, 1, 2]; generated [2, 1, 3]
-    out = apply_penalties(logits, [params], [history], [3])
+    out = apply_penalties(logits, [params], _counts(logits, [history], [3]))
     expected = [
         2.0 / 2,  # prompt only: repetition only
         -1.0 * 2 - 0.5 - 0.25,  # negative logit multiplied; generated once
@@ -151,7 +156,7 @@ def test_penalties_hand_computed():
     ]
     assert torch.allclose(out, torch.tensor([expected]))
     # frequency scales with the generated count
-    out = apply_penalties(logits, [SamplingParams(frequency_penalty=1.0)], [[3, 3, 3]], [0])
+    out = apply_penalties(logits, [SamplingParams(frequency_penalty=1.0)], _counts(logits, [[3, 3, 3]], [0]))
     assert out[0, 3].item() == pytest.approx(1.0 - 3.0)
     assert logits[0, 0].item() == 2.0  # input untouched
 
@@ -181,27 +186,25 @@ def test_seeded_row_repeats_alone_and_in_any_batch():
 
 
 def test_sample_on_device_draws_what_sample_draws():
-    """Rows without penalties — greedy, drawn, filtered, seeded or not — get ``sample``'s tokens, as a tensor left on
-    the device; a row with penalties is refused without its history, and given it gets ``sample``'s token too."""
+    """Rows — greedy, drawn, filtered, seeded or not — get ``sample``'s tokens, as a tensor left on the device; a row
+    with penalties is refused without its token counts, and given them gets ``sample``'s token too."""
     torch.manual_seed(4)
     logits = torch.randn(5, 50, dtype=torch.bfloat16)
     params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=1),
               SamplingParams(temperature=1.2, top_k=5, top_p=0.8, seed=2), SamplingParams(min_p=0.1, seed=3),
               SamplingParams(temperature=0.0, max_tokens=4)]
-    assert all(samples_on_device(p) for p in params)
     for step in range(8):
         got = sample_on_device(logits, params, [step] * 5)
         assert got.dtype == torch.long and got.shape == (5,)
         assert got.tolist() == _sample(logits, params, num_generated=[step] * 5).token_ids
     for extra in (SamplingParams(repetition_penalty=1.1, seed=2), SamplingParams(frequency_penalty=0.3, seed=4)):
-        assert not samples_on_device(extra)
-        with pytest.raises(AssertionError, match="needs its history"):
+        with pytest.raises(AssertionError, match="need their token counts"):
             sample_on_device(logits[:1], [extra], [0])
         hist = [[3, 7, 7, 11]]
-        assert sample_on_device(logits[:1], [extra], [2], hist, [1]).tolist() == _sample(
+        assert sample_on_device(logits[:1], [extra], [2], _counts(logits, hist, [1])).tolist() == _sample(
             logits[:1], [extra], hist, [1], [2]).token_ids
     asking = [SamplingParams(temperature=0.0, logprobs=3), SamplingParams(), SamplingParams(seed=8, logprobs=0)]
-    assert all(samples_on_device(p) for p in asking)                 # logprobs come from the device too
+    # logprobs come from the device too
     tokens = sample_on_device(logits[:3], asking, [0, 0, 0])
     got = row_logprobs(logits[:3].float(), asking, tokens).to_host().read(asking)
     want = _sample(logits[:3], asking)
@@ -234,17 +237,43 @@ def test_logprobs_are_raw_log_softmax():
 def test_bad_shapes_assert():
     params = [SamplingParams()] * 2
     with pytest.raises(AssertionError):
-        sample(torch.zeros(2, 3, V), params, [[], []], [0, 0], [0, 0])
+        sample(torch.zeros(2, 3, V), params, None, [0, 0])
     with pytest.raises(AssertionError):
-        sample(torch.zeros(3, V), params, [[], []], [0, 0], [0, 0])
+        sample(torch.zeros(3, V), params, None, [0, 0])
+    with pytest.raises(AssertionError):  # counts of one row for two
+        sample(torch.zeros(2, V), params, torch.zeros(1, 2, V, dtype=torch.int32), [0, 0])
     with pytest.raises(AssertionError):
-        sample(torch.zeros(2, V), params, [[]], [0, 0], [0, 0])
+        sample(torch.zeros(2, V), params, None, [0])
     with pytest.raises(AssertionError):
-        sample(torch.zeros(2, V), params, [[], []], [0, 0], [0])
-    with pytest.raises(AssertionError):
-        sample(torch.zeros(2, V, dtype=torch.long), params, [[], []], [0, 0], [0, 0])
-    with pytest.raises(AssertionError):  # history id outside the vocab
-        sample(torch.zeros(2, V), [SamplingParams(presence_penalty=1.0)] * 2, [[V], []], [0, 0], [0, 0])
+        sample(torch.zeros(2, V, dtype=torch.long), params, None, [0, 0])
+    with pytest.raises(AssertionError, match="outside the vocab"):
+        _sample(torch.zeros(2, V), [SamplingParams(presence_penalty=1.0)] * 2, [[V], []], [0, 0])
+
+
+def test_token_counts_grow_with_the_history_and_count_a_device_token_once():
+    """``TokenCounts`` fed a history in pieces, and a generated id on the device before the host has it, equal the
+    counts of the whole history at every point (``history_counts``); ``with_drafts`` adds drafts position by
+    position."""
+    prompt, out = [3, 5, 5, 0], [7, 5, 2, 7]
+    counts = TokenCounts(len(prompt), V, torch.device("cpu"))
+    history = list(prompt)
+    assert torch.equal(counts.of(history), history_counts([history], [4], V, "cpu")[0])
+    for t in out[:2]:
+        history.append(t)
+        assert torch.equal(counts.of(history), history_counts([history], [4], V, "cpu")[0])
+    counts.add(torch.tensor([out[2]]))                     # sampled on the device, not yet read back
+    history.append(out[2])
+    assert torch.equal(counts.of(history), history_counts([history], [4], V, "cpu")[0])     # counted once
+    history.append(out[3])
+    whole = history_counts([history], [4], V, "cpu")[0]
+    assert torch.equal(counts.of(history), whole) and whole[1].tolist() == [0, 0, 1, 0, 0, 1, 0, 2]
+    assert whole[0].tolist() == [1, 0, 1, 1, 0, 3, 0, 2]
+    drafts = [6, 6, 1]
+    per_position = with_drafts(whole, torch.tensor(drafts))
+    assert per_position.shape == (4, 2, V)
+    for i in range(4):
+        assert torch.equal(per_position[i], history_counts([history + drafts[:i]], [4], V, "cpu")[0]), i
+
 
 
 def test_runner_row_pick_is_a_view_for_a_run_and_an_index_otherwise():

@@ -436,3 +436,14 @@ def test_random_workloads_never_corrupt_or_leak():
         outputs, _, _ = drive(sched, FakeModel(nb, bs), arrivals=arrivals)
         for rid, (ids, max_tokens) in specs.items():
             assert outputs[rid] == expected_output(ids, max_tokens), (trial, rid)
+
+
+def test_request_ids_slice_all_ids():
+    """``Request.ids(start, end)`` is ``all_ids[start:end]`` for every range (the scheduler's rows per step)."""
+    from scheduler.request import Request
+
+    req = Request("r", [5, 6, 7], SamplingParams(), arrival=0)
+    req.output_ids = [8, 9]
+    for start in range(6):
+        for end in range(start, 6):
+            assert req.ids(start, end) == req.all_ids[start:end], (start, end)

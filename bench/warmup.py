@@ -1,0 +1,98 @@
+"""A replica's cold start on the GPU: what its first requests pay with and without the start-up warm-up.
+
+Builds the GLM-5.2-width slice (``bench/cluster_slice.py::slice_config``: 1 dense + ``--depth`` − 1 MoE layers, FP8
+random weights, one MTP layer) as ``serve run`` builds it for one worker (``build_local_engine``), with
+``warmup_tokens: --warmup-tokens`` (0: none — every kernel compiles and every graph shape is captured in the step
+that first needs it). Then the same traffic twice — a request alone (prompt ``--ctx``), then four at once (prompts of
+300 … 1800 tokens, drawn: T 1.0, top-p 0.95) — and reports per pass: each request's time to first token, the engine's
+longest step and median step, and the graphs captured while serving. The second pass is the warm reference. Run each
+setting in a fresh process with an empty ``TRITON_CACHE_DIR`` (a new container compiles everything).
+
+    NCCL_NVLS_ENABLE=0 PYTHONPATH=. TRITON_CACHE_DIR=$(mktemp -d) python bench/warmup.py --warmup-tokens 4096 --spec 3
+    PYTHONPATH=. python bench/warmup.py --tiny --device cpu --cuda-graphs eager --warmup-tokens 256 --ctx 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from bench.cluster_slice import slice_config
+from cluster.config import EngineConfig
+from cluster.local import build_local_engine
+from scheduler.request import SamplingParams
+
+
+def captured(engine) -> int:
+    runner = engine.executor.runner
+    graphs = runner.graphs.captured if runner.graphs is not None else []
+    return len(graphs) + (len(runner.draft_graphs.captured) if runner.draft_graphs is not None else 0)
+
+
+def serve(engine, reqs: dict, vocab: int) -> dict:
+    """Add ``reqs`` ({id: (prompt length, SamplingParams)}) at once and step until they finish: each one's time to
+    first token (ms), the longest and the median engine step (ms), graphs captured meanwhile."""
+    before = captured(engine)
+    t0 = time.perf_counter()
+    for rid, (n, params) in reqs.items():
+        engine.add_request([(7 * i + len(rid)) % vocab for i in range(n)], params, rid)
+    ttft, walls = {}, []
+    while engine.has_unfinished():
+        s = time.perf_counter()
+        for ev in engine.step():
+            if ev.error:
+                raise RuntimeError(f"{ev.req_id}: {ev.error}")
+            if ev.token_ids and ev.req_id not in ttft:
+                ttft[ev.req_id] = (time.perf_counter() - t0) * 1e3
+        walls.append((time.perf_counter() - s) * 1e3)
+    return {"ttft_ms": ttft, "max_step_ms": max(walls), "median_step_ms": statistics.median(walls),
+            "steps": len(walls), "captured": captured(engine) - before}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--warmup-tokens", type=int, default=4096)
+    ap.add_argument("--depth", type=int, default=4, help="layers of the slice (the first dense)")
+    ap.add_argument("--spec", type=int, default=0, help="MTP drafts per round")
+    ap.add_argument("--ctx", type=int, default=1000, help="the lone request's prompt")
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--cuda-graphs", default="auto")
+    ap.add_argument("--tiny", action="store_true", help="the embedded tiny model's widths (a CPU plumbing check)")
+    ap.add_argument("--out", default=None, help="a JSON-lines file to append the result to")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        model_cfg = slice_config(args.depth, args.tiny)
+        (Path(tmp) / "config.json").write_text(json.dumps(model_cfg))
+        cfg = EngineConfig(model=tmp, load_format="dummy", device=args.device, speculative_tokens=args.spec,
+                           kv_cache_tokens=16384, max_num_batched_tokens=2048, max_num_seqs=8,
+                           cuda_graphs=args.cuda_graphs, warmup_tokens=args.warmup_tokens)
+        t0 = time.perf_counter()
+        engine, _ = build_local_engine(cfg, progress=True)
+        build_s = time.perf_counter() - t0
+        warmed = captured(engine)
+    vocab = model_cfg["vocab_size"]
+    greedy = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
+    drawn = SamplingParams(max_tokens=args.tokens, temperature=1.0, top_p=0.95, ignore_eos=True)
+    traffic = [{"alone": (args.ctx, greedy)}, {f"b{i}": (n, drawn) for i, n in enumerate((300, 700, 1200, 1800))}]
+    passes = []
+    for p in range(2):
+        passes.append([serve(engine, {f"{rid}-{p}": r for rid, r in reqs.items()}, vocab) for reqs in traffic])
+    row = {"warmup_tokens": args.warmup_tokens, "depth": args.depth, "spec": args.spec, "build_s": build_s,
+           "warmup": engine.warmed, "graphs_warmed": warmed, "passes": passes, "graphs_after": captured(engine)}
+    for p, results in enumerate(passes):
+        for r in results:
+            print(f"pass {p}: ttft ms {', '.join(f'{v:.0f}' for v in r['ttft_ms'].values())}; longest step "
+                  f"{r['max_step_ms']:.0f} ms, median {r['median_step_ms']:.2f} ms; {r['captured']} graphs captured")
+    print(json.dumps(row))
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
