@@ -112,6 +112,9 @@ class DevicePhases:
         self._state = torch.zeros(3, dtype=torch.int64, device=region.device)   # epoch, arrivals, expired epoch
         if region.is_cuda:                          # ``check`` reads the expired epoch on a stream of its own
             self._side = torch.cuda.Stream(region.device)
+            # ... after the zeros above: a side-stream read may otherwise run before them and see the allocator's
+            # leftover bytes (a check right after setup read 0x0101…01 as an expired epoch on a cold GPU)
+            self._side.wait_stream(torch.cuda.current_stream(region.device))
             self._expired_host = torch.zeros(1, dtype=torch.int64, pin_memory=True)
         self._max_spins = max_spins or int(min(2 ** 31 - 1, max(1.0, timeout_s) * SPINS_PER_S))
 

@@ -282,9 +282,10 @@ class ModelRunner:
             if st.counts is None:
                 rows.append(torch.zeros(2, self.model.config.vocab_size, dtype=torch.int32, device=self.device))
                 continue
-            rows.append(self._history_counts(st))
+            counts = self._history_counts(st)
             if fed is not None:
-                st.counts.add(fed[i:i + 1])
+                st.counts.add(fed[i:i + 1])            # in place, before the stack below copies the counts
+            rows.append(counts)
         return torch.stack(rows)
 
     def _launch_ahead(self, step: WorkerStep, tokens: torch.Tensor) -> _Ahead:

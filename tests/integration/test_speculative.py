@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -11,7 +13,8 @@ from scheduler.request import SamplingParams
 from scheduler.scheduler import SchedulerConfig
 from tests.conftest import run_engine
 from workers.runner import ModelRunner
-from workers.speculative import verify
+from workers.sampler import history_counts
+from workers.speculative import pick_draft, verify
 
 K = 3
 
@@ -73,11 +76,15 @@ class OracleDrafter:
         return out
 
 
+@pytest.mark.parametrize("penalized", [False, True])
 @pytest.mark.parametrize("good", [0, 1, 2, 3])
-def test_accept_and_rollback_paths_equal_plain(model, good):
-    """Rounds where 0..k drafts are right: every acceptance length and rollback gives plain decode's tokens."""
+def test_accept_and_rollback_paths_equal_plain(model, good, penalized):
+    """Rounds where 0..k drafts are right: every acceptance length and rollback gives plain decode's tokens — also with
+    penalties, read from the device-side counts (how verification counts the drafts is pinned by
+    ``test_verify_and_drafts_count_the_drafts_before_each_position_for_penalties``)."""
     ids = prompts(1, model.config.vocab_size, seed=3)[0]
-    greedy = SamplingParams(max_tokens=20, temperature=0.0)
+    greedy = SamplingParams(max_tokens=20, temperature=0.0, **(
+        {"repetition_penalty": 1.3, "presence_penalty": 0.5, "frequency_penalty": 0.3} if penalized else {}))
     truth = run(make_engine(model, 0), {"p": (ids, greedy)})["p"]
     spec = make_engine(model, K)
     runner = spec.executor.runner
@@ -124,6 +131,24 @@ def test_sampled_speculation_runs_and_repeats(model):
     a = run(make_engine(model, K), {"a": (ids, p)})["a"]
     b = run(make_engine(model, K), {"b": (ids, p)})["b"]
     assert a == b and len(a) == 16
+
+
+def test_verify_and_drafts_count_the_drafts_before_each_position_for_penalties():
+    """Greedy with a frequency penalty: every position's logits favour token 5 by 1 over token 6, and the history has
+    no 5. Draft 0 (a 5) is the target's; at position 1 the first draft counts, 5 drops by 2 and 6 wins — the round
+    ends there, as plain decoding would. A drawn draft's distribution counts the drafts before it the same way."""
+    V = 10
+    logits = torch.zeros(3, V)
+    logits[:, 5], logits[:, 6] = 2.0, 1.0
+    counts = history_counts([[1, 2, 3]], [2], V, "cpu")[0]
+    assert verify(logits, [5, 5], None, SamplingParams(temperature=0.0, frequency_penalty=2.0), counts, 1) == [5, 6]
+    assert verify(logits, [5, 5], None, SamplingParams(temperature=0.0), None, 1) == [5, 5, 5]   # no penalty
+    drawn = SamplingParams(temperature=1.0, frequency_penalty=2.0, seed=1)
+    _, first = pick_draft(logits[0], drawn, counts, 1, [])
+    _, second = pick_draft(logits[0], drawn, counts, 1, [torch.tensor([5])])
+    rest = 7 + math.exp(-2)                          # seven zeros, and the generated 3 penalized once
+    assert first[5] == pytest.approx(math.exp(2) / (math.exp(2) + math.e + rest))     # 5 not yet generated
+    assert second[5] == pytest.approx(1 / (1 + math.e + rest))                        # after a drafted 5
 
 
 def test_verify_preserves_target_distribution():
