@@ -128,6 +128,36 @@ def test_setup_failure_fails_fast(ray_session, tiny_ckpt):
     assert time.monotonic() - t0 < 120
 
 
+def test_coordinator_warms_up_before_it_serves(ray_session, text_ckpt):
+    """A replica's ``Coordinator`` with ``warmup_tokens`` (the static graph path run eagerly on CPU) warms its worker
+    group up in its constructor: ``info()`` reports the warm steps and fresh stats, and a request served after it
+    streams the tokens of one served by a replica without the warm-up."""
+    from cluster.coordinator import Coordinator
+
+    async def serve(coord, prompt):
+        params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+        return [t for ev in [ev async for ev in coord.generate(prompt, params, "r")] for t in ev.token_ids], \
+            await coord.info()
+
+    prompt = requests(1, seed=3)["r0"][0]
+    got = {}
+    for warm in (48, 0):
+        coord = Coordinator(engine_config(text_ckpt, 1, cuda_graphs="eager", warmup_tokens=warm).to_dict())
+        try:
+            info = asyncio.run(coord.info())
+            if warm:
+                assert info["warmup"]["graph_steps"] == len(warm_keys(1, True, 0, graph_widths(3)))
+            else:
+                assert info["warmup"] is None
+            assert info["stats"]["steps"] == 0 and info["free_blocks"] == NUM_BLOCKS
+            got[warm], after = asyncio.run(serve(coord, prompt))
+            assert after["stats"]["graph_steps"] > 0
+        finally:
+            coord.aengine.shutdown()
+            coord.group.shutdown()
+    assert got[48] == got[0] and len(got[0]) == 8
+
+
 def test_killed_worker_fails_requests_then_recovers(ray_session, tiny_ckpt, tiny_config):
     import ray
 
