@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -114,6 +115,23 @@ def test_serve_flags_reach_the_engine_config():
     assert _engine_config(p.parse_args([])).prefill_activations == "bf16"
     assert _engine_config(p.parse_args(["--prefill-activations", "fp8"])).prefill_activations == "fp8"
     assert _engine_config(p.parse_args(["--warmup-tokens", "0"])).warmup_tokens == 0
+
+
+def test_deploy_files_are_engine_configs_and_kuberay_inlines_the_gpu_one():
+    """Every app's args in deploy/ build an ``EngineConfig`` (a misspelt or invalid field would fail the deployment
+    only on the cluster), and the KubeRay file's inlined Serve config is deploy/glm5-8xh200.yaml's."""
+    import yaml
+
+    deploy = Path(__file__).resolve().parents[2] / "deploy"
+    gpu = yaml.safe_load((deploy / "glm5-8xh200.yaml").read_text())
+    kuberay = yaml.safe_load(yaml.safe_load((deploy / "kuberay-rayservice.yaml").read_text())["spec"]["serveConfigV2"])
+    tiny = yaml.safe_load((deploy / "tiny.yaml").read_text())
+    for conf in (gpu, kuberay, tiny):
+        for app in conf["applications"]:
+            EngineConfig.from_dict({k: v for k, v in app["args"].items()
+                                    if k not in ("num_replicas", "autoscaling_config")})
+    assert kuberay["applications"] == gpu["applications"]
+    assert EngineConfig.from_dict(gpu["applications"][0]["args"]).warmup_tokens == 4096
 
 
 def test_warmup_by_default_only_where_graphs_are_captured():
