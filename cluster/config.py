@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_MODEL = str(Path(__file__).resolve().parents[1] / "models" / "tiny")
-DEFAULT_WARMUP_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -37,7 +36,8 @@ class EngineConfig:
     speculative_tokens: int = 0         # MTP drafts per round (0 = off)
     cuda_graphs: str = "auto"           # auto: decode/verify steps replay CUDA graphs where supported | off | eager
     warmup_tokens: int | None = None    # start-up: capture the graph steps of contexts up to this many tokens, serve
-                                        # short requests (kernels compile); 0: none; default 4096 with CUDA graphs
+                                        # short requests (kernels compile); 0: none; default: all (max_model_len)
+                                        # with CUDA graphs
     reasoning_parser: str = "none"      # glm: chat text before </think> is returned as reasoning_content
     tool_parser: str = "none"           # glm: <tool_call>… in chat output becomes OpenAI tool_calls
 
@@ -94,11 +94,12 @@ class EngineConfig:
         return "capture" if self.resolved_device() == "cuda" and self.kernels == "auto" else "off"
 
     def resolved_warmup_tokens(self) -> int:
-        """``warmup_tokens``, its default resolved: 4096 where decode steps are captured as CUDA graphs (a capture
-        or a kernel compile met while serving stalls every request in the step), else 0 (nothing to capture)."""
+        """``warmup_tokens``, its default resolved: every context a request can reach (``max_model_len``, which
+        is at most ``kv_cache_tokens``) where decode steps are captured as CUDA graphs — a capture or a kernel
+        compile met while serving stalls every request in the step — else 0 (nothing to capture)."""
         if self.warmup_tokens is not None:
             return self.warmup_tokens
-        return DEFAULT_WARMUP_TOKENS if self.graphs_mode() == "capture" else 0
+        return (self.max_model_len or self.kv_cache_tokens) if self.graphs_mode() == "capture" else 0
 
     def kernel_overrides(self) -> dict[str, str]:
         """``ops.configure``'s per-op overrides: ``prefill_activations: fp8`` runs the FP8 linears and experts of

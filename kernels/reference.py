@@ -17,6 +17,9 @@ from kernels.registry import ops
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
 BLOCK = 128
+# A prefill chunk's index scores are rows × keys: scored in slabs of rows whose scores fit this, so that a long
+# context's chunk does not need (chunk × context) memory at once — 8.6 GB for 8192 rows at 262144 keys in fp32.
+INDEXER_SCORE_BYTES = 512 << 20
 
 
 # ---- norms -------------------------------------------------------------------------------------
@@ -160,24 +163,25 @@ def indexer_topk(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Ten
     K = min(topk, max T_i), -1 where fewer keys are visible. When a request's T_i ≤ topk every visible key
     is selected (what top-k over the causally masked scores returns), so scoring is skipped.
     """
-    N = q.shape[0]
+    N, ih = q.shape[:2]
     K = min(topk, max((int(s.numel()) for s in seq_slots), default=0))
     out = torch.full((N, K), -1, dtype=torch.long, device=q.device)
     for (r0, nr), slots in zip(seq_rows, seq_slots):
         T = slots.numel()
-        pos = positions[r0:r0 + nr]                                             # [S]
         key_pos = torch.arange(T, device=q.device)
-        visible = key_pos[None, :] <= pos[:, None]                              # [S, T]
         if T <= topk:
-            sel = torch.where(visible, slots[None, :], -1)
-            out[r0:r0 + nr, :T] = sel
+            visible = key_pos[None, :] <= positions[r0:r0 + nr, None]           # [S, T]
+            out[r0:r0 + nr, :T] = torch.where(visible, slots[None, :], -1)
             continue
         keys = k_cache[slots].float()                                           # [T, idd]
-        s = torch.einsum("shd,td->sht", q[r0:r0 + nr].float(), keys) * scale
-        score = torch.einsum("sh,sht->st", head_weights[r0:r0 + nr].float(), F.relu(s))
-        score = score.masked_fill(~visible, float("-inf"))
-        val, idx = score.topk(K, dim=-1)                                        # [S, K]
-        out[r0:r0 + nr] = torch.where(torch.isfinite(val), slots[idx], -1)
+        slab = max(1, INDEXER_SCORE_BYTES // (ih * T * 4))                     # rows whose [S, ih, T] fits
+        for a in range(r0, r0 + nr, slab):
+            b = min(a + slab, r0 + nr)
+            s = torch.einsum("shd,td->sht", q[a:b].float(), keys) * scale
+            score = torch.einsum("sh,sht->st", head_weights[a:b].float(), F.relu(s))
+            score = score.masked_fill(key_pos[None, :] > positions[a:b, None], float("-inf"))
+            val, idx = score.topk(K, dim=-1)                                    # [S, K]
+            out[a:b] = torch.where(torch.isfinite(val), slots[idx], -1)
     return out
 
 

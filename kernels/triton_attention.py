@@ -164,16 +164,19 @@ def _index_score_kernel(q_ptr, w_ptr, k_ptr, table_ptr, base_ptr, len_ptr, pos_p
         length = T_max
     pos = tl.load(pos_ptr + n)
     visible = (t < length) & (t <= pos)
-    block = tl.load(table_ptr + base + t // BS, mask=visible, other=0)
-    slot = block.to(tl.int64) * BS + t % BS
-    d = tl.arange(0, IDD)
-    hh = tl.arange(0, IH)
-    q = tl.load(q_ptr + n * stride_qn + hh[:, None] * stride_qh + d[None, :])                    # [IH, IDD]
-    k = tl.load(k_ptr + slot[:, None] * stride_k + d[None, :], mask=visible[:, None], other=0.0)
-    s = tl.dot(k, tl.trans(q.to(k.dtype)), input_precision=PREC)                                # [BT, IH]
-    w = tl.load(w_ptr + n * IH + hh)
-    score = tl.sum(tl.maximum(s * scale, 0.0) * w[None, :], axis=1)
-    score = tl.where(visible, score, float("-inf"))
+    if tl.program_id(1) * BLOCK_T <= tl.minimum(pos, length - 1):       # a key of the block is visible
+        block = tl.load(table_ptr + base + t // BS, mask=visible, other=0)
+        slot = block.to(tl.int64) * BS + t % BS
+        d = tl.arange(0, IDD)
+        hh = tl.arange(0, IH)
+        q = tl.load(q_ptr + n * stride_qn + hh[:, None] * stride_qh + d[None, :])                # [IH, IDD]
+        k = tl.load(k_ptr + slot[:, None] * stride_k + d[None, :], mask=visible[:, None], other=0.0)
+        s = tl.dot(k, tl.trans(q.to(k.dtype)), input_precision=PREC)                            # [BT, IH]
+        w = tl.load(w_ptr + n * IH + hh)
+        score = tl.sum(tl.maximum(s * scale, 0.0) * w[None, :], axis=1)
+        score = tl.where(visible, score, float("-inf"))
+    else:                                  # past the row's position (a graph width's padding): no loads, no dot
+        score = tl.full((BLOCK_T,), float("-inf"), tl.float32)
     tl.store(score_ptr + n * T_max + t, score, mask=t < T_max)
     if SELECT:
         _radix_count(_order_key(score), t < T_max, hist_ptr, count_ptr, state_ptr, n, K, 0, SHIFT, BITS)
@@ -205,6 +208,9 @@ SELECT_BITS = (11, 11, 10)                     # digit widths of its three passe
 SELECT_DIGITS = tuple((32 - sum(SELECT_BITS[:i + 1]), b) for i, b in enumerate(SELECT_BITS))   # (shift, bits)
 # the kernels index a row's state as [pass 0..2]; the histograms hold 2^11 bins
 assert len(SELECT_BITS) == 3 and sum(SELECT_BITS) == 32 and max(SELECT_BITS) <= 11
+
+
+_EMPTY_KEY: tl.constexpr = tl.constexpr(0x007FFFFF)   # ``_order_key`` of -inf
 
 
 @triton.jit
@@ -239,7 +245,12 @@ def _radix_count(key, m, hist_ptr, count_ptr, state_ptr, n, K, PASS: tl.constexp
         rem = tl.load(state_ptr + (n * 3 + PASS - 1) * 2 + 1)
         m = m & ((key >> (SHIFT + BITS)) == prefix)
     hist = hist_ptr + n * (1 << BITS)
-    tl.atomic_add(hist + ((key >> SHIFT) & ((1 << BITS) - 1)).to(tl.int32), 1, mask=m, sem="relaxed")
+    # the -inf keys (past a row's position: a padded graph width's tail) in one add — they share a digit, and
+    # same-address atomics serialize
+    empty = m & (key == _EMPTY_KEY)
+    num_empty = tl.sum(empty.to(tl.int32), 0)
+    tl.atomic_add(hist + ((_EMPTY_KEY >> SHIFT) & ((1 << BITS) - 1)), num_empty, mask=num_empty > 0, sem="relaxed")
+    tl.atomic_add(hist + ((key >> SHIFT) & ((1 << BITS) - 1)).to(tl.int32), 1, mask=m & ~empty, sem="relaxed")
     tl.debug_barrier()                         # every thread's counts are in before the release below
     if tl.atomic_add(count_ptr + n, 1, sem="acq_rel") == tl.num_programs(1) - 1:
         b = tl.arange(0, 1 << BITS)
@@ -358,32 +369,51 @@ def index_scores(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Ten
                  positions: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Scores [N, T_max] fp32 (-inf where not visible), the concatenated slots and each row's offset into
     them. q: [N, ih, idd] (pow-2 ih ≥ 16 and idd), head_weights: [N, ih], k_cache: [slots, idd]."""
-    lengths = [int(s.numel()) for s in seq_slots]
+    all_slots, base, length, lengths = _ragged(seq_rows, seq_slots, q.device)
+    score = _score(q, head_weights, k_cache, all_slots, base, length, positions, max(lengths), 1, scale)
+    return score, all_slots, base
+
+
+def _ragged(seq_rows, seq_slots, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+    """The requests' slots concatenated, each row's offset into them and its request's length (device), and the
+    rows' lengths (host)."""
     all_slots = torch.cat([s.to(torch.int64) for s in seq_slots])
     bases, lens = [], []
     off = 0
-    for (r0, nr), T in zip(seq_rows, lengths):
+    for (r0, nr), s in zip(seq_rows, seq_slots):
         bases += [off] * nr
-        lens += [T] * nr
-        off += T
+        lens += [s.numel()] * nr
+        off += s.numel()
     # pinned host → device copy: asynchronous
-    meta = torch.tensor([bases, lens], dtype=torch.int64, pin_memory=q.is_cuda).to(q.device, non_blocking=True)
-    score = _score(q, head_weights, k_cache, all_slots, meta[0], meta[1], positions, max(lengths), 1, scale)
-    return score, all_slots, meta[0]
+    meta = torch.tensor([bases, lens], dtype=torch.int64, pin_memory=device.type == "cuda").to(device,
+                                                                                             non_blocking=True)
+    return all_slots, meta[0], meta[1], lens
 
 
 @ops.register("indexer_topk", backend="triton", available=on_cuda)
 def indexer_topk(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tensor,
                  seq_rows: list[tuple[int, int]], seq_slots: list[torch.Tensor], positions: torch.Tensor,
                  topk: int, scale: float) -> torch.Tensor:
-    """As ``reference.indexer_topk`` (same selected sets; the order within a row may differ). One scoring
-    launch for all rows + ``torch.topk``. No host sync beyond the host-side request metadata."""
+    """As ``reference.indexer_topk`` (same selected sets; the order within a row may differ). A scoring launch and
+    ``torch.topk`` per slab of rows whose scores fit ``reference.INDEXER_SCORE_BYTES`` (one slab unless the
+    context is long). No host sync beyond the host-side request metadata."""
     T_max = max((int(s.numel()) for s in seq_slots), default=0)   # a rank with no rows this step
     if T_max <= topk or not _scorable(q):
         return reference.indexer_topk(q, head_weights, k_cache, seq_rows, seq_slots, positions, topk, scale)
-    score, all_slots, base = index_scores(q, head_weights, k_cache, seq_rows, seq_slots, positions, scale)
-    val, idx = score.topk(min(topk, T_max), dim=-1, sorted=False)                                 # [N, K]
-    return torch.where(torch.isfinite(val), all_slots[(base[:, None] + idx).clamp(max=all_slots.numel() - 1)], -1)
+    all_slots, base, length, lengths = _ragged(seq_rows, seq_slots, q.device)
+    N, K = q.shape[0], min(topk, T_max)
+    slab = max(1, reference.INDEXER_SCORE_BYTES // (T_max * 4))
+    out = torch.empty(N, K, dtype=torch.int64, device=q.device)
+    for a in range(0, N, slab):
+        b = min(a + slab, N)
+        T = max(lengths[a:b])
+        score = _score(q[a:b], head_weights[a:b], k_cache, all_slots, base[a:b], length[a:b], positions[a:b], T, 1,
+                       scale)
+        val, idx = score.topk(min(K, T), dim=-1, sorted=False)                                 # [S, ≤ K]
+        sel = all_slots[(base[a:b, None] + idx).clamp(max=all_slots.numel() - 1)]
+        out[a:b, :val.shape[1]] = torch.where(torch.isfinite(val), sel, -1)
+        out[a:b, val.shape[1]:] = -1
+    return out
 
 
 @ops.register("indexer_topk_paged", backend="triton", available=on_cuda)

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 DP = "dp"
 SPAN = "span"
 GRAPH_BUCKETS = (1, 2, 4, 8)   # rows per rank of the decode / verify steps captured as CUDA graphs
+# Block-table widths captured per octave of context. Only the indexer's work grows with the width (keys past a row's
+# position score -inf and cost little: bench/graph_width.py), while every width is a graph per bucket to capture.
+WIDTHS_PER_OCTAVE = 2
 
 
 @dataclass(frozen=True)
@@ -68,9 +71,9 @@ def plan_step_shapes(
 
 
 def graph_width(blocks: int) -> int:
-    """Block-table columns of a graph step whose longest table has ``blocks``: rounded up to an eighth of
-    the next power of two (≤ 25 % padding; four widths — four captured graphs — per octave)."""
-    granule = max(1, next_pow2(blocks) // 8)
+    """Block-table columns of a graph step whose longest table has ``blocks``: rounded up within its octave to one
+    of ``WIDTHS_PER_OCTAVE`` widths (captured graphs), at most 100 / WIDTHS_PER_OCTAVE % padding."""
+    granule = max(1, next_pow2(blocks) // (2 * WIDTHS_PER_OCTAVE))
     return -(-blocks // granule) * granule
 
 

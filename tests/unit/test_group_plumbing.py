@@ -131,14 +131,15 @@ def test_deploy_files_are_engine_configs_and_kuberay_inlines_the_gpu_one():
             EngineConfig.from_dict({k: v for k, v in app["args"].items()
                                     if k not in ("num_replicas", "autoscaling_config")})
     assert kuberay["applications"] == gpu["applications"]
-    assert EngineConfig.from_dict(gpu["applications"][0]["args"]).warmup_tokens == 4096
+    assert EngineConfig.from_dict(gpu["applications"][0]["args"]).resolved_warmup_tokens() == 262144   # all
 
 
 def test_warmup_by_default_only_where_graphs_are_captured():
-    """The start-up warm-up's default: 4096 tokens where decode steps are captured (CUDA, kernels auto), none on CPU or
-    without capture; an explicit value wins."""
+    """The start-up warm-up's default: every context a request can reach (max_model_len, else the KV slots) where decode
+    steps are captured (CUDA, kernels auto), none on CPU or without capture; an explicit value wins."""
     assert EngineConfig(device="cpu").resolved_warmup_tokens() == 0
-    assert EngineConfig(device="cuda").resolved_warmup_tokens() == 4096
+    assert EngineConfig(device="cuda").resolved_warmup_tokens() == EngineConfig().kv_cache_tokens
+    assert EngineConfig(device="cuda", max_model_len=8192).resolved_warmup_tokens() == 8192
     assert EngineConfig(device="cuda", cuda_graphs="off").resolved_warmup_tokens() == 0
     assert EngineConfig(device="cuda", kernels="reference").resolved_warmup_tokens() == 0
     assert EngineConfig(device="cpu", cuda_graphs="eager", warmup_tokens=64).resolved_warmup_tokens() == 64

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.shapes import StepShape, graph_width, next_pow2, place_request, plan_step_shapes
+from scheduler import shapes
+from scheduler.shapes import StepShape, graph_width, graph_widths, next_pow2, place_request, plan_step_shapes
 
 
 def test_solo_request_wanting_several_rows_is_a_span():
@@ -65,8 +66,16 @@ def test_span_holds_a_whole_prefill_chunk():
     assert shape == StepShape("span", rows_per_rank=64, total_rows=64, owner=1)
 
 
-@pytest.mark.parametrize("blocks,width", [(1, 1), (3, 3), (4, 4), (5, 5), (9, 10), (65, 80), (257, 320), (2049, 2560),
-                                          (4096, 4096)])
-def test_graph_width_pads_at_most_a_quarter(blocks, width):
-    assert graph_width(blocks) == width
-    assert blocks <= width < 1.25 * blocks + 1
+@pytest.mark.parametrize("per_octave,widths", [
+    (4, [1, 1, 3, 4, 5, 10, 80, 320, 2560, 4096]),
+    (2, [1, 1, 3, 4, 6, 12, 96, 384, 3072, 4096]),
+    (1, [1, 1, 4, 4, 8, 16, 128, 512, 4096, 4096])])
+def test_graph_width_pads_within_its_octave(monkeypatch, per_octave, widths):
+    """A step's table width: ``WIDTHS_PER_OCTAVE`` widths an octave, at most 1 / WIDTHS_PER_OCTAVE of padding, and
+    ``graph_widths`` (what a warm-up captures) lists every width a table of up to that many blocks can take."""
+    monkeypatch.setattr(shapes, "WIDTHS_PER_OCTAVE", per_octave)
+    for blocks, width in zip([1, 1, 3, 4, 5, 9, 65, 257, 2049, 4096], widths, strict=True):
+        assert graph_width(blocks) == width, blocks
+        assert blocks <= width < (1 + 1 / per_octave) * blocks + 1
+    assert len([w for w in graph_widths(4096) if 1024 < w <= 2048]) == per_octave
+    assert {graph_width(b) for b in range(1, 3001)} == set(graph_widths(3000))

@@ -410,7 +410,11 @@ def _same_sets_or_tied(got, ref, score_of, margin=1e-4):
             assert diff and max(diff) - min(diff) < margin, f"row {n}: sets differ beyond a tie"
 
 
-def test_indexer_topk_sets(tk):
+@pytest.mark.parametrize("score_bytes", [None, 800])
+def test_indexer_topk_sets(tk, monkeypatch, score_bytes):
+    """The prefill indexer against the reference; ``score_bytes``: both score in slabs of rows (800 bytes: 2 rows of
+    100 keys in the Triton path, a slab of only the short request among them; 1 row in the reference's) and select
+    what they select unslabbed."""
     g = torch.Generator().manual_seed(5)
     ih, idd, topk, slots = 16, 32, 24, 256
     k_cache = torch.randn(slots, idd, generator=g)
@@ -422,9 +426,14 @@ def test_indexer_topk_sets(tk):
     positions = torch.tensor([57, 58, 59, 99, 9])
     q = torch.randn(5, ih, idd, generator=g)
     w = torch.randn(5, ih, generator=g)
-    got = tk["att"].indexer_topk(q, w, k_cache, seq_rows, seq_slots, positions, topk, idd ** -0.5)
-    ref = reference.indexer_topk(q, w, k_cache, seq_rows, seq_slots, positions, topk, idd ** -0.5)
-    assert got.shape == ref.shape
+    args = (q, w, k_cache, seq_rows, seq_slots, positions, topk, idd ** -0.5)
+    whole, whole_ref = tk["att"].indexer_topk(*args), reference.indexer_topk(*args)
+    if score_bytes is not None:
+        monkeypatch.setattr(reference, "INDEXER_SCORE_BYTES", score_bytes)
+    got, ref = tk["att"].indexer_topk(*args), reference.indexer_topk(*args)
+    assert got.shape == ref.shape == whole.shape
+    for n in range(5):
+        assert set(got[n].tolist()) == set(whole[n].tolist()) and set(ref[n].tolist()) == set(whole_ref[n].tolist())
     scores, all_slots, _ = tk["att"].index_scores(q, w, k_cache, seq_rows, seq_slots, positions, idd ** -0.5)
 
     def score_of(n):
