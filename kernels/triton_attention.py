@@ -21,6 +21,8 @@ once for all of them (eight rows: 15.6 → 5.2 µs absorb, 13.5 → 6.2 expand, 
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import triton
 import triton.language as tl
@@ -201,6 +203,69 @@ def _score(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tensor, t
         BITS=SELECT_DIGITS[0][1], num_warps=4, **pdl_launch())
     return score
 
+
+
+# Prefill rows: a program scores BLOCK_M rows of one request against BLOCK_T of its keys — a [BLOCK_M·heads, idd]
+# × [idd, BLOCK_T] dot, so each key tile is loaded once for BLOCK_M rows (the one-row kernel loads it for each row).
+SCORE_ROWS = (8, 64, 8)      # (rows a program, keys a program, warps)
+
+
+@triton.jit
+def _index_score_rows_kernel(q_ptr, w_ptr, k_ptr, slots_ptr, blk_ptr, pos_ptr, score_ptr, T_max, scale, stride_qn,
+                             stride_qh, stride_k, IH: tl.constexpr, IDD: tl.constexpr, BLOCK_M: tl.constexpr,
+                             BLOCK_T: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
+    """Block b = (first row, rows ≤ BLOCK_M, base, length): rows of one request, whose key t sits in slot
+    slots[base + t] and is visible to row n iff t < length and t ≤ pos[n]."""
+    pdl_wait(PDL)
+    blk = blk_ptr + tl.program_id(0) * 4
+    row0, num_rows, base, length = tl.load(blk), tl.load(blk + 1), tl.load(blk + 2), tl.load(blk + 3)
+    m = tl.arange(0, BLOCK_M)
+    rows = row0 + m
+    pos = tl.load(pos_ptr + rows, mask=m < num_rows, other=-1)                                   # [BM]
+    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    if tl.program_id(1) * BLOCK_T <= tl.minimum(tl.max(pos, 0), length - 1):   # a key visible to a row
+        key_ok = (t < length) & (t <= tl.max(pos, 0))
+        slot = tl.load(slots_ptr + base + t, mask=key_ok, other=0)
+        d = tl.arange(0, IDD)
+        k = tl.load(k_ptr + slot[:, None] * stride_k + d[None, :], mask=key_ok[:, None], other=0.0)   # [BT, IDD]
+        r = tl.arange(0, BLOCK_M * IH)                                     # (row, head) pairs, head fastest
+        pair_ok = r // IH < num_rows
+        q = tl.load(q_ptr + (row0 + r // IH)[:, None] * stride_qn + (r % IH)[:, None] * stride_qh + d[None, :],
+                    mask=pair_ok[:, None], other=0.0)                                            # [BM·IH, IDD]
+        s = tl.dot(q.to(k.dtype), tl.trans(k), input_precision=PREC)                            # [BM·IH, BT]
+        w = tl.load(w_ptr + (row0 + r // IH) * IH + r % IH, mask=pair_ok, other=0.0)
+        score = tl.sum(tl.reshape(tl.maximum(s * scale, 0.0) * w[:, None], (BLOCK_M, IH, BLOCK_T)), axis=1)
+        visible = (t[None, :] < length) & (t[None, :] <= pos[:, None])
+        score = tl.where(visible, score, float("-inf"))
+    else:
+        score = tl.full((BLOCK_M, BLOCK_T), float("-inf"), tl.float32)
+    tl.store(score_ptr + rows[:, None] * T_max + t[None, :], score, mask=(m < num_rows)[:, None] & (t < T_max)[None, :])
+
+
+def _score_rows(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tensor, all_slots: torch.Tensor,
+                blocks: list[tuple[int, int, int, int]], positions: torch.Tensor, T_max: int, scale: float,
+                tile: tuple[int, int, int] = SCORE_ROWS) -> torch.Tensor:
+    """``_score``'s ragged scores [N, T_max] through the prefill rows kernel; ``blocks``: ``_row_blocks``'s."""
+    N, ih, idd = q.shape
+    block_m, block_t, warps = tile
+    score = torch.empty(N, T_max, dtype=torch.float32, device=q.device)
+    meta = torch.tensor(blocks, dtype=torch.int64, pin_memory=q.is_cuda).to(q.device, non_blocking=True)
+    _index_score_rows_kernel[(len(blocks), triton.cdiv(T_max, block_t))](
+        q, head_weights.float().contiguous(), k_cache, all_slots, meta, positions, score, T_max, scale, q.stride(0),
+        q.stride(1), k_cache.stride(0), IH=ih, IDD=idd, BLOCK_M=block_m, BLOCK_T=block_t,
+        PREC=dot_precision(k_cache.dtype), num_warps=warps, **pdl_launch())
+    return score
+
+
+def _row_blocks(seq_rows, seq_slots, bases: list[int], first: int, end: int, block_m: int
+                ) -> list[tuple[int, int, int, int]]:
+    """Rows first … end − 1 as blocks of at most ``block_m`` rows of one request: (first row − ``first``, rows,
+    the request's offset into the concatenated slots, its length)."""
+    blocks = []
+    for i, (r0, nr) in enumerate(seq_rows):
+        for a in range(max(r0, first), min(r0 + nr, end), block_m):
+            blocks.append((a - first, min(block_m, r0 + nr - a, end - a), bases[i], int(seq_slots[i].numel())))
+    return blocks
 
 # ---- The wide select: a radix select over many programs a row -----------------------------------
 SELECT_BLOCK = 1024                            # keys a program of the wide select's later launches holds
@@ -403,12 +468,18 @@ def indexer_topk(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Ten
     all_slots, base, length, lengths = _ragged(seq_rows, seq_slots, q.device)
     N, K = q.shape[0], min(topk, T_max)
     slab = max(1, reference.INDEXER_SCORE_BYTES // (T_max * 4))
+    prefill = max(nr for _, nr in seq_rows) >= SCORE_ROWS[0]      # a request with rows to fill the rows kernel's
+    bases = [0, *itertools.accumulate(int(s.numel()) for s in seq_slots)]
     out = torch.empty(N, K, dtype=torch.int64, device=q.device)
     for a in range(0, N, slab):
         b = min(a + slab, N)
         T = max(lengths[a:b])
-        score = _score(q[a:b], head_weights[a:b], k_cache, all_slots, base[a:b], length[a:b], positions[a:b], T, 1,
-                       scale)
+        if prefill:
+            score = _score_rows(q[a:b], head_weights[a:b], k_cache, all_slots,
+                                _row_blocks(seq_rows, seq_slots, bases, a, b, SCORE_ROWS[0]), positions[a:b], T, scale)
+        else:
+            score = _score(q[a:b], head_weights[a:b], k_cache, all_slots, base[a:b], length[a:b], positions[a:b], T,
+                           1, scale)
         val, idx = score.topk(min(K, T), dim=-1, sorted=False)                                 # [S, ≤ K]
         sel = all_slots[(base[a:b, None] + idx).clamp(max=all_slots.numel() - 1)]
         out[a:b, :val.shape[1]] = torch.where(torch.isfinite(val), sel, -1)

@@ -370,7 +370,7 @@ def test_mla_bf16(N, K):
     assert got.dtype == BF16 and rel(got, ref32) < 1e-2
 
 
-@pytest.mark.parametrize("rows", [[1], [1] * 8, [4, 1]])
+@pytest.mark.parametrize("rows", [[1], [1] * 8, [4, 1], [20, 1]])      # 20: a prefill chunk (the rows kernel)
 def test_indexer_sets_bf16(rows):
     g = gen(len(rows))
     ih, idd, topk, slots = 32, 128, 2048, 70000

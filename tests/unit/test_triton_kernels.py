@@ -410,36 +410,59 @@ def _same_sets_or_tied(got, ref, score_of, margin=1e-4):
             assert diff and max(diff) - min(diff) < margin, f"row {n}: sets differ beyond a tie"
 
 
-@pytest.mark.parametrize("score_bytes", [None, 800])
-def test_indexer_topk_sets(tk, monkeypatch, score_bytes):
-    """The prefill indexer against the reference; ``score_bytes``: both score in slabs of rows (800 bytes: 2 rows of
-    100 keys in the Triton path, a slab of only the short request among them; 1 row in the reference's) and select
-    what they select unslabbed."""
+def _ragged_case(prefill_rows: int):
+    """A ragged indexer step: request 0 has ``prefill_rows`` rows ending at position 59 (a prefill chunk or a verify);
+    request 1 one decode row at position 99; request 2 is short (T = 10 ≤ topk: every visible key selected)."""
     g = torch.Generator().manual_seed(5)
-    ih, idd, topk, slots = 16, 32, 24, 256
+    ih, idd, slots = 16, 32, 256
     k_cache = torch.randn(slots, idd, generator=g)
-    # request 0: 3 rows at positions 57..59 (verify/prefill); request 1: one decode row at position 99;
-    # request 2: short (T = 10 ≤ topk, every visible key selected)
     seq_slots = [torch.randperm(slots, generator=g)[:60], torch.randperm(slots, generator=g)[:100],
                  torch.randperm(slots, generator=g)[:10]]
-    seq_rows = [(0, 3), (3, 1), (4, 1)]
-    positions = torch.tensor([57, 58, 59, 99, 9])
-    q = torch.randn(5, ih, idd, generator=g)
-    w = torch.randn(5, ih, generator=g)
-    args = (q, w, k_cache, seq_rows, seq_slots, positions, topk, idd ** -0.5)
+    n = prefill_rows + 2
+    seq_rows = [(0, prefill_rows), (prefill_rows, 1), (prefill_rows + 1, 1)]
+    positions = torch.tensor([*range(60 - prefill_rows, 60), 99, 9])
+    q, w = torch.randn(n, ih, idd, generator=g), torch.randn(n, ih, generator=g)
+    return q, w, k_cache, seq_rows, seq_slots, positions
+
+
+@pytest.mark.parametrize("prefill_rows", [3, 11])
+@pytest.mark.parametrize("score_bytes", [None, 800])
+def test_indexer_topk_sets(tk, monkeypatch, prefill_rows, score_bytes):
+    """The prefill indexer against the reference — 11 rows of one request take the rows kernel (blocks of 8 rows),
+    3 the one-row kernel; ``score_bytes``: both score in slabs of rows (800 bytes: 2 rows of 100 keys in the Triton
+    path, so slabs cut requests and blocks, and one holds only the short request; 1 row in the reference's) and
+    select what they select unslabbed."""
+    q, w, k_cache, seq_rows, seq_slots, positions = _ragged_case(prefill_rows)
+    args = (q, w, k_cache, seq_rows, seq_slots, positions, 24, q.shape[2] ** -0.5)
     whole, whole_ref = tk["att"].indexer_topk(*args), reference.indexer_topk(*args)
     if score_bytes is not None:
         monkeypatch.setattr(reference, "INDEXER_SCORE_BYTES", score_bytes)
     got, ref = tk["att"].indexer_topk(*args), reference.indexer_topk(*args)
     assert got.shape == ref.shape == whole.shape
-    for n in range(5):
+    for n in range(q.shape[0]):
         assert set(got[n].tolist()) == set(whole[n].tolist()) and set(ref[n].tolist()) == set(whole_ref[n].tolist())
-    scores, all_slots, _ = tk["att"].index_scores(q, w, k_cache, seq_rows, seq_slots, positions, idd ** -0.5)
+    scores, _, _ = tk["att"].index_scores(*args[:6], args[7])
 
     def score_of(n):
         req = next(i for i, (r0, nr) in enumerate(seq_rows) if r0 <= n < r0 + nr)
         return {int(s): float(scores[n, t]) for t, s in enumerate(seq_slots[req].tolist())}
     _same_sets_or_tied(got, ref, score_of)
+
+
+@pytest.mark.parametrize("tile", [(8, 64, 8), (4, 32, 4)])
+def test_prefill_rows_scores_equal_the_one_row_kernel(tk, tile):
+    """The rows kernel's scores (blocks of rows of one request, a block's last rows and keys masked) equal the one-row
+    kernel's at fp32 rounding, with -inf exactly where a key is not visible to the row."""
+    q, w, k_cache, seq_rows, seq_slots, positions = _ragged_case(11)
+    scale = q.shape[2] ** -0.5
+    want, all_slots, _ = tk["att"].index_scores(q, w, k_cache, seq_rows, seq_slots, positions, scale)
+    bases = [0, 60, 160]
+    blocks = tk["att"]._row_blocks(seq_rows, seq_slots, bases, 0, q.shape[0], tile[0])
+    assert blocks[:2] == [(0, tile[0], 0, 60), (tile[0], min(tile[0], 11 - tile[0]), 0, 60)]
+    got = tk["att"]._score_rows(q, w, k_cache, all_slots, blocks, positions, want.shape[1], scale, tile)
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    finite = torch.isfinite(want)
+    assert torch.allclose(got[finite], want[finite], rtol=1e-5, atol=1e-5)
 
 
 def test_indexer_topk_paged_sets(tk):
