@@ -15,7 +15,8 @@ import torch
 from bench.decode_slice import time_ms
 from kernels.triton_attention import SCORE_ROWS, _ragged, _row_blocks, _score, _score_rows
 
-TILES = [(4, 64, 4), (8, 64, 8), (8, 64, 4), (8, 128, 8), (16, 64, 8), (16, 32, 8), (4, 128, 8)]
+TILES = [(8, 64, 1024, 8), (8, 64, 256, 8), (8, 64, 1024, 4), (4, 64, 1024, 4), (16, 64, 1024, 8), (8, 128, 1024, 8),
+         (16, 32, 1024, 8), (8, 64, 64, 8)]
 
 
 def case(T: int, N: int, g: torch.Generator) -> list[str]:

@@ -205,15 +205,16 @@ def _score(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tensor, t
 
 
 
-# Prefill rows: a program scores BLOCK_M rows of one request against BLOCK_T of its keys — a [BLOCK_M·heads, idd]
-# × [idd, BLOCK_T] dot, so each key tile is loaded once for BLOCK_M rows (the one-row kernel loads it for each row).
-SCORE_ROWS = (8, 64, 8)      # (rows a program, keys a program, warps)
+# Prefill rows: a program scores BLOCK_M rows of one request against KEYS of its keys, BLOCK_T at a time — each step
+# a [BLOCK_M·heads, idd] × [idd, BLOCK_T] dot with the rows' queries held across the steps, so each key tile is loaded
+# once for BLOCK_M rows (the one-row kernel loads it for each row, and its query with it).
+SCORE_ROWS = (8, 64, 1024, 4)      # (rows a program, keys a step, keys a program, warps): bench/index_prefill.py
 
 
 @triton.jit
 def _index_score_rows_kernel(q_ptr, w_ptr, k_ptr, slots_ptr, blk_ptr, pos_ptr, score_ptr, T_max, scale, stride_qn,
                              stride_qh, stride_k, IH: tl.constexpr, IDD: tl.constexpr, BLOCK_M: tl.constexpr,
-                             BLOCK_T: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
+                             BLOCK_T: tl.constexpr, KEYS: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
     """Block b = (first row, rows ≤ BLOCK_M, base, length): rows of one request, whose key t sits in slot
     slots[base + t] and is visible to row n iff t < length and t ≤ pos[n]."""
     pdl_wait(PDL)
@@ -222,37 +223,40 @@ def _index_score_rows_kernel(q_ptr, w_ptr, k_ptr, slots_ptr, blk_ptr, pos_ptr, s
     m = tl.arange(0, BLOCK_M)
     rows = row0 + m
     pos = tl.load(pos_ptr + rows, mask=m < num_rows, other=-1)                                   # [BM]
-    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
-    if tl.program_id(1) * BLOCK_T <= tl.minimum(tl.max(pos, 0), length - 1):   # a key visible to a row
-        key_ok = (t < length) & (t <= tl.max(pos, 0))
-        slot = tl.load(slots_ptr + base + t, mask=key_ok, other=0)
-        d = tl.arange(0, IDD)
-        k = tl.load(k_ptr + slot[:, None] * stride_k + d[None, :], mask=key_ok[:, None], other=0.0)   # [BT, IDD]
-        r = tl.arange(0, BLOCK_M * IH)                                     # (row, head) pairs, head fastest
-        pair_ok = r // IH < num_rows
-        q = tl.load(q_ptr + (row0 + r // IH)[:, None] * stride_qn + (r % IH)[:, None] * stride_qh + d[None, :],
-                    mask=pair_ok[:, None], other=0.0)                                            # [BM·IH, IDD]
-        s = tl.dot(q.to(k.dtype), tl.trans(k), input_precision=PREC)                            # [BM·IH, BT]
-        w = tl.load(w_ptr + (row0 + r // IH) * IH + r % IH, mask=pair_ok, other=0.0)
-        score = tl.sum(tl.reshape(tl.maximum(s * scale, 0.0) * w[:, None], (BLOCK_M, IH, BLOCK_T)), axis=1)
-        visible = (t[None, :] < length) & (t[None, :] <= pos[:, None])
-        score = tl.where(visible, score, float("-inf"))
-    else:
-        score = tl.full((BLOCK_M, BLOCK_T), float("-inf"), tl.float32)
-    tl.store(score_ptr + rows[:, None] * T_max + t[None, :], score, mask=(m < num_rows)[:, None] & (t < T_max)[None, :])
+    last = tl.minimum(tl.max(pos, 0), length - 1)                  # the last key visible to a row of the block
+    d = tl.arange(0, IDD)
+    r = tl.arange(0, BLOCK_M * IH)                                     # (row, head) pairs, head fastest
+    pair_ok = r // IH < num_rows
+    q = tl.load(q_ptr + (row0 + r // IH)[:, None] * stride_qn + (r % IH)[:, None] * stride_qh + d[None, :],
+                mask=pair_ok[:, None], other=0.0)                                                # [BM·IH, IDD]
+    w = tl.load(w_ptr + (row0 + r // IH) * IH + r % IH, mask=pair_ok, other=0.0)
+    for step in range(0, KEYS, BLOCK_T):
+        t = tl.program_id(1) * KEYS + step + tl.arange(0, BLOCK_T)
+        if tl.program_id(1) * KEYS + step <= last:
+            key_ok = t <= last
+            slot = tl.load(slots_ptr + base + t, mask=key_ok, other=0)
+            k = tl.load(k_ptr + slot[:, None] * stride_k + d[None, :], mask=key_ok[:, None], other=0.0)  # [BT, IDD]
+            s = tl.dot(q.to(k.dtype), tl.trans(k), input_precision=PREC)                          # [BM·IH, BT]
+            score = tl.sum(tl.reshape(tl.maximum(s * scale, 0.0) * w[:, None], (BLOCK_M, IH, BLOCK_T)), axis=1)
+            score = tl.where((t[None, :] < length) & (t[None, :] <= pos[:, None]), score, float("-inf"))
+        else:                              # past every row's position: no loads, no dot
+            score = tl.full((BLOCK_M, BLOCK_T), float("-inf"), tl.float32)
+        tl.store(score_ptr + rows[:, None] * T_max + t[None, :], score,
+                 mask=(m < num_rows)[:, None] & (t < T_max)[None, :])
 
 
 def _score_rows(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tensor, all_slots: torch.Tensor,
                 blocks: list[tuple[int, int, int, int]], positions: torch.Tensor, T_max: int, scale: float,
-                tile: tuple[int, int, int] = SCORE_ROWS) -> torch.Tensor:
+                tile: tuple[int, int, int, int] = SCORE_ROWS) -> torch.Tensor:
     """``_score``'s ragged scores [N, T_max] through the prefill rows kernel; ``blocks``: ``_row_blocks``'s."""
     N, ih, idd = q.shape
-    block_m, block_t, warps = tile
+    block_m, block_t, keys, warps = tile
+    keys = min(keys, triton.cdiv(T_max, block_t) * block_t)
     score = torch.empty(N, T_max, dtype=torch.float32, device=q.device)
     meta = torch.tensor(blocks, dtype=torch.int64, pin_memory=q.is_cuda).to(q.device, non_blocking=True)
-    _index_score_rows_kernel[(len(blocks), triton.cdiv(T_max, block_t))](
+    _index_score_rows_kernel[(len(blocks), triton.cdiv(T_max, keys))](
         q, head_weights.float().contiguous(), k_cache, all_slots, meta, positions, score, T_max, scale, q.stride(0),
-        q.stride(1), k_cache.stride(0), IH=ih, IDD=idd, BLOCK_M=block_m, BLOCK_T=block_t,
+        q.stride(1), k_cache.stride(0), IH=ih, IDD=idd, BLOCK_M=block_m, BLOCK_T=block_t, KEYS=keys,
         PREC=dot_precision(k_cache.dtype), num_warps=warps, **pdl_launch())
     return score
 
@@ -266,6 +270,7 @@ def _row_blocks(seq_rows, seq_slots, bases: list[int], first: int, end: int, blo
         for a in range(max(r0, first), min(r0 + nr, end), block_m):
             blocks.append((a - first, min(block_m, r0 + nr - a, end - a), bases[i], int(seq_slots[i].numel())))
     return blocks
+
 
 # ---- The wide select: a radix select over many programs a row -----------------------------------
 SELECT_BLOCK = 1024                            # keys a program of the wide select's later launches holds

@@ -449,7 +449,7 @@ def test_indexer_topk_sets(tk, monkeypatch, prefill_rows, score_bytes):
     _same_sets_or_tied(got, ref, score_of)
 
 
-@pytest.mark.parametrize("tile", [(8, 64, 8), (4, 32, 4)])
+@pytest.mark.parametrize("tile", [(8, 64, 1024, 8), (4, 16, 32, 4)])     # one program a block; 4 steps of 16 keys
 def test_prefill_rows_scores_equal_the_one_row_kernel(tk, tile):
     """The rows kernel's scores (blocks of rows of one request, a block's last rows and keys masked) equal the one-row
     kernel's at fp32 rounding, with -inf exactly where a key is not visible to the row."""
