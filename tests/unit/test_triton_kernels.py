@@ -425,13 +425,13 @@ def _ragged_case(prefill_rows: int):
     return q, w, k_cache, seq_rows, seq_slots, positions
 
 
-@pytest.mark.parametrize("prefill_rows", [3, 11])
+@pytest.mark.parametrize("prefill_rows", [3, 11, 31])
 @pytest.mark.parametrize("score_bytes", [None, 800])
 def test_indexer_topk_sets(tk, monkeypatch, prefill_rows, score_bytes):
-    """The prefill indexer against the reference — 11 rows of one request take the rows kernel (blocks of 8 rows),
-    3 the one-row kernel; ``score_bytes``: both score in slabs of rows (800 bytes: 2 rows of 100 keys in the Triton
-    path, so slabs cut requests and blocks, and one holds only the short request; 1 row in the reference's) and
-    select what they select unslabbed."""
+    """The prefill indexer against the reference — 11 or 31 rows of one request take the rows kernel (blocks of 8
+    rows), 3 the one-row kernel; ``score_bytes``: both score in slabs of rows (800 bytes: the Triton path's least
+    slab, 16 rows, so that 31 rows cut a request and leave the short request alone in the last slab; 1 row in the
+    reference's) and select what they select unslabbed."""
     q, w, k_cache, seq_rows, seq_slots, positions = _ragged_case(prefill_rows)
     args = (q, w, k_cache, seq_rows, seq_slots, positions, 24, q.shape[2] ** -0.5)
     whole, whole_ref = tk["att"].indexer_topk(*args), reference.indexer_topk(*args)
