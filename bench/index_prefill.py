@@ -28,7 +28,7 @@ def case(T: int, N: int, g: torch.Generator) -> list[str]:
     positions = torch.arange(T - N, T, device="cuda")
     q = torch.randn(N, ih, idd, device="cuda", generator=g).to(torch.bfloat16)
     w = torch.randn(N, ih, device="cuda", generator=g)
-    all_slots, base, length, _ = _ragged(seq_rows, seq_slots, q.device)
+    all_slots, base, length, bases, lengths = _ragged(seq_rows, seq_slots, q.device)
     scale = idd ** -0.5
     want = _score(q, w, k_cache, all_slots, base, length, positions, T, 1, scale)
     finite = torch.isfinite(want)
@@ -36,7 +36,7 @@ def case(T: int, N: int, g: torch.Generator) -> list[str]:
     one = time_ms(lambda: _score(q, w, k_cache, all_slots, base, length, positions, T, 1, scale), 10)
     cells = [f"{one:.2f} ms {flop / one / 1e9:.0f} TF/s"]
     for tile in TILES:
-        blocks = _row_blocks(seq_rows, seq_slots, [0], 0, N, tile[0])
+        blocks = _row_blocks(seq_rows, bases, lengths, 0, N, tile[0])
         got = _score_rows(q, w, k_cache, all_slots, blocks, positions, T, scale, tile)
         assert torch.equal(finite, torch.isfinite(got)), tile
         assert torch.allclose(got[finite], want[finite], rtol=1e-3, atol=1e-3), tile

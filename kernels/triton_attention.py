@@ -23,8 +23,6 @@ once for all of them (eight rows: 15.6 → 5.2 µs absorb, 13.5 → 6.2 expand, 
 
 from __future__ import annotations
 
-import itertools
-
 import torch
 import triton
 import triton.language as tl
@@ -206,7 +204,6 @@ def _score(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tensor, t
     return score
 
 
-
 # Prefill rows: a program scores BLOCK_M rows of one request against KEYS of its keys, BLOCK_T at a time — each step
 # a [BLOCK_M·heads, idd] × [idd, BLOCK_T] dot with the rows' queries held across the steps, so each key tile is loaded
 # once for BLOCK_M rows (the one-row kernel loads it for each row, and its query with it).
@@ -263,15 +260,12 @@ def _score_rows(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tens
     return score
 
 
-def _row_blocks(seq_rows, seq_slots, bases: list[int], first: int, end: int, block_m: int
+def _row_blocks(seq_rows, bases: list[int], lengths: list[int], first: int, end: int, block_m: int
                 ) -> list[tuple[int, int, int, int]]:
     """Rows first … end − 1 as blocks of at most ``block_m`` rows of one request: (first row − ``first``, rows,
-    the request's offset into the concatenated slots, its length)."""
-    blocks = []
-    for i, (r0, nr) in enumerate(seq_rows):
-        for a in range(max(r0, first), min(r0 + nr, end), block_m):
-            blocks.append((a - first, min(block_m, r0 + nr - a, end - a), bases[i], int(seq_slots[i].numel())))
-    return blocks
+    the request's offset into the concatenated slots, its length); ``bases`` / ``lengths``: per row, ``_ragged``'s."""
+    return [(a - first, min(block_m, r0 + nr - a, end - a), bases[a], lengths[a])
+            for r0, nr in seq_rows for a in range(max(r0, first), min(r0 + nr, end), block_m)]
 
 
 # ---- The wide select: a radix select over many programs a row -----------------------------------
@@ -441,14 +435,15 @@ def index_scores(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Ten
                  positions: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Scores [N, T_max] fp32 (-inf where not visible), the concatenated slots and each row's offset into
     them. q: [N, ih, idd] (pow-2 ih ≥ 16 and idd), head_weights: [N, ih], k_cache: [slots, idd]."""
-    all_slots, base, length, lengths = _ragged(seq_rows, seq_slots, q.device)
+    all_slots, base, length, _, lengths = _ragged(seq_rows, seq_slots, q.device)
     score = _score(q, head_weights, k_cache, all_slots, base, length, positions, max(lengths), 1, scale)
     return score, all_slots, base
 
 
-def _ragged(seq_rows, seq_slots, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
-    """The requests' slots concatenated, each row's offset into them and its request's length (device), and the
-    rows' lengths (host)."""
+def _ragged(seq_rows, seq_slots, device: torch.device
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int], list[int]]:
+    """The requests' slots concatenated, then each row's offset into them and its request's length: on the device
+    and as host lists."""
     all_slots = torch.cat([s.to(torch.int64) for s in seq_slots])
     bases, lens = [], []
     off = 0
@@ -459,7 +454,7 @@ def _ragged(seq_rows, seq_slots, device: torch.device) -> tuple[torch.Tensor, to
     # pinned host → device copy: asynchronous
     meta = torch.tensor([bases, lens], dtype=torch.int64, pin_memory=device.type == "cuda").to(device,
                                                                                              non_blocking=True)
-    return all_slots, meta[0], meta[1], lens
+    return all_slots, meta[0], meta[1], bases, lens
 
 
 @ops.register("indexer_topk", backend="triton", available=on_cuda)
@@ -472,19 +467,19 @@ def indexer_topk(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Ten
     T_max = max((int(s.numel()) for s in seq_slots), default=0)   # a rank with no rows this step
     if T_max <= topk or not _scorable(q):
         return reference.indexer_topk(q, head_weights, k_cache, seq_rows, seq_slots, positions, topk, scale)
-    all_slots, base, length, lengths = _ragged(seq_rows, seq_slots, q.device)
+    all_slots, base, length, row_bases, lengths = _ragged(seq_rows, seq_slots, q.device)
     N, K = q.shape[0], min(topk, T_max)
     # slabs of a multiple of 16 rows: their row pointers keep one alignment (Triton compiles per alignment)
     slab = max(16, reference.INDEXER_SCORE_BYTES // (T_max * 4) // 16 * 16)
     prefill = max(nr for _, nr in seq_rows) >= SCORE_ROWS[0]      # a request with rows to fill the rows kernel's
-    bases = [0, *itertools.accumulate(int(s.numel()) for s in seq_slots)]
     out = torch.empty(N, K, dtype=torch.int64, device=q.device)
     for a in range(0, N, slab):
         b = min(a + slab, N)
         T = max(lengths[a:b])
         if prefill:
             score = _score_rows(q[a:b], head_weights[a:b], k_cache, all_slots,
-                                _row_blocks(seq_rows, seq_slots, bases, a, b, SCORE_ROWS[0]), positions[a:b], T, scale)
+                                _row_blocks(seq_rows, row_bases, lengths, a, b, SCORE_ROWS[0]), positions[a:b], T,
+                                scale)
         else:
             score = _score(q[a:b], head_weights[a:b], k_cache, all_slots, base[a:b], length[a:b], positions[a:b], T,
                            1, scale)

@@ -456,8 +456,8 @@ def test_prefill_rows_scores_equal_the_one_row_kernel(tk, tile):
     q, w, k_cache, seq_rows, seq_slots, positions = _ragged_case(11)
     scale = q.shape[2] ** -0.5
     want, all_slots, _ = tk["att"].index_scores(q, w, k_cache, seq_rows, seq_slots, positions, scale)
-    bases = [0, 60, 160]
-    blocks = tk["att"]._row_blocks(seq_rows, seq_slots, bases, 0, q.shape[0], tile[0])
+    _, _, _, bases, lengths = tk["att"]._ragged(seq_rows, seq_slots, q.device)
+    blocks = tk["att"]._row_blocks(seq_rows, bases, lengths, 0, q.shape[0], tile[0])
     assert blocks[:2] == [(0, tile[0], 0, 60), (tile[0], min(tile[0], 11 - tile[0]), 0, 60)]
     got = tk["att"]._score_rows(q, w, k_cache, all_slots, blocks, positions, want.shape[1], scale, tile)
     assert torch.equal(torch.isinf(got), torch.isinf(want))
