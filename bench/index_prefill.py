@@ -13,7 +13,7 @@ import argparse
 import torch
 
 from bench.decode_slice import time_ms
-from kernels.triton_attention import SCORE_ROWS, _ragged, _row_blocks, _score, _score_rows
+from kernels.triton_attention import SCORE_ROWS, _ragged, _score, _score_rows
 
 TILES = [(8, 64, 1024, 8), (8, 64, 256, 8), (8, 64, 1024, 4), (4, 64, 1024, 4), (16, 64, 1024, 8), (8, 128, 1024, 8),
          (16, 32, 1024, 8), (8, 64, 64, 8)]
@@ -36,11 +36,11 @@ def case(T: int, N: int, g: torch.Generator) -> list[str]:
     one = time_ms(lambda: _score(q, w, k_cache, all_slots, base, length, positions, T, 1, scale), 10)
     cells = [f"{one:.2f} ms {flop / one / 1e9:.0f} TF/s"]
     for tile in TILES:
-        blocks = _row_blocks(seq_rows, bases, lengths, 0, N, tile[0])
-        got = _score_rows(q, w, k_cache, all_slots, blocks, positions, T, scale, tile)
+        rows = (seq_rows, bases, lengths, 0)
+        got = _score_rows(q, w, k_cache, all_slots, *rows, positions, T, scale, tile)
         assert torch.equal(finite, torch.isfinite(got)), tile
         assert torch.allclose(got[finite], want[finite], rtol=1e-3, atol=1e-3), tile
-        ms = time_ms(lambda b=blocks, t=tile: _score_rows(q, w, k_cache, all_slots, b, positions, T, scale, t), 10)
+        ms = time_ms(lambda t=tile, r=rows: _score_rows(q, w, k_cache, all_slots, *r, positions, T, scale, t), 10)
         cells.append(f"{ms:.2f} ms {flop / ms / 1e9:.0f} TF/s" + (" (pick)" if tile == SCORE_ROWS else ""))
     return cells
 

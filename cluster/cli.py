@@ -36,7 +36,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="how serve's worker group gets its steps: a TCP connection per actor, or Ray actor calls")
     p.add_argument("--warmup-tokens", type=int, default=None,
                    help="at start-up, capture the decode graphs of contexts up to this many tokens and serve short "
-                        "requests (default: 4096 with CUDA graphs, else 0; 0: compile and capture on first use)")
+                        "requests (default: every context, max_model_len, with CUDA graphs, else 0; 0: compile and "
+                        "capture on first use)")
 
 
 def _engine_config(a: argparse.Namespace):

@@ -245,13 +245,15 @@ def _index_score_rows_kernel(q_ptr, w_ptr, k_ptr, slots_ptr, blk_ptr, pos_ptr, s
 
 
 def _score_rows(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tensor, all_slots: torch.Tensor,
-                blocks: list[tuple[int, int, int, int]], positions: torch.Tensor, T_max: int, scale: float,
-                tile: tuple[int, int, int, int] = SCORE_ROWS) -> torch.Tensor:
-    """``_score``'s ragged scores [N, T_max] through the prefill rows kernel; ``blocks``: ``_row_blocks``'s."""
+                seq_rows, bases: list[int], lengths: list[int], first: int, positions: torch.Tensor, T_max: int,
+                scale: float, tile: tuple[int, int, int, int] = SCORE_ROWS) -> torch.Tensor:
+    """``_score``'s ragged scores [N, T_max] through the prefill rows kernel, for rows ``first`` … ``first`` + N − 1 of
+    the step (q, head_weights and positions: those rows; the rest: the whole step's, as ``_row_blocks`` takes them)."""
     N, ih, idd = q.shape
     block_m, block_t, keys, warps = tile
     keys = min(keys, triton.cdiv(T_max, block_t) * block_t)
     score = torch.empty(N, T_max, dtype=torch.float32, device=q.device)
+    blocks = _row_blocks(seq_rows, bases, lengths, first, first + N, block_m)
     meta = torch.tensor(blocks, dtype=torch.int64, pin_memory=q.is_cuda).to(q.device, non_blocking=True)
     _index_score_rows_kernel[(len(blocks), triton.cdiv(T_max, keys))](
         q, head_weights.float().contiguous(), k_cache, all_slots, meta, positions, score, T_max, scale, q.stride(0),
@@ -477,9 +479,8 @@ def indexer_topk(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Ten
         b = min(a + slab, N)
         T = max(lengths[a:b])
         if prefill:
-            score = _score_rows(q[a:b], head_weights[a:b], k_cache, all_slots,
-                                _row_blocks(seq_rows, row_bases, lengths, a, b, SCORE_ROWS[0]), positions[a:b], T,
-                                scale)
+            score = _score_rows(q[a:b], head_weights[a:b], k_cache, all_slots, seq_rows, row_bases, lengths, a,
+                                positions[a:b], T, scale)
         else:
             score = _score(q[a:b], head_weights[a:b], k_cache, all_slots, base[a:b], length[a:b], positions[a:b], T,
                            1, scale)

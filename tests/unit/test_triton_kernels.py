@@ -459,7 +459,8 @@ def test_prefill_rows_scores_equal_the_one_row_kernel(tk, tile):
     _, _, _, bases, lengths = tk["att"]._ragged(seq_rows, seq_slots, q.device)
     blocks = tk["att"]._row_blocks(seq_rows, bases, lengths, 0, q.shape[0], tile[0])
     assert blocks[:2] == [(0, tile[0], 0, 60), (tile[0], min(tile[0], 11 - tile[0]), 0, 60)]
-    got = tk["att"]._score_rows(q, w, k_cache, all_slots, blocks, positions, want.shape[1], scale, tile)
+    got = tk["att"]._score_rows(q, w, k_cache, all_slots, seq_rows, bases, lengths, 0, positions, want.shape[1], scale,
+                                tile)
     assert torch.equal(torch.isinf(got), torch.isinf(want))
     finite = torch.isfinite(want)
     assert torch.allclose(got[finite], want[finite], rtol=1e-5, atol=1e-5)
