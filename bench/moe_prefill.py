@@ -11,6 +11,7 @@ synchronized calls (``decode_slice.time_ms``; session 12's table took the mean o
 
     PYTHONPATH=. python bench/moe_prefill.py [--rows 512 2048 8192] [--out DIR]
     PYTHONPATH=. python bench/moe_prefill.py --sweep [--rows 2048 8192]    # launch shapes, grouped only
+    PYTHONPATH=. python bench/moe_prefill.py --fused --rows 33 48 64       # fused vs grouped at a graph step's rows
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ import torch
 from bench.decode_slice import time_ms
 from bench.kernels_micro import rand_fp8
 from bench.tune_decode_kernels import rel
-from kernels import reference
-from kernels.triton_moe import GroupTile, grouped_moe
+from kernels import reference, triton_moe
+from kernels.triton_moe import ExpertTile, GroupTile, fused_moe, grouped_moe
 
 DEV, BF16 = "cuda", torch.bfloat16
 H, E, K = 6144, 256, 8
@@ -68,15 +69,45 @@ def sweep(args) -> None:
                 print(f"  {t[0]:.3f} ms  block_m {t[1]}  gate/up {t[2]}  down {t[3]}", flush=True)
 
 
+def fused_vs_grouped(args) -> None:
+    """The rows a graph step's MoE may take past 32 (up to 64: 8 ranks × 8 a dp step): the fused launches, which a
+    graph can hold — an expert's run in chunks of ``RUN_ROWS`` pairs a program (16), or whole (one program, a
+    tile of next_pow2(rows): before session 17); 128- or 256-deep K steps — against the grouped ones (one host sync);
+    ms, and the relative difference from an fp32 reference. (Rows ≤ 32 are a graph step's in 4 ranks × 8.)"""
+    g = torch.Generator(device=DEV).manual_seed(0)
+    narrow, wide = (ExpertTile(32, 128), ExpertTile(64, 128)), (ExpertTile(32, 256), ExpertTile(64, 128))
+    launches = {"fused, runs of 16, K 128": (16, narrow), "fused, runs of 16, K 256": (16, wide),
+                "fused, runs whole, K 128": (64, narrow), "fused, runs whole, K 256": (64, wide)}
+    for I in args.widths:
+        weights = experts(I)
+        for rows in args.rows:
+            x = torch.randn(rows, H, device=DEV, generator=g).to(BF16)
+            idx = torch.rand(rows, E, device=DEV, generator=g).topk(K, dim=1).indices
+            w = torch.rand(rows, K, device=DEV, generator=g)
+            want = reference.moe_experts(x.float(), idx, w, *weights)
+            cells = []
+            for name, (run_rows, tiles) in launches.items():
+                triton_moe.RUN_ROWS = run_rows
+                fn = partial(fused_moe, x, idx, w, *weights, tiles=tiles)
+                cells.append(f"{name} {time_ms(fn, 20):.3f} ms (rel {rel(fn(), want):.1e})")
+            triton_moe.RUN_ROWS = 16
+            fn = partial(grouped_moe, x, idx, w, *weights)
+            cells.append(f"grouped {time_ms(fn, 20):.3f} ms (rel {rel(fn(), want):.1e})")
+            print(f"I {I} rows {rows}: " + "; ".join(cells), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, nargs="+", default=[512, 2048, 8192])
     ap.add_argument("--widths", type=int, nargs="+", default=[2048, 256])
     ap.add_argument("--out", default=None)
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--fused", action="store_true", help="fused vs grouped launches at --rows (33–64)")
     args = ap.parse_args()
     if args.sweep:
         return sweep(args)
+    if args.fused:
+        return fused_vs_grouped(args)
     g = torch.Generator(device=DEV).manual_seed(0)
     rows_out = []
     print(f"{'I':>5}{'rows':>6}{'reference ms':>14}{'grouped ms':>12}{'speed-up':>10}{'TFLOP/s':>9}{'of bf16':>9}"

@@ -25,6 +25,7 @@ from scheduler.request import FinishReason, SamplingParams
 from scheduler.scheduler import AdmissionError, RequestEvent, Scheduler, SchedulerConfig, StepPlan
 from scheduler.shapes import (
     GRAPH_BUCKETS,
+    GRAPH_MOE_ROWS,
     StepShape,
     graph_shape,
     graph_width,
@@ -40,13 +41,13 @@ __all__ = ["AdmissionError", "AsyncEngine", "Engine", "GroupFailure", "LocalExec
 
 def graph_key(shape: StepShape, plans: Sequence[StepPlan]) -> tuple[int, int, bool] | None:
     """(rows bucket, block-table width, span) when the step is graph-shaped on every rank — only decode /
-    verify rows (each request feeds 1 + num_drafts and samples), at most the largest graph bucket per rank —
-    else None. Width: ``graph_width`` of the step's longest block table. Span: a span step's comm phases differ
-    from a dp step's of the same bucket (AG selects the owner's stripe, RS gathers every partial), so it is a
-    graph of its own. The same key goes to every rank, so all ranks replay (or capture) the same graph and its
-    comm phases line up."""
+    verify rows (each request feeds 1 + num_drafts and samples), at most the largest graph bucket per rank and
+    ``GRAPH_MOE_ROWS`` in the MoE (a dp step's takes every rank's rows) — else None. Width: ``graph_width`` of the
+    step's longest block table. Span: a span step's comm phases differ from a dp step's of the same bucket (AG
+    selects the owner's stripe, RS gathers every partial), so it is a graph of its own. The same key goes to every
+    rank, so all ranks replay (or capture) the same graph and its comm phases line up."""
     seqs = [s for p in plans for s in p.seqs]
-    if not seqs or shape.rows_per_rank > GRAPH_BUCKETS[-1]:
+    if not seqs or shape.rows_per_rank > GRAPH_BUCKETS[-1] or shape.total_rows > GRAPH_MOE_ROWS:
         return None
     if not all(s.sample and len(s.token_ids) == 1 + s.num_drafts for s in seqs):
         return None
@@ -55,14 +56,16 @@ def graph_key(shape: StepShape, plans: Sequence[StepPlan]) -> tuple[int, int, bo
 
 def warm_keys(num_ranks: int, span: bool, drafts: int, widths: Sequence[int]) -> list[tuple[tuple, tuple[int, ...]]]:
     """The graph keys an engine's steps can take at these widths, each with the draft counts whose MTP graphs can
-    follow it (``WorkerStep.warm``): every dp bucket — 0 drafts (several requests: the extend alone), and
-    ``drafts`` where a solo request's 1 + drafts verify rows land (one row in a group whose solo verify rides a
-    span) — and in a group with span steps, the span buckets of a solo request's 1 + d rows, d = 1 … drafts."""
+    follow it (``WorkerStep.warm``): every dp bucket whose MoE rows (ranks × bucket) stay within ``GRAPH_MOE_ROWS``
+    — 0 drafts (several requests: the extend alone), and ``drafts`` where a solo request's 1 + drafts verify rows
+    land (one row in a group whose solo verify rides a span) — and in a group with span steps, the span buckets of
+    a solo request's 1 + d rows, d = 1 … drafts."""
     solo = next_pow2(1 + drafts) if num_ranks == 1 or not span else 1
     keys = []
     for w in widths:
         for b in GRAPH_BUCKETS:
-            keys.append(((b, w, False), () if not drafts else (0, drafts) if b <= solo else (0,)))
+            if b * num_ranks <= GRAPH_MOE_ROWS:
+                keys.append(((b, w, False), () if not drafts else (0, drafts) if b <= solo else (0,)))
         if span and num_ranks > 1:
             keys += [((b, w, True), (drafts,)) for b in sorted({next_pow2(max(num_ranks, 1 + d))
                                                                for d in range(1, drafts + 1)})

@@ -3,13 +3,15 @@ for every row routed to it.
 
 The step's N·k (row, expert) pairs are sorted by local expert id (stable, so rows ascend within an
 expert; experts held elsewhere take the sentinel id E_local and sort last); the first pair of each
-expert's run owns that expert and processes the whole run (≤ N rows, one per row at most) as one 16+-row
-tile. Programs on the other pairs exit at once, so the grid has a static size and no host sync
-(graph-capturable). Four launches:
+expert's run owns that expert and processes the run (≤ N rows, one per row at most) as one 16-row tile —
+a run longer than ``RUN_ROWS`` in chunks, each owned by its first pair (a whole run as one tile of
+next_pow2(N) rows was 2–2.8× slower from 24 rows on: bench/moe_prefill.py --fused, bench/results/session17/).
+Programs on the other pairs exit at once, so the grid has a static size and no host sync (graph-capturable:
+a graph step's MoE in 8 ranks takes up to 64 rows). Four launches:
 
 0. route: one program ranks the pairs by (local expert, pair) with a [P, P] comparison (P = N·k), giving
-   the sorted pairs, each row's slots in expert-id order and the valid mask — the stable sorts of the
-   reference, without torch's sort launches.
+   the sorted pairs, each row's slots in expert-id order, the valid mask and each run's start — the stable
+   sorts of the reference, without torch's sort launches.
 1. gate/up: ``act = silu(x @ G.T) * (x @ U.T)`` per pair, [N·k, I] in x's dtype (rounded as the
    reference rounds each linear output).
 2. down: ``y = (act @ D.T)`` rounded to x's dtype, times the pair's routing weight, rounded again.
@@ -58,7 +60,11 @@ from kernels.triton_utils import (
     smem_per_block,
 )
 
-FUSED_MAX_ROWS = 32
+# The fused launches take up to this many rows, more (prefill chunks) the grouped ones, whose host sync a CUDA graph
+# cannot hold: so at least scheduler.shapes.GRAPH_MOE_ROWS, the most a graph step's MoE takes (a dp step's MoE has
+# every rank's rows: 8 ranks × 8).
+FUSED_MAX_ROWS = 64
+RUN_ROWS = 16          # the most rows of an expert's run one program takes (runs average N·k / E_local pairs)
 
 
 @dataclass(frozen=True)
@@ -81,48 +87,54 @@ def _local_key(idx_ptr, pair, P, expert_offset, E_local):
 
 
 @triton.jit
-def _route_kernel(idx_ptr, sorted_e_ptr, sorted_pair_ptr, order_ptr, valid_ptr, P, expert_offset, E_local,
-                  TOPK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_J: tl.constexpr, PDL: tl.constexpr):
+def _route_kernel(idx_ptr, sorted_e_ptr, sorted_pair_ptr, run_start_ptr, order_ptr, valid_ptr, P, expert_offset,
+                  E_local, TOPK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_J: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
     i = tl.arange(0, BLOCK_P)
     local, key = _local_key(idx_ptr, i, P, expert_offset, E_local)
     rank = tl.zeros((BLOCK_P,), dtype=tl.int32)          # pairs before i in the sort
     row_rank = tl.zeros((BLOCK_P,), dtype=tl.int32)      # of those, pairs of i's row
+    start = tl.zeros((BLOCK_P,), dtype=tl.int32)         # pairs of lower experts: where i's run starts
     for j0 in range(0, P, BLOCK_J):
         j = j0 + tl.arange(0, BLOCK_J)
-        _, key_j = _local_key(idx_ptr, j, P, expert_offset, E_local)
+        local_j, key_j = _local_key(idx_ptr, j, P, expert_offset, E_local)
         before = key_j[None, :] < key[:, None]
         rank += tl.sum(before.to(tl.int32), axis=1)
         row_rank += tl.sum((before & (j[None, :] // TOPK == i[:, None] // TOPK)).to(tl.int32), axis=1)
+        start += tl.sum(((local_j[None, :] < local[:, None]) & (j[None, :] < P)).to(tl.int32), axis=1)
     m = i < P
     tl.store(sorted_e_ptr + rank, local, mask=m)
     tl.store(sorted_pair_ptr + rank, i, mask=m)
+    tl.store(run_start_ptr + rank, start, mask=m)
     tl.store(order_ptr + (i // TOPK) * TOPK + row_rank, i % TOPK, mask=m)
     tl.store(valid_ptr + i, (local < E_local).to(tl.int8), mask=m)
 
 
 @triton.jit
-def _run_rows(sorted_e_ptr, sorted_pair_ptr, p, P, E_local, TOPK: tl.constexpr, BLOCK_R: tl.constexpr):
-    """The run of pairs starting at sorted position p: (expert, valid, mask [BR], pair ids [BR], rows [BR])."""
+def _run_rows(sorted_e_ptr, sorted_pair_ptr, run_start_ptr, p, P, E_local, TOPK: tl.constexpr,
+              BLOCK_R: tl.constexpr):
+    """The chunk of an expert's run of pairs that sorted position p owns — the run's pairs from p on, at most
+    BLOCK_R, when p is BLOCK_R · c pairs into the run (a run no longer than BLOCK_R: p is its first pair):
+    (expert, owner, mask [BR], sorted positions [BR], rows [BR])."""
     e = tl.load(sorted_e_ptr + p)
-    prev = tl.load(sorted_e_ptr + p - 1, mask=p > 0, other=-1)
-    owner = (e < E_local) & (prev != e)
+    into = p - tl.load(run_start_ptr + p)                                 # pairs of the run before p
+    owner = (e < E_local) & (into % BLOCK_R == 0)
     j = p + tl.arange(0, BLOCK_R)
     in_run = (j < P) & (tl.load(sorted_e_ptr + j, mask=j < P, other=-1) == e)
-    in_run = in_run & ((j * 0 + prev) != e) & ((j * 0 + e) < E_local)   # non-owners store nothing
+    in_run = in_run & ((j * 0 + into) % BLOCK_R == 0) & ((j * 0 + e) < E_local)   # non-owners store nothing
     pair = tl.load(sorted_pair_ptr + j, mask=in_run, other=0)
     return e, owner, in_run, j, pair // TOPK
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sorted_e_ptr, sorted_pair_ptr, act_ptr,
+def _gate_up_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sorted_e_ptr, sorted_pair_ptr, run_start_ptr, act_ptr,
                     P, E_local, H, I, num_sb_h, num_sb_i,
                     TOPK: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr,
                     BLOCK_H: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
     p = tl.program_id(0)
     ib = tl.program_id(1)
-    e, owner, in_run, j, row = _run_rows(sorted_e_ptr, sorted_pair_ptr, p, P, E_local, TOPK, BLOCK_R)
+    e, owner, in_run, j, row = _run_rows(sorted_e_ptr, sorted_pair_ptr, run_start_ptr, p, P, E_local, TOPK, BLOCK_R)
     ri = ib * BLOCK_I + tl.arange(0, BLOCK_I)
     rh = tl.arange(0, 128)
     acc_g = tl.zeros((BLOCK_R, BLOCK_I), dtype=tl.float32)
@@ -153,14 +165,14 @@ def _gate_up_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sorted_e_ptr, sorted_pa
 
 
 @triton.jit
-def _down_kernel(act_ptr, d_ptr, ds_ptr, w_route_ptr, sorted_e_ptr, sorted_pair_ptr, y_ptr,
+def _down_kernel(act_ptr, d_ptr, ds_ptr, w_route_ptr, sorted_e_ptr, sorted_pair_ptr, run_start_ptr, y_ptr,
                  P, E_local, H, I, num_sb_h, num_sb_i,
                  TOPK: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_HO: tl.constexpr,
                  BLOCK_I: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
     p = tl.program_id(0)
     hb = tl.program_id(1)
-    e, owner, in_run, j, row = _run_rows(sorted_e_ptr, sorted_pair_ptr, p, P, E_local, TOPK, BLOCK_R)
+    e, owner, in_run, j, row = _run_rows(sorted_e_ptr, sorted_pair_ptr, run_start_ptr, p, P, E_local, TOPK, BLOCK_R)
     rh = hb * BLOCK_HO + tl.arange(0, BLOCK_HO)
     ri = tl.arange(0, 128)
     acc = tl.zeros((BLOCK_R, BLOCK_HO), dtype=tl.float32)
@@ -364,22 +376,22 @@ def _combine_kernel(y_ptr, order_ptr, valid_ptr, out_ptr, H, P, TOPK: tl.constex
 
 
 def route_pairs(topk_idx: torch.Tensor, expert_offset: int, E_local: int
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """topk_idx: [N, k] global ids → (sorted_e [P] int32, sorted_pair [P] int32, order [N, k] int32,
-    valid [P] int8), P = N·k: pairs stably sorted by local expert id (sentinel E_local last), each row's
-    slots stably sorted by it, and whether a pair's expert is held here. One launch."""
+    valid [P] int8, run_start [P] int32), P = N·k: pairs stably sorted by local expert id (sentinel E_local last),
+    each row's slots stably sorted by it, whether a pair's expert is held here, and where each sorted pair's run
+    (its expert's pairs) starts. One launch."""
     N, k = topk_idx.shape
     P = N * k
     dev = topk_idx.device
-    sorted_e = torch.empty(P, dtype=torch.int32, device=dev)
-    sorted_pair = torch.empty(P, dtype=torch.int32, device=dev)
+    sorted_e, sorted_pair, run_start = (torch.empty(P, dtype=torch.int32, device=dev) for _ in range(3))
     order = torch.empty(N, k, dtype=torch.int32, device=dev)
     valid = torch.empty(P, dtype=torch.int8, device=dev)
     block_p = max(16, next_pow2(P))
     assert block_p <= 1024, "route_pairs ranks at most 1024 pairs"
-    _route_kernel[(1,)](topk_idx.contiguous(), sorted_e, sorted_pair, order, valid, P, expert_offset, E_local,
-                        TOPK=k, BLOCK_P=block_p, BLOCK_J=min(block_p, 32), num_warps=4, **pdl_launch())
-    return sorted_e, sorted_pair, order, valid
+    _route_kernel[(1,)](topk_idx.contiguous(), sorted_e, sorted_pair, run_start, order, valid, P, expert_offset,
+                        E_local, TOPK=k, BLOCK_P=block_p, BLOCK_J=min(block_p, 32), num_warps=4, **pdl_launch())
+    return sorted_e, sorted_pair, order, valid, run_start
 
 
 def expert_tiles(rows: int, H: int, I: int, shared_fused: bool = False) -> tuple[ExpertTile, ExpertTile]:
@@ -397,6 +409,8 @@ def expert_tiles(rows: int, H: int, I: int, shared_fused: bool = False) -> tuple
         else:
             gate_up = ExpertTile(4, 512, 2, 1, fma=True) if shared_fused else ExpertTile(16, 256, 4, 1, fma=True)
         return gate_up, ExpertTile(32, 256, 4, 1, fma=True)
+    if rows > 16:                  # runs in chunks of 16 (bench/moe_prefill.py --fused: K 128 ≤ K 256 at I 256)
+        return ExpertTile(32, 128), ExpertTile(64, 128)
     return ExpertTile(32, 256), ExpertTile(64, 128)
 
 
@@ -415,7 +429,7 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
     E_local, I, _ = gate.shape
     k = topk_idx.shape[1]
     x = x.contiguous()
-    sorted_e, sorted_pair, order, valid = route_pairs(topk_idx, expert_offset, E_local)
+    sorted_e, sorted_pair, order, valid, run_start = route_pairs(topk_idx, expert_offset, E_local)
     P = N * k
     act = torch.empty(P, I, dtype=x.dtype, device=x.device)
     y = torch.empty(P, H, dtype=x.dtype, device=x.device)
@@ -424,7 +438,8 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
     dummy = torch.empty(1, dtype=torch.float32, device=x.device)
     gs, us, ds = (gate_s, up_s, down_s) if has_scale else (dummy, dummy, dummy)
     prec = dot_precision(x.dtype)
-    block_r = max(16, next_pow2(N))
+    # a run of more than block_r pairs goes in chunks of block_r, each its own program's
+    block_r = min(max(16, next_pow2(N)), RUN_ROWS)
     if isinstance(tiles, gluon_rows.MoeTile) or (tiles is None and gluon_rows.moe_usable(x, gate, has_scale)):
         gluon_rows.moe_gemms(x, gate, up, down, gate_s, up_s, down_s, topk_w.float().contiguous(), sorted_e,
                              sorted_pair, act, y, k, E_local, tile_counters(x.device), tiles)
@@ -452,11 +467,11 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
         out = _combine(y, order, valid, out, N, H, k, shared=fuse)
         return out if fuse else _plus_shared(out, x, shared)
     _gate_up_kernel[(P, triton.cdiv(I, gu.block_n))](
-        x, gate, up, gs, us, sorted_e, sorted_pair, act, P, E_local, H, I, num_sb_h, num_sb_i,
+        x, gate, up, gs, us, sorted_e, sorted_pair, run_start, act, P, E_local, H, I, num_sb_h, num_sb_i,
         TOPK=k, HAS_SCALE=has_scale, BLOCK_R=block_r, BLOCK_I=gu.block_n, BLOCK_H=gu.block_k, PREC=prec,
         num_warps=gu.num_warps, num_stages=gu.num_stages, **pdl_launch(tile=True))
     _down_kernel[(P, triton.cdiv(H, dn.block_n))](
-        act, down, ds, topk_w.float().contiguous(), sorted_e, sorted_pair, y, P, E_local, H, I,
+        act, down, ds, topk_w.float().contiguous(), sorted_e, sorted_pair, run_start, y, P, E_local, H, I,
         num_sb_h, num_sb_i, TOPK=k, HAS_SCALE=has_scale, BLOCK_R=block_r, BLOCK_HO=dn.block_n,
         BLOCK_I=dn.block_k, PREC=prec, num_warps=dn.num_warps, num_stages=dn.num_stages,
         **pdl_launch(tile=True))

@@ -14,7 +14,7 @@ from models.cache import build_batch
 from models.loader import load_model
 from scheduler.request import SamplingParams
 from scheduler.scheduler import ScheduledSeq, SchedulerConfig, StepPlan
-from scheduler.shapes import StepShape, graph_width, graph_widths
+from scheduler.shapes import DP, GRAPH_BUCKETS, GRAPH_MOE_ROWS, StepShape, graph_width, graph_widths
 from tests.conftest import run_engine
 from workers.runner import ModelRunner
 from workers.sampler import has_penalties, history_counts
@@ -160,6 +160,21 @@ def test_warm_keys_follow_the_step_shapes():
     assert warm_keys(2, True, 3, [5]) == [((1, 5, False), (0, 3)), ((2, 5, False), (0,)), ((4, 5, False), (0,)),
                                           ((8, 5, False), (0,)), ((2, 5, True), (3,)), ((4, 5, True), (3,))]
     assert warm_keys(8, False, 1, [1])[:2] == [((1, 1, False), (0, 1)), ((2, 1, False), (0, 1))]
+
+
+def test_graph_steps_keep_the_moe_within_its_capturable_rows():
+    """A dp step's MoE takes every rank's rows: a graph step (and the warm-up's keys) keeps them within
+    GRAPH_MOE_ROWS — 8 ranks capture every bucket, 16 ranks stop at 4 rows a rank — and the Triton MoE runs that
+    many rows on its fused launches, which a graph can hold (the grouped ones sync with the host)."""
+    from kernels.triton_moe import FUSED_MAX_ROWS
+
+    assert FUSED_MAX_ROWS >= GRAPH_MOE_ROWS == 8 * GRAPH_BUCKETS[-1]
+    assert [key[0] for key, _ in warm_keys(8, True, 3, [1]) if not key[2]] == [1, 2, 4, 8]
+    assert [key[0] for key, _ in warm_keys(16, True, 3, [1]) if not key[2]] == [1, 2, 4]
+    plans = [StepPlan(0, (ScheduledSeq("a", (5,), 9, (0,), True, 0),), ())]
+    assert graph_key(StepShape(DP, 8, 64, None), plans) == (8, 1, False)
+    assert graph_key(StepShape(DP, 8, 128, None), plans) is None
+    assert graph_key(StepShape(DP, 4, 64, None), plans) == (4, 1, False)
 
 
 @pytest.mark.parametrize("lengths", [[5, 9], [40, 70, 33], [200]])

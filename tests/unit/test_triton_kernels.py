@@ -200,6 +200,18 @@ def test_moe_experts(tk, N, offset, fp8):
         assert torch.equal(fma16, dot16)       # the same roundings, the same sums at these sizes
 
 
+def test_moe_experts_runs_in_chunks(tk):
+    """Past 32 rows (a graph step's MoE in 8 ranks takes up to 64) an expert's run of pairs goes in chunks of
+    RUN_ROWS, each its own program's: a run of every row (40 > 2 chunks) and short runs, against the reference."""
+    g = torch.Generator().manual_seed(41)
+    x, idx, w, gate, up, down, gs, us, ds = _moe_inputs(g, 40, 128, 192, 8, 4, True)
+    idx[:, 0] = 5                                                             # a run of 40 pairs: 16 + 16 + 8
+    args = [gate[:4], up[:4], down[:4], gs[:4], us[:4], ds[:4]]
+    ref = reference.moe_experts(x, idx, w, *args, expert_offset=4)
+    assert tk["moe"].RUN_ROWS < 40 <= tk["moe"].FUSED_MAX_ROWS
+    assert rel(tk["moe"].moe_experts(x, idx, w, *args, expert_offset=4), ref) < 1e-5
+
+
 @pytest.mark.parametrize("fp8", [True, False])
 @pytest.mark.parametrize("offset", [0, 4])
 def test_grouped_moe(tk, offset, fp8):
@@ -354,7 +366,7 @@ def test_route_pairs(tk, N, offset, E_l):
     g = torch.Generator().manual_seed(8 + N)
     idx = torch.stack([torch.randperm(8, generator=g)[:4] for _ in range(N)])
     idx[:, 2] = offset + 1                                                      # a run shared by every row
-    sorted_e, sorted_pair, order, valid = tk["moe"].route_pairs(idx, offset, E_l)
+    sorted_e, sorted_pair, order, valid, run_start = tk["moe"].route_pairs(idx, offset, E_l)
     local = idx - offset
     is_local = (local >= 0) & (local < E_l)
     local = torch.where(is_local, local, E_l)
@@ -362,6 +374,7 @@ def test_route_pairs(tk, N, offset, E_l):
     assert torch.equal(sorted_e, ref_e.int()) and torch.equal(sorted_pair, ref_pair.int())
     assert torch.equal(order, local.argsort(dim=1, stable=True).int())
     assert torch.equal(valid.bool(), is_local.flatten())
+    assert torch.equal(run_start, torch.searchsorted(ref_e, ref_e).int())                   # each run's first pair
 
 
 @pytest.mark.parametrize("n_group,topk_group,norm", [(1, 1, True), (4, 2, False)])
