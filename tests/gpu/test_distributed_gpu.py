@@ -17,6 +17,8 @@ Run on a lent H200: ``PYTHONPATH=. python -m pytest -q tests/gpu/test_distribute
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import io
 from concurrent.futures import ThreadPoolExecutor
 
@@ -118,6 +120,39 @@ def test_greedy_tokens_equal_single_process(tiny_ckpt, tiny_config, n, moe, kern
     assert stats["span_steps"] > 0
     assert (stats["graph_steps"] > 0) == (kernels == "auto")
     assert (stats["ahead_steps"] > 0) == (kernels == "auto")     # graph steps launched ahead on every rank
+
+
+def test_eight_ranks_capture_a_full_dp_bucket(tiny_ckpt, tiny_config, monkeypatch):
+    """8 ipc ranks (processes sharing the GPU here), 64 requests — 8 a rank: their decode steps are dp graph steps
+    of bucket 8, whose MoE takes every rank's rows, 64 (``GRAPH_MOE_ROWS``; the Triton MoE's grouped launches, which
+    took more than 32 rows before, cannot be captured). Captured, replayed: the single process's tokens."""
+    import cluster.engine as engine_module
+
+    g = torch.Generator().manual_seed(3)        # one prompt length: placement by KV load puts 8 on each rank
+    reqs = {f"r{i}": (torch.randint(2, 1024, (20,), generator=g).tolist(),
+                      SamplingParams(max_tokens=12, temperature=0.0))
+            for i in range(64)}
+    ref = _reference_model(tiny_ckpt, "float32", "auto")
+    cfg = dataclasses.replace(engine_config(tiny_ckpt, 8, "tp", "float32", "auto"), max_num_batched_tokens=512)
+    blocks = 8 * NUM_BLOCKS                      # the single process holds every request's KV, as the 8 ranks do
+    plain = Engine(LocalExecutor(ModelRunner(ref["model"], blocks, 16, torch.float32, DEVICE)),
+                   scheduler_config(engine_config(tiny_ckpt, 1, "tp", "float32", "auto"), tiny_config, None, blocks))
+    want = run(plain, reqs)
+    keys = []
+
+    def recorded(shape, plans):
+        keys.append(original(shape, plans))
+        return keys[-1]
+
+    original = engine_module.graph_key
+    monkeypatch.setattr(engine_module, "graph_key", recorded)
+    group = ProcessWorkerGroup(cfg, NUM_BLOCKS)
+    try:
+        engine = Engine(group, scheduler_config(cfg, tiny_config, None, NUM_BLOCKS), num_ranks=8, graphs=True)
+        assert run(engine, reqs) == want
+    finally:
+        group.shutdown()
+    assert any(k is not None and k[0] == 8 and not k[2] for k in keys), collections.Counter(keys)
 
 
 def test_speculative_group_with_captured_drafting_equals_plain():
