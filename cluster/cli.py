@@ -17,6 +17,8 @@ from cluster.config import DEFAULT_MODEL
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help="checkpoint folder (default: the embedded tiny model)")
+    p.add_argument("--served-model-name", default=None,
+                   help="the model name the API serves and expects in requests (default: the checkpoint folder's name)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--kernels", default="auto", choices=["auto", "reference"])
@@ -24,8 +26,13 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="fp8: prefill chunks quantize activations per 128 columns and run FP8 GEMMs (GPU; faster "
                         "time to first token, ~2-3 %% relative error per linear against bf16 activations)")
     p.add_argument("--kv-cache-tokens", type=int, default=32768)
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="prompt + max_tokens limit (default: min(max_position_embeddings, the KV slots in whole "
+                        "blocks))")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
+    p.add_argument("--max-waiting", type=int, default=256,
+                   help="requests that may wait for a slot; beyond it the server answers 429 (default: 256)")
     p.add_argument("--num-workers", type=int, default=1, choices=[1, 2, 4, 8])
     p.add_argument("--moe", default="tp", choices=["tp", "ep"])
     p.add_argument("--comm", default="torch", choices=["torch", "ipc"])
@@ -38,16 +45,22 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="at start-up, capture the decode graphs of contexts up to this many tokens and serve short "
                         "requests (default: every context, max_model_len, with CUDA graphs, else 0; 0: compile and "
                         "capture on first use)")
+    p.add_argument("--reasoning-parser", default="none", choices=["none", "glm"],
+                   help="glm: chat text before </think> is returned as reasoning_content (default: none)")
+    p.add_argument("--tool-parser", default="none", choices=["none", "glm"],
+                   help="glm: <tool_call> output of chat requests with tools becomes OpenAI tool_calls (default: none)")
 
 
 def _engine_config(a: argparse.Namespace):
     from cluster.config import EngineConfig
 
-    return EngineConfig(model=a.model, device=a.device, dtype=a.dtype, kernels=a.kernels,
-                        prefill_activations=a.prefill_activations, kv_cache_tokens=a.kv_cache_tokens,
-                        max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens, num_workers=a.num_workers,
-                        moe=a.moe, comm=a.comm, speculative_tokens=a.speculative_tokens, load_format=a.load_format,
-                        step_channel=a.step_channel, warmup_tokens=a.warmup_tokens)
+    return EngineConfig(model=a.model, served_model_name=a.served_model_name, device=a.device, dtype=a.dtype,
+                        kernels=a.kernels, prefill_activations=a.prefill_activations, kv_cache_tokens=a.kv_cache_tokens,
+                        max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs,
+                        max_num_batched_tokens=a.max_num_batched_tokens, max_waiting=a.max_waiting,
+                        num_workers=a.num_workers, moe=a.moe, comm=a.comm, speculative_tokens=a.speculative_tokens,
+                        load_format=a.load_format, step_channel=a.step_channel, warmup_tokens=a.warmup_tokens,
+                        reasoning_parser=a.reasoning_parser, tool_parser=a.tool_parser)
 
 
 def cmd_generate(a: argparse.Namespace) -> int:

@@ -24,7 +24,7 @@ class EngineConfig:
     prefill_activations: str = "bf16"   # bf16: W8A16 prefill | fp8: FP8 rows × FP8 weights (GPU, kernels auto)
     block_size: int = 16
     kv_cache_tokens: int = 32768        # KV slots per worker
-    max_model_len: int | None = None    # default: min(max_position_embeddings, kv_cache_tokens)
+    max_model_len: int | None = None    # default: min(max_position_embeddings, the KV slots in whole blocks)
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     max_waiting: int = 256              # queue bound: beyond it requests are refused (HTTP 429)
@@ -84,6 +84,11 @@ class EngineConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def num_blocks(self) -> int:
+        """KV blocks per worker: the whole blocks in ``kv_cache_tokens``."""
+        return self.kv_cache_tokens // self.block_size
 
     def graphs_mode(self) -> str:
         """The runner's ``graphs``: ``capture`` (auto, on a GPU with the Triton kernels; in a worker group the

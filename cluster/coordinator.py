@@ -104,10 +104,9 @@ class Coordinator:
         self.cfg = cfg = EngineConfig.from_dict(engine_config)
         model_config = ModelConfig.from_json(cfg.model)
         tokenizer = load_tokenizer(cfg.model)
-        num_blocks = cfg.kv_cache_tokens // cfg.block_size
-        self.group = self._build_group(cfg, num_blocks)
+        self.group = self._build_group(cfg, cfg.num_blocks)
         decode = (lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer else None
-        self.sched_config = scheduler_config(cfg, model_config, tokenizer, num_blocks)
+        self.sched_config = scheduler_config(cfg, model_config, tokenizer, cfg.num_blocks)
         self.engine = Engine(self.group, self.sched_config, decode, num_ranks=cfg.num_workers,
                              speculative_tokens=cfg.speculative_tokens, graphs=cfg.graphs_mode() != "off")
         self._warm_up(cfg)

@@ -373,8 +373,9 @@ class Engine:
         text, stopped = st.stops.feed(text)
         out = TokenEvent(ev.req_id, list(ev.new_token_ids), text, logprobs=result.logprobs.get(ev.req_id, []),
                          num_prompt_tokens=st.prompt_len, num_output_tokens=st.num_output)
-        if stopped and not ev.finished:
-            self.schedulers[self._rank_of[ev.req_id]].finish(ev.req_id, FinishReason.STOP)
+        if stopped:  # a stop string met on the last allowed token still reports "stop" (OpenAI), not "length"
+            if not ev.finished:
+                self.schedulers[self._rank_of[ev.req_id]].finish(ev.req_id, FinishReason.STOP)
             ev = RequestEvent(ev.req_id, ev.new_token_ids, True, FinishReason.STOP)
         if ev.finished:
             if not stopped:

@@ -18,10 +18,16 @@ def load_tokenizer(path: str | Path):
     return Tokenizer.from_dir(path) if (path / "tokenizer.json").exists() else None
 
 
+def max_model_len(cfg: EngineConfig, model_config, num_blocks: int) -> int:
+    """The prompt + max_tokens limit: the configured one, else what the positions and the whole KV blocks hold. The
+    scheduler enforces it and the HTTP edge advertises and checks it, so both take it from here."""
+    return cfg.max_model_len or min(model_config.max_position_embeddings, num_blocks * cfg.block_size)
+
+
 def scheduler_config(cfg: EngineConfig, model_config, tokenizer, num_blocks: int) -> SchedulerConfig:
     eos = set(model_config.eos_token_ids) | set(tokenizer.eos_token_ids if tokenizer else ())
-    max_len = cfg.max_model_len or min(model_config.max_position_embeddings, num_blocks * cfg.block_size)
-    return SchedulerConfig(num_blocks=num_blocks, block_size=cfg.block_size, max_model_len=max_len,
+    return SchedulerConfig(num_blocks=num_blocks, block_size=cfg.block_size,
+                           max_model_len=max_model_len(cfg, model_config, num_blocks),
                            vocab_size=model_config.vocab_size, eos_token_ids=tuple(sorted(eos)),
                            max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
                            max_waiting=cfg.max_waiting)
@@ -38,9 +44,8 @@ def build_local_engine(cfg: EngineConfig, progress: bool = True) -> tuple[Engine
     model = load_model(cfg.model, dtype=cfg.resolved_dtype(), device=device, progress=progress,
                        load_format=cfg.load_format)
     tokenizer = load_tokenizer(cfg.model)
-    num_blocks = cfg.kv_cache_tokens // cfg.block_size
-    sched = scheduler_config(cfg, model.config, tokenizer, num_blocks)
-    runner = ModelRunner(model, num_blocks, cfg.block_size, cfg.resolved_dtype(), device,
+    sched = scheduler_config(cfg, model.config, tokenizer, cfg.num_blocks)
+    runner = ModelRunner(model, cfg.num_blocks, cfg.block_size, cfg.resolved_dtype(), device,
                          speculative=cfg.speculative_tokens > 0, graphs=cfg.graphs_mode())
     decode = (lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer else None
     engine = Engine(LocalExecutor(runner), sched, decode, speculative_tokens=cfg.speculative_tokens,

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from scheduler.request import SamplingParams
 
@@ -28,7 +29,7 @@ class StreamOptions(BaseModel):
 class _Sampling(BaseModel):
     """Fields shared by both endpoints. Unknown fields are ignored (OpenAI clients send extras)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
@@ -45,6 +46,15 @@ class _Sampling(BaseModel):
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(default=1.0, gt=0.0)
     ignore_eos: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data):
+        # The OpenAI schema makes the optional fields nullable and clients serialise unset ones as null.
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items()
+                    if v is not None or k not in cls.model_fields or cls.model_fields[k].is_required()}
+        return data
 
     @field_validator("stop")
     @classmethod
@@ -84,13 +94,35 @@ class CompletionRequest(_Sampling):
         return v
 
 
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("arguments", mode="before")
+    @classmethod
+    def _json_arguments(cls, v):
+        # OpenAI clients send back a JSON string; the chat template renders each argument, so it needs the mapping.
+        if isinstance(v, str):
+            try:
+                return json.loads(v)
+            except ValueError as e:
+                raise ValueError(f"arguments is not valid JSON: {e}") from None
+        return v
+
+
+class ToolCall(BaseModel):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
     reasoning_content: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCall] | None = None
     name: str | None = None
 
     @field_validator("content")
@@ -114,6 +146,15 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _own_template_args(cls, v):
+        taken = sorted(set(v or ()) & {"messages", "add_generation_prompt"})
+        if taken:
+            raise ValueError(f"{taken} are set by the server (from the request's messages), "
+                             "not by chat_template_kwargs")
+        return v
 
     def template_messages(self) -> list[dict[str, Any]]:
         out = []

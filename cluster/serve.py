@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import ValidationError
 from ray import serve
+from ray.exceptions import RayTaskError
 
 from cluster.config import EngineConfig
 from cluster.protocol import ApiError, ChatCompletionRequest, CompletionRequest, validation_error
@@ -37,6 +38,12 @@ def _model_name(cfg: EngineConfig) -> str:
     from pathlib import Path
 
     return cfg.served_model_name or Path(cfg.model).name
+
+
+def _cause(e: BaseException) -> BaseException:
+    """The exception the replica raised: across Ray it arrives as ``RayTaskError(cause)``, whose str() is the remote
+    traceback (colour codes, pid, host, paths), never a message for the client."""
+    return e.cause if isinstance(e, RayTaskError) and e.cause is not None else e
 
 
 def _admission_error(e: AdmissionError) -> ApiError:
@@ -159,13 +166,17 @@ class _Formatter:
         tok = self.ing.tokenizer
         return tok.decode([tid], skip_special_tokens=False) if tok else str(tid)
 
+    def _bytes(self, tid: int) -> list[int]:
+        tok = self.ing.tokenizer
+        return list(tok.token_bytes(tid) if tok else str(tid).encode())
+
     def _logprobs(self, ev) -> Any:
         if self.logprobs is None:
             return None
         if self.chat:
-            return {"content": [{"token": self._tok(t), "logprob": lp.logprob, "bytes": list(self._tok(t).encode()),
-                                 "top_logprobs": [{"token": self._tok(i), "logprob": v,
-                                                   "bytes": list(self._tok(i).encode())} for i, v in lp.top]}
+            return {"content": [{"token": self._tok(t), "logprob": lp.logprob, "bytes": self._bytes(t),
+                                 "top_logprobs": [{"token": self._tok(i), "logprob": v, "bytes": self._bytes(i)}
+                                                  for i, v in lp.top]}
                                 for t, lp in zip(ev.token_ids, ev.logprobs)]}
         return {"tokens": [self._tok(t) for t in ev.token_ids],
                 "token_logprobs": [lp.logprob for lp in ev.logprobs],
@@ -270,7 +281,7 @@ class OpenAIIngress:
     """HTTP edge: parse and validate, template and tokenize, stream events back as OpenAI chunks."""
 
     def __init__(self, coordinator, engine_config: dict):
-        from cluster.local import load_tokenizer
+        from cluster.local import load_tokenizer, max_model_len
         from models.config import ModelConfig
 
         self.coord = coordinator
@@ -282,8 +293,7 @@ class OpenAIIngress:
         names = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
         self.tool_ids = {n: specials[n] for n in names} if all(n in specials for n in names) else None
         self.model_config = ModelConfig.from_json(self.cfg.model)
-        self.max_model_len = self.cfg.max_model_len or min(self.model_config.max_position_embeddings,
-                                                           self.cfg.kv_cache_tokens)
+        self.max_model_len = max_model_len(self.cfg, self.model_config, self.cfg.num_blocks)  # the scheduler's
 
     # ---- endpoints ------------------------------------------------------------------------------
     @app.get("/health")
@@ -352,9 +362,10 @@ class OpenAIIngress:
         max_tokens = body.max_tokens if body.max_tokens is not None else (
             max(1, self.max_model_len - len(ids)) if chat else 16)
         if len(ids) + max_tokens > self.max_model_len:
+            # max_tokens is to blame only if a smaller one would fit: a prompt that fills the context is too long
+            fits = body.max_tokens and len(ids) < self.max_model_len
             raise ApiError(400, f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the context "
-                           f"length {self.max_model_len}", "max_tokens" if body.max_tokens else "messages"
-                           if chat else "prompt")
+                           f"length {self.max_model_len}", "max_tokens" if fits else "messages" if chat else "prompt")
         try:
             params = [body.sampling_params(max_tokens, logprobs, seed_offset=i) for i in range(body.n)]
         except ValueError as e:
@@ -365,6 +376,7 @@ class OpenAIIngress:
         for s, f in zip(streams, first):
             if isinstance(f, BaseException):
                 await asyncio.gather(*[x.aclose() for x in streams], return_exceptions=True)
+                f = _cause(f)
                 if isinstance(f, AdmissionError):
                     raise _admission_error(f) from None
                 raise ApiError(503, f"the model replica is unavailable: {f}", None, "server_error") from None

@@ -17,6 +17,7 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders
 
 # Names a message's reasoning may arrive under; the template reads `reasoning_content`.
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -51,6 +52,16 @@ def _compile(template: str) -> jinja2.Template:
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env.from_string(template)
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level vocabulary alphabet, inverted: the character that stands for each byte → the byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {chr(b): b for b in printable} | {chr(256 + i): b for i, b in enumerate(others)}
+
+
+_BYTE_OF = _byte_level_alphabet()
 
 
 def _token_content(token: str | dict | None) -> str | None:
@@ -92,6 +103,8 @@ class Tokenizer:
         )
         self.chat_template: str | None = config.get("chat_template")
         self._template = _compile(self.chat_template) if self.chat_template else None
+        self._added_ids = frozenset(added)
+        self._byte_level = isinstance(hf.decoder, decoders.ByteLevel)
 
     @classmethod
     def from_dir(cls, path: str | Path) -> Tokenizer:
@@ -118,6 +131,14 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The token's own bytes (logprobs' ``bytes``): a byte-level token may hold part of a UTF-8 character,
+        which ``decode`` would turn into U+FFFD."""
+        token = self._hf.id_to_token(token_id)
+        if token is None or token_id in self._added_ids or not self._byte_level:
+            return self.decode([token_id], skip_special_tokens=False).encode()
+        return bytes(_BYTE_OF[c] for c in token)
+
     def apply_chat_template(
         self, messages: list[dict], add_generation_prompt: bool = True, **kwargs: Any
     ) -> str:
@@ -136,7 +157,12 @@ class Tokenizer:
         context = {**{k: v for k, v in self.special_tokens.items() if v is not None}, **kwargs}
         context.setdefault("tools", None)
         context.setdefault("documents", None)
-        return self._template.render(messages=chat, add_generation_prompt=add_generation_prompt, **context)
+        try:
+            return self._template.render(messages=chat, add_generation_prompt=add_generation_prompt, **context)
+        except (jinja2.TemplateError, TypeError) as e:
+            # The template walks the caller's data: a field of the wrong type (tool arguments as a list, a tool
+            # name as a number) fails inside it, which is bad input, not a server fault.
+            raise ValueError(f"the chat template cannot render these messages: {e}") from e
 
     def encode_chat(self, messages: list[dict], **kwargs: Any) -> list[int]:
         # The template writes [gMASK]<sop> itself, so no special tokens are added here.

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 MAX_LOGPROBS = 20
+# Temperatures below this sample greedily: logits / T of a tiny T overflows float32 to inf, and the draw turns NaN
+# (vLLM's _SAMPLING_EPS).
+SAMPLING_EPS = 1e-5
 
 
 class FinishReason:
@@ -48,7 +52,7 @@ class SamplingParams:
     """How to sample one request; validated at construction (ValueError names the field)."""
 
     max_tokens: int = 16
-    temperature: float = 1.0  # 0.0 -> greedy
+    temperature: float = 1.0  # below SAMPLING_EPS -> greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     min_p: float = 0.0
@@ -68,8 +72,8 @@ class SamplingParams:
         _check_int("max_tokens", self.max_tokens)
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         _check_int("top_k", self.top_k)
@@ -95,7 +99,7 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        return self.temperature < SAMPLING_EPS or self.top_k == 1
 
 
 @dataclass(eq=False)

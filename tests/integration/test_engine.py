@@ -187,6 +187,20 @@ def test_stop_string_across_tokens_is_trimmed(tok):
     assert "".join(deltas) == "Naïve café: 你好 🙂 — done. STO"
 
 
+def test_stop_string_on_the_last_allowed_token_finishes_with_stop(tok):
+    """A stop string completed by the max_tokens-th token reports "stop" (OpenAI), as it does one token earlier."""
+    script = tok.encode(TEXT)
+    last = next(k for k in range(1, len(script) + 1) if "P he" in tok.decode(script[:k]))
+    for max_tokens in (last, last + 1):
+        engine = text_engine(script, tok)
+        rid = engine.add_request([5, 6, 7], SamplingParams(max_tokens=max_tokens, stop=("P he",)))
+        evs = []
+        while engine.scheduler.has_unfinished():
+            evs += [ev for ev in engine.step() if ev.req_id == rid]
+        assert "".join(ev.text for ev in evs) == "Naïve café: 你好 🙂 — done. STO"
+        assert evs[-1].finished and evs[-1].finish_reason == "stop", max_tokens
+
+
 def test_async_stream_and_disconnect_frees_kv(model):
     engine = make_engine(model, num_blocks=64)
     aeng = AsyncEngine(engine)

@@ -142,6 +142,7 @@ def test_32_concurrent_streams_equal_alone(client, base_url):
     ({"prompt": "hi", "top_p": 0}, "top_p"),
     ({"prompt": [], "max_tokens": 3}, "prompt"),
     ({"prompt": [999999], "max_tokens": 3}, "prompt"),
+    ({"prompt": "hi " * 3000, "max_tokens": 3}, "prompt"),        # the prompt alone is too long
 ])
 def test_bad_completion_input_is_400(base_url, client, body, param):
     status, err = post(base_url, "/v1/completions", {"model": MODEL, **body})
@@ -157,6 +158,78 @@ def test_bad_chat_input_is_400(base_url, content, param):
     status, err = post(base_url, "/v1/chat/completions",
                        {"model": MODEL, "messages": [{"role": "user", "content": content}]})
     assert status == 400 and err["error"]["param"] == param, err
+
+
+@pytest.mark.parametrize("body,message", [({"prompt": ""}, "prompt must hold at least one token"),
+                                          ({"prompt": [6144]}, "prompt token id 6144 is outside [0, vocab_size=6144)")])
+def test_admission_error_is_the_plain_reason(base_url, body, message):
+    """The scheduler's refusal reaches the ingress as RayTaskError(AdmissionError): the client gets its message, not
+    the remote traceback."""
+    status, err = post(base_url, "/v1/completions", {"model": MODEL, "max_tokens": 5, **body})
+    assert status == 400 and err["error"] == {"message": message, "type": "invalid_request_error",
+                                              "param": "prompt", "code": None}
+
+
+TOOL_TURNS = [{"role": "user", "content": "weather?"},
+              {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                  "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+              {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+
+
+def test_tool_conversation_with_json_string_arguments(client):
+    """What the OpenAI spec and clients send back: the arguments of an assistant tool call as a JSON string."""
+    out = client.chat.completions.create(model=MODEL, messages=TOOL_TURNS, max_tokens=3, temperature=0)
+    assert out.choices[0].finish_reason in ("stop", "length")
+
+
+def _with_call(function):
+    return [TOOL_TURNS[0], {"role": "assistant", "tool_calls": [{"type": "function", "function": function}]}]
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs"),
+    ({"chat_template_kwargs": {"messages": 5}}, "chat_template_kwargs"),
+    ({"chat_template_kwargs": {"tools": 5}}, "messages"),                  # fails inside the template
+    ({"messages": _with_call({"name": "f", "arguments": [1, 2]})}, "messages.1.tool_calls.0.function.arguments"),
+    ({"messages": _with_call({"name": "f", "arguments": "{oops"})}, "messages.1.tool_calls.0.function.arguments"),
+    ({"messages": _with_call({"name": 5, "arguments": {}})}, "messages.1.tool_calls.0.function.name"),
+])
+def test_bad_template_input_is_a_json_400(base_url, extra, param):
+    status, err = post(base_url, "/v1/chat/completions",
+                       {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], **extra})
+    assert status == 400 and err["error"]["param"] == param and err["error"]["message"], err
+
+
+def test_null_optional_fields_are_the_defaults(base_url):
+    nulls = dict.fromkeys(("temperature", "top_p", "n", "presence_penalty", "frequency_penalty", "stream"))
+    status, out = post(base_url, "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 2, "echo": None,
+                                                     **nulls})
+    assert status == 200 and len(out["choices"]) == 1, out
+    status, out = post(base_url, "/v1/chat/completions", {"model": MODEL, "max_tokens": 2, "logprobs": None, **nulls,
+                                                          "messages": [{"role": "user", "content": "Hi"}]})
+    assert status == 200 and out["choices"][0]["logprobs"] is None, out
+
+
+def test_context_limit_is_the_schedulers_with_odd_kv_cache_tokens(serve_session, text_ckpt):
+    """kv_cache_tokens 100 holds 6 whole blocks of 16: /v1/models, the ingress check and a chat request's default
+    max_tokens all use the scheduler's 96."""
+    from ray import serve
+
+    from cluster.serve import build_app
+
+    serve.run(build_app({"model": str(text_ckpt), "served_model_name": MODEL, "device": "cpu", "kv_cache_tokens": 100}),
+              name="odd", route_prefix="/odd", logging_config={"enable_access_log": False, "log_level": "WARNING"})
+    try:
+        url = serve_session + "/odd"
+        models = json.loads(urllib.request.urlopen(url + "/v1/models", timeout=30).read())
+        assert models["data"][0]["max_model_len"] == 96
+        chat = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "temperature": 0, "ignore_eos": True}
+        status, out = post(url, "/v1/chat/completions", chat)
+        assert status == 200 and out["usage"]["total_tokens"] == 96, out
+        status, err = post(url, "/v1/completions", {"model": MODEL, "prompt": [5] * 90, "max_tokens": 10})
+        assert status == 400 and "context length 96" in err["error"]["message"], err
+    finally:
+        serve.delete("odd")
 
 
 def test_malformed_json_is_400(base_url):
@@ -257,7 +330,8 @@ def test_glmserve_serve_one_command_and_sigterm():
     bad = subprocess.run([exe, "serve", "--model", "/nonexistent", "--port", "18801"], env=env, cwd=REPO,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "config.json not found at /nonexistent" in bad.stdout
-    proc = subprocess.Popen([exe, "serve", "--port", "18802"], env=env, cwd=REPO, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([exe, "serve", "--port", "18802", "--tool-parser", "glm", "--reasoning-parser", "glm"],
+                            env=env, cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
         lines = []
@@ -267,8 +341,13 @@ def test_glmserve_serve_one_command_and_sigterm():
                 break
         assert any("loading" in ln for ln in lines) and "http://127.0.0.1:18802/v1" in lines[-1], lines
         status, body = post("http://127.0.0.1:18802", "/v1/completions",
-                            {"model": "tiny", "prompt": "The king", "max_tokens": 4})
+                            {"model": "tiny", "prompt": "The king", "max_tokens": 4, "ignore_eos": True})
         assert status == 200 and body["usage"]["completion_tokens"] == 4
+        status, body = post("http://127.0.0.1:18802", "/v1/chat/completions",
+                            {"model": "tiny", "max_tokens": 4, "temperature": 0,
+                             "messages": [{"role": "user", "content": "Weather?"}],
+                             "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]})
+        assert status == 200 and body["choices"][0]["message"]["reasoning_content"], body   # the parser is on
         os.killpg(proc.pid, signal.SIGTERM)
         assert proc.wait(120) == 0
     finally:

@@ -115,6 +115,11 @@ def test_serve_flags_reach_the_engine_config():
     assert _engine_config(p.parse_args([])).prefill_activations == "bf16"
     assert _engine_config(p.parse_args(["--prefill-activations", "fp8"])).prefill_activations == "fp8"
     assert _engine_config(p.parse_args(["--warmup-tokens", "0"])).warmup_tokens == 0
+    cfg = _engine_config(p.parse_args(["--tool-parser", "glm", "--reasoning-parser", "glm", "--served-model-name",
+                                       "tiny-x", "--max-model-len", "512", "--max-waiting", "8"]))
+    assert (cfg.tool_parser, cfg.reasoning_parser, cfg.served_model_name, cfg.max_model_len, cfg.max_waiting) == \
+        ("glm", "glm", "tiny-x", 512, 8)
+    assert _engine_config(p.parse_args([])) == EngineConfig()     # every flag's default is the config's
 
 
 def test_deploy_files_are_engine_configs_and_kuberay_inlines_the_gpu_one():

@@ -102,3 +102,100 @@ def test_glm_tool_calls_whole_and_stream():
     calls = [tc for c in chunks for tc in c["choices"][0]["delta"].get("tool_calls", [])]
     assert content == "Let me check." and len(calls) == 1 and calls[0]["function"]["name"] == "get_weather"
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_admission_error_across_ray_is_the_plain_message():
+    """Across Ray an AdmissionError arrives as RayTaskError(AdmissionError), whose str() is the remote traceback."""
+    from ray.exceptions import RayTaskError
+
+    from cluster.serve import _cause
+
+    for cause, status in ((AdmissionError("empty_prompt", "prompt", "prompt must hold at least one token"), 400),
+                          (AdmissionError("queue_full", "queue", "waiting queue is full"), 429)):
+        remote = RayTaskError("generate", "Traceback (most recent call last):\n  File \"x.py\"\n" + str(cause),
+                              cause).as_instanceof_cause()
+        assert isinstance(remote, AdmissionError) and str(remote) != str(cause) and "pid=" in str(remote)
+        e = _admission_error(_cause(remote))
+        assert (e.status, e.message, e.param) == (status, str(cause), None if status == 429 else "prompt")
+
+
+_TOOL_TURNS = [{"role": "user", "content": "weather?"},
+               {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                   "name": "get_weather", "arguments": '{"city": "Paris", "days": 3}'}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+
+
+def test_tool_call_arguments_json_string_is_parsed():
+    """OpenAI clients send tool call arguments back as a JSON string; the template renders a mapping."""
+    from cluster.config import DEFAULT_MODEL
+    from models.tokenizer import Tokenizer
+
+    msgs = ChatCompletionRequest.model_validate({"model": "m", "messages": _TOOL_TURNS}).template_messages()
+    assert msgs[1]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}
+    prompt = Tokenizer.from_dir(DEFAULT_MODEL).apply_chat_template(msgs)
+    assert "<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key><arg_value>3" in prompt
+
+
+@pytest.mark.parametrize("function,field", [({"name": "f", "arguments": "{not json"}, "arguments"),
+                                            ({"name": "f", "arguments": "[1, 2]"}, "arguments"),
+                                            ({"name": "f", "arguments": [1, 2]}, "arguments"),
+                                            ({"name": 5, "arguments": {}}, "name")])
+def test_bad_tool_call_names_the_field(function, field):
+    from pydantic import ValidationError
+
+    turns = [_TOOL_TURNS[0], {"role": "assistant", "tool_calls": [{"type": "function", "function": function}]}]
+    with pytest.raises(ValidationError) as e:
+        ChatCompletionRequest.model_validate({"model": "m", "messages": turns})
+    assert validation_error(e.value).param == f"messages.1.tool_calls.0.function.{field}"
+
+
+@pytest.mark.parametrize("kwargs", [{"add_generation_prompt": False}, {"messages": 5}])
+def test_chat_template_kwargs_cannot_set_the_templates_own_arguments(kwargs):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as e:
+        ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                              "chat_template_kwargs": kwargs})
+    err = validation_error(e.value)
+    assert err.param == "chat_template_kwargs" and next(iter(kwargs)) in err.message
+
+
+def test_null_optional_fields_mean_the_default():
+    nulls = dict.fromkeys(("temperature", "top_p", "n", "presence_penalty", "frequency_penalty", "stream", "top_k",
+                           "min_p", "repetition_penalty", "ignore_eos", "seed", "stop", "max_tokens"))
+    for model, extra in ((CompletionRequest, {"prompt": "p", "echo": None, "logprobs": None}),
+                         (ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi"}], "logprobs": None,
+                                                  "top_logprobs": None, "tools": None})):
+        body = model.model_validate({"model": "m", **nulls, **extra})
+        assert body == model.model_validate({"model": "m", **{k: v for k, v in extra.items() if v is not None}})
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):       # a required field stays required
+        CompletionRequest.model_validate({"model": "m", "prompt": None})
+
+
+def test_nan_temperature_is_not_a_finite_number():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as e:
+        CompletionRequest.model_validate({"model": "m", "prompt": "p", "temperature": float("nan")})
+    err = validation_error(e.value)
+    assert err.param == "temperature" and "finite number" in err.message
+
+
+def test_chat_logprob_bytes_are_the_tokens_own_bytes():
+    """A byte-level token holding part of a UTF-8 character decodes to U+FFFD; its bytes must be its own."""
+    from cluster.config import DEFAULT_MODEL
+    from models.tokenizer import Tokenizer
+    from workers.runner import TokenLogprobs
+
+    tok = Tokenizer.from_dir(DEFAULT_MODEL)
+    ids = tok.encode("日本語")
+    assert any(tok.decode([t]) == "\ufffd" for t in ids), "the text must split a multibyte char"
+    evs = [TokenEvent("r", [t], "", logprobs=[TokenLogprobs(-0.5, ((t, -0.5),))]) for t in ids]
+    evs[-1].text, evs[-1].finished, evs[-1].finish_reason = "日本語", True, "length"
+    ingress = type("I", (), {"model_name": "m", "tokenizer": tok, "think_end": None})()
+    body = asyncio.run(_Formatter(ingress, "c", True, 3, 1).whole(_events(evs), 1))
+    content = body["choices"][0]["logprobs"]["content"]
+    assert bytes(b for c in content for b in c["bytes"]).decode() == "日本語"
+    assert bytes(b for c in content for b in c["top_logprobs"][0]["bytes"]).decode() == "日本語"

@@ -56,6 +56,14 @@ def test_top_k_one_is_greedy_even_with_temperature():
         assert _sample(logits, [SamplingParams(temperature=2.0, top_k=1, seed=seed)]).token_ids == [2]
 
 
+def test_tiny_temperature_is_greedy():
+    """A temperature that is 0 or denormal in float32 would divide the logits to inf and draw from NaNs (token 0)."""
+    logits = torch.tensor([[0.0, 1.0, 5.0, 4.9, 0.0, 0.0, 0.0, 0.0]])
+    for temperature in (1e-45, 1e-50, 1e-6):
+        params = SamplingParams(temperature=temperature, seed=0)
+        assert params.is_greedy and _sample(logits, [params]).token_ids == [2]
+
+
 def test_temperature_frequencies_match_softmax():
     torch.manual_seed(1234)
     logits_row = torch.tensor([1.0, 0.5, 0.0, -0.5, 2.0, -1.0, 0.2, 1.5])

@@ -130,6 +130,8 @@ def test_block_pool_alloc_free():
     [
         ({"max_tokens": 0}, "max_tokens"),
         ({"temperature": -1}, "temperature"),
+        ({"temperature": float("nan")}, "temperature must be a finite number"),
+        ({"temperature": float("inf")}, "temperature must be a finite number"),
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"top_k": -1}, "top_k"),

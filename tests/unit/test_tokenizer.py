@@ -152,3 +152,25 @@ def test_missing_file_named(tmp_path: Path) -> None:
     (tmp_path / "tokenizer.json").write_text((TINY / "tokenizer.json").read_text())
     with pytest.raises(FileNotFoundError, match="tokenizer_config.json"):
         Tokenizer.from_dir(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "messages,kwargs",
+    [
+        ([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": [1, 2]}}]}], {}),
+        ([{"role": "assistant", "tool_calls": [{"function": {"name": 5, "arguments": {}}}]}], {}),
+        ([{"role": "user", "content": "hi"}], {"tools": 5}),
+    ],
+)
+def test_template_failure_on_bad_data_is_a_value_error(tok: Tokenizer, messages, kwargs) -> None:
+    """Data of the wrong type fails inside the template (jinja UndefinedError, TypeError): the caller's input
+    is at fault, so it is a ValueError (HTTP 400), not a server error."""
+    with pytest.raises(ValueError, match="the chat template cannot render these messages"):
+        tok.apply_chat_template(messages, **kwargs)
+
+
+def test_token_bytes_rebuild_multibyte_text(tok: Tokenizer) -> None:
+    text = "日本語 🎉 naïve<|user|>"
+    ids = tok.encode(text)
+    assert any(tok.decode([t]) == "\ufffd" for t in ids)
+    assert b"".join(tok.token_bytes(t) for t in ids) == text.encode()
