@@ -40,33 +40,38 @@ def experts(I: int) -> tuple:
     return tuple(w for w, _ in out) + tuple(s for _, s in out)
 
 
+def cases(widths: list[int], rows_list: list[int]):
+    """(I, the experts, rows, x, top-k ids, weights) for each width and row count: random bf16 rows routed top-8."""
+    g = torch.Generator(device=DEV).manual_seed(0)
+    for I in widths:
+        weights = experts(I)
+        for rows in rows_list:
+            x = torch.randn(rows, H, device=DEV, generator=g).to(BF16)
+            idx = torch.rand(rows, E, device=DEV, generator=g).topk(K, dim=1).indices
+            yield I, weights, rows, x, idx, torch.rand(rows, K, device=DEV, generator=g)
+
+
 def sweep(args) -> None:
     """ms of ``grouped_moe`` per (block rows, gate/up tile, down tile), the launch default beside them. (Session
     12 swept two more variants this way and dropped them: the products as W @ x.T, and scaling each dot's fp32
     result instead of the weight tile — 1.15–1.3× slower, bench/results/session12/sweep*.txt.)"""
     shapes = [(m, gu, dn) for m in (64, 128, 32) for gu in ((128, 8, 3), (64, 4, 3), (128, 4, 3), (128, 8, 4))
               for dn in ((128, 8, 3), (64, 4, 3), (128, 4, 4))]
-    g = torch.Generator(device=DEV).manual_seed(0)
-    for I in args.widths:
-        weights = experts(I)
-        for rows in args.rows:
-            x = torch.randn(rows, H, device=DEV, generator=g).to(BF16)
-            idx = torch.rand(rows, E, device=DEV, generator=g).topk(K, dim=1).indices
-            w = torch.rand(rows, K, device=DEV, generator=g)
-            times = []
-            for m, gu, dn in shapes:
-                tiles = (GroupTile(*gu), GroupTile(*dn))
-                try:
-                    ms = time_ms(partial(grouped_moe, x, idx, w, *weights, block_m=m, tiles=tiles), 5)
-                except Exception as e:  # noqa: BLE001 — a shape that does not fit (shared memory): report, go on
-                    print(f"  I {I} rows {rows} {m} {gu} {dn}: {type(e).__name__}", flush=True)
-                    continue
-                times.append((ms, m, gu, dn))
-            times.sort()
-            default = time_ms(partial(grouped_moe, x, idx, w, *weights), 5)
-            print(f"I {I} rows {rows}: default {default:.3f} ms; best:", flush=True)
-            for t in times[:5]:
-                print(f"  {t[0]:.3f} ms  block_m {t[1]}  gate/up {t[2]}  down {t[3]}", flush=True)
+    for I, weights, rows, x, idx, w in cases(args.widths, args.rows):
+        times = []
+        for m, gu, dn in shapes:
+            tiles = (GroupTile(*gu), GroupTile(*dn))
+            try:
+                ms = time_ms(partial(grouped_moe, x, idx, w, *weights, block_m=m, tiles=tiles), 5)
+            except Exception as e:  # noqa: BLE001 — a shape that does not fit (shared memory): report, go on
+                print(f"  I {I} rows {rows} {m} {gu} {dn}: {type(e).__name__}", flush=True)
+                continue
+            times.append((ms, m, gu, dn))
+        times.sort()
+        default = time_ms(partial(grouped_moe, x, idx, w, *weights), 5)
+        print(f"I {I} rows {rows}: default {default:.3f} ms; best:", flush=True)
+        for t in times[:5]:
+            print(f"  {t[0]:.3f} ms  block_m {t[1]}  gate/up {t[2]}  down {t[3]}", flush=True)
 
 
 def fused_vs_grouped(args) -> None:
@@ -74,26 +79,20 @@ def fused_vs_grouped(args) -> None:
     graph can hold — an expert's run in chunks of ``RUN_ROWS`` pairs a program (16), or whole (one program, a
     tile of next_pow2(rows): before session 17); 128- or 256-deep K steps — against the grouped ones (one host sync);
     ms, and the relative difference from an fp32 reference. (Rows ≤ 32 are a graph step's in 4 ranks × 8.)"""
-    g = torch.Generator(device=DEV).manual_seed(0)
     narrow, wide = (ExpertTile(32, 128), ExpertTile(64, 128)), (ExpertTile(32, 256), ExpertTile(64, 128))
     launches = {"fused, runs of 16, K 128": (16, narrow), "fused, runs of 16, K 256": (16, wide),
                 "fused, runs whole, K 128": (64, narrow), "fused, runs whole, K 256": (64, wide)}
-    for I in args.widths:
-        weights = experts(I)
-        for rows in args.rows:
-            x = torch.randn(rows, H, device=DEV, generator=g).to(BF16)
-            idx = torch.rand(rows, E, device=DEV, generator=g).topk(K, dim=1).indices
-            w = torch.rand(rows, K, device=DEV, generator=g)
-            want = reference.moe_experts(x.float(), idx, w, *weights)
-            cells = []
-            for name, (run_rows, tiles) in launches.items():
-                triton_moe.RUN_ROWS = run_rows
-                fn = partial(fused_moe, x, idx, w, *weights, tiles=tiles)
-                cells.append(f"{name} {time_ms(fn, 20):.3f} ms (rel {rel(fn(), want):.1e})")
-            triton_moe.RUN_ROWS = 16
-            fn = partial(grouped_moe, x, idx, w, *weights)
-            cells.append(f"grouped {time_ms(fn, 20):.3f} ms (rel {rel(fn(), want):.1e})")
-            print(f"I {I} rows {rows}: " + "; ".join(cells), flush=True)
+    for I, weights, rows, x, idx, w in cases(args.widths, args.rows):
+        want = reference.moe_experts(x.float(), idx, w, *weights)
+        cells = []
+        for name, (run_rows, tiles) in launches.items():
+            triton_moe.RUN_ROWS = run_rows
+            fn = partial(fused_moe, x, idx, w, *weights, tiles=tiles)
+            cells.append(f"{name} {time_ms(fn, 20):.3f} ms (rel {rel(fn(), want):.1e})")
+        triton_moe.RUN_ROWS = 16
+        fn = partial(grouped_moe, x, idx, w, *weights)
+        cells.append(f"grouped {time_ms(fn, 20):.3f} ms (rel {rel(fn(), want):.1e})")
+        print(f"I {I} rows {rows}: " + "; ".join(cells), flush=True)
 
 
 def main() -> None:
@@ -108,31 +107,25 @@ def main() -> None:
         return sweep(args)
     if args.fused:
         return fused_vs_grouped(args)
-    g = torch.Generator(device=DEV).manual_seed(0)
     rows_out = []
     print(f"{'I':>5}{'rows':>6}{'reference ms':>14}{'grouped ms':>12}{'speed-up':>10}{'TFLOP/s':>9}{'of bf16':>9}"
           f"{'GB/s':>8}{'of copy':>9}{'rel ref':>9}{'rel ours':>9}")
-    for I in args.widths:
-        weights = experts(I)
+    for I, weights, rows, x, idx, w in cases(args.widths, args.rows):
         nbytes = sum(t.numel() * t.element_size() for t in weights)
-        for rows in args.rows:
-            x = torch.randn(rows, H, device=DEV, generator=g).to(BF16)
-            idx = torch.rand(rows, E, device=DEV, generator=g).topk(K, dim=1).indices
-            w = torch.rand(rows, K, device=DEV, generator=g)
-            want = reference.moe_experts(x.float(), idx, w, *weights)
-            ref_out = reference.moe_experts(x, idx, w, *weights)
-            ours = grouped_moe(x, idx, w, *weights)
-            ref_ms = time_ms(partial(reference.moe_experts, x, idx, w, *weights), 2)
-            ours_ms = time_ms(partial(grouped_moe, x, idx, w, *weights), 10)
-            tflops = 2 * rows * K * 3 * H * I / ours_ms / 1e9
-            gbs = nbytes / ours_ms / 1e6
-            row = {"I": I, "rows": rows, "reference_ms": ref_ms, "grouped_ms": ours_ms, "tflops": tflops,
-                   "gb_s": gbs, "rel_reference": rel(ref_out, want), "rel_grouped": rel(ours, want)}
-            rows_out.append(row)
-            print(f"{I:>5}{rows:>6}{ref_ms:>14.2f}{ours_ms:>12.3f}{ref_ms / ours_ms:>9.1f}×{tflops:>9.0f}"
-                  f"{tflops / BF16_TFLOPS:>9.0%}{gbs:>8.0f}{gbs / COPY_TBS / 1e3:>9.0%}"
-                  f"{row['rel_reference']:>9.1e}{row['rel_grouped']:>9.1e}", flush=True)
-            del want, ref_out, ours
+        want = reference.moe_experts(x.float(), idx, w, *weights)
+        ref_out = reference.moe_experts(x, idx, w, *weights)
+        ours = grouped_moe(x, idx, w, *weights)
+        ref_ms = time_ms(partial(reference.moe_experts, x, idx, w, *weights), 2)
+        ours_ms = time_ms(partial(grouped_moe, x, idx, w, *weights), 10)
+        tflops = 2 * rows * K * 3 * H * I / ours_ms / 1e9
+        gbs = nbytes / ours_ms / 1e6
+        row = {"I": I, "rows": rows, "reference_ms": ref_ms, "grouped_ms": ours_ms, "tflops": tflops,
+               "gb_s": gbs, "rel_reference": rel(ref_out, want), "rel_grouped": rel(ours, want)}
+        rows_out.append(row)
+        print(f"{I:>5}{rows:>6}{ref_ms:>14.2f}{ours_ms:>12.3f}{ref_ms / ours_ms:>9.1f}×{tflops:>9.0f}"
+              f"{tflops / BF16_TFLOPS:>9.0%}{gbs:>8.0f}{gbs / COPY_TBS / 1e3:>9.0%}"
+              f"{row['rel_reference']:>9.1e}{row['rel_grouped']:>9.1e}", flush=True)
+        del want, ref_out, ours
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "moe_prefill.json").write_text(json.dumps(rows_out, indent=1))
