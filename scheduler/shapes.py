@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 DP = "dp"
 SPAN = "span"
-GRAPH_BUCKETS = (1, 2, 4, 8)   # rows per rank of the decode / verify steps captured as CUDA graphs
+GRAPH_BUCKETS = (1, 2, 4, 8, 16)   # rows per rank of the decode / verify steps captured as CUDA graphs
 # The most rows a graph step's MoE may take — a dp step's MoE takes every rank's rows (ranks × bucket); more go to
 # prefill launches that a graph cannot capture (kernels/triton_moe.py: FUSED_MAX_ROWS ≥ this)
 GRAPH_MOE_ROWS = 64

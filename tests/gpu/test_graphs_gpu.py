@@ -1,6 +1,6 @@
 """CUDA graphs of the decode / verify step (``workers/graphs.py``) on a CUDA GPU, ``kernels: auto``:
 
-- a replay is bit-identical to the same static forward run eagerly, for every bucket (1, 2, 4, 8 rows:
+- a replay is bit-identical to the same static forward run eagerly, for every bucket (1, 2, 4, 8, 16 rows:
   decode rows, verify rows of 1 + k drafts, pad rows) and several context widths, in fp32 and bf16;
 - the engine's greedy tokens with graphs equal its tokens without them (fp32), batched and speculative;
 - seeded drawn rows launched ahead draw the tokens they draw without look-ahead;
@@ -22,17 +22,17 @@ pytest.importorskip("triton")
 from kernels import ops
 from models.loader import load_model
 from scheduler.scheduler import ScheduledSeq
-from scheduler.shapes import next_pow2
+from scheduler.shapes import GRAPH_BUCKETS, next_pow2
 from tests.integration.test_graphs import captured, make_engine, requests, run, serve_warm_shapes
 from workers.runner import ModelRunner
 
 DEV = "cuda"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-NUM_BLOCKS = 512
+NUM_BLOCKS = 2048                 # 11 requests of 1500 tokens (the 16-row step) fit
 
 # per bucket: (rows fed, drafts) of each request — decode rows, verify rows, and pad rows
-STEPS = {1: [(1, 0)], 2: [(1, 0), (1, 0)], 4: [(1, 0), (1, 0), (1, 0)], 8: [(1, 0)] * 5,
-         "verify4": [(4, 3)], "verify8": [(8, 7)], "mixed8": [(4, 3), (1, 0), (1, 0)]}
+STEPS = {1: [(1, 0)], 2: [(1, 0), (1, 0)], 4: [(1, 0), (1, 0), (1, 0)], 8: [(1, 0)] * 5, 16: [(1, 0)] * 11,
+         "verify4": [(4, 3)], "verify8": [(8, 7)], "mixed8": [(4, 3), (1, 0), (1, 0)], "verify16": [(4, 3)] * 4}
 
 _MODELS: dict = {}
 
@@ -85,10 +85,10 @@ def test_replay_is_bit_identical_to_eager(text_ckpt, dtype, step):
         assert torch.isfinite(eager).all()
         assert torch.equal(replay, eager), (step, context, (replay - eager).abs().max().item())
         assert torch.equal(again, replay)
-    assert graphs.captured and all(b in (1, 2, 4, 8) for b, *_ in graphs.captured)
+    assert graphs.captured and all(b in GRAPH_BUCKETS for b, *_ in graphs.captured)
 
 
-@pytest.mark.parametrize("n", [1, 3, 6])
+@pytest.mark.parametrize("n", [1, 3, 6, 12])
 def test_engine_with_graphs_equals_without(text_ckpt, n):
     m = model(text_ckpt, "float32")
     reqs = requests(n, m.config.vocab_size, seed=n)

@@ -53,14 +53,14 @@ def graph_runs(engine: Engine) -> dict:
     return engine.executor.runner.graphs.runs
 
 
-@pytest.mark.parametrize("n", [1, 3, 6])
+@pytest.mark.parametrize("n", [1, 3, 6, 12])
 def test_static_decode_equals_eager(model, n):
-    """Prompts of 20..90 tokens (index_topk = 32: the indexer selects) decoded 1, 3, 6 at a time."""
+    """Prompts of 20..90 tokens (index_topk = 32: the indexer selects) decoded 1, 3, 6, 12 at a time."""
     reqs = requests(n, model.config.vocab_size, seed=n)
     static = make_engine(model, graphs=True)
     assert run(static, reqs) == run(make_engine(model, graphs=False), reqs)
     buckets = {b for b, *_ in graph_runs(static)}
-    assert buckets and buckets <= {1, 2, 4, 8} and max(buckets) >= min(n, 8)
+    assert buckets and buckets <= set(GRAPH_BUCKETS) and max(buckets) >= n
 
 
 def test_static_verify_with_speculation_equals_plain(model):
@@ -154,21 +154,23 @@ def test_warm_up_runs_every_served_graph_key_and_changes_nothing(model, k):
 def test_warm_keys_follow_the_step_shapes():
     """One process: every dp bucket, drafts after the buckets a solo verify of 1 + 3 rows lands in; a group with
     span steps: drafts after a one-row dp step and on the span buckets; without speculation no drafting graphs."""
-    assert warm_keys(1, True, 0, [1]) == [((b, 1, False), ()) for b in (1, 2, 4, 8)]
+    assert warm_keys(1, True, 0, [1]) == [((b, 1, False), ()) for b in (1, 2, 4, 8, 16)]
     assert warm_keys(1, True, 3, [2]) == [((1, 2, False), (0, 3)), ((2, 2, False), (0, 3)),
-                                          ((4, 2, False), (0, 3)), ((8, 2, False), (0,))]
+                                          ((4, 2, False), (0, 3)), ((8, 2, False), (0,)), ((16, 2, False), (0,))]
     assert warm_keys(2, True, 3, [5]) == [((1, 5, False), (0, 3)), ((2, 5, False), (0,)), ((4, 5, False), (0,)),
-                                          ((8, 5, False), (0,)), ((2, 5, True), (3,)), ((4, 5, True), (3,))]
+                                          ((8, 5, False), (0,)), ((16, 5, False), (0,)), ((2, 5, True), (3,)),
+                                          ((4, 5, True), (3,))]
     assert warm_keys(8, False, 1, [1])[:2] == [((1, 1, False), (0, 1)), ((2, 1, False), (0, 1))]
 
 
 def test_graph_steps_keep_the_moe_within_its_capturable_rows():
     """A dp step's MoE takes every rank's rows: a graph step (and the warm-up's keys) keeps them within
-    GRAPH_MOE_ROWS — 8 ranks capture every bucket, 16 ranks stop at 4 rows a rank — and the Triton MoE runs that
-    many rows on its fused launches, which a graph can hold (the grouped ones sync with the host)."""
+    GRAPH_MOE_ROWS — 4 ranks capture every bucket, 8 ranks up to 8 rows a rank, 16 ranks up to 4 — and the Triton
+    MoE runs that many rows on its fused launches, which a graph can hold (the grouped ones sync with the host)."""
     from kernels.triton_moe import FUSED_MAX_ROWS
 
-    assert FUSED_MAX_ROWS >= GRAPH_MOE_ROWS == 8 * GRAPH_BUCKETS[-1]
+    assert FUSED_MAX_ROWS >= GRAPH_MOE_ROWS == 64
+    assert [key[0] for key, _ in warm_keys(4, True, 3, [1]) if not key[2]] == [1, 2, 4, 8, 16]
     assert [key[0] for key, _ in warm_keys(8, True, 3, [1]) if not key[2]] == [1, 2, 4, 8]
     assert [key[0] for key, _ in warm_keys(16, True, 3, [1]) if not key[2]] == [1, 2, 4]
     plans = [StepPlan(0, (ScheduledSeq("a", (5,), 9, (0,), True, 0),), ())]
@@ -214,7 +216,7 @@ def test_graph_key_only_for_decode_and_verify_rows_within_the_buckets():
     assert graph_key(StepShape("span", 4, 4, 1), [plan(), plan(verify)]) == (4, graph_width(7), True)   # not dp's
     assert graph_key(dp, [plan(decode), plan(prefill)]) is None                    # every rank must qualify
     assert graph_key(dp, [plan(decode), plan(chunk)]) is None
-    assert graph_key(StepShape("dp", 16, 16, None), [plan(decode)]) is None        # beyond the largest bucket
+    assert graph_key(StepShape("dp", 32, 32, None), [plan(decode)]) is None        # beyond the largest bucket
     assert graph_key(dp, [plan(), plan()]) is None
 
 

@@ -65,7 +65,7 @@ def test_expired_wait_is_reported_and_later_waits_fall_through():
 
 def test_shapes_are_checked():
     p = group(2)[0]
-    with pytest.raises(ValueError, match="1..8 rows"):
+    with pytest.raises(ValueError, match=f"1..{STATIC_ROWS} rows"):
         p.put("AG", torch.zeros(STATIC_ROWS + 1, H))
     with pytest.raises(ValueError, match="hidden 8"):
         p.put("AG", torch.zeros(2, H + 1))

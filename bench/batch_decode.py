@@ -1,0 +1,65 @@
+"""Decode steps of a batch on the GPU: several requests decoding together on the GLM-5.2-width slice
+(``bench/step_host.py``'s: 1 dense + 3 MoE layers, FP8 random weights, one process, CUDA graphs on), each step's
+wall time with the decode graphs capped at 8 rows (steps of 9–16 rows then run eagerly, as before session 17) and
+at 16 (``scheduler.shapes.GRAPH_BUCKETS``), in one engine, alternating.
+
+    PYTHONPATH=. python bench/batch_decode.py [--requests 12 16] [--ctx 4096] [--tokens 48]
+    PYTHONPATH=. python bench/batch_decode.py --device cpu --requests 3 --ctx 64 --tokens 8    # plumbing on CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+import cluster.engine as engine_module
+from bench.cluster_slice import slice_config
+from bench.step_host import decode
+from cluster.config import EngineConfig
+from cluster.local import build_local_engine
+from scheduler.request import SamplingParams
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, nargs="+", default=[12, 16])
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--device", default="cuda", help="cpu: the tiny model's widths (plumbing)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        model_cfg = slice_config(4, args.device == "cpu")
+        (Path(tmp) / "config.json").write_text(json.dumps(model_cfg))
+        cfg = EngineConfig(model=tmp, load_format="dummy", device=args.device, max_num_seqs=64, warmup_tokens=0,
+                           kv_cache_tokens=(max(args.requests) + 1) * (args.ctx + args.tokens + 64),
+                           max_num_batched_tokens=8192, cuda_graphs="eager" if args.device == "cpu" else "auto")
+        print("building the engine ...", flush=True)
+        engine, _ = build_local_engine(cfg, progress=False)
+    vocab = model_cfg["vocab_size"]
+    all_buckets = engine_module.GRAPH_BUCKETS
+    for n in args.requests:
+        for cap in (8, 16, 8, 16):                     # each setting twice: the first run also compiles / captures
+            engine_module.GRAPH_BUCKETS = tuple(b for b in all_buckets if b <= cap)
+            for i in range(n):
+                prompt = [(7 * t + i) % vocab for t in range(args.ctx)]
+                engine.add_request(prompt, SamplingParams(max_tokens=args.tokens, ignore_eos=True), f"r{i}")
+            started: set[str] = set()
+            while len(started) < n:                                              # every prefill done
+                for ev in engine.step():
+                    if ev.error:
+                        raise RuntimeError(f"{ev.req_id}: {ev.error}")
+                    if ev.token_ids:
+                        started.add(ev.req_id)
+            before = engine.stats["graph_steps"]
+            steps = decode(engine, "batch")
+            ms = statistics.median(steps[4:])
+            print(json.dumps({"requests": n, "graph_rows_max": cap, "step_ms": round(ms, 3), "tok_s": round(n / ms * 1e3),
+                              "steps": len(steps), "graph_steps": engine.stats["graph_steps"] - before}), flush=True)
+    engine_module.GRAPH_BUCKETS = all_buckets
+
+
+if __name__ == "__main__":
+    main()
