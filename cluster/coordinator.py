@@ -7,6 +7,7 @@ between the workers only (AG/RS inside the forward).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
 from typing import AsyncIterator
@@ -14,7 +15,7 @@ from typing import AsyncIterator
 from cluster.config import EngineConfig
 from cluster.engine import AsyncEngine, Engine, TokenEvent
 from cluster.local import load_tokenizer, report, scheduler_config
-from scheduler.request import SamplingParams
+from scheduler.request import FinishReason, SamplingParams
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -134,14 +135,20 @@ class Coordinator:
     async def generate(self, prompt_ids: list[int], params: SamplingParams, req_id: str) -> AsyncIterator[TokenEvent]:
         """Stream the request's events; an AdmissionError surfaces before the first event."""
         arrival = last = time.monotonic()
-        first = True
-        async for ev in self.aengine.generate(prompt_ids, params, req_id):
-            now = time.monotonic()
-            self.metrics.observe(ev, now, last if not first else arrival, first)
-            if ev.token_ids:
-                first, last = False, now
-            ev.served_by = self.replica_id
-            yield ev
+        first, finished = True, False
+        try:
+            async for ev in self.aengine.generate(prompt_ids, params, req_id):
+                now = time.monotonic()
+                self.metrics.observe(ev, now, last if not first else arrival, first)
+                if ev.token_ids:
+                    first, last = False, now
+                ev.served_by = self.replica_id
+                finished = ev.finished
+                yield ev
+        except (GeneratorExit, asyncio.CancelledError):
+            if not finished:                # the client went away: its request ends here, as an abort
+                self.metrics.requests.labels(FinishReason.ABORT).inc()
+            raise
 
     async def abort(self, req_id: str) -> None:
         self.aengine.abort(req_id)

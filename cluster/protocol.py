@@ -46,6 +46,10 @@ class _Sampling(BaseModel):
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(default=1.0, gt=0.0)
     ignore_eos: bool = False
+    # {} / null only: the sampler takes no per-request bias.
+    logit_bias: dict[str, float] | None = None
+    # {"type": "text"} / null only: json_object and json_schema need guided decoding, which the engine lacks.
+    response_format: dict[str, Any] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -78,11 +82,26 @@ class _Sampling(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def check_supported(self) -> None:
+        """Refuse (400, naming the field) what the engine would otherwise ignore; the no-op values clients send by
+        default pass, so that they keep working."""
+        if self.logit_bias:
+            raise ApiError(400, "logit_bias is not supported", "logit_bias")
+        if self.response_format and self.response_format.get("type") != "text":
+            raise ApiError(400, "response_format is not supported beyond {'type': 'text'} (no guided decoding)",
+                           "response_format")
+
 
 class CompletionRequest(_Sampling):
     prompt: Union[str, list[str], list[int]]
     logprobs: int | None = Field(default=None, ge=0, le=5)
+    # The prompt's text before each completion. With logprobs OpenAI adds the prompt tokens' logprobs, which the
+    # engine does not compute, so that pair is refused.
     echo: bool = False
+    # null / "" only: text after the insertion point needs a fill-in-the-middle prompt, which is not built here.
+    suffix: str | None = None
+    # null or n only: best_of > n would rank candidates by their total logprob, which is not implemented.
+    best_of: int | None = Field(default=None, ge=1)
 
     @field_validator("prompt")
     @classmethod
@@ -92,6 +111,16 @@ class CompletionRequest(_Sampling):
         if isinstance(v, list) and isinstance(v[0], str) and len(v) != 1:
             raise ValueError("batched prompts are not supported: send one prompt per request")
         return v
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.echo and self.logprobs is not None:
+            raise ApiError(400, "echo with logprobs is not supported (the prompt's logprobs are not computed)",
+                           "echo")
+        if self.suffix:
+            raise ApiError(400, "suffix is not supported", "suffix")
+        if self.best_of not in (None, self.n):
+            raise ApiError(400, f"best_of is not supported unless it equals n ({self.n})", "best_of")
 
 
 class ToolCallFunction(BaseModel):
@@ -145,6 +174,9 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[dict[str, Any]] | None = None
+    # "auto" / "none" / null: "none" still shows the model the tools but turns no output into tool_calls;
+    # "required" or a named function would need constrained decoding.
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
     @field_validator("chat_template_kwargs")
@@ -155,6 +187,16 @@ class ChatCompletionRequest(_Sampling):
             raise ValueError(f"{taken} are set by the server (from the request's messages), "
                              "not by chat_template_kwargs")
         return v
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.tool_choice not in (None, "auto", "none"):
+            raise ApiError(400, f"tool_choice {self.tool_choice!r} is not supported: use 'auto' or 'none'",
+                           "tool_choice")
+
+    @property
+    def parses_tool_calls(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
 
     def template_messages(self) -> list[dict[str, Any]]:
         out = []

@@ -11,6 +11,7 @@ error naming them). Coordinator replicas (each with its own N workers) scale wit
 # no `from __future__ import annotations`: FastAPI must see real annotations on the class-based routes
 
 import asyncio
+import itertools
 import json
 import time
 import uuid
@@ -21,6 +22,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import ValidationError
 from ray import serve
 from ray.exceptions import RayTaskError
+from starlette.exceptions import HTTPException
 
 from cluster.config import EngineConfig
 from cluster.protocol import ApiError, ChatCompletionRequest, CompletionRequest, validation_error
@@ -34,6 +36,13 @@ async def _api_error(_: Request, e: ApiError):
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
+@app.exception_handler(HTTPException)
+async def _http_error(request: Request, e: HTTPException):
+    # FastAPI's own 404 / 405 (unknown route, wrong method): OpenAI clients parse {"error": ...}, not {"detail": ...}
+    message = f"{e.detail}: {request.method} {request.url.path}"
+    return JSONResponse(ApiError(e.status_code, message).body(), status_code=e.status_code, headers=e.headers)
+
+
 def _model_name(cfg: EngineConfig) -> str:
     from pathlib import Path
 
@@ -44,6 +53,15 @@ def _cause(e: BaseException) -> BaseException:
     """The exception the replica raised: across Ray it arrives as ``RayTaskError(cause)``, whose str() is the remote
     traceback (colour codes, pid, host, paths), never a message for the client."""
     return e.cause if isinstance(e, RayTaskError) and e.cause is not None else e
+
+
+async def _encode(tokenizer, text: str, max_chars: int, param: str) -> list[int]:
+    """Tokenize in a thread: megabytes take seconds, and /health and every open stream share this event loop. A text
+    that cannot fit the context (``max_chars``) is refused first, without spending those seconds."""
+    if len(text) > max_chars:
+        raise ApiError(400, f"the prompt is {len(text)} characters: more than the context can hold whatever it "
+                       f"tokenizes to (at most {max_chars})", param)
+    return await asyncio.to_thread(tokenizer.encode, text)
 
 
 def _admission_error(e: AdmissionError) -> ApiError:
@@ -120,8 +138,17 @@ class _ToolCalls:
                 self.buf = None
             elif self.buf is not None:
                 self.buf.append(t)
+        if ev.finished and self.buf is not None:    # the call never closed: it is content, as the model wrote it
+            text += self._text([self.ids["<tool_call>"], *self.buf])
+            self.buf = None
         self.calls += done
         return text, done
+
+    def _text(self, ids: list[int]) -> str:
+        # decode() skips special tokens, the markers among them: put those back, leave an EOS out
+        names = {v: k for k, v in self.ids.items()}
+        return "".join("".join(names[t] for t in run) if is_marker else self.decode(list(run))
+                       for is_marker, run in itertools.groupby(ids, names.__contains__))
 
     def _parse(self, ids: list[int]) -> dict:
         k = self.ids
@@ -143,8 +170,12 @@ class _ToolCalls:
 
 
 def _json_or_text(v: str):
+    # NaN / Infinity (and 1e999, which parses to inf) are not JSON: json.dumps would write them back as bare tokens
+    # that no client can parse, so such a value stays text.
     try:
-        return json.loads(v)
+        value = json.loads(v)
+        json.dumps(value, allow_nan=False)
+        return value
     except ValueError:
         return v
 
@@ -153,8 +184,10 @@ class _Formatter:
     """Turns token events into OpenAI completion / chat bodies and SSE chunks."""
 
     def __init__(self, ingress: "OpenAIIngress", rid: str, chat: bool, num_prompt: int, logprobs: int | None,
-                 thinking: bool = False, n: int = 1, tool_ids: dict[str, int] | None = None):
+                 thinking: bool = False, n: int = 1, tool_ids: dict[str, int] | None = None, echo: str = ""):
         self.ing, self.rid, self.chat, self.num_prompt, self.logprobs = ingress, rid, chat, num_prompt, logprobs
+        self.echo = echo                            # completions' echo: the prompt text before each choice's text
+        self.text_len = [len(echo)] * n             # characters of each choice's text so far (text_offset)
         self.reasoning = [_Reasoning(ingress.think_end, thinking) for _ in range(n)]
         decode = (lambda ids: ingress.tokenizer.decode(ids)) if ingress.tokenizer else str
         self.tools = [_ToolCalls(tool_ids, decode) for _ in range(n)]
@@ -170,7 +203,9 @@ class _Formatter:
         tok = self.ing.tokenizer
         return list(tok.token_bytes(tid) if tok else str(tid).encode())
 
-    def _logprobs(self, ev) -> Any:
+    def _logprobs(self, ev, choice: int) -> Any:
+        start = self.text_len[choice]
+        self.text_len[choice] += len(ev.text)
         if self.logprobs is None:
             return None
         if self.chat:
@@ -178,17 +213,22 @@ class _Formatter:
                                  "top_logprobs": [{"token": self._tok(i), "logprob": v, "bytes": self._bytes(i)}
                                                   for i, v in lp.top]}
                                 for t, lp in zip(ev.token_ids, ev.logprobs)]}
-        return {"tokens": [self._tok(t) for t in ev.token_ids],
-                "token_logprobs": [lp.logprob for lp in ev.logprobs],
-                "top_logprobs": [{self._tok(i): v for i, v in lp.top} for lp in ev.logprobs],
-                "text_offset": []}
+        tokens = [self._tok(t) for t in ev.token_ids]
+        # Each token starts where the ones before it in this event end, within this event's text: an EOS or a token
+        # cut by a stop string adds no text, and a partial UTF-8 character shows only once it completes.
+        offsets, at = [], 0
+        for tok in tokens:
+            offsets.append(start + min(at, len(ev.text)))
+            at += len(tok)
+        return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in ev.logprobs],
+                "top_logprobs": [{self._tok(i): v for i, v in lp.top} for lp in ev.logprobs], "text_offset": offsets}
 
     def _error(self, ev) -> None:
         if ev.error:
             raise ApiError(500, ev.error, None, "server_error")
 
     async def whole(self, merged, n: int) -> dict:
-        texts, thoughts, reasons, lps, completion = [""] * n, [""] * n, [None] * n, [[] for _ in range(n)], 0
+        texts, thoughts, reasons, lps, completion = [self.echo] * n, [""] * n, [None] * n, [[] for _ in range(n)], 0
         async for i, ev in merged:
             self._error(ev)
             self.fingerprint = ev.served_by
@@ -198,7 +238,7 @@ class _Formatter:
             texts[i] += text
             thoughts[i] += thought
             completion += len(ev.token_ids)
-            lps[i].append(self._logprobs(ev))
+            lps[i].append(self._logprobs(ev, i))
             if ev.finished:
                 reasons[i] = ev.finish_reason
         choices = []
@@ -251,10 +291,12 @@ class _Formatter:
                     if i not in started:
                         delta["role"] = "assistant"
                         started.add(i)
-                    choice = {"index": i, "delta": delta, "logprobs": self._logprobs(ev),
+                    choice = {"index": i, "delta": delta, "logprobs": self._logprobs(ev, i),
                               "finish_reason": ev.finish_reason if ev.finished else None}
                 else:
-                    choice = {"index": i, "text": ev.text, "logprobs": self._logprobs(ev),
+                    text = ev.text if i in started else self.echo + ev.text
+                    started.add(i)
+                    choice = {"index": i, "text": text, "logprobs": self._logprobs(ev, i),
                               "finish_reason": ev.finish_reason if ev.finished else None}
                 if ev.text or ev.finished or ev.token_ids:
                     yield self._chunk([choice])
@@ -270,7 +312,7 @@ def _join_logprobs(parts: list, chat: bool) -> dict:
         return {"content": [c for p in parts for c in p["content"]]}
     out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for p in parts:
-        for k in ("tokens", "token_logprobs", "top_logprobs"):
+        for k in out:
             out[k] += p[k]
     return out
 
@@ -294,6 +336,11 @@ class OpenAIIngress:
         self.tool_ids = {n: specials[n] for n in names} if all(n in specials for n in names) else None
         self.model_config = ModelConfig.from_json(self.cfg.model)
         self.max_model_len = max_model_len(self.cfg, self.model_config, self.cfg.num_blocks)  # the scheduler's
+        # No token holds more bytes than the vocabulary's longest and no character is less than a byte (byte-level
+        # BPE drops none), so a longer text cannot fit the context whatever it tokenizes to.
+        tok = self.tokenizer
+        longest = max(len(tok.token_bytes(i)) for i in range(tok.vocab_size)) if tok else 0
+        self.max_prompt_chars = self.max_model_len * longest
 
     # ---- endpoints ------------------------------------------------------------------------------
     @app.get("/health")
@@ -302,8 +349,18 @@ class OpenAIIngress:
 
     @app.get("/v1/models")
     async def models(self) -> dict:
-        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
-                                            "owned_by": "glmserve", "max_model_len": self.max_model_len}]}
+        return {"object": "list", "data": [self._card()]}
+
+    @app.get("/v1/models/{model_id:path}")          # :path — a served name may hold a slash (org/model)
+    async def model(self, model_id: str) -> dict:
+        if model_id != self.model_name:
+            raise ApiError(404, f"the model {model_id!r} does not exist; this server serves {self.model_name!r}",
+                           "model")
+        return self._card()
+
+    def _card(self) -> dict:
+        return {"id": self.model_name, "object": "model", "created": 0, "owned_by": "glmserve",
+                "max_model_len": self.max_model_len}
 
     @app.get("/metrics")
     async def metrics(self) -> PlainTextResponse:
@@ -315,10 +372,12 @@ class OpenAIIngress:
         body = await self._parse(request, CompletionRequest)
         if isinstance(body.prompt, str) or (body.prompt and isinstance(body.prompt[0], str)):
             text = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
-            ids = self._tokenizer().encode(text)
+            ids = await _encode(self._tokenizer(), text, self.max_prompt_chars, "prompt")
         else:
             ids = list(body.prompt)
-        return await self._respond(request, body, ids, body.logprobs, chat=False)
+            # ids echo as their text; a checkpoint without a tokenizer returns no text at all
+            text = self.tokenizer.decode(ids) if body.echo and self.tokenizer else ""
+        return await self._respond(request, body, ids, body.logprobs, chat=False, echo=text if body.echo else "")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
@@ -326,10 +385,13 @@ class OpenAIIngress:
         kwargs = dict(body.chat_template_kwargs or {})
         if body.tools:
             kwargs["tools"] = body.tools
+        tok = self._tokenizer()
         try:
-            ids = self._tokenizer().encode_chat(body.template_messages(), add_generation_prompt=True, **kwargs)
+            prompt = await asyncio.to_thread(tok.apply_chat_template, body.template_messages(),
+                                             add_generation_prompt=True, **kwargs)
         except ValueError as e:
             raise ApiError(400, str(e), "messages") from None
+        ids = await _encode(tok, prompt, self.max_prompt_chars, "messages")
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         if body.top_logprobs and not body.logprobs:
             raise ApiError(400, "top_logprobs requires logprobs=true", "top_logprobs")
@@ -351,6 +413,7 @@ class OpenAIIngress:
             raise validation_error(e) from None
         if body.model != self.model_name:
             raise ApiError(400, f"unknown model {body.model!r}; this server serves {self.model_name!r}", "model")
+        body.check_supported()
         return body
 
     def _tokenizer(self):
@@ -358,7 +421,8 @@ class OpenAIIngress:
             raise ApiError(400, "this checkpoint ships no tokenizer: send token ids as the prompt", "prompt")
         return self.tokenizer
 
-    async def _respond(self, request: Request, body, ids: list[int], logprobs: int | None, chat: bool):
+    async def _respond(self, request: Request, body, ids: list[int], logprobs: int | None, chat: bool,
+                       echo: str = ""):
         max_tokens = body.max_tokens if body.max_tokens is not None else (
             max(1, self.max_model_len - len(ids)) if chat else 16)
         if len(ids) + max_tokens > self.max_model_len:
@@ -381,8 +445,8 @@ class OpenAIIngress:
                     raise _admission_error(f) from None
                 raise ApiError(503, f"the model replica is unavailable: {f}", None, "server_error") from None
         thinking = chat and self.cfg.reasoning_parser == "glm" and bool(ids) and ids[-1] == self.think_start
-        tool_ids = self.tool_ids if chat and getattr(body, "tools", None) and self.cfg.tool_parser == "glm" else None
-        fmt = _Formatter(self, rid, chat, len(ids), logprobs, thinking, body.n, tool_ids)
+        tool_ids = self.tool_ids if chat and body.parses_tool_calls and self.cfg.tool_parser == "glm" else None
+        fmt = _Formatter(self, rid, chat, len(ids), logprobs, thinking, body.n, tool_ids, echo)
         merged = _merge(streams, first)
         if body.stream:
             return StreamingResponse(fmt.sse(merged, body.include_usage), media_type="text/event-stream")

@@ -126,7 +126,9 @@ class Tokenizer:
         return token_id
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return self._hf.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch releases the GIL while it works and encode holds it: the HTTP ingress tokenizes in a thread,
+        # and a long prompt must not stall its event loop (same ids, same cost).
+        return self._hf.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._hf.decode(list(ids), skip_special_tokens=skip_special_tokens)

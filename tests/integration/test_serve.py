@@ -49,14 +49,34 @@ def post(base_url, path, body: bytes | dict):
         return e.code, json.loads(e.read())
 
 
+def get(base_url, path):
+    try:
+        with urllib.request.urlopen(base_url + path, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
 def metric(base_url, name) -> float:
     text = urllib.request.urlopen(base_url + "/metrics", timeout=30).read().decode()
-    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
+    return float(next((line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")), 0))
 
 
 def test_models_and_health(client, base_url):
     assert [m.id for m in client.models.list().data] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
     assert urllib.request.urlopen(base_url + "/health", timeout=10).status == 200
+
+
+@pytest.mark.parametrize("method,path,status", [("GET", "/v1/models/gpt-4", 404), ("GET", "/v1/nowhere", 404),
+                                                ("GET", "/v1/completions", 405)])
+def test_unknown_model_route_or_method_is_an_openai_error(base_url, method, path, status):
+    req = urllib.request.Request(base_url + path, method=method)
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=30)
+    body = json.loads(e.value.read())
+    assert e.value.code == status and set(body) == {"error"} and body["error"]["message"], body
+    assert set(body["error"]) == {"message", "type", "param", "code"}
 
 
 def test_completion_stream_equals_whole_and_usage(client, text_ckpt):
@@ -108,6 +128,8 @@ def test_logprobs(client):
                                     extra_body={"ignore_eos": True})
     lp = out.choices[0].logprobs
     assert len(lp.token_logprobs) == 5 and all(len(t) == 2 for t in lp.top_logprobs)
+    assert len(lp.text_offset) == 5 and lp.text_offset == sorted(lp.text_offset)
+    assert lp.text_offset[0] == 0 and lp.text_offset[-1] <= len(out.choices[0].text)
     assert all(max(t.values()) == pytest.approx(v, abs=1e-5) for t, v in zip(lp.top_logprobs, lp.token_logprobs))
     chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
                                           temperature=0, logprobs=True, top_logprobs=3)
@@ -174,6 +196,51 @@ TOOL_TURNS = [{"role": "user", "content": "weather?"},
               {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
                   "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
               {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/completions", {"prompt": "a" * 1_000_000}, "prompt"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a" * 1_000_000}]}, "messages"),
+])
+def test_a_prompt_that_cannot_fit_is_refused_before_tokenizing(base_url, path, body, param):
+    """1M characters cannot fit 2048 tokens of at most 26 bytes each: the clear error, not a token count."""
+    status, err = post(base_url, path, {"model": MODEL, "max_tokens": 3, **body})
+    assert status == 400 and err["error"]["param"] == param, err
+    assert "1000" in err["error"]["message"] and "characters" in err["error"]["message"], err
+
+
+_TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+
+
+@pytest.mark.parametrize("path,field,value,default", [
+    ("/v1/completions", "logit_bias", {"5": 10}, {}), ("/v1/completions", "suffix", " end", None),
+    ("/v1/completions", "best_of", 2, 1), ("/v1/completions", "echo", True, False),     # echo with logprobs
+    ("/v1/completions", "response_format", {"type": "json_object"}, {"type": "text"}),
+    ("/v1/chat/completions", "tool_choice", "required", "none"),
+    ("/v1/chat/completions", "logit_bias", {"5": 10}, None),
+    ("/v1/chat/completions", "response_format", {"type": "json_object"}, {"type": "text"}),
+])
+def test_unsupported_parameters_are_refused_not_ignored(base_url, path, field, value, default):
+    """A value the engine cannot honour is a 400 naming the field; the no-op value clients send by default passes."""
+    body = {"prompt": "Hi", "logprobs": 1} if "chat" not in path else {
+        "messages": [{"role": "user", "content": "Hi"}], "tools": _TOOLS}
+    status, err = post(base_url, path, {"model": MODEL, "max_tokens": 2, **body, field: value})
+    assert status == 400 and err["error"]["param"] == field and "not supported" in err["error"]["message"], err
+    status, out = post(base_url, path, {"model": MODEL, "max_tokens": 2, **body, field: default})
+    assert status == 200, out
+
+
+def test_echo_prepends_the_prompt(client, text_ckpt):
+    from models.tokenizer import Tokenizer
+
+    kw = {"model": MODEL, "max_tokens": 6, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    ids = Tokenizer.from_dir(text_ckpt).encode(" the old man")
+    for prompt, text in (("Once upon a time", "Once upon a time"), (ids, " the old man")):
+        plain = client.completions.create(prompt=prompt, **kw).choices[0].text
+        echoed = client.completions.create(prompt=prompt, echo=True, **kw).choices[0].text
+        assert echoed == text + plain, (echoed, plain)
+        stream = client.completions.create(prompt=prompt, echo=True, stream=True, **kw)
+        assert "".join(c.choices[0].text for c in stream) == echoed
 
 
 def test_tool_conversation_with_json_string_arguments(client):
@@ -248,6 +315,7 @@ def test_step_time_metrics(client, base_url):
 
 def test_disconnect_frees_kv(base_url):
     full = metric(base_url, "glmserve_kv_free_blocks")
+    aborted = metric(base_url, 'glmserve_requests_total{finish_reason="abort"}')
     req = urllib.request.Request(base_url + "/v1/completions", headers={"content-type": "application/json"},
                                  data=json.dumps({"model": MODEL, "prompt": "Long story", "max_tokens": 2000,
                                                   "stream": True, "ignore_eos": True}).encode())
@@ -259,6 +327,7 @@ def test_disconnect_frees_kv(base_url):
     while metric(base_url, "glmserve_kv_free_blocks") < full:
         assert time.time() < deadline, "KV blocks were not freed after the client disconnected"
         time.sleep(0.5)
+    assert metric(base_url, 'glmserve_requests_total{finish_reason="abort"}') == aborted + 1
 
 
 def test_two_replicas_both_serve(serve_session, text_ckpt):

@@ -67,19 +67,20 @@ def test_reasoning_split_whole_and_stream():
     assert chunks[-1] == "data: [DONE]\n\n"
 
 
-def _tool_events():
+def _tool_events(args=(("city", "Paris"), ("days", "3")), close: bool = True):
+    """'Let me check.' then a get_weather call (closed or cut off), one token per event; the last one finishes."""
     from cluster.config import DEFAULT_MODEL
     from models.tokenizer import Tokenizer
 
     tok = Tokenizer.from_dir(DEFAULT_MODEL)
     sp = tok.special_ids_by_token()
     ids = tok.encode("Let me check.") + [sp["<tool_call>"]] + tok.encode("get_weather")
-    for k, v in (("city", "Paris"), ("days", "3")):
+    for k, v in args:
         ids += [sp["<arg_key>"]] + tok.encode(k) + [sp["</arg_key>"], sp["<arg_value>"]] + tok.encode(v) + \
             [sp["</arg_value>"]]
-    ids += [sp["</tool_call>"]]
+    ids += [sp["</tool_call>"]] if close else []
     evs = [TokenEvent("r", [t], tok.decode([t])) for t in ids]
-    evs[-1].finished, evs[-1].finish_reason = True, "stop"
+    evs[-1].finished, evs[-1].finish_reason = True, "stop" if close else "length"
     names = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
     ingress = type("I", (), {"model_name": "m", "tokenizer": tok, "think_end": sp["</think>"]})()
     return evs, ingress, {n: sp[n] for n in names}
@@ -199,3 +200,147 @@ def test_chat_logprob_bytes_are_the_tokens_own_bytes():
     content = body["choices"][0]["logprobs"]["content"]
     assert bytes(b for c in content for b in c["bytes"]).decode() == "日本語"
     assert bytes(b for c in content for b in c["top_logprobs"][0]["bytes"]).decode() == "日本語"
+
+
+def _tok():
+    from cluster.config import DEFAULT_MODEL
+    from models.tokenizer import Tokenizer
+
+    return Tokenizer.from_dir(DEFAULT_MODEL)
+
+
+def test_a_prompt_that_cannot_fit_is_refused_before_tokenizing():
+    from cluster.protocol import ApiError
+    from cluster.serve import _encode
+
+    class Untouchable:
+        def encode(self, text):
+            raise AssertionError("tokenized a prompt that cannot fit")
+
+    with pytest.raises(ApiError) as e:
+        asyncio.run(_encode(Untouchable(), "x" * 101, 100, "prompt"))
+    assert (e.value.status, e.value.param) == (400, "prompt") and "101 characters" in e.value.message
+
+
+def test_tokenizing_leaves_the_event_loop_running():
+    """/health and every open stream share the ingress's event loop: a long prompt is tokenized beside it."""
+    from cluster.serve import _encode
+
+    tok, text = _tok(), "a " * 200_000
+    ticks = 0
+
+    async def main():
+        nonlocal ticks
+        task = asyncio.create_task(_encode(tok, text, len(text), "prompt"))
+        while not task.done():
+            await asyncio.sleep(0.001)
+            ticks += 1
+        return await task
+
+    assert len(asyncio.run(main())) > 100_000
+    assert ticks >= 10, f"the event loop ran {ticks} times while the prompt was tokenized"
+
+
+@pytest.mark.parametrize("model,body,param", [
+    (CompletionRequest, {"logit_bias": {"5": 10}}, "logit_bias"),
+    (CompletionRequest, {"response_format": {"type": "json_object"}}, "response_format"),
+    (CompletionRequest, {"suffix": "end"}, "suffix"),
+    (CompletionRequest, {"best_of": 3}, "best_of"),
+    (CompletionRequest, {"best_of": 2, "n": 3}, "best_of"),
+    (CompletionRequest, {"echo": True, "logprobs": 1}, "echo"),
+    (ChatCompletionRequest, {"logit_bias": {"5": -100}}, "logit_bias"),
+    (ChatCompletionRequest, {"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
+    (ChatCompletionRequest, {"tool_choice": "required"}, "tool_choice"),
+    (ChatCompletionRequest, {"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+])
+def test_unsupported_values_are_refused_naming_the_field(model, body, param):
+    from cluster.protocol import ApiError
+
+    prompt = {"prompt": "p"} if model is CompletionRequest else {"messages": [{"role": "user", "content": "hi"}]}
+    with pytest.raises(ApiError) as e:
+        model.model_validate({"model": "m", **prompt, **body}).check_supported()
+    assert (e.value.status, e.value.param) == (400, param) and "not supported" in e.value.message
+
+
+@pytest.mark.parametrize("model,body", [
+    (CompletionRequest, {"logit_bias": {}, "suffix": None, "best_of": 1, "echo": True, "response_format": None}),
+    (CompletionRequest, {"logit_bias": None, "suffix": "", "best_of": 2, "n": 2, "response_format": {"type": "text"}}),
+    (ChatCompletionRequest, {"logit_bias": {}, "tool_choice": "auto", "response_format": {"type": "text"}}),
+    (ChatCompletionRequest, {"tool_choice": "none"}),
+    (ChatCompletionRequest, {"tool_choice": None, "logit_bias": None}),
+])
+def test_default_values_of_unsupported_fields_pass(model, body):
+    prompt = {"prompt": "p"} if model is CompletionRequest else {"messages": [{"role": "user", "content": "hi"}]}
+    model.model_validate({"model": "m", **prompt, **body}).check_supported()
+
+
+def test_tool_choice_none_parses_no_tool_calls():
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "function": {"name": "f"}}]}
+    assert ChatCompletionRequest.model_validate(chat).parses_tool_calls
+    assert ChatCompletionRequest.model_validate({**chat, "tool_choice": "auto"}).parses_tool_calls
+    assert not ChatCompletionRequest.model_validate({**chat, "tool_choice": "none"}).parses_tool_calls
+
+
+def _whole_and_stream(evs, ingress, tool_ids) -> tuple[dict, list[dict]]:
+    body = asyncio.run(_Formatter(ingress, "c", True, 5, None, tool_ids=tool_ids).whole(_events(evs), 1))
+
+    async def collect():
+        return [c async for c in _Formatter(ingress, "c", True, 5, None, tool_ids=tool_ids).sse(_events(evs), False)]
+
+    return body["choices"][0], [json.loads(c[6:])["choices"][0] for c in asyncio.run(collect())[:-1]]
+
+
+def test_tool_call_arguments_are_valid_json_for_nan_and_infinity():
+    evs, ingress, tool_ids = _tool_events([("x", "NaN"), ("y", "-Infinity"), ("z", "1e999"), ("days", "3")])
+    choice, _ = _whole_and_stream(evs, ingress, tool_ids)
+    args = choice["message"]["tool_calls"][0]["function"]["arguments"]
+    assert json.loads(args, parse_constant=lambda c: pytest.fail(f"{c} in {args}")) == \
+        {"x": "NaN", "y": "-Infinity", "z": "1e999", "days": 3}
+
+
+def test_unterminated_tool_call_is_content():
+    evs, ingress, tool_ids = _tool_events([("city", "Paris")], close=False)
+    raw = "Let me check.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
+    choice, chunks = _whole_and_stream(evs, ingress, tool_ids)
+    assert choice["message"] == {"role": "assistant", "content": raw} and choice["finish_reason"] == "length"
+    assert "".join(c["delta"].get("content", "") for c in chunks) == raw
+    assert not any("tool_calls" in c["delta"] for c in chunks) and chunks[-1]["finish_reason"] == "length"
+
+
+def _completion_events(tok, text: str) -> list:
+    from workers.runner import TokenLogprobs
+
+    evs = [TokenEvent("r", [t], "", logprobs=[TokenLogprobs(-0.5, ((t, -0.5),))]) for t in tok.encode(text)]
+    shown = 0                       # the detokenizer's text: a partial UTF-8 character shows once it completes
+    for j, ev in enumerate(evs):
+        now = tok.decode(tok.encode(text)[: j + 1])
+        now = now[: len(now) - 1] if now.endswith("\ufffd") else now
+        ev.text, shown = now[shown:], len(now)
+    evs[-1].finished, evs[-1].finish_reason = True, "length"
+    return evs
+
+
+def test_completion_text_offset_is_each_tokens_place_in_the_text():
+    tok = _tok()
+    ingress = type("I", (), {"model_name": "m", "tokenizer": tok, "think_end": None})()
+    text = "Hello 日本 world"
+    evs = _completion_events(tok, text)
+    lp = asyncio.run(_Formatter(ingress, "c", False, 3, 1).whole(_events(evs), 1))["choices"][0]["logprobs"]
+    assert len(lp["text_offset"]) == len(evs) and lp["text_offset"][0] == 0
+    for token, at in zip(lp["tokens"], lp["text_offset"]):
+        assert token == "\ufffd" or text[at:].startswith(token), (token, at)
+    assert lp["text_offset"][-1] == text.index(" world")
+
+
+def test_echo_puts_the_prompt_before_the_completion():
+    evs = [TokenEvent("r", [7], " there"), TokenEvent("r", [8], "!", finished=True, finish_reason="length")]
+    fmt = _Formatter(_FakeIngress(), "c", False, 1, None, n=1, echo="Hello")
+    assert asyncio.run(fmt.whole(_events(evs), 1))["choices"][0]["text"] == "Hello there!"
+
+    async def collect():
+        fmt = _Formatter(_FakeIngress(), "c", False, 1, None, echo="Hello")
+        return [c async for c in fmt.sse(_events(evs), False)]
+
+    chunks = [json.loads(c[6:])["choices"][0]["text"] for c in asyncio.run(collect())[:-1]]
+    assert chunks == ["Hello there", "!"]
