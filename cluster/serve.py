@@ -127,17 +127,21 @@ class _ToolCalls:
 
     def feed(self, ev) -> tuple[str, list[dict]]:
         """(content text of this event, tool calls completed by it)."""
-        if not self.ids:
-            return ev.text, []
-        done, text = [], ev.text if self.buf is None and self.ids["<tool_call>"] not in ev.token_ids else ""
+        if not self.ids or (self.buf is None and self.ids["<tool_call>"] not in ev.token_ids):
+            return ev.text, []                      # no call in sight: the detokenizer's text as it is
+        done, content = [], []                      # with speculation one event may hold text and a call's edge
         for t in ev.token_ids:
             if t == self.ids["<tool_call>"]:
                 self.buf = []
-            elif t == self.ids["</tool_call>"] and self.buf is not None:
-                done.append(self._parse(self.buf))
+            elif t == self.ids["</tool_call>"]:
+                if self.buf is not None:
+                    done.append(self._parse(self.buf))
                 self.buf = None
             elif self.buf is not None:
                 self.buf.append(t)
+            else:
+                content.append(t)
+        text = self.decode(content) if content else ""
         if ev.finished and self.buf is not None:    # the call never closed: it is content, as the model wrote it
             text += self._text([self.ids["<tool_call>"], *self.buf])
             self.buf = None

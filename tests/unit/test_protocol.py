@@ -67,8 +67,9 @@ def test_reasoning_split_whole_and_stream():
     assert chunks[-1] == "data: [DONE]\n\n"
 
 
-def _tool_events(args=(("city", "Paris"), ("days", "3")), close: bool = True):
-    """'Let me check.' then a get_weather call (closed or cut off), one token per event; the last one finishes."""
+def _tool_events(args=(("city", "Paris"), ("days", "3")), close: bool = True, after: str = ""):
+    """'Let me check.' then a get_weather call (closed or cut off) and ``after``, one token per event; the last one
+    finishes."""
     from cluster.config import DEFAULT_MODEL
     from models.tokenizer import Tokenizer
 
@@ -78,7 +79,7 @@ def _tool_events(args=(("city", "Paris"), ("days", "3")), close: bool = True):
     for k, v in args:
         ids += [sp["<arg_key>"]] + tok.encode(k) + [sp["</arg_key>"], sp["<arg_value>"]] + tok.encode(v) + \
             [sp["</arg_value>"]]
-    ids += [sp["</tool_call>"]] if close else []
+    ids += ([sp["</tool_call>"]] if close else []) + tok.encode(after)
     evs = [TokenEvent("r", [t], tok.decode([t])) for t in ids]
     evs[-1].finished, evs[-1].finish_reason = True, "stop" if close else "length"
     names = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
@@ -306,6 +307,19 @@ def test_unterminated_tool_call_is_content():
     assert choice["message"] == {"role": "assistant", "content": raw} and choice["finish_reason"] == "length"
     assert "".join(c["delta"].get("content", "") for c in chunks) == raw
     assert not any("tool_calls" in c["delta"] for c in chunks) and chunks[-1]["finish_reason"] == "length"
+
+
+def test_text_beside_a_tool_call_in_one_multi_token_event():
+    """With speculation a step commits several tokens, so one event can hold content and a call's edge: the content
+    before ``<tool_call>`` and after ``</tool_call>`` stays, whole and streamed."""
+    evs, ingress, tool_ids = _tool_events(after=" Done.")
+    merged = [TokenEvent("r", [t for e in evs[i:i + 3] for t in e.token_ids], "".join(e.text for e in evs[i:i + 3]),
+                         finished=evs[i:i + 3][-1].finished, finish_reason=evs[i:i + 3][-1].finish_reason)
+              for i in range(0, len(evs), 3)]
+    assert any(tool_ids["<tool_call>"] in e.token_ids and e.token_ids[0] != tool_ids["<tool_call>"] for e in merged)
+    choice, chunks = _whole_and_stream(merged, ingress, tool_ids)
+    assert choice["message"]["content"] == "Let me check. Done." and len(choice["message"]["tool_calls"]) == 1
+    assert "".join(c["delta"].get("content") or "" for c in chunks) == "Let me check. Done."
 
 
 def _completion_events(tok, text: str) -> list:
