@@ -56,8 +56,9 @@ def main() -> None:
             before = engine.stats["graph_steps"]
             steps = decode(engine, "batch")
             ms = statistics.median(steps[4:])
-            print(json.dumps({"requests": n, "graph_rows_max": cap, "step_ms": round(ms, 3), "tok_s": round(n / ms * 1e3),
-                              "steps": len(steps), "graph_steps": engine.stats["graph_steps"] - before}), flush=True)
+            print(json.dumps({"requests": n, "graph_rows_max": cap, "step_ms": round(ms, 3),
+                              "tok_s": round(n / ms * 1e3), "steps": len(steps),
+                              "graph_steps": engine.stats["graph_steps"] - before}), flush=True)
     engine_module.GRAPH_BUCKETS = all_buckets
 
 
