@@ -86,7 +86,7 @@ def run_case(model_dir: Path, args, comm: str, spec: int) -> dict:
                        kv_cache_tokens=args.ctx + 2 * tokens + 256, max_num_batched_tokens=2048,
                        max_num_seqs=8, step_timeout_s=600.0,
                        cuda_graphs="eager" if args.device == "cpu" else "auto")   # CPU: the static path, uncaptured
-    num_blocks = cfg.kv_cache_tokens // cfg.block_size
+    num_blocks = cfg.num_blocks
     t0 = time.perf_counter()
     group = ProcessWorkerGroup(cfg, num_blocks, setup_timeout_s=600.0)
     setup_s = time.perf_counter() - t0

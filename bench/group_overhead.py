@@ -67,7 +67,7 @@ def main() -> None:
     outputs = set()
     for _ in range(args.repeats):
         for name, cls, group_cfg in groups:
-            step, busy, tokens = measure(cls, group_cfg, cfg.kv_cache_tokens // cfg.block_size)
+            step, busy, tokens = measure(cls, group_cfg, cfg.num_blocks)
             outputs.add(tuple(tokens))
             print(f"{name:<26}{step:>8.2f}{busy:>12.2f}{step - busy:>12.2f}", flush=True)
     print(f"greedy tokens identical across groups and repeats: {'yes' if len(outputs) == 1 else 'NO'}")
