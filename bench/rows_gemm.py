@@ -7,7 +7,7 @@ the replay time / launches. Every Gluon launch is checked against the reference 
 weight) before it is timed.
 
     PYTHONPATH=. python bench/rows_gemm.py --out bench/results
-    PYTHONPATH=. python bench/rows_gemm.py --moe --out bench/results     # the fused MoE experts (256 of 6144 × I)
+    PYTHONPATH=. python bench/rows_gemm.py --moe [--moe-rows 2 4 8 16 32 64] --out DIR   # fused MoE, 256 × 6144 × I
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def moe_case(I: int, M: int, experts: tuple, k: int = 8) -> dict:
     tri = call(expert_tiles(M, H, I)).float()
     t_tile = graph_us([lambda: call(expert_tiles(M, H, I))])
     cands = {"default": moe_tile(H, I, min(M * k, E), num_sms())}
-    if M == 8:
+    if M >= 8:                 # a sweep: at 8 rows (session 9), and past 8 (runs in chunks of 16, session 18)
         d = cands["default"].split
         for bi, sp, bo, sub in itertools.product((64, 128), sorted({1, d, 2 * d}), (64, 128), (2, 4)):
             cands[f"{bi}/{sp}/{bo}/{sub}"] = MoeTile(bi, sp, bo, sub, 4 if bi == 64 else 8, 4 if bo == 64 else 8)
@@ -97,7 +97,7 @@ def moe_case(I: int, M: int, experts: tuple, k: int = 8) -> dict:
     return {"I": I, "rows": M, "experts_hit": hit, "bytes": hit * 3 * I * H, "tile_us": t_tile, "gluon": times}
 
 
-def moe_main(out: Path) -> None:
+def moe_main(out: Path, rows: list[int]) -> None:
     """fused_moe (routing and combine included) over 256 experts of 6144 × I, the Triton tile kernels vs the
     Gluon kernels (default launch and a sweep), one graph replay a call (the experts hit are ≫ L2)."""
     H, E = 6144, 256
@@ -113,7 +113,7 @@ def moe_main(out: Path) -> None:
             w = torch.empty(E, a, b, device=DEV).uniform_(-200, 200).to(torch.float8_e4m3fn)
             ws.append((w, torch.rand(E, a // 128, b // 128, device=DEV) * 1e-3 + 1e-4))
         experts = tuple(w for w, _ in ws) + tuple(sc for _, sc in ws)
-        for M in (2, 4, 8):
+        for M in rows:
             r = moe_case(I, M, experts)
             g = r["gluon"]
             best = min(g, key=g.get)
@@ -136,9 +136,10 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--rows", type=int, nargs="+", default=[2, 4, 8, 16])
     ap.add_argument("--moe", action="store_true")
+    ap.add_argument("--moe-rows", type=int, nargs="+", default=[2, 4, 8, 16, 32, 64])
     args = ap.parse_args()
     if args.moe:
-        return moe_main(Path(args.out))
+        return moe_main(Path(args.out), args.moe_rows)
     torch.manual_seed(0)
     rows = []
     for N, K, what in SHAPES:

@@ -49,6 +49,7 @@ except ImportError:                            # pragma: no cover - another trit
     HAVE_GLUON = False
 
 MAX_ROWS = 8
+MOE_MAX_ROWS = 64       # the expert kernels: a graph step's MoE (triton_moe.FUSED_MAX_ROWS), runs in chunks of 16
 
 # Four e4m3 bytes of one register → two bf16x2 registers (elements 0..3 in order): each byte placed in the
 # high byte of a 16-bit lane (prmt), its 7 exponent+mantissa bits shifted down by 4 into bf16's fields, its
@@ -169,9 +170,9 @@ def enabled() -> bool:
     return mode == "1" and HAVE_GLUON
 
 
-def _rows_fit(x2: torch.Tensor) -> bool:
-    """Gluon on and x2 [M, ·] bf16 with 2..MAX_ROWS rows on an sm_80+ GPU (the capability cached per device)."""
-    return (enabled() and x2.is_cuda and x2.dtype == torch.bfloat16 and 2 <= x2.shape[0] <= MAX_ROWS
+def _rows_fit(x2: torch.Tensor, max_rows: int = MAX_ROWS) -> bool:
+    """Gluon on and x2 [M, ·] bf16 with 2..max_rows rows on an sm_80+ GPU (the capability cached per device)."""
+    return (enabled() and x2.is_cuda and x2.dtype == torch.bfloat16 and 2 <= x2.shape[0] <= max_rows
             and _sm_major(x2.device.index or 0) >= 8)
 
 
@@ -237,22 +238,23 @@ class MoeTile:
 
 if HAVE_GLUON:
     @gluon.jit
-    def _run(sorted_e_ptr, sorted_pair_ptr, p, P, E_local, layout: gl.constexpr):
-        """The run of pairs from sorted position p, as triton_moe._run_rows: (expert, p owns the run,
-        in_run [8], positions [8], pair ids [8]) in ``layout``."""
+    def _run(sorted_e_ptr, sorted_pair_ptr, run_start_ptr, p, P, E_local, BLOCK_R: gl.constexpr,
+             layout: gl.constexpr):
+        """The chunk of an expert's run that sorted position p owns, as triton_moe._run_rows: (expert, p owns it
+        — p is BLOCK_R · c pairs into its run —, in_run [BLOCK_R], positions [BLOCK_R], pair ids [BLOCK_R]) in
+        ``layout``."""
         e = gl.load(sorted_e_ptr + p)
-        prev = gl.load(sorted_e_ptr + p - 1, mask=p > 0, other=-1)
-        owner = (e < E_local) & (prev != e)
-        j = p + gl.arange(0, 8, layout=layout)
+        owner = (e < E_local) & ((p - gl.load(run_start_ptr + p)) % BLOCK_R == 0)
+        j = p + gl.arange(0, BLOCK_R, layout=layout)
         in_run = (j < P) & (gl.load(sorted_e_ptr + j, mask=j < P, other=-1) == e) & owner
         pair = gl.load(sorted_pair_ptr + j, mask=in_run, other=0)
         return e, owner, in_run, j, pair
 
     @gluon.jit
-    def _moe_gate_up_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sorted_e_ptr, sorted_pair_ptr, act_ptr, part_ptr,
-                            count_ptr, P, E_local, H, I, num_sb_h, num_sb_i, kb_per_split,
-                            TOPK: gl.constexpr, BLOCK_I: gl.constexpr, SUB: gl.constexpr, WARPS: gl.constexpr,
-                            SPLIT: gl.constexpr, BITS: gl.constexpr):
+    def _moe_gate_up_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sorted_e_ptr, sorted_pair_ptr, run_start_ptr, act_ptr,
+                            part_ptr, count_ptr, P, E_local, H, I, num_sb_h, num_sb_i, kb_per_split,
+                            TOPK: gl.constexpr, BLOCK_I: gl.constexpr, BLOCK_R: gl.constexpr, SUB: gl.constexpr,
+                            WARPS: gl.constexpr, SPLIT: gl.constexpr, BITS: gl.constexpr):
         """act[j] = silu(x[row_j] @ G_e.T) * (x[row_j] @ U_e.T) for the run's pairs j, each rounded as the
         reference rounds; split over H: the last split of a tile adds the partials in split order."""
         mma: gl.constexpr = _acc_layout(WARPS)
@@ -261,14 +263,15 @@ if HAVE_GLUON:
         p = gl.program_id(0)
         ib = gl.program_id(1)
         ks = gl.program_id(2)
-        e, owner, in_run, _j_x, pair = _run(sorted_e_ptr, sorted_pair_ptr, p, P, E_local, gl.SliceLayout(0, xl))
+        e, owner, in_run, _j_x, pair = _run(sorted_e_ptr, sorted_pair_ptr, run_start_ptr, p, P, E_local, BLOCK_R,
+                                            gl.SliceLayout(0, xl))
         ri = ib * BLOCK_I + gl.arange(0, BLOCK_I, layout=gl.SliceLayout(1, wl))
         kw, kx = _k_lanes(WARPS)
         w_off = e.to(gl.int64) * I * H + ri[:, None] * H
         x_rows = x_ptr + (pair // TOPK)[None, :] * H
         s_off = e * num_sb_i * num_sb_h + ((ib * BLOCK_I) // 128) * num_sb_h
-        acc_g = gl.zeros([BLOCK_I, 8], gl.float32, layout=mma)
-        acc_u = gl.zeros([BLOCK_I, 8], gl.float32, layout=mma)
+        acc_g = gl.zeros([BLOCK_I, BLOCK_R], gl.float32, layout=mma)
+        acc_u = gl.zeros([BLOCK_I, BLOCK_R], gl.float32, layout=mma)
         kb0 = ks * kb_per_split
         kb_end = gl.where(owner, gl.minimum(kb0 + kb_per_split, num_sb_h), kb0)
         for kb in range(kb0, kb_end, SUB):
@@ -279,28 +282,28 @@ if HAVE_GLUON:
                 wg = gl.load(g_ptr + w_off + (k + kw)[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
                 wu = gl.load(u_ptr + w_off + (k + kw)[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
                 x = gl.load(x_rows + (k + kx)[:, None], mask=in_run[None, :] & live, other=0.0)
-                zero = gl.zeros([BLOCK_I, 8], gl.float32, layout=mma)
+                zero = gl.zeros([BLOCK_I, BLOCK_R], gl.float32, layout=mma)
                 acc_g += mma_v2(_to_bf16(wg, BITS), x, zero) * gl.load(gs_ptr + s_off + kb + s, mask=live, other=0.0)
                 acc_u += mma_v2(_to_bf16(wu, BITS), x, zero) * gl.load(us_ptr + s_off + kb + s, mask=live, other=0.0)
         if owner:
-            _e_o, _owner_o, in_run_o, j_o, _pair_o = _run(sorted_e_ptr, sorted_pair_ptr, p, P, E_local,
-                                                       gl.SliceLayout(0, mma))
+            _e_o, _owner_o, in_run_o, j_o, _pair_o = _run(sorted_e_ptr, sorted_pair_ptr, run_start_ptr, p, P,
+                                                          E_local, BLOCK_R, gl.SliceLayout(0, mma))
             io = ib * BLOCK_I + gl.arange(0, BLOCK_I, layout=gl.SliceLayout(1, mma))
             mask = in_run_o[None, :] & (io[:, None] < I)
             if SPLIT:
                 tile = p * gl.num_programs(1) + ib
-                loc = (io - ib * BLOCK_I)[:, None] * 8 + gl.arange(0, 8, layout=gl.SliceLayout(0, mma))[None, :]
-                stride = 2 * BLOCK_I * 8
+                loc = (io - ib * BLOCK_I)[:, None] * BLOCK_R + gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, mma))[None, :]
+                stride = 2 * BLOCK_I * BLOCK_R
                 base = part_ptr + tile.to(gl.int64) * gl.num_programs(2) * stride
                 gl.store(base + ks * stride + loc, acc_g)
-                gl.store(base + ks * stride + BLOCK_I * 8 + loc, acc_u)
+                gl.store(base + ks * stride + BLOCK_I * BLOCK_R + loc, acc_u)
                 _cta_barrier()
                 if gl.atomic_add(count_ptr + tile, 1, sem="acq_rel") == gl.num_programs(2) - 1:
-                    acc_g = gl.zeros([BLOCK_I, 8], gl.float32, layout=mma)
-                    acc_u = gl.zeros([BLOCK_I, 8], gl.float32, layout=mma)
+                    acc_g = gl.zeros([BLOCK_I, BLOCK_R], gl.float32, layout=mma)
+                    acc_u = gl.zeros([BLOCK_I, BLOCK_R], gl.float32, layout=mma)
                     for s in range(gl.num_programs(2)):
                         acc_g += gl.load(base + s * stride + loc, cache_modifier=".cg")
-                        acc_u += gl.load(base + s * stride + BLOCK_I * 8 + loc, cache_modifier=".cg")
+                        acc_u += gl.load(base + s * stride + BLOCK_I * BLOCK_R + loc, cache_modifier=".cg")
                     _store_act(act_ptr, acc_g, acc_u, j_o, io, I, mask)
                     gl.store(count_ptr + tile, 0)
             else:
@@ -315,22 +318,23 @@ if HAVE_GLUON:
         gl.store(act_ptr + j[None, :] * I + i[:, None], a.to(dt), mask=mask)
 
     @gluon.jit
-    def _moe_down_kernel(act_ptr, d_ptr, ds_ptr, w_route_ptr, sorted_e_ptr, sorted_pair_ptr, y_ptr, P, E_local, H, I,
-                         num_sb_h, num_sb_i, BLOCK_HO: gl.constexpr, SUB: gl.constexpr, WARPS: gl.constexpr,
-                         BITS: gl.constexpr):
+    def _moe_down_kernel(act_ptr, d_ptr, ds_ptr, w_route_ptr, sorted_e_ptr, sorted_pair_ptr, run_start_ptr, y_ptr, P,
+                         E_local, H, I, num_sb_h, num_sb_i, BLOCK_HO: gl.constexpr, BLOCK_R: gl.constexpr,
+                         SUB: gl.constexpr, WARPS: gl.constexpr, BITS: gl.constexpr):
         """y[pair] = round(round(act[j] @ D_e.T) · w_route[pair]) for the run's pairs j."""
         mma: gl.constexpr = _acc_layout(WARPS)
         wl: gl.constexpr = _operand_layout(0, WARPS)
         xl: gl.constexpr = _operand_layout(1, WARPS)
         p = gl.program_id(0)
         hb = gl.program_id(1)
-        e, owner, in_run, j, _pair_x = _run(sorted_e_ptr, sorted_pair_ptr, p, P, E_local, gl.SliceLayout(0, xl))
+        e, owner, in_run, j, _pair_x = _run(sorted_e_ptr, sorted_pair_ptr, run_start_ptr, p, P, E_local, BLOCK_R,
+                                            gl.SliceLayout(0, xl))
         rh = hb * BLOCK_HO + gl.arange(0, BLOCK_HO, layout=gl.SliceLayout(1, wl))
         kw, kx = _k_lanes(WARPS)
         d_rows = d_ptr + e.to(gl.int64) * H * I + rh[:, None] * I
         a_rows = act_ptr + j[None, :] * I
         s_off = e * num_sb_h * num_sb_i + ((hb * BLOCK_HO) // 128) * num_sb_i
-        acc = gl.zeros([BLOCK_HO, 8], gl.float32, layout=mma)
+        acc = gl.zeros([BLOCK_HO, BLOCK_R], gl.float32, layout=mma)
         kb_end = gl.where(owner, num_sb_i, 0)
         for kb in range(0, kb_end, SUB):
             for s in gl.static_range(SUB):
@@ -339,11 +343,11 @@ if HAVE_GLUON:
                 wd = gl.load(d_rows + (k + kw)[None, :], mask=(rh[:, None] < H) & live, other=0.0,
                              eviction_policy="evict_first")
                 a = gl.load(a_rows + (k + kx)[:, None], mask=in_run[None, :] & live, other=0.0)
-                acc += mma_v2(_to_bf16(wd, BITS), a, gl.zeros([BLOCK_HO, 8], gl.float32, layout=mma)) * gl.load(
+                acc += mma_v2(_to_bf16(wd, BITS), a, gl.zeros([BLOCK_HO, BLOCK_R], gl.float32, layout=mma)) * gl.load(
                     ds_ptr + s_off + kb + s, mask=live, other=0.0)
         if owner:
-            _e_o, _owner_o, in_run_o, _j_o, pair_o = _run(sorted_e_ptr, sorted_pair_ptr, p, P, E_local,
-                                                       gl.SliceLayout(0, mma))
+            _e_o, _owner_o, in_run_o, _j_o, pair_o = _run(sorted_e_ptr, sorted_pair_ptr, run_start_ptr, p, P,
+                                                          E_local, BLOCK_R, gl.SliceLayout(0, mma))
             ho = hb * BLOCK_HO + gl.arange(0, BLOCK_HO, layout=gl.SliceLayout(1, mma))
             dt: gl.constexpr = y_ptr.dtype.element_ty
             w = gl.load(w_route_ptr + pair_o, mask=in_run_o, other=0.0)
@@ -352,8 +356,15 @@ if HAVE_GLUON:
 
 
 def moe_usable(x: torch.Tensor, gate: torch.Tensor, has_scale: bool) -> bool:
-    """The Gluon expert kernels apply: ``_rows_fit`` for x [N, H], FP8 experts with H and I multiples of 128."""
-    return has_scale and x.shape[1] % 128 == 0 and gate.shape[1] % 128 == 0 and _rows_fit(x)
+    """The Gluon expert kernels apply: ``_rows_fit`` for x [N, H] but up to MOE_MAX_ROWS rows, FP8 experts with H
+    and I multiples of 128."""
+    return has_scale and x.shape[1] % 128 == 0 and gate.shape[1] % 128 == 0 and _rows_fit(x, MOE_MAX_ROWS)
+
+
+def run_rows(rows: int) -> int:
+    """Pairs of an expert's run one program takes (the mma's N side): 8 up to 8 rows (a run is never longer),
+    else 16 — longer runs go in chunks of 16, each its own program's (as triton_moe.RUN_ROWS)."""
+    return 8 if rows <= 8 else 16
 
 
 def moe_tile(H: int, I: int, experts_hit: int, sms: int) -> MoeTile:
@@ -371,27 +382,30 @@ def moe_tile(H: int, I: int, experts_hit: int, sms: int) -> MoeTile:
 
 def moe_gemms(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, gate_s: torch.Tensor,
               up_s: torch.Tensor, down_s: torch.Tensor, topk_w: torch.Tensor, sorted_e: torch.Tensor,
-              sorted_pair: torch.Tensor, act: torch.Tensor, y: torch.Tensor, k: int, E_local: int,
-              counters: torch.Tensor, tile: MoeTile | None = None) -> None:
-    """The gate/up and down launches of triton_moe.fused_moe for 2..MAX_ROWS rows: act [P, I] and y [P, H]
-    of the sorted pairs (P = N·k), as its Triton tile kernels write them."""
+              sorted_pair: torch.Tensor, run_start: torch.Tensor, act: torch.Tensor, y: torch.Tensor, k: int,
+              E_local: int, counters: torch.Tensor, tile: MoeTile | None = None) -> None:
+    """The gate/up and down launches of triton_moe.fused_moe for 2..MOE_MAX_ROWS rows: act [P, I] and y [P, H]
+    of the sorted pairs (P = N·k; ``run_start``: where each sorted pair's run starts, from route_pairs), as its
+    Triton tile kernels write them."""
     N, H = x.shape
     I = gate.shape[1]
     P = N * k
     tile = tile or moe_tile(H, I, min(P, E_local), num_sms())
+    block_r = run_rows(N)
     num_sb_h, num_sb_i = H // 128, I // 128
     per_split = triton.cdiv(triton.cdiv(num_sb_h, tile.split), tile.sub) * tile.sub
     split = triton.cdiv(num_sb_h, per_split)
     n_ib = triton.cdiv(I, tile.block_i)
     if split > 1:
-        part = torch.empty(P * n_ib * split * 2 * tile.block_i * 8, dtype=torch.float32, device=x.device)
+        part = torch.empty(P * n_ib * split * 2 * tile.block_i * block_r, dtype=torch.float32, device=x.device)
         assert P * n_ib <= counters.numel()
     else:
         part = counters
     _moe_gate_up_kernel[(P, n_ib, split)](
-        x, gate, up, gate_s, up_s, sorted_e, sorted_pair, act, part, counters, P, E_local, H, I, num_sb_h, num_sb_i,
-        per_split, TOPK=k, BLOCK_I=tile.block_i, SUB=tile.sub, WARPS=tile.gu_warps, SPLIT=split > 1, BITS=True,
-        num_warps=tile.gu_warps)
+        x, gate, up, gate_s, up_s, sorted_e, sorted_pair, run_start, act, part, counters, P, E_local, H, I, num_sb_h,
+        num_sb_i, per_split, TOPK=k, BLOCK_I=tile.block_i, BLOCK_R=block_r, SUB=tile.sub, WARPS=tile.gu_warps,
+        SPLIT=split > 1, BITS=True, num_warps=tile.gu_warps)
     _moe_down_kernel[(P, triton.cdiv(H, tile.block_ho))](
-        act, down, down_s, topk_w, sorted_e, sorted_pair, y, P, E_local, H, I, num_sb_h, num_sb_i,
-        BLOCK_HO=tile.block_ho, SUB=tile.sub, WARPS=tile.dn_warps, BITS=True, num_warps=tile.dn_warps)
+        act, down, down_s, topk_w, sorted_e, sorted_pair, run_start, y, P, E_local, H, I, num_sb_h, num_sb_i,
+        BLOCK_HO=tile.block_ho, BLOCK_R=block_r, SUB=tile.sub, WARPS=tile.dn_warps, BITS=True,
+        num_warps=tile.dn_warps)

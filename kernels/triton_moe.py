@@ -442,7 +442,7 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
     block_r = min(max(16, next_pow2(N)), RUN_ROWS)
     if isinstance(tiles, gluon_rows.MoeTile) or (tiles is None and gluon_rows.moe_usable(x, gate, has_scale)):
         gluon_rows.moe_gemms(x, gate, up, down, gate_s, up_s, down_s, topk_w.float().contiguous(), sorted_e,
-                             sorted_pair, act, y, k, E_local, tile_counters(x.device), tiles)
+                             sorted_pair, run_start, act, y, k, E_local, tile_counters(x.device), tiles)
         return _plus_shared(_combine(y, order, valid, out, N, H, k), x, shared)
     fuse = N == 1 and shared is not None and _fusable(shared, gate, down, has_scale)
     gu, dn = tiles or expert_tiles(N, H, I, shared_fused=fuse)
