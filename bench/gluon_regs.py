@@ -73,7 +73,7 @@ def main() -> None:
                        "BITS": True}, warps))
     for (bo, warps), br in itertools.product(((128, 8), (64, 4)), (8, 16)):
         cases.append((f"moe down {bo}/{warps}w, runs of {br}", G._moe_down_kernel, DOWN_SIG,
-                      {"BLOCK_HO": bo, "BLOCK_R": br, "SUB": 2, "WARPS": warps, "BITS": True}, warps))
+                      {"BLOCK_HO": bo, "HO_ITERS": 1, "BLOCK_R": br, "SUB": 2, "WARPS": warps, "BITS": True}, warps))
     print(f"triton {triton.__version__}, sm_90\n")
     print("| kernel | registers | CTAs / SM (by registers) | local (spill) bytes | shared bytes | SASS | LDG | HMMA | BAR |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")

@@ -227,13 +227,16 @@ def fp8_linear_rows(x2: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor,
 @dataclass(frozen=True)
 class MoeTile:
     """gate/up: BLOCK_I expert outputs a program, H split over ``split`` programs (narrow experts have few
-    tiles to spread); down: BLOCK_HO outputs a program; both SUB 128-wide K blocks a step."""
+    tiles to spread); down: ``ho_iters`` tiles of BLOCK_HO outputs a program; both SUB 128-wide K blocks a step;
+    ``block_r``: pairs of a run a program takes (0: ``run_rows``)."""
     block_i: int
     split: int
     block_ho: int
     sub: int = 2
     gu_warps: int = 4
     dn_warps: int = 4
+    block_r: int = 0
+    ho_iters: int = 1
 
 
 if HAVE_GLUON:
@@ -319,38 +322,39 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _moe_down_kernel(act_ptr, d_ptr, ds_ptr, w_route_ptr, sorted_e_ptr, sorted_pair_ptr, run_start_ptr, y_ptr, P,
-                         E_local, H, I, num_sb_h, num_sb_i, BLOCK_HO: gl.constexpr, BLOCK_R: gl.constexpr,
-                         SUB: gl.constexpr, WARPS: gl.constexpr, BITS: gl.constexpr):
-        """y[pair] = round(round(act[j] @ D_e.T) · w_route[pair]) for the run's pairs j."""
+                         E_local, H, I, num_sb_h, num_sb_i, BLOCK_HO: gl.constexpr, HO_ITERS: gl.constexpr,
+                         BLOCK_R: gl.constexpr, SUB: gl.constexpr, WARPS: gl.constexpr, BITS: gl.constexpr):
+        """y[pair] = round(round(act[j] @ D_e.T) · w_route[pair]) for the run's pairs j, HO_ITERS tiles of BLOCK_HO
+        outputs a program (a narrow expert's tile is only I deep)."""
         mma: gl.constexpr = _acc_layout(WARPS)
         wl: gl.constexpr = _operand_layout(0, WARPS)
         xl: gl.constexpr = _operand_layout(1, WARPS)
         p = gl.program_id(0)
-        hb = gl.program_id(1)
         e, owner, in_run, j, _pair_x = _run(sorted_e_ptr, sorted_pair_ptr, run_start_ptr, p, P, E_local, BLOCK_R,
                                             gl.SliceLayout(0, xl))
-        rh = hb * BLOCK_HO + gl.arange(0, BLOCK_HO, layout=gl.SliceLayout(1, wl))
+        _e_o, _owner_o, in_run_o, _j_o, pair_o = _run(sorted_e_ptr, sorted_pair_ptr, run_start_ptr, p, P, E_local,
+                                                      BLOCK_R, gl.SliceLayout(0, mma))
         kw, kx = _k_lanes(WARPS)
-        d_rows = d_ptr + e.to(gl.int64) * H * I + rh[:, None] * I
         a_rows = act_ptr + j[None, :] * I
-        s_off = e * num_sb_h * num_sb_i + ((hb * BLOCK_HO) // 128) * num_sb_i
-        acc = gl.zeros([BLOCK_HO, BLOCK_R], gl.float32, layout=mma)
         kb_end = gl.where(owner, num_sb_i, 0)
-        for kb in range(0, kb_end, SUB):
-            for s in gl.static_range(SUB):
-                k = (kb + s) * 128
-                live = kb + s < kb_end
-                wd = gl.load(d_rows + (k + kw)[None, :], mask=(rh[:, None] < H) & live, other=0.0,
-                             eviction_policy="evict_first")
-                a = gl.load(a_rows + (k + kx)[:, None], mask=in_run[None, :] & live, other=0.0)
-                acc += mma_v2(_to_bf16(wd, BITS), a, gl.zeros([BLOCK_HO, BLOCK_R], gl.float32, layout=mma)) * gl.load(
-                    ds_ptr + s_off + kb + s, mask=live, other=0.0)
-        if owner:
-            _e_o, _owner_o, in_run_o, _j_o, pair_o = _run(sorted_e_ptr, sorted_pair_ptr, run_start_ptr, p, P,
-                                                          E_local, BLOCK_R, gl.SliceLayout(0, mma))
+        dt: gl.constexpr = y_ptr.dtype.element_ty
+        w = gl.load(w_route_ptr + pair_o, mask=in_run_o, other=0.0)
+        for t in range(HO_ITERS):
+            hb = gl.program_id(1) * HO_ITERS + t
+            rh = hb * BLOCK_HO + gl.arange(0, BLOCK_HO, layout=gl.SliceLayout(1, wl))
+            d_rows = d_ptr + e.to(gl.int64) * H * I + rh[:, None] * I
+            s_off = e * num_sb_h * num_sb_i + ((hb * BLOCK_HO) // 128) * num_sb_i
+            acc = gl.zeros([BLOCK_HO, BLOCK_R], gl.float32, layout=mma)
+            for kb in range(0, kb_end, SUB):
+                for s in gl.static_range(SUB):
+                    k = (kb + s) * 128
+                    live = kb + s < kb_end
+                    wd = gl.load(d_rows + (k + kw)[None, :], mask=(rh[:, None] < H) & live, other=0.0,
+                                 eviction_policy="evict_first")
+                    a = gl.load(a_rows + (k + kx)[:, None], mask=in_run[None, :] & live, other=0.0)
+                    acc += mma_v2(_to_bf16(wd, BITS), a, gl.zeros([BLOCK_HO, BLOCK_R], gl.float32, layout=mma)) * \
+                        gl.load(ds_ptr + s_off + kb + s, mask=live, other=0.0)
             ho = hb * BLOCK_HO + gl.arange(0, BLOCK_HO, layout=gl.SliceLayout(1, mma))
-            dt: gl.constexpr = y_ptr.dtype.element_ty
-            w = gl.load(w_route_ptr + pair_o, mask=in_run_o, other=0.0)
             y = (acc.to(dt).to(gl.float32) * w[None, :]).to(dt)
             gl.store(y_ptr + pair_o[None, :] * H + ho[:, None], y, mask=in_run_o[None, :] & (ho[:, None] < H))
 
@@ -391,7 +395,7 @@ def moe_gemms(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch
     I = gate.shape[1]
     P = N * k
     tile = tile or moe_tile(H, I, min(P, E_local), num_sms())
-    block_r = run_rows(N)
+    block_r = tile.block_r or run_rows(N)
     num_sb_h, num_sb_i = H // 128, I // 128
     per_split = triton.cdiv(triton.cdiv(num_sb_h, tile.split), tile.sub) * tile.sub
     split = triton.cdiv(num_sb_h, per_split)
@@ -405,7 +409,8 @@ def moe_gemms(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch
         x, gate, up, gate_s, up_s, sorted_e, sorted_pair, run_start, act, part, counters, P, E_local, H, I, num_sb_h,
         num_sb_i, per_split, TOPK=k, BLOCK_I=tile.block_i, BLOCK_R=block_r, SUB=tile.sub, WARPS=tile.gu_warps,
         SPLIT=split > 1, BITS=True, num_warps=tile.gu_warps)
-    _moe_down_kernel[(P, triton.cdiv(H, tile.block_ho))](
+    assert H % (tile.block_ho * tile.ho_iters) == 0
+    _moe_down_kernel[(P, H // (tile.block_ho * tile.ho_iters))](
         act, down, down_s, topk_w, sorted_e, sorted_pair, run_start, y, P, E_local, H, I, num_sb_h, num_sb_i,
-        BLOCK_HO=tile.block_ho, BLOCK_R=block_r, SUB=tile.sub, WARPS=tile.dn_warps, BITS=True,
+        BLOCK_HO=tile.block_ho, HO_ITERS=tile.ho_iters, BLOCK_R=block_r, SUB=tile.sub, WARPS=tile.dn_warps, BITS=True,
         num_warps=tile.dn_warps)
