@@ -272,9 +272,9 @@ def write_report(results, hf, read_bw, out: Path) -> None:
              "", "1 dense + 3 MoE layers (indexer full,full,full,shared), FP8 block weights, bf16 activations and "
              "KV, index_topk 2048; step = forward + lm_head (vocab 154880). Floor = bytes read / "
              f"{read_bw / 1e12:.2f} TB/s (measured read stream). 'shard' = MoE and dense MLP at 1/8 width "
-             "(one rank of 8, tp). 'rank of dp 8' = that shard as one rank of an 8-rank step with one row a rank: "
-             "attention and lm_head over its own row, the MoE and dense MLP over all 8 ranks' rows (the other 7 "
-             "random, routed apart), the AG/RS communication itself not included. Times in ms (median, CUDA "
+             "(one rank of 8, tp). 'rank of dp 8' = that shard as one rank of an 8-rank step with 1 or 8 rows a rank: "
+             "attention and lm_head over its own rows, the MoE and dense MLP over all 8 ranks' rows (the other 7 "
+             "ranks' random, routed apart), the AG/RS communication itself not included. Times in ms (median, CUDA "
              "events). 'auto (graph)' is the runner's decode path: "
              "a replay of the step's CUDA graph (workers/graphs.py, paged block tables) + the eager lm_head; "
              "'stage' is the host time to copy the step into the graph's buffers (not overlapped); 'capture' the "
@@ -364,8 +364,8 @@ def main() -> None:
         shard = build_model(cfg, MoeShard(0, 8, "tp"))
         modes = [m for m in args.modes if m != "reference"]
         bench_model(shard, cfg, cache, "shard 1/8", [4096], [1, 8], modes, read_bw, results)
-        shard.set_comm(OtherRanks(8, cfg.hidden_size))     # one rank of 8, each with one row: MoE over 8 rows
-        bench_model(shard, cfg, cache, "rank of dp 8", [4096], [1], modes, read_bw, results)
+        shard.set_comm(OtherRanks(8, cfg.hidden_size))     # one rank of 8, 1 or 8 rows each: MoE over 8 or 64 rows
+        bench_model(shard, cfg, cache, "rank of dp 8", [4096], [1, 8], modes, read_bw, results)
         del shard
     del cache
     torch.cuda.empty_cache()

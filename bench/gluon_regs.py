@@ -13,7 +13,6 @@ other register counts. To see 3.6's here: ``pip install --target /tmp/tr36 --no-
 from __future__ import annotations
 
 import collections
-import itertools
 import re
 import subprocess
 import tempfile
@@ -67,13 +66,13 @@ def main() -> None:
         cases.append((f"rows {bn}/{sub}/{warps}w", G._rows_kernel, ROWS_SIG,
                       {"BLOCK_N": bn, "BLOCK_M": 8, "SUB": sub, "WARPS": warps, "SPLIT": True, "BITS": True,
                        "EVEN_K": True}, warps))
-    for (bi, warps, split), br in itertools.product(((128, 8, False), (64, 4, True)), (8, 16)):   # moe_tile's
-        cases.append((f"moe gate/up {bi}/{warps}w, runs of {br}", G._moe_gate_up_kernel, GATE_UP_SIG,
-                      {"TOPK": 8, "BLOCK_I": bi, "BLOCK_R": br, "SUB": 2, "WARPS": warps, "SPLIT": split,
+    for bi, warps, split in ((128, 8, False), (64, 4, True)):   # moe_tile's wide and narrow launches
+        cases.append((f"moe gate/up {bi}/{warps}w", G._moe_gate_up_kernel, GATE_UP_SIG,
+                      {"TOPK": 8, "BLOCK_I": bi, "BLOCK_R": G.RUN_PAIRS, "SUB": 2, "WARPS": warps, "SPLIT": split,
                        "BITS": True}, warps))
-    for (bo, warps), br in itertools.product(((128, 8), (64, 4)), (8, 16)):
-        cases.append((f"moe down {bo}/{warps}w, runs of {br}", G._moe_down_kernel, DOWN_SIG,
-                      {"BLOCK_HO": bo, "HO_ITERS": 1, "BLOCK_R": br, "SUB": 2, "WARPS": warps, "BITS": True}, warps))
+    for bo, warps in ((128, 8), (64, 4)):
+        cases.append((f"moe down {bo}/{warps}w", G._moe_down_kernel, DOWN_SIG,
+                      {"BLOCK_HO": bo, "BLOCK_R": G.RUN_PAIRS, "SUB": 2, "WARPS": warps, "BITS": True}, warps))
     print(f"triton {triton.__version__}, sm_90\n")
     print("| kernel | registers | CTAs / SM (by registers) | local (spill) bytes | shared bytes | SASS | LDG | HMMA | BAR |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")

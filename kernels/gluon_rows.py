@@ -49,7 +49,8 @@ except ImportError:                            # pragma: no cover - another trit
     HAVE_GLUON = False
 
 MAX_ROWS = 8
-MOE_MAX_ROWS = 64       # the expert kernels: a graph step's MoE (triton_moe.FUSED_MAX_ROWS), runs in chunks of 16
+MOE_MAX_ROWS = 64       # the expert kernels: up to a graph step's MoE (triton_moe.FUSED_MAX_ROWS)
+RUN_PAIRS = 8           # pairs of an expert's run a program takes (the mma's N side); a longer run goes in chunks
 
 # Four e4m3 bytes of one register → two bf16x2 registers (elements 0..3 in order): each byte placed in the
 # high byte of a 16-bit lane (prmt), its 7 exponent+mantissa bits shifted down by 4 into bf16's fields, its
@@ -227,16 +228,13 @@ def fp8_linear_rows(x2: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor,
 @dataclass(frozen=True)
 class MoeTile:
     """gate/up: BLOCK_I expert outputs a program, H split over ``split`` programs (narrow experts have few
-    tiles to spread); down: ``ho_iters`` tiles of BLOCK_HO outputs a program; both SUB 128-wide K blocks a step;
-    ``block_r``: pairs of a run a program takes (0: ``run_rows``)."""
+    tiles to spread); down: BLOCK_HO outputs a program; both SUB 128-wide K blocks a step."""
     block_i: int
     split: int
     block_ho: int
     sub: int = 2
     gu_warps: int = 4
     dn_warps: int = 4
-    block_r: int = 0
-    ho_iters: int = 1
 
 
 if HAVE_GLUON:
@@ -322,39 +320,38 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _moe_down_kernel(act_ptr, d_ptr, ds_ptr, w_route_ptr, sorted_e_ptr, sorted_pair_ptr, run_start_ptr, y_ptr, P,
-                         E_local, H, I, num_sb_h, num_sb_i, BLOCK_HO: gl.constexpr, HO_ITERS: gl.constexpr,
-                         BLOCK_R: gl.constexpr, SUB: gl.constexpr, WARPS: gl.constexpr, BITS: gl.constexpr):
-        """y[pair] = round(round(act[j] @ D_e.T) · w_route[pair]) for the run's pairs j, HO_ITERS tiles of BLOCK_HO
-        outputs a program (a narrow expert's tile is only I deep)."""
+                         E_local, H, I, num_sb_h, num_sb_i, BLOCK_HO: gl.constexpr, BLOCK_R: gl.constexpr,
+                         SUB: gl.constexpr, WARPS: gl.constexpr, BITS: gl.constexpr):
+        """y[pair] = round(round(act[j] @ D_e.T) · w_route[pair]) for the run's pairs j."""
         mma: gl.constexpr = _acc_layout(WARPS)
         wl: gl.constexpr = _operand_layout(0, WARPS)
         xl: gl.constexpr = _operand_layout(1, WARPS)
         p = gl.program_id(0)
+        hb = gl.program_id(1)
         e, owner, in_run, j, _pair_x = _run(sorted_e_ptr, sorted_pair_ptr, run_start_ptr, p, P, E_local, BLOCK_R,
                                             gl.SliceLayout(0, xl))
-        _e_o, _owner_o, in_run_o, _j_o, pair_o = _run(sorted_e_ptr, sorted_pair_ptr, run_start_ptr, p, P, E_local,
-                                                      BLOCK_R, gl.SliceLayout(0, mma))
+        rh = hb * BLOCK_HO + gl.arange(0, BLOCK_HO, layout=gl.SliceLayout(1, wl))
         kw, kx = _k_lanes(WARPS)
+        d_rows = d_ptr + e.to(gl.int64) * H * I + rh[:, None] * I
         a_rows = act_ptr + j[None, :] * I
+        s_off = e * num_sb_h * num_sb_i + ((hb * BLOCK_HO) // 128) * num_sb_i
+        acc = gl.zeros([BLOCK_HO, BLOCK_R], gl.float32, layout=mma)
         kb_end = gl.where(owner, num_sb_i, 0)
-        dt: gl.constexpr = y_ptr.dtype.element_ty
-        w = gl.load(w_route_ptr + pair_o, mask=in_run_o, other=0.0)
-        for t in range(HO_ITERS):
-            hb = gl.program_id(1) * HO_ITERS + t
-            rh = hb * BLOCK_HO + gl.arange(0, BLOCK_HO, layout=gl.SliceLayout(1, wl))
-            d_rows = d_ptr + e.to(gl.int64) * H * I + rh[:, None] * I
-            s_off = e * num_sb_h * num_sb_i + ((hb * BLOCK_HO) // 128) * num_sb_i
-            acc = gl.zeros([BLOCK_HO, BLOCK_R], gl.float32, layout=mma)
-            for kb in range(0, kb_end, SUB):
-                for s in gl.static_range(SUB):
-                    k = (kb + s) * 128
-                    live = kb + s < kb_end
-                    wd = gl.load(d_rows + (k + kw)[None, :], mask=(rh[:, None] < H) & live, other=0.0,
-                                 eviction_policy="evict_first")
-                    a = gl.load(a_rows + (k + kx)[:, None], mask=in_run[None, :] & live, other=0.0)
-                    acc += mma_v2(_to_bf16(wd, BITS), a, gl.zeros([BLOCK_HO, BLOCK_R], gl.float32, layout=mma)) * \
-                        gl.load(ds_ptr + s_off + kb + s, mask=live, other=0.0)
+        for kb in range(0, kb_end, SUB):
+            for s in gl.static_range(SUB):
+                k = (kb + s) * 128
+                live = kb + s < kb_end
+                wd = gl.load(d_rows + (k + kw)[None, :], mask=(rh[:, None] < H) & live, other=0.0,
+                             eviction_policy="evict_first")
+                a = gl.load(a_rows + (k + kx)[:, None], mask=in_run[None, :] & live, other=0.0)
+                acc += mma_v2(_to_bf16(wd, BITS), a, gl.zeros([BLOCK_HO, BLOCK_R], gl.float32, layout=mma)) * gl.load(
+                    ds_ptr + s_off + kb + s, mask=live, other=0.0)
+        if owner:
+            _e_o, _owner_o, in_run_o, _j_o, pair_o = _run(sorted_e_ptr, sorted_pair_ptr, run_start_ptr, p, P,
+                                                          E_local, BLOCK_R, gl.SliceLayout(0, mma))
             ho = hb * BLOCK_HO + gl.arange(0, BLOCK_HO, layout=gl.SliceLayout(1, mma))
+            dt: gl.constexpr = y_ptr.dtype.element_ty
+            w = gl.load(w_route_ptr + pair_o, mask=in_run_o, other=0.0)
             y = (acc.to(dt).to(gl.float32) * w[None, :]).to(dt)
             gl.store(y_ptr + pair_o[None, :] * H + ho[:, None], y, mask=in_run_o[None, :] & (ho[:, None] < H))
 
@@ -365,18 +362,18 @@ def moe_usable(x: torch.Tensor, gate: torch.Tensor, has_scale: bool) -> bool:
     return has_scale and x.shape[1] % 128 == 0 and gate.shape[1] % 128 == 0 and _rows_fit(x, MOE_MAX_ROWS)
 
 
-def run_rows(rows: int) -> int:
-    """Pairs of an expert's run one program takes (the mma's N side): 8 up to 8 rows (a run is never longer),
-    else 16 — longer runs go in chunks of 16, each its own program's (as triton_moe.RUN_ROWS)."""
-    return 8 if rows <= 8 else 16
-
-
-def moe_tile(H: int, I: int, experts_hit: int, sms: int) -> MoeTile:
+def moe_tile(H: int, I: int, experts_hit: int, sms: int, rows: int = 8) -> MoeTile:
     """The launch measured best on H200 at 8 rows of 256 experts (``bench/rows_gemm.py --moe``,
     bench/results/session9/call6, call7). Wide experts (I ≥ 1024): 128 outputs a program on 8 warps for gate/up
     and down, H unsplit (I 2048: 681 → 567–610 µs against the Triton tile kernels). A tp shard's narrow
     experts have few gate/up tiles: 64 outputs on 4 warps, H split to ~16 programs per SM, ≥ 4 K blocks each
-    (I 256: split 3 / 5 / 10 = 107 / 102 / 99 µs in one run, against 120 for the Triton tile kernels)."""
+    (I 256: split 3 / 5 / 10 = 107 / 102 / 99 µs in one run, against 120 for the Triton tile kernels).
+    Past 8 rows (16–64, bench/results/session18/call2): gate/up 128 outputs on 8 warps, H unsplit; down 64 on 4
+    warps, for both widths — within 3 % of each case's best of 32 launches on average (I 2048, 16 / 32 / 64 rows:
+    1102 / 1866 / 2499 µs against the Triton tile kernels' 1274 / 2032 / 2751; I 256: 165 / 276 / 433 against
+    207 / 318 / 542)."""
+    if rows > 8:
+        return MoeTile(128, 1, 64, sub=2, gu_warps=8, dn_warps=4)
     if I >= 1024:
         return MoeTile(128, 1, 128, sub=2, gu_warps=8, dn_warps=8)
     tiles = experts_hit * triton.cdiv(I, 64)
@@ -394,23 +391,21 @@ def moe_gemms(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch
     N, H = x.shape
     I = gate.shape[1]
     P = N * k
-    tile = tile or moe_tile(H, I, min(P, E_local), num_sms())
-    block_r = tile.block_r or run_rows(N)
+    tile = tile or moe_tile(H, I, min(P, E_local), num_sms(), N)
     num_sb_h, num_sb_i = H // 128, I // 128
     per_split = triton.cdiv(triton.cdiv(num_sb_h, tile.split), tile.sub) * tile.sub
     split = triton.cdiv(num_sb_h, per_split)
     n_ib = triton.cdiv(I, tile.block_i)
     if split > 1:
-        part = torch.empty(P * n_ib * split * 2 * tile.block_i * block_r, dtype=torch.float32, device=x.device)
+        part = torch.empty(P * n_ib * split * 2 * tile.block_i * RUN_PAIRS, dtype=torch.float32, device=x.device)
         assert P * n_ib <= counters.numel()
     else:
         part = counters
     _moe_gate_up_kernel[(P, n_ib, split)](
         x, gate, up, gate_s, up_s, sorted_e, sorted_pair, run_start, act, part, counters, P, E_local, H, I, num_sb_h,
-        num_sb_i, per_split, TOPK=k, BLOCK_I=tile.block_i, BLOCK_R=block_r, SUB=tile.sub, WARPS=tile.gu_warps,
+        num_sb_i, per_split, TOPK=k, BLOCK_I=tile.block_i, BLOCK_R=RUN_PAIRS, SUB=tile.sub, WARPS=tile.gu_warps,
         SPLIT=split > 1, BITS=True, num_warps=tile.gu_warps)
-    assert H % (tile.block_ho * tile.ho_iters) == 0
-    _moe_down_kernel[(P, H // (tile.block_ho * tile.ho_iters))](
+    _moe_down_kernel[(P, triton.cdiv(H, tile.block_ho))](
         act, down, down_s, topk_w, sorted_e, sorted_pair, run_start, y, P, E_local, H, I, num_sb_h, num_sb_i,
-        BLOCK_HO=tile.block_ho, HO_ITERS=tile.ho_iters, BLOCK_R=block_r, SUB=tile.sub, WARPS=tile.dn_warps, BITS=True,
+        BLOCK_HO=tile.block_ho, BLOCK_R=RUN_PAIRS, SUB=tile.sub, WARPS=tile.dn_warps, BITS=True,
         num_warps=tile.dn_warps)

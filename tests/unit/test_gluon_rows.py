@@ -59,13 +59,11 @@ if not gluon_rows.HAVE_GLUON:
     raise SystemExit
 cases = [(gluon_rows._rows_kernel, regs.ROWS_SIG, {"BLOCK_N": 128, "BLOCK_M": 8, "SUB": 4, "WARPS": 8, "SPLIT": True,
                                                      "BITS": True, "EVEN_K": False}, 8),
-         *((gluon_rows._moe_gate_up_kernel, regs.GATE_UP_SIG, {"TOPK": 8, "BLOCK_I": 64, "BLOCK_R": r, "SUB": 2,
-                                                               "WARPS": 4, "SPLIT": True, "BITS": True}, 4)
-           for r in (8, 16)),
-         *((gluon_rows._moe_down_kernel, regs.DOWN_SIG, {"BLOCK_HO": 128, "HO_ITERS": 1, "BLOCK_R": r, "SUB": 2,
-                                                         "WARPS": 8, "BITS": True}, 8) for r in (8, 16))]
-print(json.dumps({f"{fn.__name__} {c.get('BLOCK_R', '')}": regs.inspect(fn, sig, c, warps)
-                  for fn, sig, c, warps in cases}))
+         (gluon_rows._moe_gate_up_kernel, regs.GATE_UP_SIG, {"TOPK": 8, "BLOCK_I": 64, "BLOCK_R": 8, "SUB": 2,
+                                                              "WARPS": 4, "SPLIT": True, "BITS": True}, 4),
+         (gluon_rows._moe_down_kernel, regs.DOWN_SIG, {"BLOCK_HO": 128, "BLOCK_R": 8, "SUB": 2, "WARPS": 8,
+                                                        "BITS": True}, 8)]
+print(json.dumps({fn.__name__: regs.inspect(fn, sig, constexprs, warps) for fn, sig, constexprs, warps in cases}))
 """
 
 
