@@ -368,12 +368,14 @@ def moe_tile(H: int, I: int, experts_hit: int, sms: int, rows: int = 8) -> MoeTi
     and down, H unsplit (I 2048: 681 → 567–610 µs against the Triton tile kernels). A tp shard's narrow
     experts have few gate/up tiles: 64 outputs on 4 warps, H split to ~16 programs per SM, ≥ 4 K blocks each
     (I 256: split 3 / 5 / 10 = 107 / 102 / 99 µs in one run, against 120 for the Triton tile kernels).
-    Past 8 rows (16–64, bench/results/session18/call2): gate/up 128 outputs on 8 warps, H unsplit; down 64 on 4
-    warps, for both widths — within 3 % of each case's best of 32 launches on average (I 2048, 16 / 32 / 64 rows:
-    1102 / 1866 / 2499 µs against the Triton tile kernels' 1274 / 2032 / 2751; I 256: 165 / 276 / 433 against
-    207 / 318 / 542)."""
+    Past 8 rows (16–64; bench/results/session18/, calls 2–3): gate/up 128 outputs on 8 warps, H unsplit; down 64
+    outputs on 4 warps, 128 on 8 for wide experts from 32 rows (I 2048, 32 / 64 rows: 1613–1748 / 2438–2459 µs
+    against 1648–1866 / 2499–2512 with 64). In all, I 2048 at 16 / 32 / 64 rows: 972–1102 / 1613–1748 / 2438–2459
+    µs against the Triton tile kernels' 1118–1274 / 1872–2032 / 2751–2836; I 256: 154–165 / 276–277 / 432 against
+    185–207 / 318–330 / 542–548 (two calls each)."""
     if rows > 8:
-        return MoeTile(128, 1, 64, sub=2, gu_warps=8, dn_warps=4)
+        wide = I >= 1024 and rows >= 32
+        return MoeTile(128, 1, 128 if wide else 64, sub=2, gu_warps=8, dn_warps=8 if wide else 4)
     if I >= 1024:
         return MoeTile(128, 1, 128, sub=2, gu_warps=8, dn_warps=8)
     tiles = experts_hit * triton.cdiv(I, 64)
