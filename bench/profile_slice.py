@@ -1,7 +1,7 @@
 """Where a decode step of the GLM-5.2-width slice spends its time on the runner's graph path (replay of
 ``workers/graphs.py`` + the lm_head): per-kernel CUDA time (torch.profiler), grouped by kernel name.
 
-    PYTHONPATH=. python bench/profile_slice.py [--ctx 4096] [--rows 1 8] [--shard]
+    PYTHONPATH=. python bench/profile_slice.py [--ctx 4096] [--rows 1 8] [--shard [--dp]]
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench.decode_slice import BF16, BLOCK, DEV, SLICE, build_model, decode_graphs
+from bench.decode_slice import BF16, BLOCK, DEV, SLICE, OtherRanks, build_model, decode_graphs
 from kernels import ops
 from models.cache import KVCache
 from models.config import ModelConfig
@@ -42,12 +42,16 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--shard", action="store_true", help="MoE and dense MLP at 1/8 width (one tp rank of 8)")
+    ap.add_argument("--dp", action="store_true", help="with --shard: the MLPs over 8 ranks' rows (decode_slice's "
+                    "'rank of dp 8')")
     args = ap.parse_args()
     cfg = ModelConfig.from_dict(dict(SLICE))
     cache = KVCache(cfg, 8 * (args.ctx + BLOCK) + BLOCK, BF16, DEV)     # + a block for the pad slot
     for t in cache.kv + [k for k in cache.index_k if k is not None]:
         t.normal_()
     model = build_model(cfg, MoeShard(0, 8, "tp") if args.shard else MoeShard())
+    if args.dp:
+        model.set_comm(OtherRanks(8, cfg.hidden_size))
     ops.configure("auto", DEV)
     per_req = cache.num_slots // 8 // BLOCK
     graphs = decode_graphs(model, cache)
