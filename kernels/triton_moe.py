@@ -9,8 +9,8 @@ next_pow2(N) rows was 2–2.8× slower from 24 rows on: bench/moe_prefill.py --f
 Programs on the other pairs exit at once, so the grid has a static size and no host sync (graph-capturable:
 a graph step's MoE in 8 ranks takes up to 64 rows). Four launches:
 
-0. route: one program ranks the pairs by (local expert, pair) with a [P, P] comparison (P = N·k), giving
-   the sorted pairs, each row's slots in expert-id order, the valid mask and each run's start — the stable
+0. route: each pair's rank by (local expert, pair) among all P = N·k (a [P, P] comparison, a program per
+   ROUTE_BLOCK pairs), giving the sorted pairs, each row's slots in expert-id order, the valid mask and each run's start — the stable
    sorts of the reference, without torch's sort launches.
 1. gate/up: ``act = silu(x @ G.T) * (x @ U.T)`` per pair, [N·k, I] in x's dtype (rounded as the
    reference rounds each linear output).
@@ -65,6 +65,7 @@ from kernels.triton_utils import (
 # every rank's rows: 8 ranks × 8).
 FUSED_MAX_ROWS = 64
 RUN_ROWS = 16          # the most rows of an expert's run one program takes (runs average N·k / E_local pairs)
+ROUTE_BLOCK = 64       # pairs a routing program ranks (one program for all 512 of 64 rows: 115 µs, session 18)
 
 
 @dataclass(frozen=True)
@@ -88,13 +89,15 @@ def _local_key(idx_ptr, pair, P, expert_offset, E_local):
 
 @triton.jit
 def _route_kernel(idx_ptr, sorted_e_ptr, sorted_pair_ptr, run_start_ptr, order_ptr, valid_ptr, P, expert_offset,
-                  E_local, TOPK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_J: tl.constexpr, PDL: tl.constexpr):
+                  E_local, TOPK: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr, PDL: tl.constexpr):
+    """Pairs i of this program's block: each one's rank among all P keys (its sorted position), its rank in its
+    row and its run's start — every pair's independent of the others', so the blocks run apart."""
     pdl_wait(PDL)
-    i = tl.arange(0, BLOCK_P)
+    i = tl.program_id(0) * BLOCK_I + tl.arange(0, BLOCK_I)
     local, key = _local_key(idx_ptr, i, P, expert_offset, E_local)
-    rank = tl.zeros((BLOCK_P,), dtype=tl.int32)          # pairs before i in the sort
-    row_rank = tl.zeros((BLOCK_P,), dtype=tl.int32)      # of those, pairs of i's row
-    start = tl.zeros((BLOCK_P,), dtype=tl.int32)         # pairs of lower experts: where i's run starts
+    rank = tl.zeros((BLOCK_I,), dtype=tl.int32)          # pairs before i in the sort
+    row_rank = tl.zeros((BLOCK_I,), dtype=tl.int32)      # of those, pairs of i's row
+    start = tl.zeros((BLOCK_I,), dtype=tl.int32)         # pairs of lower experts: where i's run starts
     for j0 in range(0, P, BLOCK_J):
         j = j0 + tl.arange(0, BLOCK_J)
         local_j, key_j = _local_key(idx_ptr, j, P, expert_offset, E_local)
@@ -380,17 +383,17 @@ def route_pairs(topk_idx: torch.Tensor, expert_offset: int, E_local: int
     """topk_idx: [N, k] global ids → (sorted_e [P] int32, sorted_pair [P] int32, order [N, k] int32,
     valid [P] int8, run_start [P] int32), P = N·k: pairs stably sorted by local expert id (sentinel E_local last),
     each row's slots stably sorted by it, whether a pair's expert is held here, and where each sorted pair's run
-    (its expert's pairs) starts. One launch."""
+    (its expert's pairs) starts. One launch, a program per ROUTE_BLOCK pairs."""
     N, k = topk_idx.shape
     P = N * k
     dev = topk_idx.device
     sorted_e, sorted_pair, run_start = (torch.empty(P, dtype=torch.int32, device=dev) for _ in range(3))
     order = torch.empty(N, k, dtype=torch.int32, device=dev)
     valid = torch.empty(P, dtype=torch.int8, device=dev)
-    block_p = max(16, next_pow2(P))
-    assert block_p <= 1024, "route_pairs ranks at most 1024 pairs"
-    _route_kernel[(1,)](topk_idx.contiguous(), sorted_e, sorted_pair, run_start, order, valid, P, expert_offset,
-                        E_local, TOPK=k, BLOCK_P=block_p, BLOCK_J=min(block_p, 32), num_warps=4, **pdl_launch())
+    block = min(max(16, next_pow2(P)), ROUTE_BLOCK)
+    _route_kernel[(triton.cdiv(P, block),)](topk_idx.contiguous(), sorted_e, sorted_pair, run_start, order, valid, P,
+                                           expert_offset, E_local, TOPK=k, BLOCK_I=block, BLOCK_J=min(block, 32),
+                                           num_warps=4, **pdl_launch())
     return sorted_e, sorted_pair, order, valid, run_start
 
 
