@@ -1,6 +1,6 @@
 # session 18, call 6 (one H200): the routing kernel as a grid of ROUTE_BLOCK-pair programs (one program ranked all
 # 512 pairs of 64 rows: 115 µs a launch in call 5's profile): its time by block at 8–64 rows; MoE / routing GPU
-# tests; the 8-rank dp step's profile and decode_slice A/B against call 3's kernels (.old_rev = HEAD~2 of this call).
+# tests; the 8-rank dp step's profile and decode_slice A/B against call 3's kernels (.old_rev: the commit before the routing change).
 export NCCL_NVLS_ENABLE=0 PYTHONPATH=.
 python - <<'PY' 2>&1 | grep -v Warning
 import torch
