@@ -27,9 +27,10 @@ class StreamOptions(BaseModel):
 
 
 class _Sampling(BaseModel):
-    """Fields shared by both endpoints. Unknown fields are ignored (OpenAI clients send extras)."""
+    """Fields shared by both endpoints. Unknown fields are ignored (OpenAI clients send extras). Types are strict, as
+    OpenAI's: ``"5"``, ``5.0`` or ``true`` is not an integer, token ids are not booleans or floats."""
 
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
 
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
@@ -102,6 +103,15 @@ class CompletionRequest(_Sampling):
     suffix: str | None = None
     # null or n only: best_of > n would rank candidates by their total logprob, which is not implemented.
     best_of: int | None = Field(default=None, ge=1)
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_kind(cls, v):
+        # before the union's own checks, whose error names a union member ("prompt.str")
+        if not (isinstance(v, str) or isinstance(v, list) and (all(isinstance(t, str) for t in v)
+                                                               or all(type(t) is int for t in v))):
+            raise ValueError("prompt must be a string, a list of one string or a list of integer token ids")
+        return v
 
     @field_validator("prompt")
     @classmethod

@@ -23,7 +23,11 @@ def test_queue_full_is_429_with_retry_after():
 
 
 @pytest.mark.parametrize("body,param", [({"max_tokens": "x"}, "max_tokens"), ({"temperature": -1}, "temperature"),
-                                        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"), ({"n": 0}, "n")])
+                                        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"), ({"n": 0}, "n"),
+                                        ({"max_tokens": "5"}, "max_tokens"), ({"max_tokens": 5.0}, "max_tokens"),
+                                        ({"n": True}, "n"), ({"temperature": "0.5"}, "temperature"),
+                                        ({"prompt": [True, False]}, "prompt"), ({"prompt": [1.0, 2.0]}, "prompt"),
+                                        ({"prompt": [1, "a"]}, "prompt"), ({"prompt": 5}, "prompt")])
 def test_validation_errors_name_the_field(body, param):
     from pydantic import ValidationError
 
