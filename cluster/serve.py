@@ -482,8 +482,15 @@ def build_app(args: dict | None = None):
                              max_ongoing_requests=4096, health_check_period_s=10,
                              health_check_timeout_s=60, **scaling).bind(cfg.to_dict())
     ingress = serve.deployment(OpenAIIngress, name="OpenAIIngress", ray_actor_options={"num_cpus": 0},
-                               max_ongoing_requests=256, max_queued_requests=512)
+                               max_ongoing_requests=INGRESS_MAX_ONGOING, max_queued_requests=512)
     return ingress.bind(coord, cfg.to_dict())
+
+
+# Requests an ingress replica holds at once (each a stream it relays). Beyond what the engine admits — running
+# (max_num_seqs) plus waiting (max_waiting) — so that a full engine answers its own 429 (OpenAI-shaped, Retry-After)
+# rather than Serve's proxy queueing requests and then dropping them with a plain-text 503 (the ingress held 256
+# before session 18: with the 8×H200 file's 128 + 1024 the 429 was unreachable).
+INGRESS_MAX_ONGOING = 4096
 
 
 def _failure_reason() -> str:

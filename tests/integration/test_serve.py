@@ -330,6 +330,49 @@ def test_disconnect_frees_kv(base_url):
     assert metric(base_url, 'glmserve_requests_total{finish_reason="abort"}') == aborted + 1
 
 
+def test_a_full_engine_answers_429_not_a_proxy_503(serve_session, text_ckpt):
+    """Past what the engine admits (1 running + 1 waiting here) requests get the engine's 429 — an OpenAI error body
+    and Retry-After — while the admitted ones finish; the ingress holds more requests than the engine admits (the
+    8×H200 file's 128 + 1024 did not fit its 256 before: Serve's proxy queued them, then dropped the rest with a
+    plain-text 503)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ray import serve
+
+    from cluster.serve import INGRESS_MAX_ONGOING, build_app
+
+    serve.run(build_app({"model": str(text_ckpt), "served_model_name": MODEL, "device": "cpu", "kv_cache_tokens": 2048,
+                         "max_num_seqs": 1, "max_waiting": 1}),
+              name="full", route_prefix="/full", logging_config={"enable_access_log": False, "log_level": "WARNING"})
+    try:
+        body = json.dumps({"model": MODEL, "prompt": "Once", "max_tokens": 64, "ignore_eos": True}).encode()
+
+        def one(_):
+            req = urllib.request.Request(serve_session + "/full/v1/completions", data=body,
+                                         headers={"content-type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=120) as r:
+                    return r.status, json.loads(r.read()), None
+            except urllib.error.HTTPError as e:
+                return e.code, json.loads(e.read()), e.headers.get("Retry-After")
+
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(one, range(8)))
+        statuses = sorted(r[0] for r in results)
+        assert set(statuses) == {200, 429} and statuses.count(200) >= 2, statuses
+        for status, out, retry in results:
+            if status == 429:
+                assert out["error"]["type"] == "rate_limit_error" and retry == "1", out
+            else:
+                assert out["usage"]["completion_tokens"] == 64
+    finally:
+        serve.delete("full")
+    for path in ("glm5-8xh200.yaml", "kuberay-rayservice.yaml"):     # the shipped files' engines can say 429
+        text = (REPO / "deploy" / path).read_text()
+        admitted = sum(int(text.split(f"{key}: ")[1].split()[0]) for key in ("max_num_seqs", "max_waiting"))
+        assert admitted < INGRESS_MAX_ONGOING, (path, admitted)
+
+
 def test_two_replicas_both_serve(serve_session, text_ckpt):
     from ray import serve
 
