@@ -7,7 +7,7 @@ expert's run owns that expert and processes the run (≤ N rows, one per row at 
 a run longer than ``RUN_ROWS`` in chunks, each owned by its first pair (a whole run as one tile of
 next_pow2(N) rows was 2–2.8× slower from 24 rows on: bench/moe_prefill.py --fused, bench/results/session17/).
 Programs on the other pairs exit at once, so the grid has a static size and no host sync (graph-capturable:
-a graph step's MoE in 8 ranks takes up to 64 rows). Four launches:
+a graph step's MoE in 8 ranks takes up to 128 rows). Four launches:
 
 0. route: each pair's rank by (local expert, pair) among all P = N·k (a [P, P] comparison, a program per
    ROUTE_BLOCK pairs), giving the sorted pairs, each row's slots in expert-id order, the valid mask and each run's start — the stable
@@ -21,9 +21,9 @@ a graph step's MoE in 8 ranks takes up to 64 rows). Four launches:
 The GEMMs accumulate in fp32 and scale each 128-wide sub-block of a K step by its one block scale
 (``ExpertTile.block_k`` is a multiple of 128, ``block_n`` divides 128), as kernels/triton_linear.py.
 
-2..8 bf16 rows with FP8 experts run launches 1 and 2 as Gluon kernels instead (kernels/gluon_rows.py: the
+2..128 bf16 rows with FP8 experts run launches 1 and 2 as Gluon kernels instead (kernels/gluon_rows.py: the
 weight straight into the tensor cores' register operand, no shared-memory pass; gate/up split over H for
-narrow experts).
+narrow experts; a program takes ≤ 8 pairs of a run).
 
 More than FUSED_MAX_ROWS rows (prefill chunks) take the grouped launches instead (``grouped_moe``): the pairs are
 sorted by expert on the host side of one sync, each expert's run padded to whole blocks of 64 or 128 rows, and a
@@ -62,8 +62,8 @@ from kernels.triton_utils import (
 
 # The fused launches take up to this many rows, more (prefill chunks) the grouped ones, whose host sync a CUDA graph
 # cannot hold: so at least scheduler.shapes.GRAPH_MOE_ROWS, the most a graph step's MoE takes (a dp step's MoE has
-# every rank's rows: 8 ranks × 8).
-FUSED_MAX_ROWS = 64
+# every rank's rows: 8 ranks × 16).
+FUSED_MAX_ROWS = 128
 RUN_ROWS = 16          # the most rows of an expert's run one program takes (runs average N·k / E_local pairs)
 ROUTE_BLOCK = 32       # pairs a routing program ranks (64 rows: 277 → 7.5 µs; blocks of 16 / 64: 12.1 / 10.4)
 

@@ -9,7 +9,7 @@ SPAN = "span"
 GRAPH_BUCKETS = (1, 2, 4, 8, 16)   # rows per rank of the decode / verify steps captured as CUDA graphs
 # The most rows a graph step's MoE may take — a dp step's MoE takes every rank's rows (ranks × bucket); more go to
 # prefill launches that a graph cannot capture (kernels/triton_moe.py: FUSED_MAX_ROWS ≥ this)
-GRAPH_MOE_ROWS = 64
+GRAPH_MOE_ROWS = 128              # 8 ranks × 16: an 8-rank replica at 128 running requests stays on graphs
 # Block-table widths captured per octave of context. Only the indexer's work grows with the width (keys past a row's
 # position score -inf and cost little: bench/graph_width.py), while every width is a graph per bucket to capture.
 WIDTHS_PER_OCTAVE = 2

@@ -122,18 +122,21 @@ def test_greedy_tokens_equal_single_process(tiny_ckpt, tiny_config, n, moe, kern
     assert (stats["ahead_steps"] > 0) == (kernels == "auto")     # graph steps launched ahead on every rank
 
 
-def test_eight_ranks_capture_a_full_dp_bucket(tiny_ckpt, tiny_config, monkeypatch):
-    """8 ipc ranks (processes sharing the GPU here), 64 requests — 8 a rank: their decode steps are dp graph steps
-    of bucket 8, whose MoE takes every rank's rows, 64 (``GRAPH_MOE_ROWS``; the Triton MoE's grouped launches, which
-    took more than 32 rows before, cannot be captured). Captured, replayed: the single process's tokens."""
+@pytest.mark.parametrize("per_rank", [8, 16])
+def test_eight_ranks_capture_a_full_dp_bucket(tiny_ckpt, tiny_config, monkeypatch, per_rank):
+    """8 ipc ranks (processes sharing the GPU here), 8 or 16 requests a rank: their decode steps are dp graph steps
+    of that bucket, whose MoE takes every rank's rows, 64 or 128 (``GRAPH_MOE_ROWS``; the Triton MoE's grouped
+    launches, which took more than 32 rows before session 17, cannot be captured; 16 a rank ran eagerly before
+    session 18). Captured, replayed: the single process's tokens."""
     import cluster.engine as engine_module
 
-    g = torch.Generator().manual_seed(3)        # one prompt length: placement by KV load puts 8 on each rank
+    g = torch.Generator().manual_seed(3)        # one prompt length: placement by KV load spreads them evenly
     reqs = {f"r{i}": (torch.randint(2, 1024, (20,), generator=g).tolist(),
                       SamplingParams(max_tokens=12, temperature=0.0))
-            for i in range(64)}
+            for i in range(8 * per_rank)}
     ref = _reference_model(tiny_ckpt, "float32", "auto")
-    cfg = dataclasses.replace(engine_config(tiny_ckpt, 8, "tp", "float32", "auto"), max_num_batched_tokens=512)
+    cfg = dataclasses.replace(engine_config(tiny_ckpt, 8, "tp", "float32", "auto"), max_num_batched_tokens=512,
+                              max_num_seqs=8 * per_rank)
     blocks = 8 * NUM_BLOCKS                      # the single process holds every request's KV, as the 8 ranks do
     plain = Engine(LocalExecutor(ModelRunner(ref["model"], blocks, 16, torch.float32, DEVICE)),
                    scheduler_config(engine_config(tiny_ckpt, 1, "tp", "float32", "auto"), tiny_config, None, blocks))
@@ -152,7 +155,7 @@ def test_eight_ranks_capture_a_full_dp_bucket(tiny_ckpt, tiny_config, monkeypatc
         assert run(engine, reqs) == want
     finally:
         group.shutdown()
-    assert any(k is not None and k[0] == 8 and not k[2] for k in keys), collections.Counter(keys)
+    assert any(k is not None and k[0] == per_rank and not k[2] for k in keys), collections.Counter(keys)
 
 
 def test_speculative_group_with_captured_drafting_equals_plain():

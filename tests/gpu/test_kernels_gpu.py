@@ -301,9 +301,10 @@ def test_moe_fp8_with_shared_expert(N):
     assert torch.equal(replayed(lambda: moe(*args, shared=shared)), first)
 
 
-@pytest.mark.parametrize("N,offset,I", [(1, 0, 2048), (8, 16, 2048), (8, 0, 256), (64, 0, 256), (64, 16, 2048)])
+@pytest.mark.parametrize("N,offset,I", [(1, 0, 2048), (8, 16, 2048), (8, 0, 256), (64, 0, 256), (64, 16, 2048),
+                                        (128, 0, 256)])
 def test_moe_fp8_bitwise_and_graph(N, offset, I):
-    """fused_moe (routing kernel included): bit-identical on repeat; graph replays equal eager bitwise — up to 64
+    """fused_moe (routing kernel included): bit-identical on repeat; graph replays equal eager bitwise — up to 128
     rows, a graph step's MoE in 8 ranks (``GRAPH_MOE_ROWS``)."""
     args = moe_args(10 + N + I, N, I, 64, offset)
     x = args[0]
@@ -316,10 +317,10 @@ def test_moe_fp8_bitwise_and_graph(N, offset, I):
 
 @needs_gluon
 @pytest.mark.parametrize("N,offset,I", [(2, 0, 2048), (3, 16, 256), (8, 0, 256), (8, 16, 2048), (13, 0, 256),
-                                         (40, 16, 2048), (64, 0, 256)])
+                                         (40, 16, 2048), (64, 0, 256), (128, 16, 256)])
 @pytest.mark.parametrize("tile", [None, (64, 1, 64), (128, 5, 128, 4, 8, 8)])
 def test_gluon_moe(N, offset, I, tile):
-    """The Gluon expert kernels (2..64 rows on 32 experts: runs of ~N/4 pairs, past 8 in chunks of 8; split over H
+    """The Gluon expert kernels (2..128 rows on 32 experts: runs of ~N/4 pairs, past 8 in chunks of 8; split over H
     on and off; experts held elsewhere): close to the fp32 reference and to the Triton tile kernels, bit-identical
     on repeat and in graph replays."""
     from kernels.triton_moe import expert_tiles, fused_moe

@@ -165,18 +165,18 @@ def test_warm_keys_follow_the_step_shapes():
 
 def test_graph_steps_keep_the_moe_within_its_capturable_rows():
     """A dp step's MoE takes every rank's rows: a graph step (and the warm-up's keys) keeps them within
-    GRAPH_MOE_ROWS — 4 ranks capture every bucket, 8 ranks up to 8 rows a rank, 16 ranks up to 4 — and the Triton
+    GRAPH_MOE_ROWS — 8 ranks capture every bucket, 16 ranks up to 8 rows a rank, 32 up to 4 — and the Triton
     MoE runs that many rows on its fused launches, which a graph can hold (the grouped ones sync with the host)."""
     from kernels.triton_moe import FUSED_MAX_ROWS
 
-    assert FUSED_MAX_ROWS >= GRAPH_MOE_ROWS == 64
-    assert [key[0] for key, _ in warm_keys(4, True, 3, [1]) if not key[2]] == [1, 2, 4, 8, 16]
-    assert [key[0] for key, _ in warm_keys(8, True, 3, [1]) if not key[2]] == [1, 2, 4, 8]
-    assert [key[0] for key, _ in warm_keys(16, True, 3, [1]) if not key[2]] == [1, 2, 4]
+    assert FUSED_MAX_ROWS >= GRAPH_MOE_ROWS == 128
+    assert [key[0] for key, _ in warm_keys(8, True, 3, [1]) if not key[2]] == [1, 2, 4, 8, 16]
+    assert [key[0] for key, _ in warm_keys(16, True, 3, [1]) if not key[2]] == [1, 2, 4, 8]
+    assert [key[0] for key, _ in warm_keys(32, True, 3, [1]) if not key[2]] == [1, 2, 4]
     plans = [StepPlan(0, (ScheduledSeq("a", (5,), 9, (0,), True, 0),), ())]
-    assert graph_key(StepShape(DP, 8, 64, None), plans) == (8, 1, False)
-    assert graph_key(StepShape(DP, 8, 128, None), plans) is None
-    assert graph_key(StepShape(DP, 4, 64, None), plans) == (4, 1, False)
+    assert graph_key(StepShape(DP, 16, 128, None), plans) == (16, 1, False)
+    assert graph_key(StepShape(DP, 16, 256, None), plans) is None
+    assert graph_key(StepShape(DP, 8, 128, None), plans) == (8, 1, False)
 
 
 @pytest.mark.parametrize("lengths", [[5, 9], [40, 70, 33], [200]])
