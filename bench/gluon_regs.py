@@ -31,7 +31,8 @@ GATE_UP_SIG = {"x_ptr": "*bf16", "g_ptr": "*fp8e4nv", "u_ptr": "*fp8e4nv", "gs_p
                "part_ptr": "*fp32",
                "count_ptr": "*i32", **dict.fromkeys(["P", "E_local", "H", "I", "num_sb_h", "num_sb_i", "kb_per_split"], "i32")}
 DOWN_SIG = {"act_ptr": "*bf16", "d_ptr": "*fp8e4nv", "ds_ptr": "*fp32", "w_route_ptr": "*fp32", "sorted_e_ptr": "*i32",
-            "sorted_pair_ptr": "*i32", "run_start_ptr": "*i32", "y_ptr": "*bf16", **dict.fromkeys(["P", "E_local", "H", "I", "num_sb_h", "num_sb_i"], "i32")}
+            "sorted_pair_ptr": "*i32", "run_start_ptr": "*i32", "y_ptr": "*bf16",
+            **dict.fromkeys(["P", "E_local", "H", "I", "num_sb_h", "num_sb_i"], "i32")}
 DIVISIBLE = ("K", "N", "stride_xm", "H", "I")     # as Triton specializes them at launch (multiples of 16)
 
 

@@ -293,7 +293,8 @@ if HAVE_GLUON:
             mask = in_run_o[None, :] & (io[:, None] < I)
             if SPLIT:
                 tile = p * gl.num_programs(1) + ib
-                loc = (io - ib * BLOCK_I)[:, None] * BLOCK_R + gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, mma))[None, :]
+                lane = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, mma))
+                loc = (io - ib * BLOCK_I)[:, None] * BLOCK_R + lane[None, :]
                 stride = 2 * BLOCK_I * BLOCK_R
                 base = part_ptr + tile.to(gl.int64) * gl.num_programs(2) * stride
                 gl.store(base + ks * stride + loc, acc_g)
@@ -368,11 +369,12 @@ def moe_tile(H: int, I: int, experts_hit: int, sms: int, rows: int = 8) -> MoeTi
     and down, H unsplit (I 2048: 681 → 567–610 µs against the Triton tile kernels). A tp shard's narrow
     experts have few gate/up tiles: 64 outputs on 4 warps, H split to ~16 programs per SM, ≥ 4 K blocks each
     (I 256: split 3 / 5 / 10 = 107 / 102 / 99 µs in one run, against 120 for the Triton tile kernels).
-    Past 8 rows (16–64; bench/results/session18/, calls 2–3): gate/up 128 outputs on 8 warps, H unsplit; down 64
-    outputs on 4 warps, 128 on 8 for wide experts from 32 rows (I 2048, 32 / 64 rows: 1613–1748 / 2438–2459 µs
-    against 1648–1866 / 2499–2512 with 64). In all, I 2048 at 16 / 32 / 64 rows: 972–1102 / 1613–1748 / 2438–2459
-    µs against the Triton tile kernels' 1118–1274 / 1872–2032 / 2751–2836; I 256: 154–165 / 276–277 / 432 against
-    185–207 / 318–330 / 542–548 (two calls each)."""
+    Past 8 rows (swept at 16–64; bench/results/session18/, calls 2–3): gate/up 128 outputs on 8 warps, H unsplit;
+    down 64 outputs on 4 warps, 128 on 8 for wide experts from 32 rows (I 2048, 32 / 64 rows: 1613–1748 /
+    2438–2459 µs against 1648–1866 / 2499–2512 with 64). In all, I 2048 at 16 / 32 / 64 rows: 972–1102 / 1613–1748
+    / 2438–2459 µs against the Triton tile kernels' 1118–1274 / 1872–2032 / 2751–2836; I 256: 154–165 / 276–277 /
+    432 against 185–207 / 318–330 / 542–548 (two calls each). At 128 rows (call 8, bench/moe_prefill.py --fused,
+    routing and combine included): 2.88 / 0.55 ms at I 2048 / 256, the grouped launches 5.47 / 1.77."""
     if rows > 8:
         wide = I >= 1024 and rows >= 32
         return MoeTile(128, 1, 128 if wide else 64, sub=2, gu_warps=8, dn_warps=8 if wide else 4)

@@ -10,8 +10,8 @@ Programs on the other pairs exit at once, so the grid has a static size and no h
 a graph step's MoE in 8 ranks takes up to 128 rows). Four launches:
 
 0. route: each pair's rank by (local expert, pair) among all P = N·k (a [P, P] comparison, a program per
-   ROUTE_BLOCK pairs), giving the sorted pairs, each row's slots in expert-id order, the valid mask and each run's start — the stable
-   sorts of the reference, without torch's sort launches.
+   ROUTE_BLOCK pairs), giving the sorted pairs, each row's slots in expert-id order, the valid mask and each
+   run's start — the stable sorts of the reference, without torch's sort launches.
 1. gate/up: ``act = silu(x @ G.T) * (x @ U.T)`` per pair, [N·k, I] in x's dtype (rounded as the
    reference rounds each linear output).
 2. down: ``y = (act @ D.T)`` rounded to x's dtype, times the pair's routing weight, rounded again.
