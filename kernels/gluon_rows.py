@@ -1,5 +1,5 @@
 """Gluon (Triton's layout-explicit dialect) kernels for a few rows: the FP8 block-scaled linear
-``y = x @ (W8 · S).T`` and the fused MoE experts' two GEMMs, for 2..MAX_ROWS bf16 rows.
+``y = x @ (W8 · S).T`` for 2..MAX_ROWS bf16 rows and the fused MoE experts' two GEMMs for 2..MOE_MAX_ROWS.
 
 The Triton tile kernels (kernels/triton_linear.py, triton_moe.py) hand ``tl.dot`` a weight tile loaded in
 a coalesced layout; the compiler then moves it through shared memory into the tensor cores' operand layout
@@ -220,9 +220,9 @@ def fp8_linear_rows(x2: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor,
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Fused MoE experts for 2..MAX_ROWS rows: the two GEMM launches of triton_moe.fused_moe (gate/up with SiLU,
+# Fused MoE experts for 2..MOE_MAX_ROWS rows: the two GEMM launches of triton_moe.fused_moe (gate/up with SiLU,
 # down with the routing weight) on the same register-operand mma. Routing, sorted pairs and the combine are
-# triton_moe's; each expert's run of pairs (≤ MAX_ROWS rows) is the mma's N = 8 side.
+# triton_moe's; ≤ RUN_PAIRS pairs of an expert's run are the mma's N = 8 side (a longer run: a program a chunk).
 # ---------------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
