@@ -112,7 +112,7 @@ def cmd_make_checkpoint(a: argparse.Namespace) -> int:
 def cmd_serve(a: argparse.Namespace) -> int:
     from cluster.serve import run_server
 
-    return run_server(_engine_config(a), host=a.host, port=a.port)
+    return run_server(_engine_config(a), host=a.host, port=a.port, drain_timeout_s=a.drain_timeout)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     _add_engine_args(s)
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="on Ctrl-C / SIGTERM, seconds to let requests in flight finish (new ones get 503) before "
+                        "shutting down (default: 30)")
     s.set_defaults(fn=cmd_serve)
 
     m = sub.add_parser("make-checkpoint", help="write a random checkpoint in Hugging Face layout")

@@ -345,6 +345,13 @@ class OpenAIIngress:
         tok = self.tokenizer
         longest = max(len(tok.token_bytes(i)) for i in range(tok.vocab_size)) if tok else 0
         self.max_prompt_chars = self.max_model_len * longest
+        self.draining = False           # shutting down: new requests are refused, those in flight finish
+        self.in_flight = 0              # streams open to the coordinator
+
+    async def drain(self) -> int:
+        """Refuse new requests from now on (503); the streams still in flight (``glmserve serve`` waits for 0)."""
+        self.draining = True
+        return self.in_flight
 
     # ---- endpoints ------------------------------------------------------------------------------
     @app.get("/health")
@@ -405,6 +412,8 @@ class OpenAIIngress:
 
     # ---- shared machinery ----------------------------------------------------------------------
     async def _parse(self, request: Request, model):
+        if self.draining:
+            raise ApiError(503, "the server is shutting down", None, "server_error", {"Retry-After": "1"})
         try:
             raw = json.loads(await request.body())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -459,11 +468,13 @@ class OpenAIIngress:
     async def _open(self, ids, params, req_id) -> AsyncIterator:
         gen = self.coord.options(stream=True).generate.remote(ids, params, req_id)
         finished = False
+        self.in_flight += 1
         try:
             async for ev in gen:
                 finished = ev.finished
                 yield ev
         finally:
+            self.in_flight -= 1
             if not finished:                # the client went away: free the request's KV now
                 gen.cancel()
                 await self.coord.abort.remote(req_id)
@@ -506,8 +517,9 @@ def _failure_reason() -> str:
     return ""
 
 
-def run_server(cfg: EngineConfig, host: str = "127.0.0.1", port: int = 8000) -> int:
-    """``glmserve serve``: start a local Ray (logical resources on CPU), deploy, wait for Ctrl-C / SIGTERM."""
+def run_server(cfg: EngineConfig, host: str = "127.0.0.1", port: int = 8000, drain_timeout_s: float = 30.0) -> int:
+    """``glmserve serve``: start a local Ray (logical resources on CPU), deploy, wait for Ctrl-C / SIGTERM; then
+    drain — new requests get 503, those in flight finish, for up to ``drain_timeout_s`` — and shut down."""
     import os
     import signal
     import threading
@@ -559,7 +571,28 @@ def run_server(cfg: EngineConfig, host: str = "127.0.0.1", port: int = 8000) -> 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
-    print("glmserve: shutting down (in-flight requests end with an error) ...", flush=True)
+    stop.clear()
+    _drain(stop, drain_timeout_s)
     serve.shutdown()
     ray.shutdown()
     return 0
+
+
+def _drain(stop, timeout_s: float) -> None:
+    """Stop taking requests and wait up to ``timeout_s`` for those in flight, or until ``stop`` is set again."""
+    print(f"glmserve: stopping — new requests get 503; waiting up to {timeout_s:.0f} s for the requests in flight "
+          "(Ctrl-C again: stop now) ...", flush=True)
+    deadline = time.time() + timeout_s
+    left = -1
+    try:
+        ingress = serve.get_app_handle("glmserve")
+        while not stop.is_set():
+            left = ingress.drain.remote().result(timeout_s=10)
+            if left == 0 or time.time() >= deadline:
+                break
+            stop.wait(0.5)
+    except Exception as e:  # noqa: BLE001 — the ingress is gone or stuck: shut down anyway
+        print(f"glmserve: could not drain ({type(e).__name__}: {e})", flush=True)
+    if left:
+        print(f"glmserve: shutting down with {'some' if left < 0 else left} request stream(s) in flight (they end "
+              "with an error)", flush=True)

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -430,10 +431,29 @@ def test_serve_run_tiny_yaml_starts_and_answers():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _stream_tokens(url: str, body: dict, started: threading.Event) -> tuple[int, bool]:
+    """(completion tokens by the final usage chunk, whether [DONE] came) of a streamed completion."""
+    req = urllib.request.Request(url + "/v1/completions", headers={"content-type": "application/json"},
+                                 data=json.dumps({**body, "stream": True,
+                                                  "stream_options": {"include_usage": True}}).encode())
+    tokens, done = 0, False
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        for raw in resp:
+            line = raw.decode().strip()
+            started.set()
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: ") and json.loads(line[6:]).get("usage"):
+                tokens = json.loads(line[6:])["usage"]["completion_tokens"]
+    return tokens, done
+
+
 def test_glmserve_serve_one_command_and_sigterm():
-    """`glmserve serve` (no model argument): progress, the URL when ready, answers, SIGTERM shuts it down;
-    a bad model path fails start-up with the reason instead of hanging."""
+    """`glmserve serve` (no model argument): progress, the URL when ready, answers; SIGTERM drains — a stream in
+    flight finishes whole, a new request gets 503 — and shuts it down; a bad model path fails start-up with the
+    reason instead of hanging."""
     import tempfile
+    from concurrent.futures import ThreadPoolExecutor
 
     tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")
     env = {**os.environ, "RAY_TMPDIR": tmp, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
@@ -460,8 +480,21 @@ def test_glmserve_serve_one_command_and_sigterm():
                              "messages": [{"role": "user", "content": "Weather?"}],
                              "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]})
         assert status == 200 and body["choices"][0]["message"]["reasoning_content"], body   # the parser is on
-        os.killpg(proc.pid, signal.SIGTERM)
+        started = threading.Event()
+        with ThreadPoolExecutor(1) as pool:
+            stream = pool.submit(_stream_tokens, "http://127.0.0.1:18802",
+                                 {"model": "tiny", "prompt": "Once", "max_tokens": 600, "ignore_eos": True}, started)
+            assert started.wait(60)
+            os.kill(proc.pid, signal.SIGTERM)        # the process (SIGTERM to its group would stop Ray's own too)
+            deadline = time.time() + 30
+            while (refused := post("http://127.0.0.1:18802", "/v1/completions",
+                                   {"model": "tiny", "prompt": "x", "max_tokens": 1}))[0] != 503:
+                assert time.time() < deadline and not stream.done(), refused
+                time.sleep(0.2)
+            assert refused[1]["error"]["type"] == "server_error", refused
+            assert stream.result(120) == (600, True)                  # the stream in flight ended whole
         assert proc.wait(120) == 0
+        assert any("stopping" in ln for ln in proc.stdout), "no drain message"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
