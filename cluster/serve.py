@@ -356,6 +356,8 @@ class OpenAIIngress:
     # ---- endpoints ------------------------------------------------------------------------------
     @app.get("/health")
     async def health(self) -> dict:
+        if self.draining:                  # a load balancer stops sending requests here
+            raise ApiError(503, "the server is shutting down", None, "server_error")
         return {"status": "ok"}
 
     @app.get("/v1/models")

@@ -492,6 +492,7 @@ def test_glmserve_serve_one_command_and_sigterm():
                 assert time.time() < deadline and not stream.done(), refused
                 time.sleep(0.2)
             assert refused[1]["error"]["type"] == "server_error", refused
+            assert get("http://127.0.0.1:18802", "/health")[0] == 503              # out of a load balancer's set
             assert stream.result(120) == (600, True)                  # the stream in flight ended whole
         assert proc.wait(120) == 0
         assert any("stopping" in ln for ln in proc.stdout), "no drain message"
