@@ -438,11 +438,6 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
     y = torch.empty(P, H, dtype=x.dtype, device=x.device)
     out = torch.empty_like(x)
     has_scale = gate_s is not None
-    dummy = torch.empty(1, dtype=torch.float32, device=x.device)
-    gs, us, ds = (gate_s, up_s, down_s) if has_scale else (dummy, dummy, dummy)
-    prec = dot_precision(x.dtype)
-    # a run of more than block_r pairs goes in chunks of block_r, each its own program's
-    block_r = min(max(16, next_pow2(N)), RUN_ROWS)
     if isinstance(tiles, gluon_rows.MoeTile) or (tiles is None and gluon_rows.moe_usable(x, gate, has_scale)):
         gluon_rows.moe_gemms(x, gate, up, down, gate_s, up_s, down_s, topk_w.float().contiguous(), sorted_e,
                              sorted_pair, run_start, act, y, k, E_local, tile_counters(x.device), tiles)
@@ -451,6 +446,11 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
     gu, dn = tiles or expert_tiles(N, H, I, shared_fused=fuse)
     assert all(128 % t.block_n == 0 and (t.fma or t.block_k % 128 == 0) for t in (gu, dn))
     num_sb_h, num_sb_i = triton.cdiv(H, 128), triton.cdiv(I, 128)
+    prec = dot_precision(x.dtype)
+    dummy = torch.empty(1, dtype=torch.float32, device=x.device)
+    gs, us, ds = (gate_s, up_s, down_s) if has_scale else (dummy, dummy, dummy)
+    # a run of more than block_r pairs goes in chunks of block_r, each its own program's
+    block_r = min(max(16, next_pow2(N)), RUN_ROWS)
     fuse = fuse and gu.fma
     if N == 1 and gu.fma:                      # one row: every pair is its own expert's whole run
         offs = [0] * 6                         # the shared expert's element offsets from the stacked tensors
