@@ -1,9 +1,10 @@
 """Decode steps of a batch on the GPU: several requests decoding together on the GLM-5.2-width slice
 (``bench/step_host.py``'s: 1 dense + 3 MoE layers, FP8 random weights, one process, CUDA graphs on), each step's
-wall time with the decode graphs capped at 8 rows (steps of 9–16 rows then run eagerly, as before session 17) and
-at 16 (``scheduler.shapes.GRAPH_BUCKETS``), in one engine, alternating.
+wall time with the decode graphs capped at ``--caps`` rows (steps of more rows then run eagerly: 16 was the most
+before session 19, 8 before session 17) and uncapped (``scheduler.shapes.graph_rows``), in one engine,
+alternating.
 
-    PYTHONPATH=. python bench/batch_decode.py [--requests 12 16] [--ctx 4096] [--tokens 48]
+    PYTHONPATH=. python bench/batch_decode.py [--requests 32 64] [--caps 16] [--ctx 4096] [--tokens 48]
     PYTHONPATH=. python bench/batch_decode.py --device cpu --requests 3 --ctx 64 --tokens 8    # plumbing on CPU
 """
 
@@ -25,7 +26,8 @@ from scheduler.request import SamplingParams
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--requests", type=int, nargs="+", default=[12, 16])
+    ap.add_argument("--requests", type=int, nargs="+", default=[32, 64])
+    ap.add_argument("--caps", type=int, nargs="+", default=[16], help="graph rows a step may have, besides all")
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--device", default="cuda", help="cpu: the tiny model's widths (plumbing)")
@@ -33,16 +35,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_cfg = slice_config(4, args.device == "cpu")
         (Path(tmp) / "config.json").write_text(json.dumps(model_cfg))
-        cfg = EngineConfig(model=tmp, load_format="dummy", device=args.device, max_num_seqs=64, warmup_tokens=0,
+        cfg = EngineConfig(model=tmp, load_format="dummy", device=args.device, warmup_tokens=0,
+                           max_num_seqs=max(64, *args.requests),
                            kv_cache_tokens=(max(args.requests) + 1) * (args.ctx + args.tokens + 64),
                            max_num_batched_tokens=8192, cuda_graphs="eager" if args.device == "cpu" else "auto")
         print("building the engine ...", flush=True)
         engine, _ = build_local_engine(cfg, progress=False)
     vocab = model_cfg["vocab_size"]
-    all_buckets = engine_module.GRAPH_BUCKETS
+    graph_rows = engine_module.graph_rows
     for n in args.requests:
-        for cap in (8, 16, 8, 16):                     # each setting twice: the first run also compiles / captures
-            engine_module.GRAPH_BUCKETS = tuple(b for b in all_buckets if b <= cap)
+        for cap in (*args.caps, 0) * 2:                 # each setting twice: the first run also compiles / captures
+            engine_module.graph_rows = (lambda r, c=cap: min(c, graph_rows(r))) if cap else graph_rows
             for i in range(n):
                 prompt = [(7 * t + i) % vocab for t in range(args.ctx)]
                 engine.add_request(prompt, SamplingParams(max_tokens=args.tokens, ignore_eos=True), f"r{i}")
@@ -56,11 +59,10 @@ def main() -> None:
             before = engine.stats["graph_steps"]
             steps = decode(engine, "batch")
             ms = statistics.median(steps[4:])
-            print(json.dumps({"requests": n, "graph_rows_max": cap, "step_ms": round(ms, 3),
+            print(json.dumps({"requests": n, "graph_rows_max": cap or graph_rows(1), "step_ms": round(ms, 3),
                               "tok_s": round(n / ms * 1e3), "steps": len(steps),
                               "graph_steps": engine.stats["graph_steps"] - before}), flush=True)
-    engine_module.GRAPH_BUCKETS = all_buckets
-
+    engine_module.graph_rows = graph_rows
 
 if __name__ == "__main__":
     main()

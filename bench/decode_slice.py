@@ -272,8 +272,8 @@ def write_report(results, hf, read_bw, out: Path) -> None:
              "", "1 dense + 3 MoE layers (indexer full,full,full,shared), FP8 block weights, bf16 activations and "
              "KV, index_topk 2048; step = forward + lm_head (vocab 154880). Floor = bytes read / "
              f"{read_bw / 1e12:.2f} TB/s (measured read stream). 'shard' = MoE and dense MLP at 1/8 width "
-             "(one rank of 8, tp). 'rank of dp 8' = that shard as one rank of an 8-rank step with 1, 8 or 16 rows a "
-             "rank: "
+             "(one rank of 8, tp). 'rank of dp 8' = that shard as one rank of an 8-rank step with 1, 8, 16 or 32 rows "
+             "a rank: "
              "attention and lm_head over its own rows, the MoE and dense MLP over all 8 ranks' rows (the other 7 "
              "ranks' random, routed apart), the AG/RS communication itself not included. Times in ms (median, CUDA "
              "events). 'auto (graph)' is the runner's decode path: "
@@ -365,8 +365,8 @@ def main() -> None:
         shard = build_model(cfg, MoeShard(0, 8, "tp"))
         modes = [m for m in args.modes if m != "reference"]
         bench_model(shard, cfg, cache, "shard 1/8", [4096], [1, 8], modes, read_bw, results)
-        shard.set_comm(OtherRanks(8, cfg.hidden_size, 16))     # one rank of 8, 1–16 rows each: MoE over 8–128 rows
-        bench_model(shard, cfg, cache, "rank of dp 8", [4096], [1, 8, 16], modes, read_bw, results)
+        shard.set_comm(OtherRanks(8, cfg.hidden_size, 32))     # one rank of 8, 1–32 rows each: MoE over 8–256 rows
+        bench_model(shard, cfg, cache, "rank of dp 8", [4096], [1, 8, 16, 32], modes, read_bw, results)
         del shard
     del cache
     torch.cuda.empty_cache()

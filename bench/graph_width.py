@@ -98,7 +98,7 @@ def engine_rows(contexts: list[int], tokens: int, device: str) -> tuple[list[str
         if engine.executor.runner.draft_graphs is not None:
             engine.executor.runner.draft_graphs._graphs.clear()
         done = engine.warm_up(engine.config.max_model_len)
-        glm = len(warm_keys(8, True, 3, shapes.graph_widths(262144 // BS)))
+        glm = len(warm_keys(8, True, 3, shapes.graph_widths(262144 // BS), 128 // 8))
         lines.append(f"| {p} | {done['graph_steps']} | {done['capture_s']:.1f} | {glm} |")
         print(lines[-1], flush=True)
     return lines, rows

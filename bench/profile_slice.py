@@ -46,14 +46,15 @@ def main() -> None:
                     "'rank of dp 8')")
     args = ap.parse_args()
     cfg = ModelConfig.from_dict(dict(SLICE))
-    cache = KVCache(cfg, 8 * (args.ctx + BLOCK) + BLOCK, BF16, DEV)     # + a block for the pad slot
+    most = max(8, *args.rows)
+    cache = KVCache(cfg, most * (args.ctx + BLOCK) + BLOCK, BF16, DEV)     # + a block for the pad slot
     for t in cache.kv + [k for k in cache.index_k if k is not None]:
         t.normal_()
     model = build_model(cfg, MoeShard(0, 8, "tp") if args.shard else MoeShard())
     if args.dp:
-        model.set_comm(OtherRanks(8, cfg.hidden_size))
+        model.set_comm(OtherRanks(8, cfg.hidden_size, most))
     ops.configure("auto", DEV)
-    per_req = cache.num_slots // 8 // BLOCK
+    per_req = cache.num_slots // most // BLOCK
     graphs = decode_graphs(model, cache)
     for rows in args.rows:
         blocks = -(-(args.ctx + 1) // BLOCK)

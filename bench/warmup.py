@@ -60,6 +60,8 @@ def main() -> None:
     ap.add_argument("--spec", type=int, default=0, help="MTP drafts per round")
     ap.add_argument("--ctx", type=int, default=1000, help="the lone request's prompt")
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--max-num-seqs", type=int, default=8, help="running requests: the warm-up captures the graph "
+                    "buckets they can fill")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--cuda-graphs", default="auto")
     ap.add_argument("--tiny", action="store_true", help="the embedded tiny model's widths (a CPU plumbing check)")
@@ -69,7 +71,7 @@ def main() -> None:
         model_cfg = slice_config(args.depth, args.tiny)
         (Path(tmp) / "config.json").write_text(json.dumps(model_cfg))
         cfg = EngineConfig(model=tmp, load_format="dummy", device=args.device, speculative_tokens=args.spec,
-                           kv_cache_tokens=16384, max_num_batched_tokens=2048, max_num_seqs=8,
+                           kv_cache_tokens=16384, max_num_batched_tokens=2048, max_num_seqs=args.max_num_seqs,
                            cuda_graphs=args.cuda_graphs, warmup_tokens=args.warmup_tokens)
         t0 = time.perf_counter()
         engine, _ = build_local_engine(cfg, progress=True)
@@ -83,6 +85,7 @@ def main() -> None:
     for p in range(2):
         passes.append([serve(engine, {f"{rid}-{p}": r for rid, r in reqs.items()}, vocab) for reqs in traffic])
     row = {"warmup_tokens": args.warmup_tokens, "depth": args.depth, "spec": args.spec, "build_s": build_s,
+           "max_num_seqs": args.max_num_seqs,
            "warmup": engine.warmed, "graphs_warmed": warmed, "passes": passes, "graphs_after": captured(engine)}
     for p, results in enumerate(passes):
         for r in results:

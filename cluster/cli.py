@@ -29,7 +29,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=None,
                    help="prompt + max_tokens limit (default: min(max_position_embeddings, the KV slots in whole "
                         "blocks))")
-    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-seqs", type=int, default=64,
+                   help="requests running at once, over all worker ranks (default: 64)")
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
     p.add_argument("--max-waiting", type=int, default=256,
                    help="requests that may wait for a slot; beyond it the server answers 429 (default: 256)")

@@ -25,9 +25,9 @@ class EngineConfig:
     block_size: int = 16
     kv_cache_tokens: int = 32768        # KV slots per worker
     max_model_len: int | None = None    # default: min(max_position_embeddings, the KV slots in whole blocks)
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    max_waiting: int = 256              # queue bound: beyond it requests are refused (HTTP 429)
+    max_num_seqs: int = 64              # requests running at once in the replica (each rank its share)
+    max_num_batched_tokens: int = 512   # tokens one rank's step takes at most
+    max_waiting: int = 256              # queue bound (the replica's): beyond it requests are refused (HTTP 429)
     num_workers: int = 1                # N worker ranks (1, 2, 4, 8)
     moe: str = "tp"                     # tp | ep
     comm: str = "torch"                 # torch | ipc

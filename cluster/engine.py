@@ -17,7 +17,7 @@ import random
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import AsyncIterator, Callable, Protocol, Sequence
 
 from cluster.detok import IncrementalDetokenizer, StopStringMatcher
@@ -25,14 +25,15 @@ from scheduler.request import FinishReason, SamplingParams
 from scheduler.scheduler import AdmissionError, RequestEvent, Scheduler, SchedulerConfig, StepPlan
 from scheduler.shapes import (
     GRAPH_BUCKETS,
-    GRAPH_MOE_ROWS,
     StepShape,
+    graph_rows,
     graph_shape,
     graph_width,
     graph_widths,
     next_pow2,
     place_request,
     plan_step_shapes,
+    rank_seqs,
 )
 from workers.runner import NewRequest, StepResult, TokenLogprobs, WorkerStep
 
@@ -41,35 +42,38 @@ __all__ = ["AdmissionError", "AsyncEngine", "Engine", "GroupFailure", "LocalExec
 
 def graph_key(shape: StepShape, plans: Sequence[StepPlan]) -> tuple[int, int, bool] | None:
     """(rows bucket, block-table width, span) when the step is graph-shaped on every rank — only decode /
-    verify rows (each request feeds 1 + num_drafts and samples), at most the largest graph bucket per rank and
-    ``GRAPH_MOE_ROWS`` in the MoE (a dp step's takes every rank's rows) — else None. Width: ``graph_width`` of the
-    step's longest block table. Span: a span step's comm phases differ from a dp step's of the same bucket (AG
-    selects the owner's stripe, RS gathers every partial), so it is a graph of its own. The same key goes to every
-    rank, so all ranks replay (or capture) the same graph and its comm phases line up."""
+    verify rows (each request feeds 1 + num_drafts and samples), at most ``graph_rows`` a rank (the largest bucket
+    whose dp step's MoE, which takes every rank's rows, stays within ``GRAPH_MOE_ROWS``) — else None. Width:
+    ``graph_width`` of the step's longest block table. Span: a span step's comm phases differ from a dp step's of
+    the same bucket (AG selects the owner's stripe, RS gathers every partial), so it is a graph of its own. The
+    same key goes to every rank, so all ranks replay (or capture) the same graph and its comm phases line up."""
     seqs = [s for p in plans for s in p.seqs]
-    if not seqs or shape.rows_per_rank > GRAPH_BUCKETS[-1] or shape.total_rows > GRAPH_MOE_ROWS:
+    if not seqs or shape.rows_per_rank > graph_rows(len(plans)):
         return None
     if not all(s.sample and len(s.token_ids) == 1 + s.num_drafts for s in seqs):
         return None
     return shape.rows_per_rank, graph_width(max(len(s.block_ids) for s in seqs)), shape.is_span
 
 
-def warm_keys(num_ranks: int, span: bool, drafts: int, widths: Sequence[int]) -> list[tuple[tuple, tuple[int, ...]]]:
+def warm_keys(num_ranks: int, span: bool, drafts: int, widths: Sequence[int],
+              seqs_per_rank: int | None = None) -> list[tuple[tuple, tuple[int, ...]]]:
     """The graph keys an engine's steps can take at these widths, each with the draft counts whose MTP graphs can
-    follow it (``WorkerStep.warm``): every dp bucket whose MoE rows (ranks × bucket) stay within ``GRAPH_MOE_ROWS``
-    — 0 drafts (several requests: the extend alone), and ``drafts`` where a solo request's 1 + drafts verify rows
-    land (one row in a group whose solo verify rides a span) — and in a group with span steps, the span buckets of
-    a solo request's 1 + d rows, d = 1 … drafts."""
+    follow it (``WorkerStep.warm``): every dp bucket of at most ``graph_rows`` that a rank's ``seqs_per_rank``
+    running requests can fill (drafts ride only for a solo request) — 0 drafts (several requests: the extend
+    alone), and ``drafts`` where a solo request's 1 + drafts verify rows land (one row in a group whose solo verify
+    rides a span) — and in a group with span steps, the span buckets of a solo request's 1 + d rows, d = 1 …
+    drafts."""
     solo = next_pow2(1 + drafts) if num_ranks == 1 or not span else 1
+    most = max(solo, next_pow2(seqs_per_rank)) if seqs_per_rank else GRAPH_BUCKETS[-1]
     keys = []
     for w in widths:
         for b in GRAPH_BUCKETS:
-            if b * num_ranks <= GRAPH_MOE_ROWS:
+            if b <= graph_rows(num_ranks) and b <= most:
                 keys.append(((b, w, False), () if not drafts else (0, drafts) if b <= solo else (0,)))
         if span and num_ranks > 1:
             keys += [((b, w, True), (drafts,)) for b in sorted({next_pow2(max(num_ranks, 1 + d))
                                                                for d in range(1, drafts + 1)})
-                     if b <= GRAPH_BUCKETS[-1]]
+                     if b <= graph_rows(num_ranks)]
     return keys
 
 
@@ -140,9 +144,12 @@ class _Stream:
 class Engine:
     """The engine core: one scheduler (and KV block pool) per rank, one executor for all ranks.
 
-    A request lives on one rank (the least KV-loaded at arrival): its KV, attention and sampling stay
-    there. Each step every rank's scheduler plans its rows, ``plan_step_shapes`` picks the MoE bucket
-    (dp stripes, or a span when a solo request wants several rows), and the executor runs all ranks.
+    A request lives on one rank (the least KV-loaded at arrival of those with a free running slot): its KV,
+    attention and sampling stay there. ``config``'s ``max_num_seqs`` and ``max_waiting`` bound the replica, not
+    a rank: each rank runs its ``rank_seqs`` share of ``max_num_seqs``, and the engine holds at most
+    ``max_num_seqs`` + ``max_waiting`` requests in all (more are refused, ``queue_full``). Each step every rank's
+    scheduler plans its rows, ``plan_step_shapes`` picks the MoE bucket (dp stripes, or a span when a solo request
+    wants several rows), and the executor runs all ranks.
     ``decode`` turns ids into text (None: token ids only). ``graphs``: the workers run graph-shaped steps
     (``graph_key``) on their static path — set iff their ``graphs`` mode is not ``off``. ``lookahead``: let the
     workers launch the same requests' next decode step before returning a graph step's tokens sampled on the device,
@@ -157,7 +164,10 @@ class Engine:
         self.graphs, self.lookahead = graphs, lookahead
         self._launched: tuple[tuple[int, int, bool], list[StepPlan]] | None = None   # (graph, plans) launched ahead
         self.speculative_tokens = speculative_tokens
-        self.schedulers = [Scheduler(config) for _ in range(num_ranks)]
+        # the replica's bound (add_request) is the one that binds: a rank's own queue bound is the whole of it
+        seats = rank_seqs(config.max_num_seqs, num_ranks)
+        self._admits = sum(seats) + config.max_waiting
+        self.schedulers = [Scheduler(replace(config, max_num_seqs=n, max_waiting=self._admits)) for n in seats]
         self._rank_of: dict[str, int] = {}
         self._streams: dict[str, _Stream] = {}
         self._unsent: dict[str, NewRequest] = {}      # known to a scheduler, not yet to its worker
@@ -185,7 +195,12 @@ class Engine:
         with self._lock:
             if req_id in self._rank_of:
                 raise AdmissionError("duplicate", "req_id", f"req_id {req_id!r} is already in flight")
-            rank = place_request({r: s.kv_load for r, s in enumerate(self.schedulers)})
+            if sum(s.num_running + s.num_waiting for s in self.schedulers) >= self._admits:
+                raise AdmissionError("queue_full", "queue", f"the engine is full ({self.config.max_num_seqs} running "
+                                     f"+ {self.config.max_waiting} waiting requests); retry later")
+            rank = place_request({r: s.kv_load for r, s in enumerate(self.schedulers)},
+                                 {r: s.num_running + s.num_waiting >= s.config.max_num_seqs
+                                  for r, s in enumerate(self.schedulers)})
             self.schedulers[rank].add_request(req_id, list(prompt_ids), params)
             self._rank_of[req_id] = rank
             detok = IncrementalDetokenizer(self.decode, list(prompt_ids)) if self.decode else None
@@ -224,7 +239,8 @@ class Engine:
         if self.graphs and tokens > 0:
             cfg = self.config
             blocks = min(-(-tokens // cfg.block_size), -(-cfg.max_model_len // cfg.block_size), cfg.num_blocks)
-            keys = warm_keys(len(self.schedulers), self.span, self.speculative_tokens, graph_widths(blocks))
+            keys = warm_keys(len(self.schedulers), self.span, self.speculative_tokens, graph_widths(blocks),
+                             max(s.config.max_num_seqs for s in self.schedulers))
             if report:
                 report(f"warm-up: capturing {len(keys)} graph steps (contexts up to {tokens} tokens) ...")
             for i, (key, drafts) in enumerate(keys):

@@ -49,7 +49,7 @@ except ImportError:                            # pragma: no cover - another trit
     HAVE_GLUON = False
 
 MAX_ROWS = 8
-MOE_MAX_ROWS = 128      # the expert kernels: up to a graph step's MoE (triton_moe.FUSED_MAX_ROWS)
+MOE_MAX_ROWS = 256      # the expert kernels: up to a graph step's MoE (triton_moe.FUSED_MAX_ROWS)
 RUN_PAIRS = 8           # pairs of an expert's run a program takes (the mma's N side); a longer run goes in chunks
 
 # Four e4m3 bytes of one register → two bf16x2 registers (elements 0..3 in order): each byte placed in the

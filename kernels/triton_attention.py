@@ -508,7 +508,7 @@ def indexer_topk_paged(q: torch.Tensor, head_weights: torch.Tensor, k_cache: tor
 
 
 # ---- MLA weight absorption on FP8 kv_b (few rows) -------------------------------------------------
-ABSORB_MAX_ROWS = 16
+ABSORB_MAX_ROWS = 64       # a graph step's rows (scheduler.shapes.GRAPH_BUCKETS); prefill chunks dequantize
 
 
 def absorb_tile(rkv: int) -> tuple[int, int, int]:

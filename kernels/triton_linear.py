@@ -23,8 +23,9 @@ Two kernels; the launcher picks by rows:
 * 2..8 bf16 rows, ≥ 1024 outputs, where Gluon is present: kernels/gluon_rows.py instead — the same math with
   the weight loaded straight into the tensor cores' register operand (no shared-memory pass) and a bit-move
   fp8 → bf16; 1.2–1.6× faster than this tile kernel on the big decode shapes (bench/rows_gemm.py).
-* mid-size (65..PREFILL_ROWS rows): the same kernel with 64×128 tiles, no split — a W8A16 "dequant-tile
-  GEMM": fp8 tiles are widened to the activation dtype in registers and multiplied on the tensor cores.
+* mid-size (65..PREFILL_ROWS rows: a dp graph step's MLPs over every rank's rows, short prefill chunks): the same
+  kernel on 64-row blocks (``mid_tile``), split over K as the decode tiles are — a W8A16 "dequant-tile GEMM": fp8
+  tiles are widened to the activation dtype in registers and multiplied on the tensor cores.
 * prefill (> PREFILL_ROWS rows): one Triton pass dequantizes the weight to the activation dtype, then
   cuBLAS runs the bf16 GEMM (measured faster than the tile GEMM above on H200 at 4096 rows; the weight
   pass is ≤ 1/20 of the GEMM there). This backend never quantizes activations (W8A16), so all paths stay
@@ -220,6 +221,17 @@ def decode_tile(M: int, N: int, K: int) -> LinearTile:
     return LinearTile(block_n, 128, max(1, min(split, k_steps // 2)), num_warps=4, num_stages=3)
 
 
+def mid_tile(M: int, N: int, K: int) -> LinearTile:
+    """65..PREFILL_ROWS rows in 64-row blocks: 128-wide weight tiles (64 under 1024 outputs), split over K until
+    every SM has ~2 programs. Unsplit (before session 19), a narrow weight — a tp rank's shared expert, 256 × 6144,
+    under a dp step's 256 rows — ran on 8 programs (bench/results/session19/)."""
+    block_n = 128 if N >= 1024 else 64
+    k_steps = triton.cdiv(K, 128)
+    tiles = triton.cdiv(N, block_n) * triton.cdiv(M, 64)
+    return LinearTile(block_n, 128, max(1, min(triton.cdiv(2 * num_sms(), tiles), k_steps // 2)), num_warps=4,
+                      num_stages=3)
+
+
 def gemv_tile(N: int, K: int) -> GemvTile:
     """The one-row launch measured best on H200 (bench/tune_decode_kernels.py --one-row [--narrow],
     bench/results/tune_decode_kernels_one_row*.md). 512..4096 outputs: no split-K (its partials and reduce
@@ -303,7 +315,7 @@ def fp8_linear(x: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor,
         block_m = max(16, next_pow2(M))
         tile = tile or decode_tile(M, N, K)
     else:
-        block_m, tile = 64, LinearTile(128, 128, 1, num_warps=4, num_stages=2)
+        block_m, tile = 64, tile or mid_tile(M, N, K)
     _tiles(x2, w8, scale_inv, out, block_m, tile)
     return out.view(*x.shape[:-1], N)
 

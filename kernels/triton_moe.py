@@ -62,8 +62,8 @@ from kernels.triton_utils import (
 
 # The fused launches take up to this many rows, more (prefill chunks) the grouped ones, whose host sync a CUDA graph
 # cannot hold: so at least scheduler.shapes.GRAPH_MOE_ROWS, the most a graph step's MoE takes (a dp step's MoE has
-# every rank's rows: 8 ranks × 16).
-FUSED_MAX_ROWS = 128
+# every rank's rows: 8 ranks × 32).
+FUSED_MAX_ROWS = 256
 RUN_ROWS = 16          # the most rows of an expert's run one program takes (runs average N·k / E_local pairs)
 ROUTE_BLOCK = 32       # pairs a routing program ranks (64 rows: 277 → 7.5 µs; blocks of 16 / 64: 12.1 / 10.4)
 

@@ -10,7 +10,7 @@ from scheduler.scheduler import (
     SchedulerConfig,
     StepPlan,
 )
-from scheduler.shapes import StepShape, place_request, plan_step_shapes
+from scheduler.shapes import StepShape, place_request, plan_step_shapes, rank_seqs
 
 __all__ = [
     "AdmissionError",
@@ -27,4 +27,5 @@ __all__ = [
     "StepShape",
     "place_request",
     "plan_step_shapes",
+    "rank_seqs",
 ]

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 DP = "dp"
 SPAN = "span"
-GRAPH_BUCKETS = (1, 2, 4, 8, 16)   # rows per rank of the decode / verify steps captured as CUDA graphs
+GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)   # rows per rank of the decode / verify steps captured as CUDA graphs
 # The most rows a graph step's MoE may take — a dp step's MoE takes every rank's rows (ranks × bucket); more go to
 # prefill launches that a graph cannot capture (kernels/triton_moe.py: FUSED_MAX_ROWS ≥ this)
-GRAPH_MOE_ROWS = 128              # 8 ranks × 16: an 8-rank replica at 128 running requests stays on graphs
+GRAPH_MOE_ROWS = 256              # 8 ranks × 32: an 8-rank replica at max_num_seqs 256 stays on graphs
 # Block-table widths captured per octave of context. Only the indexer's work grows with the width (keys past a row's
 # position score -inf and cost little: bench/graph_width.py), while every width is a graph per bucket to capture.
 WIDTHS_PER_OCTAVE = 2
@@ -89,13 +89,28 @@ def graph_widths(max_blocks: int) -> list[int]:
     return widths
 
 
+def graph_rows(num_ranks: int) -> int:
+    """The most rows a rank's graph step holds: the largest bucket whose dp step's MoE (ranks × bucket) stays within
+    ``GRAPH_MOE_ROWS`` — a span of as many rows too (the device comm's regions are this deep)."""
+    return max(b for b in GRAPH_BUCKETS if b * num_ranks <= GRAPH_MOE_ROWS)
+
+
 def graph_shape(bucket: int, span: bool, num_ranks: int) -> StepShape:
     """The MoE bucket of a graph step of ``bucket`` rows per rank (a span's owner is a device value, so 0 here)."""
     return StepShape(SPAN, bucket, bucket, 0) if span else StepShape(DP, bucket, num_ranks * bucket, None)
 
 
-def place_request(kv_load: dict[int, int]) -> int:
-    """Rank with the least KV load (ties -> lowest rank)."""
+def place_request(kv_load: dict[int, int], full: dict[int, bool] | None = None) -> int:
+    """Rank with the least KV load (ties -> lowest rank), among the ranks not ``full`` (their running slots all
+    taken or promised to requests already waiting there) while there is one: a request placed on a full rank waits
+    there although another rank could start it now."""
     if not kv_load:
         raise ValueError("kv_load must name at least one rank")
-    return min(kv_load, key=lambda rank: (kv_load[rank], rank))
+    full = full or {}
+    return min(kv_load, key=lambda rank: (full.get(rank, False), kv_load[rank], rank))
+
+
+def rank_seqs(max_num_seqs: int, num_ranks: int) -> list[int]:
+    """Each rank's share of a replica's ``max_num_seqs`` running requests — even, the first ranks one more when it
+    does not divide, at least one a rank (so ``num_ranks`` when ``max_num_seqs`` is smaller)."""
+    return [max(1, max_num_seqs // num_ranks + (r < max_num_seqs % num_ranks)) for r in range(num_ranks)]

@@ -52,3 +52,19 @@ def run_engine(engine, reqs: dict, logprobs: bool = False) -> dict[str, list]:
             else:
                 out[ev.req_id] += ev.token_ids
     return out
+
+
+class RecordingExecutor:
+    """A fake executor: every rank samples token 7 for each row that samples; the steps it was given are kept."""
+
+    def __init__(self):
+        self.steps = []
+
+    def execute(self, steps):
+        from workers.runner import StepResult
+
+        self.steps.append(steps)
+        return [StepResult(st.step_id, {s.req_id: [7] for s in st.seqs if s.sample}) for st in steps]
+
+    def recover(self):
+        pass

@@ -17,11 +17,12 @@ argument of ``comm_ipc``. A wait is bounded by a spin count (≈ ``timeout_s``);
 records the epoch in an error word and lets later waits fall through, and ``check()`` (after the step)
 raises ``CommTimeout`` naming the ranks whose flags are behind.
 
-Shared region (inside the ipc allocation), for R ≤ ``STATIC_ROWS`` rows per rank, element size 4:
+Shared region (inside the ipc allocation), for R ≤ S = ``graph_rows(N)`` rows per rank (a graph step's most),
+element size 4:
 
     flags  int64 [parity=2][phase=2][src=N][16]        one 128-byte line per flag
-    AG     [parity=2][src=N][STATIC_ROWS·H]            src writes its rows in its slot
-    RS     [parity=2][dst=N][src=N][STATIC_ROWS·H]     src writes its partial of dst's stripe
+    AG     [parity=2][src=N][S·H]                      src writes its rows in its slot
+    RS     [parity=2][dst=N][src=N][S·H]               src writes its partial of dst's stripe
 """
 
 from __future__ import annotations
@@ -30,10 +31,9 @@ import torch
 import triton
 import triton.language as tl
 
-from scheduler.shapes import GRAPH_BUCKETS
+from scheduler.shapes import graph_rows
 from workers.comm import CommTimeout
 
-STATIC_ROWS = GRAPH_BUCKETS[-1]
 LINE = 16                      # int64 words per flag
 PHASES = ("AG", "RS")
 BLOCK = 1024
@@ -104,7 +104,8 @@ class DevicePhases:
     def __init__(self, rank: int, world_size: int, hidden: int, region: torch.Tensor, timeout_s: float,
                  max_spins: int | None = None):
         self.rank, self.world_size, self.hidden, self.timeout_s = rank, world_size, hidden, timeout_s
-        N, slot = world_size, STATIC_ROWS * hidden
+        self.rows = graph_rows(world_size)
+        N, slot = world_size, self.rows * hidden
         fb = _flags_bytes(N)
         self._flags = region[:fb].view(torch.int64)
         self._ag = region[fb: fb + 2 * N * slot * 4]
@@ -120,11 +121,11 @@ class DevicePhases:
 
     @staticmethod
     def nbytes(world_size: int, hidden: int) -> int:
-        slot = STATIC_ROWS * hidden * 4
+        slot = graph_rows(world_size) * hidden * 4
         return _flags_bytes(world_size) + 2 * world_size * slot + 2 * world_size * world_size * slot
 
     def all_gather(self, local_rows: torch.Tensor) -> torch.Tensor:
-        """[R, H] this rank's rows (R ≤ STATIC_ROWS, pads included) → [N, R, H] every rank's."""
+        """[R, H] this rank's rows (R ≤ ``self.rows``, pads included) → [N, R, H] every rank's."""
         self.put("AG", local_rows)
         return self.get("AG", local_rows.shape[0], local_rows.dtype)
 
@@ -138,7 +139,7 @@ class DevicePhases:
         N, H = self.world_size, self.hidden
         R = x.shape[0] // (N if phase == "RS" else 1)
         self._check_shape(R, x.shape[1], x.dtype)
-        slot, n = STATIC_ROWS * H, R * H
+        slot, n = self.rows * H, R * H
         if phase == "AG":
             dsts, dst_stride, parity_stride = 1, 0, N * slot
         else:
@@ -150,7 +151,7 @@ class DevicePhases:
     def get(self, phase: str, R: int, dtype: torch.dtype) -> torch.Tensor:
         """The second half: wait for every rank's put, then AG → [N, R, H]; RS → [R, H]."""
         N, H = self.world_size, self.hidden
-        slot, n = STATIC_ROWS * H, R * H
+        slot, n = self.rows * H, R * H
         if phase == "AG":
             out = torch.empty(N, R, H, dtype=dtype, device=self._state.device)
             sources, parity_stride, mine = N, N * slot, 0
@@ -191,8 +192,8 @@ class DevicePhases:
         self._rs.fill_(255)
 
     def _check_shape(self, R: int, H: int, dtype: torch.dtype) -> None:
-        if not 1 <= R <= STATIC_ROWS or H != self.hidden or dtype.itemsize > 4:
-            raise ValueError(f"device phases take 1..{STATIC_ROWS} rows of hidden {self.hidden} in a ≤ 4-byte "
+        if not 1 <= R <= self.rows or H != self.hidden or dtype.itemsize > 4:
+            raise ValueError(f"device phases take 1..{self.rows} rows of hidden {self.hidden} in a ≤ 4-byte "
                              f"dtype, got [{R}, {H}] {dtype}")
 
 

@@ -122,12 +122,12 @@ def test_greedy_tokens_equal_single_process(tiny_ckpt, tiny_config, n, moe, kern
     assert (stats["ahead_steps"] > 0) == (kernels == "auto")     # graph steps launched ahead on every rank
 
 
-@pytest.mark.parametrize("per_rank", [8, 16])
+@pytest.mark.parametrize("per_rank", [8, 16, 32])
 def test_eight_ranks_capture_a_full_dp_bucket(tiny_ckpt, tiny_config, monkeypatch, per_rank):
-    """8 ipc ranks (processes sharing the GPU here), 8 or 16 requests a rank: their decode steps are dp graph steps
-    of that bucket, whose MoE takes every rank's rows, 64 or 128 (``GRAPH_MOE_ROWS``; the Triton MoE's grouped
+    """8 ipc ranks (processes sharing the GPU here), 8, 16 or 32 requests a rank: their decode steps are dp graph
+    steps of that bucket, whose MoE takes every rank's rows, 64–256 (``GRAPH_MOE_ROWS``; the Triton MoE's grouped
     launches, which took more than 32 rows before session 17, cannot be captured; 16 a rank ran eagerly before
-    session 18). Captured, replayed: the single process's tokens."""
+    session 18, 32 before session 19). Captured, replayed: the single process's tokens."""
     import cluster.engine as engine_module
 
     g = torch.Generator().manual_seed(3)        # one prompt length: placement by KV load spreads them evenly

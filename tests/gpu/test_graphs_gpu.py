@@ -28,10 +28,11 @@ from workers.runner import ModelRunner
 
 DEV = "cuda"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-NUM_BLOCKS = 2048                 # 11 requests of 1500 tokens (the 16-row step) fit
+NUM_BLOCKS = 6144                 # 40 requests of 1500 tokens (the 64-row step) fit
 
 # per bucket: (rows fed, drafts) of each request — decode rows, verify rows, and pad rows
 STEPS = {1: [(1, 0)], 2: [(1, 0), (1, 0)], 4: [(1, 0), (1, 0), (1, 0)], 8: [(1, 0)] * 5, 16: [(1, 0)] * 11,
+         32: [(1, 0)] * 20, 64: [(1, 0)] * 40,
          "verify4": [(4, 3)], "verify8": [(8, 7)], "mixed8": [(4, 3), (1, 0), (1, 0)], "verify16": [(4, 3)] * 4}
 
 _MODELS: dict = {}
@@ -88,7 +89,7 @@ def test_replay_is_bit_identical_to_eager(text_ckpt, dtype, step):
     assert graphs.captured and all(b in GRAPH_BUCKETS for b, *_ in graphs.captured)
 
 
-@pytest.mark.parametrize("n", [1, 3, 6, 12])
+@pytest.mark.parametrize("n", [1, 3, 6, 12, 40])
 def test_engine_with_graphs_equals_without(text_ckpt, n):
     m = model(text_ckpt, "float32")
     reqs = requests(n, m.config.vocab_size, seed=n)

@@ -34,8 +34,10 @@ def gen(seed):
 
 
 @pytest.mark.parametrize("M,N,K", [(1, 576, 6144), (8, 16384, 2048), (1, 6144, 16384), (8, 128, 6144),
-                                   (300, 4096, 2048), (2048, 6144, 2048)])
+                                   (256, 256, 6144), (130, 6144, 1536), (300, 4096, 2048), (2048, 6144, 2048)])
 def test_fp8_linear_bf16(M, N, K):
+    """Every row class: one row, Gluon's 2–8, the mid-size tiles (split over K: a tp rank's shared expert under a dp
+    step's 256 rows), the cuBLAS prefill."""
     g = gen(M + N)
     w8, s = fp8_quantize(0.02 * torch.randn(N, K, device=DEV, generator=g))
     x = torch.randn(M, K, device=DEV, generator=g).to(BF16)
@@ -169,7 +171,7 @@ def test_mla_absorb_expand_bf16():
     w8, sc = fp8_quantize(0.05 * torch.randn(nh * (dn + dv), rkv, device=DEV, generator=g))
     kv_b.weight.data.copy_(w8)
     kv_b.weight_scale_inv.data.copy_(sc)
-    for N in (1, 8):
+    for N in (1, 8, 32, 64):                       # 64: a graph step's most (ABSORB_MAX_ROWS)
         q = torch.randn(N, nh, dn + 64, device=DEV, generator=g).to(BF16)[..., :dn]
         o_lat = torch.randn(N, nh, rkv, device=DEV, generator=g).to(BF16)
         assert rel(tri("mla_absorb")(q, kv_b), reference.mla_absorb(q.float(), kv_b)) < 1e-2
@@ -207,7 +209,7 @@ def test_moe_fp8(N, offset, I):
     assert rel(tri("moe_experts")(x.float(), *args[1:]), ref32) < 1e-4
 
 
-@pytest.mark.parametrize("N,offset,I", [(65, 0, 2048), (300, 16, 256), (2048, 0, 2048)])
+@pytest.mark.parametrize("N,offset,I", [(257, 0, 2048), (300, 16, 256), (2048, 0, 2048)])
 def test_grouped_moe_fp8(N, offset, I):
     """Prefill rows (the grouped launches): close to the fp32 reference, bit-identical on repeat."""
     args = moe_args(40 + N + I, N, I, 32, offset)
@@ -302,9 +304,9 @@ def test_moe_fp8_with_shared_expert(N):
 
 
 @pytest.mark.parametrize("N,offset,I", [(1, 0, 2048), (8, 16, 2048), (8, 0, 256), (64, 0, 256), (64, 16, 2048),
-                                        (128, 0, 256)])
+                                        (128, 0, 256), (256, 16, 2048)])
 def test_moe_fp8_bitwise_and_graph(N, offset, I):
-    """fused_moe (routing kernel included): bit-identical on repeat; graph replays equal eager bitwise — up to 128
+    """fused_moe (routing kernel included): bit-identical on repeat; graph replays equal eager bitwise — up to 256
     rows, a graph step's MoE in 8 ranks (``GRAPH_MOE_ROWS``)."""
     args = moe_args(10 + N + I, N, I, 64, offset)
     x = args[0]
@@ -317,10 +319,10 @@ def test_moe_fp8_bitwise_and_graph(N, offset, I):
 
 @needs_gluon
 @pytest.mark.parametrize("N,offset,I", [(2, 0, 2048), (3, 16, 256), (8, 0, 256), (8, 16, 2048), (13, 0, 256),
-                                         (40, 16, 2048), (64, 0, 256), (128, 16, 256)])
+                                         (40, 16, 2048), (64, 0, 256), (128, 16, 256), (256, 0, 256)])
 @pytest.mark.parametrize("tile", [None, (64, 1, 64), (128, 5, 128, 4, 8, 8)])
 def test_gluon_moe(N, offset, I, tile):
-    """The Gluon expert kernels (2..128 rows on 32 experts: runs of ~N/4 pairs, past 8 in chunks of 8; split over H
+    """The Gluon expert kernels (2..256 rows on 32 experts: runs of ~N/4 pairs, past 8 in chunks of 8; split over H
     on and off; experts held elsewhere): close to the fp32 reference and to the Triton tile kernels, bit-identical
     on repeat and in graph replays."""
     from kernels.triton_moe import expert_tiles, fused_moe

@@ -288,7 +288,8 @@ def test_static_span_verify_steps_equal_plain(ray_session, text_ckpt):
         engine = Engine(group, scheduler_config(cfg, mc, None, NUM_BLOCKS), num_ranks=4, speculative_tokens=3,
                         graphs=True)
         # the start-up warm-up first: every rank runs each warm step (dp and span keys, drafting graphs after them)
-        assert engine.warm_up(64)["graph_steps"] == len(warm_keys(4, True, 3, graph_widths(4)))
+        keys = warm_keys(4, True, 3, graph_widths(4), cfg.max_num_seqs // 4)
+        assert engine.warm_up(64)["graph_steps"] == len(keys)
         assert engine.stats["steps"] == 0 and engine.num_free_blocks() == 4 * NUM_BLOCKS
         got = [run(engine, {f"s{i}": (ids, greedy)})[f"s{i}"] for i, ids in enumerate(prompts)]
         assert got == expected

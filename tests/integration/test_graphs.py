@@ -14,7 +14,7 @@ from models.cache import build_batch
 from models.loader import load_model
 from scheduler.request import SamplingParams
 from scheduler.scheduler import ScheduledSeq, SchedulerConfig, StepPlan
-from scheduler.shapes import DP, GRAPH_BUCKETS, GRAPH_MOE_ROWS, StepShape, graph_width, graph_widths
+from scheduler.shapes import DP, GRAPH_BUCKETS, GRAPH_MOE_ROWS, SPAN, StepShape, graph_width, graph_widths
 from tests.conftest import run_engine
 from workers.runner import ModelRunner
 from workers.sampler import has_penalties, history_counts
@@ -154,29 +154,38 @@ def test_warm_up_runs_every_served_graph_key_and_changes_nothing(model, k):
 def test_warm_keys_follow_the_step_shapes():
     """One process: every dp bucket, drafts after the buckets a solo verify of 1 + 3 rows lands in; a group with
     span steps: drafts after a one-row dp step and on the span buckets; without speculation no drafting graphs."""
-    assert warm_keys(1, True, 0, [1]) == [((b, 1, False), ()) for b in (1, 2, 4, 8, 16)]
-    assert warm_keys(1, True, 3, [2]) == [((1, 2, False), (0, 3)), ((2, 2, False), (0, 3)),
-                                          ((4, 2, False), (0, 3)), ((8, 2, False), (0,)), ((16, 2, False), (0,))]
-    assert warm_keys(2, True, 3, [5]) == [((1, 5, False), (0, 3)), ((2, 5, False), (0,)), ((4, 5, False), (0,)),
-                                          ((8, 5, False), (0,)), ((16, 5, False), (0,)), ((2, 5, True), (3,)),
-                                          ((4, 5, True), (3,))]
+    assert warm_keys(1, True, 0, [1]) == [((b, 1, False), ()) for b in (1, 2, 4, 8, 16, 32, 64)]
+    assert warm_keys(1, True, 3, [2], seqs_per_rank=16) == [
+        ((1, 2, False), (0, 3)), ((2, 2, False), (0, 3)), ((4, 2, False), (0, 3)), ((8, 2, False), (0,)),
+        ((16, 2, False), (0,))]
+    assert warm_keys(2, True, 3, [5], seqs_per_rank=9) == [
+        ((1, 5, False), (0, 3)), ((2, 5, False), (0,)), ((4, 5, False), (0,)), ((8, 5, False), (0,)),
+        ((16, 5, False), (0,)), ((2, 5, True), (3,)), ((4, 5, True), (3,))]
     assert warm_keys(8, False, 1, [1])[:2] == [((1, 1, False), (0, 1)), ((2, 1, False), (0, 1))]
 
 
 def test_graph_steps_keep_the_moe_within_its_capturable_rows():
     """A dp step's MoE takes every rank's rows: a graph step (and the warm-up's keys) keeps them within
-    GRAPH_MOE_ROWS — 8 ranks capture every bucket, 16 ranks up to 8 rows a rank, 32 up to 4 — and the Triton
-    MoE runs that many rows on its fused launches, which a graph can hold (the grouped ones sync with the host)."""
+    GRAPH_MOE_ROWS — one to four ranks capture every bucket, 8 ranks up to 32 rows a rank, 16 up to 16, 32 up to 8
+    — and the Triton MoE runs that many rows on its fused launches, which a graph can hold (the grouped ones sync
+    with the host); a span step is held to as many rows (the device comm's regions are that deep)."""
+    from kernels.gluon_rows import MOE_MAX_ROWS
+    from kernels.triton_attention import ABSORB_MAX_ROWS
     from kernels.triton_moe import FUSED_MAX_ROWS
 
-    assert FUSED_MAX_ROWS >= GRAPH_MOE_ROWS == 128
-    assert [key[0] for key, _ in warm_keys(8, True, 3, [1]) if not key[2]] == [1, 2, 4, 8, 16]
-    assert [key[0] for key, _ in warm_keys(16, True, 3, [1]) if not key[2]] == [1, 2, 4, 8]
-    assert [key[0] for key, _ in warm_keys(32, True, 3, [1]) if not key[2]] == [1, 2, 4]
-    plans = [StepPlan(0, (ScheduledSeq("a", (5,), 9, (0,), True, 0),), ())]
-    assert graph_key(StepShape(DP, 16, 128, None), plans) == (16, 1, False)
-    assert graph_key(StepShape(DP, 16, 256, None), plans) is None
-    assert graph_key(StepShape(DP, 8, 128, None), plans) == (8, 1, False)
+    assert FUSED_MAX_ROWS >= GRAPH_MOE_ROWS == 256 and MOE_MAX_ROWS >= GRAPH_MOE_ROWS
+    assert ABSORB_MAX_ROWS >= GRAPH_BUCKETS[-1]
+    assert [key[0] for key, _ in warm_keys(4, True, 3, [1]) if not key[2]] == [1, 2, 4, 8, 16, 32, 64]
+    assert [key[0] for key, _ in warm_keys(8, True, 3, [1]) if not key[2]] == [1, 2, 4, 8, 16, 32]
+    assert [key[0] for key, _ in warm_keys(16, True, 3, [1]) if not key[2]] == [1, 2, 4, 8, 16]
+    assert [key[0] for key, _ in warm_keys(32, True, 3, [1]) if not key[2]] == [1, 2, 4, 8]
+    seq = ScheduledSeq("a", (5,), 9, (0,), True, 0)
+    one, eight = [StepPlan(0, (seq,), ())], [StepPlan(0, (seq,), ())] + [StepPlan(0, (), ())] * 7
+    assert graph_key(StepShape(DP, 64, 64, None), one) == (64, 1, False)
+    assert graph_key(StepShape(DP, 32, 256, None), eight) == (32, 1, False)
+    assert graph_key(StepShape(DP, 64, 512, None), eight) is None
+    assert graph_key(StepShape(SPAN, 64, 64, 0), eight) is None
+    assert graph_key(StepShape(SPAN, 8, 8, 0), eight) == (8, 1, True)
 
 
 @pytest.mark.parametrize("lengths", [[5, 9], [40, 70, 33], [200]])
@@ -216,7 +225,7 @@ def test_graph_key_only_for_decode_and_verify_rows_within_the_buckets():
     assert graph_key(StepShape("span", 4, 4, 1), [plan(), plan(verify)]) == (4, graph_width(7), True)   # not dp's
     assert graph_key(dp, [plan(decode), plan(prefill)]) is None                    # every rank must qualify
     assert graph_key(dp, [plan(decode), plan(chunk)]) is None
-    assert graph_key(StepShape("dp", 32, 32, None), [plan(decode)]) is None        # beyond the largest bucket
+    assert graph_key(StepShape("dp", 128, 128, None), [plan(decode)]) is None      # beyond the largest bucket
     assert graph_key(dp, [plan(), plan()]) is None
 
 

@@ -10,8 +10,9 @@ import torch
 
 pytest.importorskip("triton")
 
+from scheduler.shapes import graph_rows
 from workers.comm import CommTimeout, ordered_sum
-from workers.comm_device import STATIC_ROWS, DevicePhases
+from workers.comm_device import DevicePhases
 
 H = 8
 
@@ -32,7 +33,7 @@ def data(seed: int, rows: int, dtype) -> torch.Tensor:
 def test_phases_gather_and_sum_in_order_across_parities(n):
     ranks = group(n)
     for i in range(4):                                   # AG, RS, AG, RS ...: both parities, both phases
-        dtype, R = (torch.float32, torch.float16)[i % 2], (1, STATIC_ROWS, 2, 3)[i]
+        dtype, R = (torch.float32, torch.float16)[i % 2], (1, graph_rows(n), 2, 3)[i]
         rows = [data(10 * i + r, R, dtype) for r in range(n)]
         for r, p in enumerate(ranks):
             p.put("AG", rows[r])
@@ -65,7 +66,11 @@ def test_expired_wait_is_reported_and_later_waits_fall_through():
 
 def test_shapes_are_checked():
     p = group(2)[0]
-    with pytest.raises(ValueError, match=f"1..{STATIC_ROWS} rows"):
-        p.put("AG", torch.zeros(STATIC_ROWS + 1, H))
+    with pytest.raises(ValueError, match="1..64 rows"):
+        p.put("AG", torch.zeros(65, H))
+    p8 = group(8)[0]                    # 8 ranks' graph steps hold ≤ 32 rows a rank (256 in the MoE): so does the region
+    assert p8.rows == 32
+    with pytest.raises(ValueError, match="1..32 rows"):
+        p8.put("AG", torch.zeros(33, H))
     with pytest.raises(ValueError, match="hidden 8"):
         p.put("AG", torch.zeros(2, H + 1))

@@ -8,29 +8,15 @@ from itertools import pairwise
 from cluster.engine import Engine
 from scheduler.request import SamplingParams
 from scheduler.scheduler import SchedulerConfig
-from workers.runner import StepResult
+from tests.conftest import RecordingExecutor
 
 BS = 16
-
-
-class _Recorder:
-    """Every rank samples token 7 for each row that samples; the steps are kept."""
-
-    def __init__(self):
-        self.steps = []
-
-    def execute(self, steps):
-        self.steps.append(steps)
-        return [StepResult(st.step_id, {s.req_id: [7] for s in st.seqs if s.sample}) for st in steps]
-
-    def recover(self):
-        pass
 
 
 def _engine(max_num_seqs=4, k=0, ranks=1):
     cfg = SchedulerConfig(num_blocks=64, block_size=BS, max_model_len=512, vocab_size=64, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=64)
-    rec = _Recorder()
+    rec = RecordingExecutor()
     return Engine(rec, cfg, num_ranks=ranks, speculative_tokens=k, graphs=True), rec
 
 

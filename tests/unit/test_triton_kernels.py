@@ -74,9 +74,10 @@ def test_rope_bit_identical(tk, interleaved, dtype):
                                                       interleaved))
 
 
-@pytest.mark.parametrize("M,N,K", [(1, 576, 256), (5, 200, 320), (70, 130, 192)])
+@pytest.mark.parametrize("M,N,K", [(1, 576, 256), (5, 200, 320), (70, 130, 192), (100, 64, 1024)])
 def test_fp8_linear(tk, M, N, K):
-    """Decode (split-K) and prefill tiles, partial edge blocks on both weight dims (576 = 4·128 + 64)."""
+    """Decode (split-K) and mid-size tiles (64-row blocks; split-K on a narrow weight: 100 × 64 × 1024), partial
+    edge blocks on both weight dims (576 = 4·128 + 64)."""
     g = torch.Generator().manual_seed(2)
     w8, s = fp8_quantize(0.02 * torch.randn(N, K, generator=g))
     s = s * (1 + torch.rand(s.shape, generator=g))                         # distinct scale per block

@@ -1,0 +1,66 @@
+"""A replica's admission limits over its ranks: ``max_num_seqs`` running and ``max_waiting`` waiting requests bound the
+whole engine (every rank's scheduler together), not each rank — over a fake executor."""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster.engine import Engine, warm_keys
+from scheduler.request import SamplingParams
+from scheduler.scheduler import AdmissionError, SchedulerConfig
+from scheduler.shapes import place_request, rank_seqs
+from tests.conftest import RecordingExecutor
+
+
+def _engine(ranks: int, max_num_seqs: int, max_waiting: int) -> Engine:
+    cfg = SchedulerConfig(num_blocks=64, block_size=16, max_model_len=256, vocab_size=64, max_num_seqs=max_num_seqs,
+                          max_num_batched_tokens=64, max_waiting=max_waiting)
+    return Engine(RecordingExecutor(), cfg, num_ranks=ranks)
+
+
+def _counts(engine: Engine) -> tuple[list[int], list[int]]:
+    return [s.num_running for s in engine.schedulers], [s.num_waiting for s in engine.schedulers]
+
+
+def test_rank_shares_of_max_num_seqs():
+    assert rank_seqs(64, 1) == [64]
+    assert rank_seqs(128, 8) == [16] * 8
+    assert rank_seqs(10, 4) == [3, 3, 2, 2]
+    assert rank_seqs(2, 4) == [1, 1, 1, 1]          # at least one a rank
+
+
+def test_placement_prefers_a_rank_with_a_free_slot():
+    assert place_request({0: 1, 1: 9}, {0: True, 1: False}) == 1
+    assert place_request({0: 1, 1: 9}, {0: True, 1: True}) == 0      # all full: the least loaded
+    assert place_request({0: 5, 1: 5, 2: 3}, {2: True}) == 0
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+def test_max_num_seqs_and_max_waiting_bound_the_replica(ranks):
+    engine = _engine(ranks, max_num_seqs=4, max_waiting=3)
+    for i in range(7):                                   # 4 run, 3 wait
+        engine.add_request([1 + i, 2, 3], SamplingParams(max_tokens=40, ignore_eos=True), f"r{i}")
+    with pytest.raises(AdmissionError) as err:
+        engine.add_request([9, 9], SamplingParams(max_tokens=4), "over")
+    assert err.value.reason == "queue_full" and "4 running + 3 waiting" in str(err.value)
+    engine.step()
+    running, waiting = _counts(engine)
+    assert sum(running) == 4 and sum(waiting) == 3, (running, waiting)
+    assert running == [4 // ranks] * ranks               # placed where a slot was free: every rank runs its share
+    with pytest.raises(AdmissionError):
+        engine.add_request([9, 9], SamplingParams(max_tokens=4), "still-over")
+    engine.abort("r4")                                   # r0–r3 took the free slots, r4 waited: one more may wait
+    engine.add_request([9, 9], SamplingParams(max_tokens=4), "late")
+    engine.abort("r0")                                   # a slot frees: a request waiting on that rank runs
+    engine.step()
+    running, waiting = _counts(engine)
+    for n, w, share in zip(running, waiting, rank_seqs(4, ranks)):
+        assert n <= share and (n == share or not w), (running, waiting)   # no rank idles a slot with requests queued
+    assert sum(running) + sum(waiting) == 6
+
+
+def test_warm_up_captures_only_buckets_a_rank_can_fill():
+    assert [k[0] for k, _ in warm_keys(1, True, 0, [1], seqs_per_rank=4)] == [1, 2, 4]
+    assert [k[0] for k, _ in warm_keys(1, True, 3, [1], seqs_per_rank=1)] == [1, 2, 4]   # a solo verify's 1 + 3 rows
+    assert [k[0] for k, _ in warm_keys(8, True, 0, [1], seqs_per_rank=5)] == [1, 2, 4, 8]
+    assert warm_keys(2, True, 0, [1], seqs_per_rank=1000) == warm_keys(2, True, 0, [1])
