@@ -72,7 +72,8 @@ def variants(M: int, N: int, K: int) -> dict[str, RowsTile]:
 
 
 def tile_variants(M: int, N: int, K: int) -> dict[str, LinearTile]:
-    """Past Gluon's rows: the tile kernel's launches around ``decode_tile`` (block_n, warps, stages, programs an SM)."""
+    """Past Gluon's rows: the tile kernel's launches around ``decode_tile`` (block_n, warps, stages, programs an
+    SM)."""
     out = {"tile default": decode_tile(M, N, K)}
     k_steps = triton.cdiv(K, 128)
     for bn, warps, stages, per_sm in itertools.product((32, 64, 128) if N < 1024 else (64, 128), (4, 8), (3, 4),

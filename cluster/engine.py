@@ -144,12 +144,13 @@ class _Stream:
 class Engine:
     """The engine core: one scheduler (and KV block pool) per rank, one executor for all ranks.
 
-    A request lives on one rank (the least KV-loaded at arrival of those with a free running slot): its KV,
-    attention and sampling stay there. ``config``'s ``max_num_seqs`` and ``max_waiting`` bound the replica, not
-    a rank: each rank runs its ``rank_seqs`` share of ``max_num_seqs``, and the engine holds at most
-    ``max_num_seqs`` + ``max_waiting`` requests in all (more are refused, ``queue_full``). Each step every rank's
-    scheduler plans its rows, ``plan_step_shapes`` picks the MoE bucket (dp stripes, or a span when a solo request
-    wants several rows), and the executor runs all ranks.
+    A request lives on one rank (the least KV-loaded at arrival of those with a free running slot; one that waits
+    for a slot may move to a rank that frees one first, ``_rebalance``): its KV, attention and sampling stay there.
+    ``config``'s ``max_num_seqs`` and ``max_waiting`` bound the replica, not a rank: each rank runs its
+    ``rank_seqs`` share of ``max_num_seqs``, and the engine holds at most ``max_num_seqs`` + ``max_waiting``
+    requests in all (more are refused, ``queue_full``). Each step every rank's scheduler plans its rows,
+    ``plan_step_shapes`` picks the MoE bucket (dp stripes, or a span when a solo request wants several rows), and
+    the executor runs all ranks.
     ``decode`` turns ids into text (None: token ids only). ``graphs``: the workers run graph-shaped steps
     (``graph_key``) on their static path — set iff their ``graphs`` mode is not ``off``. ``lookahead``: let the
     workers launch the same requests' next decode step before returning a graph step's tokens sampled on the device,
@@ -278,6 +279,7 @@ class Engine:
     # ---- the step loop -----------------------------------------------------------------------
     def step(self) -> list[TokenEvent]:
         with self._lock:
+            self._rebalance()
             # drafts ride only while one request is active (under the span policy they are free then)
             solo = sum(len(s.live_ids()) for s in self.schedulers) == 1
             k = self.speculative_tokens if solo else 0
@@ -312,6 +314,24 @@ class Engine:
                 events += [self._emit(ev, res) for ev in sch.update(plan, res.sampled, res.drafts)
                            if ev.req_id in self._streams]
             return events
+
+    def _rebalance(self) -> None:
+        """Before planning: a rank with running slots beyond its own queue takes the oldest requests that wait for a
+        slot on other ranks, if no worker has seen them yet (placed while every rank was full; a slot freed elsewhere
+        first). Preempted requests stay: their worker holds their state."""
+        if len(self.schedulers) == 1:
+            return
+
+        def waits_for_a_slot(s: Scheduler) -> int:
+            return min(s.num_waiting, s.num_running + s.num_waiting - s.config.max_num_seqs)
+        for rank, taker in enumerate(self.schedulers):
+            while taker.num_running + taker.num_waiting < taker.config.max_num_seqs:
+                giver = max(self.schedulers, key=waits_for_a_slot)
+                req = giver.release_waiting(self._unsent.__contains__) if waits_for_a_slot(giver) > 0 else None
+                if req is None:
+                    break
+                taker.adopt(req)
+                self._rank_of[req.req_id] = rank
 
     def _count_drafts(self, plan: StepPlan, res: StepResult) -> None:
         for s in plan.seqs:

@@ -374,7 +374,8 @@ def moe_tile(H: int, I: int, experts_hit: int, sms: int, rows: int = 8) -> MoeTi
     2438–2459 µs against 1648–1866 / 2499–2512 with 64). In all, I 2048 at 16 / 32 / 64 rows: 972–1102 / 1613–1748
     / 2438–2459 µs against the Triton tile kernels' 1118–1274 / 1872–2032 / 2751–2836; I 256: 154–165 / 276–277 /
     432 against 185–207 / 318–330 / 542–548 (two calls each). At 128 rows (call 8, bench/moe_prefill.py --fused,
-    routing and combine included): 2.88 / 0.55 ms at I 2048 / 256, the grouped launches 5.47 / 1.77."""
+    routing and combine included): 2.88 / 0.55 ms at I 2048 / 256, the grouped launches 5.47 / 1.77; at 256 rows
+    (session 19, call 1) 3.41 / 0.67 against 5.44 / 1.72 — not swept there."""
     if rows > 8:
         wide = I >= 1024 and rows >= 32
         return MoeTile(128, 1, 128 if wide else 64, sub=2, gu_warps=8, dn_warps=8 if wide else 4)

@@ -7,7 +7,7 @@ expert's run owns that expert and processes the run (≤ N rows, one per row at 
 a run longer than ``RUN_ROWS`` in chunks, each owned by its first pair (a whole run as one tile of
 next_pow2(N) rows was 2–2.8× slower from 24 rows on: bench/moe_prefill.py --fused, bench/results/session17/).
 Programs on the other pairs exit at once, so the grid has a static size and no host sync (graph-capturable:
-a graph step's MoE in 8 ranks takes up to 128 rows). Four launches:
+a graph step's MoE in 8 ranks takes up to 256 rows). Four launches:
 
 0. route: each pair's rank by (local expert, pair) among all P = N·k (a [P, P] comparison, a program per
    ROUTE_BLOCK pairs), giving the sorted pairs, each row's slots in expert-id order, the valid mask and each
@@ -21,7 +21,7 @@ a graph step's MoE in 8 ranks takes up to 128 rows). Four launches:
 The GEMMs accumulate in fp32 and scale each 128-wide sub-block of a K step by its one block scale
 (``ExpertTile.block_k`` is a multiple of 128, ``block_n`` divides 128), as kernels/triton_linear.py.
 
-2..128 bf16 rows with FP8 experts run launches 1 and 2 as Gluon kernels instead (kernels/gluon_rows.py: the
+2..256 bf16 rows with FP8 experts run launches 1 and 2 as Gluon kernels instead (kernels/gluon_rows.py: the
 weight straight into the tensor cores' register operand, no shared-memory pass; gate/up split over H for
 narrow experts; a program takes ≤ 8 pairs of a run).
 
@@ -425,9 +425,10 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
     """x: [N, H] (N ≤ FUSED_MAX_ROWS), topk_idx/topk_w: [N, k] global ids / fp32 weights, gate/up:
     [E_l, I, H], down: [E_l, H, I] (fp8 with block scales, or x's dtype with None) → [N, H] in x's dtype:
     Σ_j w[n,j] · down(silu(gate(x)) · up(x)) over this rank's experts, + the ``shared`` expert's output
-    (as ``reference.moe_experts``; one row runs it as one more pair of the same launches). 2..8 bf16 rows
-    with FP8 experts take the Gluon kernels (kernels/gluon_rows.py) where present. ``tiles`` overrides the
-    (gate/up, down) launch shapes or (a ``MoeTile``) the Gluon launch (benchmarks). Graph-capturable."""
+    (as ``reference.moe_experts``; one row runs it as one more pair of the same launches). 2..256 bf16 rows
+    (``gluon_rows.MOE_MAX_ROWS``) with FP8 experts take the Gluon kernels (kernels/gluon_rows.py) where present.
+    ``tiles`` overrides the (gate/up, down) launch shapes or (a ``MoeTile``) the Gluon launch (benchmarks).
+    Graph-capturable."""
     N, H = x.shape
     E_local, I, _ = gate.shape
     k = topk_idx.shape[1]

@@ -11,6 +11,7 @@ FCFS without overtaking, and preemption victims are the youngest running request
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from scheduler.block_pool import BlockPool
@@ -189,6 +190,23 @@ class Scheduler:
                 f"prompt + max_tokens needs {num_blocks} KV blocks but the pool has only "
                 f"{self.pool.num_blocks}; lower max_tokens or shorten the prompt",
             )
+
+    def release_waiting(self, movable: Callable[[str], bool]) -> Request | None:
+        """Hand over the oldest waiting request that ``movable`` allows (one no worker has seen: it holds no KV and
+        no state anywhere), for another rank to ``adopt``; None if there is none."""
+        req = next((r for r in self._waiting if movable(r.req_id)), None)
+        if req is not None:
+            self._waiting.remove(req)
+            del self._live[req.req_id]
+        return req
+
+    def adopt(self, req: Request) -> None:
+        """Take a request another rank released: it waits here, the youngest (its arrival renumbered)."""
+        assert req.req_id not in self._live and req.status is RequestStatus.WAITING and not req.block_ids
+        req.arrival = self._next_arrival
+        self._next_arrival += 1
+        self._waiting.append(req)
+        self._live[req.req_id] = req
 
     # ---- planning ------------------------------------------------------------------------
 

@@ -1,11 +1,11 @@
 """Static-shape decode / verify forward, captured as CUDA graphs per (row bucket, context width).
 
-A decode or verify step — every scheduled request feeds its last token plus its drafts, ≤ 16 rows per
-rank (``GRAPH_BUCKETS``) — runs on persistent buffers: token ids, positions, KV slots and one block table per row
-are copied in, rows are padded to the bucket (1, 2, 4, 8, 16), and the forward captured for that bucket is
-replayed. Pad rows write their KV to a slot no request owns and their outputs are dropped (in a worker
-group the comm zeroes them before the MoE). The width (block-table columns, chosen by the engine) is
-the step's longest block table rounded up, so the indexer scores a bounded range; each (bucket, width)
+A decode or verify step — every scheduled request feeds its last token plus its drafts, ≤ 64 rows per
+rank (``GRAPH_BUCKETS``; ``graph_rows`` in a group) — runs on persistent buffers: token ids, positions, KV slots
+and one block table per row are copied in, rows are padded to the bucket (1, 2, 4, …, 64), and the forward
+captured for that bucket is replayed. Pad rows write their KV to a slot no request owns and their outputs are
+dropped (in a worker group the comm zeroes them before the MoE). The width (block-table columns, chosen by the
+engine) is the step's longest block table rounded up, so the indexer scores a bounded range; each (bucket, width)
 is captured on first use into one shared memory pool.
 
 On CPU (or with ``capture=False``) the same static-shape forward runs eagerly: it is the oracle a

@@ -164,6 +164,6 @@ def test_warm_up_captures_every_graph_served_after_it(text_ckpt, k):
 
 
 def _engine(m, graphs: bool, k: int = 0):
-    engine = make_engine(m, graphs, k)
+    engine = make_engine(m, graphs, k, blocks=NUM_BLOCKS)      # 40 requests' KV at once: the 64-row bucket
     assert engine.executor.runner.device.type == "cuda"
     return engine

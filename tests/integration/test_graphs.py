@@ -27,18 +27,18 @@ def model(text_ckpt):
     return load_model(text_ckpt, dtype=torch.float32, progress=False)
 
 
-def make_engine(model, graphs: bool, k: int = 0) -> Engine:
+def make_engine(model, graphs: bool, k: int = 0, blocks: int = NUM_BLOCKS) -> Engine:
     device = next(model.parameters()).device
-    runner = ModelRunner(model, NUM_BLOCKS, BLOCK, torch.float32, device, speculative=k > 0,
+    runner = ModelRunner(model, blocks, BLOCK, torch.float32, device, speculative=k > 0,
                          graphs="capture" if graphs else "off")
-    cfg = SchedulerConfig(num_blocks=NUM_BLOCKS, block_size=BLOCK, max_model_len=1024,
+    cfg = SchedulerConfig(num_blocks=blocks, block_size=BLOCK, max_model_len=1024,
                           vocab_size=model.config.vocab_size, eos_token_ids=())
     return Engine(LocalExecutor(runner), cfg, speculative_tokens=k, graphs=graphs)
 
 
 def run(engine: Engine, reqs: dict) -> dict[str, list[int]]:
     out = run_engine(engine, reqs)
-    assert engine.num_free_blocks() == NUM_BLOCKS
+    assert engine.num_free_blocks() == engine.scheduler.pool.num_blocks
     return out
 
 
@@ -53,12 +53,14 @@ def graph_runs(engine: Engine) -> dict:
     return engine.executor.runner.graphs.runs
 
 
-@pytest.mark.parametrize("n", [1, 3, 6, 12])
+@pytest.mark.parametrize("n", [1, 3, 6, 12, 40])
 def test_static_decode_equals_eager(model, n):
-    """Prompts of 20..90 tokens (index_topk = 32: the indexer selects) decoded 1, 3, 6, 12 at a time."""
+    """Prompts of 20..90 tokens (index_topk = 32: the indexer selects) decoded 1, 3, 6, 12, 40 (the 64-row bucket)
+    at a time."""
     reqs = requests(n, model.config.vocab_size, seed=n)
-    static = make_engine(model, graphs=True)
-    assert run(static, reqs) == run(make_engine(model, graphs=False), reqs)
+    blocks = max(NUM_BLOCKS, 8 * n)                     # every request's KV at once
+    static = make_engine(model, graphs=True, blocks=blocks)
+    assert run(static, reqs) == run(make_engine(model, graphs=False, blocks=blocks), reqs)
     buckets = {b for b, *_ in graph_runs(static)}
     assert buckets and buckets <= set(GRAPH_BUCKETS) and max(buckets) >= n
 

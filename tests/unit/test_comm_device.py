@@ -68,7 +68,7 @@ def test_shapes_are_checked():
     p = group(2)[0]
     with pytest.raises(ValueError, match="1..64 rows"):
         p.put("AG", torch.zeros(65, H))
-    p8 = group(8)[0]                    # 8 ranks' graph steps hold ≤ 32 rows a rank (256 in the MoE): so does the region
+    p8 = group(8)[0]                    # 8 ranks' graph steps hold ≤ 32 rows a rank (256 in the MoE), the region too
     assert p8.rows == 32
     with pytest.raises(ValueError, match="1..32 rows"):
         p8.put("AG", torch.zeros(33, H))

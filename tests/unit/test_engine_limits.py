@@ -64,3 +64,43 @@ def test_warm_up_captures_only_buckets_a_rank_can_fill():
     assert [k[0] for k, _ in warm_keys(1, True, 3, [1], seqs_per_rank=1)] == [1, 2, 4]   # a solo verify's 1 + 3 rows
     assert [k[0] for k, _ in warm_keys(8, True, 0, [1], seqs_per_rank=5)] == [1, 2, 4, 8]
     assert warm_keys(2, True, 0, [1], seqs_per_rank=1000) == warm_keys(2, True, 0, [1])
+
+
+def test_a_request_waiting_for_a_slot_moves_to_a_rank_that_frees_one():
+    """Two ranks of one slot each: r0 and r1 run, r2 waits on rank 0 (placed while both were full). When rank 1's
+    request ends first, rank 1 takes r2 before the next step (no worker has seen it) and starts it at once; a rank
+    whose own queue fills its free slot takes nothing."""
+    engine = _engine(2, max_num_seqs=2, max_waiting=4)
+    for i in range(2):
+        engine.add_request([1 + i, 2, 3], SamplingParams(max_tokens=40, ignore_eos=True), f"r{i}")
+    engine.step()
+    engine.add_request([7, 8], SamplingParams(max_tokens=40, ignore_eos=True), "r2")
+    assert [engine._rank_of[r] for r in ("r0", "r1", "r2")] == [0, 1, 0]
+    engine.abort("r1")
+    engine.step()
+    assert engine._rank_of["r2"] == 1 and engine.schedulers[1].get("r2").num_computed_tokens == 2
+    assert _counts(engine) == ([1, 1], [0, 0])
+    engine.add_request([9, 10], SamplingParams(max_tokens=40, ignore_eos=True), "r3")     # waits on a full rank
+    placed = engine._rank_of["r3"]
+    engine.abort("r0" if placed == 1 else "r2")            # the other rank frees its slot
+    engine.add_request([11], SamplingParams(max_tokens=40, ignore_eos=True), "r4")        # ... and queues r4
+    engine.step()
+    assert engine._rank_of["r3"] == placed and engine._rank_of["r4"] == 1 - placed
+    while engine.has_unfinished():                         # every request still finishes whole
+        for ev in engine.step():
+            assert ev.error is None
+
+
+def test_a_single_rank_or_a_sent_request_is_not_moved():
+    from scheduler.scheduler import Scheduler
+
+    cfg = SchedulerConfig(num_blocks=8, block_size=16, max_model_len=64, vocab_size=64, max_num_seqs=1)
+    a, b = Scheduler(cfg), Scheduler(cfg)
+    a.add_request("x", [1, 2], SamplingParams(max_tokens=4))
+    a.add_request("y", [3, 4], SamplingParams(max_tokens=4))
+    assert a.release_waiting(lambda rid: False) is None and a.num_waiting == 2
+    req = a.release_waiting(lambda rid: rid == "y")
+    b.add_request("z", [5], SamplingParams(max_tokens=4))
+    b.adopt(req)
+    assert (req.req_id, a.num_waiting, b.num_waiting, a.get("y"), b.get("y") is req) == ("y", 1, 2, None, True)
+    assert req.arrival > b.get("z").arrival                               # the youngest where it lands

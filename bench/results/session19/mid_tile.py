@@ -1,9 +1,9 @@
-"""Session 19: the tile kernel at 65–256 rows (a dp graph step's MLPs over every rank's rows) — the unsplit 64 × 128
-launch it had (``OLD``) against ``triton_linear.mid_tile`` (split over K): each linear alone (a graph of launches over
-weight copies > L2, per launch), then the slice's 'rank of dp 8' decode step at 16 and 32 rows a rank (MoE and MLPs
-over 128 / 256 rows), a graph replay, the two settings alternating.
+"""Session 19: the tile kernel at 65–256 rows (a dp graph step's MLPs over every rank's rows) — the unsplit
+64 × 128 launch it had (``OLD``) against ``triton_linear.mid_tile`` (split over K): each linear alone (a graph of
+launches over weight copies > L2, per launch), then the slice's 'rank of dp 8' decode step at 16 and 32 rows a
+rank (MoE and MLPs over 128 / 256 rows), a graph replay, the two settings alternating (a fresh graph table each).
 
-    PYTHONPATH=. python bench/results/session19/mid_tile.py
+    PYTHONPATH=. python bench/results/session19/mid_tile.py [--steps]
 """
 
 from __future__ import annotations
