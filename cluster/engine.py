@@ -326,8 +326,9 @@ class Engine:
             return min(s.num_waiting, s.num_running + s.num_waiting - s.config.max_num_seqs)
         for rank, taker in enumerate(self.schedulers):
             while taker.num_running + taker.num_waiting < taker.config.max_num_seqs:
-                giver = max(self.schedulers, key=waits_for_a_slot)
-                req = giver.release_waiting(self._unsent.__contains__) if waits_for_a_slot(giver) > 0 else None
+                givers = sorted((g for g in self.schedulers if waits_for_a_slot(g) > 0), key=waits_for_a_slot,
+                                reverse=True)       # the longest queue for a slot first, then the next
+                req = next(filter(None, (g.release_waiting(self._unsent.__contains__) for g in givers)), None)
                 if req is None:
                     break
                 taker.adopt(req)

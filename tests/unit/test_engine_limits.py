@@ -10,6 +10,7 @@ from scheduler.request import SamplingParams
 from scheduler.scheduler import AdmissionError, SchedulerConfig
 from scheduler.shapes import place_request, rank_seqs
 from tests.conftest import RecordingExecutor
+from workers.runner import NewRequest
 
 
 def _engine(ranks: int, max_num_seqs: int, max_waiting: int) -> Engine:
@@ -89,6 +90,24 @@ def test_a_request_waiting_for_a_slot_moves_to_a_rank_that_frees_one():
     while engine.has_unfinished():                         # every request still finishes whole
         for ev in engine.step():
             assert ev.error is None
+
+
+def test_a_request_its_worker_has_seen_stays_and_the_next_queue_gives():
+    """Three ranks of one slot: rank 0 queues two requests, rank 1 one; rank 0's are marked as seen by its worker
+    (as a preempted request is). When rank 2 frees its slot it takes rank 1's waiting request instead."""
+    engine = _engine(3, max_num_seqs=3, max_waiting=8)
+    for i in range(3):
+        engine.add_request([1 + i, 2, 3], SamplingParams(max_tokens=40, ignore_eos=True), f"run{i}")
+    engine.step()
+    for rid, rank in (("a", 0), ("b", 0), ("c", 1)):      # queued where placed (all ranks full)
+        engine.schedulers[rank].add_request(rid, [5, 6], SamplingParams(max_tokens=4))
+        engine._rank_of[rid] = rank
+        engine._unsent[rid] = NewRequest(rid, (5, 6), SamplingParams(max_tokens=4))
+    for rid in ("a", "b"):
+        del engine._unsent[rid]
+    engine.abort("run2")
+    engine._rebalance()
+    assert [engine._rank_of[r] for r in "abc"] == [0, 0, 2]
 
 
 def test_a_single_rank_or_a_sent_request_is_not_moved():
