@@ -144,8 +144,8 @@ class _Stream:
 class Engine:
     """The engine core: one scheduler (and KV block pool) per rank, one executor for all ranks.
 
-    A request lives on one rank (the least KV-loaded at arrival of those with a free running slot; one that waits
-    for a slot may move to a rank that frees one first, ``_rebalance``): its KV, attention and sampling stay there.
+    A request lives on one rank (the least KV-loaded at arrival; one that waits there for a slot while another rank
+    has one moves before the step, ``_rebalance``): its KV, attention and sampling stay there.
     ``config``'s ``max_num_seqs`` and ``max_waiting`` bound the replica, not a rank: each rank runs its
     ``rank_seqs`` share of ``max_num_seqs``, and the engine holds at most ``max_num_seqs`` + ``max_waiting``
     requests in all (more are refused, ``queue_full``). Each step every rank's scheduler plans its rows,
@@ -199,9 +199,7 @@ class Engine:
             if sum(s.num_running + s.num_waiting for s in self.schedulers) >= self._admits:
                 raise AdmissionError("queue_full", "queue", f"the engine is full ({self.config.max_num_seqs} running "
                                      f"+ {self.config.max_waiting} waiting requests); retry later")
-            rank = place_request({r: s.kv_load for r, s in enumerate(self.schedulers)},
-                                 {r: s.num_running + s.num_waiting >= s.config.max_num_seqs
-                                  for r, s in enumerate(self.schedulers)})
+            rank = place_request({r: s.kv_load for r, s in enumerate(self.schedulers)})
             self.schedulers[rank].add_request(req_id, list(prompt_ids), params)
             self._rank_of[req_id] = rank
             detok = IncrementalDetokenizer(self.decode, list(prompt_ids)) if self.decode else None
@@ -317,17 +315,14 @@ class Engine:
 
     def _rebalance(self) -> None:
         """Before planning: a rank with running slots beyond its own queue takes the oldest requests that wait for a
-        slot on other ranks, if no worker has seen them yet (placed while every rank was full; a slot freed elsewhere
-        first). Preempted requests stay: their worker holds their state."""
-        if len(self.schedulers) == 1:
-            return
-
-        def waits_for_a_slot(s: Scheduler) -> int:
-            return min(s.num_waiting, s.num_running + s.num_waiting - s.config.max_num_seqs)
+        slot on other ranks (placed there by KV load, or while every rank was full and a slot freed elsewhere first),
+        if no worker has seen them yet. Preempted requests stay: their worker holds their state."""
+        if len(self.schedulers) == 1 or all(s.free_seats >= 0 for s in self.schedulers):
+            return                  # (the usual step: nothing waits for a slot)
         for rank, taker in enumerate(self.schedulers):
-            while taker.num_running + taker.num_waiting < taker.config.max_num_seqs:
-                givers = sorted((g for g in self.schedulers if waits_for_a_slot(g) > 0), key=waits_for_a_slot,
-                                reverse=True)       # the longest queue for a slot first, then the next
+            while taker.free_seats > 0:
+                # the longest queue for a slot first (waiting beyond its own free seats), then the next
+                givers = sorted((g for g in self.schedulers if g.free_seats < 0), key=lambda g: g.free_seats)
                 req = next(filter(None, (g.release_waiting(self._unsent.__contains__) for g in givers)), None)
                 if req is None:
                     break

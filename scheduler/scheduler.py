@@ -128,6 +128,12 @@ class Scheduler:
         return len(self._running)
 
     @property
+    def free_seats(self) -> int:
+        """Running slots not taken by running requests nor promised to waiting ones (negative: requests wait for a
+        slot)."""
+        return self.config.max_num_seqs - len(self._running) - len(self._waiting)
+
+    @property
     def kv_usage(self) -> float:
         return self.pool.num_used / self.pool.num_blocks
 
@@ -152,10 +158,14 @@ class Scheduler:
     def add_request(self, req_id: str, prompt_ids: list[int], params: SamplingParams) -> Request:
         """Queue a request, or raise AdmissionError: refusals happen here, never mid-batch."""
         self._check_admission(req_id, prompt_ids, params)
-        req = Request(req_id, list(prompt_ids), params, arrival=self._next_arrival)
+        return self._enqueue(Request(req_id, list(prompt_ids), params, arrival=-1))
+
+    def _enqueue(self, req: Request) -> Request:
+        """``req`` waits here, the youngest (its arrival numbered in this scheduler's order)."""
+        req.arrival = self._next_arrival
         self._next_arrival += 1
         self._waiting.append(req)
-        self._live[req_id] = req
+        self._live[req.req_id] = req
         return req
 
     def _check_admission(self, req_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -203,10 +213,7 @@ class Scheduler:
     def adopt(self, req: Request) -> None:
         """Take a request another rank released: it waits here, the youngest (its arrival renumbered)."""
         assert req.req_id not in self._live and req.status is RequestStatus.WAITING and not req.block_ids
-        req.arrival = self._next_arrival
-        self._next_arrival += 1
-        self._waiting.append(req)
-        self._live[req.req_id] = req
+        self._enqueue(req)
 
     # ---- planning ------------------------------------------------------------------------
 

@@ -100,14 +100,12 @@ def graph_shape(bucket: int, span: bool, num_ranks: int) -> StepShape:
     return StepShape(SPAN, bucket, bucket, 0) if span else StepShape(DP, bucket, num_ranks * bucket, None)
 
 
-def place_request(kv_load: dict[int, int], full: dict[int, bool] | None = None) -> int:
-    """Rank with the least KV load (ties -> lowest rank), among the ranks not ``full`` (their running slots all
-    taken or promised to requests already waiting there) while there is one: a request placed on a full rank waits
-    there although another rank could start it now."""
+def place_request(kv_load: dict[int, int]) -> int:
+    """Rank with the least KV load (ties -> lowest rank). (A request that then waits for a slot there while another
+    rank has one moves before the step: ``Engine._rebalance``.)"""
     if not kv_load:
         raise ValueError("kv_load must name at least one rank")
-    full = full or {}
-    return min(kv_load, key=lambda rank: (full.get(rank, False), kv_load[rank], rank))
+    return min(kv_load, key=lambda rank: (kv_load[rank], rank))
 
 
 def rank_seqs(max_num_seqs: int, num_ranks: int) -> list[int]:

@@ -61,7 +61,7 @@ class RecordingExecutor:
         self.steps = []
 
     def execute(self, steps):
-        from workers.runner import StepResult
+        from workers.runner import StepResult  # not at import: the unit tier sets TRITON_INTERPRET first
 
         self.steps.append(steps)
         return [StepResult(st.step_id, {s.req_id: [7] for s in st.seqs if s.sample}) for st in steps]

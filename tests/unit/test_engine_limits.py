@@ -8,7 +8,7 @@ import pytest
 from cluster.engine import Engine, warm_keys
 from scheduler.request import SamplingParams
 from scheduler.scheduler import AdmissionError, SchedulerConfig
-from scheduler.shapes import place_request, rank_seqs
+from scheduler.shapes import rank_seqs
 from tests.conftest import RecordingExecutor
 from workers.runner import NewRequest
 
@@ -30,12 +30,6 @@ def test_rank_shares_of_max_num_seqs():
     assert rank_seqs(2, 4) == [1, 1, 1, 1]          # at least one a rank
 
 
-def test_placement_prefers_a_rank_with_a_free_slot():
-    assert place_request({0: 1, 1: 9}, {0: True, 1: False}) == 1
-    assert place_request({0: 1, 1: 9}, {0: True, 1: True}) == 0      # all full: the least loaded
-    assert place_request({0: 5, 1: 5, 2: 3}, {2: True}) == 0
-
-
 @pytest.mark.parametrize("ranks", [1, 2, 4])
 def test_max_num_seqs_and_max_waiting_bound_the_replica(ranks):
     engine = _engine(ranks, max_num_seqs=4, max_waiting=3)
@@ -47,7 +41,7 @@ def test_max_num_seqs_and_max_waiting_bound_the_replica(ranks):
     engine.step()
     running, waiting = _counts(engine)
     assert sum(running) == 4 and sum(waiting) == 3, (running, waiting)
-    assert running == [4 // ranks] * ranks               # placed where a slot was free: every rank runs its share
+    assert running == [4 // ranks] * ranks               # every rank runs its share (moved where a slot was free)
     with pytest.raises(AdmissionError):
         engine.add_request([9, 9], SamplingParams(max_tokens=4), "still-over")
     engine.abort("r4")                                   # r0–r3 took the free slots, r4 waited: one more may wait
@@ -110,7 +104,7 @@ def test_a_request_its_worker_has_seen_stays_and_the_next_queue_gives():
     assert [engine._rank_of[r] for r in "abc"] == [0, 0, 2]
 
 
-def test_a_single_rank_or_a_sent_request_is_not_moved():
+def test_release_and_adopt_move_only_what_movable_allows():
     from scheduler.scheduler import Scheduler
 
     cfg = SchedulerConfig(num_blocks=8, block_size=16, max_model_len=64, vocab_size=64, max_num_seqs=1)
