@@ -27,11 +27,11 @@ BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 ROWS_SIG = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "out_ptr": "*bf16", "part_ptr": "*fp32",
             "count_ptr": "*i32", **dict.fromkeys(["M", "N", "K", "stride_xm", "num_sb_k", "kb_per_split"], "i32")}
 GATE_UP_SIG = {"x_ptr": "*bf16", "g_ptr": "*fp8e4nv", "u_ptr": "*fp8e4nv", "gs_ptr": "*fp32", "us_ptr": "*fp32",
-               "sorted_e_ptr": "*i32", "sorted_pair_ptr": "*i32", "run_start_ptr": "*i32", "act_ptr": "*bf16",
-               "part_ptr": "*fp32",
-               "count_ptr": "*i32", **dict.fromkeys(["P", "E_local", "H", "I", "num_sb_h", "num_sb_i", "kb_per_split"], "i32")}
+               "sorted_e_ptr": "*i32", "sorted_pair_ptr": "*i32", "run_start_ptr": "*i32", "chunk_ptr": "*i32",
+               "act_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32",
+               **dict.fromkeys(["P", "E_local", "H", "I", "num_sb_h", "num_sb_i", "kb_per_split"], "i32")}
 DOWN_SIG = {"act_ptr": "*bf16", "d_ptr": "*fp8e4nv", "ds_ptr": "*fp32", "w_route_ptr": "*fp32", "sorted_e_ptr": "*i32",
-            "sorted_pair_ptr": "*i32", "run_start_ptr": "*i32", "y_ptr": "*bf16",
+            "sorted_pair_ptr": "*i32", "run_start_ptr": "*i32", "chunk_ptr": "*i32", "y_ptr": "*bf16",
             **dict.fromkeys(["P", "E_local", "H", "I", "num_sb_h", "num_sb_i"], "i32")}
 DIVISIBLE = ("K", "N", "stride_xm", "H", "I")     # as Triton specializes them at launch (multiples of 16)
 
@@ -67,13 +67,14 @@ def main() -> None:
         cases.append((f"rows {bn}/{sub}/{warps}w", G._rows_kernel, ROWS_SIG,
                       {"BLOCK_N": bn, "BLOCK_M": 8, "SUB": sub, "WARPS": warps, "SPLIT": True, "BITS": True,
                        "EVEN_K": True}, warps))
-    for bi, warps, split in ((128, 8, False), (64, 4, True)):   # moe_tile's wide and narrow launches
-        cases.append((f"moe gate/up {bi}/{warps}w", G._moe_gate_up_kernel, GATE_UP_SIG,
-                      {"TOPK": 8, "BLOCK_I": bi, "BLOCK_R": G.RUN_PAIRS, "SUB": 2, "WARPS": warps, "SPLIT": split,
-                       "BITS": True}, warps))
-    for bo, warps in ((128, 8), (64, 4)):
-        cases.append((f"moe down {bo}/{warps}w", G._moe_down_kernel, DOWN_SIG,
-                      {"BLOCK_HO": bo, "BLOCK_R": G.RUN_PAIRS, "SUB": 2, "WARPS": warps, "BITS": True}, warps))
+    for bi, warps, split, pairs in ((128, 8, False, 8), (64, 4, True, 8), (64, 4, False, 16)):   # moe_tile's
+        cases.append((f"moe gate/up {bi}/{warps}w/{pairs}p", G._moe_gate_up_kernel, GATE_UP_SIG,
+                      {"TOPK": 8, "BLOCK_I": bi, "BLOCK_R": pairs, "SUB": 2, "WARPS": warps, "SPLIT": split,
+                       "BITS": True, "COMPACT": pairs > 8}, warps))
+    for bo, warps, pairs in ((128, 8, 8), (64, 4, 8), (64, 4, 16)):
+        cases.append((f"moe down {bo}/{warps}w/{pairs}p", G._moe_down_kernel, DOWN_SIG,
+                      {"BLOCK_HO": bo, "BLOCK_R": pairs, "SUB": 2, "WARPS": warps, "BITS": True,
+                       "COMPACT": pairs > 8}, warps))
     print(f"triton {triton.__version__}, sm_90\n")
     print("| kernel | registers | CTAs / SM (by registers) | local (spill) bytes | shared bytes | SASS | LDG | HMMA | BAR |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")

@@ -102,9 +102,11 @@ def moe_case(I: int, M: int, experts: tuple, k: int = 8) -> dict:
     if M == 8:                 # a sweep (session 9)
         for bi, sp, bo, sub in itertools.product((64, 128), sorted({1, d, 2 * d}), (64, 128), (2, 4)):
             cands[f"{bi}/{sp}/{bo}/{sub}"] = MoeTile(bi, sp, bo, sub, 4 if bi == 64 else 8, 4 if bo == 64 else 8)
-    elif M > 8:                # past 8 rows (session 18; it also swept runs in chunks of 16 — 14–25 % slower — and 4
-        for bi, sp, bo in itertools.product((64, 128), (1, 3), (64, 128)):   # down tiles a program: ±2 %, dropped)
-            cands[f"{bi}/{sp}/{bo}/2"] = MoeTile(bi, sp, bo, 2, 4 if bi == 64 else 8, 4 if bo == 64 else 8)
+    elif M > 8:                # past 8 rows (session 18: 4 down tiles a program ±2 %, dropped), over every pair's
+        for bi, sp, bo in itertools.product((64, 128), (1, 3), (64, 128)):  # position or (c) the runs' chunks
+            for pairs, compact in ((8, False), (8, True), (16, True)):
+                cands[f"{bi}/{sp}/{bo}/2/{pairs}{'c' if compact else ''}"] = MoeTile(
+                    bi, sp, bo, 2, 4 if bi == 64 else 8, 4 if bo == 64 else 8, pairs, compact)
     times = {}
     for name, t in cands.items():
         err = ((call(t).float() - tri).norm() / tri.norm()).item()
@@ -120,7 +122,8 @@ def moe_main(out: Path, rows: list[int]) -> None:
     H, E = 6144, 256
     lines = [f"# Fused MoE experts, few rows ({torch.cuda.get_device_name()}): Gluon vs Triton tile kernels", "",
              ("µs a call (route + gate/up + down + combine), device time of a CUDA graph replay; TB/s = expert "
-             "bytes read / time. Gluon launch: block_i/split/block_ho/sub."), "",
+             "bytes read / time. Gluon launch: block_i/split/block_ho/sub[/pairs a program, c: grid over the "
+             "runs' chunks]."), "",
              "| I | rows | experts hit | MB | Triton tile | Gluon default | best Gluon | best | TB/s tile → best |",
              "|---:|---:|---:|---:|---:|---:|---|---:|---|"]
     res = []

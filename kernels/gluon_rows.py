@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 import triton
+import triton.language as tl
 
 from kernels.triton_utils import num_sms
 
@@ -222,50 +223,65 @@ def fp8_linear_rows(x2: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor,
 # ---------------------------------------------------------------------------------------------------------
 # Fused MoE experts for 2..MOE_MAX_ROWS rows: the two GEMM launches of triton_moe.fused_moe (gate/up with SiLU,
 # down with the routing weight) on the same register-operand mma. Routing, sorted pairs and the combine are
-# triton_moe's; ≤ RUN_PAIRS pairs of an expert's run are the mma's N = 8 side (a longer run: a program a chunk).
+# triton_moe's; ≤ 8 (``MoeTile.pairs``: 16) pairs of an expert's run are the mma's N side, a longer run goes in chunks, a
+# program each — the grid over every sorted pair (a program exits unless it starts a chunk) or over ``run_chunks``'
+# list of chunk starts (many rows: most positions start none).
 # ---------------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class MoeTile:
     """gate/up: BLOCK_I expert outputs a program, H split over ``split`` programs (narrow experts have few
-    tiles to spread); down: BLOCK_HO outputs a program; both SUB 128-wide K blocks a step."""
+    tiles to spread); down: BLOCK_HO outputs a program; both SUB 128-wide K blocks a step, ``pairs`` of a run."""
     block_i: int
     split: int
     block_ho: int
     sub: int = 2
     gu_warps: int = 4
     dn_warps: int = 4
+    pairs: int = RUN_PAIRS     # the most pairs of a run a program takes (the mma's N side)
+    compact: bool = False      # grid over the runs' chunks (``run_chunks``) instead of every sorted pair
 
 
 if HAVE_GLUON:
     @gluon.jit
-    def _run(sorted_e_ptr, sorted_pair_ptr, run_start_ptr, p, P, E_local, BLOCK_R: gl.constexpr,
+    def _position(chunk_ptr, COMPACT: gl.constexpr):
+        """This program's sorted position and whether it may own a chunk: its grid index, or (COMPACT) the
+        index's entry of ``run_chunks``' list (-1 past the chunks)."""
+        if COMPACT:
+            p = gl.load(chunk_ptr + gl.program_id(0))
+            return gl.maximum(p, 0), p >= 0
+        else:
+            return gl.program_id(0), gl.program_id(0) >= 0
+
+    @gluon.jit
+    def _run(sorted_e_ptr, sorted_pair_ptr, run_start_ptr, p, listed, P, E_local, BLOCK_R: gl.constexpr,
              layout: gl.constexpr):
         """The chunk of an expert's run that sorted position p owns, as triton_moe._run_rows: (expert, p owns it
         — p is BLOCK_R · c pairs into its run —, in_run [BLOCK_R], positions [BLOCK_R], pair ids [BLOCK_R]) in
         ``layout``."""
         e = gl.load(sorted_e_ptr + p)
-        owner = (e < E_local) & ((p - gl.load(run_start_ptr + p)) % BLOCK_R == 0)
+        owner = listed & (e < E_local) & ((p - gl.load(run_start_ptr + p)) % BLOCK_R == 0)
         j = p + gl.arange(0, BLOCK_R, layout=layout)
         in_run = (j < P) & (gl.load(sorted_e_ptr + j, mask=j < P, other=-1) == e) & owner
         pair = gl.load(sorted_pair_ptr + j, mask=in_run, other=0)
         return e, owner, in_run, j, pair
 
     @gluon.jit
-    def _moe_gate_up_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sorted_e_ptr, sorted_pair_ptr, run_start_ptr, act_ptr,
-                            part_ptr, count_ptr, P, E_local, H, I, num_sb_h, num_sb_i, kb_per_split,
-                            TOPK: gl.constexpr, BLOCK_I: gl.constexpr, BLOCK_R: gl.constexpr, SUB: gl.constexpr,
-                            WARPS: gl.constexpr, SPLIT: gl.constexpr, BITS: gl.constexpr):
+    def _moe_gate_up_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sorted_e_ptr, sorted_pair_ptr, run_start_ptr,
+                            chunk_ptr, act_ptr, part_ptr, count_ptr, P, E_local, H, I, num_sb_h, num_sb_i,
+                            kb_per_split, TOPK: gl.constexpr, BLOCK_I: gl.constexpr, BLOCK_R: gl.constexpr,
+                            SUB: gl.constexpr, WARPS: gl.constexpr, SPLIT: gl.constexpr, BITS: gl.constexpr,
+                            COMPACT: gl.constexpr):
         """act[j] = silu(x[row_j] @ G_e.T) * (x[row_j] @ U_e.T) for the run's pairs j, each rounded as the
         reference rounds; split over H: the last split of a tile adds the partials in split order."""
         mma: gl.constexpr = _acc_layout(WARPS)
         wl: gl.constexpr = _operand_layout(0, WARPS)
         xl: gl.constexpr = _operand_layout(1, WARPS)
-        p = gl.program_id(0)
+        p, listed = _position(chunk_ptr, COMPACT)
         ib = gl.program_id(1)
         ks = gl.program_id(2)
-        e, owner, in_run, _j_x, pair = _run(sorted_e_ptr, sorted_pair_ptr, run_start_ptr, p, P, E_local, BLOCK_R,
-                                            gl.SliceLayout(0, xl))
+        e, owner, in_run, _j_x, pair = _run(sorted_e_ptr, sorted_pair_ptr, run_start_ptr, p, listed, P, E_local,
+                                            BLOCK_R, gl.SliceLayout(0, xl))
         ri = ib * BLOCK_I + gl.arange(0, BLOCK_I, layout=gl.SliceLayout(1, wl))
         kw, kx = _k_lanes(WARPS)
         w_off = e.to(gl.int64) * I * H + ri[:, None] * H
@@ -287,7 +303,7 @@ if HAVE_GLUON:
                 acc_g += mma_v2(_to_bf16(wg, BITS), x, zero) * gl.load(gs_ptr + s_off + kb + s, mask=live, other=0.0)
                 acc_u += mma_v2(_to_bf16(wu, BITS), x, zero) * gl.load(us_ptr + s_off + kb + s, mask=live, other=0.0)
         if owner:
-            _e_o, _owner_o, in_run_o, j_o, _pair_o = _run(sorted_e_ptr, sorted_pair_ptr, run_start_ptr, p, P,
+            _e_o, _owner_o, in_run_o, j_o, _pair_o = _run(sorted_e_ptr, sorted_pair_ptr, run_start_ptr, p, listed, P,
                                                           E_local, BLOCK_R, gl.SliceLayout(0, mma))
             io = ib * BLOCK_I + gl.arange(0, BLOCK_I, layout=gl.SliceLayout(1, mma))
             mask = in_run_o[None, :] & (io[:, None] < I)
@@ -320,17 +336,17 @@ if HAVE_GLUON:
         gl.store(act_ptr + j[None, :] * I + i[:, None], a.to(dt), mask=mask)
 
     @gluon.jit
-    def _moe_down_kernel(act_ptr, d_ptr, ds_ptr, w_route_ptr, sorted_e_ptr, sorted_pair_ptr, run_start_ptr, y_ptr, P,
-                         E_local, H, I, num_sb_h, num_sb_i, BLOCK_HO: gl.constexpr, BLOCK_R: gl.constexpr,
-                         SUB: gl.constexpr, WARPS: gl.constexpr, BITS: gl.constexpr):
+    def _moe_down_kernel(act_ptr, d_ptr, ds_ptr, w_route_ptr, sorted_e_ptr, sorted_pair_ptr, run_start_ptr, chunk_ptr,
+                         y_ptr, P, E_local, H, I, num_sb_h, num_sb_i, BLOCK_HO: gl.constexpr, BLOCK_R: gl.constexpr,
+                         SUB: gl.constexpr, WARPS: gl.constexpr, BITS: gl.constexpr, COMPACT: gl.constexpr):
         """y[pair] = round(round(act[j] @ D_e.T) · w_route[pair]) for the run's pairs j."""
         mma: gl.constexpr = _acc_layout(WARPS)
         wl: gl.constexpr = _operand_layout(0, WARPS)
         xl: gl.constexpr = _operand_layout(1, WARPS)
-        p = gl.program_id(0)
+        p, listed = _position(chunk_ptr, COMPACT)
         hb = gl.program_id(1)
-        e, owner, in_run, j, _pair_x = _run(sorted_e_ptr, sorted_pair_ptr, run_start_ptr, p, P, E_local, BLOCK_R,
-                                            gl.SliceLayout(0, xl))
+        e, owner, in_run, j, _pair_x = _run(sorted_e_ptr, sorted_pair_ptr, run_start_ptr, p, listed, P, E_local,
+                                            BLOCK_R, gl.SliceLayout(0, xl))
         rh = hb * BLOCK_HO + gl.arange(0, BLOCK_HO, layout=gl.SliceLayout(1, wl))
         kw, kx = _k_lanes(WARPS)
         d_rows = d_ptr + e.to(gl.int64) * H * I + rh[:, None] * I
@@ -348,7 +364,7 @@ if HAVE_GLUON:
                 acc += mma_v2(_to_bf16(wd, BITS), a, gl.zeros([BLOCK_HO, BLOCK_R], gl.float32, layout=mma)) * gl.load(
                     ds_ptr + s_off + kb + s, mask=live, other=0.0)
         if owner:
-            _e_o, _owner_o, in_run_o, _j_o, pair_o = _run(sorted_e_ptr, sorted_pair_ptr, run_start_ptr, p, P,
+            _e_o, _owner_o, in_run_o, _j_o, pair_o = _run(sorted_e_ptr, sorted_pair_ptr, run_start_ptr, p, listed, P,
                                                           E_local, BLOCK_R, gl.SliceLayout(0, mma))
             ho = hb * BLOCK_HO + gl.arange(0, BLOCK_HO, layout=gl.SliceLayout(1, mma))
             dt: gl.constexpr = y_ptr.dtype.element_ty
@@ -375,10 +391,19 @@ def moe_tile(H: int, I: int, experts_hit: int, sms: int, rows: int = 8) -> MoeTi
     / 2438–2459 µs against the Triton tile kernels' 1118–1274 / 1872–2032 / 2751–2836; I 256: 154–165 / 276–277 /
     432 against 185–207 / 318–330 / 542–548 (two calls each). At 128 rows (call 8, bench/moe_prefill.py --fused,
     routing and combine included): 2.88 / 0.55 ms at I 2048 / 256, the grouped launches 5.47 / 1.77; at 256 rows
-    (session 19, call 1) 3.41 / 0.67 against 5.44 / 1.72 — not swept there."""
+    (session 19, call 1) 3.41 / 0.67 against 5.44 / 1.72.
+    Where an expert's run averages ≥ 4 pairs (a dp step's MoE over every rank's rows: 128 / 256 rows of top-8 on 256
+    experts) the grid goes over the runs' chunks, not every sorted pair (at 256 rows the down launch was 2048 × 96
+    programs for ~300 chunks), and from 8 pairs a program takes 16 pairs, one K block a step, 64 outputs on 4 warps
+    for both GEMMs (session 20, bench/results/session20/: 'rank of dp 8' step at 16 / 32 rows a rank 2.755 → 2.719,
+    3.420 → 3.294 ms with the chunk grid, then 3.327 → 3.214 with 16 pairs, one block a step). ``experts_hit`` is
+    min(pairs, experts held): in an ep shard a run averages 1/world of what this assumes (not measured there)."""
     if rows > 8:
+        runs = rows * 8 / experts_hit          # pairs an expert's run averages (top-8)
+        if runs >= 8:
+            return MoeTile(64, 1, 64, sub=1, gu_warps=4, dn_warps=4, pairs=16, compact=True)
         wide = I >= 1024 and rows >= 32
-        return MoeTile(128, 1, 128 if wide else 64, sub=2, gu_warps=8, dn_warps=8 if wide else 4)
+        return MoeTile(128, 1, 128 if wide else 64, sub=2, gu_warps=8, dn_warps=8 if wide else 4, compact=runs >= 4)
     if I >= 1024:
         return MoeTile(128, 1, 128, sub=2, gu_warps=8, dn_warps=8)
     tiles = experts_hit * triton.cdiv(I, 64)
@@ -402,15 +427,40 @@ def moe_gemms(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch
     split = triton.cdiv(num_sb_h, per_split)
     n_ib = triton.cdiv(I, tile.block_i)
     if split > 1:
-        part = torch.empty(P * n_ib * split * 2 * tile.block_i * RUN_PAIRS, dtype=torch.float32, device=x.device)
+        part = torch.empty(P * n_ib * split * 2 * tile.block_i * tile.pairs, dtype=torch.float32, device=x.device)
         assert P * n_ib <= counters.numel()
     else:
         part = counters
-    _moe_gate_up_kernel[(P, n_ib, split)](
-        x, gate, up, gate_s, up_s, sorted_e, sorted_pair, run_start, act, part, counters, P, E_local, H, I, num_sb_h,
-        num_sb_i, per_split, TOPK=k, BLOCK_I=tile.block_i, BLOCK_R=RUN_PAIRS, SUB=tile.sub, WARPS=tile.gu_warps,
-        SPLIT=split > 1, BITS=True, num_warps=tile.gu_warps)
-    _moe_down_kernel[(P, triton.cdiv(H, tile.block_ho))](
-        act, down, down_s, topk_w, sorted_e, sorted_pair, run_start, y, P, E_local, H, I, num_sb_h, num_sb_i,
-        BLOCK_HO=tile.block_ho, BLOCK_R=RUN_PAIRS, SUB=tile.sub, WARPS=tile.dn_warps, BITS=True,
-        num_warps=tile.dn_warps)
+    chunks = run_chunks(sorted_e, run_start, E_local, tile.pairs) if tile.compact else sorted_e
+    programs = chunks.numel() if tile.compact else P
+    _moe_gate_up_kernel[(programs, n_ib, split)](
+        x, gate, up, gate_s, up_s, sorted_e, sorted_pair, run_start, chunks, act, part, counters, P, E_local, H, I,
+        num_sb_h, num_sb_i, per_split, TOPK=k, BLOCK_I=tile.block_i, BLOCK_R=tile.pairs, SUB=tile.sub,
+        WARPS=tile.gu_warps, SPLIT=split > 1, BITS=True, COMPACT=tile.compact, num_warps=tile.gu_warps)
+    _moe_down_kernel[(programs, triton.cdiv(H, tile.block_ho))](
+        act, down, down_s, topk_w, sorted_e, sorted_pair, run_start, chunks, y, P, E_local, H, I, num_sb_h, num_sb_i,
+        BLOCK_HO=tile.block_ho, BLOCK_R=tile.pairs, SUB=tile.sub, WARPS=tile.dn_warps, BITS=True,
+        COMPACT=tile.compact, num_warps=tile.dn_warps)
+
+
+@triton.jit
+def _chunks_kernel(sorted_e_ptr, run_start_ptr, chunk_ptr, P, C, E_local, BLOCK_R: tl.constexpr,
+                   BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    p = tl.arange(0, BLOCK_P)
+    e = tl.load(sorted_e_ptr + p, mask=p < P, other=E_local)
+    own = (e < E_local) & ((p - tl.load(run_start_ptr + p, mask=p < P, other=0)) % BLOCK_R == 0)
+    tl.store(chunk_ptr + tl.cumsum(own.to(tl.int32), axis=0) - 1, p, mask=own)
+    c = tl.arange(0, BLOCK_C)
+    tl.store(chunk_ptr + c, -1, mask=(c >= tl.sum(own.to(tl.int32), axis=0)) & (c < C))
+
+
+def run_chunks(sorted_e: torch.Tensor, run_start: torch.Tensor, E_local: int, pairs: int) -> torch.Tensor:
+    """The sorted positions that start a chunk of ≤ ``pairs`` pairs of a held expert's run, in order, then -1s:
+    [C] int32, C = P // pairs + min(E_local, P) (at most that many chunks, whatever the routing — a static grid
+    for CUDA graphs). One program (P ≤ 2048 at MOE_MAX_ROWS rows of top-8)."""
+    P = sorted_e.numel()
+    C = min(P, P // pairs + min(E_local, P))
+    out = torch.empty(C, dtype=torch.int32, device=sorted_e.device)
+    _chunks_kernel[(1,)](sorted_e, run_start, out, P, C, E_local, BLOCK_R=pairs, BLOCK_P=triton.next_power_of_2(P),
+                         BLOCK_C=triton.next_power_of_2(C), num_warps=8)
+    return out

@@ -65,7 +65,9 @@ from kernels.triton_utils import (
 # every rank's rows: 8 ranks × 32).
 FUSED_MAX_ROWS = 256
 RUN_ROWS = 16          # the most rows of an expert's run one program takes (runs average N·k / E_local pairs)
-ROUTE_BLOCK = 32       # pairs a routing program ranks (64 rows: 277 → 7.5 µs; blocks of 16 / 64: 12.1 / 10.4)
+ROUTE_BLOCK = 32       # pairs a routing program ranks (64 rows: 277 → 7.5 µs; blocks of 16 / 64: 12.1 / 10.4); from
+                       # 512 pairs 8, ranked against 128 a step (64 / 128 / 256 rows: 7.6 / 14.1 / 27.3 → 4.1 / 6.9 /
+                       # 14.6 µs, bench/results/session20/route_blocks.py)
 
 
 @dataclass(frozen=True)
@@ -391,8 +393,9 @@ def route_pairs(topk_idx: torch.Tensor, expert_offset: int, E_local: int
     order = torch.empty(N, k, dtype=torch.int32, device=dev)
     valid = torch.empty(P, dtype=torch.int8, device=dev)
     block = min(max(16, next_pow2(P)), ROUTE_BLOCK)
+    block, block_j = (8, 128) if P >= 512 else (block, block)
     _route_kernel[(triton.cdiv(P, block),)](topk_idx.contiguous(), sorted_e, sorted_pair, run_start, order, valid, P,
-                                           expert_offset, E_local, TOPK=k, BLOCK_I=block, BLOCK_J=min(block, 32),
+                                           expert_offset, E_local, TOPK=k, BLOCK_I=block, BLOCK_J=block_j,
                                            num_warps=4, **pdl_launch())
     return sorted_e, sorted_pair, order, valid, run_start
 

@@ -320,11 +320,12 @@ def test_moe_fp8_bitwise_and_graph(N, offset, I):
 @needs_gluon
 @pytest.mark.parametrize("N,offset,I", [(2, 0, 2048), (3, 16, 256), (8, 0, 256), (8, 16, 2048), (13, 0, 256),
                                          (40, 16, 2048), (64, 0, 256), (128, 16, 256), (256, 0, 256)])
-@pytest.mark.parametrize("tile", [None, (64, 1, 64), (128, 5, 128, 4, 8, 8)])
+@pytest.mark.parametrize("tile", [None, (64, 1, 64), (128, 5, 128, 4, 8, 8), (64, 3, 64, 2, 4, 4, 8, True),
+                                  (128, 1, 128, 2, 8, 8, 16, True)])
 def test_gluon_moe(N, offset, I, tile):
-    """The Gluon expert kernels (2..256 rows on 32 experts: runs of ~N/4 pairs, past 8 in chunks of 8; split over H
-    on and off; experts held elsewhere): close to the fp32 reference and to the Triton tile kernels, bit-identical
-    on repeat and in graph replays."""
+    """The Gluon expert kernels (2..256 rows on 32 experts: runs of ~N/4 pairs, past 8 (16) in chunks of 8 (16),
+    a program per sorted pair or per chunk; split over H on and off; experts held elsewhere): close to the fp32
+    reference and to the Triton tile kernels, bit-identical on repeat and in graph replays."""
     from kernels.triton_moe import expert_tiles, fused_moe
     args = moe_args(40 + N + I, N, I, 32, offset)
     x, H = args[0], args[0].shape[1]

@@ -34,6 +34,22 @@ def test_moe_tile_splits_only_narrow_experts():
         assert t.block_i % (16 * t.gu_warps) == 0 and t.block_ho % (16 * t.dn_warps) == 0
 
 
+@pytest.mark.parametrize("N,E_local,offset,pairs", [(256, 256, 0, 16), (256, 32, 64, 8), (3, 16, 0, 8),
+                                                    (40, 256, 0, 16)])
+def test_run_chunks_lists_every_chunk_start(N, E_local, offset, pairs):
+    """The compact grid's list (Triton, run here under the interpreter): the sorted positions that own a chunk of
+    ≤ ``pairs`` pairs of a held expert's run, in order, then -1 up to the static bound."""
+    from kernels.triton_moe import route_pairs
+    g = torch.Generator().manual_seed(N + E_local)
+    idx = torch.stack([torch.randperm(256, generator=g)[:8] for _ in range(N)])
+    sorted_e, _pair, _order, _valid, run_start = route_pairs(idx, offset, E_local)
+    got = gluon_rows.run_chunks(sorted_e, run_start, E_local, pairs)
+    p = torch.arange(sorted_e.numel())
+    starts = p[(sorted_e < E_local) & ((p - run_start) % pairs == 0)]
+    assert got.numel() == min(N * 8, N * 8 // pairs + min(E_local, N * 8)) >= starts.numel()
+    assert torch.equal(got[:starts.numel()], starts.int()) and bool((got[starts.numel():] == -1).all())
+
+
 def test_not_usable_on_cpu_and_switch(monkeypatch):
     x = torch.zeros(4, 6144, dtype=torch.bfloat16)
     assert not gluon_rows.usable(x, 2048)
@@ -60,9 +76,10 @@ if not gluon_rows.HAVE_GLUON:
 cases = [(gluon_rows._rows_kernel, regs.ROWS_SIG, {"BLOCK_N": 128, "BLOCK_M": 8, "SUB": 4, "WARPS": 8, "SPLIT": True,
                                                      "BITS": True, "EVEN_K": False}, 8),
          (gluon_rows._moe_gate_up_kernel, regs.GATE_UP_SIG, {"TOPK": 8, "BLOCK_I": 64, "BLOCK_R": 8, "SUB": 2,
-                                                              "WARPS": 4, "SPLIT": True, "BITS": True}, 4),
-         (gluon_rows._moe_down_kernel, regs.DOWN_SIG, {"BLOCK_HO": 128, "BLOCK_R": 8, "SUB": 2, "WARPS": 8,
-                                                        "BITS": True}, 8)]
+                                                              "WARPS": 4, "SPLIT": True, "BITS": True,
+                                                              "COMPACT": False}, 4),
+         (gluon_rows._moe_down_kernel, regs.DOWN_SIG, {"BLOCK_HO": 128, "BLOCK_R": 16, "SUB": 2, "WARPS": 8,
+                                                        "BITS": True, "COMPACT": True}, 8)]
 print(json.dumps({fn.__name__: regs.inspect(fn, sig, constexprs, warps) for fn, sig, constexprs, warps in cases}))
 """
 

@@ -361,10 +361,10 @@ def test_moe_experts_with_shared(tk, N, offset, fp8):
         assert rel(tk["moe"].moe_experts(x, idx, w, *args, expert_offset=offset, shared=narrow), want) < 1e-5
 
 
-@pytest.mark.parametrize("N,offset,E_l", [(1, 0, 8), (3, 4, 4), (5, 2, 3), (37, 2, 5)])
+@pytest.mark.parametrize("N,offset,E_l", [(1, 0, 8), (3, 4, 4), (5, 2, 3), (37, 2, 5), (130, 2, 5)])
 def test_route_pairs(tk, N, offset, E_l):
     """The routing kernel equals torch's stable sorts; experts outside [offset, offset + E_l) sort last (37 rows:
-    148 pairs, three routing programs)."""
+    148 pairs, three routing programs; 130 rows: 520 pairs, the many-pair launch — 8 a program, 128 a step)."""
     g = torch.Generator().manual_seed(8 + N)
     idx = torch.stack([torch.randperm(8, generator=g)[:4] for _ in range(N)])
     idx[:, 2] = offset + 1                                                      # a run shared by every row
