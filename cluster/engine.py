@@ -22,7 +22,14 @@ from typing import AsyncIterator, Callable, Protocol, Sequence
 
 from cluster.detok import IncrementalDetokenizer, StopStringMatcher
 from scheduler.request import FinishReason, SamplingParams
-from scheduler.scheduler import AdmissionError, RequestEvent, Scheduler, SchedulerConfig, StepPlan
+from scheduler.scheduler import (
+    AdmissionError,
+    RequestEvent,
+    ScheduledSeq,
+    Scheduler,
+    SchedulerConfig,
+    StepPlan,
+)
 from scheduler.shapes import (
     GRAPH_BUCKETS,
     StepShape,
@@ -78,14 +85,22 @@ def warm_keys(num_ranks: int, span: bool, drafts: int, widths: Sequence[int],
 
 
 def _advanced(launched: tuple, graph, plans: Sequence[StepPlan]) -> bool:
-    """Whether ``plans`` are the launched step's: the same graph key and, on every rank, the same requests each one
-    position on, in the same blocks (their fed tokens are the ones just sampled, by construction)."""
+    """Whether ``plans`` are the launched step's: the same graph key (so its tokens are bit for bit this step's)
+    and, on every rank, the launched requests in order — less those that ended since — each one position on, in the
+    same blocks and maybe one more after them (their fed tokens are the ones just sampled, by construction). Rows
+    launched for requests that ended are thrown away."""
     key, before = launched
-    return graph == key and all(
-        len(p.seqs) == len(q.seqs) and all(
-            s.req_id == r.req_id and s.start_pos == r.start_pos + 1 and s.block_ids == r.block_ids
-            and len(s.token_ids) == 1 and not s.num_drafts for s, r in zip(p.seqs, q.seqs))
-        for p, q in zip(plans, before))
+    return graph == key and all(_follows(p.seqs, q.seqs) for p, q in zip(plans, before))
+
+
+def _follows(seqs: Sequence[ScheduledSeq], before: Sequence[ScheduledSeq]) -> bool:
+    rows = iter(before)
+    for s in seqs:
+        r = next((r for r in rows if r.req_id == s.req_id), None)
+        if r is None or s.start_pos != r.start_pos + 1 or s.block_ids[:len(r.block_ids)] != r.block_ids \
+                or len(s.token_ids) != 1 or s.num_drafts:
+            return False
+    return True
 
 
 class Executor(Protocol):
@@ -168,7 +183,8 @@ class Engine:
         # the replica's bound (add_request) is the one that binds: a rank's own queue bound is the whole of it
         seats = rank_seqs(config.max_num_seqs, num_ranks)
         self._admits = sum(seats) + config.max_waiting
-        self.schedulers = [Scheduler(replace(config, max_num_seqs=n, max_waiting=self._admits)) for n in seats]
+        slack = int(graphs and speculative_tokens == 0)          # a look-ahead step writes one position on
+        self.schedulers = [Scheduler(replace(config, max_num_seqs=n, max_waiting=self._admits), slack) for n in seats]
         self._rank_of: dict[str, int] = {}
         self._streams: dict[str, _Stream] = {}
         self._unsent: dict[str, NewRequest] = {}      # known to a scheduler, not yet to its worker
@@ -373,18 +389,21 @@ class Engine:
     def _may_look_ahead(self, graph, plans: list[StepPlan]) -> bool:
         """Whether the workers may launch this graph step's successor ahead: every row samples one token on the
         device (greedy or drawn, with logprobs, penalties or not; no speculation), and the next step will be these
-        requests' decode step again as far as the engine can tell — nothing waits to be prefilled, no request ends by
-        length or needs a new KV block (a stop token or string ends one unforeseen: that launched step is dropped)."""
+        requests' decode step again as far as the engine can tell — nothing waits to be prefilled, every row's next
+        position is in its blocks (the schedulers hold one position of slack), and some request goes on. Requests
+        that end meanwhile (by length, a stop token or string, an abort) leave the next step without their rows: it
+        is still the launched one (``_advanced``)."""
         if not (self.lookahead and graph is not None and self.speculative_tokens == 0) \
                 or any(sch.num_waiting for sch in self.schedulers):
             return False
-        bs = self.config.block_size
+        bs, goes_on = self.config.block_size, False
         for p in plans:
             for s in p.seqs:
                 params = self.schedulers[self._rank_of[s.req_id]].get(s.req_id).params
-                if s.num_generated + 1 >= params.max_tokens or s.end_pos + 1 > len(s.block_ids) * bs:
+                if s.end_pos + 1 > len(s.block_ids) * bs:
                     return False
-        return True
+                goes_on |= s.num_generated + 1 < params.max_tokens and s.end_pos + 1 < self.config.max_model_len
+        return goes_on
 
     def _fail_all(self, msg: str) -> list[TokenEvent]:
         with self._lock:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scheduler.block_pool import BlockPool
 from scheduler.request import FinishReason, Request, RequestStatus, SamplingParams
@@ -106,10 +106,15 @@ class RequestEvent:
 
 
 class Scheduler:
-    """FCFS scheduler with chunked prefill and preemption by recompute over one `BlockPool`."""
+    """FCFS scheduler with chunked prefill and preemption by recompute over one `BlockPool`.
 
-    def __init__(self, config: SchedulerConfig) -> None:
+    ``slack``: KV positions a decoding request holds beyond its step where free blocks allow (never by preemption,
+    and not while a prompt waits): the engine's look-ahead launches the next decode step before this one's plan,
+    and that step writes one position further (1 with look-ahead, else 0)."""
+
+    def __init__(self, config: SchedulerConfig, slack: int = 0) -> None:
         self.config = config
+        self.slack = slack
         self.pool = BlockPool(config.num_blocks, config.block_size)
         self._waiting: deque[Request] = deque()  # sorted by arrival
         self._running: list[Request] = []  # sorted by arrival; PREFILLING or DECODING, hold blocks
@@ -227,6 +232,8 @@ class Scheduler:
         seqs = self._schedule_decodes(budget, preempted, max_drafts)
         budget -= sum(len(s.token_ids) for s in seqs)
         seqs += self._schedule_prefills(budget)
+        if self.slack and not self._waiting:
+            seqs = [self._with_slack(s) for s in seqs]
         plan = StepPlan(self._next_step, tuple(seqs), tuple(preempted))
         self._next_step += 1
         return plan
@@ -315,6 +322,15 @@ class Scheduler:
         req.block_ids += self.pool.allocate(need)
         return self._make_seq(req, num_new)
 
+    def _with_slack(self, seq: ScheduledSeq) -> ScheduledSeq:
+        """A decode row whose next position opens a block: that block too, if one is free."""
+        req = self._live[seq.req_id]
+        need = self.pool.blocks_needed(seq.end_pos + self.slack) - len(req.block_ids)
+        if req.status is not RequestStatus.DECODING or seq.num_drafts or need <= 0 or not self.pool.can_allocate(need):
+            return seq
+        req.block_ids += self.pool.allocate(need)
+        return replace(seq, block_ids=tuple(req.block_ids))
+
     def _blocks_to_add(self, req: Request, num_new: int) -> int:
         return self.pool.blocks_needed(req.num_computed_tokens + num_new) - len(req.block_ids)
 
@@ -372,8 +388,8 @@ class Scheduler:
         return events
 
     def _release_surplus(self, req: Request) -> None:
-        """Free blocks that only held rejected drafts (the accounting side of the rollback)."""
-        keep = self.pool.blocks_needed(req.num_computed_tokens)
+        """Free blocks that only held rejected drafts (the accounting side of the rollback); the slack stays."""
+        keep = self.pool.blocks_needed(req.num_computed_tokens + self.slack)
         if len(req.block_ids) > keep:
             self.pool.free(req.block_ids[keep:])
             req.block_ids = req.block_ids[:keep]

@@ -20,7 +20,15 @@ from scheduler.request import SamplingParams
 from scheduler.scheduler import ScheduledSeq
 from scheduler.shapes import GRAPH_BUCKETS, StepShape, next_pow2
 from workers.graphs import DecodeGraphs, DraftGraphs
-from workers.sampler import RowLogprobs, TokenCounts, has_penalties, row_logprobs, sample, sample_on_device
+from workers.sampler import (
+    RowLogprobs,
+    TokenCounts,
+    has_penalties,
+    row_logprobs,
+    sample,
+    sample_on_device,
+    to_device,
+)
 from workers.speculative import DraftRequest, MtpDrafter, pick_draft, token_logprobs, verify
 
 MAX_DRAFTS = 7       # drafts per round at most (N - 1 on an 8-rank span)
@@ -80,12 +88,23 @@ class _Ahead:
     tokens: torch.Tensor
     logprobs: RowLogprobs | None
 
-    def matches(self, step: WorkerStep, requests: dict) -> bool:
-        """The engine's step is this one: the same graph key and rows, each fed its request's last token (the one
-        the launched step was fed on the device)."""
-        return step.graph == self.key and len(step.seqs) == len(self.seqs) and all(
-            s.req_id == a.req_id and s.start_pos == a.start_pos and s.block_ids == a.block_ids
-            and s.token_ids == (requests[s.req_id].history[-1],) for s, a in zip(step.seqs, self.seqs))
+    def rows_of(self, step: WorkerStep, requests: dict) -> list[int] | None:
+        """Where the engine's step's rows are among this one's, or None when it is not this step: the same graph key,
+        these rows in order less those whose requests ended since (their tokens are thrown away), each at the same
+        position in the same blocks (the plan may hold one more block after them) and fed its request's last token
+        (the one the launched step was fed on the device)."""
+        if step.graph != self.key:
+            return None
+        at = {a.req_id: i for i, a in enumerate(self.seqs)}
+        rows = [at.get(s.req_id, -1) for s in step.seqs]
+        if -1 in rows or rows != sorted(rows):
+            return None
+        for s, i in zip(step.seqs, rows):
+            a = self.seqs[i]
+            if s.start_pos != a.start_pos or s.block_ids[:len(a.block_ids)] != a.block_ids \
+                    or s.token_ids != (requests[s.req_id].history[-1],):
+                return None
+        return rows
 
 
 @dataclass
@@ -173,10 +192,9 @@ class ModelRunner:
         if not step.seqs and not self.in_group:
             return StepResult(step.step_id)
         if self.graphs is not None and step.graph is not None and (step.lookahead or step.use_ahead):
-            if step.use_ahead:
-                assert ahead is not None and ahead.matches(step, self.requests), \
-                    "the step launched ahead is not this one"
-            result = self._execute_on_device(step, ahead if step.use_ahead else None)
+            rows = ahead.rows_of(step, self.requests) if step.use_ahead and ahead is not None else None
+            assert rows is not None or not step.use_ahead, "the step launched ahead is not this one"
+            result = self._execute_on_device(step, ahead if step.use_ahead else None, rows)
             return replace(result, busy_ms=(time.perf_counter() - start) * 1e3)
         static_draft = self.draft_graphs is not None and step.graph is not None and step.draft_graph is not None
         if self.graphs is not None and step.graph is not None:
@@ -226,11 +244,15 @@ class ModelRunner:
                 self.draft_graphs.run_drawn(*step.graph, k, None)
         self.draft_graphs.runs = runs
 
-    def _execute_on_device(self, step: WorkerStep, ahead: _Ahead | None) -> StepResult:
-        """A graph step sampled on the device (the launched look-ahead if it is this step, else staged and replayed
-        now), the next one launched ahead if the engine allows, then this step's tokens read back."""
+    def _execute_on_device(self, step: WorkerStep, ahead: _Ahead | None, rows: list[int] | None = None
+                           ) -> StepResult:
+        """A graph step sampled on the device (the launched look-ahead if it is this step — its ``rows`` —, else staged
+        and replayed now), the next one launched ahead if the engine allows, then this step's tokens read back."""
         if ahead is not None:
             tokens, logprobs = ahead.tokens, ahead.logprobs
+            if len(rows) < len(ahead.seqs):            # requests ended since it was launched: their rows go
+                tokens = tokens[to_device(rows, torch.long, self.device)]
+                logprobs = logprobs.take(rows) if logprobs is not None else None
             self.ahead_stats["used"] += 1
         else:
             tokens, logprobs = self._replay_on_device(step, step.seqs)

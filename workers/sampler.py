@@ -215,6 +215,16 @@ class RowLogprobs:
         return RowLogprobs(self.rows, *(torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
                                         for t in (self.chosen, self.top_logp, self.top_ids)))
 
+    def take(self, keep: list[int]) -> RowLogprobs | None:
+        """These logprobs for the batch rows ``keep`` (in order), as a batch of those rows; None when none asked."""
+        at = {i: n for n, i in enumerate(keep)}
+        mine = [j for j, i in enumerate(self.rows) if i in at]
+        if not mine:
+            return None
+        index = to_device(mine, torch.long, self.chosen.device)
+        return RowLogprobs([at[self.rows[j]] for j in mine], self.chosen[index], self.top_logp[index],
+                           self.top_ids[index])
+
     def read(self, params: list[SamplingParams]) -> tuple[list[float | None], list[list[tuple[int, float]] | None]]:
         """(chosen-token logprob, top-n (id, logprob) pairs) per row of the batch; None for rows that did not ask."""
         logprobs: list[float | None] = [None] * len(params)

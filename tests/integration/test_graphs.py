@@ -353,3 +353,32 @@ def test_lookahead_gives_the_eager_logprobs(model):
     assert got == run_engine(host, reqs, logprobs=True)
     assert engine.executor.runner.ahead_stats["used"] >= 5 and host.executor.runner.ahead_stats["used"] == 0
     assert len(got["r0"][3][2]) == 2 and got["r1"][3][2] == ()
+
+
+def test_lookahead_goes_on_as_requests_end(model):
+    """A batch whose requests end at different steps (by length, one on a stop token), some asking for logprobs: the
+    step launched ahead is used less the ended rows' — the tokens and top-n ids of the same graph steps sampled on the
+    host, the logprobs to 1e-5 (the launched step's lm_head had the ended rows too: other rows, other last bits) —
+    and every graph step but where the bucket shrank was launched ahead and used."""
+    vocab = model.config.vocab_size
+    base = requests(6, vocab, seed=16)
+    plain = run_engine(make_engine(model, graphs=True), base)
+    asks = [SamplingParams(max_tokens=6 + 3 * i, temperature=0.0, logprobs=2 if i % 2 else None)
+            for i in range(6)]
+    asks[4] = SamplingParams(max_tokens=30, temperature=0.0, logprobs=1, stop_token_ids=[plain["r4"][7]])
+    reqs = {rid: (prompt, p) for (rid, (prompt, _)), p in zip(base.items(), asks)}
+    engine, host = make_engine(model, graphs=True), make_engine(model, graphs=True)
+    host.lookahead = False
+    got, want = run_engine(engine, reqs, logprobs=True), run_engine(host, reqs, logprobs=True)
+    for rid in reqs:                    # (token, logprob, top) where asked, else the token
+        assert len(got[rid]) == len(want[rid])
+        for a, b in zip(got[rid], want[rid]):
+            if isinstance(a, int):
+                assert a == b
+                continue
+            assert a[0] == b[0] and a[1] == pytest.approx(b[1], abs=1e-5)
+            assert [i for i, _ in a[2]] == [i for i, _ in b[2]]
+    assert len(got["r4"]) <= 8 and len(got["r5"]) == 21 and len(got["r1"][0][2]) == 2
+    stats, steps = engine.executor.runner.ahead_stats, engine.stats
+    assert stats["used"] >= steps["graph_steps"] - 4, (stats, steps)     # the first, and buckets 8 → 4 → 2 → 1
+    assert engine.num_free_blocks() == NUM_BLOCKS

@@ -25,20 +25,28 @@ def _drain(engine):
         engine.step()
 
 
-def test_a_greedy_solo_request_looks_ahead_except_at_block_edges_and_its_last_step():
+def test_a_greedy_solo_request_looks_ahead_at_every_step_but_its_last():
+    """Its blocks reach one position past each step (the scheduler's slack): a block edge drops the launched step
+    only where the graph key's width grows (widths round to eighths of a power of two: rarely at long contexts); a
+    plan whose table has grown a block after the launched one's is still the launched step. The slack is from free
+    blocks only (tests/unit/test_scheduler.py)."""
     engine, rec = _engine()
-    engine.add_request(list(range(1, 11)), SamplingParams(max_tokens=30, temperature=0.0), "r")   # 10-token prompt
+    engine.add_request(list(range(1, 11)), SamplingParams(max_tokens=200, temperature=0.0), "r")  # 10-token prompt
     _drain(engine)
     decode = [st[0] for st in rec.steps if st[0].graph is not None]
-    assert len(decode) == 29
-    for prev, st in pairwise(decode):
-        assert st.use_ahead == prev.lookahead               # every step launched ahead was the next one
+    assert len(decode) == 199
+    for prev, st in pairwise(decode):                       # every step launched ahead was the next one but where
+        assert st.use_ahead == (prev.lookahead and st.graph == prev.graph)     # the key's width grew
     for st in decode:
         s = st.seqs[0]
-        edge = s.end_pos % BS == 0                          # position end_pos opens a new block
-        last = s.num_generated + 1 == 30
-        assert st.lookahead == (not edge and not last), (s.start_pos, s.num_generated)
-    assert engine.stats["ahead_steps"] == sum(st.use_ahead for st in decode)
+        assert len(s.block_ids) * BS > s.end_pos            # the next position's slot is the request's
+        assert st.lookahead == (s.num_generated + 1 < 200), (s.start_pos, s.num_generated)
+    widths = [st.graph[1] for st in decode]
+    grew = sum(a != b for a, b in pairwise(widths))         # a table of 1 … 14 blocks: a few widths
+    assert 0 < grew == len(set(widths)) - 1 <= 10
+    assert engine.stats["ahead_steps"] == sum(st.use_ahead for st in decode) == 198 - grew
+    assert any(len(st.seqs[0].block_ids) > len(prev.seqs[0].block_ids) and st.use_ahead
+               for prev, st in pairwise(decode))
 
 
 def test_no_look_ahead_while_a_prompt_waits_or_with_speculation():
@@ -65,24 +73,38 @@ def test_no_look_ahead_while_a_prompt_waits_or_with_speculation():
 
 
 def test_a_change_in_the_step_drops_the_launched_one_on_every_rank():
-    """A request joining (prefill), aborted or finished: the next step is not the launched one; the same verdict
-    goes to every rank."""
-    engine, rec = _engine(ranks=2)
-    engine.add_request([1, 2, 3], SamplingParams(max_tokens=20, temperature=0.0), "a")
-    engine.add_request([4, 5, 6, 7], SamplingParams(max_tokens=20, temperature=0.0), "b")
+    """A request joining (prefill) or a changed graph key: the next step is not the launched one; one finished or
+    aborted: it is, less that request's row — the same verdict on every rank."""
+    engine, rec = _engine(max_num_seqs=8, ranks=2)
+    for i, rid in enumerate("abefgh"):
+        engine.add_request([1 + i, 2, 3], SamplingParams(max_tokens=20, temperature=0.0), rid)
     for _ in range(4):
         engine.step()
-    assert rec.steps[-1][0].lookahead and {st.lookahead for st in rec.steps[-1]} == {True}
+    assert {st.lookahead for st in rec.steps[-1]} == {True}
     engine.add_request([8, 9], SamplingParams(max_tokens=3, temperature=0.0), "c")
     engine.step()                                          # c's prefill: not the step launched ahead
     assert {st.use_ahead for st in rec.steps[-1]} == {False}
-    engine.step()                                          # a, b, c decode
-    assert {st.lookahead for st in rec.steps[-1]} == {True}
-    engine.step()                                          # the one launched; c's last token by length: no more
-    assert {(st.use_ahead, st.lookahead) for st in rec.steps[-1]} == {(True, False)}
-    engine.step()                                          # a and b, without c
-    assert {(st.use_ahead, st.lookahead) for st in rec.steps[-1]} == {(False, True)}
+    engine.step()                                          # seven decode: 4 + 3 rows, bucket 4 a rank
+    assert {st.lookahead for st in rec.steps[-1]} == {True} and rec.steps[-1][0].graph[0] == 4
+    engine.step()                                          # the one launched; c's last token by length
+    assert {(st.use_ahead, st.lookahead) for st in rec.steps[-1]} == {(True, True)}
+    engine.step()                                          # six, bucket 4: the launched step less c's row
+    assert {(st.use_ahead, st.lookahead) for st in rec.steps[-1]} == {(True, True)}
+    assert "c" not in {s.req_id for st in rec.steps[-1] for s in st.seqs}
     engine.abort("a")
-    engine.step()
-    assert {st.use_ahead for st in rec.steps[-1]} == {False}
+    engine.step()                                          # five, less a's row
+    assert {st.use_ahead for st in rec.steps[-1]} == {True}
+    for rid in "befg":
+        engine.abort(rid)
+    engine.step()                                          # h alone: bucket 1, another graph key
+    assert {st.use_ahead for st in rec.steps[-1]} == {False} and rec.steps[-1][0].graph[0] == 1
     _drain(engine)
+
+
+def test_the_last_request_ending_stops_looking_ahead():
+    engine, rec = _engine(ranks=2)
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=5, temperature=0.0), "a")
+    engine.add_request([4, 5, 6], SamplingParams(max_tokens=5, temperature=0.0), "b")
+    _drain(engine)
+    last = [st for st in rec.steps if st[0].graph is not None][-1]
+    assert {st.lookahead for st in last} == {False}        # both end by length in it: nothing to launch

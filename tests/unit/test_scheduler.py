@@ -26,9 +26,10 @@ class FakeModel:
     so a wrong block table, a stale block or a bad recompute changes the output.
     """
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, ahead: bool = False) -> None:
         self.block_size = block_size
         self.kv: list[int | None] = [None] * (num_blocks * block_size)
+        self.ahead = ahead      # also write a junk token one position on, as a step launched ahead may
 
     def _slot(self, block_ids: tuple[int, ...], pos: int) -> int:
         return block_ids[pos // self.block_size] * self.block_size + pos % self.block_size
@@ -39,6 +40,8 @@ class FakeModel:
             assert len(seq.block_ids) * self.block_size >= seq.end_pos
             for i, tok in enumerate(seq.token_ids):
                 self.kv[self._slot(seq.block_ids, seq.start_pos + i)] = tok
+            if self.ahead and len(seq.block_ids) * self.block_size > seq.end_pos:
+                self.kv[self._slot(seq.block_ids, seq.end_pos)] = VOCAB       # never a sampled token
             if seq.sample:
                 context = [self.kv[self._slot(seq.block_ids, p)] for p in range(seq.end_pos)]
                 sampled[seq.req_id] = [next_token(context)]
@@ -91,11 +94,11 @@ def drive(sched: Scheduler, model: FakeModel, max_steps: int = 10_000, arrivals=
     return outputs, reasons, plans
 
 
-def make(num_blocks=64, block_size=4, **kw) -> Scheduler:
+def make(num_blocks=64, block_size=4, slack=0, **kw) -> Scheduler:
     kw.setdefault("vocab_size", VOCAB)
     kw.setdefault("max_num_batched_tokens", 32)
     kw.setdefault("max_num_seqs", 8)
-    return Scheduler(SchedulerConfig(num_blocks=num_blocks, block_size=block_size, **kw))
+    return Scheduler(SchedulerConfig(num_blocks=num_blocks, block_size=block_size, **kw), slack)
 
 
 def prompt(n: int, seed: int = 0) -> list[int]:
@@ -417,13 +420,16 @@ def test_empty_plan_when_nothing_can_run():
     assert sched.schedule().step_id == plan.step_id + 1
 
 
-def test_random_workloads_never_corrupt_or_leak():
+@pytest.mark.parametrize("slack", [0, 1])
+def test_random_workloads_never_corrupt_or_leak(slack):
+    """Random arrivals on small pools (preemption); with slack, every step also writes junk one position past its
+    rows where their blocks reach (a step launched ahead): a slack block shared or handed on too early shows."""
     rng = random.Random(3)
     for trial in range(6):
         nb = rng.randrange(6, 20)
         bs = rng.choice([1, 2, 4])
         sched = make(
-            num_blocks=nb, block_size=bs, max_num_batched_tokens=rng.randrange(4, 12), max_num_seqs=4
+            num_blocks=nb, block_size=bs, slack=slack, max_num_batched_tokens=rng.randrange(4, 12), max_num_seqs=4
         )
         arrivals: dict[int, list] = {}
         specs = {}
@@ -435,9 +441,36 @@ def test_random_workloads_never_corrupt_or_leak():
             arrivals.setdefault(rng.randrange(20), []).append(
                 (f"r{i}", ids, SamplingParams(max_tokens=max_tokens))
             )
-        outputs, _, _ = drive(sched, FakeModel(nb, bs), arrivals=arrivals)
+        outputs, _, _ = drive(sched, FakeModel(nb, bs, ahead=bool(slack)), arrivals=arrivals)
         for rid, (ids, max_tokens) in specs.items():
             assert outputs[rid] == expected_output(ids, max_tokens), (trial, rid)
+
+
+def test_slack_holds_the_next_position_from_free_blocks_only():
+    """slack = 1: a decode row's blocks reach its next position when a block is free; taking one never preempts,
+    and none is taken while a prompt waits (the engine does not look ahead then)."""
+    sched = make(num_blocks=3, block_size=4, slack=1, max_num_seqs=2)
+    model = FakeModel(3, 4, ahead=True)
+    sched.add_request("a", prompt(4, 1), SamplingParams(max_tokens=6))
+    sched.update(p := sched.schedule(), model.execute(p))                 # prefill: one block
+    assert len(p.seqs[0].block_ids) == 1
+    for _ in range(4):                                                    # positions 4..7, then 8 ahead
+        plan = sched.schedule()
+        s = plan.seqs[0]
+        assert len(s.block_ids) * 4 >= s.end_pos + 1 and not plan.preempted
+        sched.update(plan, model.execute(plan))
+    assert len(sched.get("a").block_ids) == 3 and sched.pool.num_free == 0
+    sched.add_request("b", prompt(2, 2), SamplingParams(max_tokens=2))   # waits: the pool is full
+    plan = sched.schedule()
+    assert [s.req_id for s in plan.seqs] == ["a"] and not plan.preempted
+    outputs, _, _ = drive(sched, model)
+    assert outputs["b"] == expected_output(prompt(2, 2), 2)
+    tight = make(num_blocks=2, block_size=4, slack=1, max_num_seqs=2)     # a block each, the next one full: no slack
+    for rid in ("x", "y"):
+        tight.add_request(rid, prompt(3, 3), SamplingParams(max_tokens=2))
+    tight.update(p := tight.schedule(), FakeModel(2, 4).execute(p))
+    plan = tight.schedule()
+    assert not plan.preempted and [len(s.block_ids) for s in plan.seqs] == [1, 1]
 
 
 def test_request_ids_slice_all_ids():
