@@ -45,7 +45,14 @@ def reference(tiny_ckpt, tiny_config):
     cfg = engine_config(tiny_ckpt, 1)
     engine = Engine(LocalExecutor(ModelRunner(model, NUM_BLOCKS, 16, torch.float32)),
                     scheduler_config(cfg, tiny_config, None, NUM_BLOCKS))
-    return run(engine, requests()), run(engine, {"solo": requests(1, max_tokens=8, seed=5)["r0"]})
+    return (run(engine, requests()), run(engine, {"solo": requests(1, max_tokens=8, seed=5)["r0"]}),
+            run(engine, staggered()))
+
+
+def staggered() -> dict:
+    """Four requests ending 3 tokens apart (4 … 13 tokens)."""
+    return {rid: (ids, SamplingParams(max_tokens=4 + 3 * i, temperature=0.0))
+            for i, (rid, (ids, _)) in enumerate(requests(4, seed=7).items())}
 
 
 @pytest.mark.parametrize("n,moe,comm", [(1, "tp", "torch"), (2, "tp", "ipc"), (2, "ep", "torch"),
@@ -257,6 +264,11 @@ def test_static_graph_steps_equal_single_process(ray_session, tiny_ckpt, tiny_co
         assert run(engine, {"solo": requests(1, max_tokens=8, seed=5)["r0"]}) == reference[1]
         assert engine.stats["graph_steps"] > 0
         assert engine.stats["ahead_steps"] > 0      # every rank replayed steps launched ahead, in lock-step
+        before = dict(engine.stats)                 # requests ending at different steps: a rank's rows thin out
+        assert run(engine, staggered()) == reference[2]                             # (on 8 ranks: to none)
+        graph, ahead = (engine.stats[k] - before[k] for k in ("graph_steps", "ahead_steps"))
+        print(f"{n} ranks, staggered ends: {ahead} of {graph} graph steps launched ahead")
+        assert ahead >= graph - 3, (ahead, graph)
     finally:
         group.shutdown()
 
