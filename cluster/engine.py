@@ -183,7 +183,7 @@ class Engine:
         # the replica's bound (add_request) is the one that binds: a rank's own queue bound is the whole of it
         seats = rank_seqs(config.max_num_seqs, num_ranks)
         self._admits = sum(seats) + config.max_waiting
-        slack = int(graphs and speculative_tokens == 0)          # a look-ahead step writes one position on
+        slack = int(graphs and lookahead and speculative_tokens == 0)     # a look-ahead step writes one position on
         self.schedulers = [Scheduler(replace(config, max_num_seqs=n, max_waiting=self._admits), slack) for n in seats]
         self._rank_of: dict[str, int] = {}
         self._streams: dict[str, _Stream] = {}

@@ -326,7 +326,7 @@ class Scheduler:
         """A decode row whose next position opens a block: that block too, if one is free."""
         req = self._live[seq.req_id]
         need = self.pool.blocks_needed(seq.end_pos + self.slack) - len(req.block_ids)
-        if req.status is not RequestStatus.DECODING or seq.num_drafts or need <= 0 or not self.pool.can_allocate(need):
+        if req.status is not RequestStatus.DECODING or need <= 0 or not self.pool.can_allocate(need):
             return seq
         req.block_ids += self.pool.allocate(need)
         return replace(seq, block_ids=tuple(req.block_ids))
