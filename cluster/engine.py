@@ -47,9 +47,11 @@ from workers.runner import NewRequest, StepResult, TokenLogprobs, WorkerStep
 __all__ = ["AdmissionError", "AsyncEngine", "Engine", "GroupFailure", "LocalExecutor", "TokenEvent"]
 
 
-def graph_key(shape: StepShape, plans: Sequence[StepPlan]) -> tuple[int, int, bool] | None:
+def graph_key(shape: StepShape, plans: Sequence[StepPlan], chunk_rows: int = 0) -> tuple[int, int, bool] | None:
     """(rows bucket, block-table width, span) when the step is graph-shaped on every rank — only decode /
-    verify rows (each request feeds 1 + num_drafts and samples), at most ``graph_rows`` a rank (the largest bucket
+    verify rows (each request feeds 1 + num_drafts and samples), or prompt chunks too in a dp step of at most
+    ``chunk_rows`` a rank that drafts nothing (a chunk's rows are a verify's: consecutive positions of one request,
+    its block table on each), at most ``graph_rows`` a rank (the largest bucket
     whose dp step's MoE, which takes every rank's rows, stays within ``GRAPH_MOE_ROWS``) — else None. Width:
     ``graph_width`` of the step's longest block table. Span: a span step's comm phases differ from a dp step's of
     the same bucket (AG selects the owner's stripe, RS gathers every partial), so it is a graph of its own. The
@@ -57,7 +59,8 @@ def graph_key(shape: StepShape, plans: Sequence[StepPlan]) -> tuple[int, int, bo
     seqs = [s for p in plans for s in p.seqs]
     if not seqs or shape.rows_per_rank > graph_rows(len(plans)):
         return None
-    if not all(s.sample and len(s.token_ids) == 1 + s.num_drafts for s in seqs):
+    chunks = shape.rows_per_rank <= chunk_rows and not shape.is_span and not any(s.num_drafts for s in seqs)
+    if not all(s.sample and len(s.token_ids) == 1 + s.num_drafts or chunks for s in seqs):
         return None
     return shape.rows_per_rank, graph_width(max(len(s.block_ids) for s in seqs)), shape.is_span
 
@@ -170,19 +173,22 @@ class Engine:
     (``graph_key``) on their static path — set iff their ``graphs`` mode is not ``off``. ``lookahead``: let the
     workers launch the same requests' next decode step before returning a graph step's tokens sampled on the device,
     and tell them when the next step is that one (``WorkerStep.lookahead`` / ``use_ahead``, decided here for all ranks
-    alike; ``workers/runner.py``; off: for A/B measurements).
+    alike; ``workers/runner.py``; off: for A/B measurements). ``graph_prefill``: prompt chunks ride graph steps too
+    when the step fits a bucket that a rank's decode steps can fill (``graph_key``; off: for A/B measurements).
     """
 
     def __init__(self, executor: Executor, config: SchedulerConfig,
                  decode: Callable[[Sequence[int]], str] | None = None, num_ranks: int = 1, span: bool = True,
-                 speculative_tokens: int = 0, graphs: bool = False, lookahead: bool = True):
+                 speculative_tokens: int = 0, graphs: bool = False, lookahead: bool = True, graph_prefill: bool = True):
         self.executor, self.config, self.decode, self.span = executor, config, decode, span
-        self.graphs, self.lookahead = graphs, lookahead
+        self.graphs, self.lookahead, self.graph_prefill = graphs, lookahead, graph_prefill
         self._launched: tuple[tuple[int, int, bool], list[StepPlan]] | None = None   # (graph, plans) launched ahead
         self.speculative_tokens = speculative_tokens
         # the replica's bound (add_request) is the one that binds: a rank's own queue bound is the whole of it
         seats = rank_seqs(config.max_num_seqs, num_ranks)
         self._admits = sum(seats) + config.max_waiting
+        # prompt chunks ride the buckets decode steps can fill (the warm-up captures those: no capture while serving)
+        self._chunk_rows = min(graph_rows(num_ranks), next_pow2(max(seats)))
         slack = int(graphs and lookahead and speculative_tokens == 0)     # a look-ahead step writes one position on
         self.schedulers = [Scheduler(replace(config, max_num_seqs=n, max_waiting=self._admits), slack) for n in seats]
         self._rank_of: dict[str, int] = {}
@@ -371,7 +377,8 @@ class Engine:
         num_active = sum(s.num_running for s in self.schedulers)
         shape = plan_step_shapes(len(plans), rows, num_active, self.span)
         self.stats["span_steps"] += shape.is_span
-        graph = graph_key(shape, plans) if self.graphs else None
+        chunk_rows = self._chunk_rows if self.graph_prefill and num_drafts == 0 else 0
+        graph = graph_key(shape, plans, chunk_rows) if self.graphs else None
         self.stats["graph_steps"] += graph is not None
         # the MTP work of a graph step runs on graphs too: a greedy drafting request's drafts are picked inside one,
         # a drawn one's between them (its draft distributions are kept); the same mode goes to every rank
@@ -400,7 +407,7 @@ class Engine:
         for p in plans:
             for s in p.seqs:
                 params = self.schedulers[self._rank_of[s.req_id]].get(s.req_id).params
-                if s.end_pos + 1 > len(s.block_ids) * bs:
+                if len(s.token_ids) != 1 or s.end_pos + 1 > len(s.block_ids) * bs:    # a prompt chunk, a new block
                     return False
                 goes_on |= s.num_generated + 1 < params.max_tokens and s.end_pos + 1 < self.config.max_model_len
         return goes_on

@@ -26,8 +26,9 @@ weight straight into the tensor cores' register operand, no shared-memory pass; 
 narrow experts; a program takes ≤ 8 pairs of a run).
 
 More than FUSED_MAX_ROWS rows (prefill chunks) take the grouped launches instead (``grouped_moe``): the pairs are
-sorted by expert on the host side of one sync, each expert's run padded to whole blocks of 64 or 128 rows, and a
-gate/up and a down launch run a program per (block, output tile), its expert read from a per-block table; the
+sorted by expert on the device, each expert's run padded to whole blocks of 64 or 128 rows, and a gate/up and a
+down launch run a program per (block, output tile) of a bound of blocks known on the host (programs past the last
+real block return), its expert read from a per-block table; the
 same roundings and the same combine as above. (The reference's per-expert loop with a host sync per expert and
 a whole-weight dequantization per linear took 153 ms a layer for a 2048-row chunk on the slice, H200.)
 
@@ -60,8 +61,8 @@ from kernels.triton_utils import (
     smem_per_block,
 )
 
-# The fused launches take up to this many rows, more (prefill chunks) the grouped ones, whose host sync a CUDA graph
-# cannot hold: so at least scheduler.shapes.GRAPH_MOE_ROWS, the most a graph step's MoE takes (a dp step's MoE has
+# The fused launches take up to this many rows, more (prefill chunks) the grouped ones (tuned for prefill, never
+# captured): so at least scheduler.shapes.GRAPH_MOE_ROWS, the most a graph step's MoE takes (a dp step's MoE has
 # every rank's rows: 8 ranks × 32).
 FUSED_MAX_ROWS = 256
 RUN_ROWS = 16          # the most rows of an expert's run one program takes (runs average N·k / E_local pairs)
@@ -302,6 +303,8 @@ def _grouped_gate_up_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, block_e_ptr, sl
     accumulate in place (scaling each dot's result instead took 1.3× as long: bench/results/session12/)."""
     ib = tl.program_id(1)
     e, slots, pair, live = _group_block(block_e_ptr, slot_pair_ptr, tl.program_id(0), BLOCK_M)
+    if e < 0:                      # past the last block (group_pairs' bound)
+        return
     row = tl.where(live, pair // TOPK, 0)
     ri = ib * BLOCK_I + tl.arange(0, BLOCK_I)
     rh = tl.arange(0, 128)
@@ -337,6 +340,8 @@ def _grouped_down_kernel(act_ptr, d_ptr, ds_ptr, w_route_ptr, block_e_ptr, slot_
     codes with a scale per (slot, 128 columns) at ``as_ptr``; each FP8 × FP8 dot is scaled by both block scales."""
     hb = tl.program_id(1)
     e, slots, pair, live = _group_block(block_e_ptr, slot_pair_ptr, tl.program_id(0), BLOCK_M)
+    if e < 0:                      # past the last block (group_pairs' bound)
+        return
     rh = hb * BLOCK_HO + tl.arange(0, BLOCK_HO)
     ri = tl.arange(0, 128)
     acc = tl.zeros((BLOCK_M, BLOCK_HO), dtype=tl.float32)
@@ -490,26 +495,29 @@ def group_pairs(topk_idx: torch.Tensor, expert_offset: int, E_local: int, block_
     """topk_idx: [N, k] global ids → (block_e [B] int32: each block's local expert, slot_pair [B·block_m]
     int32: the pair (row·k + slot) in each padded slot or -1, order [N, k] int32, valid [P] int8 as
     ``route_pairs``): the pairs held here stably sorted by local expert, each expert's run padded to whole
-    blocks. One host sync (the block count)."""
+    blocks. No host sync: B is a bound known on the host, ⌈P / block_m⌉ + min(E_local, P) (each expert's run adds
+    at most one part-filled block), and the blocks past the last real one have expert -1 (their programs return)."""
     N, k = topk_idx.shape
-    dev = topk_idx.device
+    P, dev = N * k, topk_idx.device
     local = (topk_idx - expert_offset).flatten()
     held = (local >= 0) & (local < E_local)
     key = torch.where(held, local, E_local)
     sorted_key, sorted_pair = torch.sort(key, stable=True)
-    counts = torch.bincount(key, minlength=E_local + 1)[:E_local]
+    counts = torch.zeros(E_local + 1, dtype=torch.long, device=dev).index_add_(0, key, torch.ones_like(key))
+    counts = counts[:E_local]
     blocks = (counts + block_m - 1) // block_m
-    num_blocks, num_held = torch.stack([blocks.sum(), counts.sum()]).tolist()
-    block_e = torch.repeat_interleave(torch.arange(E_local, device=dev, dtype=torch.int32), blocks,
-                                      output_size=num_blocks)
+    ends = torch.cumsum(blocks, 0)
+    B = -(-P // block_m) + min(E_local, P)
+    block_e = torch.searchsorted(ends, torch.arange(B, device=dev), right=True)     # E_local past the last block
+    block_e = torch.where(block_e < E_local, block_e, -1).to(torch.int32)
     first = torch.cumsum(counts, 0) - counts                         # each expert's first pair in the sort
-    first_slot = (torch.cumsum(blocks, 0) - blocks) * block_m        # and its first padded slot
-    e = sorted_key[:num_held]
-    slots = first_slot[e] + torch.arange(num_held, device=dev) - first[e]
-    slot_pair = torch.full((num_blocks * block_m,), -1, dtype=torch.int32, device=dev)
-    slot_pair[slots] = sorted_pair[:num_held].to(torch.int32)
+    first_slot = (ends - blocks) * block_m                           # and its first padded slot
+    e = sorted_key.clamp(max=E_local - 1)
+    slots = torch.where(sorted_key < E_local, first_slot[e] + torch.arange(P, device=dev) - first[e], B * block_m)
+    slot_pair = torch.full((B * block_m + 1,), -1, dtype=torch.int32, device=dev)     # + a slot for pairs not held
+    slot_pair[slots] = sorted_pair.to(torch.int32)
     order = torch.sort(key.view(N, k), dim=1, stable=True).indices.to(torch.int32)
-    return block_e, slot_pair, order, held.to(torch.int8)
+    return block_e, slot_pair[:B * block_m], order, held.to(torch.int8)
 
 
 @dataclass(frozen=True)
@@ -555,9 +563,9 @@ def grouped_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, g
                 up: torch.Tensor, down: torch.Tensor, gate_s: torch.Tensor | None, up_s: torch.Tensor | None,
                 down_s: torch.Tensor | None, expert_offset: int = 0, block_m: int | None = None,
                 tiles: tuple[GroupTile, GroupTile] | None = None) -> torch.Tensor:
-    """As ``fused_moe`` (routed experts only) for any number of rows, on the grouped launches; not
-    graph-capturable (one host sync). ``block_m`` and ``tiles`` (the gate/up and down launch shapes; default
-    ``group_launch``'s) for tests and benchmarks."""
+    """As ``fused_moe`` (routed experts only) for any number of rows, on the grouped launches (no host sync; a
+    launch's grid is ``group_pairs``' bound of blocks). ``block_m`` and ``tiles`` (the gate/up and down launch
+    shapes; default ``group_launch``'s) for tests and benchmarks."""
     N, H = x.shape
     E_local, I, _ = gate.shape
     k = topk_idx.shape[1]

@@ -68,21 +68,26 @@ def slots_for(block_ids: Sequence[int], num_tokens: int, block_size: int, device
 
 
 def build_batch(seqs: Sequence[tuple[int, int, Sequence[int]]], block_size: int, device="cpu") -> Batch:
-    """seqs: per request (start_pos, num_new_tokens, block_ids) → the step's Batch, rows in request order."""
+    """seqs: per request (start_pos, num_new_tokens, block_ids) → the step's Batch, rows in request order. Built on
+    the host and moved in one copy (on CUDA pinned and asynchronous: a copy per request from pageable memory would
+    wait for the GPU each time)."""
+    if not seqs:   # a rank with no rows this step still runs every layer (its MLP phases are collective)
+        empty = torch.zeros(0, dtype=torch.long, device=device)
+        return Batch(empty, empty, [], [])
     positions, slot_mapping, seq_rows, seq_slots = [], [], [], []
     row = 0
     for start, n, block_ids in seqs:
         assert n > 0
-        slots = slots_for(block_ids, start + n, block_size, device)
-        positions.append(torch.arange(start, start + n, device=device))
+        slots = slots_for(block_ids, start + n, block_size)
+        positions.append(torch.arange(start, start + n))
         slot_mapping.append(slots[start:start + n])
         seq_rows.append((row, n))
         seq_slots.append(slots)
         row += n
-    if not seqs:   # a rank with no rows this step still runs every layer (its MLP phases are collective)
-        empty = torch.zeros(0, dtype=torch.long, device=device)
-        return Batch(empty, empty, [], [])
-    return Batch(torch.cat(positions), torch.cat(slot_mapping), seq_rows, seq_slots)
+    host = torch.cat(positions + slot_mapping + seq_slots)
+    flat = host.pin_memory().to(device, non_blocking=True) if torch.device(device).type == "cuda" else host.to(device)
+    parts = flat.split([row, row] + [len(t) for t in seq_slots])
+    return Batch(parts[0], parts[1], seq_rows, list(parts[2:]))
 
 
 def contiguous_batch(lengths: Sequence[tuple[int, int]], capacity: int, device="cpu") -> Batch:

@@ -1,7 +1,8 @@
 """Static-shape decode / verify forward, captured as CUDA graphs per (row bucket, context width).
 
 A decode or verify step — every scheduled request feeds its last token plus its drafts, ≤ 64 rows per
-rank (``GRAPH_BUCKETS``; ``graph_rows`` in a group) — runs on persistent buffers: token ids, positions, KV slots
+rank (``GRAPH_BUCKETS``; ``graph_rows`` in a group), maybe beside prompt chunks (rows of consecutive positions, as a
+verify's) — runs on persistent buffers: token ids, positions, KV slots
 and one block table per row are copied in, rows are padded to the bucket (1, 2, 4, …, 64), and the forward
 captured for that bucket is replayed. Pad rows write their KV to a slot no request owns and their outputs are
 dropped (in a worker group the comm zeroes them before the MoE). The width (block-table columns, chosen by the
@@ -56,8 +57,8 @@ class DecodeGraphs:
         self.runs: dict[tuple[int, int, bool], int] = {}      # steps served per (bucket, width, span)
 
     def stage(self, seqs: Sequence[ScheduledSeq], bucket: int, width: int) -> Batch:
-        """Copy the step (its requests' decode / verify rows, in order) into the static buffers, pad rows
-        reset. Returns the real rows' Batch, a view of the buffers (it serves the eager MTP pass too)."""
+        """Copy the step (its requests' decode / verify rows or prompt chunks, in order) into the static buffers, pad
+        rows reset. Returns the real rows' Batch, a view of the buffers (it serves the eager MTP pass too)."""
         bs = self.block_size
         assert width <= self.max_blocks, f"graph width {width} blocks > table capacity {self.max_blocks}"
         if self._copied is not None:
@@ -68,7 +69,7 @@ class DecodeGraphs:
         meta[:, :bucket] = ((0,), (0,), (self.pad_slot,))
         n, seq_rows = 0, []
         for s in seqs:
-            assert s.sample and len(s.token_ids) == 1 + s.num_drafts, f"{s.req_id}: not a decode/verify row set"
+            assert not s.num_drafts or s.sample and len(s.token_ids) == 1 + s.num_drafts, f"{s.req_id}: drafts"
             rows = len(s.token_ids)
             assert n + rows <= bucket, f"the step's rows do not fit the graph bucket {bucket}"
             seq_rows.append((n, rows))

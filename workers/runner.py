@@ -207,7 +207,7 @@ class ModelRunner:
             if self.drafter is not None and not static_draft:
                 self.stage(step.shape, batch.num_rows, False)   # the eager MTP passes use the ragged comm
         else:
-            ids = torch.tensor([t for s in step.seqs for t in s.token_ids], dtype=torch.long, device=self.device)
+            ids = to_device([t for s in step.seqs for t in s.token_ids], torch.long, self.device)
             batch = build_batch([(s.start_pos, len(s.token_ids), s.block_ids) for s in step.seqs],
                                 self.block_size, self.device)
             self.stage(step.shape, batch.num_rows, False)
@@ -361,6 +361,9 @@ class ModelRunner:
         drafting = None
         for i, s in enumerate(step.seqs):
             r0, n = batch.seq_rows[i]
+            if not s.sample:                             # a prompt chunk: the next prompt token
+                next_ids[r0 + n - 1] = self.requests[s.req_id].history[s.end_pos]
+                continue
             tokens = result.sampled[s.req_id]
             last = _last_valid_row(s, r0, n, tokens)
             next_ids[last] = tokens[-1]

@@ -1,7 +1,7 @@
 """CUDA graphs of the decode / verify step (``workers/graphs.py``) on a CUDA GPU, ``kernels: auto``:
 
 - a replay is bit-identical to the same static forward run eagerly, for every bucket (1, 2, 4, 8, 16 rows:
-  decode rows, verify rows of 1 + k drafts, pad rows) and several context widths, in fp32 and bf16;
+  decode rows, verify rows of 1 + k drafts, prompt chunks, pad rows) and several context widths, in fp32 and bf16;
 - the engine's greedy tokens with graphs equal its tokens without them (fp32), batched and speculative;
 - seeded drawn rows launched ahead draw the tokens they draw without look-ahead;
 - drawn drafts picked between captured drafting graphs equal the eager drafter's.
@@ -21,6 +21,7 @@ pytest.importorskip("triton")
 
 from kernels import ops
 from models.loader import load_model
+from scheduler.request import SamplingParams
 from scheduler.scheduler import ScheduledSeq
 from scheduler.shapes import GRAPH_BUCKETS, next_pow2
 from tests.integration.test_graphs import captured, make_engine, requests, run, serve_warm_shapes
@@ -33,7 +34,8 @@ NUM_BLOCKS = 6144                 # 40 requests of 1500 tokens (the 64-row step)
 # per bucket: (rows fed, drafts) of each request — decode rows, verify rows, and pad rows
 STEPS = {1: [(1, 0)], 2: [(1, 0), (1, 0)], 4: [(1, 0), (1, 0), (1, 0)], 8: [(1, 0)] * 5, 16: [(1, 0)] * 11,
          32: [(1, 0)] * 20, 64: [(1, 0)] * 40,
-         "verify4": [(4, 3)], "verify8": [(8, 7)], "mixed8": [(4, 3), (1, 0), (1, 0)], "verify16": [(4, 3)] * 4}
+         "verify4": [(4, 3)], "verify8": [(8, 7)], "mixed8": [(4, 3), (1, 0), (1, 0)], "verify16": [(4, 3)] * 4,
+         "chunks32": [(20, 0), (1, 0), (1, 0)], "chunks64": [(30, 0), (17, 0)] + [(1, 0)] * 10}   # prompt chunks
 
 _MODELS: dict = {}
 
@@ -103,8 +105,6 @@ def test_lookahead_draws_seeded_rows_as_without(text_ckpt):
     """Seeded drawn rows (temperature, top-k / top-p; one with penalties, read from its token counts on the device)
     and a greedy one asking for logprobs sample on the device and launch the next step ahead: the same tokens as the
     same graph steps without look-ahead (sampling on the host's side)."""
-    from scheduler.request import SamplingParams
-
     m = model(text_ckpt, "float32")
     params = [SamplingParams(max_tokens=20, temperature=0.9, seed=5), SamplingParams(max_tokens=20, temperature=0.7,
               top_k=20, top_p=0.9, seed=6), SamplingParams(max_tokens=20, temperature=0.0, logprobs=2),
@@ -135,8 +135,6 @@ def test_drawn_speculation_with_captured_drafting(text_ckpt):
     """Seeded drawn requests (T 0.8, top-p 0.95): their drafts picked between captured drafting graphs (the extend and
     each chained pass) give the tokens and acceptance of the eager drafter after the same replayed verify steps — one
     whose prompt is shorter than ``index_topk`` keys, so its selection widens as it decodes (chain graphs per width)."""
-    from scheduler.request import SamplingParams
-
     m = model(text_ckpt, "float32")
     prompt = next(iter(requests(1, m.config.vocab_size, seed=7).values()))[0]
     params = SamplingParams(max_tokens=24, temperature=0.8, top_p=0.95, seed=9)
@@ -161,6 +159,30 @@ def test_warm_up_captures_every_graph_served_after_it(text_ckpt, k):
     assert warm[0] and (warm[1] or not k)
     assert captured(engine) == warm
     assert got == serve_warm_shapes(m, k, None)[1]
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_prompt_chunks_in_graph_steps_equal_without(text_ckpt, k):
+    """Prompts arriving among decoding requests, whole and in chunks, ride their replayed graph steps: the tokens
+    (and with speculation the acceptance) of the engine without graphs."""
+    from tests.integration.test_graphs import run_arrivals
+
+    m = model(text_ckpt, "float32")
+    g = torch.Generator().manual_seed(22)
+
+    def ask(n: int, tokens: int) -> tuple:
+        return torch.randint(40, m.config.vocab_size, (n,), generator=g).tolist(), \
+            SamplingParams(max_tokens=tokens, temperature=0)
+
+    arrivals = {0: {"a": ask(30, 14)}, 3: {"b": ask(9, 10), "c": ask(20, 8)}, 6: {"d": ask(100, 6)},
+                9: {"e": ask(5, 4)}}
+    on = make_engine(m, True, k, blocks=NUM_BLOCKS, budget=40)
+    got = run_arrivals(on, arrivals)
+    off = make_engine(m, False, k, blocks=NUM_BLOCKS, budget=40)
+    assert got == run_arrivals(off, arrivals)
+    assert on.executor.runner.graphs.captured and on.stats["graph_steps"] > 0
+    if k:
+        assert on.spec_metrics() == off.spec_metrics()
 
 
 def _engine(m, graphs: bool, k: int = 0):

@@ -27,12 +27,13 @@ def model(text_ckpt):
     return load_model(text_ckpt, dtype=torch.float32, progress=False)
 
 
-def make_engine(model, graphs: bool, k: int = 0, blocks: int = NUM_BLOCKS) -> Engine:
+def make_engine(model, graphs: bool, k: int = 0, blocks: int = NUM_BLOCKS, budget: int = 256) -> Engine:
     device = next(model.parameters()).device
     runner = ModelRunner(model, blocks, BLOCK, torch.float32, device, speculative=k > 0,
                          graphs="capture" if graphs else "off")
     cfg = SchedulerConfig(num_blocks=blocks, block_size=BLOCK, max_model_len=1024,
-                          vocab_size=model.config.vocab_size, eos_token_ids=())
+                          vocab_size=model.config.vocab_size, eos_token_ids=(), max_num_batched_tokens=budget,
+                          max_num_seqs=min(64, budget))
     return Engine(LocalExecutor(runner), cfg, speculative_tokens=k, graphs=graphs)
 
 
@@ -229,6 +230,73 @@ def test_graph_key_only_for_decode_and_verify_rows_within_the_buckets():
     assert graph_key(dp, [plan(decode), plan(chunk)]) is None
     assert graph_key(StepShape("dp", 128, 128, None), [plan(decode)]) is None      # beyond the largest bucket
     assert graph_key(dp, [plan(), plan()]) is None
+
+
+def test_graph_key_takes_prompt_chunks_into_dp_steps_that_draft_nothing():
+    def plan(*seqs):
+        return StepPlan(0, tuple(seqs), ())
+    decode = ScheduledSeq("a", (7,), 40, tuple(range(3)), True, 0)
+    prefill = ScheduledSeq("c", (1, 2, 3), 0, (20,), True, 0)
+    chunk = ScheduledSeq("d", (5, 6), 16, (21, 22), False, 0)
+    verify = ScheduledSeq("b", (7, 8, 9, 10), 100, tuple(range(10, 17)), True, 0, num_drafts=3)
+    dp = StepShape("dp", 4, 8, None)
+    assert graph_key(dp, [plan(decode, chunk), plan(prefill)], chunk_rows=4) == (4, graph_width(3), False)
+    assert graph_key(dp, [plan(decode, chunk), plan(prefill)]) is None
+    assert graph_key(dp, [plan(decode, chunk), plan(prefill)], chunk_rows=2) is None  # beyond the decode buckets
+    assert graph_key(dp, [plan(verify), plan(chunk)], chunk_rows=4) is None          # a verify beside: drafts ride
+    assert graph_key(StepShape("span", 4, 4, 1), [plan(), plan(prefill)], chunk_rows=4) is None
+    assert graph_key(StepShape("dp", 128, 128, None), [plan(prefill)], chunk_rows=128) is None
+
+
+def run_arrivals(engine: Engine, arrivals: dict[int, dict]) -> dict[str, list[int]]:
+    """``arrivals``: {step index: requests added before that step}; steps until every request is done."""
+    out, step = {}, 0
+    while step <= max(arrivals) or engine.has_unfinished():
+        for rid, (ids, params) in arrivals.get(step, {}).items():
+            engine.add_request(ids, params, rid)
+            out[rid] = []
+        for ev in engine.step():
+            assert ev.error is None, ev.error
+            out[ev.req_id] += ev.token_ids
+        step += 1
+    assert engine.num_free_blocks() == engine.scheduler.pool.num_blocks
+    return out
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_prompt_chunks_ride_graph_steps(model, k):
+    """Prompts arriving while others decode — short ones whole, a long one in chunks of a 40-token budget, some
+    chunks not sampling — ride the decoders' graph steps where the step fits a bucket: the tokens of the engine
+    without graphs; with speculation (drafts ride only a solo request; the MTP extend of every row runs on its
+    graph) the same tokens and acceptance as the eager drafter."""
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(21)
+
+    def ask(n: int, tokens: int) -> tuple:
+        return torch.randint(40, vocab, (n,), generator=g).tolist(), SamplingParams(max_tokens=tokens, temperature=0)
+
+    arrivals = {0: {"a": ask(30, 14)}, 3: {"b": ask(9, 10), "c": ask(20, 8)}, 6: {"d": ask(100, 6)},
+                9: {"e": ask(5, 4)}}
+    engine = make_engine(model, graphs=True, k=k, budget=40)
+    staged = []
+    stage = engine.executor.runner.graphs.stage
+    engine.executor.runner.graphs.stage = lambda seqs, *a: staged.append(seqs) or stage(seqs, *a)
+    got = run_arrivals(engine, arrivals)
+    assert got == run_arrivals(make_engine(model, graphs=False, k=k, budget=40), arrivals)
+    chunks = [s for seqs in staged for s in seqs if len(s.token_ids) > 1 + s.num_drafts]
+    assert any(not s.sample for s in chunks) and {s.req_id for s in chunks} >= {"b", "c", "d", "e"}, chunks
+    assert any(len(seqs) > 1 and len(s.token_ids) == 1 for seqs in staged for s in seqs)       # beside decoders
+    off = make_engine(model, graphs=True, k=k, budget=40)
+    off.graph_prefill = False
+    assert run_arrivals(off, arrivals) == got and off.stats["graph_steps"] < engine.stats["graph_steps"]
+    if k:         # the same blocks on both engines (no slack with speculation): the MTP layer's KV in them too
+        spec = make_engine(model, graphs=False, k=k, budget=40)
+        run_arrivals(spec, arrivals)
+        assert engine.spec_metrics() == spec.spec_metrics() and spec.spec_metrics()["accepted"] > 0
+        mtp = model.config.num_hidden_layers
+        for cache in ("kv", "index_k"):
+            a, b = (getattr(e.executor.runner.cache, cache)[mtp][:NUM_BLOCKS * BLOCK] for e in (engine, spec))
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
 def test_span_and_dp_steps_of_one_bucket_keep_separate_graphs(model):

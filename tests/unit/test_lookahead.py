@@ -33,8 +33,9 @@ def test_a_greedy_solo_request_looks_ahead_at_every_step_but_its_last():
     engine, rec = _engine()
     engine.add_request(list(range(1, 11)), SamplingParams(max_tokens=200, temperature=0.0), "r")  # 10-token prompt
     _drain(engine)
-    decode = [st[0] for st in rec.steps if st[0].graph is not None]
-    assert len(decode) == 199
+    prefill, *decode = [st[0] for st in rec.steps]
+    assert prefill.graph is None                 # 10 rows: beyond the buckets 4 requests' decode steps fill (eager)
+    assert len(decode) == 199 and all(st.graph is not None for st in decode)
     for prev, st in pairwise(decode):                       # every step launched ahead was the next one but where
         assert st.use_ahead == (prev.lookahead and st.graph == prev.graph)     # the key's width grew
     for st in decode:
