@@ -272,19 +272,25 @@ class Engine:
         captured = time.perf_counter()
         # prompts of a prefill chunk at most, decoding within the captured widths; sizes in each of the kernels' row
         # classes (prefill, mid-size, the decode tiles' 16 / 32 / 64-row blocks), a multiple of 16 and not (Triton
-        # compiles a kernel per divisibility of its integer arguments)
+        # compiles a kernel per divisibility of its integer arguments), run eagerly (a short prompt among requests
+        # rides a graph step, but alone in a span step, with drafts, or beside a longer chunk it runs eagerly)
         top = max(1, min(self.config.max_num_batched_tokens, self.config.max_model_len - 16, tokens - 16))
         lengths = sorted({min(n, top) for n in (top, top - 7, 200, 192, 48, 41, 24, 17, 16, 9) if n >= 1},
                          reverse=True)
         rng = random.Random(0)
         params = SamplingParams(max_tokens=2 + self.speculative_tokens, ignore_eos=True, seed=0)
-        for n in lengths:
-            for r in range(len(self.schedulers)):     # one request a rank (placed on the least loaded)
-                self.add_request([rng.randrange(self.config.vocab_size) for _ in range(n)], params, f"warm-up-{r}")
-            while self.has_work():
-                for ev in self.step():
-                    if ev.error:
-                        raise RuntimeError(f"warm-up request failed: {ev.error}")
+        graph_prefill, self.graph_prefill = self.graph_prefill, False   # the prompts compile the eager path's kernels
+        try:
+            for n in lengths:
+                for r in range(len(self.schedulers)):     # one request a rank (placed on the least loaded)
+                    self.add_request([rng.randrange(self.config.vocab_size) for _ in range(n)], params,
+                                     f"warm-up-{r}")
+                while self.has_work():
+                    for ev in self.step():
+                        if ev.error:
+                            raise RuntimeError(f"warm-up request failed: {ev.error}")
+        finally:
+            self.graph_prefill = graph_prefill
         self._launched = None
         self._reset_stats()
         done = {"graph_steps": len(keys), "capture_s": captured - start, "request_s": time.perf_counter() - captured,

@@ -109,3 +109,21 @@ def test_the_last_request_ending_stops_looking_ahead():
     _drain(engine)
     last = [st for st in rec.steps if st[0].graph is not None][-1]
     assert {st.lookahead for st in last} == {False}        # both end by length in it: nothing to launch
+
+
+def test_warm_up_prompts_run_eagerly():
+    """The warm-up's short prompts compile the eager path's kernels (a short prompt still runs eagerly alone in a
+    span step, with drafts, or beside a longer chunk), so they do not ride graph steps; the engine's choice is back
+    after it, and a short prompt among decoding requests then rides one."""
+    engine, rec = _engine(max_num_seqs=32)
+    engine.warm_up(64)
+    served = [st[0] for st in rec.steps if st[0].warm is None]
+    assert served and all(st.graph is None for st in served if any(len(s.token_ids) > 1 for s in st.seqs))
+    assert engine.graph_prefill
+    engine.add_request([1, 2, 3, 4], SamplingParams(max_tokens=8, temperature=0.0), "a")
+    engine.step()
+    engine.step()
+    engine.add_request([5, 6, 7, 8, 9], SamplingParams(max_tokens=4, temperature=0.0), "b")
+    engine.step()                                          # a's decode row beside b's whole prompt
+    assert [len(s.token_ids) for s in rec.steps[-1][0].seqs] == [1, 5] and rec.steps[-1][0].graph == (8, 1, False)
+    _drain(engine)
