@@ -65,6 +65,12 @@ def graph_key(shape: StepShape, plans: Sequence[StepPlan], chunk_rows: int = 0) 
     return shape.rows_per_rank, graph_width(max(len(s.block_ids) for s in seqs)), shape.is_span
 
 
+def decode_rows(num_ranks: int, seqs_per_rank: int) -> int:
+    """The largest dp bucket a rank's decode steps can fill: its running requests rounded up to a bucket, at most
+    ``graph_rows`` (the warm-up captures these; prompt chunks ride them too)."""
+    return min(graph_rows(num_ranks), next_pow2(seqs_per_rank))
+
+
 def warm_keys(num_ranks: int, span: bool, drafts: int, widths: Sequence[int],
               seqs_per_rank: int | None = None) -> list[tuple[tuple, tuple[int, ...]]]:
     """The graph keys an engine's steps can take at these widths, each with the draft counts whose MTP graphs can
@@ -74,11 +80,12 @@ def warm_keys(num_ranks: int, span: bool, drafts: int, widths: Sequence[int],
     rides a span) — and in a group with span steps, the span buckets of a solo request's 1 + d rows, d = 1 …
     drafts."""
     solo = next_pow2(1 + drafts) if num_ranks == 1 or not span else 1
-    most = max(solo, next_pow2(seqs_per_rank)) if seqs_per_rank else GRAPH_BUCKETS[-1]
+    most = graph_rows(num_ranks) if not seqs_per_rank else \
+        max(min(solo, graph_rows(num_ranks)), decode_rows(num_ranks, seqs_per_rank))
     keys = []
     for w in widths:
         for b in GRAPH_BUCKETS:
-            if b <= graph_rows(num_ranks) and b <= most:
+            if b <= most:
                 keys.append(((b, w, False), () if not drafts else (0, drafts) if b <= solo else (0,)))
         if span and num_ranks > 1:
             keys += [((b, w, True), (drafts,)) for b in sorted({next_pow2(max(num_ranks, 1 + d))
@@ -188,7 +195,7 @@ class Engine:
         seats = rank_seqs(config.max_num_seqs, num_ranks)
         self._admits = sum(seats) + config.max_waiting
         # prompt chunks ride the buckets decode steps can fill (the warm-up captures those: no capture while serving)
-        self._chunk_rows = min(graph_rows(num_ranks), next_pow2(max(seats)))
+        self._chunk_rows = decode_rows(num_ranks, max(seats))
         slack = int(graphs and lookahead and speculative_tokens == 0)     # a look-ahead step writes one position on
         self.schedulers = [Scheduler(replace(config, max_num_seqs=n, max_waiting=self._admits), slack) for n in seats]
         self._rank_of: dict[str, int] = {}

@@ -69,7 +69,8 @@ class DecodeGraphs:
         meta[:, :bucket] = ((0,), (0,), (self.pad_slot,))
         n, seq_rows = 0, []
         for s in seqs:
-            assert not s.num_drafts or s.sample and len(s.token_ids) == 1 + s.num_drafts, f"{s.req_id}: drafts"
+            assert not s.num_drafts or s.sample and len(s.token_ids) == 1 + s.num_drafts, \
+                f"{s.req_id}: drafts without their verify rows"
             rows = len(s.token_ids)
             assert n + rows <= bucket, f"the step's rows do not fit the graph bucket {bucket}"
             seq_rows.append((n, rows))
