@@ -109,7 +109,8 @@ class Coordinator:
         decode = (lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer else None
         self.sched_config = scheduler_config(cfg, model_config, tokenizer, cfg.num_blocks)
         self.engine = Engine(self.group, self.sched_config, decode, num_ranks=cfg.num_workers,
-                             speculative_tokens=cfg.speculative_tokens, graphs=cfg.graphs_mode() != "off")
+                             speculative_tokens=cfg.speculative_tokens, graphs=cfg.graphs_mode() != "off",
+                             special_ids=tokenizer.special_ids if tokenizer else ())
         self._warm_up(cfg)
         self.aengine = AsyncEngine(self.engine)
         self.metrics = Metrics(self.engine)

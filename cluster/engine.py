@@ -17,8 +17,9 @@ import random
 import threading
 import time
 import traceback
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
-from typing import AsyncIterator, Callable, Protocol, Sequence
+from typing import Protocol
 
 from cluster.detok import IncrementalDetokenizer, StopStringMatcher
 from scheduler.request import FinishReason, SamplingParams
@@ -165,6 +166,17 @@ class _Stream:
     stops: StopStringMatcher
     num_output: int = 0
 
+    def text(self, ids: Sequence[int], last: bool) -> tuple[str, bool]:
+        """(the text that ``ids`` finalise, whether a stop string ended it); ``last``: the request's final ids — the
+        text held back (a split character, a stop string's possible start) goes out with them."""
+        text = self.detok.add(list(ids)) if self.detok else ""
+        if last and self.detok:
+            text += self.detok.flush()
+        text, stopped = self.stops.feed(text)
+        if last and not stopped:
+            text += self.stops.flush()
+        return text, stopped
+
 
 class Engine:
     """The engine core: one scheduler (and KV block pool) per rank, one executor for all ranks.
@@ -176,7 +188,9 @@ class Engine:
     requests in all (more are refused, ``queue_full``). Each step every rank's scheduler plans its rows,
     ``plan_step_shapes`` picks the MoE bucket (dp stripes, or a span when a solo request wants several rows), and
     the executor runs all ranks.
-    ``decode`` turns ids into text (None: token ids only). ``graphs``: the workers run graph-shaped steps
+    ``decode`` turns ids into text (None: token ids only); each of ``special_ids`` (the tokenizer's special tokens)
+    starts an event of its own, also when a speculative step accepts several tokens at once: the front end's
+    reasoning and tool-call parsers cut the text at them (``</think>``, ``<tool_call>``). ``graphs``: the workers run graph-shaped steps
     (``graph_key``) on their static path — set iff their ``graphs`` mode is not ``off``. ``lookahead``: let the
     workers launch the same requests' next decode step before returning a graph step's tokens sampled on the device,
     and tell them when the next step is that one (``WorkerStep.lookahead`` / ``use_ahead``, decided here for all ranks
@@ -186,8 +200,10 @@ class Engine:
 
     def __init__(self, executor: Executor, config: SchedulerConfig,
                  decode: Callable[[Sequence[int]], str] | None = None, num_ranks: int = 1, span: bool = True,
-                 speculative_tokens: int = 0, graphs: bool = False, lookahead: bool = True, graph_prefill: bool = True):
+                 speculative_tokens: int = 0, graphs: bool = False, lookahead: bool = True, graph_prefill: bool = True,
+                 special_ids: Collection[int] = ()):
         self.executor, self.config, self.decode, self.span = executor, config, decode, span
+        self.special_ids = frozenset(special_ids)
         self.graphs, self.lookahead, self.graph_prefill = graphs, lookahead, graph_prefill
         self._launched: tuple[tuple[int, int, bool], list[StepPlan]] | None = None   # (graph, plans) launched ahead
         self.speculative_tokens = speculative_tokens
@@ -344,8 +360,8 @@ class Engine:
             events = []
             for sch, plan, res in zip(self.schedulers, plans, results):
                 self._count_drafts(plan, res)
-                events += [self._emit(ev, res) for ev in sch.update(plan, res.sampled, res.drafts)
-                           if ev.req_id in self._streams]
+                events += [out for ev in sch.update(plan, res.sampled, res.drafts) if ev.req_id in self._streams
+                           for out in self._emit(ev, res)]
             return events
 
     def _rebalance(self) -> None:
@@ -434,26 +450,31 @@ class Engine:
         self.executor.recover()
         return events
 
-    def _emit(self, ev: RequestEvent, result: StepResult) -> TokenEvent:
-        st = self._streams[ev.req_id]
-        st.num_output += len(ev.new_token_ids)
-        self.stats["generated_tokens"] += len(ev.new_token_ids)
-        text = st.detok.add(list(ev.new_token_ids)) if st.detok else ""
-        if ev.finished and st.detok:
-            text += st.detok.flush()
-        text, stopped = st.stops.feed(text)
-        out = TokenEvent(ev.req_id, list(ev.new_token_ids), text, logprobs=result.logprobs.get(ev.req_id, []),
-                         num_prompt_tokens=st.prompt_len, num_output_tokens=st.num_output)
-        if stopped:  # a stop string met on the last allowed token still reports "stop" (OpenAI), not "length"
-            if not ev.finished:
-                self.schedulers[self._rank_of[ev.req_id]].finish(ev.req_id, FinishReason.STOP)
-            ev = RequestEvent(ev.req_id, ev.new_token_ids, True, FinishReason.STOP)
-        if ev.finished:
-            if not stopped:
-                out.text += st.stops.flush()
-            out.finished, out.finish_reason = True, ev.finish_reason
-            self._close(ev.req_id)
-        return out
+    def _emit(self, ev: RequestEvent, result: StepResult) -> list[TokenEvent]:
+        """The request's new tokens as events: one, or one more at each special token among them (a speculative step
+        commits several). Token by token, as a plain decode: a stop string ends the request at the token that
+        completes it, and the tokens after it, which a plain decode would not have sampled, are dropped."""
+        st, ids, lps = self._streams[ev.req_id], ev.new_token_ids, result.logprobs.get(ev.req_id, [])
+        self.stats["generated_tokens"] += len(ids)
+        events: list[TokenEvent] = []
+        for i in range(max(len(ids), 1)):
+            tok, last = ids[i:i + 1], ev.finished and i >= len(ids) - 1
+            text, stopped = st.text(tok, last)
+            st.num_output += len(tok)
+            if not events or tok[0] in self.special_ids:
+                events.append(TokenEvent(ev.req_id, [], "", num_prompt_tokens=st.prompt_len))
+            out = events[-1]
+            out.token_ids += tok
+            out.text += text
+            out.logprobs += lps[i:i + 1]
+            out.num_output_tokens = st.num_output
+            if stopped or last:  # a stop string met on the last allowed token still reports "stop" (OpenAI)
+                if not ev.finished:
+                    self.schedulers[self._rank_of[ev.req_id]].finish(ev.req_id, FinishReason.STOP)
+                out.finished, out.finish_reason = True, FinishReason.STOP if stopped else ev.finish_reason
+                self._close(ev.req_id)
+                break
+        return events
 
     def _end(self, ev: RequestEvent) -> TokenEvent:
         st = self._streams.get(ev.req_id)

@@ -49,7 +49,7 @@ def build_local_engine(cfg: EngineConfig, progress: bool = True) -> tuple[Engine
                          speculative=cfg.speculative_tokens > 0, graphs=cfg.graphs_mode())
     decode = (lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer else None
     engine = Engine(LocalExecutor(runner), sched, decode, speculative_tokens=cfg.speculative_tokens,
-                    graphs=cfg.graphs_mode() != "off")
+                    graphs=cfg.graphs_mode() != "off", special_ids=tokenizer.special_ids if tokenizer else ())
     if cfg.resolved_warmup_tokens():
         engine.warm_up(cfg.resolved_warmup_tokens(), report if progress else None)
     return engine, tokenizer

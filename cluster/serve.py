@@ -100,19 +100,20 @@ async def _merge(streams: list[AsyncIterator], first: list) -> AsyncIterator[tup
 
 
 class _Reasoning:
-    """GLM reasoning split for one choice: text before ``</think>`` is reasoning_content, after it content.
-    Exact when ``</think>`` starts an event (always without speculation: one token per event)."""
+    """GLM reasoning split for one choice: text before ``</think>`` is reasoning_content, after it content. A tool
+    call's start (``tool_start``: tool calls are parsed) ends the reasoning too — a model that calls a tool before
+    closing its thought (seen in GLM-5.1 traffic at long context, vLLM #42400) still makes the call. The engine starts
+    an event at each special token, so the split falls between events, with speculation too."""
 
-    def __init__(self, think_end: int | None, thinking: bool):
-        self.think_end, self.in_reasoning = think_end, thinking and think_end is not None
+    def __init__(self, think_end: int | None, thinking: bool, tool_start: int | None = None):
+        self.ends = {think_end, tool_start} - {None}
+        self.in_reasoning = thinking and think_end is not None
 
-    def split(self, ev) -> tuple[str, str]:
-        if not self.in_reasoning:
-            return "", ev.text
-        if self.think_end in ev.token_ids:
+    def takes(self, ev) -> bool:
+        """Whether ``ev`` is reasoning (else it is content, as is everything after it)."""
+        if self.in_reasoning and ev.token_ids and ev.token_ids[0] in self.ends:
             self.in_reasoning = False
-            return "", ev.text
-        return ev.text, ""
+        return self.in_reasoning
 
 
 class _ToolCalls:
@@ -126,22 +127,19 @@ class _ToolCalls:
         self.calls: list[dict] = []
 
     def feed(self, ev) -> tuple[str, list[dict]]:
-        """(content text of this event, tool calls completed by it)."""
-        if not self.ids or (self.buf is None and self.ids["<tool_call>"] not in ev.token_ids):
-            return ev.text, []                      # no call in sight: the detokenizer's text as it is
-        done, content = [], []                      # with speculation one event may hold text and a call's edge
-        for t in ev.token_ids:
-            if t == self.ids["<tool_call>"]:
-                self.buf = []
-            elif t == self.ids["</tool_call>"]:
-                if self.buf is not None:
-                    done.append(self._parse(self.buf))
-                self.buf = None
-            elif self.buf is not None:
-                self.buf.append(t)
-            else:
-                content.append(t)
-        text = self.decode(content) if content else ""
+        """(content text of this event, tool calls completed by it). The markers are special tokens, and the engine
+        starts an event at each: an event is a marker or not, then tokens of one kind — text outside a call (the
+        detokenizer's, stop strings applied) or a call's."""
+        if not self.ids or not ev.token_ids:
+            return ev.text, []
+        ids, done, text = list(ev.token_ids), [], ev.text
+        if ids[0] == self.ids["<tool_call>"]:
+            self.buf, ids = [], ids[1:]
+        elif ids[0] == self.ids["</tool_call>"] and self.buf is not None:
+            done, self.buf = [self._parse(self.buf)], None
+        if self.buf is not None:                    # inside a call: its tokens, no content
+            self.buf += ids
+            text = ""
         if ev.finished and self.buf is not None:    # the call never closed: it is content, as the model wrote it
             text += self._text([self.ids["<tool_call>"], *self.buf])
             self.buf = None
@@ -192,7 +190,8 @@ class _Formatter:
         self.ing, self.rid, self.chat, self.num_prompt, self.logprobs = ingress, rid, chat, num_prompt, logprobs
         self.echo = echo                            # completions' echo: the prompt text before each choice's text
         self.text_len = [len(echo)] * n             # characters of each choice's text so far (text_offset)
-        self.reasoning = [_Reasoning(ingress.think_end, thinking) for _ in range(n)]
+        tool_start = tool_ids["<tool_call>"] if tool_ids else None
+        self.reasoning = [_Reasoning(ingress.think_end, thinking, tool_start) for _ in range(n)]
         decode = (lambda ids: ingress.tokenizer.decode(ids)) if ingress.tokenizer else str
         self.tools = [_ToolCalls(tool_ids, decode) for _ in range(n)]
         self.created = int(time.time())
@@ -236,11 +235,10 @@ class _Formatter:
         async for i, ev in merged:
             self._error(ev)
             self.fingerprint = ev.served_by
-            thought, text = self.reasoning[i].split(ev)
-            if not thought:
-                text, _ = self.tools[i].feed(ev)
-            texts[i] += text
-            thoughts[i] += thought
+            if self.reasoning[i].takes(ev):
+                thoughts[i] += ev.text
+            else:
+                texts[i] += self.tools[i].feed(ev)[0]
             completion += len(ev.token_ids)
             lps[i].append(self._logprobs(ev, i))
             if ev.finished:
@@ -284,9 +282,9 @@ class _Formatter:
                 completion += len(ev.token_ids)
                 self.fingerprint = ev.served_by
                 if self.chat:
-                    thought, text = self.reasoning[i].split(ev)
-                    text, calls = self.tools[i].feed(ev) if not thought else (text, [])
-                    delta = {"reasoning_content": thought} if thought else {"content": text}
+                    thought = self.reasoning[i].takes(ev)
+                    text, calls = ("", []) if thought else self.tools[i].feed(ev)
+                    delta = {"reasoning_content": ev.text} if thought else {"content": text}
                     if calls:
                         first = len(self.tools[i].calls) - len(calls)
                         delta["tool_calls"] = [{"index": first + j, **c} for j, c in enumerate(calls)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 import torch
@@ -132,7 +133,8 @@ def test_refused_prompt_has_reason_and_others_continue(model, alone, bad, reason
 
 
 class ScriptedExecutor:
-    """Returns a fixed token script, one token per sampled step (fakes by injection, no model)."""
+    """Returns a fixed token script (fakes by injection, no model): a token per sampled step, or, when the step
+    verifies drafts, the drafts it proposed — the script's next tokens, all accepted — and one more."""
 
     def __init__(self, script: list[int]):
         self.script, self.i = script, 0
@@ -141,14 +143,17 @@ class ScriptedExecutor:
         res = StepResult(steps[0].step_id)
         for s in steps[0].seqs:
             if s.sample:
-                res.sampled[s.req_id] = [self.script[self.i]]
-                self.i += 1
+                res.sampled[s.req_id] = self.script[self.i:self.i + 1 + s.num_drafts]
+                self.i += 1 + s.num_drafts
+                if steps[0].num_drafts:
+                    res.drafts[s.req_id] = self.script[self.i:self.i + steps[0].num_drafts]
         return [res]
 
 
-def text_engine(script, tok):
+def text_engine(script, tok, k: int = 0):
     cfg = SchedulerConfig(num_blocks=64, block_size=BLOCK, vocab_size=tok.vocab_size, eos_token_ids=(0,))
-    return Engine(ScriptedExecutor(script), cfg, lambda ids: tok.decode(ids, skip_special_tokens=True))
+    return Engine(ScriptedExecutor(script), cfg, lambda ids: tok.decode(ids, skip_special_tokens=True),
+                  speculative_tokens=k, special_ids=tok.special_ids)
 
 
 @pytest.fixture(scope="module")
@@ -165,26 +170,39 @@ def tok():
 TEXT = "Naïve café: 你好 🙂 — done. STOP here and more"
 
 
-def stream(engine, params):
+def stream(engine, params, events: list | None = None):
     rid = engine.add_request([5, 6, 7], params)
     deltas = []
     while engine.scheduler.has_unfinished():
-        deltas += [ev.text for ev in engine.step() if ev.req_id == rid]
+        for ev in engine.step():
+            if ev.req_id == rid:
+                deltas.append(ev.text)
+                if events is not None:
+                    events.append(ev)
     return deltas
 
 
-def test_utf8_never_emits_replacement_char(tok):
+@pytest.mark.parametrize("k", [0, 3], ids=["plain", "speculative"])
+def test_utf8_never_emits_replacement_char(tok, k):
     script = tok.encode(TEXT)
     assert any("\ufffd" in tok.decode([t]) for t in script), "the text must split a multibyte char"
-    deltas = stream(text_engine(script, tok), SamplingParams(max_tokens=len(script)))
+    deltas = stream(text_engine(script, tok, k), SamplingParams(max_tokens=len(script)))
     assert "".join(deltas) == TEXT
     assert not any("\ufffd" in d for d in deltas)
 
 
 def test_stop_string_across_tokens_is_trimmed(tok):
+    """Trimmed at the stop string; a speculative step that committed tokens past it delivers none of them (usage
+    counts what a plain decode would have sampled)."""
     script = tok.encode(TEXT)
-    deltas = stream(text_engine(script, tok), SamplingParams(max_tokens=len(script), stop=("P he",)))
-    assert "".join(deltas) == "Naïve café: 你好 🙂 — done. STO"
+    ended = {}
+    for k in (0, 3):
+        events = []
+        deltas = stream(text_engine(script, tok, k), SamplingParams(max_tokens=len(script), stop=("P he",)), events)
+        assert "".join(deltas) == "Naïve café: 你好 🙂 — done. STO"
+        assert events[-1].finish_reason == "stop"
+        ended[k] = (sum(len(ev.token_ids) for ev in events), events[-1].num_output_tokens)
+    assert ended[3] == ended[0] and ended[0][0] == ended[0][1]
 
 
 def test_stop_string_on_the_last_allowed_token_finishes_with_stop(tok):
@@ -221,3 +239,75 @@ def test_async_stream_and_disconnect_frees_kv(model):
         aeng.shutdown()
     assert len(toks) == 5
     assert engine.scheduler.pool.num_free == 64 and not engine.scheduler.has_unfinished()
+
+
+def _glm_turn(tok, thought: bool = True) -> list[int]:
+    """A GLM assistant turn as token ids: a thought (closed by ``</think>``, or not when ``thought`` is False: the
+    model calls a tool before closing it), text, a call with two arguments, text with a multibyte character, a call
+    without arguments, EOS."""
+    sp = tok.special_ids_by_token()
+    arg = lambda k, v: [sp["<arg_key>"], *tok.encode(k), sp["</arg_key>"], sp["<arg_value>"], *tok.encode(v),
+                        sp["</arg_value>"]]
+    ids = tok.encode("The user wants the weather.") + ([sp["</think>"]] if thought else [])
+    ids += tok.encode("Let me check.") + [sp["<tool_call>"], *tok.encode("get_weather"), *arg("city", "Paris"),
+                                           *arg("days", "3"), sp["</tool_call>"]]
+    return ids + tok.encode(" Also the time — 🙂") + [sp["<tool_call>"], *tok.encode("now"), sp["</tool_call>"],
+                                                       tok.eos_token_ids[0]]
+
+
+def _formatted(tok, events) -> tuple[dict, dict]:
+    """The chat body and the streamed deltas (joined) the front end makes of one request's events."""
+    from cluster.serve import _Formatter
+
+    sp = tok.special_ids_by_token()
+    ingress = type("I", (), {"model_name": "m", "tokenizer": tok, "think_end": sp["</think>"]})()
+    names = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
+    fmt = lambda: _Formatter(ingress, "c", True, 3, None, thinking=True, tool_ids={n: sp[n] for n in names})
+
+    async def source():
+        for ev in events:
+            yield 0, ev
+
+    async def chunks():
+        return [json.loads(c[6:])["choices"] async for c in fmt().sse(source(), False) if c != "data: [DONE]\n\n"]
+
+    message = asyncio.run(fmt().whole(source(), 1))["choices"][0]
+    for call in message["message"].get("tool_calls", []):
+        assert call.pop("id").startswith("call_")          # (random: left out of the comparison)
+    deltas = [c[0] for c in asyncio.run(chunks())]
+    calls = [c["function"] for d in deltas for c in d["delta"].get("tool_calls", [])]
+    streamed = {"reasoning": "".join(d["delta"].get("reasoning_content", "") for d in deltas),
+                "content": "".join(d["delta"].get("content") or "" for d in deltas), "calls": calls,
+                "finish_reason": deltas[-1]["finish_reason"]}
+    return message, streamed
+
+
+@pytest.mark.parametrize("thought", [True, False], ids=["closed-thought", "call-in-thought"])
+def test_reasoning_and_tool_calls_with_speculation_equal_without(tok, thought):
+    """A speculative step commits several tokens at once, so ``</think>`` or a call's marker can fall inside what one
+    step returns; the engine starts an event at each special token, so the front end's reasoning / tool-call split is
+    the plain decode's — whole and streamed — and that is the turn as written."""
+    script = _glm_turn(tok, thought)
+    out = {}
+    for k in (0, 2, 3):
+        engine = text_engine(script, tok, k)
+        rid = engine.add_request([5, 6, 7], SamplingParams(max_tokens=len(script)))
+        events = []
+        while engine.scheduler.has_unfinished():
+            events += [ev for ev in engine.step() if ev.req_id == rid]
+        assert [t for ev in events for t in ev.token_ids] == script
+        if k:
+            assert any(len(ev.token_ids) > 1 for ev in events), "no step committed several tokens"
+        out[k] = _formatted(tok, events)
+    assert out[2] == out[0] and out[3] == out[0]
+    message, streamed = out[0]
+    calls = message["message"]["tool_calls"]
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == \
+        [("get_weather", {"city": "Paris", "days": 3}), ("now", {})]
+    assert message["finish_reason"] == streamed["finish_reason"] == "tool_calls"
+    thought_text, content = ("The user wants the weather.", "Let me check. Also the time — 🙂") if thought else \
+        ("The user wants the weather.Let me check.", " Also the time — 🙂")
+    assert message["message"]["reasoning_content"] == streamed["reasoning"] == thought_text
+    assert message["message"]["content"] == streamed["content"] == content
+    assert [(c["name"], c["arguments"]) for c in streamed["calls"]] == \
+        [(c["function"]["name"], c["function"]["arguments"]) for c in calls]

@@ -313,19 +313,6 @@ def test_unterminated_tool_call_is_content():
     assert not any("tool_calls" in c["delta"] for c in chunks) and chunks[-1]["finish_reason"] == "length"
 
 
-def test_text_beside_a_tool_call_in_one_multi_token_event():
-    """With speculation a step commits several tokens, so one event can hold content and a call's edge: the content
-    before ``<tool_call>`` and after ``</tool_call>`` stays, whole and streamed."""
-    evs, ingress, tool_ids = _tool_events(after=" Done.")
-    merged = [TokenEvent("r", [t for e in evs[i:i + 3] for t in e.token_ids], "".join(e.text for e in evs[i:i + 3]),
-                         finished=evs[i:i + 3][-1].finished, finish_reason=evs[i:i + 3][-1].finish_reason)
-              for i in range(0, len(evs), 3)]
-    assert any(tool_ids["<tool_call>"] in e.token_ids and e.token_ids[0] != tool_ids["<tool_call>"] for e in merged)
-    choice, chunks = _whole_and_stream(merged, ingress, tool_ids)
-    assert choice["message"]["content"] == "Let me check. Done." and len(choice["message"]["tool_calls"]) == 1
-    assert "".join(c["delta"].get("content") or "" for c in chunks) == "Let me check. Done."
-
-
 def _completion_events(tok, text: str) -> list:
     from workers.runner import TokenLogprobs
 
