@@ -46,6 +46,8 @@ class Metrics:
             self.tokens_per_second)
         Gauge("glmserve_preemptions", "requests preempted so far", registry=r).set_function(
             lambda: engine.stats["preemptions"])
+        Gauge("glmserve_rank_moves", "waiting requests moved to a rank with a free slot or KV blocks", registry=r
+              ).set_function(lambda: engine.stats["moves"])
         Gauge("glmserve_step_seconds", "time in worker-group steps so far (send, every rank's work, collect)",
               registry=r).set_function(lambda: engine.stats["step_seconds"])
         Gauge("glmserve_worker_busy_seconds", "of which the busiest rank worked (forward, sampling, drafting)",

@@ -181,8 +181,8 @@ class _Stream:
 class Engine:
     """The engine core: one scheduler (and KV block pool) per rank, one executor for all ranks.
 
-    A request lives on one rank (the least KV-loaded at arrival; one that waits there for a slot while another rank
-    has one moves before the step, ``_rebalance``): its KV, attention and sampling stay there.
+    A request lives on one rank (the least KV-loaded at arrival; one that waits there for a slot or for KV blocks while
+    another rank has them moves before the step, ``_rebalance``): its KV, attention and sampling stay there.
     ``config``'s ``max_num_seqs`` and ``max_waiting`` bound the replica, not a rank: each rank runs its
     ``rank_seqs`` share of ``max_num_seqs``, and the engine holds at most ``max_num_seqs`` + ``max_waiting``
     requests in all (more are refused, ``queue_full``). Each step every rank's scheduler plans its rows,
@@ -190,8 +190,8 @@ class Engine:
     the executor runs all ranks.
     ``decode`` turns ids into text (None: token ids only); each of ``special_ids`` (the tokenizer's special tokens)
     starts an event of its own, also when a speculative step accepts several tokens at once: the front end's
-    reasoning and tool-call parsers cut the text at them (``</think>``, ``<tool_call>``). ``graphs``: the workers run graph-shaped steps
-    (``graph_key``) on their static path — set iff their ``graphs`` mode is not ``off``. ``lookahead``: let the
+    reasoning and tool-call parsers cut the text at them (``</think>``, ``<tool_call>``). ``graphs``: the workers run
+    graph-shaped steps (``graph_key``) on their static path — set iff their ``graphs`` mode is not ``off``. ``lookahead``: let the
     workers launch the same requests' next decode step before returning a graph step's tokens sampled on the device,
     and tell them when the next step is that one (``WorkerStep.lookahead`` / ``use_ahead``, decided here for all ranks
     alike; ``workers/runner.py``; off: for A/B measurements). ``graph_prefill``: prompt chunks ride graph steps too
@@ -224,7 +224,7 @@ class Engine:
         self._reset_stats()
 
     def _reset_stats(self) -> None:
-        self.stats = {"prompt_tokens": 0, "generated_tokens": 0, "steps": 0, "preemptions": 0,
+        self.stats = {"prompt_tokens": 0, "generated_tokens": 0, "steps": 0, "preemptions": 0, "moves": 0,
                       "span_steps": 0, "graph_steps": 0, "ahead_steps": 0, "failed_steps": 0, "draft_rounds": 0,
                       "drafts_proposed": 0, "drafts_accepted": 0, "step_seconds": 0.0, "worker_busy_seconds": 0.0}
         self.accepted_at = [0] * (self.speculative_tokens + 1)   # rounds whose draft i was accepted
@@ -365,20 +365,35 @@ class Engine:
             return events
 
     def _rebalance(self) -> None:
-        """Before planning: a rank with running slots beyond its own queue takes the oldest requests that wait for a
-        slot on other ranks (placed there by KV load, or while every rank was full and a slot freed elsewhere first),
-        if no worker has seen them yet. Preempted requests stay: their worker holds their state."""
-        if len(self.schedulers) == 1 or all(s.free_seats >= 0 for s in self.schedulers):
-            return                  # (the usual step: nothing waits for a slot)
+        """Before planning, waiting requests move to a rank that can run them now: a rank with running slots beyond its
+        own queue takes the oldest requests that wait for a slot elsewhere (placed there by KV load, or while every
+        rank was full and a slot freed elsewhere first), the longest queue's first; and a request stalled at the head
+        of its rank's queue for KV blocks (preempted there, say) moves to the rank with the most spare blocks, if it
+        has a free slot and room for the request's tokens. A moved request its worker has seen goes with its tokens
+        so far: that worker forgets it, the new one gets prompt and output (as preemption, it is recomputed)."""
+        if len(self.schedulers) == 1:
+            return
         for rank, taker in enumerate(self.schedulers):
-            while taker.free_seats > 0:
-                # the longest queue for a slot first (waiting beyond its own free seats), then the next
-                givers = sorted((g for g in self.schedulers if g.free_seats < 0), key=lambda g: g.free_seats)
-                req = next(filter(None, (g.release_waiting(self._unsent.__contains__) for g in givers)), None)
-                if req is None:
+            while taker.free_seats > 0 and any(g.free_seats < 0 for g in self.schedulers):
+                self._move(min(range(len(self.schedulers)), key=lambda r: self.schedulers[r].free_seats), rank)
+        for rank, sch in enumerate(self.schedulers):
+            while (req := sch.stalled()) is not None:
+                taker = max((r for r in range(len(self.schedulers)) if r != rank and self.schedulers[r].free_seats > 0),
+                            key=lambda r: self.schedulers[r].spare_blocks, default=None)
+                if taker is None or self.schedulers[taker].spare_blocks < sch.pool.blocks_needed(req.num_tokens + 1):
                     break
-                taker.adopt(req)
-                self._rank_of[req.req_id] = rank
+                self._move(rank, taker)
+
+    def _move(self, giver: int, taker: int) -> None:
+        """The oldest request waiting on rank ``giver`` waits on ``taker`` from now on."""
+        req = self.schedulers[giver].release_waiting()
+        self.schedulers[taker].adopt(req)
+        self.stats["moves"] += 1
+        self._rank_of[req.req_id] = taker
+        if req.req_id not in self._unsent:       # its worker has seen it (it was preempted there)
+            self._forget[giver].append(req.req_id)
+            self._unsent[req.req_id] = NewRequest(req.req_id, tuple(req.prompt_ids), req.params,
+                                                  tuple(req.output_ids))
 
     def _count_drafts(self, plan: StepPlan, res: StepResult) -> None:
         for s in plan.seqs:

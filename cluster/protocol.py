@@ -208,6 +208,19 @@ class ChatCompletionRequest(_Sampling):
     def parses_tool_calls(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"
 
+    @property
+    def string_arguments(self) -> dict[str, set[str]]:
+        """Per tool, the arguments its JSON schema types as strings: their values are the model's text as it is (GLM's
+        template writes a string argument raw, others as JSON — "3" for a string parameter stays "3")."""
+        out: dict[str, set[str]] = {}
+        for tool in self.tools or ():
+            fn = tool.get("function")
+            params = fn.get("parameters") if isinstance(fn, dict) else None
+            props = params.get("properties") if isinstance(params, dict) else None
+            if isinstance(props, dict):
+                out[str(fn.get("name"))] = {k for k, v in props.items() if isinstance(v, dict) and _is_string(v)}
+        return out
+
     def template_messages(self) -> list[dict[str, Any]]:
         out = []
         for m in self.messages:
@@ -216,6 +229,12 @@ class ChatCompletionRequest(_Sampling):
                 d["role"] = "system"
             out.append(d)
         return out
+
+
+def _is_string(schema: dict) -> bool:
+    """A JSON schema that admits strings and nothing else but null."""
+    t = schema.get("type")
+    return t == "string" or (isinstance(t, list) and bool(t) and set(t) - {"null"} == {"string"})
 
 
 def validation_error(exc) -> ApiError:

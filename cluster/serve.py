@@ -11,7 +11,6 @@ error naming them). Coordinator replicas (each with its own N workers) scale wit
 # no `from __future__ import annotations`: FastAPI must see real annotations on the class-based routes
 
 import asyncio
-import itertools
 import json
 import time
 import uuid
@@ -25,6 +24,7 @@ from ray.exceptions import RayTaskError
 from starlette.exceptions import HTTPException
 
 from cluster.config import EngineConfig
+from cluster.parsers import TOOL_MARKERS, ReasoningSplit, ToolCalls
 from cluster.protocol import ApiError, ChatCompletionRequest, CompletionRequest, validation_error
 from scheduler.scheduler import AdmissionError
 
@@ -99,101 +99,19 @@ async def _merge(streams: list[AsyncIterator], first: list) -> AsyncIterator[tup
             await s.aclose()
 
 
-class _Reasoning:
-    """GLM reasoning split for one choice: text before ``</think>`` is reasoning_content, after it content. A tool
-    call's start (``tool_start``: tool calls are parsed) ends the reasoning too — a model that calls a tool before
-    closing its thought (seen in GLM-5.1 traffic at long context, vLLM #42400) still makes the call. The engine starts
-    an event at each special token, so the split falls between events, with speculation too."""
-
-    def __init__(self, think_end: int | None, thinking: bool, tool_start: int | None = None):
-        self.ends = {think_end, tool_start} - {None}
-        self.in_reasoning = thinking and think_end is not None
-
-    def takes(self, ev) -> bool:
-        """Whether ``ev`` is reasoning (else it is content, as is everything after it)."""
-        if self.in_reasoning and ev.token_ids and ev.token_ids[0] in self.ends:
-            self.in_reasoning = False
-        return self.in_reasoning
-
-
-class _ToolCalls:
-    """GLM tool calls for one choice, parsed on token ids (the markers are special tokens that the text
-    omits): ``<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>…</tool_call>`` → OpenAI
-    ``tool_calls``. Text outside calls stays content; text inside a call is never streamed as content."""
-
-    def __init__(self, ids: dict[str, int] | None, decode):
-        self.ids, self.decode = ids, decode
-        self.buf: list[int] | None = None          # token ids inside an open <tool_call>
-        self.calls: list[dict] = []
-
-    def feed(self, ev) -> tuple[str, list[dict]]:
-        """(content text of this event, tool calls completed by it). The markers are special tokens, and the engine
-        starts an event at each: an event is a marker or not, then tokens of one kind — text outside a call (the
-        detokenizer's, stop strings applied) or a call's."""
-        if not self.ids or not ev.token_ids:
-            return ev.text, []
-        ids, done, text = list(ev.token_ids), [], ev.text
-        if ids[0] == self.ids["<tool_call>"]:
-            self.buf, ids = [], ids[1:]
-        elif ids[0] == self.ids["</tool_call>"] and self.buf is not None:
-            done, self.buf = [self._parse(self.buf)], None
-        if self.buf is not None:                    # inside a call: its tokens, no content
-            self.buf += ids
-            text = ""
-        if ev.finished and self.buf is not None:    # the call never closed: it is content, as the model wrote it
-            text += self._text([self.ids["<tool_call>"], *self.buf])
-            self.buf = None
-        self.calls += done
-        return text, done
-
-    def _text(self, ids: list[int]) -> str:
-        # decode() skips special tokens, the markers among them: put those back, leave an EOS out
-        names = {v: k for k, v in self.ids.items()}
-        return "".join("".join(names[t] for t in run) if is_marker else self.decode(list(run))
-                       for is_marker, run in itertools.groupby(ids, names.__contains__))
-
-    def _parse(self, ids: list[int]) -> dict:
-        k = self.ids
-        name, args, key, cur, field = [], {}, None, [], "name"
-        for t in ids + [k["<arg_key>"]]:
-            if t in (k["<arg_key>"], k["</arg_key>"], k["<arg_value>"], k["</arg_value>"]):
-                if field == "name":
-                    name = cur
-                elif field == "key":
-                    key = self.decode(cur).strip()
-                elif field == "value" and key is not None:
-                    args[key] = _json_or_text(self.decode(cur))
-                field = {k["<arg_key>"]: "key", k["<arg_value>"]: "value"}.get(t, "between")
-                cur = []
-            else:
-                cur.append(t)
-        return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                "function": {"name": self.decode(name).strip(), "arguments": json.dumps(args, ensure_ascii=False)}}
-
-
-def _json_or_text(v: str):
-    # NaN / Infinity (and 1e999, which parses to inf) are not JSON: json.dumps would write them back as bare tokens
-    # that no client can parse, so such a value stays text.
-    try:
-        value = json.loads(v)
-        json.dumps(value, allow_nan=False)
-        return value
-    except ValueError:
-        return v
-
-
 class _Formatter:
     """Turns token events into OpenAI completion / chat bodies and SSE chunks."""
 
     def __init__(self, ingress: "OpenAIIngress", rid: str, chat: bool, num_prompt: int, logprobs: int | None,
-                 thinking: bool = False, n: int = 1, tool_ids: dict[str, int] | None = None, echo: str = ""):
+                 thinking: bool = False, n: int = 1, tool_ids: dict[str, int] | None = None, echo: str = "",
+                 string_args: dict[str, set[str]] | None = None):
         self.ing, self.rid, self.chat, self.num_prompt, self.logprobs = ingress, rid, chat, num_prompt, logprobs
         self.echo = echo                            # completions' echo: the prompt text before each choice's text
         self.text_len = [len(echo)] * n             # characters of each choice's text so far (text_offset)
         tool_start = tool_ids["<tool_call>"] if tool_ids else None
-        self.reasoning = [_Reasoning(ingress.think_end, thinking, tool_start) for _ in range(n)]
+        self.reasoning = [ReasoningSplit(ingress.think_end, thinking, tool_start) for _ in range(n)]
         decode = (lambda ids: ingress.tokenizer.decode(ids)) if ingress.tokenizer else str
-        self.tools = [_ToolCalls(tool_ids, decode) for _ in range(n)]
+        self.tools = [ToolCalls(tool_ids, decode, string_args) for _ in range(n)]
         self.created = int(time.time())
         self.fingerprint = ""
         self.object = "chat.completion" if chat else "text_completion"
@@ -286,8 +204,7 @@ class _Formatter:
                     text, calls = ("", []) if thought else self.tools[i].feed(ev)
                     delta = {"reasoning_content": ev.text} if thought else {"content": text}
                     if calls:
-                        first = len(self.tools[i].calls) - len(calls)
-                        delta["tool_calls"] = [{"index": first + j, **c} for j, c in enumerate(calls)]
+                        delta["tool_calls"] = calls
                     if ev.finished and self.tools[i].calls and ev.finish_reason == "stop":
                         ev.finish_reason = "tool_calls"
                     if i not in started:
@@ -334,8 +251,7 @@ class OpenAIIngress:
         self.tokenizer = load_tokenizer(self.cfg.model)
         specials = self.tokenizer.special_ids_by_token() if self.tokenizer else {}
         self.think_start, self.think_end = specials.get("<think>"), specials.get("</think>")
-        names = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
-        self.tool_ids = {n: specials[n] for n in names} if all(n in specials for n in names) else None
+        self.tool_ids = {n: specials[n] for n in TOOL_MARKERS} if all(n in specials for n in TOOL_MARKERS) else None
         self.model_config = ModelConfig.from_json(self.cfg.model)
         self.max_model_len = max_model_len(self.cfg, self.model_config, self.cfg.num_blocks)  # the scheduler's
         # No token holds more bytes than the vocabulary's longest and no character is less than a byte (byte-level
@@ -459,7 +375,8 @@ class OpenAIIngress:
                 raise ApiError(503, f"the model replica is unavailable: {f}", None, "server_error") from None
         thinking = chat and self.cfg.reasoning_parser == "glm" and bool(ids) and ids[-1] == self.think_start
         tool_ids = self.tool_ids if chat and body.parses_tool_calls and self.cfg.tool_parser == "glm" else None
-        fmt = _Formatter(self, rid, chat, len(ids), logprobs, thinking, body.n, tool_ids, echo)
+        fmt = _Formatter(self, rid, chat, len(ids), logprobs, thinking, body.n, tool_ids, echo,
+                         body.string_arguments if tool_ids else None)
         merged = _merge(streams, first)
         if body.stream:
             return StreamingResponse(fmt.sse(merged, body.include_usage), media_type="text/event-stream")

@@ -11,7 +11,6 @@ FCFS without overtaking, and preemption victims are the youngest running request
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from scheduler.block_pool import BlockPool
@@ -206,12 +205,22 @@ class Scheduler:
                 f"{self.pool.num_blocks}; lower max_tokens or shorten the prompt",
             )
 
-    def release_waiting(self, movable: Callable[[str], bool]) -> Request | None:
-        """Hand over the oldest waiting request that ``movable`` allows (one no worker has seen: it holds no KV and
-        no state anywhere), for another rank to ``adopt``; None if there is none."""
-        req = next((r for r in self._waiting if movable(r.req_id)), None)
+    @property
+    def spare_blocks(self) -> int:
+        """Blocks neither held nor needed by the waiting prompts, less one of growth for each running request."""
+        return self.pool.num_blocks - self.kv_load - len(self._running)
+
+    def stalled(self) -> Request | None:
+        """The oldest waiting request when the free blocks cannot hold its tokens and the next one (a preempted request,
+        or a prompt behind running requests that grew): here it waits for others to end; None otherwise."""
+        head = self._waiting[0] if self._waiting else None
+        return head if head and self.pool.blocks_needed(head.num_tokens + 1) > self.pool.num_free else None
+
+    def release_waiting(self) -> Request | None:
+        """Hand over the oldest waiting request (it holds no KV: never started, or preempted) for another rank to
+        ``adopt``; None if none waits."""
+        req = self._waiting.popleft() if self._waiting else None
         if req is not None:
-            self._waiting.remove(req)
             del self._live[req.req_id]
         return req
 

@@ -101,8 +101,8 @@ def graph_shape(bucket: int, span: bool, num_ranks: int) -> StepShape:
 
 
 def place_request(kv_load: dict[int, int]) -> int:
-    """Rank with the least KV load (ties -> lowest rank). (A request that then waits for a slot there while another
-    rank has one moves before the step: ``Engine._rebalance``.)"""
+    """Rank with the least KV load (ties -> lowest rank). (A request that then waits there for a slot or for KV blocks
+    while another rank has them moves before the step: ``Engine._rebalance``.)"""
     if not kv_load:
         raise ValueError("kv_load must name at least one rank")
     return min(kv_load, key=lambda rank: (kv_load[rank], rank))

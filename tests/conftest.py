@@ -68,3 +68,18 @@ class RecordingExecutor:
 
     def recover(self):
         pass
+
+
+def streamed_calls(choices: list[dict]) -> list[dict]:
+    """A client's view of streamed tool calls (``choices``: one choice of each chunk): per index the first delta's
+    name, the arguments' pieces joined; later deltas of a call carry only pieces."""
+    calls: list[dict] = []
+    for c in choices:
+        for d in c["delta"].get("tool_calls", []):
+            if d["index"] == len(calls):
+                assert d["id"].startswith("call_") and d["type"] == "function", d
+                calls.append({"name": d["function"]["name"], "arguments": d["function"]["arguments"]})
+            else:
+                assert d["index"] == len(calls) - 1 and set(d) == {"index", "function"}, d
+                calls[-1]["arguments"] += d["function"]["arguments"]
+    return calls

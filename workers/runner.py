@@ -40,6 +40,7 @@ class NewRequest:
     req_id: str
     prompt_ids: tuple[int, ...]
     params: SamplingParams
+    output_ids: tuple[int, ...] = ()    # what it generated on another rank (preempted there, moved here)
 
 
 @dataclass(frozen=True)
@@ -184,7 +185,8 @@ class ModelRunner:
         for nr in step.new_requests:
             counts = TokenCounts(len(nr.prompt_ids), self.model.config.vocab_size, self.device) \
                 if has_penalties(nr.params) else None
-            self.requests[nr.req_id] = _RequestState(nr.params, len(nr.prompt_ids), list(nr.prompt_ids), counts)
+            self.requests[nr.req_id] = _RequestState(nr.params, len(nr.prompt_ids),
+                                                     [*nr.prompt_ids, *nr.output_ids], counts)
         ahead, self._ahead = self._ahead, None           # used by this step, or dropped
         if step.warm is not None:
             self._warm(step)

@@ -140,6 +140,7 @@ def test_coordinator_warms_up_before_it_serves(ray_session, text_ckpt):
     group up in its constructor: ``info()`` reports the warm steps and fresh stats, and a request served after it
     streams the tokens of one served by a replica without the warm-up."""
     from cluster.coordinator import Coordinator
+    from models.tokenizer import Tokenizer
 
     async def serve(coord, prompt):
         params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
@@ -157,6 +158,9 @@ def test_coordinator_warms_up_before_it_serves(ray_session, text_ckpt):
             else:
                 assert info["warmup"] is None
             assert info["stats"]["steps"] == 0 and info["free_blocks"] == NUM_BLOCKS
+            # the parsers' split needs an event at each special token (with speculation too): the engine knows them
+            specials = Tokenizer.from_dir(text_ckpt).special_ids_by_token()
+            assert coord.engine.special_ids == set(specials.values()) and "</think>" in specials
             got[warm], after = asyncio.run(serve(coord, prompt))
             assert after["stats"]["graph_steps"] > 0
         finally:

@@ -12,7 +12,7 @@ from cluster.engine import AsyncEngine, Engine, LocalExecutor
 from models.loader import load_model
 from scheduler.request import SamplingParams
 from scheduler.scheduler import AdmissionError, SchedulerConfig
-from tests.conftest import hf_model
+from tests.conftest import hf_model, streamed_calls
 from workers.runner import ModelRunner, StepResult
 
 BLOCK = 16
@@ -89,6 +89,38 @@ def test_preemption_recomputes_same_tokens(model, alone):
     assert run(engine, mixed_requests()) == alone
     assert engine.stats["preemptions"] > 0, "the pool was meant to be too small"
     assert engine.scheduler.pool.num_free == 8
+
+
+class _TwoReplicas:
+    """Two ranks that each run the whole model (data parallel without the MoE's collectives): the engine's placement
+    and moves between ranks, over real runners."""
+
+    def __init__(self, model, num_blocks: int):
+        self.runners = [ModelRunner(model, num_blocks, BLOCK, torch.float32) for _ in range(2)]
+
+    def execute(self, steps) -> list[StepResult]:
+        return [runner.execute(step) for runner, step in zip(self.runners, steps)]
+
+    def recover(self) -> None:
+        pass
+
+
+def test_preempted_request_moves_rank_and_samples_as_alone(model):
+    """Rank 0's pool (4 blocks) cannot hold both of its requests as they grow: the younger is preempted, and rank 1
+    (its request ended) takes it at once. It goes there with its tokens so far — the new worker's history, its penalty
+    counts, its seeded draws — so each request's tokens equal its tokens alone."""
+    g = torch.Generator().manual_seed(3)
+    prompt = lambda n: torch.randint(2, 1024, (n,), generator=g).tolist()
+    reqs = {"old": (prompt(20), SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)),
+            "brief": (prompt(40), SamplingParams(max_tokens=1, temperature=0.0)),
+            "young": (prompt(10), SamplingParams(max_tokens=30, temperature=0.9, seed=11, repetition_penalty=1.3,
+                                                  frequency_penalty=0.5, ignore_eos=True))}
+    alone = {rid: run(make_engine(model), {rid: r})[rid] for rid, r in reqs.items()}
+    cfg = SchedulerConfig(num_blocks=4, block_size=BLOCK, max_model_len=64, vocab_size=1024, eos_token_ids=(1,),
+                          max_num_seqs=4, max_num_batched_tokens=64)
+    engine = Engine(_TwoReplicas(model, 4), cfg, num_ranks=2, span=False)
+    assert run(engine, reqs) == alone
+    assert engine.stats["preemptions"] >= 1 and engine.stats["moves"] >= 1
 
 
 def test_abort_frees_everything(model):
@@ -257,12 +289,14 @@ def _glm_turn(tok, thought: bool = True) -> list[int]:
 
 def _formatted(tok, events) -> tuple[dict, dict]:
     """The chat body and the streamed deltas (joined) the front end makes of one request's events."""
+    from cluster.parsers import TOOL_MARKERS
     from cluster.serve import _Formatter
 
     sp = tok.special_ids_by_token()
     ingress = type("I", (), {"model_name": "m", "tokenizer": tok, "think_end": sp["</think>"]})()
-    names = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
-    fmt = lambda: _Formatter(ingress, "c", True, 3, None, thinking=True, tool_ids={n: sp[n] for n in names})
+    tool_ids = {n: sp[n] for n in TOOL_MARKERS}
+    fmt = lambda: _Formatter(ingress, "c", True, 3, None, thinking=True, tool_ids=tool_ids,
+                             string_args={"get_weather": {"city"}})
 
     async def source():
         for ev in events:
@@ -275,9 +309,8 @@ def _formatted(tok, events) -> tuple[dict, dict]:
     for call in message["message"].get("tool_calls", []):
         assert call.pop("id").startswith("call_")          # (random: left out of the comparison)
     deltas = [c[0] for c in asyncio.run(chunks())]
-    calls = [c["function"] for d in deltas for c in d["delta"].get("tool_calls", [])]
     streamed = {"reasoning": "".join(d["delta"].get("reasoning_content", "") for d in deltas),
-                "content": "".join(d["delta"].get("content") or "" for d in deltas), "calls": calls,
+                "content": "".join(d["delta"].get("content") or "" for d in deltas), "calls": streamed_calls(deltas),
                 "finish_reason": deltas[-1]["finish_reason"]}
     return message, streamed
 

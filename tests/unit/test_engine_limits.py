@@ -86,9 +86,10 @@ def test_a_request_waiting_for_a_slot_moves_to_a_rank_that_frees_one():
             assert ev.error is None
 
 
-def test_a_request_its_worker_has_seen_stays_and_the_next_queue_gives():
-    """Three ranks of one slot: rank 0 queues two requests, rank 1 one; rank 0's are marked as seen by its worker
-    (as a preempted request is). When rank 2 frees its slot it takes rank 1's waiting request instead."""
+def test_a_request_its_worker_has_seen_moves_with_its_tokens():
+    """Three ranks of one slot: rank 0 queues two requests, rank 1 one; rank 0's oldest was preempted there (its worker
+    holds it, with 2 tokens generated). When rank 2 frees its slot it takes the longest queue's oldest request: rank
+    0's forgets it, rank 2's gets its prompt and tokens."""
     engine = _engine(3, max_num_seqs=3, max_waiting=8)
     for i in range(3):
         engine.add_request([1 + i, 2, 3], SamplingParams(max_tokens=40, ignore_eos=True), f"run{i}")
@@ -97,23 +98,48 @@ def test_a_request_its_worker_has_seen_stays_and_the_next_queue_gives():
         engine.schedulers[rank].add_request(rid, [5, 6], SamplingParams(max_tokens=4))
         engine._rank_of[rid] = rank
         engine._unsent[rid] = NewRequest(rid, (5, 6), SamplingParams(max_tokens=4))
-    for rid in ("a", "b"):
-        del engine._unsent[rid]
+    del engine._unsent["a"]                               # its worker has it
+    engine.schedulers[0].get("a").output_ids = [8, 9]
     engine.abort("run2")
     engine._rebalance()
-    assert [engine._rank_of[r] for r in "abc"] == [0, 0, 2]
+    assert [engine._rank_of[r] for r in "abc"] == [2, 0, 1] and engine.stats["moves"] == 1
+    assert engine._forget[0] == ["a"] and engine._unsent["a"].output_ids == (8, 9)
+    steps = engine.executor.steps
+    engine.step()
+    assert steps[-1][0].finished == ("a",) and [nr.req_id for nr in steps[-1][2].new_requests] == ["a"]
 
 
-def test_release_and_adopt_move_only_what_movable_allows():
+def test_a_request_stalled_for_kv_moves_to_a_rank_with_room():
+    """Rank 0's pool fills as its two requests grow: the younger is preempted, and rank 1 (its request ended) has a
+    slot and the blocks, so it moves there at once — not after rank 0's other request ends."""
+    cfg = SchedulerConfig(num_blocks=4, block_size=4, max_model_len=64, vocab_size=64, max_num_seqs=4,
+                          max_num_batched_tokens=64)
+    engine = Engine(RecordingExecutor(), cfg, num_ranks=2)
+    long = SamplingParams(max_tokens=12, ignore_eos=True)
+    engine.add_request([1] * 3, long, "old")                                      # rank 0
+    engine.add_request([2] * 9, SamplingParams(max_tokens=1), "brief")            # rank 1 (ends at once)
+    engine.add_request([3] * 3, long, "young")                                    # rank 0: less load than 1's
+    assert [engine._rank_of[r] for r in ("old", "brief", "young")] == [0, 1, 0]
+    where = []
+    while engine.has_unfinished():
+        engine.step()
+        where.append(engine._rank_of.get("young"))
+    assert engine.stats["preemptions"] >= 1 and engine.stats["moves"] == 1
+    assert 1 in where and where[where.index(1):] == [1] * (len(where) - where.index(1) - 1) + [None]
+    moved = next(nr for st in engine.executor.steps for nr in st[1].new_requests if nr.req_id == "young")
+    assert moved.output_ids and moved.prompt_ids == (3, 3, 3)
+
+
+def test_release_and_adopt_move_the_oldest_waiting_request():
     from scheduler.scheduler import Scheduler
 
     cfg = SchedulerConfig(num_blocks=8, block_size=16, max_model_len=64, vocab_size=64, max_num_seqs=1)
     a, b = Scheduler(cfg), Scheduler(cfg)
+    assert a.release_waiting() is None
     a.add_request("x", [1, 2], SamplingParams(max_tokens=4))
     a.add_request("y", [3, 4], SamplingParams(max_tokens=4))
-    assert a.release_waiting(lambda rid: False) is None and a.num_waiting == 2
-    req = a.release_waiting(lambda rid: rid == "y")
+    req = a.release_waiting()
     b.add_request("z", [5], SamplingParams(max_tokens=4))
     b.adopt(req)
-    assert (req.req_id, a.num_waiting, b.num_waiting, a.get("y"), b.get("y") is req) == ("y", 1, 2, None, True)
+    assert (req.req_id, a.num_waiting, b.num_waiting, a.get("x"), b.get("x") is req) == ("x", 1, 2, None, True)
     assert req.arrival > b.get("z").arrival                               # the youngest where it lands

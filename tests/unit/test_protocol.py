@@ -10,9 +10,11 @@ import pytest
 pytest.importorskip("ray")
 
 from cluster.engine import TokenEvent  # noqa: E402
+from cluster.parsers import TOOL_MARKERS
 from cluster.protocol import ChatCompletionRequest, CompletionRequest, validation_error  # noqa: E402
 from cluster.serve import _admission_error, _Formatter  # noqa: E402
 from scheduler.scheduler import AdmissionError  # noqa: E402
+from tests.conftest import streamed_calls
 
 
 def test_queue_full_is_429_with_retry_after():
@@ -86,28 +88,26 @@ def _tool_events(args=(("city", "Paris"), ("days", "3")), close: bool = True, af
     ids += ([sp["</tool_call>"]] if close else []) + tok.encode(after)
     evs = [TokenEvent("r", [t], tok.decode([t])) for t in ids]
     evs[-1].finished, evs[-1].finish_reason = True, "stop" if close else "length"
-    names = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
     ingress = type("I", (), {"model_name": "m", "tokenizer": tok, "think_end": sp["</think>"]})()
-    return evs, ingress, {n: sp[n] for n in names}
+    return evs, ingress, {n: sp[n] for n in TOOL_MARKERS}
+
+
+def _whole_calls(choice: dict) -> list[dict]:
+    return [{k: c["function"][k] for k in ("name", "arguments")} for c in choice["message"].get("tool_calls", [])]
 
 
 def test_glm_tool_calls_whole_and_stream():
-    evs, ingress, tool_ids = _tool_events()
-    body = asyncio.run(_Formatter(ingress, "c", True, 5, None, tool_ids=tool_ids).whole(_events(evs), 1))
-    choice = body["choices"][0]
-    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Let me check."
-    (call,) = choice["message"]["tool_calls"]
-    assert call["function"]["name"] == "get_weather"
-    assert json.loads(call["function"]["arguments"]) == {"city": "Paris", "days": 3}
-
-    async def collect():
-        return [c async for c in _Formatter(ingress, "c", True, 5, None, tool_ids=tool_ids).sse(_events(evs), False)]
-
-    chunks = [json.loads(c[6:]) for c in asyncio.run(collect())[:-1]]
-    content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
-    calls = [tc for c in chunks for tc in c["choices"][0]["delta"].get("tool_calls", [])]
-    assert content == "Let me check." and len(calls) == 1 and calls[0]["function"]["name"] == "get_weather"
-    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    """Whole: the call in ``tool_calls``, the text beside it ``content``. Streamed: the call's name at its first
+    argument, its arguments in pieces — a string value as its text comes (here city, typed a string) — that join to
+    the whole response's."""
+    evs, ingress, tool_ids = _tool_events(after=" Done.")
+    choice, chunks = _whole_and_stream(evs, ingress, tool_ids, {"get_weather": {"city"}})
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Let me check. Done."
+    assert _whole_calls(choice) == [{"name": "get_weather", "arguments": '{"city": "Paris", "days": 3}'}]
+    assert "".join(c["delta"].get("content") or "" for c in chunks) == "Let me check. Done."
+    assert streamed_calls(chunks) == _whole_calls(choice) and chunks[-1]["finish_reason"] == "tool_calls"
+    pieces = [d["function"]["arguments"] for c in chunks for d in c["delta"].get("tool_calls", [])]
+    assert len(pieces) > 4 and '{"city": "' in pieces, pieces      # the header, then the value's text as it came
 
 
 def test_admission_error_across_ray_is_the_plain_message():
@@ -287,11 +287,12 @@ def test_tool_choice_none_parses_no_tool_calls():
     assert not ChatCompletionRequest.model_validate({**chat, "tool_choice": "none"}).parses_tool_calls
 
 
-def _whole_and_stream(evs, ingress, tool_ids) -> tuple[dict, list[dict]]:
-    body = asyncio.run(_Formatter(ingress, "c", True, 5, None, tool_ids=tool_ids).whole(_events(evs), 1))
+def _whole_and_stream(evs, ingress, tool_ids, string_args=None) -> tuple[dict, list[dict]]:
+    fmt = lambda: _Formatter(ingress, "c", True, 5, None, tool_ids=tool_ids, string_args=string_args)
+    body = asyncio.run(fmt().whole(_events(evs), 1))
 
     async def collect():
-        return [c async for c in _Formatter(ingress, "c", True, 5, None, tool_ids=tool_ids).sse(_events(evs), False)]
+        return [c async for c in fmt().sse(_events(evs), False)]
 
     return body["choices"][0], [json.loads(c[6:])["choices"][0] for c in asyncio.run(collect())[:-1]]
 
@@ -304,13 +305,53 @@ def test_tool_call_arguments_are_valid_json_for_nan_and_infinity():
         {"x": "NaN", "y": "-Infinity", "z": "1e999", "days": 3}
 
 
-def test_unterminated_tool_call_is_content():
-    evs, ingress, tool_ids = _tool_events([("city", "Paris")], close=False)
-    raw = "Let me check.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
-    choice, chunks = _whole_and_stream(evs, ingress, tool_ids)
-    assert choice["message"] == {"role": "assistant", "content": raw} and choice["finish_reason"] == "length"
-    assert "".join(c["delta"].get("content", "") for c in chunks) == raw
-    assert not any("tool_calls" in c["delta"] for c in chunks) and chunks[-1]["finish_reason"] == "length"
+def test_string_typed_arguments_stay_text():
+    """GLM's template writes a string argument raw ("12345", "true") and others as JSON: the tool's schema says which
+    values to parse back. Without a schema for the argument (or the tool) a value is JSON where it parses."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+        "zip": {"type": "string"}, "days": {"type": "integer"}, "flag": {"type": ["string", "null"]},
+        "either": {"type": ["string", "integer"]}}}}},
+             {"type": "function", "function": {"name": "no_schema"}}]
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": tools}
+    strings = ChatCompletionRequest.model_validate(body).string_arguments
+    assert strings == {"get_weather": {"zip", "flag"}}
+    values = [("zip", "12345"), ("days", "3"), ("flag", "true"), ("either", "7"), ("other", "[1, 2]")]
+    evs, ingress, tool_ids = _tool_events(values)
+    whole, chunks = _whole_and_stream(evs, ingress, tool_ids, strings)
+    assert streamed_calls(chunks) == _whole_calls(whole)
+    assert json.loads(_whole_calls(whole)[0]["arguments"]) == \
+        {"zip": "12345", "days": 3, "flag": "true", "either": 7, "other": [1, 2]}
+    (call,) = _whole_and_stream(evs, ingress, tool_ids)[0]["message"]["tool_calls"]
+    assert json.loads(call["function"]["arguments"])["zip"] == 12345          # no schema: JSON where it parses
+
+
+@pytest.mark.parametrize("cut", ["after-value", "in-string", "in-number", "in-name"])
+def test_a_call_cut_by_max_tokens(cut):
+    """The output's end (finish_reason length) cuts a call: it ends there, its last value as far as it got — whole
+    and streamed alike, valid JSON; cut before its name was complete, it is content as the model wrote it."""
+    evs, ingress, tool_ids = _tool_events([("city", "Paris"), ("days", "314159")], close=False)
+    sp = tool_ids
+    value_end = [i for i, e in enumerate(evs) if e.token_ids == [sp["</arg_value>"]]]
+    name_end = next(i for i, e in enumerate(evs) if e.token_ids == [sp["<arg_key>"]])
+    last = {"after-value": len(evs) - 1, "in-string": value_end[0] - 2, "in-number": value_end[1] - 2,
+            "in-name": name_end - 2}[cut]
+    evs = evs[:last + 1]
+    evs[-1].finished, evs[-1].finish_reason = True, "length"
+    choice, chunks = _whole_and_stream(evs, ingress, tool_ids, {"get_weather": {"city"}})
+    assert choice["finish_reason"] == chunks[-1]["finish_reason"] == "length"
+    assert "".join(c["delta"].get("content") or "" for c in chunks) == (choice["message"]["content"] or "")
+    assert streamed_calls(chunks) == _whole_calls(choice)
+    if cut == "in-name":
+        assert choice["message"]["content"].startswith("Let me check.<tool_call>get_")
+        assert "tool_calls" not in choice["message"]
+        return
+    (call,) = _whole_calls(choice)
+    args = json.loads(call["arguments"])
+    assert call["name"] == "get_weather" and choice["message"]["content"] == "Let me check."
+    cut_short = lambda v, whole: str(v) and whole.startswith(str(v)) and str(v) != whole
+    assert {"after-value": args == {"city": "Paris", "days": 314159},
+            "in-number": args["city"] == "Paris" and isinstance(args["days"], int) and cut_short(args["days"], "314159"),
+            "in-string": list(args) == ["city"] and cut_short(args["city"], "Paris")}[cut], args
 
 
 def _completion_events(tok, text: str) -> list:

@@ -1,0 +1,186 @@
+"""GLM output parsers for one choice of a chat completion: the reasoning split and tool calls, on token ids.
+
+Their markers (``</think>``, ``<tool_call>``, ``<arg_key>`` …) are special tokens that the text omits, and the engine
+starts an event at each special token (``Engine._emit``), also when a speculative step commits several tokens at
+once: so an event is a marker or not, then tokens of one kind, and a split falls between events. Both parsers
+see each event once, in order; the streamed pieces they return add up to what the whole response holds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import uuid
+from dataclasses import dataclass, field
+
+from cluster.detok import IncrementalDetokenizer
+
+TOOL_MARKERS = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
+
+
+class ReasoningSplit:
+    """Text before ``</think>`` is reasoning_content, after it content. A tool call's start (``tool_start``: tool calls
+    are parsed) ends the reasoning too — a model that calls a tool before closing its thought (seen in GLM-5.1
+    traffic at long context, vLLM #42400) still makes the call."""
+
+    def __init__(self, think_end: int | None, thinking: bool, tool_start: int | None = None):
+        self.ends = {think_end, tool_start} - {None}
+        self.in_reasoning = thinking and think_end is not None
+
+    def takes(self, ev) -> bool:
+        """Whether ``ev`` is reasoning (else it is content, as is everything after it)."""
+        if self.in_reasoning and ev.token_ids and ev.token_ids[0] in self.ends:
+            self.in_reasoning = False
+        return self.in_reasoning
+
+
+def json_or_text(v: str):
+    """A value as JSON where it parses as such, else its text. NaN / Infinity (and 1e999, which parses to inf) are
+    not JSON: json.dumps would write them back as bare tokens that no client can parse, so such a value stays text."""
+    try:
+        value = json.loads(v)
+        json.dumps(value, allow_nan=False)
+        return value
+    except ValueError:
+        return v
+
+
+@dataclass
+class _Call:
+    """The tool call being read: where in it the parser is and what it has read of the current part."""
+
+    index: int
+    id: str
+    part: str = "name"                 # name / key / value / between (arguments)
+    ids: list[int] = field(default_factory=list)      # the name's, a key's or a JSON value's ids so far
+    name: str | None = None            # set (and streamed) at its first argument or its end
+    key: str | None = None
+    args: dict = field(default_factory=dict)
+    string: IncrementalDetokenizer | None = None      # a string value's text, streamed as it comes
+    raw: list[int] = field(default_factory=list)      # every id after <tool_call>: the text if it never gets a name
+
+
+class ToolCalls:
+    """GLM tool calls: ``<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>…</tool_call>`` → OpenAI
+    ``tool_calls``. Text outside calls stays content. A value is its text where the tool's schema types the argument
+    as a string (``strings``: GLM's template writes those raw), else JSON where it parses as such.
+
+    Streamed, a call's name and id go out at its first argument (or its end), then its arguments as JSON pieces — a
+    string value as its text comes — that add up to the whole response's ``arguments``. A call the output's end cuts
+    (``max_tokens``) ends there, its last value as far as it got (finish_reason ``length`` says so); cut before its
+    name was complete, it is content, as the model wrote it."""
+
+    def __init__(self, ids: dict[str, int] | None, decode, strings: dict[str, set[str]] | None = None):
+        self.ids, self.decode, self.strings = ids, decode, strings or {}   # ids None: no parsing, all is content
+        self.marker = {v: k for k, v in (ids or {}).items()}
+        self.call: _Call | None = None
+        self.calls: list[dict] = []
+
+    def feed(self, ev) -> tuple[str, list[dict]]:
+        """(content text of this event, its ``tool_calls`` deltas)."""
+        if not self.ids or not ev.token_ids:
+            return ev.text, []
+        ids, text, deltas = list(ev.token_ids), ev.text, []
+        marker = self.marker.get(ids[0])
+        if marker == "<tool_call>":
+            if self.call is not None:                    # a call left open ends where the next starts
+                deltas += self._end()
+            self.call = _Call(len(self.calls), f"call_{uuid.uuid4().hex[:24]}")
+            ids = ids[1:]
+        elif self.call is not None and marker is not None:
+            self.call.raw.append(ids[0])
+            deltas += self._end() if marker == "</tool_call>" else self._edge(marker)
+            ids = ids[1:]
+        if self.call is not None:                        # inside a call: its tokens, no content
+            self.call.raw += ids
+            deltas += self._read(ids)
+            text = ""
+        if ev.finished and self.call is not None:
+            if self.call.name is None:                   # cut before its name was complete: content
+                text += self._text([self.ids["<tool_call>"], *self.call.raw])
+                self.call = None
+            else:
+                deltas += self._end()
+        return text, _merged(deltas)
+
+    def _edge(self, marker: str) -> list[dict]:
+        c, out = self.call, []
+        if c.part == "name":
+            out += self._named()
+        if c.part == "value" and marker != "</arg_value>":     # a value left open ends at the next marker
+            out += self._value()
+        if marker == "<arg_key>":
+            c.part, c.ids, c.key = "key", [], None
+        elif marker == "</arg_key>" and c.part == "key":
+            c.key, c.part = self.decode(c.ids).strip(), "between"
+        elif marker == "<arg_value>" and c.key is not None:
+            c.part, c.ids = "value", []
+            c.string = IncrementalDetokenizer(self.decode) if c.key in self.strings.get(c.name, ()) else None
+            out += self._args(("{" if not c.args else ", ") + json.dumps(c.key, ensure_ascii=False) + ": "
+                              + ('"' if c.string else ""))
+            c.args[c.key] = None                          # its place in the order (a repeated key keeps the first)
+        elif marker == "</arg_value>" and c.part == "value":
+            out += self._value()
+        return out
+
+    def _read(self, ids: list[int]) -> list[dict]:
+        c = self.call
+        if c.part == "value" and c.string is not None:
+            return self._args(_escaped(c.string.add(ids)))
+        if c.part != "between":
+            c.ids += ids
+        return []
+
+    def _value(self) -> list[dict]:
+        """The value read ends: the rest of its JSON."""
+        c = self.call
+        if c.string is not None:
+            piece = _escaped(c.string.flush()) + '"'
+            c.args[c.key] = c.string.text
+        else:
+            c.args[c.key] = json_or_text(self.decode(c.ids))
+            piece = json.dumps(c.args[c.key], ensure_ascii=False)
+        c.part, c.key, c.string = "between", None, None
+        return self._args(piece)
+
+    def _named(self) -> list[dict]:
+        c = self.call
+        c.name, c.part = self.decode(c.ids).strip(), "between"
+        return [{"index": c.index, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}}]
+
+    def _end(self) -> list[dict]:
+        """The open call ends (its close, the next call's start, or the output's end)."""
+        c, out = self.call, []
+        if c.part == "name":
+            out += self._named()
+        if c.part == "value":
+            out += self._value()
+        out += self._args("}" if c.args else "{}")
+        self.calls.append({"id": c.id, "type": "function",
+                           "function": {"name": c.name, "arguments": json.dumps(c.args, ensure_ascii=False)}})
+        self.call = None
+        return out
+
+    def _args(self, piece: str) -> list[dict]:
+        return [{"index": self.call.index, "function": {"arguments": piece}}] if piece else []
+
+    def _text(self, ids: list[int]) -> str:
+        # decode() skips special tokens, the markers among them: put those back, leave an EOS out
+        return "".join("".join(self.marker[t] for t in run) if is_marker else self.decode(list(run))
+                       for is_marker, run in itertools.groupby(ids, self.marker.__contains__))
+
+
+def _escaped(text: str) -> str:
+    """``text`` inside a JSON string (escaping is per character, so escaped pieces join to the escaped whole)."""
+    return json.dumps(text, ensure_ascii=False)[1:-1]
+
+
+def _merged(deltas: list[dict]) -> list[dict]:
+    """One delta per call: a call's argument pieces joined into its first delta of the event."""
+    out: list[dict] = []
+    for d in deltas:
+        if out and out[-1]["index"] == d["index"] and set(d) == {"index", "function"}:
+            out[-1]["function"]["arguments"] += d["function"]["arguments"]
+        else:
+            out.append(d)
+    return out
