@@ -113,7 +113,8 @@ def cmd_make_checkpoint(a: argparse.Namespace) -> int:
 def cmd_serve(a: argparse.Namespace) -> int:
     from cluster.serve import run_server
 
-    return run_server(_engine_config(a), host=a.host, port=a.port, drain_timeout_s=a.drain_timeout)
+    return run_server(_engine_config(a), host=a.host, port=a.port, drain_timeout_s=a.drain_timeout,
+                      stats_interval_s=a.stats_interval)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on Ctrl-C / SIGTERM, seconds to let requests in flight finish (new ones get 503) before "
                         "shutting down (default: 30)")
+    s.add_argument("--stats-interval", type=float, default=10.0,
+                   help="seconds between stats lines (tokens/s, requests, KV use) while requests come; 0: none "
+                        "(default: 10)")
     s.set_defaults(fn=cmd_serve)
 
     m = sub.add_parser("make-checkpoint", help="write a random checkpoint in Hugging Face layout")

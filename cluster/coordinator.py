@@ -162,7 +162,9 @@ class Coordinator:
     async def info(self) -> dict:
         return {"max_model_len": self.sched_config.max_model_len, "vocab_size": self.sched_config.vocab_size,
                 "num_workers": self.cfg.num_workers, "stats": dict(self.engine.stats), "warmup": self.engine.warmed,
-                "free_blocks": self.engine.num_free_blocks()}
+                "free_blocks": self.engine.num_free_blocks(), "kv_usage": self.engine.kv_usage(),
+                "running": sum(s.num_running for s in self.engine.schedulers),
+                "waiting": sum(s.num_waiting for s in self.engine.schedulers)}
 
     async def check_health(self) -> None:
         if not self.aengine.is_alive():

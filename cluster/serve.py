@@ -262,6 +262,10 @@ class OpenAIIngress:
         self.draining = False           # shutting down: new requests are refused, those in flight finish
         self.in_flight = 0              # streams open to the coordinator
 
+    async def info(self) -> dict:
+        """The coordinator's counters (one replica's, as Serve routes it): ``glmserve serve``'s stats line."""
+        return await self.coord.info.remote()
+
     async def drain(self) -> int:
         """Refuse new requests from now on (503); the streams still in flight (``glmserve serve`` waits for 0)."""
         self.draining = True
@@ -434,9 +438,11 @@ def _failure_reason() -> str:
     return ""
 
 
-def run_server(cfg: EngineConfig, host: str = "127.0.0.1", port: int = 8000, drain_timeout_s: float = 30.0) -> int:
-    """``glmserve serve``: start a local Ray (logical resources on CPU), deploy, wait for Ctrl-C / SIGTERM; then
-    drain — new requests get 503, those in flight finish, for up to ``drain_timeout_s`` — and shut down."""
+def run_server(cfg: EngineConfig, host: str = "127.0.0.1", port: int = 8000, drain_timeout_s: float = 30.0,
+               stats_interval_s: float = 10.0) -> int:
+    """``glmserve serve``: start a local Ray (logical resources on CPU), deploy, print a stats line every
+    ``stats_interval_s`` while requests come (0: never), wait for Ctrl-C / SIGTERM; then drain — new requests get
+    503, those in flight finish, for up to ``drain_timeout_s`` — and shut down."""
     import os
     import signal
     import threading
@@ -487,12 +493,37 @@ def run_server(cfg: EngineConfig, host: str = "127.0.0.1", port: int = 8000, dra
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+    stats = _Stats(serve.get_app_handle("glmserve"))
+    while not stop.wait(stats_interval_s if stats_interval_s > 0 else None):
+        stats.report()
     stop.clear()
     _drain(stop, drain_timeout_s)
     serve.shutdown()
     ray.shutdown()
     return 0
+
+
+class _Stats:
+    """``glmserve serve``'s periodic line (as vLLM's): prompt and generated tokens a second since the last line,
+    requests running and waiting, KV in use — printed only while something happens."""
+
+    def __init__(self, ingress):
+        self.ingress, self.last = ingress, None
+
+    def report(self) -> None:
+        try:
+            info = self.ingress.info.remote().result(timeout_s=10)
+        except Exception as e:  # noqa: BLE001 — a busy or restarting replica: the next line will tell
+            print(f"glmserve: no stats ({type(e).__name__})", flush=True)
+            return
+        now, s = time.monotonic(), info["stats"]
+        if self.last is not None and (info["running"] or info["waiting"] or s != self.last[1]):
+            dt, before = now - self.last[0], self.last[1]
+            rate = lambda k: (s[k] - before[k]) / dt
+            print(f"glmserve: prompt {rate('prompt_tokens'):.1f} tokens/s, generation {rate('generated_tokens'):.1f} "
+                  f"tokens/s, {info['running']} running, {info['waiting']} waiting, KV {100 * info['kv_usage']:.1f} % "
+                  f"used, {s['preemptions'] - before['preemptions']} preempted", flush=True)
+        self.last = (now, s)
 
 
 def _drain(stop, timeout_s: float) -> None:
@@ -510,6 +541,7 @@ def _drain(stop, timeout_s: float) -> None:
             stop.wait(0.5)
     except Exception as e:  # noqa: BLE001 — the ingress is gone or stuck: shut down anyway
         print(f"glmserve: could not drain ({type(e).__name__}: {e})", flush=True)
-    if left:
-        print(f"glmserve: shutting down with {'some' if left < 0 else left} request stream(s) in flight (they end "
-              "with an error)", flush=True)
+    if left > 0:
+        print(f"glmserve: shutting down with {left} request stream(s) in flight (they end with an error)", flush=True)
+    elif left < 0:                  # stopped again, or the ingress did not answer, before it said
+        print("glmserve: shutting down without waiting (any stream in flight ends with an error)", flush=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -449,9 +450,9 @@ def _stream_tokens(url: str, body: dict, started: threading.Event) -> tuple[int,
 
 
 def test_glmserve_serve_one_command_and_sigterm():
-    """`glmserve serve` (no model argument): progress, the URL when ready, answers; SIGTERM drains — a stream in
-    flight finishes whole, a new request gets 503 — and shuts it down; a bad model path fails start-up with the
-    reason instead of hanging."""
+    """`glmserve serve` (no model argument): progress, the URL when ready, answers, a stats line while a request
+    runs; SIGTERM drains — a stream in flight finishes whole, a new request gets 503 — and shuts it down; a bad
+    model path fails start-up with the reason instead of hanging."""
     import tempfile
     from concurrent.futures import ThreadPoolExecutor
 
@@ -465,7 +466,7 @@ def test_glmserve_serve_one_command_and_sigterm():
     # The drain's window is wide: the stream was cut once in CI (at c546ce7, a loaded machine), likeliest at the
     # default 30 s window's end — not what this checks; a cut stream now shows what the server printed.
     proc = subprocess.Popen([exe, "serve", "--port", "18802", "--tool-parser", "glm", "--reasoning-parser", "glm",
-                             "--drain-timeout", "300"],
+                             "--drain-timeout", "300", "--stats-interval", "1"],
                             env=env, cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
@@ -475,6 +476,8 @@ def test_glmserve_serve_one_command_and_sigterm():
             if "ready in" in line:
                 break
         assert any("loading" in ln for ln in lines) and "http://127.0.0.1:18802/v1" in lines[-1], lines
+        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)   # the rest, as it comes
+        reader.start()
         status, body = post("http://127.0.0.1:18802", "/v1/completions",
                             {"model": "tiny", "prompt": "The king", "max_tokens": 4, "ignore_eos": True})
         assert status == 200 and body["usage"]["completion_tokens"] == 4
@@ -488,6 +491,10 @@ def test_glmserve_serve_one_command_and_sigterm():
             stream = pool.submit(_stream_tokens, "http://127.0.0.1:18802",
                                  {"model": "tiny", "prompt": "Once", "max_tokens": 600, "ignore_eos": True}, started)
             assert started.wait(60)
+            deadline = time.time() + 60          # a stats line while the stream runs (one a second)
+            while not any(re.search(r"generation \d+\.\d tokens/s, 1 running", ln) for ln in lines):
+                assert time.time() < deadline and not stream.done(), lines
+                time.sleep(0.2)
             os.kill(proc.pid, signal.SIGTERM)        # the process (SIGTERM to its group would stop Ray's own too)
             deadline = time.time() + 60
             while (refused := post("http://127.0.0.1:18802", "/v1/completions",
@@ -498,9 +505,11 @@ def test_glmserve_serve_one_command_and_sigterm():
             assert get("http://127.0.0.1:18802", "/health")[0] == 503              # out of a load balancer's set
             if (got := stream.result(120)) != (600, True):          # the stream in flight ended whole
                 proc.wait(120)
-                pytest.fail(f"the stream in flight ended as {got}; the server said: {''.join(proc.stdout)}")
+                reader.join(10)
+                pytest.fail(f"the stream in flight ended as {got}; the server said: {''.join(lines)}")
         assert proc.wait(120) == 0
-        assert any("stopping" in ln for ln in proc.stdout), "no drain message"
+        reader.join(10)
+        assert any("stopping" in ln for ln in lines), "no drain message"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
