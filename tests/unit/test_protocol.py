@@ -110,6 +110,29 @@ def test_glm_tool_calls_whole_and_stream():
     assert len(pieces) > 4 and '{"city": "' in pieces, pieces      # the header, then the value's text as it came
 
 
+def test_the_openai_clients_stream_helper_rebuilds_the_call():
+    """The openai package's own accumulator (what ``client.chat.completions.stream`` runs) turns our chunks into the
+    message the whole response holds."""
+    from openai.lib.streaming.chat import ChatCompletionStreamState
+    from openai.types.chat import ChatCompletionChunk
+
+    evs, ingress, tool_ids = _tool_events(after=" Done.")
+    fmt = lambda: _Formatter(ingress, "c", True, 5, None, tool_ids=tool_ids, string_args={"get_weather": {"city"}})
+    whole = asyncio.run(fmt().whole(_events(evs), 1))["choices"][0]["message"]
+
+    async def collect():
+        return [c async for c in fmt().sse(_events(evs), False)]
+
+    state = ChatCompletionStreamState()
+    for c in asyncio.run(collect())[:-1]:
+        state.handle_chunk(ChatCompletionChunk.model_validate_json(c[6:]))
+    final = state.get_final_completion().choices[0]
+    assert final.finish_reason == "tool_calls" and final.message.content == whole["content"]
+    (call,) = final.message.tool_calls
+    assert (call.function.name, call.function.arguments) == \
+        ("get_weather", whole["tool_calls"][0]["function"]["arguments"])
+
+
 def test_admission_error_across_ray_is_the_plain_message():
     """Across Ray an AdmissionError arrives as RayTaskError(AdmissionError), whose str() is the remote traceback."""
     from ray.exceptions import RayTaskError
@@ -350,7 +373,7 @@ def test_a_call_cut_by_max_tokens(cut):
     assert call["name"] == "get_weather" and choice["message"]["content"] == "Let me check."
     cut_short = lambda v, whole: str(v) and whole.startswith(str(v)) and str(v) != whole
     assert {"after-value": args == {"city": "Paris", "days": 314159},
-            "in-number": args["city"] == "Paris" and isinstance(args["days"], int) and cut_short(args["days"], "314159"),
+            "in-number": args["city"] == "Paris" and type(args["days"]) is int and cut_short(args["days"], "314159"),
             "in-string": list(args) == ["city"] and cut_short(args["city"], "Paris")}[cut], args
 
 
