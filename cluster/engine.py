@@ -191,11 +191,12 @@ class Engine:
     ``decode`` turns ids into text (None: token ids only); each of ``special_ids`` (the tokenizer's special tokens)
     starts an event of its own, also when a speculative step accepts several tokens at once: the front end's
     reasoning and tool-call parsers cut the text at them (``</think>``, ``<tool_call>``). ``graphs``: the workers run
-    graph-shaped steps (``graph_key``) on their static path — set iff their ``graphs`` mode is not ``off``. ``lookahead``: let the
-    workers launch the same requests' next decode step before returning a graph step's tokens sampled on the device,
-    and tell them when the next step is that one (``WorkerStep.lookahead`` / ``use_ahead``, decided here for all ranks
-    alike; ``workers/runner.py``; off: for A/B measurements). ``graph_prefill``: prompt chunks ride graph steps too
-    when the step fits a bucket that a rank's decode steps can fill (``graph_key``; off: for A/B measurements).
+    graph-shaped steps (``graph_key``) on their static path — set iff their ``graphs`` mode is not ``off``.
+    ``lookahead``: let the workers launch the same requests' next decode step before returning a graph step's tokens
+    sampled on the device, and tell them when the next step is that one (``WorkerStep.lookahead`` / ``use_ahead``,
+    decided here for all ranks alike; ``workers/runner.py``; off: for A/B measurements). ``graph_prefill``: prompt
+    chunks ride graph steps too when the step fits a bucket that a rank's decode steps can fill (``graph_key``; off:
+    for A/B measurements).
     """
 
     def __init__(self, executor: Executor, config: SchedulerConfig,
