@@ -375,6 +375,38 @@ def test_a_full_engine_answers_429_not_a_proxy_503(serve_session, text_ckpt):
         assert admitted < INGRESS_MAX_ONGOING, (path, admitted)
 
 
+def test_speculative_replica_streams_what_plain_decode_does(serve_session, text_ckpt, client):
+    """A replica drafting 3 tokens a step with the trained MTP head (events of several tokens), the reasoning and tool
+    parsers on, answers greedy requests — whole and streamed — with the plain replica's text and token counts."""
+    from ray import serve
+
+    from cluster.serve import build_app
+
+    serve.run(build_app({"model": str(text_ckpt), "served_model_name": MODEL, "device": "cpu",
+                         "kv_cache_tokens": 4096, "max_num_batched_tokens": 256, "speculative_tokens": 3,
+                         "reasoning_parser": "glm", "tool_parser": "glm"}),
+              name="spec", route_prefix="/spec", logging_config={"enable_access_log": False, "log_level": "WARNING"})
+    try:
+        spec = openai.OpenAI(base_url=serve_session + "/spec/v1", api_key="none", max_retries=0, timeout=120)
+        for prompt in ("Once upon a time", "The king said"):
+            kw = {"model": MODEL, "prompt": prompt, "max_tokens": 24, "temperature": 0,
+                  "extra_body": {"ignore_eos": True}}
+            plain = client.completions.create(**kw)
+            assert spec.completions.create(**kw).choices[0].text == plain.choices[0].text
+            chunks = list(spec.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+            assert "".join(c.choices[0].text for c in chunks if c.choices) == plain.choices[0].text
+            assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens == 24
+        chat = {"model": MODEL, "max_tokens": 24, "temperature": 0, "messages": [{"role": "user", "content": "Hi"}],
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}
+        plain = client.chat.completions.create(**chat).choices[0].message
+        deltas = [c.choices[0].delta for c in spec.chat.completions.create(stream=True, **chat) if c.choices]
+        text = "".join((getattr(d, "reasoning_content", None) or "") + (d.content or "") for d in deltas)
+        assert text == plain.content            # the plain replica parses nothing: its content is all of it
+        assert metric(serve_session + "/spec", "glmserve_spec_drafts_accepted") > 0
+    finally:
+        serve.delete("spec")
+
+
 def test_two_replicas_both_serve(serve_session, text_ckpt):
     from ray import serve
 
