@@ -11,9 +11,11 @@ error naming them). Coordinator replicas (each with its own N workers) scale wit
 # no `from __future__ import annotations`: FastAPI must see real annotations on the class-based routes
 
 import asyncio
+import functools
 import json
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -55,13 +57,26 @@ def _cause(e: BaseException) -> BaseException:
     return e.cause if isinstance(e, RayTaskError) and e.cause is not None else e
 
 
+# Tokenizing and rendering chat templates run beside the event loop (megabytes take seconds, and /health and every
+# open stream share the loop), in two pools: texts past LARGE_TEXT characters in their own, so a burst of huge prompts
+# queues behind itself rather than in front of ordinary requests.
+LARGE_TEXT = 1 << 16
+_POOLS = {False: ThreadPoolExecutor(8, "tokenize"), True: ThreadPoolExecutor(2, "tokenize-large")}
+
+
+async def _beside_loop(size: int, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` in the pool for a text of ``size`` characters."""
+    return await asyncio.get_running_loop().run_in_executor(_POOLS[size > LARGE_TEXT],
+                                                            functools.partial(fn, *args, **kwargs))
+
+
 async def _encode(tokenizer, text: str, max_chars: int, param: str) -> list[int]:
-    """Tokenize in a thread: megabytes take seconds, and /health and every open stream share this event loop. A text
-    that cannot fit the context (``max_chars``) is refused first, without spending those seconds."""
+    """Tokenize beside the event loop. A text that cannot fit the context (``max_chars``) is refused first, without
+    spending the seconds."""
     if len(text) > max_chars:
         raise ApiError(400, f"the prompt is {len(text)} characters: more than the context can hold whatever it "
                        f"tokenizes to (at most {max_chars})", param)
-    return await asyncio.to_thread(tokenizer.encode, text)
+    return await _beside_loop(len(text), tokenizer.encode, text)
 
 
 def _admission_error(e: AdmissionError) -> ApiError:
@@ -317,9 +332,10 @@ class OpenAIIngress:
         if body.tools:
             kwargs["tools"] = body.tools
         tok = self._tokenizer()
+        messages = body.template_messages()
         try:
-            prompt = await asyncio.to_thread(tok.apply_chat_template, body.template_messages(),
-                                             add_generation_prompt=True, **kwargs)
+            prompt = await _beside_loop(sum(len(str(m)) for m in messages), tok.apply_chat_template, messages,
+                                        add_generation_prompt=True, **kwargs)
         except ValueError as e:
             raise ApiError(400, str(e), "messages") from None
         ids = await _encode(tok, prompt, self.max_prompt_chars, "messages")

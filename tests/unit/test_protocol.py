@@ -269,6 +269,32 @@ def test_tokenizing_leaves_the_event_loop_running():
     assert ticks >= 10, f"the event loop ran {ticks} times while the prompt was tokenized"
 
 
+def test_a_burst_of_huge_prompts_does_not_hold_up_a_short_one():
+    """Huge prompts tokenize in a pool of their own: 40 of them (each 0.1 s here) arriving first leave a short
+    prompt's tokenizing free to start at once (from the shared pool it would wait for the 40)."""
+    import time
+
+    from cluster.serve import LARGE_TEXT, _encode
+
+    done = []
+
+    class Slow:
+        def encode(self, text):
+            if len(text) > LARGE_TEXT:
+                time.sleep(0.1)
+            done.append(len(text))
+            return [1]
+
+    async def main():
+        huge = [asyncio.create_task(_encode(Slow(), "x" * (LARGE_TEXT + 1), 1 << 30, "prompt")) for _ in range(40)]
+        await asyncio.sleep(0.01)                       # they are in their pool first
+        await _encode(Slow(), "short", 1 << 30, "prompt")
+        await asyncio.gather(*huge)
+
+    asyncio.run(main())
+    assert done.index(5) < 5, f"the short prompt was tokenized after {done.index(5)} huge ones"
+
+
 @pytest.mark.parametrize("model,body,param", [
     (CompletionRequest, {"logit_bias": {"5": 10}}, "logit_bias"),
     (CompletionRequest, {"response_format": {"type": "json_object"}}, "response_format"),
