@@ -117,7 +117,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
                       stats_interval_s=a.stats_interval)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="glmserve", description="Serve and run GLM-5 family models.")
     sub = p.add_subparsers(dest="cmd", required=True)
 
@@ -151,8 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--fp8", action="store_true", help="FP8 e4m3 weights with 128x128 block scales")
     m.add_argument("--shards", type=int, default=1)
     m.set_defaults(fn=cmd_make_checkpoint)
+    return p
 
-    a = p.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
     try:
         return a.fn(a)
     except (ValueError, FileNotFoundError) as e:

@@ -139,6 +139,29 @@ def test_deploy_files_are_engine_configs_and_kuberay_inlines_the_gpu_one():
     assert EngineConfig.from_dict(gpu["applications"][0]["args"]).resolved_warmup_tokens() == 262144   # all
 
 
+def test_systemd_unit_serves_the_gpu_files_engine_and_drains():
+    """deploy/glmserve.service: its ExecStart parses as `glmserve serve` flags into the 8×H200 file's engine, and a
+    stop signals glmserve alone (KillMode=mixed, so Ray's processes outlive the drain) with time for the drain."""
+    import shlex
+
+    import yaml
+
+    from cluster.cli import _engine_config, parser
+
+    deploy = Path(__file__).resolve().parents[2] / "deploy"
+    unit = dict(line.split("=", 1) for line in (deploy / "glmserve.service").read_text().replace("\\\n", " ")
+                .splitlines() if "=" in line and not line.startswith("#"))
+    argv = shlex.split(unit["ExecStart"])
+    assert argv[0].endswith("/glmserve") and argv[1] == "serve"
+    a = parser().parse_args(argv[1:])
+    gpu = yaml.safe_load((deploy / "glm5-8xh200.yaml").read_text())["applications"][0]["args"]
+    cfg = _engine_config(a).to_dict()
+    same = ("model", "served_model_name", "device", "dtype", "num_workers", "comm", "kv_cache_tokens", "max_num_seqs",
+            "max_num_batched_tokens", "max_waiting", "reasoning_parser", "tool_parser")
+    assert {k: cfg[k] for k in same} == {k: gpu[k] for k in same}
+    assert unit["KillMode"] == "mixed" and int(unit["TimeoutStopSec"]) >= a.drain_timeout + 30
+
+
 def test_warmup_by_default_only_where_graphs_are_captured():
     """The start-up warm-up's default: every context a request can reach (max_model_len, else the KV slots) where decode
     steps are captured (CUDA, kernels auto), none on CPU or without capture; an explicit value wins."""
