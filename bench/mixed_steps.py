@@ -8,9 +8,12 @@ did not hide.
 
 ``--modes``: the engine's ways of running a step that carries prefill rows (``eager``: the ragged forward;
 ``graph``: graph steps hold prefill rows too, up to the buckets decode steps fill — ``Engine.graph_prefill``;
-``max_num_seqs`` 64 here, so up to 64 rows), alternating per P.
+``max_num_seqs`` 64 here, so up to 64 rows; ``pieces``: that, and the other steps on per-layer graphs —
+``workers/pieces.py``), alternating per P. ``--mlp-shard D``: the MLPs at 1/D of their width, as a rank of a D-rank
+``tp`` group holds them (its GPU work per layer shrinks, its host work does not).
 
     NCCL_NVLS_ENABLE=0 PYTHONPATH=. python bench/mixed_steps.py [--decoders 16] [--ctx 2048] [--prompts 16 48 200 1000]
+        [--modes eager graph pieces] [--mlp-shard 8]
     PYTHONPATH=. python bench/mixed_steps.py --device cpu --decoders 3 --ctx 64 --prompts 5 20   # plumbing on CPU
 """
 
@@ -79,7 +82,8 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--prompts", type=int, nargs="+", default=[16, 48, 200, 1000])
     ap.add_argument("--repeats", type=int, default=3, help="arrivals per P and mode (the first one compiles)")
-    ap.add_argument("--modes", nargs="+", default=["eager"], choices=["eager", "graph"])
+    ap.add_argument("--modes", nargs="+", default=["eager"], choices=["eager", "graph", "pieces"])
+    ap.add_argument("--mlp-shard", type=int, default=1, metavar="D", help="MLP widths / D (a tp rank's share)")
     ap.add_argument("--device", default="cuda", help="cpu: the tiny model's widths (plumbing)")
     ap.add_argument("--sync-debug", type=int, default=0, metavar="P",
                     help="after the table: where one arrival of P tokens among the decoders waits for the GPU "
@@ -97,6 +101,8 @@ def main() -> None:
         Path(args.out).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         model_cfg = slice_config(4, not cuda)
+        for key in ("intermediate_size", "moe_intermediate_size"):
+            model_cfg[key] //= args.mlp_shard
         (Path(tmp) / "config.json").write_text(json.dumps(model_cfg))
         # the decoders' steps: 36 timed alone, then each arrival's steps (a profiled one more per P and mode)
         steps_each = 64 + sum((args.repeats + 1) * len(args.modes) * (2 + n // 2048) for n in args.prompts) \
@@ -109,6 +115,13 @@ def main() -> None:
         print("building the engine ...", flush=True)
         engine, _ = build_local_engine(cfg, progress=False)
     vocab = model_cfg["vocab_size"]
+    runner = engine.executor.runner
+    pieces = runner.pieces
+
+    def set_mode(mode: str) -> None:
+        engine.graph_prefill = mode != "eager"
+        runner.pieces = pieces if mode == "pieces" else None
+
     decoders = [f"d{i}" for i in range(args.decoders)]
     long = SamplingParams(max_tokens=steps_each, ignore_eos=True)
     one = SamplingParams(max_tokens=1, ignore_eos=True)
@@ -117,7 +130,7 @@ def main() -> None:
     def arrive(n: int, mode: str) -> tuple[list[float], int]:
         nonlocal arrivals
         arrivals += 1
-        engine.graph_prefill = mode == "graph"
+        set_mode(mode)
         before = engine.stats["graph_steps"]
         rid = f"p{arrivals}"
         engine.add_request(prompt(n, arrivals, vocab), one, rid)
@@ -164,7 +177,7 @@ def main() -> None:
             print(json.dumps(row), flush=True)
     chat = SamplingParams(max_tokens=8, ignore_eos=True)
     for mode in args.modes * 2 if args.stream else ():      # each mode twice, alternating (the first compiles)
-        engine.graph_prefill = mode == "graph"
+        set_mode(mode)
         walls, generated, carried = [], 0, 0
         for step in range(args.stream_steps):
             if step % args.stream == 0:

@@ -30,7 +30,8 @@ from scheduler.request import SamplingParams
 def captured(engine) -> int:
     runner = engine.executor.runner
     graphs = runner.graphs.captured if runner.graphs is not None else []
-    return len(graphs) + (len(runner.draft_graphs.captured) if runner.draft_graphs is not None else 0)
+    return len(graphs) + (len(runner.draft_graphs.captured) if runner.draft_graphs is not None else 0) + \
+        (len(runner.pieces.captured) if runner.pieces is not None else 0)
 
 
 def serve(engine, reqs: dict, vocab: int) -> dict:

@@ -35,6 +35,8 @@ class EngineConfig:
     step_channel: str = "socket"        # Ray groups: socket (a TCP connection per actor) | ray (actor calls)
     speculative_tokens: int = 0         # MTP drafts per round (0 = off)
     cuda_graphs: str = "auto"           # auto: decode/verify steps replay CUDA graphs where supported | off | eager
+    piece_graphs: bool = True           # with graphs on, the other steps (prompt chunks past the decode buckets)
+                                        # replay per-layer graphs around their attention and comm
     warmup_tokens: int | None = None    # start-up: capture the graph steps of contexts up to this many tokens, serve
                                         # short requests (kernels compile); 0: none; default: all (max_model_len)
                                         # with CUDA graphs
@@ -63,6 +65,7 @@ class EngineConfig:
             "tool_parser": self.tool_parser in ("none", "glm"),
             "max_model_len": self.max_model_len is None or self.max_model_len >= 1,
             "cuda_graphs": self.cuda_graphs in ("auto", "off", "eager"),
+            "piece_graphs": isinstance(self.piece_graphs, bool),
             "warmup_tokens": self.warmup_tokens is None or (isinstance(self.warmup_tokens, int)
                                                            and self.warmup_tokens >= 0),
         }
@@ -97,6 +100,12 @@ class EngineConfig:
         if self.cuda_graphs != "auto":
             return self.cuda_graphs
         return "capture" if self.resolved_device() == "cuda" and self.kernels == "auto" else "off"
+
+    def pieces(self) -> bool:
+        """Whether a rank's other steps run on per-layer pieces (``workers/pieces.py``): ``piece_graphs`` with graphs
+        on — captured on CUDA, where pieces hold no comm, so a group whose comm cannot be captured (``torch``) takes
+        them too; run eagerly with ``cuda_graphs: eager`` (as the decode path's static shapes are)."""
+        return self.piece_graphs and self.graphs_mode() != "off"
 
     def resolved_warmup_tokens(self) -> int:
         """``warmup_tokens``, its default resolved: every context a request can reach (``max_model_len``, which

@@ -293,6 +293,10 @@ class Engine:
                 self.executor.execute([WorkerStep(-1, (), shape=shape, graph=key, warm=drafts)] * len(self.schedulers))
                 if report and (i + 1) % max(1, len(keys) // 4) == 0 and i + 1 < len(keys):
                     report(f"warm-up: {i + 1} of {len(keys)} graph steps in {time.perf_counter() - start:.1f} s")
+            if report:
+                report(f"warm-up: capturing the other steps' per-layer pieces ({time.perf_counter() - start:.1f} s) ...")
+            shape = graph_shape(1, False, len(self.schedulers))      # a warm step without a graph: the pieces
+            self.executor.execute([WorkerStep(-1, (), shape=shape, warm=())] * len(self.schedulers))
         captured = time.perf_counter()
         # prompts of a prefill chunk at most, decoding within the captured widths; sizes in each of the kernels' row
         # classes (prefill, mid-size, the decode tiles' 16 / 32 / 64-row blocks), a multiple of 16 and not (Triton

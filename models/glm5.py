@@ -168,19 +168,28 @@ class Indexer(nn.Module):
     def forward(self, h: torch.Tensor, q_resid: torch.Tensor, rope: Rope, batch: Batch,
                 k_cache: torch.Tensor) -> torch.Tensor:
         """Writes this step's indexer keys; returns selected slots [N, K] (-1 = none)."""
-        cfg, N = self.cfg, h.shape[0]
         self.write_keys(h, rope, batch, k_cache)
+        return self.select(*self.query(h, q_resid, rope), batch, k_cache)
+
+    def query(self, h: torch.Tensor, q_resid: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """(roped queries [N, ih, idd], head weights [N, ih] fp32): the per-row work before scoring."""
+        cfg, N = self.cfg, h.shape[0]
         q = self.wq_b(q_resid).view(N, cfg.index_n_heads, cfg.index_head_dim)
         q = rope.apply(q, cfg.indexer_rope_interleave)                                 # heads [rope | nope]
         wp = self.weights_proj                         # head weights [N, ih] fp32 (bf16 in GLM-5.2; FP8 composed)
         w = (ops.linear_f32(h, wp.weight, rounded=True, scale=cfg.index_n_heads ** -0.5)
              if wp.weight_scale_inv is None else wp(h).float() * cfg.index_n_heads ** -0.5)
+        return q.detach(), w.detach()
+
+    def select(self, q: torch.Tensor, w: torch.Tensor, batch: Batch, k_cache: torch.Tensor) -> torch.Tensor:
+        """Selected slots [N, K] (-1 = none) of the cached keys each row may see, by index score."""
+        cfg = self.cfg
         scale = cfg.index_head_dim ** -0.5
         if batch.block_table is not None:
-            return ops.indexer_topk_paged(q.detach(), w.detach(), k_cache, batch.block_table, batch.block_size,
-                                          batch.positions, cfg.index_topk, scale)
-        return ops.indexer_topk(q.detach(), w.detach(), k_cache, batch.seq_rows, batch.seq_slots,
-                                batch.positions, cfg.index_topk, scale)
+            return ops.indexer_topk_paged(q, w, k_cache, batch.block_table, batch.block_size, batch.positions,
+                                          cfg.index_topk, scale)
+        return ops.indexer_topk(q, w, k_cache, batch.seq_rows, batch.seq_slots, batch.positions, cfg.index_topk,
+                                scale)
 
 
 class Attention(nn.Module):
@@ -206,6 +215,16 @@ class Attention(nn.Module):
 
         ``carried_topk`` None: this layer's indexer selects. Given: reuse it (an IndexShare ``shared`` layer, or
         an MTP draft step sharing the first step's selection — whose indexer still caches its keys)."""
+        q_lat, q_rope, index_q = self.prepare(h, rope, batch, cache, layer, carried_topk is None)
+        topk = carried_topk if index_q is None else self.indexer.select(*index_q, batch, cache.index_k[layer])
+        o_lat = ops.mla_sparse_attention(q_lat, q_rope, cache.kv[layer], topk, self.scale)   # [N, nh, rkv]
+        return self.finish(o_lat), topk
+
+    def prepare(self, h: torch.Tensor, rope: Rope, batch: Batch, cache: KVCache, layer: int, select: bool
+                ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """The per-row work before attending: writes the step's KV (and indexer keys) to ``batch.slot_mapping``;
+        returns (absorbed queries [N, nh, rkv], roped queries [N, nh, dr], the indexer's (queries, head weights)
+        when ``select``, else None). Reads only the rows' own state, so it runs on padded rows too."""
         cfg, N = self.cfg, h.shape[0]
         nh, dn, rkv = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.kv_lora_rank
         qa, kva = self.q_a_proj, self.kv_a_proj_with_mqa
@@ -216,19 +235,19 @@ class Attention(nn.Module):
         kv_cache = cache.kv[layer]                     # ckv [N, rkv + dr]: (RMSNorm'd latent | roped key) to the slots
         ops.norm_rope_store(ckv, self.kv_a_layernorm.weight, None, self.kv_a_layernorm.eps, rkv,      # trainable
                             rope.cos, rope.sin, rkv, cfg.rope_interleave, kv_cache, batch.slot_mapping)
+        assert not select or self.indexer is not None, "a shared indexer layer needs the previous layer's selection"
+        index_q = None
+        if self.indexer is not None:
+            self.indexer.write_keys(h, rope, batch, cache.index_k[layer])
+            if select:
+                index_q = self.indexer.query(h, q_resid, rope)
+        return ops.mla_absorb(q_nope, self.kv_b_proj), q_rope, index_q                 # absorb W_UK
 
-        if carried_topk is None:
-            assert self.indexer is not None, "a shared indexer layer needs the previous layer's selection"
-            topk = self.indexer(h, q_resid, rope, batch, cache.index_k[layer])
-        else:
-            topk = carried_topk
-            if self.indexer is not None:
-                self.indexer.write_keys(h, rope, batch, cache.index_k[layer])
-
-        q_lat = ops.mla_absorb(q_nope, self.kv_b_proj)                                 # absorb W_UK
-        o_lat = ops.mla_sparse_attention(q_lat, q_rope, kv_cache, topk, self.scale)   # [N, nh, rkv]
-        o = ops.mla_expand(o_lat, self.kv_b_proj, dn)                                  # expand with W_UV
-        return self.o_proj(o.reshape(N, nh * cfg.v_head_dim)), topk
+    def finish(self, o_lat: torch.Tensor) -> torch.Tensor:
+        """The attention's output rows [N, H] from the latent ones [N, nh, rkv]: expand with W_UV, then o_proj."""
+        cfg, N = self.cfg, o_lat.shape[0]
+        o = ops.mla_expand(o_lat, self.kv_b_proj, cfg.qk_nope_head_dim)
+        return self.o_proj(o.reshape(N, cfg.num_attention_heads * cfg.v_head_dim))
 
 
 class MLP(nn.Module):

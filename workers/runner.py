@@ -20,6 +20,7 @@ from scheduler.request import SamplingParams
 from scheduler.scheduler import ScheduledSeq
 from scheduler.shapes import GRAPH_BUCKETS, StepShape, next_pow2
 from workers.graphs import DecodeGraphs, DraftGraphs
+from workers.pieces import PieceGraphs
 from workers.sampler import (
     RowLogprobs,
     TokenCounts,
@@ -59,7 +60,8 @@ class WorkerStep:
     lookahead: bool = False            # launch the same requests' next decode step ahead (``ModelRunner``)
     use_ahead: bool = False            # this step is the one the last step launched ahead (the same everywhere)
     warm: tuple[int, ...] | None = None  # a warm-up step (no rows): capture ``graph`` ahead of use, then the MTP
-                                         # drafting graphs after it for these draft counts (0: the extend alone)
+                                         # drafting graphs after it for these draft counts (0: the extend alone);
+                                         # without ``graph``: the per-layer pieces (``workers/pieces.py``)
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,9 @@ class ModelRunner:
     ``graphs``: steps the engine marks ``graph`` (decode / verify rows, ≤ 8 per rank) run the static-shape
     forward of ``workers/graphs.py`` — ``capture``: as CUDA graphs (eager off CUDA); ``eager``: the same
     static path without capture (the replays' oracle); ``off``: every step runs the ragged eager path.
+    ``pieces`` (rows, MLP bucket rows, capture) with ``graphs`` on: the other steps of up to that many rows run on
+    ``workers/pieces.py``'s per-layer pieces — captured (on CUDA; they hold no comm, so also in a group whose
+    ``graphs`` is ``eager`` for its comm's sake) or eagerly.
     With speculation and ``graphs`` on, the MTP work after a graph step runs on ``DraftGraphs`` as the step's
     ``draft_graph`` says; ``select(shape, real)`` is the comm's capture-safe switch of bucket shape and row mask
     (``StepComm.select``) that those graphs use in a group.
@@ -146,7 +151,8 @@ class ModelRunner:
     def __init__(self, model: GlmForCausalLM, num_blocks: int, block_size: int, dtype: torch.dtype,
                  device: str | torch.device = "cpu", in_group: bool = False, world_size: int = 1,
                  stage: Callable[[StepShape | None, int, bool], None] | None = None, speculative: bool = False,
-                 max_drafting: int = 8, graphs: str = "off", select: Callable | None = None):
+                 max_drafting: int = 8, graphs: str = "off", select: Callable | None = None,
+                 pieces: tuple[int, int, bool] | None = None):
         self.model, self.block_size, self.device = model, block_size, torch.device(device)
         self.in_group, self.world_size = in_group, world_size
         self.stage = stage or (lambda shape, n, static=False: None)
@@ -158,6 +164,8 @@ class ModelRunner:
             raise ValueError(f"graphs must be 'off', 'eager' or 'capture', got {graphs!r}")
         self.graphs = None if graphs == "off" else DecodeGraphs(
             model, self.cache, block_size, pad_slot, next_pow2(num_blocks), self.device, capture=graphs == "capture")
+        self.pieces = None if pieces is None or self.graphs is None else PieceGraphs(
+            model, self.cache, pad_slot, *pieces[:2], in_group, self.device, self.graphs.record if pieces[2] else None)
         self.requests: dict[str, _RequestState] = {}
         self._ahead: _Ahead | None = None
         self.ahead_stats = {"launched": 0, "used": 0}
@@ -213,7 +221,10 @@ class ModelRunner:
             batch = build_batch([(s.start_pos, len(s.token_ids), s.block_ids) for s in step.seqs],
                                 self.block_size, self.device)
             self.stage(step.shape, batch.num_rows, False)
-            hidden = self.model(ids, batch, self.cache)                               # [N, H]
+            if self._on_pieces(step, batch.num_rows):
+                hidden = self.pieces.forward(ids, batch)                              # [N, H]
+            else:
+                hidden = self.model(ids, batch, self.cache)
         result = self._sample(step, hidden, batch)           # sampling ends in a device sync (token ids)
         sampled = end = time.perf_counter()
         if self.drafter is not None:                            # so does drafting (draft ids)
@@ -224,11 +235,20 @@ class ModelRunner:
             end = time.perf_counter()
         return replace(result, busy_ms=(end - start) * 1e3, draft_ms=(end - sampled) * 1e3)
 
+    def _on_pieces(self, step: WorkerStep, rows: int) -> bool:
+        """Whether the eager step runs on ``PieceGraphs``: its rows, and in a group its MLP bucket, fit them."""
+        return self.pieces is not None and self.pieces.fits(rows) and (
+            not self.in_group or step.shape.total_rows <= self.pieces.moe_rows)
+
     def _warm(self, step: WorkerStep) -> None:
         """Capture the step's graph, and the drafting graphs after it, on pad rows alone (they write only the pad
         slot), so no request's step pays a capture later. Every rank runs the same warm steps, so a group's captured
         comm phases line up. The graphs' step counters are left as they were."""
         if self.graphs is None:
+            return
+        if step.graph is None:                              # the per-layer pieces of the other steps
+            if self.pieces is not None:
+                self.pieces.warm()
             return
         runs = dict(self.graphs.runs)
         bucket, width, _ = step.graph

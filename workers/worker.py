@@ -110,6 +110,7 @@ class WorkerSpec:
     setup_timeout_s: float = 300.0
     speculative: bool = False   # fill the MTP cache and propose drafts
     graphs: str = "off"         # decode/verify steps: capture (CUDA graphs) | eager (static shapes) | off
+    pieces: bool = False        # with graphs on, the other steps run on per-layer pieces (``workers/pieces.py``)
     load_format: str = "auto"   # auto: the checkpoint | dummy: random weights (benchmarks)
 
 
@@ -146,7 +147,9 @@ class Worker:
             model.set_comm(self.step_comm)
         self.runner = ModelRunner(model, spec.num_blocks, spec.block_size, dtype, device,
                                   in_group=spec.world_size > 1, world_size=spec.world_size, stage=self._stage,
-                                  speculative=spec.speculative, graphs=self._graphs_mode(), select=self._select)
+                                  speculative=spec.speculative, graphs=self._graphs_mode(), select=self._select,
+                                  pieces=(spec.max_rows // spec.world_size, spec.max_rows, spec.graphs == "capture")
+                                  if spec.pieces else None)
 
     def enter_thread(self) -> None:
         """Set this thread's torch state for the rank — the current CUDA device is per host thread, and so is

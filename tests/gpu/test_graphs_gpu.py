@@ -4,7 +4,9 @@
   decode rows, verify rows of 1 + k drafts, prompt chunks, pad rows) and several context widths, in fp32 and bf16;
 - the engine's greedy tokens with graphs equal its tokens without them (fp32), batched and speculative;
 - seeded drawn rows launched ahead draw the tokens they draw without look-ahead;
-- drawn drafts picked between captured drafting graphs equal the eager drafter's.
+- drawn drafts picked between captured drafting graphs equal the eager drafter's;
+- the other steps' per-layer pieces (``workers/pieces.py``): replayed == run uncaptured bit for bit (hidden rows and
+  KV), the engine's tokens with them equal its tokens without, and after the warm-up nothing more is captured.
 
 Run on a lent H200: ``PYTHONPATH=. python -m pytest -q tests/gpu/test_graphs_gpu.py``.
 """
@@ -181,6 +183,70 @@ def test_prompt_chunks_in_graph_steps_equal_without(text_ckpt, k):
     off = make_engine(m, False, k, blocks=NUM_BLOCKS, budget=40)
     assert got == run_arrivals(off, arrivals)
     assert on.executor.runner.graphs.captured and on.stats["graph_steps"] > 0
+    if k:
+        assert on.spec_metrics() == off.spec_metrics()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_pieces_replay_is_bit_identical_to_uncaptured(text_ckpt, dtype):
+    """Ragged steps (prompt chunks after contexts of 0–1500 tokens beside decode rows; 42–1305 rows: buckets 64 …
+    1536) on the captured pieces and on the same pieces uncaptured: equal hidden rows and equal KV, bit for bit;
+    against ``model.forward`` within the dtype's rounding."""
+    from models.cache import build_batch
+
+    m = model(text_ckpt, dtype)
+    runner = ModelRunner(m, NUM_BLOCKS, 16, DTYPES[dtype], DEV, graphs="capture", pieces=(2048, 2048, True))
+    g = torch.Generator(device=DEV).manual_seed(0)
+    for t in runner.cache.kv + [k for k in runner.cache.index_k if k is not None]:
+        t.copy_(torch.randn(t.shape, device=DEV, generator=g))
+    pieces, gen = runner.pieces, torch.Generator().manual_seed(1)
+    for step in [[(0, 100)], [(300, 40), (20, 1), (700, 1)], [(0, 1000)], [(1500, 700), (0, 600), (40, 5)]]:
+        perm, seqs = torch.randperm(NUM_BLOCKS, generator=gen).tolist(), []
+        for start, n in step:
+            nb = -(-(start + n) // 16)
+            seqs.append((start, n, perm[:nb]))
+            perm = perm[nb:]
+        batch = build_batch(seqs, 16, DEV)
+        ids = torch.randint(40, 1000, (batch.num_rows,), generator=gen).to(DEV)
+        replay = pieces.forward(ids, batch).clone()
+        kv = [t.clone() for t in runner.cache.kv]
+        record, pieces.record = pieces.record, None
+        eager = pieces.forward(ids, batch)
+        pieces.record = record
+        assert torch.isfinite(eager).all()
+        assert torch.equal(replay, eager), (step, (replay - eager).abs().max().item())
+        assert all(torch.equal(a[:-1], b[:-1]) for a, b in zip(kv, runner.cache.kv))   # the pad slot (last) aside
+        with torch.inference_mode():
+            want = m(ids, batch, runner.cache)
+        tol = 1e-4 if dtype == "float32" else 5e-2
+        torch.testing.assert_close(replay.float(), want.float(), atol=tol, rtol=tol)
+    assert set(pieces.runs) == {128, 64, 1024, 1536} and pieces.captured
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_engine_with_pieces_equals_without(text_ckpt, k):
+    """Prompts of 100–300 tokens in chunks of a 96-token budget among decoders (steps no decode graph holds) on the
+    captured pieces: the tokens (with speculation the acceptance) of the engine without graphs; after the warm step
+    of the pieces no step captures another."""
+    from tests.integration.test_graphs import run_arrivals
+    from workers.runner import WorkerStep
+
+    m = model(text_ckpt, "float32")
+    g = torch.Generator().manual_seed(23)
+
+    def ask(n: int, tokens: int) -> tuple:
+        return torch.randint(40, m.config.vocab_size, (n,), generator=g).tolist(), \
+            SamplingParams(max_tokens=tokens, temperature=0)
+
+    arrivals = {0: {"a": ask(150, 14)}, 2: {"b": ask(12, 10), "c": ask(300, 8)}, 5: {"d": ask(100, 6)}}
+    on = make_engine(m, True, k, blocks=NUM_BLOCKS, budget=96, pieces=True)
+    runner = on.executor.runner
+    runner.execute(WorkerStep(-1, (), warm=()))
+    warm = set(runner.pieces.captured)
+    got = run_arrivals(on, arrivals)
+    off = make_engine(m, False, k, blocks=NUM_BLOCKS, budget=96)
+    assert got == run_arrivals(off, arrivals)
+    assert set(runner.pieces.captured) == warm and runner.pieces.runs.get(96, 0) >= 4, runner.pieces.runs
     if k:
         assert on.spec_metrics() == off.spec_metrics()
 

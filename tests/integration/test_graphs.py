@@ -27,10 +27,12 @@ def model(text_ckpt):
     return load_model(text_ckpt, dtype=torch.float32, progress=False)
 
 
-def make_engine(model, graphs: bool, k: int = 0, blocks: int = NUM_BLOCKS, budget: int = 256) -> Engine:
+def make_engine(model, graphs: bool, k: int = 0, blocks: int = NUM_BLOCKS, budget: int = 256,
+                pieces: bool = False) -> Engine:
     device = next(model.parameters()).device
     runner = ModelRunner(model, blocks, BLOCK, torch.float32, device, speculative=k > 0,
-                         graphs="capture" if graphs else "off")
+                         graphs="capture" if graphs else "off",
+                         pieces=(budget, budget, device.type == "cuda") if pieces else None)
     cfg = SchedulerConfig(num_blocks=blocks, block_size=BLOCK, max_model_len=1024,
                           vocab_size=model.config.vocab_size, eos_token_ids=(), max_num_batched_tokens=budget,
                           max_num_seqs=min(64, budget))
@@ -297,6 +299,83 @@ def test_prompt_chunks_ride_graph_steps(model, k):
         for cache in ("kv", "index_k"):
             a, b = (getattr(e.executor.runner.cache, cache)[mtp][:NUM_BLOCKS * BLOCK] for e in (engine, spec))
             torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_steps_on_pieces_give_the_eager_tokens(model, k):
+    """Prompts of 100–200 tokens in chunks of a 96-token budget beside decoders (steps no decode bucket holds) run on
+    the per-layer pieces (``workers/pieces.py``, uncaptured on CPU): padded to their rows buckets, the indexer's
+    selection and the attention eager between them — the tokens of the ragged eager path, with speculation the same
+    acceptance; every step that was not a graph step took them."""
+    from workers.pieces import PIECE_BUCKETS
+
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(33)
+
+    def ask(n: int, tokens: int) -> tuple:
+        return torch.randint(40, vocab, (n,), generator=g).tolist(), SamplingParams(max_tokens=tokens, temperature=0)
+
+    arrivals = {0: {"a": ask(150, 10)}, 2: {"b": ask(12, 12), "c": ask(200, 6)}, 5: {"d": ask(100, 5)}}
+    engine = make_engine(model, graphs=True, k=k, budget=96, pieces=True)
+    plain = make_engine(model, graphs=False, k=k, budget=96)
+    assert run_arrivals(engine, arrivals) == run_arrivals(plain, arrivals)
+    runs = engine.executor.runner.pieces.runs
+    assert set(runs) <= set(PIECE_BUCKETS) and runs.get(96, 0) >= 4, runs
+    assert sum(runs.values()) == engine.stats["steps"] - engine.stats["graph_steps"]
+    if k:
+        assert engine.spec_metrics() == plain.spec_metrics() and plain.spec_metrics()["accepted"] > 0
+
+
+def test_pieces_equal_the_model_forward_within_fp32_rounding(model):
+    """One ragged step (a 70-token chunk, a 40-token prompt, a decode row) on the pieces against ``model.forward``
+    on a copy of the cache: the hidden rows and every cache slot written agree to fp32 rounding (the rows are padded to
+    the 128-row bucket, so a GEMM may block them differently; bit-identity is the GPU replay's, against the same
+    pieces uncaptured: tests/gpu/test_graphs_gpu.py)."""
+    import copy
+
+    runner = ModelRunner(model, NUM_BLOCKS, BLOCK, torch.float32, graphs="eager", pieces=(256, 256, False))
+    cache = copy.deepcopy(runner.cache)
+    seqs = [(0, 70, list(range(5))), (0, 40, list(range(10, 13))), (30, 1, list(range(20, 22)))]
+    ids = torch.randint(5, model.config.vocab_size, (111,), generator=torch.Generator().manual_seed(3))
+    batch = build_batch(seqs, BLOCK)
+    with torch.inference_mode():
+        want = model(ids, batch, cache)
+        got = runner.pieces.forward(ids, batch)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert runner.pieces.runs == {128: 1}
+    for a, b in zip(runner.cache.kv + runner.cache.index_k, cache.kv + cache.index_k):
+        if a is not None:
+            torch.testing.assert_close(a[:-1], b[:-1], atol=1e-5, rtol=1e-5)    # the pad slot (last) aside
+
+
+def test_pieces_can_be_captured_at_first_use_mid_step(model):
+    """A CUDA graph's capture runs its piece once more than a replay does (the warm-up run; the capture itself runs
+    nothing): a recorder that runs each piece twice at its capture and once per replay gives the same hidden rows and
+    KV as running it once — no piece reads what it writes. Then ``warm`` records every piece of every bucket."""
+    import copy
+
+    from workers.pieces import PIECE_BUCKETS
+
+    class Replayed:
+        def __init__(self, fn):
+            self.replay = fn
+
+    def record(fn, what):
+        fn()
+        fn()
+        return Replayed(fn), None
+
+    once = ModelRunner(model, NUM_BLOCKS, BLOCK, torch.float32, graphs="eager", pieces=(200, 200, False))
+    twice = copy.deepcopy(once)
+    twice.pieces.record = record
+    seqs = [(0, 70, list(range(5))), (30, 1, list(range(20, 22)))]
+    ids = torch.randint(5, model.config.vocab_size, (71,), generator=torch.Generator().manual_seed(4))
+    for r in (once, twice):
+        r.out = r.pieces.forward(ids, build_batch(seqs, BLOCK))
+    assert torch.equal(once.out, twice.out) and len(twice.pieces.captured) == 1 + 2 * model.config.num_hidden_layers
+    assert all(torch.equal(a, b) for a, b in zip(once.cache.kv, twice.cache.kv))
+    layers = model.config.num_hidden_layers
+    assert twice.pieces.warm() == sum(1 + 2 * layers for b in PIECE_BUCKETS if b <= 256) - (1 + 2 * layers)
 
 
 def test_span_and_dp_steps_of_one_bucket_keep_separate_graphs(model):

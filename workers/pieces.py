@@ -1,0 +1,194 @@
+"""Piecewise CUDA graphs of the eager step: prompt chunks and mixed steps that no decode graph holds.
+
+An eager step is host-bound on a GPU: the host launches each layer's ~25 Triton kernels and ~40 torch ops one by
+one, 3–4 ms a layer on the H200's host (``bench/results/session21/``), while a rank's share of a 200-token chunk
+takes its GPU a fraction of that. Most of a layer is per-row work that does not depend on the requests' contexts; it
+is captured per rows bucket (``PIECE_BUCKETS``), layer by layer, in pieces around the parts that do depend on them —
+the indexer's selection over each request's keys and the sparse attention over the selection (ragged: eager, on the
+real rows) — and, in a worker group, around the MLP phases' AG / RS (the eager step's host-polled comm):
+
+    embed       ids, positions → x, RoPE's cos / sin                                     graph, T rows
+    layer l  A  norm(x + m); q / kv projections; KV and indexer keys to their slots;
+                absorbed queries; the indexer's queries                                  graph, T rows
+             -  the indexer's selection, sparse attention                                eager, real rows
+             B  expand, o_proj, norm(x + a) → h; one process: the MLP too → m            graph, T rows
+             -  AG(h)                                                                    eager (a group)
+             C  the MLP over the step's bucket                                           graph, bucket rows (a group)
+             -  RS → m                                                                   eager (a group)
+    final       norm(x + m)                                                              eager, real rows
+
+A piece reads and writes only persistent buffers, and never one it reads (A: x, m → x2; B: x2 → x, m), so a
+capture's warm-up run leaves the replay's inputs as they were: a piece is captured at its first use, mid-step. Pad
+rows (T > the real rows) write their KV to the runner's pad slot, and their MLP rows are zeroed (one process; a
+group's AG zeroes them), so they route as one row and the MoE reads no extra experts for them. Pieces hold no comm:
+each rank captures its own. With ``capture`` off (CPU) the same pieces run eagerly — the oracle a replay equals bit
+for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from kernels import ops
+from models.cache import Batch, KVCache
+from models.glm5 import DecoderLayer, GlmForCausalLM, Rope
+
+# Rows buckets of a step on pieces: powers of two and the midpoints between them, so a chunk pads by at most 1/3.
+PIECE_BUCKETS = (8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
+
+
+def piece_rows(n: int) -> int:
+    """The bucket of a step of ``n`` rows (ValueError past the largest)."""
+    for b in PIECE_BUCKETS:
+        if n <= b:
+            return b
+    raise ValueError(f"{n} rows exceed the largest piece bucket {PIECE_BUCKETS[-1]}")
+
+
+class PieceGraphs:
+    """The eager forward (``GlmForCausalLM.forward``'s) on per-layer pieces, for steps of up to ``max_rows`` rows.
+
+    ``pad_slot``: the cache slot pad rows write; ``in_group``: the MLP phases go through the layers' comm (``AG`` /
+    ``RS`` between the pieces) and the MLP piece takes up to ``moe_rows`` rows (the step's bucket over all ranks);
+    ``record(fn, what)`` → (graph, output): the runner's capture into its one memory pool (the decode graphs');
+    None: run every piece eagerly."""
+
+    def __init__(self, model: GlmForCausalLM, cache: KVCache, pad_slot: int, max_rows: int, moe_rows: int,
+                 in_group: bool, device: torch.device, record: Callable | None):
+        cfg = model.config
+        self.model, self.cache, self.pad_slot, self.in_group, self.record = model, cache, pad_slot, in_group, record
+        self.max_rows = piece_rows(max_rows)
+        T, H, nh = self.max_rows, cfg.hidden_size, cfg.num_attention_heads
+        dtype = cache.kv[0].dtype
+
+        def buf(*shape, dt=dtype):
+            return torch.zeros(*shape, dtype=dt, device=device)
+
+        self._meta = buf(3, T, dt=torch.long)                              # ids, positions, slots
+        self.ids, self.positions, self.slots = self._meta.unbind(0)
+        self._pad = torch.tensor([[0], [0], [pad_slot]], device=device)
+        self.real = buf(T, dt=torch.bool)                                  # rows < the step's real rows
+        self.x, self.x2, self.m = buf(T, H), buf(T, H), buf(T, H)          # residual stream; the MLP's output
+        self.cos, self.sin = buf(T, cfg.qk_rope_head_dim // 2), buf(T, cfg.qk_rope_head_dim // 2)
+        self.q_lat, self.o_lat = buf(T, nh, cfg.kv_lora_rank), buf(T, nh, cfg.kv_lora_rank)
+        self.q_rope = buf(T, nh, cfg.qk_rope_head_dim)
+        self.index_q = buf(T, cfg.index_n_heads, cfg.index_head_dim)
+        self.index_w = buf(T, cfg.index_n_heads, dt=torch.float32)
+        self.moe_rows = moe_rows if in_group else 0
+        if in_group:
+            self.h, self.moe_in, self.moe_out = buf(T, H), buf(moe_rows, H), buf(moe_rows, H)
+        self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self.runs: dict[int, int] = {}                    # steps served per rows bucket
+
+    def fits(self, rows: int) -> bool:
+        return rows <= self.max_rows
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """input_ids [n] and the step's (ragged) Batch → final-normed hidden [n, H], as ``model.forward``. Writes the
+        step's KV into the cache; in a group runs the step's MLP phases (the comm staged as for an eager step)."""
+        model, cfg, n = self.model, self.model.config, batch.num_rows
+        T = piece_rows(max(n, 1))
+        self.runs[T] = self.runs.get(T, 0) + 1
+        if n:
+            self._meta[:, n:T].copy_(self._pad.expand(3, T - n))
+            self._meta[0, :n].copy_(ids)
+            self.positions[:n].copy_(batch.positions)
+            self.slots[:n].copy_(batch.slot_mapping)
+            self.real[:T].fill_(False)
+            self.real[:n].fill_(True)
+            self._run(("embed", T), self._embed, T)
+        topk = None
+        for i, layer in enumerate(model.target_layers):
+            attn = layer.self_attn
+            if n:
+                self._run(("a", i, T), self._prepare, layer, T, i == 0)
+                if cfg.has_indexer(i):
+                    topk = attn.indexer.select(self.index_q[:n], self.index_w[:n], batch, self.cache.index_k[i])
+                self.o_lat[:n].copy_(ops.mla_sparse_attention(self.q_lat[:n], self.q_rope[:n], self.cache.kv[i],
+                                                              topk, attn.scale))
+                self._run(("b", i, T), self._finish, layer, T)
+            if self.in_group:
+                rows = layer.comm.all_gather(self.h[:n])             # [the step's bucket, H], pads zero
+                self.moe_in[:rows.shape[0]].copy_(rows)
+                self._run(("c", i, rows.shape[0]), self._mlp, layer, rows.shape[0])
+                self.m[:n].copy_(layer.comm.reduce_scatter(self.moe_out[:rows.shape[0]]))
+        return model.model.norm.add_forward(self.m[:n], self.x[:n])[0]
+
+    @torch.inference_mode()
+    def warm(self) -> int:
+        """Capture every piece of every bucket up to ``max_rows`` (and a group's MLP piece at every power of two up to
+        ``moe_rows``: its dp and span buckets) on pad rows, which write only the pad slot, so that no step captures
+        while serving. Returns the graphs captured (0 where pieces run eagerly)."""
+        if self.record is None:
+            return 0
+        before = len(self._graphs)
+        for T in (b for b in PIECE_BUCKETS if b <= self.max_rows):
+            self._meta[:, :T].copy_(self._pad.expand(3, T))
+            self.real[:T].fill_(False)
+            self._run(("embed", T), self._embed, T)
+            for i, layer in enumerate(self.model.target_layers):
+                self._run(("a", i, T), self._prepare, layer, T, i == 0)
+                self._run(("b", i, T), self._finish, layer, T)
+        rows = 1
+        while self.in_group and rows <= self.moe_rows:
+            for i, layer in enumerate(self.model.target_layers):
+                self._run(("c", i, rows), self._mlp, layer, rows)
+            rows *= 2
+        return len(self._graphs) - before
+
+    def _run(self, key: tuple, piece: Callable[..., None], *args) -> None:
+        """``piece(*args)``: its graph replayed (captured at first use), or run eagerly."""
+        if self.record is None:
+            piece(*args)
+            return
+        if key not in self._graphs:
+            self._graphs[key] = self.record(lambda: piece(*args), f"the step's piece {key}")[0]
+        self._graphs[key].replay()
+
+    def _batch(self, T: int) -> Batch:
+        return Batch(self.positions[:T], self.slots[:T], [], [])
+
+    def _embed(self, T: int) -> None:
+        cfg = self.model.config
+        self.x[:T].copy_(self.model.model.embed_tokens(self.ids[:T]))
+        rope = Rope.at(self.positions[:T], cfg.qk_rope_head_dim, cfg.rope_theta, self.x.dtype)
+        self.cos[:T].copy_(rope.cos)
+        self.sin[:T].copy_(rope.sin)
+
+    def _prepare(self, layer: DecoderLayer, T: int, first: bool) -> None:
+        """Piece A: the layer's input norm and everything of the attention before the selection."""
+        x = self.x[:T]
+        if first:
+            h = layer.input_layernorm(x)
+            self.x2[:T].copy_(x)
+        else:
+            h, x = layer.input_layernorm.add_forward(self.m[:T], x)
+            self.x2[:T].copy_(x)
+        select = self.model.config.has_indexer(layer.layer)
+        q_lat, q_rope, index_q = layer.self_attn.prepare(h, Rope(self.cos[:T], self.sin[:T]), self._batch(T),
+                                                         self.cache, layer.layer, select)
+        self.q_lat[:T].copy_(q_lat)
+        self.q_rope[:T].copy_(q_rope)
+        if index_q is not None:
+            self.index_q[:T].copy_(index_q[0])
+            self.index_w[:T].copy_(index_q[1])
+
+    def _finish(self, layer: DecoderLayer, T: int) -> None:
+        """Piece B: the attention's output, the post-attention norm; one process: the MLP (pad rows zeroed)."""
+        h, x = layer.post_attention_layernorm.add_forward(layer.self_attn.finish(self.o_lat[:T]), self.x2[:T])
+        self.x[:T].copy_(x)
+        if self.in_group:
+            self.h[:T].copy_(h)
+        else:
+            self.m[:T].copy_(layer.mlp(torch.where(self.real[:T, None], h, h.new_zeros(()))))
+
+    def _mlp(self, layer: DecoderLayer, rows: int) -> None:
+        """Piece C (a group's): the MLP over the step's bucket of every rank's rows."""
+        self.moe_out[:rows].copy_(layer.mlp(self.moe_in[:rows]))
+
+    @property
+    def captured(self) -> list[tuple]:
+        return sorted(self._graphs, key=str)
