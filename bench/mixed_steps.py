@@ -13,7 +13,7 @@ did not hide.
 ``tp`` group holds them (its GPU work per layer shrinks, its host work does not).
 
     NCCL_NVLS_ENABLE=0 PYTHONPATH=. python bench/mixed_steps.py [--decoders 16] [--ctx 2048] [--prompts 16 48 200 1000]
-        [--modes eager graph pieces] [--mlp-shard 8]
+        [--modes eager graph pieces] [--mlp-shard 8] [--depth 4]
     PYTHONPATH=. python bench/mixed_steps.py --device cpu --decoders 3 --ctx 64 --prompts 5 20   # plumbing on CPU
 """
 
@@ -84,6 +84,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="arrivals per P and mode (the first one compiles)")
     ap.add_argument("--modes", nargs="+", default=["eager"], choices=["eager", "graph", "pieces"])
     ap.add_argument("--mlp-shard", type=int, default=1, metavar="D", help="MLP widths / D (a tp rank's share)")
+    ap.add_argument("--depth", type=int, default=4, help="layers of the slice (1 dense, the rest MoE)")
     ap.add_argument("--device", default="cuda", help="cpu: the tiny model's widths (plumbing)")
     ap.add_argument("--sync-debug", type=int, default=0, metavar="P",
                     help="after the table: where one arrival of P tokens among the decoders waits for the GPU "
@@ -100,7 +101,7 @@ def main() -> None:
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        model_cfg = slice_config(4, not cuda)
+        model_cfg = slice_config(args.depth, not cuda)
         for key in ("intermediate_size", "moe_intermediate_size"):
             model_cfg[key] //= args.mlp_shard
         (Path(tmp) / "config.json").write_text(json.dumps(model_cfg))

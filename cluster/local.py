@@ -47,7 +47,7 @@ def build_local_engine(cfg: EngineConfig, progress: bool = True) -> tuple[Engine
     sched = scheduler_config(cfg, model.config, tokenizer, cfg.num_blocks)
     runner = ModelRunner(model, cfg.num_blocks, cfg.block_size, cfg.resolved_dtype(), device,
                          speculative=cfg.speculative_tokens > 0, graphs=cfg.graphs_mode(),
-                         pieces=(cfg.max_num_batched_tokens, cfg.max_num_batched_tokens, cfg.graphs_mode() == "capture")
+                         pieces=(cfg.max_num_batched_tokens, cfg.graphs_mode() == "capture")
                          if cfg.pieces() else None)
     decode = (lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer else None
     engine = Engine(LocalExecutor(runner), sched, decode, speculative_tokens=cfg.speculative_tokens,

@@ -34,9 +34,13 @@ import torch
 from kernels import ops
 from models.cache import Batch, KVCache
 from models.glm5 import DecoderLayer, GlmForCausalLM, Rope
+from scheduler.shapes import next_pow2
 
-# Rows buckets of a step on pieces: powers of two and the midpoints between them, so a chunk pads by at most 1/3.
-PIECE_BUCKETS = (8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
+# Rows buckets of a rank's step on pieces: powers of two and the midpoints between them, so a chunk pads by at most
+# 1/3. Past 2048 rows a step is bound by its GPU work, not by the host's launches (one H200: a 2000-token chunk among
+# 16 decoders took as long eager as on pieces, bench/results/session23/), so larger steps stay eager: the buffers and
+# the captured graphs stay bounded whatever ``max_num_batched_tokens`` is.
+PIECE_BUCKETS = (8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 
 
 def piece_rows(n: int) -> int:
@@ -48,18 +52,20 @@ def piece_rows(n: int) -> int:
 
 
 class PieceGraphs:
-    """The eager forward (``GlmForCausalLM.forward``'s) on per-layer pieces, for steps of up to ``max_rows`` rows.
+    """The eager forward (``GlmForCausalLM.forward``'s) on per-layer pieces, for steps of up to ``max_rows`` rows (at
+    most the largest bucket).
 
-    ``pad_slot``: the cache slot pad rows write; ``in_group``: the MLP phases go through the layers' comm (``AG`` /
-    ``RS`` between the pieces) and the MLP piece takes up to ``moe_rows`` rows (the step's bucket over all ranks);
+    ``pad_slot``: the cache slot pad rows write; ``in_group``: one of ``world_size`` ranks — the MLP phases go through
+    the layers' comm (``AG`` / ``RS`` between the pieces) and the MLP piece takes the step's bucket over all ranks, up
+    to ``moe_rows`` = ``world_size`` × the next power of two of ``max_rows`` (a dp bucket's, or a span's at most);
     ``record(fn, what)`` → (graph, output): the runner's capture into its one memory pool (the decode graphs');
     None: run every piece eagerly."""
 
-    def __init__(self, model: GlmForCausalLM, cache: KVCache, pad_slot: int, max_rows: int, moe_rows: int,
+    def __init__(self, model: GlmForCausalLM, cache: KVCache, pad_slot: int, max_rows: int, world_size: int,
                  in_group: bool, device: torch.device, record: Callable | None):
         cfg = model.config
         self.model, self.cache, self.pad_slot, self.in_group, self.record = model, cache, pad_slot, in_group, record
-        self.max_rows = piece_rows(max_rows)
+        self.max_rows = piece_rows(min(max_rows, PIECE_BUCKETS[-1]))
         T, H, nh = self.max_rows, cfg.hidden_size, cfg.num_attention_heads
         dtype = cache.kv[0].dtype
 
@@ -76,9 +82,9 @@ class PieceGraphs:
         self.q_rope = buf(T, nh, cfg.qk_rope_head_dim)
         self.index_q = buf(T, cfg.index_n_heads, cfg.index_head_dim)
         self.index_w = buf(T, cfg.index_n_heads, dt=torch.float32)
-        self.moe_rows = moe_rows if in_group else 0
+        self.moe_rows = world_size * next_pow2(T) if in_group else 0
         if in_group:
-            self.h, self.moe_in, self.moe_out = buf(T, H), buf(moe_rows, H), buf(moe_rows, H)
+            self.h, self.moe_in, self.moe_out = buf(T, H), buf(self.moe_rows, H), buf(self.moe_rows, H)
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.runs: dict[int, int] = {}                    # steps served per rows bucket
 

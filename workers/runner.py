@@ -129,7 +129,7 @@ class ModelRunner:
     ``graphs``: steps the engine marks ``graph`` (decode / verify rows, ≤ 8 per rank) run the static-shape
     forward of ``workers/graphs.py`` — ``capture``: as CUDA graphs (eager off CUDA); ``eager``: the same
     static path without capture (the replays' oracle); ``off``: every step runs the ragged eager path.
-    ``pieces`` (rows, MLP bucket rows, capture) with ``graphs`` on: the other steps of up to that many rows run on
+    ``pieces`` (rows, capture) with ``graphs`` on: the other steps of up to that many rows (2048 at most) run on
     ``workers/pieces.py``'s per-layer pieces — captured (on CUDA; they hold no comm, so also in a group whose
     ``graphs`` is ``eager`` for its comm's sake) or eagerly.
     With speculation and ``graphs`` on, the MTP work after a graph step runs on ``DraftGraphs`` as the step's
@@ -152,7 +152,7 @@ class ModelRunner:
                  device: str | torch.device = "cpu", in_group: bool = False, world_size: int = 1,
                  stage: Callable[[StepShape | None, int, bool], None] | None = None, speculative: bool = False,
                  max_drafting: int = 8, graphs: str = "off", select: Callable | None = None,
-                 pieces: tuple[int, int, bool] | None = None):
+                 pieces: tuple[int, bool] | None = None):
         self.model, self.block_size, self.device = model, block_size, torch.device(device)
         self.in_group, self.world_size = in_group, world_size
         self.stage = stage or (lambda shape, n, static=False: None)
@@ -165,7 +165,8 @@ class ModelRunner:
         self.graphs = None if graphs == "off" else DecodeGraphs(
             model, self.cache, block_size, pad_slot, next_pow2(num_blocks), self.device, capture=graphs == "capture")
         self.pieces = None if pieces is None or self.graphs is None else PieceGraphs(
-            model, self.cache, pad_slot, *pieces[:2], in_group, self.device, self.graphs.record if pieces[2] else None)
+            model, self.cache, pad_slot, pieces[0], world_size, in_group, self.device,
+            self.graphs.record if pieces[1] else None)
         self.requests: dict[str, _RequestState] = {}
         self._ahead: _Ahead | None = None
         self.ahead_stats = {"launched": 0, "used": 0}

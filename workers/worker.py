@@ -148,7 +148,7 @@ class Worker:
         self.runner = ModelRunner(model, spec.num_blocks, spec.block_size, dtype, device,
                                   in_group=spec.world_size > 1, world_size=spec.world_size, stage=self._stage,
                                   speculative=spec.speculative, graphs=self._graphs_mode(), select=self._select,
-                                  pieces=(spec.max_rows // spec.world_size, spec.max_rows, spec.graphs == "capture")
+                                  pieces=(spec.max_rows // spec.world_size, spec.graphs == "capture")
                                   if spec.pieces else None)
 
     def enter_thread(self) -> None:

@@ -195,7 +195,7 @@ def test_pieces_replay_is_bit_identical_to_uncaptured(text_ckpt, dtype):
     from models.cache import build_batch
 
     m = model(text_ckpt, dtype)
-    runner = ModelRunner(m, NUM_BLOCKS, 16, DTYPES[dtype], DEV, graphs="capture", pieces=(2048, 2048, True))
+    runner = ModelRunner(m, NUM_BLOCKS, 16, DTYPES[dtype], DEV, graphs="capture", pieces=(2048, True))
     g = torch.Generator(device=DEV).manual_seed(0)
     for t in runner.cache.kv + [k for k in runner.cache.index_k if k is not None]:
         t.copy_(torch.randn(t.shape, device=DEV, generator=g))

@@ -32,7 +32,7 @@ def make_engine(model, graphs: bool, k: int = 0, blocks: int = NUM_BLOCKS, budge
     device = next(model.parameters()).device
     runner = ModelRunner(model, blocks, BLOCK, torch.float32, device, speculative=k > 0,
                          graphs="capture" if graphs else "off",
-                         pieces=(budget, budget, device.type == "cuda") if pieces else None)
+                         pieces=(budget, device.type == "cuda") if pieces else None)
     cfg = SchedulerConfig(num_blocks=blocks, block_size=BLOCK, max_model_len=1024,
                           vocab_size=model.config.vocab_size, eos_token_ids=(), max_num_batched_tokens=budget,
                           max_num_seqs=min(64, budget))
@@ -307,7 +307,7 @@ def test_steps_on_pieces_give_the_eager_tokens(model, k):
     the per-layer pieces (``workers/pieces.py``, uncaptured on CPU): padded to their rows buckets, the indexer's
     selection and the attention eager between them — the tokens of the ragged eager path, with speculation the same
     acceptance; every step that was not a graph step took them."""
-    from workers.pieces import PIECE_BUCKETS
+    from workers.pieces import PIECE_BUCKETS, PieceGraphs
 
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(33)
@@ -324,6 +324,15 @@ def test_steps_on_pieces_give_the_eager_tokens(model, k):
     assert sum(runs.values()) == engine.stats["steps"] - engine.stats["graph_steps"]
     if k:
         assert engine.spec_metrics() == plain.spec_metrics() and plain.spec_metrics()["accepted"] > 0
+    # pieces of at most 64 rows (PieceGraphs caps ``max_rows`` at its largest bucket, 2048, the same way), chunks not
+    # on decode graphs: the 96-row steps run eagerly beside smaller ones on the pieces, the same tokens
+    small = make_engine(model, graphs=True, k=k, budget=96)
+    small.graph_prefill = False
+    runner = small.executor.runner
+    runner.pieces = PieceGraphs(model, runner.cache, runner.graphs.pad_slot, 64, 1, False, runner.device, None)
+    assert run_arrivals(small, arrivals) == run_arrivals(plain, arrivals)
+    assert 0 < sum(runner.pieces.runs.values()) < small.stats["steps"] - small.stats["graph_steps"]
+    assert PieceGraphs(model, runner.cache, 0, 8192, 1, False, runner.device, None).max_rows == PIECE_BUCKETS[-1]
 
 
 def test_pieces_equal_the_model_forward_within_fp32_rounding(model):
@@ -333,7 +342,7 @@ def test_pieces_equal_the_model_forward_within_fp32_rounding(model):
     pieces uncaptured: tests/gpu/test_graphs_gpu.py)."""
     import copy
 
-    runner = ModelRunner(model, NUM_BLOCKS, BLOCK, torch.float32, graphs="eager", pieces=(256, 256, False))
+    runner = ModelRunner(model, NUM_BLOCKS, BLOCK, torch.float32, graphs="eager", pieces=(256, False))
     cache = copy.deepcopy(runner.cache)
     seqs = [(0, 70, list(range(5))), (0, 40, list(range(10, 13))), (30, 1, list(range(20, 22)))]
     ids = torch.randint(5, model.config.vocab_size, (111,), generator=torch.Generator().manual_seed(3))
@@ -365,7 +374,7 @@ def test_pieces_can_be_captured_at_first_use_mid_step(model):
         fn()
         return Replayed(fn), None
 
-    once = ModelRunner(model, NUM_BLOCKS, BLOCK, torch.float32, graphs="eager", pieces=(200, 200, False))
+    once = ModelRunner(model, NUM_BLOCKS, BLOCK, torch.float32, graphs="eager", pieces=(200, False))
     twice = copy.deepcopy(once)
     twice.pieces.record = record
     seqs = [(0, 70, list(range(5))), (30, 1, list(range(20, 22)))]
