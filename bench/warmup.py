@@ -58,6 +58,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--warmup-tokens", type=int, default=4096)
     ap.add_argument("--depth", type=int, default=4, help="layers of the slice (the first dense)")
+    ap.add_argument("--mlp-shard", type=int, default=1, metavar="D", help="MLP widths / D (a tp rank's share)")
     ap.add_argument("--spec", type=int, default=0, help="MTP drafts per round")
     ap.add_argument("--ctx", type=int, default=1000, help="the lone request's prompt")
     ap.add_argument("--tokens", type=int, default=32)
@@ -70,6 +71,8 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         model_cfg = slice_config(args.depth, args.tiny)
+        for key in ("intermediate_size", "moe_intermediate_size"):
+            model_cfg[key] //= args.mlp_shard
         (Path(tmp) / "config.json").write_text(json.dumps(model_cfg))
         cfg = EngineConfig(model=tmp, load_format="dummy", device=args.device, speculative_tokens=args.spec,
                            kv_cache_tokens=16384, max_num_batched_tokens=2048, max_num_seqs=args.max_num_seqs,
@@ -85,7 +88,8 @@ def main() -> None:
     passes = []
     for p in range(2):
         passes.append([serve(engine, {f"{rid}-{p}": r for rid, r in reqs.items()}, vocab) for reqs in traffic])
-    row = {"warmup_tokens": args.warmup_tokens, "depth": args.depth, "spec": args.spec, "build_s": build_s,
+    row = {"warmup_tokens": args.warmup_tokens, "depth": args.depth, "mlp_shard": args.mlp_shard, "spec": args.spec,
+           "build_s": build_s,
            "max_num_seqs": args.max_num_seqs,
            "warmup": engine.warmed, "graphs_warmed": warmed, "passes": passes, "graphs_after": captured(engine)}
     for p, results in enumerate(passes):
