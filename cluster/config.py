@@ -40,6 +40,7 @@ class EngineConfig:
     warmup_tokens: int | None = None    # start-up: capture the graph steps of contexts up to this many tokens, serve
                                         # short requests (kernels compile); 0: none; default: all (max_model_len)
                                         # with CUDA graphs
+    log_stats_interval_s: float = 10.0  # the coordinator logs a stats line this often while requests come (0: never)
     reasoning_parser: str = "none"      # glm: chat text before </think> is returned as reasoning_content
     tool_parser: str = "none"           # glm: <tool_call>… in chat output becomes OpenAI tool_calls
 
@@ -59,6 +60,7 @@ class EngineConfig:
             "moe": self.moe in ("tp", "ep"),
             "comm": self.comm in ("torch", "ipc"),
             "step_timeout_s": self.step_timeout_s > 0,
+            "log_stats_interval_s": self.log_stats_interval_s >= 0,
             "step_channel": self.step_channel in ("socket", "ray"),
             "speculative_tokens": 0 <= self.speculative_tokens <= 7,
             "reasoning_parser": self.reasoning_parser in ("none", "glm"),

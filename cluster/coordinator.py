@@ -8,6 +8,7 @@ between the workers only (AG/RS inside the forward).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from typing import AsyncIterator
@@ -89,6 +90,20 @@ class Metrics:
         return generate_latest(self.registry).decode()
 
 
+def stats_line(before: tuple[float, dict] | None, now: float, info: dict) -> str | None:
+    """The periodic stats line (as vLLM's) from two readings of ``Coordinator.info()`` — ``before`` (time, its
+    ``stats``), the other taken at ``now``: prompt and generated tokens a second between them, requests running and
+    waiting, KV in use, preemptions. None for the first reading, and while nothing happens (no requests, no change)."""
+    s = info["stats"]
+    if before is None or not (info["running"] or info["waiting"] or s != before[1]):
+        return None
+    dt, b = max(now - before[0], 1e-9), before[1]
+    return (f"prompt {(s['prompt_tokens'] - b['prompt_tokens']) / dt:.1f} tokens/s, generation "
+            f"{(s['generated_tokens'] - b['generated_tokens']) / dt:.1f} tokens/s, {info['running']} running, "
+            f"{info['waiting']} waiting, KV {100 * info['kv_usage']:.1f} % used, "
+            f"{s['preemptions'] - b['preemptions']} preempted")
+
+
 def _replica_id() -> str:
     try:
         from ray import serve
@@ -117,6 +132,7 @@ class Coordinator:
         self.aengine = AsyncEngine(self.engine)
         self.metrics = Metrics(self.engine)
         self.replica_id = _replica_id()
+        self._stats_log: asyncio.Task | None = None
 
     def _warm_up(self, cfg: EngineConfig) -> None:
         """The engine's start-up warm-up (before the replica takes requests); a failure fails the replica's start."""
@@ -139,6 +155,8 @@ class Coordinator:
         """Stream the request's events; an AdmissionError surfaces before the first event."""
         arrival = last = time.monotonic()
         first, finished = True, False
+        if self._stats_log is None and self.cfg.log_stats_interval_s > 0:
+            self._stats_log = asyncio.get_running_loop().create_task(self._log_stats(self.cfg.log_stats_interval_s))
         try:
             async for ev in self.aengine.generate(prompt_ids, params, req_id):
                 now = time.monotonic()
@@ -166,12 +184,26 @@ class Coordinator:
                 "running": sum(s.num_running for s in self.engine.schedulers),
                 "waiting": sum(s.num_waiting for s in self.engine.schedulers)}
 
+    async def _log_stats(self, interval_s: float) -> None:
+        """Every ``interval_s`` while requests come, a stats line in the replica's log (``serve deploy`` has no
+        terminal of its own; ``glmserve serve`` prints the same line from the ingress)."""
+        log, before = logging.getLogger("ray.serve"), None
+        while True:
+            info, now = await self.info(), time.monotonic()
+            line = stats_line(before, now, info)
+            if line:
+                log.info("glmserve: %s", line)
+            before = (now, info["stats"])
+            await asyncio.sleep(interval_s)
+
     async def check_health(self) -> None:
         if not self.aengine.is_alive():
             raise RuntimeError("the engine loop has stopped")
 
     def __del__(self):
         try:
+            if self._stats_log is not None:
+                self._stats_log.cancel()
             self.aengine.shutdown()
             self.group.shutdown()
         except Exception:

@@ -532,14 +532,13 @@ class _Stats:
         except Exception as e:  # noqa: BLE001 — a busy or restarting replica: the next line will tell
             print(f"glmserve: no stats ({type(e).__name__})", flush=True)
             return
-        now, s = time.monotonic(), info["stats"]
-        if self.last is not None and (info["running"] or info["waiting"] or s != self.last[1]):
-            dt, before = now - self.last[0], self.last[1]
-            rate = lambda k: (s[k] - before[k]) / dt
-            print(f"glmserve: prompt {rate('prompt_tokens'):.1f} tokens/s, generation {rate('generated_tokens'):.1f} "
-                  f"tokens/s, {info['running']} running, {info['waiting']} waiting, KV {100 * info['kv_usage']:.1f} % "
-                  f"used, {s['preemptions'] - before['preemptions']} preempted", flush=True)
-        self.last = (now, s)
+        from cluster.coordinator import stats_line
+
+        now = time.monotonic()
+        line = stats_line(self.last, now, info)
+        if line:
+            print(f"glmserve: {line}", flush=True)
+        self.last = (now, info["stats"])
 
 
 def _drain(stop, timeout_s: float) -> None:

@@ -214,3 +214,51 @@ def test_step_results_carry_the_rank_time_and_its_drafting_share(tiny_config, gr
         busy = sum(r.busy_ms for r in executor.results) / 1e3                 # one rank: the busiest is it
         assert engine.stats["worker_busy_seconds"] == pytest.approx(busy)
         assert engine.stats["step_seconds"] >= engine.stats["worker_busy_seconds"] > 0
+
+
+def test_stats_line_reads_rates_between_two_readings_and_stays_quiet_when_idle():
+    from cluster.coordinator import stats_line
+
+    def info(prompt, generated, running=0, waiting=0, preempted=0):
+        return {"stats": {"prompt_tokens": prompt, "generated_tokens": generated, "preemptions": preempted},
+                "running": running, "waiting": waiting, "kv_usage": 0.25}
+
+    first = info(100, 50, running=2)
+    assert stats_line(None, 0.0, first) is None                              # nothing to compare with yet
+    line = stats_line((0.0, first["stats"]), 2.0, info(300, 90, running=2, waiting=1, preempted=1))
+    assert line == "prompt 100.0 tokens/s, generation 20.0 tokens/s, 2 running, 1 waiting, KV 25.0 % used, 1 preempted"
+    idle = info(300, 90)
+    assert stats_line((2.0, idle["stats"]), 12.0, idle) is None              # no requests, nothing changed
+    assert stats_line((2.0, idle["stats"]), 12.0, info(300, 95)) is not None   # the last tokens of a finished one
+
+
+def test_the_coordinator_logs_its_stats_line_while_requests_come(caplog):
+    """``serve deploy`` has no terminal: the coordinator logs the line to its replica's log every
+    ``log_stats_interval_s`` while something happens."""
+    import asyncio
+    import itertools
+    import logging
+
+    from cluster.coordinator import Coordinator
+
+    readings = itertools.chain([(0, 0, 1), (40, 10, 1), (80, 30, 0)], itertools.repeat((80, 30, 0)))   # then idle
+
+    async def info():
+        prompt, generated, running = next(readings)
+        return {"stats": {"prompt_tokens": prompt, "generated_tokens": generated, "preemptions": 0},
+                "running": running, "waiting": 0, "kv_usage": 0.5}
+
+    coord = object.__new__(Coordinator)             # its logging loop alone: no engine, no Ray
+    coord._stats_log = None
+    coord.info = info
+
+    async def run():
+        task = asyncio.get_running_loop().create_task(coord._log_stats(0.01))
+        await asyncio.sleep(0.2)                    # ~20 readings
+        assert not task.done()
+        task.cancel()
+
+    with caplog.at_level(logging.INFO, logger="ray.serve"):
+        asyncio.run(run())
+    lines = [r.getMessage() for r in caplog.records if r.name == "ray.serve"]
+    assert len(lines) == 2 and all(m.startswith("glmserve: prompt ") for m in lines), lines   # the idle readings: none
