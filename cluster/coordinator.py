@@ -8,6 +8,7 @@ between the workers only (AG/RS inside the forward).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from collections import deque
@@ -155,8 +156,9 @@ class Coordinator:
         """Stream the request's events; an AdmissionError surfaces before the first event."""
         arrival = last = time.monotonic()
         first, finished = True, False
-        if self._stats_log is None and self.cfg.log_stats_interval_s > 0:
-            self._stats_log = asyncio.get_running_loop().create_task(self._log_stats(self.cfg.log_stats_interval_s))
+        if self._stats_log is None and self.cfg.log_stats_interval_s > 0:      # a context of its own: not this request's
+            self._stats_log = contextvars.Context().run(asyncio.get_running_loop().create_task,
+                                                        self._log_stats(self.cfg.log_stats_interval_s))
         try:
             async for ev in self.aengine.generate(prompt_ids, params, req_id):
                 now = time.monotonic()
