@@ -191,11 +191,14 @@ class Coordinator:
         terminal of its own; ``glmserve serve`` prints the same line from the ingress)."""
         log, before = logging.getLogger("ray.serve"), None
         while True:
-            info, now = await self.info(), time.monotonic()
-            line = stats_line(before, now, info)
-            if line:
-                log.info("glmserve: %s", line)
-            before = (now, info["stats"])
+            try:
+                info, now = await self.info(), time.monotonic()
+                line = stats_line(before, now, info)
+                if line:
+                    log.info("glmserve: %s", line)
+                before = (now, info["stats"])
+            except Exception as e:  # noqa: BLE001 — a line is not worth the replica; the next reading will tell
+                log.warning("glmserve: no stats (%s: %s)", type(e).__name__, e)
             await asyncio.sleep(interval_s)
 
     async def check_health(self) -> None:

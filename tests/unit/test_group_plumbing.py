@@ -241,10 +241,12 @@ def test_the_coordinator_logs_its_stats_line_while_requests_come(caplog):
 
     from cluster.coordinator import Coordinator
 
-    readings = itertools.chain([(0, 0, 1), (40, 10, 1), (80, 30, 0)], itertools.repeat((80, 30, 0)))   # then idle
+    readings = itertools.chain([(0, 0, 1), None, (40, 10, 1), (80, 30, 0)], itertools.repeat((80, 30, 0)))  # then idle
 
     async def info():
-        prompt, generated, running = next(readings)
+        if (reading := next(readings)) is None:
+            raise RuntimeError("a reading failed")        # a warning, and the loop goes on
+        prompt, generated, running = reading
         return {"stats": {"prompt_tokens": prompt, "generated_tokens": generated, "preemptions": 0},
                 "running": running, "waiting": 0, "kv_usage": 0.5}
 
@@ -260,5 +262,7 @@ def test_the_coordinator_logs_its_stats_line_while_requests_come(caplog):
 
     with caplog.at_level(logging.INFO, logger="ray.serve"):
         asyncio.run(run())
-    lines = [r.getMessage() for r in caplog.records if r.name == "ray.serve"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "ray.serve" and r.levelno == logging.INFO]
     assert len(lines) == 2 and all(m.startswith("glmserve: prompt ") for m in lines), lines   # the idle readings: none
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == \
+        ["glmserve: no stats (RuntimeError: a reading failed)"]
