@@ -294,7 +294,7 @@ class Engine:
                 if report and (i + 1) % max(1, len(keys) // 4) == 0 and i + 1 < len(keys):
                     report(f"warm-up: {i + 1} of {len(keys)} graph steps in {time.perf_counter() - start:.1f} s")
             if report:
-                report(f"warm-up: capturing the other steps' per-layer pieces ({time.perf_counter() - start:.1f} s) ...")
+                report(f"warm-up: the other steps' per-layer pieces, where on ({time.perf_counter() - start:.1f} s) ...")
             shape = graph_shape(1, False, len(self.schedulers))      # a warm step without a graph: the pieces
             self.executor.execute([WorkerStep(-1, (), shape=shape, warm=())] * len(self.schedulers))
         captured = time.perf_counter()

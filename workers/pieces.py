@@ -64,7 +64,7 @@ class PieceGraphs:
     def __init__(self, model: GlmForCausalLM, cache: KVCache, pad_slot: int, max_rows: int, world_size: int,
                  in_group: bool, device: torch.device, record: Callable | None):
         cfg = model.config
-        self.model, self.cache, self.pad_slot, self.in_group, self.record = model, cache, pad_slot, in_group, record
+        self.model, self.cache, self.in_group, self.record = model, cache, in_group, record
         self.max_rows = piece_rows(min(max_rows, PIECE_BUCKETS[-1]))
         T, H, nh = self.max_rows, cfg.hidden_size, cfg.num_attention_heads
         dtype = cache.kv[0].dtype
@@ -97,10 +97,10 @@ class PieceGraphs:
         step's KV into the cache; in a group runs the step's MLP phases (the comm staged as for an eager step)."""
         model, cfg, n = self.model, self.model.config, batch.num_rows
         T = piece_rows(max(n, 1))
-        self.runs[T] = self.runs.get(T, 0) + 1
-        if n:
+        if n:                                  # (a group's rank without rows runs only the MLP pieces)
+            self.runs[T] = self.runs.get(T, 0) + 1
             self._meta[:, n:T].copy_(self._pad.expand(3, T - n))
-            self._meta[0, :n].copy_(ids)
+            self.ids[:n].copy_(ids)
             self.positions[:n].copy_(batch.positions)
             self.slots[:n].copy_(batch.slot_mapping)
             self.real[:T].fill_(False)
@@ -167,12 +167,8 @@ class PieceGraphs:
     def _prepare(self, layer: DecoderLayer, T: int, first: bool) -> None:
         """Piece A: the layer's input norm and everything of the attention before the selection."""
         x = self.x[:T]
-        if first:
-            h = layer.input_layernorm(x)
-            self.x2[:T].copy_(x)
-        else:
-            h, x = layer.input_layernorm.add_forward(self.m[:T], x)
-            self.x2[:T].copy_(x)
+        h, x = (layer.input_layernorm(x), x) if first else layer.input_layernorm.add_forward(self.m[:T], x)
+        self.x2[:T].copy_(x)
         select = self.model.config.has_indexer(layer.layer)
         q_lat, q_rope, index_q = layer.self_attn.prepare(h, Rope(self.cos[:T], self.sin[:T]), self._batch(T),
                                                          self.cache, layer.layer, select)
