@@ -13,7 +13,8 @@ import argparse
 import torch
 
 from bench.decode_slice import time_ms
-from kernels.triton_attention import SCORE_ROWS, _ragged, _score, _score_rows
+from kernels.reference import ragged_slots
+from kernels.triton_attention import SCORE_ROWS, _score, _score_rows
 
 TILES = [(8, 64, 1024, 8), (8, 64, 256, 8), (8, 64, 1024, 4), (4, 64, 1024, 4), (16, 64, 1024, 8), (8, 128, 1024, 8),
          (16, 32, 1024, 8), (8, 64, 64, 8)]
@@ -28,19 +29,18 @@ def case(T: int, N: int, g: torch.Generator) -> list[str]:
     positions = torch.arange(T - N, T, device="cuda")
     q = torch.randn(N, ih, idd, device="cuda", generator=g).to(torch.bfloat16)
     w = torch.randn(N, ih, device="cuda", generator=g)
-    all_slots, base, length, bases, lengths = _ragged(seq_rows, seq_slots, q.device)
+    r = ragged_slots(seq_rows, seq_slots, q.device)
     scale = idd ** -0.5
-    want = _score(q, w, k_cache, all_slots, base, length, positions, T, 1, scale)
+    want = _score(q, w, k_cache, r.slots, r.base, r.length, positions, T, 1, scale)
     finite = torch.isfinite(want)
     flop = 2 * N * T * ih * idd
-    one = time_ms(lambda: _score(q, w, k_cache, all_slots, base, length, positions, T, 1, scale), 10)
+    one = time_ms(lambda: _score(q, w, k_cache, r.slots, r.base, r.length, positions, T, 1, scale), 10)
     cells = [f"{one:.2f} ms {flop / one / 1e9:.0f} TF/s"]
     for tile in TILES:
-        rows = (seq_rows, bases, lengths, 0)
-        got = _score_rows(q, w, k_cache, all_slots, *rows, positions, T, scale, tile)
+        got = _score_rows(q, w, k_cache, r, seq_rows, 0, positions, T, scale, tile)
         assert torch.equal(finite, torch.isfinite(got)), tile
         assert torch.allclose(got[finite], want[finite], rtol=1e-3, atol=1e-3), tile
-        ms = time_ms(lambda t=tile, r=rows: _score_rows(q, w, k_cache, all_slots, *r, positions, T, scale, t), 10)
+        ms = time_ms(lambda t=tile: _score_rows(q, w, k_cache, r, seq_rows, 0, positions, T, scale, t), 10)
         cells.append(f"{ms:.2f} ms {flop / ms / 1e9:.0f} TF/s" + (" (pick)" if tile == SCORE_ROWS else ""))
     return cells
 

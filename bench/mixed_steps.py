@@ -9,11 +9,13 @@ did not hide.
 ``--modes``: the engine's ways of running a step that carries prefill rows (``eager``: the ragged forward;
 ``graph``: graph steps hold prefill rows too, up to the buckets decode steps fill — ``Engine.graph_prefill``;
 ``max_num_seqs`` 64 here, so up to 64 rows; ``pieces``: that, and the other steps on per-layer graphs —
-``workers/pieces.py``), alternating per P. ``--mlp-shard D``: the MLPs at 1/D of their width, as a rank of a D-rank
+``workers/pieces.py``; ``pieces-mtp-eager``: that, with a speculative engine's MTP passes eager, as before session 24),
+alternating per P. ``--spec K``: a speculative engine (K drafts while one request runs alone; every step's MTP
+extend). ``--mlp-shard D``: the MLPs at 1/D of their width, as a rank of a D-rank
 ``tp`` group holds them (its GPU work per layer shrinks, its host work does not).
 
     NCCL_NVLS_ENABLE=0 PYTHONPATH=. python bench/mixed_steps.py [--decoders 16] [--ctx 2048] [--prompts 16 48 200 1000]
-        [--modes eager graph pieces] [--mlp-shard 8] [--depth 4]
+        [--modes eager graph pieces] [--mlp-shard 8] [--depth 4] [--spec 3 --modes pieces-mtp-eager pieces]
     PYTHONPATH=. python bench/mixed_steps.py --device cpu --decoders 3 --ctx 64 --prompts 5 20   # plumbing on CPU
 """
 
@@ -82,7 +84,9 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--prompts", type=int, nargs="+", default=[16, 48, 200, 1000])
     ap.add_argument("--repeats", type=int, default=3, help="arrivals per P and mode (the first one compiles)")
-    ap.add_argument("--modes", nargs="+", default=["eager"], choices=["eager", "graph", "pieces"])
+    ap.add_argument("--modes", nargs="+", default=["eager"], choices=["eager", "graph", "pieces", "pieces-mtp-eager"])
+    ap.add_argument("--spec", type=int, default=0, metavar="K", help="speculative tokens (MTP drafts)")
+    ap.add_argument("--prefill-activations", default="bf16", choices=["bf16", "fp8"])
     ap.add_argument("--mlp-shard", type=int, default=1, metavar="D", help="MLP widths / D (a tp rank's share)")
     ap.add_argument("--depth", type=int, default=4, help="layers of the slice (1 dense, the rest MoE)")
     ap.add_argument("--device", default="cuda", help="cpu: the tiny model's widths (plumbing)")
@@ -112,7 +116,8 @@ def main() -> None:
                            max_num_seqs=max(64, args.decoders + 1), max_num_batched_tokens=2048,
                            kv_cache_tokens=(args.decoders + 2) * (args.ctx + steps_each) + 2 * max(args.prompts),
                            max_model_len=args.ctx + steps_each + max(args.prompts),
-                           cuda_graphs="auto" if cuda else "eager")
+                           cuda_graphs="auto" if cuda else "eager", speculative_tokens=args.spec,
+                           prefill_activations=args.prefill_activations)
         print("building the engine ...", flush=True)
         engine, _ = build_local_engine(cfg, progress=False)
     vocab = model_cfg["vocab_size"]
@@ -121,7 +126,9 @@ def main() -> None:
 
     def set_mode(mode: str) -> None:
         engine.graph_prefill = mode != "eager"
-        runner.pieces = pieces if mode == "pieces" else None
+        runner.pieces = pieces if mode.startswith("pieces") else None
+        if runner.drafter is not None:
+            runner.drafter.pieces = pieces if mode == "pieces" else None
 
     decoders = [f"d{i}" for i in range(args.decoders)]
     long = SamplingParams(max_tokens=steps_each, ignore_eos=True)

@@ -8,6 +8,7 @@ nh heads, rkv latent rank, dr rope dims, T keys of one request, K selected keys,
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -151,17 +152,50 @@ def linear_pair(x: torch.Tensor, a: tuple, b: tuple) -> tuple[torch.Tensor, torc
 
 
 # ---- DSA lightning indexer ---------------------------------------------------------------------
+@dataclass(eq=False)
+class RaggedSlots:
+    """A ragged step's keys as one list — the form the Triton indexer takes them in —, built once a step (by
+    ``models.cache.build_batch``, in the step's one host → device copy) rather than at every layer: every request's
+    slots of positions 0..T_i-1 in turn (``slots`` [S]), each row's offset into them and its request's T_i (``base``,
+    ``length`` [N] int64, on the device; ``bases``, ``lengths`` the same on the host). ``derived``: what a kernel
+    derives from them, kept for the step's other layers under the kernel's own key."""
+
+    slots: torch.Tensor
+    base: torch.Tensor
+    length: torch.Tensor
+    bases: list[int]
+    lengths: list[int]
+    derived: dict = field(default_factory=dict)
+
+
+def ragged_slots(seq_rows: list[tuple[int, int]], seq_slots: list[torch.Tensor], device: torch.device
+                 ) -> RaggedSlots:
+    """``RaggedSlots`` of a step given as per-request slot lists (a Batch not from ``build_batch``)."""
+    all_slots = torch.cat([s.to(torch.int64) for s in seq_slots])
+    bases, lens = [], []
+    off = 0
+    for (r0, nr), s in zip(seq_rows, seq_slots):
+        bases += [off] * nr
+        lens += [s.numel()] * nr
+        off += s.numel()
+    # pinned host → device copy: asynchronous
+    meta = torch.tensor([bases, lens], dtype=torch.int64, pin_memory=device.type == "cuda").to(device,
+                                                                                             non_blocking=True)
+    return RaggedSlots(all_slots, meta[0], meta[1], bases, lens)
+
+
 @ops.register("indexer_topk")
 def indexer_topk(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tensor,
                  seq_rows: list[tuple[int, int]], seq_slots: list[torch.Tensor], positions: torch.Tensor,
-                 topk: int, scale: float) -> torch.Tensor:
+                 topk: int, scale: float, ragged: RaggedSlots | None = None) -> torch.Tensor:
     """Select, per query row, the top-``topk`` causally visible keys of its request by index score.
 
     q: [N, ih, idd] (roped), head_weights: [N, ih] fp32, k_cache: [num_slots, idd];
     seq_rows[i] = (first row, row count) of request i; seq_slots[i]: [T_i] cache slot of each position
     0..T_i-1; positions: [N]. score[t] = Σ_h w_h · relu(q_h·k_t · scale). Returns slots [N, K] int64 with
     K = min(topk, max T_i), -1 where fewer keys are visible. When a request's T_i ≤ topk every visible key
-    is selected (what top-k over the causally masked scores returns), so scoring is skipped.
+    is selected (what top-k over the causally masked scores returns), so scoring is skipped. ``ragged``: the same
+    keys as ``RaggedSlots`` (the Triton path's form; unused here).
     """
     N, ih = q.shape[:2]
     K = min(topk, max((int(s.numel()) for s in seq_slots), default=0))

@@ -32,15 +32,17 @@ from kernels.registry import ops
 from kernels.triton_utils import dot_precision, next_pow2, num_sms, on_cuda, pdl_launch, pdl_wait
 
 LOG2E = 1.4426950408889634
+TRIM_BLOCK: tl.constexpr = tl.constexpr(256)    # selected slots a step of the attention's scan for its last key
 
 
 @triton.jit
 def _mla_split_kernel(ql_ptr, qr_ptr, kv_ptr, idx_ptr, o_ptr, lse_ptr, nh, K, keys_per_split, scale_log2,
                       stride_ql_n, stride_ql_h, stride_qr_n, stride_qr_h, stride_kv, stride_idx,
                       RKV: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
-                      PREC: tl.constexpr, PDL: tl.constexpr):
+                      PREC: tl.constexpr, PDL: tl.constexpr, TRIM: tl.constexpr = True,
+                      LAST_FIRST: tl.constexpr = False):
     pdl_wait(PDL)
-    n = tl.program_id(0)
+    n = tl.num_programs(0) - 1 - tl.program_id(0) if LAST_FIRST else tl.program_id(0)
     hb = tl.program_id(1)
     sp = tl.program_id(2)
     num_splits = tl.num_programs(2)
@@ -55,6 +57,15 @@ def _mla_split_kernel(ql_ptr, qr_ptr, kv_ptr, idx_ptr, o_ptr, lse_ptr, nh, K, ke
     acc = tl.zeros((BLOCK_H, RKV), dtype=tl.float32)
     k0 = sp * keys_per_split
     k_end = tl.minimum(k0 + keys_per_split, K)
+    # a row that sees fewer keys than K ends in -1s: when the split's last key is one, stop after its last selected
+    # key (a scan of the split's slots; a split that ends in a selected key pays one load)
+    if TRIM and tl.load(idx_ptr + n * stride_idx + k_end - 1) < 0:
+        last = k0
+        for kb in range(k0, k_end, TRIM_BLOCK):
+            kk = kb + tl.arange(0, TRIM_BLOCK)
+            slot = tl.load(idx_ptr + n * stride_idx + kk, mask=kk < k_end, other=-1)
+            last = tl.maximum(last, tl.max(tl.where(slot >= 0, kk + 1, 0), axis=0))
+        k_end = last
     for kb in range(k0, k_end, BLOCK_K):
         kk = kb + tl.arange(0, BLOCK_K)
         slot = tl.load(idx_ptr + n * stride_idx + kk, mask=kk < k_end, other=-1)
@@ -123,8 +134,14 @@ def mla_tile(N: int) -> tuple:
 
 
 def _mla(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, topk_slots: torch.Tensor, scale: float,
-         block_k: int, per_sm: float, max_splits: int, block_h: int = 16, warps: int = 4, stages: int = 2
-         ) -> torch.Tensor:
+         block_k: int, per_sm: float, max_splits: int, block_h: int = 16, warps: int = 4, stages: int = 2,
+         trim: bool = True, last_first: bool | None = None) -> torch.Tensor:
+    """``trim``: a program whose keys end in -1 first finds its last selected key and attends up to it — a row of a
+    request with fewer visible keys than the step's K (a prompt's rows beside long-context decoders; a fresh prompt's
+    early rows) holds -1s after its selection (the indexer puts them last), so its masked key blocks cost nothing; the
+    same result bit for bit (a fully masked block leaves the softmax state as it was). ``last_first`` (default: with
+    ``trim``): programs take the rows last to first, so that a prompt's later rows, which see the most keys, start
+    first rather than leave a tail."""
     N, nh, rkv = q_lat.shape
     dr = q_rope.shape[-1]
     K = topk_slots.shape[1]
@@ -139,7 +156,8 @@ def _mla(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, topk
         q_lat, q_rope, kv_cache, topk_slots, o_part, lse, nh, K, keys_per_split, scale * LOG2E,
         q_lat.stride(0), q_lat.stride(1), q_rope.stride(0), q_rope.stride(1), kv_cache.stride(0),
         topk_slots.stride(0), RKV=rkv, DR=dr, BLOCK_H=block_h, BLOCK_K=block_k,
-        PREC=dot_precision(q_lat.dtype), num_warps=warps, num_stages=stages, **pdl_launch())
+        PREC=dot_precision(q_lat.dtype), TRIM=trim, LAST_FIRST=trim if last_first is None else last_first,
+        num_warps=warps, num_stages=stages, **pdl_launch())
     out = torch.empty(N, nh, rkv, dtype=q_lat.dtype, device=q_lat.device)
     _mla_combine_kernel[(N * nh,)](o_part, lse, out, NUM_SPLITS=splits, SPLITS_P2=next_pow2(splits), RKV=rkv,
                                    num_warps=4, **pdl_launch())
@@ -244,19 +262,23 @@ def _index_score_rows_kernel(q_ptr, w_ptr, k_ptr, slots_ptr, blk_ptr, pos_ptr, s
                  mask=(m < num_rows)[:, None] & (t < T_max)[None, :])
 
 
-def _score_rows(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tensor, all_slots: torch.Tensor,
-                seq_rows, bases: list[int], lengths: list[int], first: int, positions: torch.Tensor, T_max: int,
-                scale: float, tile: tuple[int, int, int, int] = SCORE_ROWS) -> torch.Tensor:
+def _score_rows(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tensor, r: reference.RaggedSlots,
+                seq_rows, first: int, positions: torch.Tensor, T_max: int, scale: float,
+                tile: tuple[int, int, int, int] = SCORE_ROWS) -> torch.Tensor:
     """``_score``'s ragged scores [N, T_max] through the prefill rows kernel, for rows ``first`` … ``first`` + N − 1 of
-    the step (q, head_weights and positions: those rows; the rest: the whole step's, as ``_row_blocks`` takes them)."""
+    the step (q, head_weights and positions: those rows; ``r`` and ``seq_rows``: the whole step's). The row blocks
+    (``_row_blocks``) go to the device once a step (kept in ``r.derived``)."""
     N, ih, idd = q.shape
     block_m, block_t, keys, warps = tile
     keys = min(keys, triton.cdiv(T_max, block_t) * block_t)
     score = torch.empty(N, T_max, dtype=torch.float32, device=q.device)
-    blocks = _row_blocks(seq_rows, bases, lengths, first, first + N, block_m)
-    meta = torch.tensor(blocks, dtype=torch.int64, pin_memory=q.is_cuda).to(q.device, non_blocking=True)
-    _index_score_rows_kernel[(len(blocks), triton.cdiv(T_max, keys))](
-        q, head_weights.float().contiguous(), k_cache, all_slots, meta, positions, score, T_max, scale, q.stride(0),
+    key = ("score_rows", first, N, block_m)
+    if key not in r.derived:
+        blocks = _row_blocks(seq_rows, r.bases, r.lengths, first, first + N, block_m)
+        r.derived[key] = torch.tensor(blocks, dtype=torch.int64, pin_memory=q.is_cuda).to(q.device, non_blocking=True)
+    meta = r.derived[key]
+    _index_score_rows_kernel[(meta.shape[0], triton.cdiv(T_max, keys))](
+        q, head_weights.float().contiguous(), k_cache, r.slots, meta, positions, score, T_max, scale, q.stride(0),
         q.stride(1), k_cache.stride(0), IH=ih, IDD=idd, BLOCK_M=block_m, BLOCK_T=block_t, KEYS=keys,
         PREC=dot_precision(k_cache.dtype), num_warps=warps, **pdl_launch())
     return score
@@ -265,7 +287,8 @@ def _score_rows(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tens
 def _row_blocks(seq_rows, bases: list[int], lengths: list[int], first: int, end: int, block_m: int
                 ) -> list[tuple[int, int, int, int]]:
     """Rows first … end − 1 as blocks of at most ``block_m`` rows of one request: (first row − ``first``, rows,
-    the request's offset into the concatenated slots, its length); ``bases`` / ``lengths``: per row, ``_ragged``'s."""
+    the request's offset into the concatenated slots, its length); ``bases`` / ``lengths``: per row, as
+    ``RaggedSlots``'."""
     return [(a - first, min(block_m, r0 + nr - a, end - a), bases[a], lengths[a])
             for r0, nr in seq_rows for a in range(max(r0, first), min(r0 + nr, end), block_m)]
 
@@ -437,39 +460,30 @@ def index_scores(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Ten
                  positions: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Scores [N, T_max] fp32 (-inf where not visible), the concatenated slots and each row's offset into
     them. q: [N, ih, idd] (pow-2 ih ≥ 16 and idd), head_weights: [N, ih], k_cache: [slots, idd]."""
-    all_slots, base, length, _, lengths = _ragged(seq_rows, seq_slots, q.device)
-    score = _score(q, head_weights, k_cache, all_slots, base, length, positions, max(lengths), 1, scale)
-    return score, all_slots, base
-
-
-def _ragged(seq_rows, seq_slots, device: torch.device
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int], list[int]]:
-    """The requests' slots concatenated, then each row's offset into them and its request's length: on the device
-    and as host lists."""
-    all_slots = torch.cat([s.to(torch.int64) for s in seq_slots])
-    bases, lens = [], []
-    off = 0
-    for (r0, nr), s in zip(seq_rows, seq_slots):
-        bases += [off] * nr
-        lens += [s.numel()] * nr
-        off += s.numel()
-    # pinned host → device copy: asynchronous
-    meta = torch.tensor([bases, lens], dtype=torch.int64, pin_memory=device.type == "cuda").to(device,
-                                                                                             non_blocking=True)
-    return all_slots, meta[0], meta[1], bases, lens
+    r = reference.ragged_slots(seq_rows, seq_slots, q.device)
+    score = _score(q, head_weights, k_cache, r.slots, r.base, r.length, positions, max(r.lengths), 1, scale)
+    return score, r.slots, r.base
 
 
 @ops.register("indexer_topk", backend="triton", available=on_cuda)
 def indexer_topk(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tensor,
                  seq_rows: list[tuple[int, int]], seq_slots: list[torch.Tensor], positions: torch.Tensor,
-                 topk: int, scale: float) -> torch.Tensor:
+                 topk: int, scale: float, ragged: reference.RaggedSlots | None = None) -> torch.Tensor:
     """As ``reference.indexer_topk`` (same selected sets; the order within a row may differ). A scoring launch and
     ``torch.topk`` per slab of rows whose scores fit ``reference.INDEXER_SCORE_BYTES`` (one slab unless the
-    context is long). No host sync beyond the host-side request metadata."""
-    T_max = max((int(s.numel()) for s in seq_slots), default=0)   # a rank with no rows this step
-    if T_max <= topk or not _scorable(q):
+    context is long); contexts of at most ``topk`` keys select every visible key in a few launches whatever the
+    requests, once a step (kept in ``ragged.derived`` for the step's other layers). ``ragged``: the step's keys as
+    ``RaggedSlots`` (``build_batch``'s; else built here). No host sync beyond the host-side request metadata."""
+    T_max = max((int(s.numel()) for s in seq_slots), default=0)   # 0: a rank with no rows this step
+    if T_max == 0 or T_max > topk and not _scorable(q):
         return reference.indexer_topk(q, head_weights, k_cache, seq_rows, seq_slots, positions, topk, scale)
-    all_slots, base, length, row_bases, lengths = _ragged(seq_rows, seq_slots, q.device)
+    r = ragged or reference.ragged_slots(seq_rows, seq_slots, q.device)
+    if T_max <= topk:                     # row n selects its request's slots of positions 0 … positions[n]
+        if "visible" not in r.derived:
+            t = torch.arange(T_max, device=q.device)
+            sel = r.slots[(r.base[:, None] + t).clamp(max=r.slots.numel() - 1)]
+            r.derived["visible"] = torch.where(t <= positions[:, None], sel, -1)
+        return r.derived["visible"]
     N, K = q.shape[0], min(topk, T_max)
     # slabs of a multiple of 16 rows: their row pointers keep one alignment (Triton compiles per alignment)
     slab = max(16, reference.INDEXER_SCORE_BYTES // (T_max * 4) // 16 * 16)
@@ -477,16 +491,15 @@ def indexer_topk(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Ten
     out = torch.empty(N, K, dtype=torch.int64, device=q.device)
     for a in range(0, N, slab):
         b = min(a + slab, N)
-        T = max(lengths[a:b])
+        T = T_max if b - a == N else max(r.lengths[a:b])
         if prefill:
-            score = _score_rows(q[a:b], head_weights[a:b], k_cache, all_slots, seq_rows, row_bases, lengths, a,
-                                positions[a:b], T, scale)
+            score = _score_rows(q[a:b], head_weights[a:b], k_cache, r, seq_rows, a, positions[a:b], T, scale)
         else:
-            score = _score(q[a:b], head_weights[a:b], k_cache, all_slots, base[a:b], length[a:b], positions[a:b], T,
-                           1, scale)
+            score = _score(q[a:b], head_weights[a:b], k_cache, r.slots, r.base[a:b], r.length[a:b], positions[a:b],
+                           T, 1, scale)
         val, idx = score.topk(min(K, T), dim=-1, sorted=False)                                 # [S, ≤ K]
-        sel = all_slots[(base[a:b, None] + idx).clamp(max=all_slots.numel() - 1)]
-        out[a:b, :val.shape[1]] = torch.where(torch.isfinite(val), sel, -1)
+        sel = r.slots[(r.base[a:b, None] + idx).clamp(max=r.slots.numel() - 1)]
+        out[a:b, :val.shape[1]] = torch.where(val > float("-inf"), sel, -1)      # one launch (isfinite: four)
         out[a:b, val.shape[1]:] = -1
     return out
 

@@ -10,10 +10,13 @@ positions) and the engine's paged pool.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from typing import Sequence
 
+import numpy as np
 import torch
 
+from kernels.reference import RaggedSlots
 from models.config import ModelConfig
 
 
@@ -50,6 +53,7 @@ class Batch:
     seq_slots: list[torch.Tensor]
     block_table: torch.Tensor | None = None
     block_size: int = 0
+    ragged: RaggedSlots | None = None    # seq_slots as one list (``build_batch``'s), for the Triton indexer
 
     @property
     def num_rows(self) -> int:
@@ -69,25 +73,32 @@ def slots_for(block_ids: Sequence[int], num_tokens: int, block_size: int, device
 
 def build_batch(seqs: Sequence[tuple[int, int, Sequence[int]]], block_size: int, device="cpu") -> Batch:
     """seqs: per request (start_pos, num_new_tokens, block_ids) → the step's Batch, rows in request order. Built on
-    the host and moved in one copy (on CUDA pinned and asynchronous: a copy per request from pageable memory would
-    wait for the GPU each time)."""
+    the host in whole-array steps (a step's requests hold tens of thousands of slots) and moved in one copy (on CUDA
+    pinned and asynchronous: a copy per request from pageable memory would wait for the GPU each time)."""
     if not seqs:   # a rank with no rows this step still runs every layer (its MLP phases are collective)
         empty = torch.zeros(0, dtype=torch.long, device=device)
         return Batch(empty, empty, [], [])
-    positions, slot_mapping, seq_rows, seq_slots = [], [], [], []
-    row = 0
-    for start, n, block_ids in seqs:
-        assert n > 0
-        slots = slots_for(block_ids, start + n, block_size)
-        positions.append(torch.arange(start, start + n))
-        slot_mapping.append(slots[start:start + n])
-        seq_rows.append((row, n))
-        seq_slots.append(slots)
-        row += n
-    host = torch.cat(positions + slot_mapping + seq_slots)
+    starts = np.array([s for s, _, _ in seqs], dtype=np.int64)
+    news = np.array([n for _, n, _ in seqs], dtype=np.int64)
+    assert (news > 0).all()
+    ends = starts + news                                  # T_i: request i's slots cover positions 0..T_i-1
+    used = -(-ends // block_size)                         # the blocks they take
+    assert all(len(b) >= k for (_, _, b), k in zip(seqs, used.tolist())), "block table too short for the request"
+    blocks = np.fromiter(chain.from_iterable(b[:k] for (_, _, b), k in zip(seqs, used.tolist())), np.int64,
+                         int(used.sum()))
+    every = (blocks[:, None] * block_size + np.arange(block_size)).ravel()      # every slot of those blocks
+    offset = np.arange(every.size) - np.repeat((np.cumsum(used) - used) * block_size, used * block_size)
+    seq_slots = every[offset < np.repeat(ends, used * block_size)]              # each request's 0..T_i-1, in turn
+    rows = int(news.sum())
+    row_starts = np.cumsum(news) - news
+    positions = np.arange(rows) - np.repeat(row_starts - starts, news)
+    slot_mapping = seq_slots[np.repeat(np.cumsum(ends) - ends, news) + positions]
+    bases, lengths = np.repeat(np.cumsum(ends) - ends, news), np.repeat(ends, news)     # per row, as RaggedSlots
+    host = torch.from_numpy(np.concatenate([positions, slot_mapping, bases, lengths, seq_slots]))
     flat = host.pin_memory().to(device, non_blocking=True) if torch.device(device).type == "cuda" else host.to(device)
-    parts = flat.split([row, row] + [len(t) for t in seq_slots])
-    return Batch(parts[0], parts[1], seq_rows, list(parts[2:]))
+    parts = flat.split([rows] * 4 + ends.tolist())
+    ragged = RaggedSlots(flat[4 * rows:], parts[2], parts[3], bases.tolist(), lengths.tolist())
+    return Batch(parts[0], parts[1], list(zip(row_starts.tolist(), news.tolist())), list(parts[4:]), ragged=ragged)
 
 
 def contiguous_batch(lengths: Sequence[tuple[int, int]], capacity: int, device="cpu") -> Batch:

@@ -189,7 +189,7 @@ class Indexer(nn.Module):
             return ops.indexer_topk_paged(q, w, k_cache, batch.block_table, batch.block_size, batch.positions,
                                           cfg.index_topk, scale)
         return ops.indexer_topk(q, w, k_cache, batch.seq_rows, batch.seq_slots, batch.positions, cfg.index_topk,
-                                scale)
+                                scale, batch.ragged)
 
 
 class Attention(nn.Module):

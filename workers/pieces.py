@@ -17,6 +17,10 @@ real rows) — and, in a worker group, around the MLP phases' AG / RS (the eager
              -  RS → m                                                                   eager (a group)
     final       norm(x + m)                                                              eager, real rows
 
+A speculative runner's MTP passes (``mtp_forward``: the extend over the step's rows, the chained draft passes) run the
+same way: an input piece (``eh_proj`` of the embedded next tokens and the hidden rows) → x, then the MTP layer's A, B
+(and C) pieces, keyed ``"mtp"``.
+
 A piece reads and writes only persistent buffers, and never one it reads (A: x, m → x2; B: x2 → x, m), so a
 capture's warm-up run leaves the replay's inputs as they were: a piece is captured at its first use, mid-step. Pad
 rows (T > the real rows) write their KV to the runner's pad slot, and their MLP rows are zeroed (one process; a
@@ -59,12 +63,15 @@ class PieceGraphs:
     the layers' comm (``AG`` / ``RS`` between the pieces) and the MLP piece takes the step's bucket over all ranks, up
     to ``moe_rows`` = ``world_size`` × the next power of two of ``max_rows`` (a dp bucket's, or a span's at most);
     ``record(fn, what)`` → (graph, output): the runner's capture into its one memory pool (the decode graphs');
-    None: run every piece eagerly."""
+    None: run every piece eagerly. ``draft_rows`` > 0 (a speculative runner's): the MTP layer's passes run on pieces
+    too (``mtp_forward``) — the extend over a step's rows, and chained draft passes of up to that many rows — and
+    ``warm`` captures theirs."""
 
     def __init__(self, model: GlmForCausalLM, cache: KVCache, pad_slot: int, max_rows: int, world_size: int,
-                 in_group: bool, device: torch.device, record: Callable | None):
+                 in_group: bool, device: torch.device, record: Callable | None, draft_rows: int = 0):
         cfg = model.config
         self.model, self.cache, self.in_group, self.record = model, cache, in_group, record
+        self.draft_rows = draft_rows
         self.max_rows = piece_rows(min(max_rows, PIECE_BUCKETS[-1]))
         T, H, nh = self.max_rows, cfg.hidden_size, cfg.num_attention_heads
         dtype = cache.kv[0].dtype
@@ -87,6 +94,7 @@ class PieceGraphs:
             self.h, self.moe_in, self.moe_out = buf(T, H), buf(self.moe_rows, H), buf(self.moe_rows, H)
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.runs: dict[int, int] = {}                    # steps served per rows bucket
+        self.mtp_runs: dict[int, int] = {}                # MTP passes served per rows bucket
 
     def fits(self, rows: int) -> bool:
         return rows <= self.max_rows
@@ -99,29 +107,57 @@ class PieceGraphs:
         T = piece_rows(max(n, 1))
         if n:                                  # (a group's rank without rows runs only the MLP pieces)
             self.runs[T] = self.runs.get(T, 0) + 1
-            self._meta[:, n:T].copy_(self._pad.expand(3, T - n))
-            self.ids[:n].copy_(ids)
-            self.positions[:n].copy_(batch.positions)
-            self.slots[:n].copy_(batch.slot_mapping)
-            self.real[:T].fill_(False)
-            self.real[:n].fill_(True)
+            self._stage(ids, batch, T)
             self._run(("embed", T), self._embed, T)
         topk = None
         for i, layer in enumerate(model.target_layers):
-            attn = layer.self_attn
-            if n:
-                self._run(("a", i, T), self._prepare, layer, T, i == 0)
-                if cfg.has_indexer(i):
-                    topk = attn.indexer.select(self.index_q[:n], self.index_w[:n], batch, self.cache.index_k[i])
-                self.o_lat[:n].copy_(ops.mla_sparse_attention(self.q_lat[:n], self.q_rope[:n], self.cache.kv[i],
-                                                              topk, attn.scale))
-                self._run(("b", i, T), self._finish, layer, T)
-            if self.in_group:
-                rows = layer.comm.all_gather(self.h[:n])             # [the step's bucket, H], pads zero
-                self.moe_in[:rows.shape[0]].copy_(rows)
-                self._run(("c", i, rows.shape[0]), self._mlp, layer, rows.shape[0])
-                self.m[:n].copy_(layer.comm.reduce_scatter(self.moe_out[:rows.shape[0]]))
+            topk = self._layer(layer, i, batch, T, i == 0, None if cfg.has_indexer(i) else topk)
         return model.model.norm.add_forward(self.m[:n], self.x[:n])[0]
+
+    @torch.inference_mode()
+    def mtp_forward(self, hidden: torch.Tensor, next_ids: torch.Tensor, batch: Batch,
+                    topk: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``model.mtp_forward`` on pieces (the MTP layer's own, keyed ``"mtp"``): the extend over a step's rows, or a
+        chained draft pass (``topk`` given: the first pass's selection, the MTP indexer only caches its keys)."""
+        mtp, n = self.model.mtp_layer, batch.num_rows
+        T = piece_rows(max(n, 1))
+        if n:
+            self.mtp_runs[T] = self.mtp_runs.get(T, 0) + 1
+            self._stage(next_ids, batch, T)
+            self.m[:n].copy_(hidden)                     # the input piece reads it there (the first layer's A does not)
+            self._run(("mtp", T), self._mtp_input, T)
+        topk = self._layer(mtp, "mtp", batch, T, True, topk)
+        return mtp.shared_head.norm.add_forward(self.m[:n], self.x[:n])[0], topk
+
+    def _stage(self, ids: torch.Tensor, batch: Batch, T: int) -> None:
+        """The step's rows into the pieces' inputs (pad rows: token 0 at position 0, writing the pad slot)."""
+        n = batch.num_rows
+        self._meta[:, n:T].copy_(self._pad.expand(3, T - n))
+        self.ids[:n].copy_(ids)
+        self.positions[:n].copy_(batch.positions)
+        self.slots[:n].copy_(batch.slot_mapping)
+        self.real[:T].fill_(False)
+        self.real[:n].fill_(True)
+
+    def _layer(self, layer: DecoderLayer, key: int | str, batch: Batch, T: int, first: bool,
+               carried: torch.Tensor | None) -> torch.Tensor | None:
+        """One decoder layer over x (+ m unless ``first``) → x, m; returns its selection (``carried`` when given: the
+        layer reuses it, its indexer, if any, only caches keys). A group's rank without rows runs only the MLP."""
+        n, attn, select = batch.num_rows, layer.self_attn, carried is None
+        topk = carried
+        if n:
+            self._run(("a", key, T, select), self._prepare, layer, T, first, select)
+            if select:
+                topk = attn.indexer.select(self.index_q[:n], self.index_w[:n], batch, self.cache.index_k[layer.layer])
+            self.o_lat[:n].copy_(ops.mla_sparse_attention(self.q_lat[:n], self.q_rope[:n], self.cache.kv[layer.layer],
+                                                          topk, attn.scale))
+            self._run(("b", key, T), self._finish, layer, T)
+        if self.in_group:
+            rows = layer.comm.all_gather(self.h[:n])             # [the step's bucket, H], pads zero
+            self.moe_in[:rows.shape[0]].copy_(rows)
+            self._run(("c", key, rows.shape[0]), self._mlp, layer, rows.shape[0])
+            self.m[:n].copy_(layer.comm.reduce_scatter(self.moe_out[:rows.shape[0]]))
+        return topk
 
     @torch.inference_mode()
     def warm(self) -> int:
@@ -130,18 +166,25 @@ class PieceGraphs:
         while serving. Returns the graphs captured (0 where pieces run eagerly)."""
         if self.record is None:
             return 0
-        before = len(self._graphs)
+        before, cfg = len(self._graphs), self.model.config
+        layers = list(enumerate(self.model.target_layers)) + ([("mtp", self.model.mtp_layer)] if self.draft_rows else [])
         for T in (b for b in PIECE_BUCKETS if b <= self.max_rows):
             self._meta[:, :T].copy_(self._pad.expand(3, T))
             self.real[:T].fill_(False)
             self._run(("embed", T), self._embed, T)
-            for i, layer in enumerate(self.model.target_layers):
-                self._run(("a", i, T), self._prepare, layer, T, i == 0)
-                self._run(("b", i, T), self._finish, layer, T)
+            if self.draft_rows:
+                self._run(("mtp", T), self._mtp_input, T)
+            for key, layer in layers:
+                selects = [cfg.has_indexer(layer.layer)]
+                if key == "mtp" and cfg.index_share_for_mtp_iteration and T <= piece_rows(self.draft_rows):
+                    selects.append(False)                  # the chained draft passes reuse the extend's selection
+                for select in selects:
+                    self._run(("a", key, T, select), self._prepare, layer, T, key in (0, "mtp"), select)
+                self._run(("b", key, T), self._finish, layer, T)
         rows = 1
         while self.in_group and rows <= self.moe_rows:
-            for i, layer in enumerate(self.model.target_layers):
-                self._run(("c", i, rows), self._mlp, layer, rows)
+            for key, layer in layers:
+                self._run(("c", key, rows), self._mlp, layer, rows)
             rows *= 2
         return len(self._graphs) - before
 
@@ -158,18 +201,28 @@ class PieceGraphs:
         return Batch(self.positions[:T], self.slots[:T], [], [])
 
     def _embed(self, T: int) -> None:
-        cfg = self.model.config
         self.x[:T].copy_(self.model.model.embed_tokens(self.ids[:T]))
+        self._rope(T)
+
+    def _mtp_input(self, T: int) -> None:
+        """The MTP layer's input: ``eh_proj(cat(enorm(embed(next ids)), hnorm(hidden in m)))`` → x."""
+        mtp = self.model.mtp_layer
+        e = self.model.model.embed_tokens(self.ids[:T])
+        self.x[:T].copy_(mtp.eh_proj(torch.cat([mtp.enorm(e), mtp.hnorm(self.m[:T])], dim=-1)))
+        self._rope(T)
+
+    def _rope(self, T: int) -> None:
+        cfg = self.model.config
         rope = Rope.at(self.positions[:T], cfg.qk_rope_head_dim, cfg.rope_theta, self.x.dtype)
         self.cos[:T].copy_(rope.cos)
         self.sin[:T].copy_(rope.sin)
 
-    def _prepare(self, layer: DecoderLayer, T: int, first: bool) -> None:
-        """Piece A: the layer's input norm and everything of the attention before the selection."""
+    def _prepare(self, layer: DecoderLayer, T: int, first: bool, select: bool) -> None:
+        """Piece A: the layer's input norm and everything of the attention before the selection (the indexer's
+        queries when ``select``)."""
         x = self.x[:T]
         h, x = (layer.input_layernorm(x), x) if first else layer.input_layernorm.add_forward(self.m[:T], x)
         self.x2[:T].copy_(x)
-        select = self.model.config.has_indexer(layer.layer)
         q_lat, q_rope, index_q = layer.self_attn.prepare(h, Rope(self.cos[:T], self.sin[:T]), self._batch(T),
                                                          self.cache, layer.layer, select)
         self.q_lat[:T].copy_(q_lat)

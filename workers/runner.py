@@ -166,7 +166,7 @@ class ModelRunner:
             model, self.cache, block_size, pad_slot, next_pow2(num_blocks), self.device, capture=graphs == "capture")
         self.pieces = None if pieces is None or self.graphs is None else PieceGraphs(
             model, self.cache, pad_slot, pieces[0], world_size, in_group, self.device,
-            self.graphs.record if pieces[1] else None)
+            self.graphs.record if pieces[1] else None, max_drafting if speculative else 0)
         self.requests: dict[str, _RequestState] = {}
         self._ahead: _Ahead | None = None
         self.ahead_stats = {"launched": 0, "used": 0}
@@ -175,7 +175,7 @@ class ModelRunner:
         self.drafter = self.draft_graphs = None
         if speculative:
             assert model.mtp_layer is not None, "speculative decoding needs the checkpoint's MTP layer"
-            self.drafter = MtpDrafter(model, self.cache, block_size, num_slots, scratch, self.stage)
+            self.drafter = MtpDrafter(model, self.cache, block_size, num_slots, scratch, self.stage, self.pieces)
             self.max_drafting = max_drafting
             if self.graphs is not None and self.drafter.share_index:
                 self.draft_graphs = DraftGraphs(model, self.graphs, num_slots, scratch, world_size,
@@ -212,7 +212,6 @@ class ModelRunner:
             bucket, width, _ = step.graph
             batch = self.graphs.stage(step.seqs, bucket, width)
             self.stage(step.shape, batch.num_rows, True)
-            ids = self.graphs.ids[:batch.num_rows]
             full = self.graphs.run(*step.graph)                                        # [bucket, H]
             hidden = full[:batch.num_rows]                                              # [N, H]
             if self.drafter is not None and not static_draft:
@@ -232,7 +231,7 @@ class ModelRunner:
             if static_draft:
                 self._draft_static(step, full, batch, result)
             else:
-                self._draft(step, hidden, batch, ids, result)
+                self._draft(step, hidden, batch, result)
             end = time.perf_counter()
         return replace(result, busy_ms=(end - start) * 1e3, draft_ms=(end - sampled) * 1e3)
 
@@ -417,10 +416,12 @@ class ModelRunner:
             result.drafts[req] = torch.cat(drafts).tolist()
             st.draft_probs = None if probs[0] is None else torch.stack(probs)
 
-    def _draft(self, step: WorkerStep, hidden: torch.Tensor, batch, ids: torch.Tensor, result: StepResult) -> None:
+    def _draft(self, step: WorkerStep, hidden: torch.Tensor, batch, result: StepResult) -> None:
         """MTP extend over the step's rows (the token after each row: the next fed token, or for the last
-        valid row the token just committed), then drafts for requests that sampled."""
-        next_ids = torch.roll(ids, -1)
+        valid row the token just committed), then drafts for requests that sampled. The extend's ids are put
+        together on the host and moved in one copy (a host value written into a device tensor waits for the GPU)."""
+        flat = [t for s in step.seqs for t in s.token_ids]
+        next_ids = flat[1:] + flat[:1]
         rows, reqs = [], []
         for i, s in enumerate(step.seqs):
             r0, n = batch.seq_rows[i]
@@ -435,7 +436,8 @@ class ModelRunner:
                                              self._history_counts(st), len(st.history) - st.num_prompt, len(reqs)))
             else:
                 next_ids[r0 + n - 1] = st.history[s.end_pos]          # the next prompt token
-        self.drafter.extend(hidden, next_ids, batch)
+        self.drafter.extend(hidden, to_device(next_ids, torch.long, self.device), batch,
+                            self._on_pieces(step, batch.num_rows))
         if step.num_drafts:
             for r, (d, q) in zip(reqs, self.drafter.propose(rows, reqs, step.num_drafts, self.world_size)):
                 result.drafts[r.req_id] = d

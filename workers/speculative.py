@@ -115,16 +115,23 @@ class MtpDrafter:
     """The MTP layer as drafter. ``extend`` runs it over the step's rows (collective: every rank calls it
     with the step's shape); ``propose`` chains k-1 more single-row steps (every rank runs them too)."""
 
-    def __init__(self, model, cache, block_size: int, scratch_base: int, scratch_len: int, stage):
+    def __init__(self, model, cache, block_size: int, scratch_base: int, scratch_len: int, stage, pieces=None):
         self.model, self.cache, self.block_size = model, cache, block_size
         self.scratch_base, self.scratch_len, self.stage = scratch_base, scratch_len, stage
+        self.pieces = pieces          # ``PieceGraphs`` with ``draft_rows``: the passes on per-layer graphs, or None
         self.share_index = model.config.index_share_for_mtp_iteration
         self._hn: torch.Tensor | None = None
         self._topk: torch.Tensor | None = None
 
-    def extend(self, hidden: torch.Tensor, next_ids: torch.Tensor, batch) -> None:
-        """hidden: [N, H] the step's final target hidden states; next_ids: [N] the token after each row."""
-        self._hn, self._topk = self.model.mtp_forward(hidden, next_ids, batch, self.cache)
+    def extend(self, hidden: torch.Tensor, next_ids: torch.Tensor, batch, on_pieces: bool = False) -> None:
+        """hidden: [N, H] the step's final target hidden states; next_ids: [N] the token after each row.
+        ``on_pieces``: the pass runs on ``pieces`` (the runner's call: the step's rows fit them)."""
+        self._hn, self._topk = self._forward(hidden, next_ids, batch, None, on_pieces)
+
+    def _forward(self, hidden, ids, batch, topk, on_pieces: bool):
+        if on_pieces and self.pieces is not None:
+            return self.pieces.mtp_forward(hidden, ids, batch, topk)
+        return self.model.mtp_forward(hidden, ids, batch, self.cache, topk)
 
     def propose(self, rows: list[int], requests: list[DraftRequest], num_drafts: int,
                 world_size: int) -> list[tuple[list[int], torch.Tensor | None]]:
@@ -151,7 +158,8 @@ class MtpDrafter:
             self.stage(StepShape("dp", 1, world_size, None), len(requests))
             ids = torch.cat([d[-1] for d in drafts]) if requests else torch.zeros(0, dtype=torch.long,
                                                                                  device=self._hn.device)
-            hn, topk2 = self.model.mtp_forward(hn, ids, batch, self.cache, topk if self.share_index else None)
+            hn, topk2 = self._forward(hn, ids, batch, topk if self.share_index else None,
+                                      self.pieces is not None and self.pieces.fits(len(requests)))
             topk = topk if self.share_index else topk2
         return [(torch.cat(d).tolist() if d else [], torch.stack(p) if p and p[0] is not None else None)
                 for d, p in zip(drafts, probs)]

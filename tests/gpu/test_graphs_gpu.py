@@ -191,11 +191,12 @@ def test_prompt_chunks_in_graph_steps_equal_without(text_ckpt, k):
 def test_pieces_replay_is_bit_identical_to_uncaptured(text_ckpt, dtype):
     """Ragged steps (prompt chunks after contexts of 0–1500 tokens beside decode rows; 42–1305 rows: buckets 64 …
     1536) on the captured pieces and on the same pieces uncaptured: equal hidden rows and equal KV, bit for bit;
-    against ``model.forward`` within the dtype's rounding."""
+    against ``model.forward`` within the dtype's rounding. The MTP layer's extend over each step's rows too."""
     from models.cache import build_batch
 
     m = model(text_ckpt, dtype)
-    runner = ModelRunner(m, NUM_BLOCKS, 16, DTYPES[dtype], DEV, graphs="capture", pieces=(2048, True))
+    runner = ModelRunner(m, NUM_BLOCKS, 16, DTYPES[dtype], DEV, graphs="capture", pieces=(2048, True),
+                         speculative=True)
     g = torch.Generator(device=DEV).manual_seed(0)
     for t in runner.cache.kv + [k for k in runner.cache.index_k if k is not None]:
         t.copy_(torch.randn(t.shape, device=DEV, generator=g))
@@ -209,18 +210,21 @@ def test_pieces_replay_is_bit_identical_to_uncaptured(text_ckpt, dtype):
         batch = build_batch(seqs, 16, DEV)
         ids = torch.randint(40, 1000, (batch.num_rows,), generator=gen).to(DEV)
         replay = pieces.forward(ids, batch).clone()
+        replay_mtp = pieces.mtp_forward(replay, ids.roll(-1), batch)[0].clone()
         kv = [t.clone() for t in runner.cache.kv]
         record, pieces.record = pieces.record, None
         eager = pieces.forward(ids, batch)
+        eager_mtp = pieces.mtp_forward(eager, ids.roll(-1), batch)[0]
         pieces.record = record
-        assert torch.isfinite(eager).all()
+        assert torch.isfinite(eager).all() and torch.isfinite(eager_mtp).all()
         assert torch.equal(replay, eager), (step, (replay - eager).abs().max().item())
+        assert torch.equal(replay_mtp, eager_mtp), (step, (replay_mtp - eager_mtp).abs().max().item())
         assert all(torch.equal(a[:-1], b[:-1]) for a, b in zip(kv, runner.cache.kv))   # the pad slot (last) aside
         with torch.inference_mode():
             want = m(ids, batch, runner.cache)
         tol = 1e-4 if dtype == "float32" else 5e-2
         torch.testing.assert_close(replay.float(), want.float(), atol=tol, rtol=tol)
-    assert set(pieces.runs) == {128, 64, 1024, 1536} and pieces.captured
+    assert set(pieces.runs) == set(pieces.mtp_runs) == {128, 64, 1024, 1536} and pieces.captured
 
 
 @pytest.mark.parametrize("k", [0, 3])

@@ -322,8 +322,9 @@ def test_steps_on_pieces_give_the_eager_tokens(model, k):
     runs = engine.executor.runner.pieces.runs
     assert set(runs) <= set(PIECE_BUCKETS) and runs.get(96, 0) >= 4, runs
     assert sum(runs.values()) == engine.stats["steps"] - engine.stats["graph_steps"]
-    if k:
+    if k:    # the drafts were the eager drafter's (the same acceptance), its passes on the pieces
         assert engine.spec_metrics() == plain.spec_metrics() and plain.spec_metrics()["accepted"] > 0
+        assert engine.executor.runner.pieces.mtp_runs.get(96, 0) >= 4, engine.executor.runner.pieces.mtp_runs
     # pieces of at most 64 rows (PieceGraphs caps ``max_rows`` at its largest bucket, 2048, the same way), chunks not
     # on decode graphs: the 96-row steps run eagerly beside smaller ones on the pieces, the same tokens
     small = make_engine(model, graphs=True, k=k, budget=96)
@@ -357,6 +358,46 @@ def test_pieces_equal_the_model_forward_within_fp32_rounding(model):
             torch.testing.assert_close(a[:-1], b[:-1], atol=1e-5, rtol=1e-5)    # the pad slot (last) aside
 
 
+def test_mtp_passes_on_pieces_equal_the_model_within_fp32_rounding(model):
+    """The MTP layer on the pieces: an extend over a ragged step's rows, then a chained draft pass of two rows that
+    reuses its selection (scratch slots), against ``model.mtp_forward`` on a copy of the cache — the hidden rows, the
+    selections and the MTP layer's cache agree to fp32 rounding."""
+    import copy
+
+    from models.cache import Batch
+
+    runner = ModelRunner(model, NUM_BLOCKS, BLOCK, torch.float32, graphs="eager", speculative=True,
+                         pieces=(256, False))
+    cache, mtp = copy.deepcopy(runner.cache), model.config.num_hidden_layers
+    g = torch.Generator().manual_seed(5)
+    for a, b in zip(runner.cache.kv + runner.cache.index_k, cache.kv + cache.index_k):   # contexts to attend over
+        if a is not None:
+            a.copy_(torch.randn(a.shape, generator=g))
+            b.copy_(a)
+    seqs = [(0, 70, list(range(5))), (40, 30, list(range(10, 15))), (30, 1, list(range(20, 22)))]
+    batch = build_batch(seqs, BLOCK)
+    hidden = torch.randn(101, model.config.hidden_size, generator=g)
+    ids = torch.randint(5, model.config.vocab_size, (101,), generator=g)
+    with torch.inference_mode():
+        want, want_topk = model.mtp_forward(hidden, ids, batch, cache)
+        got, got_topk = runner.pieces.mtp_forward(hidden, ids, batch)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        assert torch.equal(got_topk.sort(-1).values, want_topk.sort(-1).values)
+        rows = [69, 100]                             # two requests' last rows draft on: positions 70 and 31
+        scratch = NUM_BLOCKS * BLOCK
+        chain = Batch(torch.tensor([70, 31]), torch.tensor([scratch, scratch + 8]), [(0, 1), (1, 1)],
+                      [torch.cat([build_batch([seqs[i][:2] + (seqs[i][2],)], BLOCK).seq_slots[0], torch.tensor([s])])
+                       for i, s in ((0, scratch), (2, scratch + 8))])
+        draft_ids = torch.tensor([7, 9])
+        want2, _ = model.mtp_forward(want[rows], draft_ids, chain, cache, want_topk[rows])
+        got2, topk2 = runner.pieces.mtp_forward(got[rows], draft_ids, chain, got_topk[rows])
+    torch.testing.assert_close(got2, want2, atol=1e-5, rtol=1e-5)
+    assert topk2 is not None and torch.equal(topk2, got_topk[rows])             # carried, not selected again
+    assert runner.pieces.mtp_runs == {128: 1, 8: 1} and runner.pieces.runs == {}
+    for a, b in ((runner.cache.kv[mtp], cache.kv[mtp]), (runner.cache.index_k[mtp], cache.index_k[mtp])):
+        torch.testing.assert_close(a[:-1], b[:-1], atol=1e-5, rtol=1e-5)
+
+
 def test_pieces_can_be_captured_at_first_use_mid_step(model):
     """A CUDA graph's capture runs its piece once more than a replay does (the warm-up run; the capture itself runs
     nothing): a recorder that runs each piece twice at its capture and once per replay gives the same hidden rows and
@@ -374,17 +415,25 @@ def test_pieces_can_be_captured_at_first_use_mid_step(model):
         fn()
         return Replayed(fn), None
 
-    once = ModelRunner(model, NUM_BLOCKS, BLOCK, torch.float32, graphs="eager", pieces=(200, False))
+    once = ModelRunner(model, NUM_BLOCKS, BLOCK, torch.float32, graphs="eager", pieces=(200, False),
+                       speculative=True)
     twice = copy.deepcopy(once)
     twice.pieces.record = record
     seqs = [(0, 70, list(range(5))), (30, 1, list(range(20, 22)))]
     ids = torch.randint(5, model.config.vocab_size, (71,), generator=torch.Generator().manual_seed(4))
-    for r in (once, twice):
-        r.out = r.pieces.forward(ids, build_batch(seqs, BLOCK))
-    assert torch.equal(once.out, twice.out) and len(twice.pieces.captured) == 1 + 2 * model.config.num_hidden_layers
-    assert all(torch.equal(a, b) for a, b in zip(once.cache.kv, twice.cache.kv))
+    for r in (once, twice):                      # the target's step, then the MTP's extend over its rows
+        batch = build_batch(seqs, BLOCK)
+        r.out = r.pieces.forward(ids, batch)
+        r.mtp = r.pieces.mtp_forward(r.out, ids.roll(-1), batch)[0]
     layers = model.config.num_hidden_layers
-    assert twice.pieces.warm() == sum(1 + 2 * layers for b in PIECE_BUCKETS if b <= 256) - (1 + 2 * layers)
+    assert torch.equal(once.out, twice.out) and torch.equal(once.mtp, twice.mtp)
+    assert len(twice.pieces.captured) == 1 + 2 * layers + 3
+    assert all(torch.equal(a, b) for a, b in zip(once.cache.kv, twice.cache.kv))
+    # each bucket: the embedding, two per layer, the MTP's input, A (with and without selecting: the 8-row bucket
+    # of the chained draft passes, as GLM-5 shares the selection) and B
+    share = model.config.index_share_for_mtp_iteration
+    assert twice.pieces.warm() == sum(1 + 2 * layers + 3 + (share and b == 8) for b in PIECE_BUCKETS if b <= 256) \
+        - (1 + 2 * layers + 3)
 
 
 def test_span_and_dp_steps_of_one_bucket_keep_separate_graphs(model):

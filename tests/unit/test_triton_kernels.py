@@ -406,17 +406,20 @@ def test_router_topk(tk, n_group, topk_group, norm):
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 1e-2)])
 def test_mla_sparse_attention(tk, dtype, tol):
     g = torch.Generator().manual_seed(4)
-    N, nh, rkv, dr, slots, K = 2, 4, 64, 16, 300, 150
+    N, nh, rkv, dr, slots, K = 3, 4, 64, 16, 300, 150
     q_lat = torch.randn(N, nh, rkv, generator=g).to(dtype)
     q_rope = torch.randn(N, nh, dr + 16, generator=g).to(dtype)[..., 16:]       # strided heads
     kv = torch.randn(slots, rkv + dr, generator=g).to(dtype)
     sel = torch.stack([torch.randperm(slots, generator=g)[:K] for _ in range(N)])
-    sel[1, 100:] = -1                                                          # fewer keys selected
+    sel[1, 20:] = -1                                                           # fewer keys selected: -1s last
+    sel[2, ::3] = -1                                                           # and among them
     got = tk["att"].mla_sparse_attention(q_lat, q_rope, kv, sel, 0.1)
     ref = reference.mla_sparse_attention(q_lat.float(), q_rope.float(), kv.float(), sel, 0.1)
     assert got.shape == (N, nh, rkv) and got.dtype == dtype and rel(got, ref) < tol
     for tile in ((64, 1, 64, 32, 4), (32, 2, 64, 64, 8)):         # more heads a program than there are (masked)
-        assert rel(tk["att"]._mla(q_lat, q_rope, kv, sel, 0.1, *tile), ref) < tol
+        trimmed = tk["att"]._mla(q_lat, q_rope, kv, sel, 0.1, *tile)          # row 1's splits past key 20 attend none
+        assert rel(trimmed, ref) < tol and torch.equal(trimmed, tk["att"]._mla(q_lat, q_rope, kv, sel, 0.1, *tile,
+                                                                                trim=False))
 
 
 def _same_sets_or_tied(got, ref, score_of, margin=1e-4):
@@ -468,18 +471,38 @@ def test_indexer_topk_sets(tk, monkeypatch, prefill_rows, score_bytes):
     _same_sets_or_tied(got, ref, score_of)
 
 
+def test_indexer_topk_takes_the_steps_ragged_slots(tk):
+    """A step's keys as ``build_batch`` gives them (``RaggedSlots``: built once a step, in its one copy) select what
+    the per-request slot lists select; with every context within ``topk`` the selection is every visible key — the
+    reference's tensor exactly, in a few launches whatever the requests — computed once and kept for the step's
+    other layers, as the scorer's row blocks are."""
+    from models.cache import build_batch
+
+    g = torch.Generator().manual_seed(8)
+    batch = build_batch([(40, 20, [0, 1, 2, 3]), (99, 1, list(range(10, 17))), (0, 10, [20])], 16)  # 60, 100, 10 keys
+    q, w, k_cache = torch.randn(31, 16, 32, generator=g), torch.randn(31, 16, generator=g), torch.randn(336, 32,
+                                                                                                        generator=g)
+    args = (q, w, k_cache, batch.seq_rows, batch.seq_slots, batch.positions)
+    got = tk["att"].indexer_topk(*args, 24, 32 ** -0.5, batch.ragged)             # scored: 100 keys > 24
+    want = tk["att"].indexer_topk(*args, 24, 32 ** -0.5)
+    assert all(set(a) == set(b) for a, b in zip(got.tolist(), want.tolist()))
+    assert [k[0] for k in batch.ragged.derived] == ["score_rows"]                  # 20 rows of one request: rows kernel
+    got = tk["att"].indexer_topk(*args, 100, 32 ** -0.5, batch.ragged)            # every context within 100
+    assert torch.equal(got, reference.indexer_topk(*args, 100, 32 ** -0.5))
+    assert tk["att"].indexer_topk(*args, 100, 32 ** -0.5, batch.ragged) is got
+
+
 @pytest.mark.parametrize("tile", [(8, 64, 1024, 8), (4, 16, 32, 4)])     # one program a block; 4 steps of 16 keys
 def test_prefill_rows_scores_equal_the_one_row_kernel(tk, tile):
     """The rows kernel's scores (blocks of rows of one request, a block's last rows and keys masked) equal the one-row
     kernel's at fp32 rounding, with -inf exactly where a key is not visible to the row."""
     q, w, k_cache, seq_rows, seq_slots, positions = _ragged_case(11)
     scale = q.shape[2] ** -0.5
-    want, all_slots, _ = tk["att"].index_scores(q, w, k_cache, seq_rows, seq_slots, positions, scale)
-    _, _, _, bases, lengths = tk["att"]._ragged(seq_rows, seq_slots, q.device)
-    blocks = tk["att"]._row_blocks(seq_rows, bases, lengths, 0, q.shape[0], tile[0])
+    want, _, _ = tk["att"].index_scores(q, w, k_cache, seq_rows, seq_slots, positions, scale)
+    r = reference.ragged_slots(seq_rows, seq_slots, q.device)
+    blocks = tk["att"]._row_blocks(seq_rows, r.bases, r.lengths, 0, q.shape[0], tile[0])
     assert blocks[:2] == [(0, tile[0], 0, 60), (tile[0], min(tile[0], 11 - tile[0]), 0, 60)]
-    got = tk["att"]._score_rows(q, w, k_cache, all_slots, seq_rows, bases, lengths, 0, positions, want.shape[1], scale,
-                                tile)
+    got = tk["att"]._score_rows(q, w, k_cache, r, seq_rows, 0, positions, want.shape[1], scale, tile)
     assert torch.equal(torch.isinf(got), torch.isinf(want))
     finite = torch.isfinite(want)
     assert torch.allclose(got[finite], want[finite], rtol=1e-5, atol=1e-5)
