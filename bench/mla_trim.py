@@ -1,8 +1,8 @@
-"""The sparse MLA attention with and without its trim (``triton_attention._mla(..., trim=, last_first=)``: a program
-whose keys end in -1 attends only up to its last selected key; the rows taken last to first) on the GLM-5 widths (64 heads, latent 512 + rope 64, top-k 2048), the default launch
-(``mla_tile``) of each case, timed alternately in one process (median of synchronized calls), outputs compared bit for
-bit. Rows that see fewer keys than the step's K hold -1s after their selection: a prompt's rows beside long-context
-decoders (K is the decoders' 2048), a fresh prompt's early rows (row i sees i + 1 keys).
+"""The sparse MLA attention with and without its trim (``triton_attention._mla(..., trim=)``: a program whose keys end
+in -1 attends only up to its last selected key) on the GLM-5 widths (64 heads, latent 512 + rope 64, top-k 2048), the
+default launch (``mla_tile``) of each case, timed alternately in one process (median of synchronized calls), outputs
+compared bit for bit. Rows that see fewer keys than the step's K hold -1s after their selection: a prompt's rows beside
+long-context decoders (K is the decoders' 2048), a fresh prompt's early rows (row i sees i + 1 keys).
 
     PYTHONPATH=. python bench/mla_trim.py [--out FILE.md]
 """
@@ -46,8 +46,7 @@ def main() -> None:
     args = ap.parse_args()
     g = torch.Generator(device=DEV).manual_seed(0)
     cache = torch.randn(8192, RKV + DR, device=DEV, generator=g).to(BF16)
-    variants = {"untrimmed": {"trim": False}, "trimmed": {"trim": True, "last_first": False},
-                "trimmed, last rows first": {"trim": True, "last_first": True}}
+    variants = {"untrimmed": {"trim": False}, "trimmed": {"trim": True}}
     lines = ["| case | rows | " + " | ".join(f"{v} ms" for v in variants) + " | untrimmed / best | equal |",
              "|---|---:|" + "---:|" * len(variants) + "---:|---|"]
     for name, seen in CASES.items():

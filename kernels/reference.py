@@ -267,12 +267,14 @@ def mla_expand(o_lat: torch.Tensor, kv_b, dn: int) -> torch.Tensor:
 # ---- MLA attention over the selected keys (absorbed, latent space) -------------------------------
 @ops.register("mla_sparse_attention")
 def mla_sparse_attention(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor,
-                         topk_slots: torch.Tensor, scale: float, row_chunk: int = 256) -> torch.Tensor:
+                         topk_slots: torch.Tensor, scale: float, row_chunk: int = 256, trim: bool = False
+                         ) -> torch.Tensor:
     """Attention in the latent space over each row's selected cache slots.
 
     q_lat: [N, nh, rkv] (q_nope absorbed through W_UK), q_rope: [N, nh, dr], kv_cache: [num_slots, rkv+dr]
     (latent | rope key), topk_slots: [N, K] (-1 = not selected). score = (q_lat·c + q_rope·k_rope)·scale,
     softmax in fp32 (probs rounded to the activation dtype, as HF), output o_lat = Σ p·c: [N, nh, rkv].
+    ``trim``: some rows select fewer than K keys (their -1s last) — the Triton kernel's hint; unused here.
     """
     N, nh, rkv = q_lat.shape
     out = torch.empty_like(q_lat)

@@ -39,10 +39,9 @@ TRIM_BLOCK: tl.constexpr = tl.constexpr(256)    # selected slots a step of the a
 def _mla_split_kernel(ql_ptr, qr_ptr, kv_ptr, idx_ptr, o_ptr, lse_ptr, nh, K, keys_per_split, scale_log2,
                       stride_ql_n, stride_ql_h, stride_qr_n, stride_qr_h, stride_kv, stride_idx,
                       RKV: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
-                      PREC: tl.constexpr, PDL: tl.constexpr, TRIM: tl.constexpr = True,
-                      LAST_FIRST: tl.constexpr = False):
+                      PREC: tl.constexpr, PDL: tl.constexpr, TRIM: tl.constexpr):
     pdl_wait(PDL)
-    n = tl.num_programs(0) - 1 - tl.program_id(0) if LAST_FIRST else tl.program_id(0)
+    n = tl.program_id(0)
     hb = tl.program_id(1)
     sp = tl.program_id(2)
     num_splits = tl.num_programs(2)
@@ -59,7 +58,7 @@ def _mla_split_kernel(ql_ptr, qr_ptr, kv_ptr, idx_ptr, o_ptr, lse_ptr, nh, K, ke
     k_end = tl.minimum(k0 + keys_per_split, K)
     # a row that sees fewer keys than K ends in -1s: when the split's last key is one, stop after its last selected
     # key (a scan of the split's slots; a split that ends in a selected key pays one load)
-    if TRIM and tl.load(idx_ptr + n * stride_idx + k_end - 1) < 0:
+    if TRIM and tl.load(idx_ptr + n * stride_idx + k_end - 1) < 0:       # (TRIM is constexpr: off, no code)
         last = k0
         for kb in range(k0, k_end, TRIM_BLOCK):
             kk = kb + tl.arange(0, TRIM_BLOCK)
@@ -105,17 +104,19 @@ def _mla_combine_kernel(o_ptr, lse_ptr, out_ptr, NUM_SPLITS: tl.constexpr, SPLIT
 
 @ops.register("mla_sparse_attention", backend="triton", available=on_cuda)
 def mla_sparse_attention(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor,
-                         topk_slots: torch.Tensor, scale: float, row_chunk: int = 256) -> torch.Tensor:
+                         topk_slots: torch.Tensor, scale: float, row_chunk: int = 256, trim: bool = False
+                         ) -> torch.Tensor:
     """q_lat: [N, nh, rkv] and q_rope: [N, nh, dr] (last dim contiguous), kv_cache: [slots, rkv+dr] (rows
     contiguous), topk_slots: [N, K] (-1 = not selected) → o_lat [N, nh, rkv] in q_lat's dtype.
-    rkv and dr must be powers of two (512, 64). Graph-capturable. ``row_chunk`` is the reference's knob."""
+    rkv and dr must be powers of two (512, 64). Graph-capturable. ``row_chunk`` is the reference's knob; ``trim``
+    (the caller knows that some rows select fewer than K keys, their -1s last): see ``_mla``."""
     N, rkv = q_lat.shape[0], q_lat.shape[-1]
     dr = q_rope.shape[-1]
     K = topk_slots.shape[1]
     if rkv & (rkv - 1) or dr & (dr - 1) or q_lat.stride(-1) != 1 or q_rope.stride(-1) != 1 \
             or kv_cache.stride(-1) != 1 or N == 0 or K == 0:
         return reference.mla_sparse_attention(q_lat, q_rope, kv_cache, topk_slots, scale, row_chunk)
-    return _mla(q_lat, q_rope, kv_cache, topk_slots.contiguous(), scale, *mla_tile(N))
+    return _mla(q_lat, q_rope, kv_cache, topk_slots.contiguous(), scale, *mla_tile(N), trim=trim)
 
 
 def mla_tile(N: int) -> tuple:
@@ -135,13 +136,13 @@ def mla_tile(N: int) -> tuple:
 
 def _mla(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, topk_slots: torch.Tensor, scale: float,
          block_k: int, per_sm: float, max_splits: int, block_h: int = 16, warps: int = 4, stages: int = 2,
-         trim: bool = True, last_first: bool | None = None) -> torch.Tensor:
+         trim: bool = False) -> torch.Tensor:
     """``trim``: a program whose keys end in -1 first finds its last selected key and attends up to it — a row of a
     request with fewer visible keys than the step's K (a prompt's rows beside long-context decoders; a fresh prompt's
     early rows) holds -1s after its selection (the indexer puts them last), so its masked key blocks cost nothing; the
-    same result bit for bit (a fully masked block leaves the softmax state as it was). ``last_first`` (default: with
-    ``trim``): programs take the rows last to first, so that a prompt's later rows, which see the most keys, start
-    first rather than leave a tail."""
+    same result bit for bit (a fully masked block leaves the softmax state as it was). Only where some row has them:
+    the trimmed kernel's main loop spills more (prefill tile), its rows of K keys take ~1.47× as long (one H200,
+    bench/results/session24/)."""
     N, nh, rkv = q_lat.shape
     dr = q_rope.shape[-1]
     K = topk_slots.shape[1]
@@ -156,8 +157,7 @@ def _mla(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, topk
         q_lat, q_rope, kv_cache, topk_slots, o_part, lse, nh, K, keys_per_split, scale * LOG2E,
         q_lat.stride(0), q_lat.stride(1), q_rope.stride(0), q_rope.stride(1), kv_cache.stride(0),
         topk_slots.stride(0), RKV=rkv, DR=dr, BLOCK_H=block_h, BLOCK_K=block_k,
-        PREC=dot_precision(q_lat.dtype), TRIM=trim, LAST_FIRST=trim if last_first is None else last_first,
-        num_warps=warps, num_stages=stages, **pdl_launch())
+        PREC=dot_precision(q_lat.dtype), TRIM=trim, num_warps=warps, num_stages=stages, **pdl_launch())
     out = torch.empty(N, nh, rkv, dtype=q_lat.dtype, device=q_lat.device)
     _mla_combine_kernel[(N * nh,)](o_part, lse, out, NUM_SPLITS=splits, SPLITS_P2=next_pow2(splits), RKV=rkv,
                                    num_warps=4, **pdl_launch())

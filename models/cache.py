@@ -54,6 +54,7 @@ class Batch:
     block_table: torch.Tensor | None = None
     block_size: int = 0
     ragged: RaggedSlots | None = None    # seq_slots as one list (``build_batch``'s), for the Triton indexer
+    fewest_keys: int | None = None       # the fewest keys a row sees (its position + 1; ``build_batch``'s), or unknown
 
     @property
     def num_rows(self) -> int:
@@ -61,6 +62,11 @@ class Batch:
 
     def last_rows(self) -> list[int]:
         return [r0 + n - 1 for r0, n in self.seq_rows]
+
+    def short_rows(self, k: int) -> bool:
+        """Whether some row sees fewer than ``k`` keys — its selection of width ``k`` ends in -1s — as far as the
+        host knows (a static batch: not known, False)."""
+        return self.fewest_keys is not None and self.fewest_keys < k
 
 
 def slots_for(block_ids: Sequence[int], num_tokens: int, block_size: int, device="cpu") -> torch.Tensor:
@@ -98,7 +104,8 @@ def build_batch(seqs: Sequence[tuple[int, int, Sequence[int]]], block_size: int,
     flat = host.pin_memory().to(device, non_blocking=True) if torch.device(device).type == "cuda" else host.to(device)
     parts = flat.split([rows] * 4 + ends.tolist())
     ragged = RaggedSlots(flat[4 * rows:], parts[2], parts[3], bases.tolist(), lengths.tolist())
-    return Batch(parts[0], parts[1], list(zip(row_starts.tolist(), news.tolist())), list(parts[4:]), ragged=ragged)
+    return Batch(parts[0], parts[1], list(zip(row_starts.tolist(), news.tolist())), list(parts[4:]), ragged=ragged,
+                 fewest_keys=int(starts.min()) + 1)
 
 
 def contiguous_batch(lengths: Sequence[tuple[int, int]], capacity: int, device="cpu") -> Batch:

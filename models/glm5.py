@@ -217,8 +217,13 @@ class Attention(nn.Module):
         an MTP draft step sharing the first step's selection — whose indexer still caches its keys)."""
         q_lat, q_rope, index_q = self.prepare(h, rope, batch, cache, layer, carried_topk is None)
         topk = carried_topk if index_q is None else self.indexer.select(*index_q, batch, cache.index_k[layer])
-        o_lat = ops.mla_sparse_attention(q_lat, q_rope, cache.kv[layer], topk, self.scale)   # [N, nh, rkv]
-        return self.finish(o_lat), topk
+        return self.finish(self.attend(q_lat, q_rope, cache.kv[layer], topk, batch)), topk
+
+    def attend(self, q_lat: torch.Tensor, q_rope: torch.Tensor, kv: torch.Tensor, topk: torch.Tensor,
+               batch: Batch) -> torch.Tensor:
+        """The sparse attention over the selection → o_lat [N, nh, rkv] (told whether some row selects fewer keys
+        than the selection's width: the Triton kernel then stops at each row's last one)."""
+        return ops.mla_sparse_attention(q_lat, q_rope, kv, topk, self.scale, trim=batch.short_rows(topk.shape[1]))
 
     def prepare(self, h: torch.Tensor, rope: Rope, batch: Batch, cache: KVCache, layer: int, select: bool
                 ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:

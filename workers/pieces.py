@@ -35,7 +35,6 @@ from collections.abc import Callable
 
 import torch
 
-from kernels import ops
 from models.cache import Batch, KVCache
 from models.glm5 import DecoderLayer, GlmForCausalLM, Rope
 from scheduler.shapes import next_pow2
@@ -149,8 +148,7 @@ class PieceGraphs:
             self._run(("a", key, T, select), self._prepare, layer, T, first, select)
             if select:
                 topk = attn.indexer.select(self.index_q[:n], self.index_w[:n], batch, self.cache.index_k[layer.layer])
-            self.o_lat[:n].copy_(ops.mla_sparse_attention(self.q_lat[:n], self.q_rope[:n], self.cache.kv[layer.layer],
-                                                          topk, attn.scale))
+            self.o_lat[:n].copy_(attn.attend(self.q_lat[:n], self.q_rope[:n], self.cache.kv[layer.layer], topk, batch))
             self._run(("b", key, T), self._finish, layer, T)
         if self.in_group:
             rows = layer.comm.all_gather(self.h[:n])             # [the step's bucket, H], pads zero
@@ -167,7 +165,9 @@ class PieceGraphs:
         if self.record is None:
             return 0
         before, cfg = len(self._graphs), self.model.config
-        layers = list(enumerate(self.model.target_layers)) + ([("mtp", self.model.mtp_layer)] if self.draft_rows else [])
+        layers = list(enumerate(self.model.target_layers))
+        if self.draft_rows:
+            layers.append(("mtp", self.model.mtp_layer))
         for T in (b for b in PIECE_BUCKETS if b <= self.max_rows):
             self._meta[:, :T].copy_(self._pad.expand(3, T))
             self.real[:T].fill_(False)

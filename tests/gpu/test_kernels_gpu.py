@@ -378,10 +378,8 @@ def test_mla_bf16(N, K):
     ref32 = reference.mla_sparse_attention(q_lat.float(), q_rope.float(), kv.float(), sel, 256 ** -0.5)
     got = tri("mla_sparse_attention")(q_lat, q_rope, kv, sel, 256 ** -0.5)
     assert got.dtype == BF16 and rel(got, ref32) < 1e-2
-    from kernels import triton_attention as ta
-
-    # row 0's trailing -1s are skipped: the same bits as attending over them
-    assert torch.equal(got, ta._mla(q_lat, q_rope, kv, sel, 256 ** -0.5, *ta.mla_tile(N), trim=False))
+    # row 0's trailing -1s skipped: the same bits as attending over them
+    assert torch.equal(got, tri("mla_sparse_attention")(q_lat, q_rope, kv, sel, 256 ** -0.5, trim=True))
 
 
 @pytest.mark.parametrize("rows", [[1], [1] * 8, [4, 1], [20, 1]])      # 20: a prefill chunk (the rows kernel)

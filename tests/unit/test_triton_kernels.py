@@ -417,9 +417,8 @@ def test_mla_sparse_attention(tk, dtype, tol):
     ref = reference.mla_sparse_attention(q_lat.float(), q_rope.float(), kv.float(), sel, 0.1)
     assert got.shape == (N, nh, rkv) and got.dtype == dtype and rel(got, ref) < tol
     for tile in ((64, 1, 64, 32, 4), (32, 2, 64, 64, 8)):         # more heads a program than there are (masked)
-        trimmed = tk["att"]._mla(q_lat, q_rope, kv, sel, 0.1, *tile)          # row 1's splits past key 20 attend none
-        assert rel(trimmed, ref) < tol and torch.equal(trimmed, tk["att"]._mla(q_lat, q_rope, kv, sel, 0.1, *tile,
-                                                                                trim=False))
+        trimmed = tk["att"]._mla(q_lat, q_rope, kv, sel, 0.1, *tile, trim=True)   # row 1 stops after key 20
+        assert rel(trimmed, ref) < tol and torch.equal(trimmed, tk["att"]._mla(q_lat, q_rope, kv, sel, 0.1, *tile))
 
 
 def _same_sets_or_tied(got, ref, score_of, margin=1e-4):
