@@ -358,6 +358,26 @@ def test_pieces_equal_the_model_forward_within_fp32_rounding(model):
             torch.testing.assert_close(a[:-1], b[:-1], atol=1e-5, rtol=1e-5)    # the pad slot (last) aside
 
 
+def test_graph_steps_without_index_sharing_draft_on_the_pieces(model):
+    """A checkpoint whose MTP passes select anew (no ``index_share_for_mtp_iteration``: no drafting graphs) drafts
+    after each graph step with the eager drafter: on the pieces (the extend, the chained passes selecting) its
+    acceptance and tokens are those of the drafter without pieces, and the tokens plain decoding's."""
+    import copy
+
+    m = copy.copy(model)
+    m.config = copy.copy(model.config)
+    object.__setattr__(m.config, "index_share_for_mtp_iteration", False)
+    reqs = requests(1, m.config.vocab_size, max_tokens=24)
+    want = run(make_engine(m, graphs=False), reqs)
+    results = []
+    for pieces in (False, True):
+        engine = make_engine(m, graphs=True, k=3, pieces=pieces)
+        assert engine.executor.runner.draft_graphs is None
+        results.append((run(engine, reqs), engine.spec_metrics()))
+    assert results[0] == results[1] and results[0][0] == want and results[0][1]["accepted"] > 0
+    assert sum(engine.executor.runner.pieces.mtp_runs.values()) > engine.stats["graph_steps"] > 0
+
+
 def test_mtp_passes_on_pieces_equal_the_model_within_fp32_rounding(model):
     """The MTP layer on the pieces: an extend over a ragged step's rows, then a chained draft pass of two rows that
     reuses its selection (scratch slots), against ``model.mtp_forward`` on a copy of the cache — the hidden rows, the
