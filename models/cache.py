@@ -98,8 +98,8 @@ def build_batch(seqs: Sequence[tuple[int, int, Sequence[int]]], block_size: int,
     rows = int(news.sum())
     row_starts = np.cumsum(news) - news
     positions = np.arange(rows) - np.repeat(row_starts - starts, news)
-    slot_mapping = seq_slots[np.repeat(np.cumsum(ends) - ends, news) + positions]
     bases, lengths = np.repeat(np.cumsum(ends) - ends, news), np.repeat(ends, news)     # per row, as RaggedSlots
+    slot_mapping = seq_slots[bases + positions]
     host = torch.from_numpy(np.concatenate([positions, slot_mapping, bases, lengths, seq_slots]))
     flat = host.pin_memory().to(device, non_blocking=True) if torch.device(device).type == "cuda" else host.to(device)
     parts = flat.split([rows] * 4 + ends.tolist())
