@@ -299,11 +299,12 @@ class Engine:
             self.executor.execute([WorkerStep(-1, (), shape=shape, warm=())] * len(self.schedulers))
         captured = time.perf_counter()
         # prompts of a prefill chunk at most, decoding within the captured widths; sizes in each of the kernels' row
-        # classes (prefill, mid-size, the decode tiles' 16 / 32 / 64-row blocks), a multiple of 16 and not (Triton
-        # compiles a kernel per divisibility of its integer arguments), run eagerly (a short prompt among requests
-        # rides a graph step, but alone in a span step, with drafts, or beside a longer chunk it runs eagerly)
+        # classes (prefill, mid-size past and within 128 rows, the decode tiles' 16 / 32 / 64-row blocks), a multiple
+        # of 16 and not (Triton compiles a kernel per divisibility of its integer arguments), run eagerly (a short
+        # prompt among requests rides a graph step, but alone in a span step, with drafts, or beside a longer chunk it
+        # runs eagerly)
         top = max(1, min(self.config.max_num_batched_tokens, self.config.max_model_len - 16, tokens - 16))
-        lengths = sorted({min(n, top) for n in (top, top - 7, 200, 192, 48, 41, 24, 17, 16, 9) if n >= 1},
+        lengths = sorted({min(n, top) for n in (top, top - 7, 200, 192, 128, 100, 48, 41, 24, 17, 16, 9) if n >= 1},
                          reverse=True)
         rng = random.Random(0)
         params = SamplingParams(max_tokens=2 + self.speculative_tokens, ignore_eos=True, seed=0)

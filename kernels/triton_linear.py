@@ -24,8 +24,11 @@ Two kernels; the launcher picks by rows:
   the weight loaded straight into the tensor cores' register operand (no shared-memory pass) and a bit-move
   fp8 → bf16; 1.2–1.6× faster than this tile kernel on the big decode shapes (bench/rows_gemm.py).
 * mid-size (65..PREFILL_ROWS rows: a dp graph step's MLPs over every rank's rows, short prefill chunks): the same
-  kernel on 64-row blocks (``mid_tile``), split over K as the decode tiles are — a W8A16 "dequant-tile GEMM": fp8
-  tiles are widened to the activation dtype in registers and multiplied on the tensor cores.
+  kernel on 128- or 64-row blocks (``mid_tile``), split over K as the decode tiles are — a W8A16 "dequant-tile
+  GEMM": fp8 tiles are widened to the activation dtype in registers and multiplied on the tensor cores, on the
+  wide weights with the weight as the dot's first operand (``swap``: Hopper's wgmma takes it from registers).
+  Still 3–5× its byte / FLOP floor, and 2–3× slower than cuBLAS on the weight dequantized beforehand
+  (bench/results/session25/): a kernel that streams the weight through shared memory by TMA is what is left.
 * prefill (> PREFILL_ROWS rows): one Triton pass dequantizes the weight to the activation dtype, then
   cuBLAS runs the bf16 GEMM (measured faster than the tile GEMM above on H200 at 4096 rows; the weight
   pass is ≤ 1/20 of the GEMM there). This backend never quantizes activations (W8A16), so all paths stay
@@ -34,8 +37,8 @@ Two kernels; the launcher picks by rows:
 
 Math of every path: fp32 accumulation, scales per 128×128 block. A K step of BLOCK_K covers BLOCK_K/128
 whole scale columns and BLOCK_N divides 128, so each 128-wide sub-product is scaled by one scalar:
-``acc += dot(x, w8.T) * S[n//128, k//128]``. Partial edge blocks (576 = 4·128 + 64 rows, K not a
-multiple of 128) are masked loads.
+``acc += dot(x, w8.T) * S[n//128, k//128]`` (a tile over several 128-row blocks: by a vector of its rows' scales).
+Partial edge blocks (576 = 4·128 + 64 rows, K not a multiple of 128) are masked loads.
 """
 
 from __future__ import annotations
@@ -72,6 +75,8 @@ class LinearTile:
     split: int
     num_warps: int = 4
     num_stages: int = 4
+    swap: bool = False         # the weight as the dot's first operand: out.T = W · x.T (see ``_tile_kernel``)
+    block_m: int = 0           # rows a program: 0 = by the launch's rows (all of them to 64, then 64)
 
 
 @triton.jit
@@ -80,9 +85,16 @@ def _tile_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, M, N, K, str
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        SPLIT: tl.constexpr, PREC: tl.constexpr, HAS_SCALE: tl.constexpr = True,
                        UPCAST: tl.constexpr = False, ROUND_TO: tl.constexpr = None, OUT_SCALE: tl.constexpr = 1.0,
-                       PDL: tl.constexpr = False):
+                       PDL: tl.constexpr = False, SWAP: tl.constexpr = False):
     """Rows × weight tiles on the tensor cores: the weight in x's dtype (fp8 blocks scaled per 128-wide
-    sub-product), or, ``UPCAST``, both in fp32 with IEEE dots (``linear_f32``); stored through ``_finish``."""
+    sub-product: by one scale where BLOCK_N divides 128, by each output row's past that), or, ``UPCAST``, both in
+    fp32 with IEEE dots (``linear_f32``); stored through ``_finish``.
+
+    ``SWAP``: the product is taken transposed, ``W · x.T`` ([BLOCK_N, BLOCK_M], transposed once after the loop),
+    so the widened weight is the dot's first operand, which Hopper's wgmma reads from registers: the weight tile
+    goes from its load through the cast into the tensor cores, where as the second operand it is stored to shared
+    memory every K step. The same products and sums; on the H200 bit for bit at 128 and 256 rows, not at 32
+    (bench/mid_gemm.py's check)."""
     pdl_wait(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -90,7 +102,10 @@ def _tile_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, M, N, K, str
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, 128)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     s_row = s_ptr + (pid_n * BLOCK_N) // 128 * num_sb_k
     step0 = pid_k * k_steps_per_split
     for step in range(step0, tl.minimum(step0 + k_steps_per_split, tl.cdiv(K, BLOCK_K))):
@@ -102,12 +117,22 @@ def _tile_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, M, N, K, str
             w = tl.load(w_ptr + rn[:, None] * K + k[None, :], mask=(rn[:, None] < N) & (k[None, :] < K),
                         other=0.0)
             if UPCAST:
-                part = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+                x = x.to(tl.float32)
+                w = w.to(tl.float32)
             else:
-                part = tl.dot(x, tl.trans(w.to(x.dtype)), input_precision=PREC)
-            if HAS_SCALE:
+                w = w.to(x.dtype)
+            if SWAP:
+                part = tl.dot(w, tl.trans(x), input_precision="ieee" if UPCAST else PREC)
+            else:
+                part = tl.dot(x, tl.trans(w), input_precision="ieee" if UPCAST else PREC)
+            if HAS_SCALE and BLOCK_N > 128:    # a tile over several scale rows: each output row's own scale
+                s = tl.load(s_ptr + rn // 128 * num_sb_k + tl.minimum(kb, num_sb_k - 1), mask=rn < N, other=0.0)
+                part = part * (s[:, None] if SWAP else s[None, :])
+            elif HAS_SCALE:
                 part = part * tl.load(s_row + kb, mask=kb < num_sb_k, other=0.0)
             acc += part
+    if SWAP:
+        acc = tl.trans(acc)
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     out = out_ptr + rm[:, None] * stride_om + rn[None, :]
     if SPLIT:
@@ -222,11 +247,18 @@ def decode_tile(M: int, N: int, K: int) -> LinearTile:
 
 
 def mid_tile(M: int, N: int, K: int) -> LinearTile:
-    """65..PREFILL_ROWS rows in 64-row blocks: 128-wide weight tiles (64 under 1024 outputs), split over K until
-    every SM has ~2 programs. Unsplit (before session 19), a narrow weight — a tp rank's shared expert, 256 × 6144,
-    under a dp step's 256 rows — ran on 8 programs (bench/results/session19/)."""
-    block_n = 128 if N >= 1024 else 64
+    """65..PREFILL_ROWS rows. From 1024 outputs (past 4096 at ≤ 128 rows): ``swap``ped 64-output × 128-row tiles,
+    split over K to ~1 program an SM — 1.13–1.47× faster than the unswapped launch below on the GLM-5.2 shapes at
+    128 and 256 rows, where wider tiles, 8 warps or 256-row tiles were slower (bench/mid_gemm.py [--wide],
+    bench/results/session25/). Else 64-row blocks of 128-wide weight tiles (64 under 1024 outputs), split to ~2
+    programs an SM; unsplit (before session 19), a tp rank's shared expert, 256 × 6144 under a dp step's 256 rows,
+    ran on 8 programs (bench/results/session19/)."""
     k_steps = triton.cdiv(K, 128)
+    if N >= 1024 and (M > 128 or N > 4096):
+        tiles = triton.cdiv(N, 64) * triton.cdiv(M, 128)
+        return LinearTile(64, 128, max(1, min(triton.cdiv(num_sms(), tiles), k_steps // 2)), num_warps=4,
+                          num_stages=3, swap=True, block_m=128)
+    block_n = 128 if N >= 1024 else 64
     tiles = triton.cdiv(N, block_n) * triton.cdiv(M, 64)
     return LinearTile(block_n, 128, max(1, min(triton.cdiv(2 * num_sms(), tiles), k_steps // 2)), num_warps=4,
                       num_stages=3)
@@ -311,11 +343,8 @@ def fp8_linear(x: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor,
         gluon_rows.fp8_linear_rows(x2, w8, scale_inv, out, tile or gluon_rows.rows_tile(M, N, K, num_sms()),
                                    tile_counters(x2.device))
         return out.view(*x.shape[:-1], N)
-    if M <= DECODE_ROWS:
-        block_m = max(16, next_pow2(M))
-        tile = tile or decode_tile(M, N, K)
-    else:
-        block_m, tile = 64, tile or mid_tile(M, N, K)
+    tile = tile or (decode_tile(M, N, K) if M <= DECODE_ROWS else mid_tile(M, N, K))
+    block_m = tile.block_m or (max(16, next_pow2(M)) if M <= DECODE_ROWS else 64)
     _tiles(x2, w8, scale_inv, out, block_m, tile)
     return out.view(*x.shape[:-1], N)
 
@@ -325,7 +354,7 @@ def _tiles(x2: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor | None, ou
     """out [M, N] = x2 @ W.T on the tile kernel (``upcast``, ``round_to``, ``out_scale``: as the kernel's)."""
     M, K = x2.shape
     N = w.shape[0]
-    assert 128 % tile.block_n == 0 and tile.block_k % 128 == 0
+    assert (128 % tile.block_n == 0 or tile.block_n % 128 == 0) and tile.block_k % 128 == 0
     k_steps = triton.cdiv(K, tile.block_k)
     per_split = triton.cdiv(k_steps, tile.split)
     split = triton.cdiv(k_steps, per_split)
@@ -341,7 +370,8 @@ def _tiles(x2: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor | None, ou
                              BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, SPLIT=split > 1,
                              PREC=dot_precision(x2.dtype), HAS_SCALE=scale_inv is not None, UPCAST=upcast,
                              ROUND_TO=None if round_to is None else TL_DTYPES[round_to], OUT_SCALE=float(out_scale),
-                             num_warps=tile.num_warps, num_stages=tile.num_stages, **pdl_launch(tile=True))
+                             SWAP=tile.swap, num_warps=tile.num_warps, num_stages=tile.num_stages,
+                             **pdl_launch(tile=True))
 
 
 @triton.jit

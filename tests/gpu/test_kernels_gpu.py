@@ -34,7 +34,8 @@ def gen(seed):
 
 
 @pytest.mark.parametrize("M,N,K", [(1, 576, 6144), (8, 16384, 2048), (1, 6144, 16384), (8, 128, 6144),
-                                   (256, 256, 6144), (130, 6144, 1536), (300, 4096, 2048), (2048, 6144, 2048)])
+                                   (256, 256, 6144), (130, 6144, 1536), (100, 6144, 16384), (300, 4096, 2048),
+                                   (2048, 6144, 2048)])
 def test_fp8_linear_bf16(M, N, K):
     """Every row class: one row, Gluon's 2–8, the mid-size tiles (split over K: a tp rank's shared expert under a dp
     step's 256 rows), the cuBLAS prefill."""
@@ -57,12 +58,12 @@ def replayed(fn, times: int = 2) -> torch.Tensor:
     return out.clone()
 
 
-@pytest.mark.parametrize("M", [1, 4, 8])
+@pytest.mark.parametrize("M", [1, 4, 8, 116, 200])
 @pytest.mark.parametrize("N,K", [(12288, 6144), (6144, 16384), (16384, 2048), (2048, 6144), (576, 6144),
                                  (4096, 2048)])
 def test_fp8_linear_decode_bitwise(M, N, K):
     """The split-K reduction inside the launch: bit-identical on repeat, and graph replays (the tile
-    counters reset between launches) equal the eager call bitwise."""
+    counters reset between launches) equal the eager call bitwise; few rows and mid-size (swapped or not)."""
     g = gen(M + N + K)
     w8, s = fp8_quantize(0.02 * torch.randn(N, K, device=DEV, generator=g))
     x = torch.randn(M, K, device=DEV, generator=g).to(BF16)

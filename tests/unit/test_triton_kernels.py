@@ -74,10 +74,11 @@ def test_rope_bit_identical(tk, interleaved, dtype):
                                                       interleaved))
 
 
-@pytest.mark.parametrize("M,N,K", [(1, 576, 256), (5, 200, 320), (70, 130, 192), (100, 64, 1024)])
+@pytest.mark.parametrize("M,N,K", [(1, 576, 256), (5, 200, 320), (70, 130, 192), (100, 64, 1024), (130, 1100, 256)])
 def test_fp8_linear(tk, M, N, K):
-    """Decode (split-K) and mid-size tiles (64-row blocks; split-K on a narrow weight: 100 × 64 × 1024), partial
-    edge blocks on both weight dims (576 = 4·128 + 64)."""
+    """Decode (split-K) and mid-size tiles (64-row blocks; split-K on a narrow weight: 100 × 64 × 1024; swapped
+    128-row blocks over a wide one: 130 × 1100), partial edge blocks on both weight dims (576 = 4·128 + 64)."""
+    assert tk["lin"].mid_tile(M, N, K).swap == (N >= 1024)
     g = torch.Generator().manual_seed(2)
     w8, s = fp8_quantize(0.02 * torch.randn(N, K, generator=g))
     s = s * (1 + torch.rand(s.shape, generator=g))                         # distinct scale per block
@@ -153,7 +154,8 @@ def test_fp8_linear_split_k_semaphore(tk, M):
     w8, s = fp8_quantize(0.02 * torch.randn(40, 300, generator=g))
     s = s * (1 + torch.rand(s.shape, generator=g))
     x = torch.randn(M, 300, generator=g)
-    tiles = [lin.LinearTile(16, 128, 3), lin.LinearTile(32, 256, 2)]           # 3 and 2 splits, edge K step
+    tiles = [lin.LinearTile(16, 128, 3), lin.LinearTile(32, 256, 2),            # 3 and 2 splits, edge K step
+             lin.LinearTile(32, 128, 3, swap=True), lin.LinearTile(64, 256, 1, swap=True, block_m=32)]  # W · x.T
     if M == 1:                                                                 # the one-row (FMA) kernel too
         tiles += [lin.GemvTile(16, 128, 3), lin.GemvTile(32, 256, 2), lin.GemvTile(8, 64, 1)]
     for tile in tiles:
@@ -161,6 +163,19 @@ def test_fp8_linear_split_k_semaphore(tk, M):
         assert rel(first, reference.linear(x, w8, s)) < 1e-5
         assert torch.equal(lin.fp8_linear(x, w8, s, tile), first)
         assert not lin.tile_counters(x.device).any()
+
+
+def test_fp8_linear_wide_tiles(tk):
+    """Weight tiles over several 128-row scale blocks (256 outputs a program: each row scaled by its own block's
+    scale, a partial last block), swapped or not, split or not."""
+    lin = tk["lin"]
+    g = torch.Generator().manual_seed(9)
+    w8, s = fp8_quantize(0.02 * torch.randn(300, 300, generator=g))
+    s = s * (1 + torch.rand(s.shape, generator=g))                         # distinct scale per block
+    x = torch.randn(70, 300, generator=g)
+    for tile in (lin.LinearTile(256, 128, 2, swap=True, block_m=64), lin.LinearTile(256, 256, 1, block_m=16)):
+        assert rel(lin.fp8_linear(x, w8, s, tile), reference.linear(x, w8, s)) < 1e-5
+    assert not lin.tile_counters(x.device).any()
 
 
 def _moe_inputs(g, N, H, I, E, k, fp8):
