@@ -9,7 +9,8 @@ Each launch is timed as the device sees it in a step: a CUDA graph of back-to-ba
 that they do not fit in L2, replayed (``rows_gemm.graph_us``). Every launch is checked against the reference first,
 and each swapped launch against its unswapped twin bit for bit (reported, not asserted).
 
-    PYTHONPATH=. python bench/mid_gemm.py --out DIR [--rows 16 32 64 128 256] [--budget-s 420]
+    PYTHONPATH=. python bench/mid_gemm.py --out DIR [--rows 16 32 64 128 256] [--sweep base|wide|prescale]
+        [--shapes q_b o_proj ...] [--budget-s 420]
 """
 
 from __future__ import annotations
@@ -41,26 +42,40 @@ def default_tile(M: int, N: int, K: int) -> LinearTile:
     return decode_tile(M, N, K) if M <= DECODE_ROWS else mid_tile(M, N, K)
 
 
-def variants(M: int, N: int, K: int, wide: bool = False) -> dict[str, LinearTile]:
+def variants(M: int, N: int, K: int, sweep: str = "base") -> dict[str, LinearTile]:
     """The default pick, then the sweep: swap × rows a program × tile width × K step × warps × stages × programs an
-    SM; ``wide``: tiles to 256 rows and 256 outputs (over two scale rows), 128-wide K steps."""
+    SM; ``wide``: tiles to 256 rows and 256 outputs (over two scale rows), 128-wide K steps; ``prescale``: the
+    weight tile dequantized before its dot (``pre``), beside the unscaled launch of session 24 (``old``)."""
     out = {"default": default_tile(M, N, K)}
     block_ms = (max(16, next_pow2(M)),) if M <= DECODE_ROWS else (64, 128)
-    if wide:
-        grid = itertools.product((True, False), (64, 128, 256), (64, 128, 256), (128,), (4, 8), (2, 3), (1, 2))
+    if sweep == "wide":
+        grid = itertools.product((True, False), (64, 128, 256), (64, 128, 256), (128,), (4, 8), (2, 3), (1, 2), (0,))
+    elif sweep == "prescale":
+        out["old"] = (decode_tile if M <= DECODE_ROWS else old_mid_tile)(M, N, K)
+        grid = itertools.product((False, True), block_ms, (64, 128), (128,), (4, 8), (3, 4), (1, 2), (1,))
     else:
-        grid = itertools.product((False, True), block_ms, (64, 128), (128, 256), (4, 8), (3, 4), (1, 2))
-    for swap, bm, bn, bk, warps, stages, per_sm in grid:
-        if wide and (bm > max(64, next_pow2(M)) or (bn * bm >= 128 * 128 and warps == 4)
-                     or (bn * bm <= 64 * 128 and warps == 8) or (not swap and bn < 256)):
+        grid = itertools.product((False, True), block_ms, (64, 128), (128, 256), (4, 8), (3, 4), (1, 2), (0,))
+    for swap, bm, bn, bk, warps, stages, per_sm, pre in grid:
+        if sweep == "wide" and (bm > max(64, next_pow2(M)) or (bn * bm >= 128 * 128 and warps == 4)
+                                or (bn * bm <= 64 * 128 and warps == 8) or (not swap and bn < 256)):
             continue
-        if not wide and bk == 256 and (not swap or warps == 4):
+        if sweep == "base" and bk == 256 and (not swap or warps == 4):
+            continue
+        if sweep == "prescale" and (warps == 8) != (bn * bm >= 128 * 128):
             continue
         tiles = triton.cdiv(N, bn) * triton.cdiv(M, bm)
         split = max(1, min(triton.cdiv(per_sm * num_sms(), tiles), triton.cdiv(K, bk) // 2))
-        out[f"{'swap' if swap else 'tile'} {bm}x{bn}x{bk}/{warps}w/{stages}st/s{split}"] = LinearTile(
-            bn, bk, split, warps, stages, swap=swap, block_m=bm)
+        out[f"{'swap' if swap else 'tile'}{' pre' if pre else ''} {bm}x{bn}x{bk}/{warps}w/{stages}st/s{split}"] = \
+            LinearTile(bn, bk, split, warps, stages, swap=swap, block_m=bm, prescale=bool(pre))
     return out
+
+
+def old_mid_tile(M: int, N: int, K: int) -> LinearTile:
+    """``mid_tile`` before session 25: 64-row blocks of 128-wide tiles (64 under 1024 outputs), ~2 programs an SM."""
+    block_n = 128 if N >= 1024 else 64
+    tiles = triton.cdiv(N, block_n) * triton.cdiv(M, 64)
+    return LinearTile(block_n, 128, max(1, min(triton.cdiv(2 * num_sms(), tiles), triton.cdiv(K, 128) // 2)),
+                      num_warps=4, num_stages=3)
 
 
 def ceilings() -> tuple[float, float]:
@@ -76,7 +91,7 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--rows", type=int, nargs="+", default=[16, 32, 64, 128, 256])
     ap.add_argument("--shapes", nargs="+", help="names from SHAPES (default: all)")
-    ap.add_argument("--wide", action="store_true", help="the wide tiles' sweep (variants(wide=True))")
+    ap.add_argument("--sweep", default="base", choices=["base", "wide", "prescale"], help="which launches (variants)")
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop sweeping past this (the report still writes)")
     args = ap.parse_args()
     t0 = time.time()
@@ -97,7 +112,7 @@ def main() -> None:
             x = torch.randn(M, K, device=DEV, dtype=torch.bfloat16)
             ref = reference.linear(x.float(), reference.fp8_dequant(*ws[0]), None)
             times, same = {}, {}
-            for name, t in variants(M, N, K, args.wide).items():
+            for name, t in variants(M, N, K, args.sweep).items():
                 try:
                     y = fp8_linear(x, *ws[0], tile=t)
                 except OutOfResources:                 # shared memory: too many stages of too wide a tile
@@ -105,7 +120,8 @@ def main() -> None:
                 err = ((y.float() - ref).norm() / ref.norm()).item()
                 assert err < 1e-2, (what, M, name, err)
                 if t.swap:
-                    twin = LinearTile(t.block_n, t.block_k, t.split, t.num_warps, t.num_stages, block_m=t.block_m)
+                    twin = LinearTile(t.block_n, t.block_k, t.split, t.num_warps, t.num_stages, block_m=t.block_m,
+                                      prescale=t.prescale)
                     try:
                         same[name] = torch.equal(y, fp8_linear(x, *ws[0], tile=twin))
                     except OutOfResources:
@@ -117,7 +133,7 @@ def main() -> None:
             floor_flops = 2 * M * N * K / flops * 1e6
             r = {"shape": what, "N": N, "K": K, "rows": M, "times_us": times, "swap_bits_equal": same,
                  "cublas_bf16_us": cublas, "floor_bytes_us": floor_bytes, "floor_flops_us": floor_flops,
-                 "best": best, "best_tile": repr(variants(M, N, K, args.wide)[best])}
+                 "best": best, "best_tile": repr(variants(M, N, K, args.sweep)[best])}
             res.append(r)
             floor = max(floor_bytes, floor_flops)
             print(f"{what:18s} M={M:3d}: default {times['default']:7.1f}  best {best} {times[best]:7.1f} µs "

@@ -77,6 +77,7 @@ class LinearTile:
     num_stages: int = 4
     swap: bool = False         # the weight as the dot's first operand: out.T = W · x.T (see ``_tile_kernel``)
     block_m: int = 0           # rows a program: 0 = by the launch's rows (all of them to 64, then 64)
+    prescale: bool = False     # the weight tile dequantized before its dot (see ``_tile_kernel``)
 
 
 @triton.jit
@@ -85,7 +86,7 @@ def _tile_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, M, N, K, str
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        SPLIT: tl.constexpr, PREC: tl.constexpr, HAS_SCALE: tl.constexpr = True,
                        UPCAST: tl.constexpr = False, ROUND_TO: tl.constexpr = None, OUT_SCALE: tl.constexpr = 1.0,
-                       PDL: tl.constexpr = False, SWAP: tl.constexpr = False):
+                       PDL: tl.constexpr = False, SWAP: tl.constexpr = False, PRESCALE: tl.constexpr = False):
     """Rows × weight tiles on the tensor cores: the weight in x's dtype (fp8 blocks scaled per 128-wide
     sub-product: by one scale where BLOCK_N divides 128, by each output row's past that), or, ``UPCAST``, both in
     fp32 with IEEE dots (``linear_f32``); stored through ``_finish``.
@@ -94,7 +95,13 @@ def _tile_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, M, N, K, str
     so the widened weight is the dot's first operand, which Hopper's wgmma reads from registers: the weight tile
     goes from its load through the cast into the tensor cores, where as the second operand it is stored to shared
     memory every K step. The same products and sums; on the H200 bit for bit at 128 and 256 rows, not at 32
-    (bench/mid_gemm.py's check)."""
+    (bench/mid_gemm.py's check).
+
+    ``PRESCALE``: each weight tile is dequantized in registers (w · s in fp32, rounded to x's dtype: the weight
+    ``reference.linear`` multiplies by) and the dot accumulates into ``acc`` itself, so no K step waits for its
+    product to scale it before the next one is issued; its roundings are the reference's, not the scaled sums'.
+    No default launch takes it: its best launches beat ``mid_tile``'s by 1.07–1.15×, but at ``mid_tile``'s own it
+    is slower, and so was the engine (bench/results/session25/, call 7)."""
     pdl_wait(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -116,21 +123,33 @@ def _tile_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, M, N, K, str
                         mask=(rm[:, None] < M) & (k[None, :] < K), other=0.0)
             w = tl.load(w_ptr + rn[:, None] * K + k[None, :], mask=(rn[:, None] < N) & (k[None, :] < K),
                         other=0.0)
+            if HAS_SCALE and BLOCK_N > 128:    # a tile over several scale rows: each output row's own scale
+                sc = tl.load(s_ptr + rn // 128 * num_sb_k + tl.minimum(kb, num_sb_k - 1), mask=rn < N, other=0.0)
+            elif HAS_SCALE:
+                sc = tl.load(s_row + kb, mask=kb < num_sb_k, other=0.0)
             if UPCAST:
                 x = x.to(tl.float32)
                 w = w.to(tl.float32)
+            elif PRESCALE:                     # w · s in fp32, rounded to x's dtype: the reference's weight
+                w = (w.to(tl.float32) * (sc[:, None] if BLOCK_N > 128 else sc)).to(x.dtype)
             else:
                 w = w.to(x.dtype)
-            if SWAP:
-                part = tl.dot(w, tl.trans(x), input_precision="ieee" if UPCAST else PREC)
+            prec: tl.constexpr = "ieee" if UPCAST else PREC
+            if PRESCALE:                       # scaled already: the dot accumulates in place, K step after K step
+                if SWAP:
+                    acc = tl.dot(w, tl.trans(x), acc, input_precision=prec)
+                else:
+                    acc = tl.dot(x, tl.trans(w), acc, input_precision=prec)
             else:
-                part = tl.dot(x, tl.trans(w), input_precision="ieee" if UPCAST else PREC)
-            if HAS_SCALE and BLOCK_N > 128:    # a tile over several scale rows: each output row's own scale
-                s = tl.load(s_ptr + rn // 128 * num_sb_k + tl.minimum(kb, num_sb_k - 1), mask=rn < N, other=0.0)
-                part = part * (s[:, None] if SWAP else s[None, :])
-            elif HAS_SCALE:
-                part = part * tl.load(s_row + kb, mask=kb < num_sb_k, other=0.0)
-            acc += part
+                if SWAP:
+                    part = tl.dot(w, tl.trans(x), input_precision=prec)
+                else:
+                    part = tl.dot(x, tl.trans(w), input_precision=prec)
+                if HAS_SCALE and BLOCK_N > 128:
+                    part = part * (sc[:, None] if SWAP else sc[None, :])
+                elif HAS_SCALE:
+                    part = part * sc
+                acc += part
     if SWAP:
         acc = tl.trans(acc)
     mask = (rm[:, None] < M) & (rn[None, :] < N)
@@ -370,7 +389,8 @@ def _tiles(x2: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor | None, ou
                              BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, SPLIT=split > 1,
                              PREC=dot_precision(x2.dtype), HAS_SCALE=scale_inv is not None, UPCAST=upcast,
                              ROUND_TO=None if round_to is None else TL_DTYPES[round_to], OUT_SCALE=float(out_scale),
-                             SWAP=tile.swap, num_warps=tile.num_warps, num_stages=tile.num_stages,
+                             SWAP=tile.swap, PRESCALE=tile.prescale and scale_inv is not None and not upcast,
+                             num_warps=tile.num_warps, num_stages=tile.num_stages,
                              **pdl_launch(tile=True))
 
 

@@ -155,7 +155,8 @@ def test_fp8_linear_split_k_semaphore(tk, M):
     s = s * (1 + torch.rand(s.shape, generator=g))
     x = torch.randn(M, 300, generator=g)
     tiles = [lin.LinearTile(16, 128, 3), lin.LinearTile(32, 256, 2),            # 3 and 2 splits, edge K step
-             lin.LinearTile(32, 128, 3, swap=True), lin.LinearTile(64, 256, 1, swap=True, block_m=32)]  # W · x.T
+             lin.LinearTile(32, 128, 3, swap=True), lin.LinearTile(64, 256, 1, swap=True, block_m=32),  # W · x.T
+             lin.LinearTile(32, 128, 3, prescale=True), lin.LinearTile(64, 256, 2, swap=True, prescale=True)]
     if M == 1:                                                                 # the one-row (FMA) kernel too
         tiles += [lin.GemvTile(16, 128, 3), lin.GemvTile(32, 256, 2), lin.GemvTile(8, 64, 1)]
     for tile in tiles:
@@ -167,14 +168,19 @@ def test_fp8_linear_split_k_semaphore(tk, M):
 
 def test_fp8_linear_wide_tiles(tk):
     """Weight tiles over several 128-row scale blocks (256 outputs a program: each row scaled by its own block's
-    scale, a partial last block), swapped or not, split or not."""
+    scale, a partial last block), swapped or not, split or not, the weight scaled before its dot or the product
+    after (fp16: the prescaled tile is the reference's fp16 weight times x)."""
     lin = tk["lin"]
     g = torch.Generator().manual_seed(9)
     w8, s = fp8_quantize(0.02 * torch.randn(300, 300, generator=g))
     s = s * (1 + torch.rand(s.shape, generator=g))                         # distinct scale per block
     x = torch.randn(70, 300, generator=g)
-    for tile in (lin.LinearTile(256, 128, 2, swap=True, block_m=64), lin.LinearTile(256, 256, 1, block_m=16)):
+    for tile in (lin.LinearTile(256, 128, 2, swap=True, block_m=64), lin.LinearTile(256, 256, 1, block_m=16),
+                 lin.LinearTile(256, 128, 2, swap=True, block_m=64, prescale=True),
+                 lin.LinearTile(256, 256, 1, block_m=16, prescale=True)):
         assert rel(lin.fp8_linear(x, w8, s, tile), reference.linear(x, w8, s)) < 1e-5
+        if tile.prescale:
+            assert rel(lin.fp8_linear(x.half(), w8, s, tile), reference.linear(x.half(), w8, s)) < 1e-4
     assert not lin.tile_counters(x.device).any()
 
 

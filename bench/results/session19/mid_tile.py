@@ -42,7 +42,10 @@ def linears() -> None:
                   f"(rel {rel:.1e})", flush=True)
 
 
-def steps(ctx: int = 4096) -> None:
+def steps(ctx: int = 4096, rules: dict | None = None) -> None:
+    """The step with each of ``rules`` (name → ``mid_tile`` stand-in; default: OLD unsplit against NEW), three
+    alternations (session 25 passes its own)."""
+    rules = rules or {"unsplit": lambda M, N, K: OLD, "mid_tile": NEW}
     cfg = ModelConfig.from_dict(dict(SLICE))
     most = 32
     cache = KVCache(cfg, most * (ctx + BLOCK) + BLOCK, BF16, DEV)
@@ -57,9 +60,9 @@ def steps(ctx: int = 4096) -> None:
         seqs = [ScheduledSeq(f"r{i}", (1000 + i,), ctx, tuple(range(i * per_req, i * per_req + blocks)), True, 0)
                 for i in range(rows)]
         width = graph_width(blocks)
-        times: dict[str, list[float]] = {"unsplit": [], "mid_tile": []}
-        for name in ("unsplit", "mid_tile") * 3:
-            tl_mod.mid_tile = (lambda M, N, K: OLD) if name == "unsplit" else NEW
+        times: dict[str, list[float]] = {name: [] for name in rules}
+        for name in list(rules) * 3:
+            tl_mod.mid_tile = rules[name]
             graphs = decode_graphs(model, cache)      # captures again with this launch (a pool of its own)
             graphs.stage(seqs, rows, width)
 
