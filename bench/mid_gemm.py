@@ -29,7 +29,14 @@ from triton.runtime.errors import OutOfResources
 from bench.decode_slice import time_ms
 from bench.rows_gemm import graph_us, over, weights
 from kernels import reference
-from kernels.triton_linear import DECODE_ROWS, LinearTile, decode_tile, fp8_linear, mid_tile
+from kernels.triton_linear import (
+    DECODE_ROWS,
+    LinearTile,
+    decode_tile,
+    fp8_linear,
+    mid_tile,
+    unswapped_mid_tile,
+)
 from kernels.triton_utils import next_pow2, num_sms
 
 DEV = "cuda"
@@ -51,7 +58,7 @@ def variants(M: int, N: int, K: int, sweep: str = "base") -> dict[str, LinearTil
     if sweep == "wide":
         grid = itertools.product((True, False), (64, 128, 256), (64, 128, 256), (128,), (4, 8), (2, 3), (1, 2), (0,))
     elif sweep == "prescale":
-        out["old"] = (decode_tile if M <= DECODE_ROWS else old_mid_tile)(M, N, K)
+        out["old"] = (decode_tile if M <= DECODE_ROWS else unswapped_mid_tile)(M, N, K)
         grid = itertools.product((False, True), block_ms, (64, 128), (128,), (4, 8), (3, 4), (1, 2), (1,))
     else:
         grid = itertools.product((False, True), block_ms, (64, 128), (128, 256), (4, 8), (3, 4), (1, 2), (0,))
@@ -69,13 +76,6 @@ def variants(M: int, N: int, K: int, sweep: str = "base") -> dict[str, LinearTil
             LinearTile(bn, bk, split, warps, stages, swap=swap, block_m=bm, prescale=bool(pre))
     return out
 
-
-def old_mid_tile(M: int, N: int, K: int) -> LinearTile:
-    """``mid_tile`` before session 25: 64-row blocks of 128-wide tiles (64 under 1024 outputs), ~2 programs an SM."""
-    block_n = 128 if N >= 1024 else 64
-    tiles = triton.cdiv(N, block_n) * triton.cdiv(M, 64)
-    return LinearTile(block_n, 128, max(1, min(triton.cdiv(2 * num_sms(), tiles), triton.cdiv(K, 128) // 2)),
-                      num_warps=4, num_stages=3)
 
 
 def ceilings() -> tuple[float, float]:

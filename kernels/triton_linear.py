@@ -135,16 +135,14 @@ def _tile_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, M, N, K, str
             else:
                 w = w.to(x.dtype)
             prec: tl.constexpr = "ieee" if UPCAST else PREC
-            if PRESCALE:                       # scaled already: the dot accumulates in place, K step after K step
-                if SWAP:
-                    acc = tl.dot(w, tl.trans(x), acc, input_precision=prec)
-                else:
-                    acc = tl.dot(x, tl.trans(w), acc, input_precision=prec)
+            if SWAP:
+                a, b = w, tl.trans(x)
             else:
-                if SWAP:
-                    part = tl.dot(w, tl.trans(x), input_precision=prec)
-                else:
-                    part = tl.dot(x, tl.trans(w), input_precision=prec)
+                a, b = x, tl.trans(w)
+            if PRESCALE:                       # scaled already: the dot accumulates in place, K step after K step
+                acc = tl.dot(a, b, acc, input_precision=prec)
+            else:
+                part = tl.dot(a, b, input_precision=prec)
                 if HAS_SCALE and BLOCK_N > 128:
                     part = part * (sc[:, None] if SWAP else sc[None, :])
                 elif HAS_SCALE:
@@ -268,19 +266,23 @@ def decode_tile(M: int, N: int, K: int) -> LinearTile:
 def mid_tile(M: int, N: int, K: int) -> LinearTile:
     """65..PREFILL_ROWS rows. From 1024 outputs (past 4096 at ≤ 128 rows): ``swap``ped 64-output × 128-row tiles,
     split over K to ~1 program an SM — 1.13–1.47× faster than the unswapped launch below on the GLM-5.2 shapes at
-    128 and 256 rows, where wider tiles, 8 warps or 256-row tiles were slower (bench/mid_gemm.py [--wide],
-    bench/results/session25/). Else 64-row blocks of 128-wide weight tiles (64 under 1024 outputs), split to ~2
-    programs an SM; unsplit (before session 19), a tp rank's shared expert, 256 × 6144 under a dp step's 256 rows,
-    ran on 8 programs (bench/results/session19/)."""
-    k_steps = triton.cdiv(K, 128)
+    128 and 256 rows, where wider tiles, 8 warps or 256-row tiles were slower (bench/mid_gemm.py [--sweep wide],
+    bench/results/session25/). Else ``unswapped_mid_tile``."""
     if N >= 1024 and (M > 128 or N > 4096):
         tiles = triton.cdiv(N, 64) * triton.cdiv(M, 128)
-        return LinearTile(64, 128, max(1, min(triton.cdiv(num_sms(), tiles), k_steps // 2)), num_warps=4,
+        return LinearTile(64, 128, max(1, min(triton.cdiv(num_sms(), tiles), triton.cdiv(K, 128) // 2)), num_warps=4,
                           num_stages=3, swap=True, block_m=128)
+    return unswapped_mid_tile(M, N, K)
+
+
+def unswapped_mid_tile(M: int, N: int, K: int) -> LinearTile:
+    """``mid_tile``'s launch where it does not swap (every mid-size launch before session 25): 64-row blocks of
+    128-wide weight tiles (64 under 1024 outputs), split over K to ~2 programs an SM; unsplit (before session 19), a
+    tp rank's shared expert, 256 × 6144 under a dp step's 256 rows, ran on 8 programs (bench/results/session19/)."""
     block_n = 128 if N >= 1024 else 64
     tiles = triton.cdiv(N, block_n) * triton.cdiv(M, 64)
-    return LinearTile(block_n, 128, max(1, min(triton.cdiv(2 * num_sms(), tiles), k_steps // 2)), num_warps=4,
-                      num_stages=3)
+    return LinearTile(block_n, 128, max(1, min(triton.cdiv(2 * num_sms(), tiles), triton.cdiv(K, 128) // 2)),
+                      num_warps=4, num_stages=3)
 
 
 def gemv_tile(N: int, K: int) -> GemvTile:
