@@ -1,7 +1,7 @@
-"""Registers, spills and load / MMA counts of the Gluon kernels (kernels/gluon_rows.py), compiled for sm_90
-on this machine — no GPU needed: triton's own ptxas (inside ``triton.compile``) and cuobjdump. A refactor that looks neutral can change the
-register count and with it how many CTAs an SM holds (session 10: 64 → 86 registers halved the rows kernel's
-8-warp occupancy); check here before sweeping launches on the GPU.
+"""Registers, spills and load / MMA counts of the Gluon kernels (kernels/gluon_rows.py, gluon_mid.py), compiled for
+sm_90 on this machine — no GPU needed: triton's own ptxas (inside ``triton.compile``) and cuobjdump. A refactor that
+looks neutral can change the register count and with it how many CTAs an SM holds (session 10: 64 → 86 registers
+halved the rows kernel's 8-warp occupancy); check here before sweeping launches on the GPU.
 
     PYTHONPATH=. python bench/gluon_regs.py
 
@@ -21,6 +21,7 @@ from pathlib import Path
 import triton
 from triton.backends.compiler import GPUTarget
 
+from kernels import gluon_mid
 from kernels import gluon_rows as G
 
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
@@ -34,6 +35,19 @@ DOWN_SIG = {"act_ptr": "*bf16", "d_ptr": "*fp8e4nv", "ds_ptr": "*fp32", "w_route
             "sorted_pair_ptr": "*i32", "run_start_ptr": "*i32", "chunk_ptr": "*i32", "y_ptr": "*bf16",
             **dict.fromkeys(["P", "E_local", "H", "I", "num_sb_h", "num_sb_i"], "i32")}
 DIVISIBLE = ("K", "N", "stride_xm", "H", "I")     # as Triton specializes them at launch (multiples of 16)
+
+
+def mid_sig(block_m: int, block_n: int) -> dict:
+    """The mid-size kernel's signature: its two TMA descriptors name their blocks and shared layouts."""
+    from triton.experimental.gluon import language as gl
+
+    def desc(name: str, dtype, shape: list[int]) -> str:
+        layout = gl.NVMMASharedLayout.get_default_for(shape, dtype)
+        return f"tensordesc<{name}[{shape[0]}, {shape[1]}],{layout!r}>"
+    return {"x_desc": desc("bf16", gl.bfloat16, [block_m, 128]), "w_desc": desc("fp8e4nv", gl.float8e4nv,
+                                                                                 [block_n, 128]),
+            "s_ptr": "*fp32", "out_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32",
+            **dict.fromkeys(["M", "N", "num_sb_k", "kb_per_split"], "i32")}
 
 
 def inspect(fn, signature: dict, constexprs: dict, warps: int) -> dict:
@@ -57,7 +71,8 @@ def inspect(fn, signature: dict, constexprs: dict, warps: int) -> dict:
     res = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", usage))
     regs = int(res["REG"])
     return {"regs": regs, "ctas_per_sm": 65536 // (-(-regs // 8) * 8 * 32 * warps), "local": int(res["LOCAL"]),
-            "shared": int(res["SHARED"]), "sass": sum(ops.values()), "LDG": ops["LDG"], "HMMA": ops["HMMA"],
+            "stack": int(res.get("STACK", 0)), "shared": int(res["SHARED"]), "sass": sum(ops.values()),
+            "LDG": ops["LDG"], "HMMA": ops["HMMA"] + ops["HGMMA"],
             "BAR": ops["BAR"]}
 
 
@@ -75,13 +90,17 @@ def main() -> None:
         cases.append((f"moe down {bo}/{warps}w/{pairs}p", G._moe_down_kernel, DOWN_SIG,
                       {"BLOCK_HO": bo, "BLOCK_R": pairs, "SUB": 2, "WARPS": warps, "BITS": True,
                        "COMPACT": pairs > 8}, warps))
+    for bm, stages in ((16, 4), (64, 4), (128, 2)):                  # gluon_mid.mid_tile's classes
+        cases.append((f"mid {bm}x64/{stages}st", gluon_mid._mid_kernel, mid_sig(bm, 64),
+                       {"BLOCK_N": 64, "BLOCK_M": bm, "STAGES": stages, "WARPS": 4, "SPLIT": True}, 4))
     print(f"triton {triton.__version__}, sm_90\n")
-    print("| kernel | registers | CTAs / SM (by registers) | local (spill) bytes | shared bytes | SASS | LDG | HMMA | BAR |")
+    print("| kernel | registers | CTAs / SM (by registers) | local / stack (spill) bytes | static shared bytes | SASS "
+          "| LDG | HMMA (+HGMMA) | BAR |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, fn, sig, cons, warps in cases:
         r = inspect(fn, sig, cons, warps)
-        print(f"| {name} | {r['regs']} | {r['ctas_per_sm']} | {r['local']} | {r['shared']} | {r['sass']} | {r['LDG']} | "
-              f"{r['HMMA']} | {r['BAR']} |", flush=True)
+        print(f"| {name} | {r['regs']} | {r['ctas_per_sm']} | {r['local']} / {r['stack']} | {r['shared']} "
+              f"| {r['sass']} | {r['LDG']} | {r['HMMA']} | {r['BAR']} |", flush=True)
 
 
 if __name__ == "__main__":

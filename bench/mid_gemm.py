@@ -9,8 +9,12 @@ Each launch is timed as the device sees it in a step: a CUDA graph of back-to-ba
 that they do not fit in L2, replayed (``rows_gemm.graph_us``). Every launch is checked against the reference first,
 and each swapped launch against its unswapped twin bit for bit (reported, not asserted).
 
-    PYTHONPATH=. python bench/mid_gemm.py --out DIR [--rows 16 32 64 128 256] [--sweep base|wide|prescale]
+    PYTHONPATH=. python bench/mid_gemm.py --out DIR [--rows 16 32 64 128 256] [--sweep base|wide|prescale|hopper]
         [--shapes q_b o_proj ...] [--budget-s 420]
+
+``--sweep hopper``: the Gluon kernel of kernels/gluon_mid.py (its pick, ``gluon default``, and launches around it)
+beside the Triton tile kernel's pick (``default``; since session 26 ``fp8_linear`` takes the Gluon kernel where
+it applies).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from triton.runtime.errors import OutOfResources
 
 from bench.decode_slice import time_ms
 from bench.rows_gemm import graph_us, over, weights
-from kernels import reference
+from kernels import gluon_mid, reference
 from kernels.triton_linear import (
     DECODE_ROWS,
     LinearTile,
@@ -49,11 +53,25 @@ def default_tile(M: int, N: int, K: int) -> LinearTile:
     return decode_tile(M, N, K) if M <= DECODE_ROWS else mid_tile(M, N, K)
 
 
+def hopper_variants(M: int, N: int, K: int) -> dict[str, gluon_mid.MidTile]:
+    """The Gluon TMA / wgmma kernel (kernels/gluon_mid.py): the default pick, then rows × 64 outputs a program
+    (one warpgroup), ring stages, programs an SM."""
+    out = {"gluon default": gluon_mid.mid_tile(M, N, K, num_sms())}
+    block_ms = (max(16, next_pow2(M)),) if M <= 64 else (64, 128)
+    for bm, stages, per_sm in itertools.product(block_ms, (2, 3, 4), (1, 2)):
+        tiles = triton.cdiv(N, 64) * triton.cdiv(M, bm)
+        split = max(1, min(triton.cdiv(per_sm * num_sms(), tiles), triton.cdiv(K, 128) // 2))
+        out[f"gluon {bm}x64/{stages}st/s{split}"] = gluon_mid.MidTile(64, bm, split, stages)
+    return out
+
+
 def variants(M: int, N: int, K: int, sweep: str = "base") -> dict[str, LinearTile]:
     """The default pick, then the sweep: swap × rows a program × tile width × K step × warps × stages × programs an
     SM; ``wide``: tiles to 256 rows and 256 outputs (over two scale rows), 128-wide K steps; ``prescale``: the
     weight tile dequantized before its dot (``pre``), beside the unscaled launch of session 24 (``old``)."""
     out = {"default": default_tile(M, N, K)}
+    if sweep == "hopper":
+        return {**out, **hopper_variants(M, N, K)}
     block_ms = (max(16, next_pow2(M)),) if M <= DECODE_ROWS else (64, 128)
     if sweep == "wide":
         grid = itertools.product((True, False), (64, 128, 256), (64, 128, 256), (128,), (4, 8), (2, 3), (1, 2), (0,))
@@ -91,7 +109,8 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--rows", type=int, nargs="+", default=[16, 32, 64, 128, 256])
     ap.add_argument("--shapes", nargs="+", help="names from SHAPES (default: all)")
-    ap.add_argument("--sweep", default="base", choices=["base", "wide", "prescale"], help="which launches (variants)")
+    ap.add_argument("--sweep", default="base", choices=["base", "wide", "prescale", "hopper"],
+                    help="which launches (variants; hopper: the Gluon TMA / wgmma kernel's)")
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop sweeping past this (the report still writes)")
     args = ap.parse_args()
     t0 = time.time()
@@ -119,7 +138,7 @@ def main() -> None:
                     continue
                 err = ((y.float() - ref).norm() / ref.norm()).item()
                 assert err < 1e-2, (what, M, name, err)
-                if t.swap:
+                if getattr(t, "swap", False):
                     twin = LinearTile(t.block_n, t.block_k, t.split, t.num_warps, t.num_stages, block_m=t.block_m,
                                       prescale=t.prescale)
                     try:
@@ -152,7 +171,7 @@ def main() -> None:
              cols, "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---|---:|"]
     for r in res:
         t = r["times_us"]
-        unswapped = min((k for k in t if not k.startswith("swap")), key=t.get)
+        unswapped = min((k for k in t if not k.startswith(("swap", "gluon"))), key=t.get)
         floor = max(r["floor_bytes_us"], r["floor_flops_us"])
         lines.append(f"| {r['shape']} | {r['N']}×{r['K']} | {r['rows']} | {t['default']:.1f} | {r['best']} | "
                      f"{t[r['best']]:.1f} | {t['default'] / t[r['best']]:.2f} | {floor:.1f} | "

@@ -27,8 +27,11 @@ Two kernels; the launcher picks by rows:
   kernel on 128- or 64-row blocks (``mid_tile``), split over K as the decode tiles are — a W8A16 "dequant-tile
   GEMM": fp8 tiles are widened to the activation dtype in registers and multiplied on the tensor cores, on the
   wide weights with the weight as the dot's first operand (``swap``: Hopper's wgmma takes it from registers).
-  Still 3–5× its byte / FLOP floor, and 2–3× slower than cuBLAS on the weight dequantized beforehand
-  (bench/results/session25/): a kernel that streams the weight through shared memory by TMA is what is left.
+  3–5× its byte / FLOP floor (bench/results/session25/).
+* 16..PREFILL_ROWS bf16 rows on Hopper, where kernels/gluon_mid.py applies (past 64 rows ≥ 1024 outputs; to 64
+  rows on the large weights only): that kernel instead — the weight streamed into shared memory by TMA, widened
+  into the warpgroup MMA's register operand — the tile kernel's time / its: 1.11–1.62 at 100 and 200 rows, 1.0–1.3 at
+  16 rows and 1.1–2.2 at 32 and 64 on the large weights (bench/results/session26/).
 * prefill (> PREFILL_ROWS rows): one Triton pass dequantizes the weight to the activation dtype, then
   cuBLAS runs the bf16 GEMM (measured faster than the tile GEMM above on H200 at 4096 rows; the weight
   pass is ≤ 1/20 of the GEMM there). This backend never quantizes activations (W8A16), so all paths stay
@@ -50,7 +53,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels import gluon_rows, reference
+from kernels import gluon_mid, gluon_rows, reference
 from kernels.registry import ops
 from kernels.triton_utils import (
     dot_precision,
@@ -264,7 +267,8 @@ def decode_tile(M: int, N: int, K: int) -> LinearTile:
 
 
 def mid_tile(M: int, N: int, K: int) -> LinearTile:
-    """65..PREFILL_ROWS rows. From 1024 outputs (past 4096 at ≤ 128 rows): ``swap``ped 64-output × 128-row tiles,
+    """65..PREFILL_ROWS rows where kernels/gluon_mid.py does not apply (no Hopper GPU, not bf16, < 1024 outputs,
+    ``GLMSERVE_GLUON=0``). From 1024 outputs (past 4096 at ≤ 128 rows): ``swap``ped 64-output × 128-row tiles,
     split over K to ~1 program an SM — 1.13–1.47× faster than the unswapped launch below on the GLM-5.2 shapes at
     128 and 256 rows, where wider tiles, 8 warps or 256-row tiles were slower (bench/mid_gemm.py [--sweep wide],
     bench/results/session25/). Else ``unswapped_mid_tile``."""
@@ -340,10 +344,11 @@ def _gemv(x2: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor | None, out
 
 
 def fp8_linear(x: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor,
-               tile: LinearTile | gluon_rows.RowsTile | None = None) -> torch.Tensor:
+               tile: LinearTile | gluon_rows.RowsTile | gluon_mid.MidTile | None = None) -> torch.Tensor:
     """x: [..., K] (bf16/fp16/fp32), w8: [N, K] float8_e4m3fn contiguous, scale_inv: [⌈N/128⌉, ⌈K/128⌉]
     fp32 → [..., N] in x's dtype. ``tile`` overrides the decode launch shape (benchmarks; a ``GemvTile``
-    runs the one-row kernel, a ``RowsTile`` the Gluon rows kernel). No host sync; graph-capturable."""
+    runs the one-row kernel, a ``RowsTile`` the Gluon rows kernel, a ``MidTile`` the Gluon mid-size kernel). No host
+    sync; graph-capturable."""
     K = x.shape[-1]
     N = w8.shape[0]
     x2 = x.reshape(-1, K)
@@ -363,6 +368,10 @@ def fp8_linear(x: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor,
     if isinstance(tile, gluon_rows.RowsTile) or (tile is None and gluon_rows.usable(x2, N)):
         gluon_rows.fp8_linear_rows(x2, w8, scale_inv, out, tile or gluon_rows.rows_tile(M, N, K, num_sms()),
                                    tile_counters(x2.device))
+        return out.view(*x.shape[:-1], N)
+    if isinstance(tile, gluon_mid.MidTile) or (tile is None and gluon_mid.usable(x2, N, K)):
+        gluon_mid.fp8_linear_mid(x2, w8, scale_inv, out, tile or gluon_mid.mid_tile(M, N, K, num_sms()),
+                                 tile_counters(x2.device))
         return out.view(*x.shape[:-1], N)
     tile = tile or (decode_tile(M, N, K) if M <= DECODE_ROWS else mid_tile(M, N, K))
     block_m = tile.block_m or (max(16, next_pow2(M)) if M <= DECODE_ROWS else 64)

@@ -85,20 +85,30 @@ def all_e4m3(N: int, K: int) -> torch.Tensor:
     return finite.repeat(N * K // finite.numel() + 1)[:N * K].view(torch.float8_e4m3fn).view(N, K).contiguous()
 
 
-@pytest.mark.parametrize("path", ["gemv", "rows bits", "rows cvt"])
+gluon_mid = pytest.importorskip("kernels.gluon_mid")
+needs_hopper = pytest.mark.skipif(not gluon_mid.HAVE_HOPPER or torch.cuda.get_device_capability()[0] != 9,
+                                  reason="the mid-size Gluon kernel needs triton's Hopper Gluon and an sm_90 GPU")
+
+
+@pytest.mark.parametrize("path", ["gemv", "rows bits", "rows cvt", "mid", "mid 32 rows"])
 def test_fp8_widening_exact(path):
-    """Every finite e4m3 value through the one-row GEMV and the Gluon rows kernel (its bit move, or cvt), one
-    product per output: one-hot activation rows pick weight columns, so y must equal
+    """Every finite e4m3 value through the one-row GEMV, the Gluon rows kernel (its bit move, or cvt) and the mid-size
+    kernel (its pair-wise bit move; 17..256 rows), one product per output: one-hot activation rows pick weight columns, so y must equal
     the weight × a power-of-two scale exactly — zeros, subnormals and signs included."""
     N, K = 1024, 256
     w8 = all_e4m3(N, K)
     s = torch.full((N // 128, K // 128), 0.5, device=DEV)
-    for rows in ((1,) if path == "gemv" else (2, 5, 8)):
+    for rows in {"gemv": (1,), "mid": (65, 100, 256), "mid 32 rows": (17, 32)}.get(path, (2, 5, 8)):
         cols = torch.randint(0, K, (rows,), device=DEV)
         x = torch.zeros(rows, K, device=DEV, dtype=BF16)
         x[torch.arange(rows, device=DEV), cols] = 1.0
         if path == "gemv":
             out = tri("linear")(x, w8, s)
+        elif path.startswith("mid"):
+            if not gluon_mid.HAVE_HOPPER or torch.cuda.get_device_capability()[0] != 9:
+                pytest.skip("needs triton's Hopper Gluon and an sm_90 GPU")
+            from kernels.triton_linear import fp8_linear
+            out = fp8_linear(x, w8, s, gluon_mid.MidTile(64, 32 if rows <= 32 else 128, 1, 3))
         else:
             if not gluon_rows.HAVE_GLUON:
                 pytest.skip("triton without Gluon")
@@ -127,6 +137,45 @@ def test_gluon_rows_linear(M, N, K, tile):
     assert rel(first, reference.linear(x.float(), w8, s)) < 1e-2
     assert all(torch.equal(fp8_linear(x, w8, s, t), first) for _ in range(3))
     assert torch.equal(replayed(lambda: fp8_linear(x, w8, s, t)), first)
+
+
+@needs_hopper
+@pytest.mark.parametrize("M", [65, 100, 128, 200, 256])
+@pytest.mark.parametrize("N,K,tile", [(1088, 6144, (64, 128, 3, 4)), (6144, 16384, (64, 64, 2, 4)),
+                                      (2048, 720, (64, 64, 1, 3)), (4096, 2048, (128, 128, 1, 4)),
+                                      (16384, 2048, (128, 64, 2, 4, 8)), (6144, 1536, None)])
+def test_gluon_mid_linear(M, N, K, tile):
+    """The TMA / wgmma kernel (65..256 rows) against the fp32 reference: ragged N (a partial 128-row scale block),
+    ragged K (720: TMA's zero fill), rows past a 128-row tile, split-K on and off, one or two warpgroups, the
+    default launch; repeat calls and graph replays bitwise."""
+    g = gen(M * N + K)
+    w8, s = fp8_quantize(0.02 * torch.randn(N, K, device=DEV, generator=g))
+    x = torch.randn(M, K, device=DEV, generator=g).to(BF16)
+    from kernels.triton_linear import fp8_linear
+    t = gluon_mid.MidTile(*tile) if tile else gluon_mid.mid_tile(M, N, K, torch.cuda.get_device_properties(0)
+                                                                   .multi_processor_count)
+    assert gluon_mid.usable(x, N, K)
+    first = fp8_linear(x, w8, s, t)
+    assert rel(first, reference.linear(x.float(), w8, s)) < 1e-2
+    assert all(torch.equal(fp8_linear(x, w8, s, t), first) for _ in range(3))
+    assert torch.equal(replayed(lambda: fp8_linear(x, w8, s, t)), first)
+
+
+@needs_hopper
+@pytest.mark.parametrize("M", [16, 40, 64])
+@pytest.mark.parametrize("N,K", [(16384, 2048), (6144, 16384)])
+def test_gluon_mid_decode_rows(M, N, K):
+    """16..64 rows on the large weights take the mid-size kernel by default (all rows in one tile): against the fp32
+    reference, bitwise on repeat and in a graph replay. (Added after session 26's last GPU call: not yet run.)"""
+    g = gen(M * N + K)
+    w8, s = fp8_quantize(0.02 * torch.randn(N, K, device=DEV, generator=g))
+    x = torch.randn(M, K, device=DEV, generator=g).to(BF16)
+    assert gluon_mid.usable(x, N, K)
+    lin = tri("linear")
+    first = lin(x, w8, s)
+    assert rel(first, reference.linear(x.float(), w8, s)) < 1e-2
+    assert all(torch.equal(lin(x, w8, s), first) for _ in range(3))
+    assert torch.equal(replayed(lambda: lin(x, w8, s)), first)
 
 
 def test_linear_pair_bf16():

@@ -1,0 +1,82 @@
+"""The mid-size Gluon linear's host side on the CPU (kernels/gluon_mid.py): which shapes take it, the launch it
+picks, and that it compiles for sm_90 with the installed triton. The kernel itself (TMA, wgmma: no interpreter)
+runs in tests/gpu/test_kernels_gpu.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+gluon_mid = pytest.importorskip("kernels.gluon_mid", reason="triton is not installed (the 'gpu' extra)")
+
+SHAPES = [(2048, 6144), (16384, 2048), (6144, 16384), (4096, 2048), (12288, 6144), (6144, 12288), (1536, 6144),
+          (6144, 1536), (1088, 720)]
+SMEM = 227 << 10       # an H200 SM's shared memory for one block
+
+
+def test_applies():
+    """16..256 rows, ≥ 1024 outputs, K a multiple of 16; to 64 rows only on the large weights (N·K ≥ 2^24)."""
+    assert gluon_mid.applies(16, 6144, 16384) and gluon_mid.applies(64, 16384, 2048)
+    assert not gluon_mid.applies(64, 4096, 2048)          # small weight, decode rows: the Triton tile
+    assert gluon_mid.applies(65, 4096, 2048) and gluon_mid.applies(256, 1536, 6144)
+    assert not gluon_mid.applies(15, 6144, 16384) and not gluon_mid.applies(257, 6144, 16384)
+    assert not gluon_mid.applies(128, 576, 6144)          # kv_a: too few outputs
+    assert not gluon_mid.applies(128, 2048, 6150)         # K not a multiple of 16: no TMA descriptor
+    x = torch.zeros(128, 6144, dtype=torch.bfloat16)
+    assert not gluon_mid.usable(x, 16384, 6144)           # a CPU tensor
+
+
+@pytest.mark.parametrize("N,K", SHAPES)
+@pytest.mark.parametrize("M", [16, 17, 32, 64, 65, 100, 128, 200, 256])
+def test_mid_tile(M, N, K):
+    """One warpgroup on 64 outputs; all rows in one tile to 64, else 128 rows on large weights and 64 on the rest;
+    the ring fits shared memory; split-K to about one program an SM, every split ≥ 2 K steps (or none)."""
+    t = gluon_mid.mid_tile(M, N, K, 132)
+    assert t.block_n == 64 and t.num_warps == 4
+    if M <= 64:
+        assert t.block_m == max(16, 1 << (M - 1).bit_length()) and t.stages == 4
+    else:
+        assert t.block_m == (128 if N * K >= gluon_mid.LARGE else 64)
+    assert t.stages * (t.block_m * 128 * 2 + t.block_n * 128) <= SMEM
+    tiles = -(-N // 64) * -(-M // t.block_m)
+    assert t.split == 1 or (-(-K // 128) // t.split >= 2 and tiles * t.split < 132 + tiles)
+
+
+_COMPILE_FOR_SM90 = """
+import json
+from bench import gluon_regs as regs
+from kernels import gluon_mid
+if not gluon_mid.HAVE_HOPPER:
+    print(json.dumps(None))
+    raise SystemExit
+out = {}
+for bm, stages in ((16, 4), (64, 4), (128, 2)):
+    out[bm] = regs.inspect(gluon_mid._mid_kernel, regs.mid_sig(bm, 64),
+                           {"BLOCK_N": 64, "BLOCK_M": bm, "STAGES": stages, "WARPS": 4, "SPLIT": True}, 4)
+print(json.dumps(out))
+"""
+
+
+def test_mid_kernel_compiles_for_sm90():
+    """mid_tile's three classes compile for sm_90 with the installed triton (no GPU needed): an API change in
+    triton.experimental (3.9 renamed the TMA copy) fails here, not on a GPU. Warpgroup MMAs present; nothing spilled
+    to 64 rows (the 128-row tile holds 128 fp32 accumulators a thread; triton 3.6's ptxas spilled 40 bytes there,
+    with no loss measured). A process of its own, as tests/unit/test_gluon_rows.py's compile (no interpreter)."""
+    pytest.importorskip("bench.gluon_regs", reason="needs triton's CUDA backend")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90], capture_output=True, text=True, env=env,
+                          cwd=Path(__file__).resolve().parents[2], timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    kernels = json.loads(done.stdout.strip().splitlines()[-1])
+    if kernels is None:
+        pytest.skip("this triton has no Hopper Gluon: the Triton tile kernels run")
+    for bm, r in kernels.items():
+        assert r["HMMA"] > 0 and r["local"] == 0 and r["regs"] <= 255, (bm, r)
+        if int(bm) <= 64:
+            assert r["stack"] == 0, (bm, r)
