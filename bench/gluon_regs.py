@@ -13,8 +13,11 @@ other register counts. To see 3.6's here: ``pip install --target /tmp/tr36 --no-
 from __future__ import annotations
 
 import collections
+import json
+import os
 import re
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -74,6 +77,18 @@ def inspect(fn, signature: dict, constexprs: dict, warps: int) -> dict:
             "stack": int(res.get("STACK", 0)), "shared": int(res["SHARED"]), "sass": sum(ops.values()),
             "LDG": ops["LDG"], "HMMA": ops["HMMA"] + ops["HGMMA"],
             "BAR": ops["BAR"]}
+
+
+def report_in_subprocess(code: str):
+    """Run ``code`` (Python that prints a JSON value as its last line) in a fresh interpreter at the repository root,
+    without ``TRITON_INTERPRET`` — the interpreter patches ``triton.language`` while it runs a kernel, and a compile
+    in a process that had interpreted kernels failed once inside a full test run ("'value' object has no attribute
+    'dtype'"), never alone — and return that value; an AssertionError with its stderr if it fails."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          cwd=Path(__file__).resolve().parents[1], timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:

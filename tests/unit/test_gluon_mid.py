@@ -4,12 +4,6 @@ runs in tests/gpu/test_kernels_gpu.py."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -67,13 +61,9 @@ def test_mid_kernel_compiles_for_sm90():
     """mid_tile's three classes compile for sm_90 with the installed triton (no GPU needed): an API change in
     triton.experimental (3.9 renamed the TMA copy) fails here, not on a GPU. Warpgroup MMAs present; nothing spilled
     to 64 rows (the 128-row tile holds 128 fp32 accumulators a thread; triton 3.6's ptxas spilled 40 bytes there,
-    with no loss measured). A process of its own, as tests/unit/test_gluon_rows.py's compile (no interpreter)."""
-    pytest.importorskip("bench.gluon_regs", reason="needs triton's CUDA backend")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90], capture_output=True, text=True, env=env,
-                          cwd=Path(__file__).resolve().parents[2], timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    kernels = json.loads(done.stdout.strip().splitlines()[-1])
+    with no loss measured). In a process of its own (``gluon_regs.report_in_subprocess``)."""
+    regs = pytest.importorskip("bench.gluon_regs", reason="needs triton's CUDA backend")
+    kernels = regs.report_in_subprocess(_COMPILE_FOR_SM90)
     if kernels is None:
         pytest.skip("this triton has no Hopper Gluon: the Triton tile kernels run")
     for bm, r in kernels.items():

@@ -3,12 +3,6 @@ kernels themselves (no interpreter for Gluon) run in tests/gpu/test_kernels_gpu.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -88,15 +82,9 @@ def test_kernels_compile_for_sm90():
     """Every Gluon kernel of the default launches compiles for sm_90 with the installed triton (no GPU needed):
     an API change in triton.experimental (3.9 renamed ``thread_barrier`` to ``barrier``) fails here, not on a
     GPU at the first 2..8-row step. Tensor-core MMAs present, nothing spilled. In a process of its own, without
-    this tier's ``TRITON_INTERPRET``: the interpreter patches ``triton.language`` while it runs a kernel, and a
-    compile in a process that has interpreted kernels failed once inside a full run ("'value' object has no
-    attribute 'dtype'"), never alone."""
-    pytest.importorskip("bench.gluon_regs", reason="needs triton's CUDA backend")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90], capture_output=True, text=True, env=env,
-                          cwd=Path(__file__).resolve().parents[2], timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    kernels = json.loads(done.stdout.strip().splitlines()[-1])
+    this tier's ``TRITON_INTERPRET`` (``gluon_regs.report_in_subprocess``)."""
+    regs = pytest.importorskip("bench.gluon_regs", reason="needs triton's CUDA backend")
+    kernels = regs.report_in_subprocess(_COMPILE_FOR_SM90)
     if kernels is None:
         pytest.skip("this triton has no usable Gluon: the Triton tile kernels run")
     for name, r in kernels.items():
