@@ -53,6 +53,18 @@ def mid_sig(block_m: int, block_n: int) -> dict:
             **dict.fromkeys(["M", "N", "num_sb_k", "kb_per_split"], "i32")}
 
 
+def mid_cases() -> list[tuple]:
+    """(name, kernel, signature, constexprs, warps) of ``gluon_mid.mid_tile``'s three launch classes (16 rows; past 64
+    rows on a small and on a large weight), split over K."""
+    cases = []
+    for M, N, K in ((16, 6144, 16384), (100, 4096, 2048), (128, 6144, 16384)):
+        t = gluon_mid.mid_tile(M, N, K, 132)
+        cases.append((f"mid {t.block_m}x{t.block_n}/{t.stages}st", gluon_mid._mid_kernel, mid_sig(t.block_m, t.block_n),
+                      {"BLOCK_N": t.block_n, "BLOCK_M": t.block_m, "STAGES": t.stages, "WARPS": t.num_warps,
+                       "SPLIT": True}, t.num_warps))
+    return cases
+
+
 def inspect(fn, signature: dict, constexprs: dict, warps: int) -> dict:
     """Compile ``fn`` for sm_90 (to a cubin: triton runs its own ptxas) and read the cubin's resource usage and
     SASS instruction mix with triton's cuobjdump."""
@@ -105,9 +117,7 @@ def main() -> None:
         cases.append((f"moe down {bo}/{warps}w/{pairs}p", G._moe_down_kernel, DOWN_SIG,
                       {"BLOCK_HO": bo, "BLOCK_R": pairs, "SUB": 2, "WARPS": warps, "BITS": True,
                        "COMPACT": pairs > 8}, warps))
-    for bm, stages in ((16, 4), (64, 4), (128, 2)):                  # gluon_mid.mid_tile's classes
-        cases.append((f"mid {bm}x64/{stages}st", gluon_mid._mid_kernel, mid_sig(bm, 64),
-                       {"BLOCK_N": 64, "BLOCK_M": bm, "STAGES": stages, "WARPS": 4, "SPLIT": True}, 4))
+    cases += mid_cases()
     print(f"triton {triton.__version__}, sm_90\n")
     print("| kernel | registers | CTAs / SM (by registers) | local / stack (spill) bytes | static shared bytes | SASS "
           "| LDG | HMMA (+HGMMA) | BAR |")

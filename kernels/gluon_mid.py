@@ -84,11 +84,10 @@ class MidTile:
     block_m: int = 128
     split: int = 1
     stages: int = 4
-    warps: int = 0              # 0: one warpgroup (4 warps) a 64 outputs
 
     @property
     def num_warps(self) -> int:
-        return self.warps or self.block_n // 16
+        return self.block_n // 16           # one warpgroup a 64 outputs
 
 
 if HAVE_HOPPER:
