@@ -1,7 +1,7 @@
 """Where a decode step of the GLM-5.2-width slice spends its time on the runner's graph path (replay of
 ``workers/graphs.py`` + the lm_head): per-kernel CUDA time (torch.profiler), grouped by kernel name.
 
-    PYTHONPATH=. python bench/profile_slice.py [--ctx 4096] [--rows 1 8] [--shard [--dp]]
+    PYTHONPATH=. python bench/profile_slice.py [--ctx 4096] [--rows 1 8] [--shard [--dp]] [--sequence]
 """
 
 from __future__ import annotations
@@ -36,6 +36,16 @@ def kernel_times(fn, reps: int) -> dict[str, tuple[float, float]]:
     return {name: (t / reps, c / reps) for name, (t, c) in by.items()}
 
 
+def kernel_sequence(fn) -> list[tuple[float, float, str]]:
+    """One call of ``fn()``'s CUDA kernels in launch order: (start µs from the first kernel's, µs, name)."""
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    evs = sorted((ev for ev in prof.events() if ev.device_type.name == "CUDA"), key=lambda ev: ev.time_range.start)
+    t0 = evs[0].time_range.start if evs else 0.0
+    return [(ev.time_range.start - t0, ev.time_range.end - ev.time_range.start, ev.name) for ev in evs]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ctx", type=int, default=4096)
@@ -44,6 +54,8 @@ def main() -> None:
     ap.add_argument("--shard", action="store_true", help="MoE and dense MLP at 1/8 width (one tp rank of 8)")
     ap.add_argument("--dp", action="store_true", help="with --shard: the MLPs over 8 ranks' rows (decode_slice's "
                     "'rank of dp 8')")
+    ap.add_argument("--sequence", action="store_true", help="also list one step's kernels in launch order "
+                    "(start, gap before, time): what a fusion would remove")
     args = ap.parse_args()
     cfg = ModelConfig.from_dict(dict(SLICE))
     most = max(8, *args.rows)
@@ -76,6 +88,12 @@ def main() -> None:
               f"{sum(c for _, c in by.values()):.0f} kernels per step")
         for name, (t, c) in sorted(by.items(), key=lambda kv: -kv[1][0])[:40]:
             print(f"{t:9.1f} us  {c:6.1f}x  {name[:110]}")
+        if args.sequence:
+            print(f"\n-- one step in launch order (rows {rows}): start us, gap before us, kernel us, name")
+            end = 0.0
+            for start, t, name in kernel_sequence(step):
+                print(f"{start:9.1f} {start - end:6.1f} {t:8.1f}  {name[:90]}")
+                end = start + t
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -63,20 +64,37 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: boo
     return torch.cat([a * cos - b * sin, b * cos + a * sin] + ([x[..., d:]] if d < x.shape[-1] else []), dim=-1)
 
 
+class CacheRows(NamedTuple):
+    """A second set of key rows for ``norm_rope_store`` (its arguments but the step's angles and slots)."""
+
+    x: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    eps: float
+    n_norm: int
+    rope_at: int
+    interleaved: bool
+    cache: torch.Tensor
+
+
 @ops.register("norm_rope_store")
 def norm_rope_store(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float, n_norm: int,
                     cos: torch.Tensor, sin: torch.Tensor, rope_at: int, interleaved: bool, cache: torch.Tensor,
-                    slots: torch.Tensor) -> None:
+                    slots: torch.Tensor, also: CacheRows | None = None) -> None:
     """Cache one key row per step row: ``cache[slots] = y``, y = x [N, D] with columns ``[0, n_norm)``
     normalized (RMSNorm; LayerNorm when ``bias`` is given) and then columns ``[rope_at, rope_at + dr)``
     rotated (cos/sin [N, dr/2]). MLA: (latent RMSNorm | rope key) = n_norm 512, rope_at 512; the indexer:
-    a LayerNorm'd key whose first dr columns are roped = n_norm 128, rope_at 0."""
+    a LayerNorm'd key whose first dr columns are roped = n_norm 128, rope_at 0. ``also``: the same for a
+    second set of rows with the same angles and slots (MLA's and the indexer's in one call)."""
     dr = 2 * cos.shape[-1]
     head = rms_norm(x[:, :n_norm], weight, eps) if bias is None else layer_norm(x[:, :n_norm], weight, bias, eps)
     y = torch.cat([head, x[:, n_norm:]], dim=-1) if n_norm < x.shape[-1] else head
     y = torch.cat([y[:, :rope_at], rope(y[:, rope_at:rope_at + dr], cos, sin, interleaved), y[:, rope_at + dr:]],
                   dim=-1)
     cache[slots] = y.to(cache.dtype)
+    if also is not None:
+        a = also
+        norm_rope_store(a.x, a.weight, a.bias, a.eps, a.n_norm, cos, sin, a.rope_at, a.interleaved, a.cache, slots)
 
 
 # ---- FP8 block-scaled weights ------------------------------------------------------------------
@@ -145,10 +163,10 @@ def linear_f32(x: torch.Tensor, weight: torch.Tensor, rounded: bool = False, sca
     return y * scale if scale != 1.0 else y
 
 
-@ops.register("linear_pair")
-def linear_pair(x: torch.Tensor, a: tuple, b: tuple) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two projections of one input: ``(linear(x, *a), linear(x, *b))``, a/b = (weight, scale_inv or None)."""
-    return linear(x, *a), linear(x, *b)
+@ops.register("linear_group")
+def linear_group(x: torch.Tensor, *weights: tuple) -> tuple[torch.Tensor, ...]:
+    """Several projections of one input: ``linear(x, *w)`` for each w = (weight, scale_inv or None)."""
+    return tuple(linear(x, *w) for w in weights)
 
 
 # ---- DSA lightning indexer ---------------------------------------------------------------------
@@ -256,6 +274,15 @@ def mla_absorb(q_nope: torch.Tensor, kv_b) -> torch.Tensor:
     ``kv_b``: the kv_b_proj Linear, weight [nh·(dn + dv), rkv], dequantized once and kept)."""
     nh, dn = q_nope.shape[1:]
     return torch.einsum("nhd,hdc->nhc", q_nope, _kv_b_heads(kv_b, q_nope.dtype, nh)[:, :dn])
+
+
+@ops.register("mla_absorb_rope")
+def mla_absorb_rope(q: torch.Tensor, kv_b, dn: int, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [N, nh, dn + dr] (MLA's [nope | rope] heads), cos/sin [N, dr/2] → (``mla_absorb`` of the nope dims,
+    the rope dims roped: [N, nh, dr], ``rope``)."""
+    N, half = q.shape[0], cos.shape[-1]
+    return mla_absorb(q[..., :dn], kv_b), rope(q[..., dn:], cos.view(N, 1, half), sin.view(N, 1, half), interleaved)
 
 
 @ops.register("mla_expand")

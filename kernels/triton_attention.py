@@ -29,6 +29,7 @@ import triton.language as tl
 
 from kernels import reference
 from kernels.registry import ops
+from kernels.triton_norm import rope_rows
 from kernels.triton_utils import dot_precision, next_pow2, num_sms, on_cuda, pdl_launch, pdl_wait
 
 LOG2E = 1.4426950408889634
@@ -537,11 +538,13 @@ def expand_tile(N: int) -> tuple[int, int, int]:
 
 
 @triton.jit
-def _absorb_kernel(q_ptr, w_ptr, s_ptr, out_ptr, stride_qn, stride_qh, DN, RKV, rows_per_head, num_sb_c,
-                   BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr):
+def _absorb_kernel(q_ptr, w_ptr, s_ptr, out_ptr, cos_ptr, sin_ptr, qr_ptr, stride_qn, stride_qh, DN, RKV,
+                   rows_per_head, num_sb_c, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr, HALF: tl.constexpr,
+                   INTERLEAVED: tl.constexpr, PDL: tl.constexpr):
     """q_lat[n, h, c-block] = Σ_d q[n, h, d] · W8[h·rows_per_head + d, c] · S[row // 128, c // 128]: the
     reduction runs down W's rows, so each row's scale multiplies its q element (BLOCK_C ≤ 128 columns
-    share one scale column); products are kept per lane and reduced once."""
+    share one scale column); products are kept per lane and reduced once. HALF > 0: the c-block 0 programs
+    also rope the head's 2·HALF dims after DN into ``qr_ptr`` [N, nh, 2·HALF] (``rope``)."""
     n = tl.program_id(0)
     h = tl.program_id(1)
     c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -553,6 +556,10 @@ def _absorb_kernel(q_ptr, w_ptr, s_ptr, out_ptr, stride_qn, stride_qh, DN, RKV, 
                 eviction_policy="evict_first")
     s = tl.load(s_col + (row // 128) * num_sb_c, mask=dm, other=0.0)
     pdl_wait(PDL)
+    if HALF > 0 and tl.program_id(2) == 0:
+        one = tl.zeros((1, 1), dtype=tl.int32)
+        rope_rows(q_ptr + n * stride_qn + h * stride_qh + DN + one, cos_ptr + n * HALF + one, sin_ptr + n * HALF + one,
+                  qr_ptr + (n * tl.num_programs(1) + h) * 2 * HALF + one, one == 0, HALF, INTERLEAVED)
     q = tl.load(q_ptr + n * stride_qn + h * stride_qh + d, mask=dm, other=0.0).to(tl.float32)
     acc = w.to(tl.float32) * (q * s)[:, None]
     for d0 in range(BLOCK_D, DN, BLOCK_D):
@@ -594,17 +601,23 @@ def _expand_kernel(o_ptr, w_ptr, s_ptr, out_ptr, DN, DV, RKV, rows_per_head, num
 
 
 @triton.jit
-def _absorb_rows_kernel(q_ptr, w_ptr, s_ptr, out_ptr, N, stride_qn, stride_qh, DN, RKV, rows_per_head, num_sb_c,
-                        BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
+def _absorb_rows_kernel(q_ptr, w_ptr, s_ptr, out_ptr, cos_ptr, sin_ptr, qr_ptr, N, stride_qn, stride_qh, DN, RKV,
+                        rows_per_head, num_sb_c, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, HALF: tl.constexpr,
+                        INTERLEAVED: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
     """Several rows: q_lat[:, h, c-block] of every row from one read of the weight tile — a
     [rows, 64] × [64, BLOCK_C] dot a step, times the step's one block scale (a head's rows start at a
-    multiple of 64, so 64 of them lie in one 128-row scale block; BLOCK_C ≤ 128 columns in one column)."""
+    multiple of 64, so 64 of them lie in one 128-row scale block; BLOCK_C ≤ 128 columns in one column).
+    HALF > 0: the c-block 0 programs also rope their head's 2·HALF dims after DN of every row, as ``_absorb_kernel``."""
     h = tl.program_id(0)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     s_col = s_ptr + (tl.program_id(1) * BLOCK_C) // 128
     n = tl.arange(0, BLOCK_R)
     acc = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
     pdl_wait(PDL)
+    if HALF > 0 and tl.program_id(1) == 0:
+        r = n[:, None]
+        rope_rows(q_ptr + r * stride_qn + h * stride_qh + DN, cos_ptr + r * HALF, sin_ptr + r * HALF,
+                  qr_ptr + (r * tl.num_programs(0) + h) * 2 * HALF, r < N, HALF, INTERLEAVED)
     for d0 in range(0, DN, 64):
         d = d0 + tl.arange(0, 64)
         row = h * rows_per_head + d
@@ -658,6 +671,25 @@ def mla_absorb(q_nope: torch.Tensor, kv_b) -> torch.Tensor:
     return _absorb(q_nope, kv_b, *absorb_tile(rkv))
 
 
+@ops.register("mla_absorb_rope", backend="triton", available=on_cuda)
+def mla_absorb_rope(q: torch.Tensor, kv_b, dn: int, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """As ``reference.mla_absorb_rope``; where the absorb runs on its few-row kernels, the rope of q's rope dims
+    rides in the same launch (its first column block's programs) instead of a launch of its own."""
+    N, nh, D = q.shape
+    rkv, half = kv_b.in_features, cos.shape[-1]
+    if (not _absorbable(kv_b, N) or q.stride(-1) != 1 or rkv % 64 or D != dn + 2 * half or half & (half - 1)
+            or cos.shape != (N, half) or sin.shape != cos.shape or cos.dtype != q.dtype or sin.dtype != q.dtype):
+        return mla_absorb(q[..., :dn], kv_b), ops.rope(q[..., dn:], cos.view(N, 1, half), sin.view(N, 1, half),
+                                                        interleaved)
+    rope = (cos.contiguous(), sin.contiguous(), torch.empty(N, nh, 2 * half, dtype=q.dtype, device=q.device),
+            interleaved)
+    q_nope = q[..., :dn]
+    if N > 1 and _rows_aligned(kv_b, nh, dn):
+        return _absorb_rows(q_nope, kv_b, *ABSORB_ROWS_TILE, rope=rope), rope[2]
+    return _absorb(q_nope, kv_b, *absorb_tile(rkv), rope=rope), rope[2]
+
+
 # (BLOCK_C, warps) of the several-row absorb / expand, measured best on H200 (64 heads, 192 / 256 rows each,
 # latent 512; bench/tune_attention.py --rows 2 4 8, bench/results/session8/): absorb 5.2 µs at 2, 4 and 8 rows
 # where the per-row kernel takes 5.3 / 8.9 / 15.6; expand 6.0–6.2 µs where the per-row one takes 4.6 / 7.8 /
@@ -673,28 +705,40 @@ def _rows_aligned(kv_b, nh: int, dn: int) -> bool:
     return (kv_b.out_features // nh) % 64 == 0 and dn % 64 == 0 and kv_b.in_features % 128 == 0
 
 
-def _absorb_rows(q_nope: torch.Tensor, kv_b, block_c: int, warps: int) -> torch.Tensor:
+def _rope_args(rope: tuple | None, out: torch.Tensor) -> tuple[tuple, dict]:
+    """The absorb kernels' rope arguments: (cos, sin, q_rope out) pointers and (HALF, INTERLEAVED); HALF 0 when
+    ``rope`` (cos, sin, out, interleaved) is None (the pointers then unused)."""
+    if rope is None:
+        return (out, out, out), {"HALF": 0, "INTERLEAVED": False}
+    cos, sin, q_rope, interleaved = rope
+    return (cos, sin, q_rope), {"HALF": cos.shape[-1], "INTERLEAVED": interleaved}
+
+
+def _absorb_rows(q_nope: torch.Tensor, kv_b, block_c: int, warps: int, rope: tuple | None = None) -> torch.Tensor:
     N, nh, dn = q_nope.shape
     rkv = kv_b.in_features
     assert 128 % block_c == 0 and rkv % block_c == 0
     out = torch.empty(N, nh, rkv, dtype=q_nope.dtype, device=q_nope.device)
-    _absorb_rows_kernel[(nh, rkv // block_c)](q_nope, kv_b.weight, kv_b.weight_scale_inv, out, N, q_nope.stride(0),
-                                              q_nope.stride(1), dn, rkv, kv_b.out_features // nh,
+    rope_ptrs, rope_kw = _rope_args(rope, out)
+    _absorb_rows_kernel[(nh, rkv // block_c)](q_nope, kv_b.weight, kv_b.weight_scale_inv, out, *rope_ptrs, N,
+                                              q_nope.stride(0), q_nope.stride(1), dn, rkv, kv_b.out_features // nh,
                                               kv_b.weight_scale_inv.shape[1], BLOCK_R=max(16, next_pow2(N)),
                                               BLOCK_C=block_c, PREC=dot_precision(q_nope.dtype), num_warps=warps,
-                                              **pdl_launch())
+                                              **rope_kw, **pdl_launch())
     return out
 
 
-def _absorb(q_nope: torch.Tensor, kv_b, block_d: int, block_c: int, warps: int) -> torch.Tensor:
+def _absorb(q_nope: torch.Tensor, kv_b, block_d: int, block_c: int, warps: int, rope: tuple | None = None
+            ) -> torch.Tensor:
     N, nh, dn = q_nope.shape
     rkv = kv_b.in_features
     assert rkv % block_c == 0 and 128 % block_c == 0
     out = torch.empty(N, nh, rkv, dtype=q_nope.dtype, device=q_nope.device)
-    _absorb_kernel[(N, nh, rkv // block_c)](q_nope, kv_b.weight, kv_b.weight_scale_inv, out, q_nope.stride(0),
-                                            q_nope.stride(1), dn, rkv, kv_b.out_features // nh,
+    rope_ptrs, rope_kw = _rope_args(rope, out)
+    _absorb_kernel[(N, nh, rkv // block_c)](q_nope, kv_b.weight, kv_b.weight_scale_inv, out, *rope_ptrs,
+                                            q_nope.stride(0), q_nope.stride(1), dn, rkv, kv_b.out_features // nh,
                                             kv_b.weight_scale_inv.shape[1], BLOCK_D=block_d, BLOCK_C=block_c,
-                                            num_warps=warps, **pdl_launch())
+                                            num_warps=warps, **rope_kw, **pdl_launch())
     return out
 
 

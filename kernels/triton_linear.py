@@ -7,9 +7,10 @@ Two kernels; the launcher picks by rows:
   block's scale; products stay per K lane and are summed once at the end. Split-K as below. Measured on
   H200 at 3.0–3.2 TB/s on the big shapes vs 2.3 for the tile kernel at one row (bench/results/
   tune_decode_kernels_one_row.md), 75–100 % of a bare Triton load stream of the weight (bench/gemv_ceiling.py).
-  It can also run two weights of one input in one launch (``linear_pair``: q_a and kv_a), the second reached
-  by its element offset from the first, and small unquantized weights with an fp32 result (``linear_f32``:
-  the router, the indexer's head weights), where cuBLAS took 5–6 µs a launch plus the casts around it.
+  It can also run two or three weights of one input in one launch (``linear_group``: q_a, kv_a and the
+  indexer's wk), each reached by its element offset from the first, and small unquantized weights with an fp32
+  result (``linear_f32``: the router, the indexer's head weights), where cuBLAS took 5–6 µs a launch plus the
+  casts around it.
 * decode (2..64 rows): one row tile holds every row (16..64, rows masked), so each weight byte is read
   once; split-K over the reduction so that even a 576-row projection keeps every SM streaming
   (``LinearTile``: BLOCK_N × BLOCK_K weight tile, split, warps, stages; ``decode_tile`` picks it; ``linear_f32``
@@ -189,7 +190,7 @@ def _reduce_splits(acc, out, mask, part, split_stride, count_ptr, tile, pid_k, n
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, N, K, num_sb_k, k_per_split,
-                 N_a, w_b_off, s_b_off,
+                 N_a, N_ab, w_b_off, s_b_off, w_c_off, s_c_off,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, STAGES: tl.constexpr,
                  HAS_SCALE: tl.constexpr, ROUND_TO: tl.constexpr, OUT_SCALE: tl.constexpr, PDL: tl.constexpr):
     """One row: ``y[n] = Σ_k w[n, k] · (x[k] · S[n//128, k//128])`` on the FMA units (no S: an unquantized
@@ -198,17 +199,19 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, N, K, num_sb
     once at the end, and stored through ``_finish``.
 
     Outputs from N_a on come from a second weight (and scales) at element offsets ``w_b_off`` / ``s_b_off``
-    from the first: two projections of one input in one launch (N_a = N: one weight). The first step's
-    weight tile and scales load before ``pdl_wait``: under PDL they stream while the kernel before ends."""
+    from the first, from N_ab on from a third (``w_c_off`` / ``s_c_off``): several projections of one input in
+    one launch (N_a = N_ab = N: one weight). The first step's weight tile and scales load before ``pdl_wait``:
+    under PDL they stream while the kernel before ends."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
-    in_b = pid_n * BLOCK_N >= N_a              # N_a is a multiple of BLOCK_N: a tile is in one weight
-    r0 = tl.where(in_b, pid_n * BLOCK_N - N_a, pid_n * BLOCK_N)
+    in_b = pid_n * BLOCK_N >= N_a              # N_a, N_ab are multiples of BLOCK_N: a tile is in one weight
+    in_c = pid_n * BLOCK_N >= N_ab
+    r0 = pid_n * BLOCK_N - tl.where(in_c, N_ab, tl.where(in_b, N_a, 0))
     rw = r0 + tl.arange(0, BLOCK_N)            # row in its own weight
-    w_rows = w_ptr + tl.where(in_b, w_b_off, 0) + rw[:, None] * K
-    s_row = s_ptr + tl.where(in_b, s_b_off, 0) + r0 // 128 * num_sb_k
+    w_rows = w_ptr + tl.where(in_c, w_c_off, tl.where(in_b, w_b_off, 0)) + rw[:, None] * K
+    s_row = s_ptr + tl.where(in_c, s_c_off, tl.where(in_b, s_b_off, 0)) + r0 // 128 * num_sb_k
     k0 = pid_k * k_per_split
     k_end = tl.minimum(k0 + k_per_split, K)
     kk = k0 + rk                               # the first step's weight tile and scales (weights only)
@@ -315,17 +318,20 @@ TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float
 
 
 def _gemv(x2: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor | None, out: torch.Tensor,
-          tile: GemvTile, second: tuple[torch.Tensor, torch.Tensor] | None = None,
+          tile: GemvTile, more: tuple[tuple[torch.Tensor, torch.Tensor], ...] = (),
           round_to: torch.dtype | None = None, out_scale: float = 1.0) -> None:
     """out [1, N] = x2 @ W.T, W = w (N rows; fp8 with ``scale_inv``, or unquantized with None), or w stacked
-    over ``second``'s weight (N = both). ``round_to`` / ``out_scale``: as ``_finish``."""
-    N, K = w.shape
-    N_a, w_b_off, s_b_off = N, 0, 0
-    if second is not None:
-        w_b, s_b = second
-        assert w_b.shape[1] == K and w_b.dtype == w.dtype and N_a % tile.block_n == 0 and N_a % 128 == 0
-        N, w_b_off, s_b_off = N_a + w_b.shape[0], element_offset(w_b, w), element_offset(s_b, scale_inv)
-    assert 128 % tile.block_n == 0
+    over ``more``'s FP8 weights (one or two; N = all). ``round_to`` / ``out_scale``: as ``_finish``."""
+    K = w.shape[1]
+    assert len(more) <= 2 and 128 % tile.block_n == 0
+    bounds, offsets = [w.shape[0]], []
+    for w_i, s_i in more:
+        assert w_i.shape[1] == K and w_i.dtype == w.dtype and bounds[-1] % tile.block_n == 0
+        offsets += [element_offset(w_i, w), element_offset(s_i, scale_inv)]
+        bounds.append(bounds[-1] + w_i.shape[0])
+    N = bounds[-1]
+    N_a, N_ab = bounds[0], bounds[1] if len(more) == 2 else N
+    w_b_off, s_b_off, w_c_off, s_c_off = (offsets + [0, 0, 0, 0])[:4]
     k_steps = triton.cdiv(K, tile.block_k)
     per_split = triton.cdiv(k_steps, tile.split)
     split = triton.cdiv(k_steps, per_split)
@@ -337,8 +343,9 @@ def _gemv(x2: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor | None, out
     else:
         part = counters = out
     _gemv_kernel[grid](x2, w, w if scale_inv is None else scale_inv, out, part, counters, N, K, triton.cdiv(K, 128),
-                       per_split * tile.block_k, N_a, w_b_off, s_b_off, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-                       SPLIT=split > 1, STAGES=tile.num_stages, HAS_SCALE=scale_inv is not None,
+                       per_split * tile.block_k, N_a, N_ab, w_b_off, s_b_off, w_c_off, s_c_off,
+                       BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, SPLIT=split > 1, STAGES=tile.num_stages,
+                       HAS_SCALE=scale_inv is not None,
                        ROUND_TO=None if round_to is None else TL_DTYPES[round_to], OUT_SCALE=float(out_scale),
                        num_warps=tile.num_warps, **pdl_launch())
 
@@ -435,19 +442,23 @@ def fp8_dequant(w8: torch.Tensor, scale_inv: torch.Tensor, dtype: torch.dtype = 
     return out
 
 
-@ops.register("linear_pair", backend="triton", available=on_cuda)
-def linear_pair(x: torch.Tensor, a: tuple, b: tuple) -> tuple[torch.Tensor, torch.Tensor]:
-    """As ``reference.linear_pair``; one FP8 row runs both projections in one launch (views of one output)."""
-    (wa, sa), (wb, sb) = a, b
+@ops.register("linear_group", backend="triton", available=on_cuda)
+def linear_group(x: torch.Tensor, *weights: tuple) -> tuple[torch.Tensor, ...]:
+    """As ``reference.linear_group``; one FP8 row runs two or three projections in one launch (views of one
+    output: q_a, kv_a and the indexer's wk)."""
     K = x.shape[-1]
-    if (sa is None or sb is None or x.numel() != K or wa.dim() != 2 or wb.shape[1:] != wa.shape[1:]
-            or not (wa.is_contiguous() and wb.is_contiguous() and sa.is_contiguous() and sb.is_contiguous())
-            or wa.shape[0] % 128 or wb.dtype != wa.dtype):
-        return linear(x, wa, sa), linear(x, wb, sb)
-    out = torch.empty(1, wa.shape[0] + wb.shape[0], dtype=x.dtype, device=x.device)
-    _gemv(x.reshape(1, K).contiguous(), wa, sa, out, gemv_tile(out.shape[1], K), second=(wb, sb))
-    out = out.view(*x.shape[:-1], -1)
-    return out[..., :wa.shape[0]], out[..., wa.shape[0]:]
+    (wa, sa), more = weights[0], weights[1:]
+    if (not 1 <= len(more) <= 2 or x.numel() != K or wa.dim() != 2 or any(
+            s is None or w.shape[1:] != wa.shape[1:] or w.dtype != wa.dtype or not w.is_contiguous()
+            or not s.is_contiguous() for w, s in weights)):
+        return tuple(linear(x, w, s) for w, s in weights)
+    sizes = [w.shape[0] for w, _ in weights]
+    tile = gemv_tile(sum(sizes), K)
+    if any(n % tile.block_n for n in sizes[:-1]):      # a tile must lie in one weight
+        return tuple(linear(x, w, s) for w, s in weights)
+    out = torch.empty(1, sum(sizes), dtype=x.dtype, device=x.device)
+    _gemv(x.reshape(1, K).contiguous(), wa, sa, out, tile, more=more)
+    return tuple(out.view(*x.shape[:-1], -1).split(sizes, dim=-1))
 
 
 @ops.register("linear_f32", backend="triton", available=on_cuda)

@@ -72,6 +72,29 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
 
 
 @triton.jit
+def rope_pair(a, b, c, s, dt: tl.constexpr):
+    """One rotation (a·c − b·s, b·c + a·s), every product and sum rounded to ``dt`` where PyTorch's elementwise
+    ops round (``reference.rope``)."""
+    a, b, c, s = a.to(tl.float32), b.to(tl.float32), c.to(tl.float32), s.to(tl.float32)
+    ac, bs, bc, as_ = (a * c).to(dt), (b * s).to(dt), (b * c).to(dt), (a * s).to(dt)
+    return (ac.to(tl.float32) - bs.to(tl.float32)).to(dt), (bc.to(tl.float32) + as_.to(tl.float32)).to(dt)
+
+
+@triton.jit
+def rope_rows(x_rows, c_rows, s_rows, out_rows, mask, HALF: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """Rotate rows of 2·HALF values: x_rows / c_rows / s_rows / out_rows are [R, 1] pointers to each row's first
+    value, its angles' cos and sin (HALF each) and its output; stored de-interleaved as ``reference.rope``."""
+    i = tl.arange(0, HALF)[None, :]
+    ia = 2 * i if INTERLEAVED else i
+    ib = ia + (1 if INTERLEAVED else HALF)
+    lo, hi = rope_pair(tl.load(x_rows + ia, mask=mask, other=0.0), tl.load(x_rows + ib, mask=mask, other=0.0),
+                       tl.load(c_rows + i, mask=mask, other=0.0), tl.load(s_rows + i, mask=mask, other=0.0),
+                       out_rows.dtype.element_ty)
+    tl.store(out_rows + i, lo, mask=mask)
+    tl.store(out_rows + HALF + i, hi, mask=mask)
+
+
+@triton.jit
 def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, M, stride_xn, stride_xm, stride_cn,
                  HALF: tl.constexpr, TAIL: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_M: tl.constexpr,
                  PDL: tl.constexpr):
@@ -79,27 +102,13 @@ def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, M, stride_xn, stride_xm, stri
     n = tl.program_id(0)
     mb = tl.program_id(1)
     m = mb * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]                         # [BM, 1]
-    i = tl.arange(0, HALF)[None, :]                                           # [1, HALF]
-    mask = (m < M) & (i < HALF)
     base = x_ptr + n * stride_xn + m * stride_xm
-    if INTERLEAVED:
-        a = tl.load(base + 2 * i, mask=mask, other=0.0)
-        b = tl.load(base + 2 * i + 1, mask=mask, other=0.0)
-    else:
-        a = tl.load(base + i, mask=mask, other=0.0)
-        b = tl.load(base + i + HALF, mask=mask, other=0.0)
-    c = tl.load(cos_ptr + n * stride_cn + i)
-    s = tl.load(sin_ptr + n * stride_cn + i)
-    dt = out_ptr.dtype.element_ty
-    # round every product and sum to the output dtype where PyTorch's elementwise ops do
-    ac, bs = (a.to(tl.float32) * c.to(tl.float32)).to(dt), (b.to(tl.float32) * s.to(tl.float32)).to(dt)
-    bc, as_ = (b.to(tl.float32) * c.to(tl.float32)).to(dt), (a.to(tl.float32) * s.to(tl.float32)).to(dt)
     out = out_ptr + (n * M + m) * (2 * HALF + TAIL)
-    tl.store(out + i, (ac.to(tl.float32) - bs.to(tl.float32)).to(dt), mask=mask)
-    tl.store(out + HALF + i, (bc.to(tl.float32) + as_.to(tl.float32)).to(dt), mask=mask)
+    zero = tl.zeros_like(m)                                                   # the row's angles, for each m
+    rope_rows(base, cos_ptr + n * stride_cn + zero, sin_ptr + n * stride_cn + zero, out, m < M, HALF, INTERLEAVED)
     if TAIL > 0:                               # the dims past the rotated ones, copied
         t = 2 * HALF + tl.arange(0, TAIL)[None, :]
-        tl.store(out + t, tl.load(base + t, mask=m < M, other=0.0).to(dt), mask=m < M)
+        tl.store(out + t, tl.load(base + t, mask=m < M, other=0.0).to(out_ptr.dtype.element_ty), mask=m < M)
 
 
 @ops.register("rope", backend="triton", available=on_cuda)
@@ -131,14 +140,12 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: boo
 
 
 @triton.jit
-def _norm_rope_store_kernel(x_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, cache_ptr, slot_ptr, D, n_norm, rope_at,
-                            stride_x, stride_c, num_slots, eps, LAYER: tl.constexpr, HALF: tl.constexpr,
-                            INTERLEAVED: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
-    """One row: the norm's statistics over [0, n_norm), every column normalized where it must be and rounded
+def _norm_rope_store_row(n, x_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, cache_ptr, slot_ptr, D, n_norm, rope_at, stride_x,
+                         stride_c, num_slots, eps, LAYER: tl.constexpr, HALF: tl.constexpr,
+                         INTERLEAVED: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Row n: the norm's statistics over [0, n_norm), every column normalized where it must be and rounded
     where the reference rounds (the norm's output, each rope product and sum), the roped pairs gathered from
     x directly (de-interleaved on store, as ``rope``), the row stored at its slot."""
-    pdl_wait(PDL)
-    n = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     x = tl.load(x_ptr + n * stride_x + cols, mask=cols < D, other=0.0)
     dt = x.dtype
@@ -161,12 +168,27 @@ def _norm_rope_store_kernel(x_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, cache_ptr, sl
     ib = ia + (1 if INTERLEAVED else HALF)
     a = _normed(tl.load(x_ptr + n * stride_x + ia), ia, n_norm, mean, rstd, w_ptr, b_ptr, LAYER).to(tl.float32)
     b = _normed(tl.load(x_ptr + n * stride_x + ib), ib, n_norm, mean, rstd, w_ptr, b_ptr, LAYER).to(tl.float32)
-    c = tl.load(cos_ptr + n * HALF + i).to(tl.float32)
-    s = tl.load(sin_ptr + n * HALF + i).to(tl.float32)
-    ac, bs, bc, as_ = (a * c).to(dt), (b * s).to(dt), (b * c).to(dt), (a * s).to(dt)
-    tl.store(out + rope_at + i, (ac.to(tl.float32) - bs.to(tl.float32)).to(dt).to(cache_ptr.dtype.element_ty))
-    tl.store(out + rope_at + HALF + i,
-             (bc.to(tl.float32) + as_.to(tl.float32)).to(dt).to(cache_ptr.dtype.element_ty))
+    lo, hi = rope_pair(a, b, tl.load(cos_ptr + n * HALF + i), tl.load(sin_ptr + n * HALF + i), dt)
+    tl.store(out + rope_at + i, lo.to(cache_ptr.dtype.element_ty))
+    tl.store(out + rope_at + HALF + i, hi.to(cache_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _norm_rope_store_kernel(cos_ptr, sin_ptr, slot_ptr,
+                            x_ptr, w_ptr, b_ptr, cache_ptr, D, n_norm, rope_at, stride_x, stride_c, num_slots, eps,
+                            x2_ptr, w2_ptr, b2_ptr, cache2_ptr, D2, n_norm2, rope_at2, stride_x2, stride_c2,
+                            num_slots2, eps2, HALF: tl.constexpr, LAYER: tl.constexpr, INTERLEAVED: tl.constexpr,
+                            BLOCK_D: tl.constexpr, LAYER2: tl.constexpr, INTERLEAVED2: tl.constexpr,
+                            BLOCK_D2: tl.constexpr, PDL: tl.constexpr):
+    """Program (n, 0) caches row n of the first row set, (n, 1) of the second (``also``; a grid of (N, 1): none)."""
+    pdl_wait(PDL)
+    n = tl.program_id(0)
+    if tl.program_id(1) == 0:
+        _norm_rope_store_row(n, x_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, cache_ptr, slot_ptr, D, n_norm, rope_at,
+                             stride_x, stride_c, num_slots, eps, LAYER, HALF, INTERLEAVED, BLOCK_D)
+    else:
+        _norm_rope_store_row(n, x2_ptr, w2_ptr, b2_ptr, cos_ptr, sin_ptr, cache2_ptr, slot_ptr, D2, n_norm2, rope_at2,
+                             stride_x2, stride_c2, num_slots2, eps2, LAYER2, HALF, INTERLEAVED2, BLOCK_D2)
 
 
 @triton.jit
@@ -186,15 +208,31 @@ def _normed(x, cols, n_norm, mean, rstd, w_ptr, b_ptr, LAYER: tl.constexpr):
 @ops.register("norm_rope_store", backend="triton", available=on_cuda)
 def norm_rope_store(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float, n_norm: int,
                     cos: torch.Tensor, sin: torch.Tensor, rope_at: int, interleaved: bool, cache: torch.Tensor,
-                    slots: torch.Tensor) -> None:
-    """As ``reference.norm_rope_store``, one launch (norm, rope, cast and scatter)."""
-    N, D = x.shape
+                    slots: torch.Tensor, also: reference.CacheRows | None = None) -> None:
+    """As ``reference.norm_rope_store``, one launch (norm, rope, cast and scatter), both row sets in it when
+    ``also`` is given (programs (n, 1): MLA's and the indexer's key rows in one launch)."""
+    first = reference.CacheRows(x, weight, bias, eps, n_norm, rope_at, interleaved, cache)
+    sets = [first] if also is None else [first, also]
     half = cos.shape[-1]
-    if (x.stride(-1) != 1 or cache.stride(-1) != 1 or half & (half - 1) or weight.dtype != x.dtype
-            or (bias is not None and bias.dtype != x.dtype) or cos.dtype != x.dtype):
-        return reference.norm_rope_store(x, weight, bias, eps, n_norm, cos, sin, rope_at, interleaved, cache, slots)
-    if N:
-        _norm_rope_store_kernel[(N,)](x, weight, weight if bias is None else bias, cos.contiguous(),
-                                      sin.contiguous(), cache, slots, D, n_norm, rope_at, x.stride(0),
-                                      cache.stride(0), cache.shape[0], eps, LAYER=bias is not None, HALF=half,
-                                      INTERLEAVED=interleaved, BLOCK_D=next_pow2(D), num_warps=4, **pdl_launch())
+    if half & (half - 1) or cos.dtype != x.dtype or not all(_storable(r) and r.x.shape[0] == x.shape[0] for r in sets):
+        for r in sets:
+            reference.norm_rope_store(r.x, r.weight, r.bias, r.eps, r.n_norm, cos, sin, r.rope_at, r.interleaved,
+                                      r.cache, slots)
+        return
+    args, consts = zip(*(_row_set_args(r) for r in (first, also or first)))
+    if x.shape[0]:
+        _norm_rope_store_kernel[(x.shape[0], len(sets))](
+            cos.contiguous(), sin.contiguous(), slots, *args[0], *args[1], HALF=half, **consts[0],
+            **{f"{k}2": v for k, v in consts[1].items()}, num_warps=4, **pdl_launch())
+
+
+def _storable(r: reference.CacheRows) -> bool:
+    return (r.x.stride(-1) == 1 and r.cache.stride(-1) == 1 and r.weight.dtype == r.x.dtype
+            and (r.bias is None or r.bias.dtype == r.x.dtype))
+
+
+def _row_set_args(r: reference.CacheRows) -> tuple[tuple, dict]:
+    """A row set's runtime arguments to ``_norm_rope_store_kernel`` and its constexprs."""
+    return ((r.x, r.weight, r.weight if r.bias is None else r.bias, r.cache, r.x.shape[1], r.n_norm, r.rope_at,
+             r.x.stride(0), r.cache.stride(0), r.cache.shape[0], r.eps),
+            {"LAYER": r.bias is not None, "INTERLEAVED": r.interleaved, "BLOCK_D": next_pow2(r.x.shape[1])})

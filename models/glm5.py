@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import ops
-from kernels.reference import FP8_DTYPE
+from kernels.reference import FP8_DTYPE, CacheRows
 from models.cache import Batch, KVCache
 from models.config import ModelConfig, num_blocks
 
@@ -159,16 +159,19 @@ class Indexer(nn.Module):
         self.k_norm = LayerNorm(cfg.index_head_dim, 1e-6)
         self.weights_proj = Linear(cfg.hidden_size, cfg.index_n_heads)
 
-    def write_keys(self, h: torch.Tensor, rope: Rope, batch: Batch, k_cache: torch.Tensor) -> None:
-        """Cache this step's indexer keys (LayerNorm'd, then the first dr dims roped): [N, idd] into their slots."""
+    def key_rows(self, k: torch.Tensor, k_cache: torch.Tensor) -> CacheRows:
+        """This step's indexer keys ``k = wk(h)`` [N, idd] as rows for ``ops.norm_rope_store`` (LayerNorm'd, then
+        the first dr dims roped, into their slots of ``k_cache``)."""
         n = self.k_norm
-        ops.norm_rope_store(self.wk(h).detach(), n.weight.detach(), n.bias.detach(), n.eps, self.cfg.index_head_dim,
-                            rope.cos, rope.sin, 0, self.cfg.indexer_rope_interleave, k_cache, batch.slot_mapping)
+        return CacheRows(k.detach(), n.weight.detach(), n.bias.detach(), n.eps, self.cfg.index_head_dim, 0,
+                         self.cfg.indexer_rope_interleave, k_cache)
 
     def forward(self, h: torch.Tensor, q_resid: torch.Tensor, rope: Rope, batch: Batch,
                 k_cache: torch.Tensor) -> torch.Tensor:
         """Writes this step's indexer keys; returns selected slots [N, K] (-1 = none)."""
-        self.write_keys(h, rope, batch, k_cache)
+        r = self.key_rows(self.wk(h), k_cache)
+        ops.norm_rope_store(r.x, r.weight, r.bias, r.eps, r.n_norm, rope.cos, rope.sin, r.rope_at, r.interleaved,
+                            r.cache, batch.slot_mapping)
         return self.select(*self.query(h, q_resid, rope), batch, k_cache)
 
     def query(self, h: torch.Tensor, q_resid: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, torch.Tensor]:
@@ -232,21 +235,20 @@ class Attention(nn.Module):
         when ``select``, else None). Reads only the rows' own state, so it runs on padded rows too."""
         cfg, N = self.cfg, h.shape[0]
         nh, dn, rkv = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.kv_lora_rank
-        qa, kva = self.q_a_proj, self.kv_a_proj_with_mqa
-        q_a, ckv = ops.linear_pair(h, (qa.weight, qa.weight_scale_inv), (kva.weight, kva.weight_scale_inv))
+        # the projections of h in one launch at one row: q_a, kv_a (and the indexer's key)
+        projs = [self.q_a_proj, self.kv_a_proj_with_mqa] + ([self.indexer.wk] if self.indexer is not None else [])
+        q_a, ckv, *index_k = ops.linear_group(h, *((p.weight, p.weight_scale_inv) for p in projs))
         q_resid = self.q_a_layernorm(q_a)                                              # [N, rq]
-        q = self.q_b_proj(q_resid).view(N, nh, cfg.qk_head_dim)
-        q_nope, q_rope = q[..., :dn], rope.apply(q[..., dn:], cfg.rope_interleave)     # MLA layout: [nope | rope]
-        kv_cache = cache.kv[layer]                     # ckv [N, rkv + dr]: (RMSNorm'd latent | roped key) to the slots
+        q = self.q_b_proj(q_resid).view(N, nh, cfg.qk_head_dim)                        # MLA layout: [nope | rope]
+        # ckv [N, rkv + dr]: (RMSNorm'd latent | roped key) to the slots, with the indexer's keys in the same launch
+        index_rows = self.indexer.key_rows(index_k[0], cache.index_k[layer]) if self.indexer is not None else None
         ops.norm_rope_store(ckv, self.kv_a_layernorm.weight, None, self.kv_a_layernorm.eps, rkv,      # trainable
-                            rope.cos, rope.sin, rkv, cfg.rope_interleave, kv_cache, batch.slot_mapping)
+                            rope.cos, rope.sin, rkv, cfg.rope_interleave, cache.kv[layer], batch.slot_mapping,
+                            also=index_rows)
         assert not select or self.indexer is not None, "a shared indexer layer needs the previous layer's selection"
-        index_q = None
-        if self.indexer is not None:
-            self.indexer.write_keys(h, rope, batch, cache.index_k[layer])
-            if select:
-                index_q = self.indexer.query(h, q_resid, rope)
-        return ops.mla_absorb(q_nope, self.kv_b_proj), q_rope, index_q                 # absorb W_UK
+        index_q = self.indexer.query(h, q_resid, rope) if select else None
+        q_lat, q_rope = ops.mla_absorb_rope(q, self.kv_b_proj, dn, rope.cos, rope.sin, cfg.rope_interleave)
+        return q_lat, q_rope, index_q                                                  # absorbed by W_UK, roped
 
     def finish(self, o_lat: torch.Tensor) -> torch.Tensor:
         """The attention's output rows [N, H] from the latent ones [N, nh, rkv]: expand with W_UV, then o_proj."""

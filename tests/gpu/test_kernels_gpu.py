@@ -178,16 +178,17 @@ def test_gluon_mid_decode_rows(M, N, K):
     assert torch.equal(replayed(lambda: lin(x, w8, s)), first)
 
 
-def test_linear_pair_bf16():
-    """q_a and kv_a (2048 + 576 rows of 6144) in one launch: each close to the fp32 reference, bit-identical
-    to itself in a graph replay."""
+def test_linear_group_bf16():
+    """q_a, kv_a and the indexer's wk (2048 + 576 + 128 rows of 6144) in one launch, and q_a with kv_a: each close
+    to the fp32 reference, bit-identical to itself in a graph replay."""
     g = gen(5)
-    (wa, sa), (wb, sb) = (fp8_quantize(0.02 * torch.randn(n, 6144, device=DEV, generator=g)) for n in (2048, 576))
+    weights = [fp8_quantize(0.02 * torch.randn(n, 6144, device=DEV, generator=g)) for n in (2048, 576, 128)]
     x = torch.randn(1, 6144, device=DEV, generator=g).to(BF16)
-    ya, yb = tri("linear_pair")(x, (wa, sa), (wb, sb))
-    assert rel(ya, reference.linear(x.float(), wa, sa)) < 1e-2 and rel(yb, reference.linear(x.float(), wb, sb)) < 1e-2
-    both = torch.cat([ya, yb], -1)
-    assert torch.equal(replayed(lambda: torch.cat(tri("linear_pair")(x, (wa, sa), (wb, sb)), -1)), both)
+    for n in (2, 3):
+        ys = tri("linear_group")(x, *weights[:n])
+        assert all(rel(y, reference.linear(x.float(), w, s)) < 1e-2 for y, (w, s) in zip(ys, weights))
+        both = torch.cat(ys, -1)
+        assert torch.equal(replayed(lambda n=n: torch.cat(tri("linear_group")(x, *weights[:n]), -1)), both)
 
 
 def test_linear_f32_router_and_head_weights():
@@ -226,6 +227,17 @@ def test_mla_absorb_expand_bf16():
         o_lat = torch.randn(N, nh, rkv, device=DEV, generator=g).to(BF16)
         assert rel(tri("mla_absorb")(q, kv_b), reference.mla_absorb(q.float(), kv_b)) < 1e-2
         assert rel(tri("mla_expand")(o_lat, kv_b, dn), reference.mla_expand(o_lat.float(), kv_b, dn)) < 1e-2
+        # the absorb with q's rope dims roped in its launch: q_lat as mla_absorb's; q_rope as the reference's up to
+        # rounding (the compiler may fuse a product into the sum: session 27 saw the rope kernel and this launch
+        # differ by an ulp at one row, as the rope kernel differs from torch's ops)
+        q_full = torch.randn(N, nh, dn + 64, device=DEV, generator=g).to(BF16)
+        cos, sin = (torch.randn(N, 32, device=DEV, generator=g).to(BF16) for _ in range(2))
+        q_lat, q_rope = tri("mla_absorb_rope")(q_full, kv_b, dn, cos, sin, True)
+        assert torch.equal(q_lat, tri("mla_absorb")(q_full[..., :dn], kv_b))
+        assert rel(q_rope, reference.rope(q_full[..., dn:], cos.view(N, 1, 32), sin.view(N, 1, 32), True)) < 4e-3
+        args = (q_full, kv_b, dn, cos, sin, True)
+        assert torch.equal(replayed(lambda args=args: torch.cat(tri("mla_absorb_rope")(*args), -1)),
+                           torch.cat([q_lat, q_rope], -1))
 
 
 def test_fp8_dequant_exact():

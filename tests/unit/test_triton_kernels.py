@@ -89,25 +89,34 @@ def test_fp8_linear(tk, M, N, K):
         assert rel(got, reference.linear(x.float(), w8, s)) < tol
 
 
-def test_linear_pair(tk):
-    """Two FP8 projections of one row in one launch (the second weight reached by its offset, a partial
-    last block), split-K or not; other cases (more rows, a weight not FP8) run them one by one."""
+def test_linear_group(tk):
+    """Two or three FP8 projections of one row in one launch (the others reached by their offsets, ragged
+    sizes: 72 rows end in a partial scale block), split-K or not; other cases (more rows, a weight not FP8)
+    run them one by one."""
     g = torch.Generator().manual_seed(11)
-    (wa, sa), (wb, sb) = (fp8_quantize(0.02 * torch.randn(n, 300, generator=g)) for n in (128, 72))
+    (wa, sa), (wb, sb), (wc, sc) = (fp8_quantize(0.02 * torch.randn(n, 300, generator=g)) for n in (128, 72, 40))
     sb = sb * (1 + torch.rand(sb.shape, generator=g))
+    sc = sc * (1 + torch.rand(sc.shape, generator=g))
+    weights = ((wa, sa), (wb, sb), (wc, sc))
     for rows, dtype, tol in ((1, torch.float32, 1e-5), (1, torch.float16, 1e-2), (3, torch.float32, 1e-5)):
         x = torch.randn(rows, 300, generator=g).to(dtype)
-        ya, yb = tk["lin"].linear_pair(x, (wa, sa), (wb, sb))
-        assert ya.shape == (rows, 128) and yb.shape == (rows, 72)
-        assert rel(ya, reference.linear(x.float(), wa, sa)) < tol and rel(yb, reference.linear(x.float(), wb, sb)) < tol
+        for n in (2, 3):
+            ys = tk["lin"].linear_group(x, *weights[:n])
+            assert [y.shape for y in ys] == [(rows, w.shape[0]) for w, _ in weights[:n]]
+            assert all(rel(y, reference.linear(x.float(), w, s)) < tol for y, (w, s) in zip(ys, weights))
+    expect = torch.cat([reference.linear(x[:1], w, s) for w, s in weights], -1)
     for tile in (tk["lin"].GemvTile(32, 128, 3), tk["lin"].GemvTile(16, 64, 1), tk["lin"].GemvTile(4, 1024, 1),
-                 tk["lin"].gemv_tile(600, 6144)):                 # the narrow tiles (2 rows × 2048: K masked)
-        out = torch.empty(1, 200)
-        tk["lin"]._gemv(x[:1], wa, sa, out, tile, second=(wb, sb))
-        assert rel(out, torch.cat([reference.linear(x[:1], wa, sa), reference.linear(x[:1], wb, sb)], -1)) < 1e-5
+                 tk["lin"].GemvTile(8, 128, 3), tk["lin"].gemv_tile(600, 6144)):   # narrow: 2 rows × 2048, K masked
+        for n in (2, 3):
+            if n == 3 and 72 % tile.block_n:
+                continue                                   # a tile would straddle kv-sized and the third weight
+            out = torch.empty(1, sum(w.shape[0] for w, _ in weights[:n]))
+            tk["lin"]._gemv(x[:1], wa, sa, out, tile, more=weights[1:n])
+            assert rel(out, expect[:, :out.shape[1]]) < 1e-5
     dense = torch.randn(72, 300, generator=g)
-    ya, yb = tk["lin"].linear_pair(x[:1], (wa, sa), (dense, None))
+    _, yb, yc = tk["lin"].linear_group(x[:1], (wa, sa), (dense, None), (wc, sc))
     assert torch.equal(yb, torch.nn.functional.linear(x[:1], dense))
+    assert torch.equal(yc, tk["lin"].linear(x[:1], wc, sc))
 
 
 def test_linear_f32(tk):
@@ -595,6 +604,34 @@ def test_norm_rope_store(tk, interleaved):
             assert rel(got.nan_to_num(), want.nan_to_num()) < (1e-6 if dtype == torch.float32 else 1e-3)
 
 
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_norm_rope_store_two_sets(tk, interleaved):
+    """MLA's and the indexer's key rows in one launch (``also``: programs (n, 1)) — each cache as the reference
+    writes it, and as the one-set launch does."""
+    from kernels.reference import CacheRows
+    g = torch.Generator().manual_seed(14)
+    for dtype in (torch.float32, torch.float16):
+        group = torch.randn(3, 72 + 32 + 40, generator=g).to(dtype)           # one projection launch's output
+        ckv, k = group[:, :72], group[:, 72:104]                               # strided views of it
+        w_kv = (1 + 0.1 * torch.randn(64, generator=g)).to(dtype)
+        w_k, b_k = (1 + 0.1 * torch.randn(32, generator=g)).to(dtype), (0.1 * torch.randn(32, generator=g)).to(dtype)
+        cos, sin = (torch.randn(3, 4, generator=g).to(dtype) for _ in range(2))
+        slots = torch.tensor([5, 0, -1])
+        caches = {name: [torch.full((8, D), float("nan"), dtype=dtype) for _ in range(3)]
+                  for name, D in (("kv", 72), ("k", 32))}
+        for i, (store, two) in enumerate(((tk["norm"].norm_rope_store, True), (reference.norm_rope_store, True),
+                                          (tk["norm"].norm_rope_store, False))):
+            also = CacheRows(k, w_k, b_k, 1e-6, 32, 0, not interleaved, caches["k"][i])
+            store(ckv, w_kv, None, 1e-6, 64, cos, sin, 64, interleaved, caches["kv"][i], slots,
+                  also=also if two else None)
+            if not two:
+                store(k, w_k, b_k, 1e-6, 32, cos, sin, 0, not interleaved, caches["k"][i], slots)
+        for got, want, alone in caches.values():
+            assert torch.equal(got.isnan(), want.isnan()) and got.isnan().sum() == 5 * got.shape[1]
+            assert rel(got.nan_to_num(), want.nan_to_num()) < (1e-6 if dtype == torch.float32 else 1e-3)
+            assert torch.equal(got.nan_to_num(), alone.nan_to_num())
+
+
 def test_mla_absorb_expand(tk):
     """W_UK / W_UV applied from the FP8 kv_b weight (scale blocks straddle heads: 192 rows a head), as the
     reference's einsums over the dequantized weight; bf16 kv_b (no scales) falls back to them."""
@@ -618,6 +655,39 @@ def test_mla_absorb_expand(tk):
                 e = tk["att"]._expand_rows(o_lat, kv_b, dn, block_c, 4)
                 assert rel(a, reference.mla_absorb(q.float(), kv_b)) < tol
                 assert rel(e, reference.mla_expand(o_lat.float(), kv_b, dn)) < tol
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_mla_absorb_rope(tk, interleaved):
+    """The absorb with q's rope dims roped in the same launch (the few-row kernels' first column block): q_lat
+    as ``mla_absorb``, q_rope bit-identical to ``rope`` — one row (FMA kernel) and several (the dot kernel, also
+    at one row); a bf16 kv_b (no scales) falls back to the two ops."""
+    from models.glm5 import Linear
+    g = torch.Generator().manual_seed(13)
+    nh, dn, dv, rkv, half = 3, 64, 128, 256, 32
+    kv_b = Linear(rkv, nh * (dn + dv))
+    kv_b.to_fp8()
+    w8, sc = fp8_quantize(0.05 * torch.randn(nh * (dn + dv), rkv, generator=g))
+    kv_b.weight.data.copy_(w8)
+    kv_b.weight_scale_inv.data.copy_(sc * (1 + torch.rand(sc.shape, generator=g)))
+    for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 1e-2)):
+        q = torch.randn(4, nh, dn + 2 * half, generator=g).to(dtype)
+        cos, sin = (torch.randn(4, half, generator=g).to(dtype) for _ in range(2))
+        for rows in (4, 2, 1):
+            c, s = cos[:rows], sin[:rows]
+            want = reference.rope(q[:rows, :, dn:], c.view(rows, 1, half), s.view(rows, 1, half), interleaved)
+            q_lat, q_rope = tk["att"].mla_absorb_rope(q[:rows], kv_b, dn, c, s, interleaved)
+            assert rel(q_lat, reference.mla_absorb(q[:rows, :, :dn].float(), kv_b)) < tol
+            assert torch.equal(q_rope, want)
+            out = torch.full_like(want, float("nan"))
+            tk["att"]._absorb_rows(q[:rows, :, :dn], kv_b, 64, 4, rope=(c, s, out, interleaved))
+            assert torch.equal(out, want)
+    dense = Linear(rkv, nh * (dn + dv))
+    dense.weight.data.copy_(torch.randn(dense.weight.shape, generator=g))
+    q_lat, q_rope = tk["att"].mla_absorb_rope(q[:1].float(), dense, dn, cos[:1].float(), sin[:1].float(), interleaved)
+    assert torch.equal(q_lat, reference.mla_absorb(q[:1, :, :dn].float(), dense))
+    assert torch.equal(q_rope, reference.rope(q[:1, :, dn:].float(), cos[:1].float().view(1, 1, half),
+                                              sin[:1].float().view(1, 1, half), interleaved))
 
 
 def test_fp8_dequant(tk):
