@@ -65,36 +65,41 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: boo
 
 
 class CacheRows(NamedTuple):
-    """A second set of key rows for ``norm_rope_store`` (its arguments but the step's angles and slots)."""
+    """A further set of rows for ``norm_rope_store`` (its arguments but the step's angles and slots): rows x [N, D]
+    normalized on [0, n_norm), roped on [rope_at, rope_at + dr) (``rope_at`` None: not roped), stored to
+    ``cache[slots]`` — or, ``at_slots`` False, to ``cache[:N]`` (a plain normalized output, as q_a's RMSNorm)."""
 
     x: torch.Tensor
     weight: torch.Tensor
     bias: torch.Tensor | None
     eps: float
     n_norm: int
-    rope_at: int
+    rope_at: int | None
     interleaved: bool
     cache: torch.Tensor
+    at_slots: bool = True
 
 
 @ops.register("norm_rope_store")
 def norm_rope_store(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float, n_norm: int,
                     cos: torch.Tensor, sin: torch.Tensor, rope_at: int, interleaved: bool, cache: torch.Tensor,
-                    slots: torch.Tensor, also: CacheRows | None = None) -> None:
+                    slots: torch.Tensor, also: tuple[CacheRows, ...] = ()) -> None:
     """Cache one key row per step row: ``cache[slots] = y``, y = x [N, D] with columns ``[0, n_norm)``
     normalized (RMSNorm; LayerNorm when ``bias`` is given) and then columns ``[rope_at, rope_at + dr)``
     rotated (cos/sin [N, dr/2]). MLA: (latent RMSNorm | rope key) = n_norm 512, rope_at 512; the indexer:
-    a LayerNorm'd key whose first dr columns are roped = n_norm 128, rope_at 0. ``also``: the same for a
-    second set of rows with the same angles and slots (MLA's and the indexer's in one call)."""
-    dr = 2 * cos.shape[-1]
-    head = rms_norm(x[:, :n_norm], weight, eps) if bias is None else layer_norm(x[:, :n_norm], weight, bias, eps)
-    y = torch.cat([head, x[:, n_norm:]], dim=-1) if n_norm < x.shape[-1] else head
-    y = torch.cat([y[:, :rope_at], rope(y[:, rope_at:rope_at + dr], cos, sin, interleaved), y[:, rope_at + dr:]],
-                  dim=-1)
-    cache[slots] = y.to(cache.dtype)
-    if also is not None:
-        a = also
-        norm_rope_store(a.x, a.weight, a.bias, a.eps, a.n_norm, cos, sin, a.rope_at, a.interleaved, a.cache, slots)
+    a LayerNorm'd key whose first dr columns are roped = n_norm 128, rope_at 0. ``also``: the same for further
+    sets of rows with the same angles and slots (the indexer's keys, q_a's RMSNorm: one launch on the GPU)."""
+    for r in (CacheRows(x, weight, bias, eps, n_norm, rope_at, interleaved, cache), *also):
+        head = (rms_norm(r.x[:, :r.n_norm], r.weight, r.eps) if r.bias is None
+                else layer_norm(r.x[:, :r.n_norm], r.weight, r.bias, r.eps))
+        y = torch.cat([head, r.x[:, r.n_norm:]], dim=-1) if r.n_norm < r.x.shape[-1] else head
+        if r.rope_at is not None:
+            at, dr = r.rope_at, 2 * cos.shape[-1]
+            y = torch.cat([y[:, :at], rope(y[:, at:at + dr], cos, sin, r.interleaved), y[:, at + dr:]], dim=-1)
+        if r.at_slots:
+            r.cache[slots] = y.to(r.cache.dtype)
+        else:
+            r.cache[:y.shape[0]] = y.to(r.cache.dtype)
 
 
 # ---- FP8 block-scaled weights ------------------------------------------------------------------

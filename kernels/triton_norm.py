@@ -141,11 +141,11 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: boo
 
 @triton.jit
 def _norm_rope_store_row(n, x_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, cache_ptr, slot_ptr, D, n_norm, rope_at, stride_x,
-                         stride_c, num_slots, eps, LAYER: tl.constexpr, HALF: tl.constexpr,
-                         INTERLEAVED: tl.constexpr, BLOCK_D: tl.constexpr):
+                         stride_c, num_slots, eps, LAYER: tl.constexpr, HALF: tl.constexpr, ROPE: tl.constexpr,
+                         INTERLEAVED: tl.constexpr, AT_SLOT: tl.constexpr, BLOCK_D: tl.constexpr):
     """Row n: the norm's statistics over [0, n_norm), every column normalized where it must be and rounded
     where the reference rounds (the norm's output, each rope product and sum), the roped pairs gathered from
-    x directly (de-interleaved on store, as ``rope``), the row stored at its slot."""
+    x directly (de-interleaved on store, as ``rope``), the row stored at its slot (``AT_SLOT``; else row n)."""
     cols = tl.arange(0, BLOCK_D)
     x = tl.load(x_ptr + n * stride_x + cols, mask=cols < D, other=0.0)
     dt = x.dtype
@@ -157,38 +157,53 @@ def _norm_rope_store_row(n, x_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, cache_ptr, sl
     else:
         mean = 0.0
         rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n_norm + eps)
-    slot = tl.load(slot_ptr + n)
-    slot = tl.where(slot < 0, slot + num_slots, slot).to(tl.int64)
+    if AT_SLOT:
+        slot = tl.load(slot_ptr + n)
+        slot = tl.where(slot < 0, slot + num_slots, slot).to(tl.int64)
+    else:
+        slot = n.to(tl.int64)
     out = cache_ptr + slot * stride_c
     y = _normed(x, cols, n_norm, mean, rstd, w_ptr, b_ptr, LAYER)
-    in_rope = (cols >= rope_at) & (cols < rope_at + 2 * HALF)
+    in_rope = (cols >= rope_at) & (cols < rope_at + 2 * HALF) if ROPE else cols < 0
     tl.store(out + cols, y.to(cache_ptr.dtype.element_ty), mask=(cols < D) & ~in_rope)
-    i = tl.arange(0, HALF)
-    ia = rope_at + (2 * i if INTERLEAVED else i)
-    ib = ia + (1 if INTERLEAVED else HALF)
-    a = _normed(tl.load(x_ptr + n * stride_x + ia), ia, n_norm, mean, rstd, w_ptr, b_ptr, LAYER).to(tl.float32)
-    b = _normed(tl.load(x_ptr + n * stride_x + ib), ib, n_norm, mean, rstd, w_ptr, b_ptr, LAYER).to(tl.float32)
-    lo, hi = rope_pair(a, b, tl.load(cos_ptr + n * HALF + i), tl.load(sin_ptr + n * HALF + i), dt)
-    tl.store(out + rope_at + i, lo.to(cache_ptr.dtype.element_ty))
-    tl.store(out + rope_at + HALF + i, hi.to(cache_ptr.dtype.element_ty))
+    if ROPE:
+        i = tl.arange(0, HALF)
+        ia = rope_at + (2 * i if INTERLEAVED else i)
+        ib = ia + (1 if INTERLEAVED else HALF)
+        a = _normed(tl.load(x_ptr + n * stride_x + ia), ia, n_norm, mean, rstd, w_ptr, b_ptr, LAYER).to(tl.float32)
+        b = _normed(tl.load(x_ptr + n * stride_x + ib), ib, n_norm, mean, rstd, w_ptr, b_ptr, LAYER).to(tl.float32)
+        lo, hi = rope_pair(a, b, tl.load(cos_ptr + n * HALF + i), tl.load(sin_ptr + n * HALF + i), dt)
+        tl.store(out + rope_at + i, lo.to(cache_ptr.dtype.element_ty))
+        tl.store(out + rope_at + HALF + i, hi.to(cache_ptr.dtype.element_ty))
 
 
 @triton.jit
 def _norm_rope_store_kernel(cos_ptr, sin_ptr, slot_ptr,
                             x_ptr, w_ptr, b_ptr, cache_ptr, D, n_norm, rope_at, stride_x, stride_c, num_slots, eps,
                             x2_ptr, w2_ptr, b2_ptr, cache2_ptr, D2, n_norm2, rope_at2, stride_x2, stride_c2,
-                            num_slots2, eps2, HALF: tl.constexpr, LAYER: tl.constexpr, INTERLEAVED: tl.constexpr,
-                            BLOCK_D: tl.constexpr, LAYER2: tl.constexpr, INTERLEAVED2: tl.constexpr,
-                            BLOCK_D2: tl.constexpr, PDL: tl.constexpr):
-    """Program (n, 0) caches row n of the first row set, (n, 1) of the second (``also``; a grid of (N, 1): none)."""
+                            num_slots2, eps2,
+                            x3_ptr, w3_ptr, b3_ptr, cache3_ptr, D3, n_norm3, rope_at3, stride_x3, stride_c3,
+                            num_slots3, eps3, HALF: tl.constexpr,
+                            LAYER: tl.constexpr, ROPE: tl.constexpr, INTERLEAVED: tl.constexpr,
+                            AT_SLOT: tl.constexpr, BLOCK_D: tl.constexpr,
+                            LAYER2: tl.constexpr, ROPE2: tl.constexpr, INTERLEAVED2: tl.constexpr,
+                            AT_SLOT2: tl.constexpr, BLOCK_D2: tl.constexpr,
+                            LAYER3: tl.constexpr, ROPE3: tl.constexpr, INTERLEAVED3: tl.constexpr,
+                            AT_SLOT3: tl.constexpr, BLOCK_D3: tl.constexpr, PDL: tl.constexpr):
+    """Program (n, j) caches row n of row set j (a grid of (N, sets): the first, ``also``'s in order)."""
     pdl_wait(PDL)
     n = tl.program_id(0)
     if tl.program_id(1) == 0:
         _norm_rope_store_row(n, x_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, cache_ptr, slot_ptr, D, n_norm, rope_at,
-                             stride_x, stride_c, num_slots, eps, LAYER, HALF, INTERLEAVED, BLOCK_D)
+                             stride_x, stride_c, num_slots, eps, LAYER, HALF, ROPE, INTERLEAVED, AT_SLOT, BLOCK_D)
+    elif tl.program_id(1) == 1:
+        _norm_rope_store_row(n, x2_ptr, w2_ptr, b2_ptr, cos_ptr, sin_ptr, cache2_ptr, slot_ptr, D2, n_norm2,
+                             rope_at2, stride_x2, stride_c2, num_slots2, eps2, LAYER2, HALF, ROPE2, INTERLEAVED2,
+                             AT_SLOT2, BLOCK_D2)
     else:
-        _norm_rope_store_row(n, x2_ptr, w2_ptr, b2_ptr, cos_ptr, sin_ptr, cache2_ptr, slot_ptr, D2, n_norm2, rope_at2,
-                             stride_x2, stride_c2, num_slots2, eps2, LAYER2, HALF, INTERLEAVED2, BLOCK_D2)
+        _norm_rope_store_row(n, x3_ptr, w3_ptr, b3_ptr, cos_ptr, sin_ptr, cache3_ptr, slot_ptr, D3, n_norm3,
+                             rope_at3, stride_x3, stride_c3, num_slots3, eps3, LAYER3, HALF, ROPE3, INTERLEAVED3,
+                             AT_SLOT3, BLOCK_D3)
 
 
 @triton.jit
@@ -208,31 +223,31 @@ def _normed(x, cols, n_norm, mean, rstd, w_ptr, b_ptr, LAYER: tl.constexpr):
 @ops.register("norm_rope_store", backend="triton", available=on_cuda)
 def norm_rope_store(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float, n_norm: int,
                     cos: torch.Tensor, sin: torch.Tensor, rope_at: int, interleaved: bool, cache: torch.Tensor,
-                    slots: torch.Tensor, also: reference.CacheRows | None = None) -> None:
-    """As ``reference.norm_rope_store``, one launch (norm, rope, cast and scatter), both row sets in it when
-    ``also`` is given (programs (n, 1): MLA's and the indexer's key rows in one launch)."""
-    first = reference.CacheRows(x, weight, bias, eps, n_norm, rope_at, interleaved, cache)
-    sets = [first] if also is None else [first, also]
+                    slots: torch.Tensor, also: tuple[reference.CacheRows, ...] = ()) -> None:
+    """As ``reference.norm_rope_store``, one launch (norm, rope, cast and scatter) for every row set (programs
+    (n, j): MLA's key rows, the indexer's, q_a's RMSNorm in one launch)."""
+    sets = [reference.CacheRows(x, weight, bias, eps, n_norm, rope_at, interleaved, cache), *also]
     half = cos.shape[-1]
-    if half & (half - 1) or cos.dtype != x.dtype or not all(_storable(r) and r.x.shape[0] == x.shape[0] for r in sets):
-        for r in sets:
-            reference.norm_rope_store(r.x, r.weight, r.bias, r.eps, r.n_norm, cos, sin, r.rope_at, r.interleaved,
-                                      r.cache, slots)
-        return
-    args, consts = zip(*(_row_set_args(r) for r in (first, also or first)))
+    if (len(sets) > 3 or half & (half - 1) or cos.dtype != x.dtype
+            or not all(_storable(r) and r.x.shape[0] == x.shape[0] for r in sets)):
+        return reference.norm_rope_store(x, weight, bias, eps, n_norm, cos, sin, rope_at, interleaved, cache, slots,
+                                         also)
+    args, consts = zip(*(_row_set_args(r) for r in sets + sets[:1] * (3 - len(sets))))   # unused sets: the first
     if x.shape[0]:
         _norm_rope_store_kernel[(x.shape[0], len(sets))](
-            cos.contiguous(), sin.contiguous(), slots, *args[0], *args[1], HALF=half, **consts[0],
-            **{f"{k}2": v for k, v in consts[1].items()}, num_warps=4, **pdl_launch())
+            cos.contiguous(), sin.contiguous(), slots, *args[0], *args[1], *args[2], HALF=half,
+            **{f"{k}{j or ''}": v for j, c in zip((0, 2, 3), consts) for k, v in c.items()}, num_warps=4,
+            **pdl_launch())
 
 
 def _storable(r: reference.CacheRows) -> bool:
-    return (r.x.stride(-1) == 1 and r.cache.stride(-1) == 1 and r.weight.dtype == r.x.dtype
-            and (r.bias is None or r.bias.dtype == r.x.dtype))
+    return (r.x.dim() == 2 and r.x.stride(-1) == 1 and r.cache.stride(-1) == 1 and r.weight.dtype == r.x.dtype
+            and (r.bias is None or r.bias.dtype == r.x.dtype) and (r.at_slots or r.cache.dtype == r.x.dtype))
 
 
 def _row_set_args(r: reference.CacheRows) -> tuple[tuple, dict]:
     """A row set's runtime arguments to ``_norm_rope_store_kernel`` and its constexprs."""
-    return ((r.x, r.weight, r.weight if r.bias is None else r.bias, r.cache, r.x.shape[1], r.n_norm, r.rope_at,
+    return ((r.x, r.weight, r.weight if r.bias is None else r.bias, r.cache, r.x.shape[1], r.n_norm, r.rope_at or 0,
              r.x.stride(0), r.cache.stride(0), r.cache.shape[0], r.eps),
-            {"LAYER": r.bias is not None, "INTERLEAVED": r.interleaved, "BLOCK_D": next_pow2(r.x.shape[1])})
+            {"LAYER": r.bias is not None, "ROPE": r.rope_at is not None, "INTERLEAVED": r.interleaved,
+             "AT_SLOT": r.at_slots, "BLOCK_D": next_pow2(r.x.shape[1])})

@@ -238,13 +238,17 @@ class Attention(nn.Module):
         # the projections of h in one launch at one row: q_a, kv_a (and the indexer's key)
         projs = [self.q_a_proj, self.kv_a_proj_with_mqa] + ([self.indexer.wk] if self.indexer is not None else [])
         q_a, ckv, *index_k = ops.linear_group(h, *((p.weight, p.weight_scale_inv) for p in projs))
-        q_resid = self.q_a_layernorm(q_a)                                              # [N, rq]
-        q = self.q_b_proj(q_resid).view(N, nh, cfg.qk_head_dim)                        # MLA layout: [nope | rope]
-        # ckv [N, rkv + dr]: (RMSNorm'd latent | roped key) to the slots, with the indexer's keys in the same launch
-        index_rows = self.indexer.key_rows(index_k[0], cache.index_k[layer]) if self.indexer is not None else None
+        # in one launch: ckv [N, rkv + dr] (RMSNorm'd latent | roped key) to the slots, q_a's RMSNorm → q_resid
+        # [N, rq], the indexer's keys to theirs
+        qn = self.q_a_layernorm
+        q_resid = torch.empty(q_a.shape, dtype=torch.promote_types(qn.weight.dtype, q_a.dtype), device=q_a.device)
+        also = (CacheRows(q_a, qn.weight, None, qn.eps, q_a.shape[-1], None, False, q_resid, at_slots=False),)
+        if self.indexer is not None:
+            also += (self.indexer.key_rows(index_k[0], cache.index_k[layer]),)
         ops.norm_rope_store(ckv, self.kv_a_layernorm.weight, None, self.kv_a_layernorm.eps, rkv,      # trainable
                             rope.cos, rope.sin, rkv, cfg.rope_interleave, cache.kv[layer], batch.slot_mapping,
-                            also=index_rows)
+                            also=also)
+        q = self.q_b_proj(q_resid).view(N, nh, cfg.qk_head_dim)                        # MLA layout: [nope | rope]
         assert not select or self.indexer is not None, "a shared indexer layer needs the previous layer's selection"
         index_q = self.indexer.query(h, q_resid, rope) if select else None
         q_lat, q_rope = ops.mla_absorb_rope(q, self.kv_b_proj, dn, rope.cos, rope.sin, cfg.rope_interleave)

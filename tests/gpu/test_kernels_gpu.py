@@ -536,6 +536,34 @@ def test_norm_rope_store_bf16():
         assert rel(got, want) < 4e-3 and not got[untouched].any()
 
 
+@pytest.mark.parametrize("N", [1, 8])
+def test_norm_rope_store_row_sets_bf16(N):
+    """One launch for MLA's key rows, the indexer's and q_a's RMSNorm (the layer's, after its projection launch)
+    at GLM-5 widths: each output close to the reference's, bitwise the same in a graph replay."""
+    from kernels.reference import CacheRows
+    g = gen(9 + N)
+    group = torch.randn(N, 2048 + 576 + 128, device=DEV, generator=g).to(BF16)
+    q_a, ckv, k = group[:, :2048], group[:, 2048:2624], group[:, 2624:]
+    w_q, w_kv, w_k, b_k = ((1 + 0.1 * torch.randn(n, device=DEV, generator=g)).to(BF16) for n in (2048, 512, 128, 128))
+    cos, sin = (torch.randn(N, 32, device=DEV, generator=g).to(BF16) for _ in range(2))
+    slots = torch.randperm(100, device=DEV, generator=g)[:N]
+
+    def run(store, out):
+        kv, kc, q = out
+        also = (CacheRows(k, w_k, b_k, 1e-6, 128, 0, True, kc),
+                CacheRows(q_a, w_q, None, 1e-6, 2048, None, False, q, at_slots=False))
+        store(ckv, w_kv, None, 1e-6, 512, cos, sin, 512, True, kv, slots, also=also)
+        return torch.cat([kv.flatten(), kc.flatten(), q.flatten()])
+
+    def outputs():
+        return (torch.zeros(100, 576, device=DEV, dtype=BF16), torch.zeros(100, 128, device=DEV, dtype=BF16),
+                torch.zeros(N, 2048, device=DEV, dtype=BF16))
+    got = run(tri("norm_rope_store"), outputs())
+    assert rel(got, run(reference.norm_rope_store, outputs())) < 4e-3
+    out = outputs()
+    assert torch.equal(replayed(lambda: run(tri("norm_rope_store"), out)), got)
+
+
 @pytest.mark.parametrize("fp8", [False, True])
 def test_tiny_model_auto_vs_reference(fp8):
     """The whole tiny model (prefill 40 + 3 decode steps) in bf16, auto and reference, vs fp32 reference:

@@ -605,29 +605,33 @@ def test_norm_rope_store(tk, interleaved):
 
 
 @pytest.mark.parametrize("interleaved", [True, False])
-def test_norm_rope_store_two_sets(tk, interleaved):
-    """MLA's and the indexer's key rows in one launch (``also``: programs (n, 1)) — each cache as the reference
-    writes it, and as the one-set launch does."""
+def test_norm_rope_store_row_sets(tk, interleaved):
+    """MLA's key rows, the indexer's and q_a's RMSNorm (no rope, row n to row n) in one launch (``also``: programs
+    (n, 1), (n, 2)) — each output as the reference writes it, and as the one-set launches and ``rms_norm`` do."""
     from kernels.reference import CacheRows
     g = torch.Generator().manual_seed(14)
     for dtype in (torch.float32, torch.float16):
-        group = torch.randn(3, 72 + 32 + 40, generator=g).to(dtype)           # one projection launch's output
-        ckv, k = group[:, :72], group[:, 72:104]                               # strided views of it
-        w_kv = (1 + 0.1 * torch.randn(64, generator=g)).to(dtype)
+        group = torch.randn(3, 48 + 72 + 32, generator=g).to(dtype)           # one projection launch's output
+        q_a, ckv, k = group[:, :48], group[:, 48:120], group[:, 120:]          # strided views of it
+        w_q, w_kv = ((1 + 0.1 * torch.randn(n, generator=g)).to(dtype) for n in (48, 64))
         w_k, b_k = (1 + 0.1 * torch.randn(32, generator=g)).to(dtype), (0.1 * torch.randn(32, generator=g)).to(dtype)
         cos, sin = (torch.randn(3, 4, generator=g).to(dtype) for _ in range(2))
         slots = torch.tensor([5, 0, -1])
-        caches = {name: [torch.full((8, D), float("nan"), dtype=dtype) for _ in range(3)]
-                  for name, D in (("kv", 72), ("k", 32))}
-        for i, (store, two) in enumerate(((tk["norm"].norm_rope_store, True), (reference.norm_rope_store, True),
-                                          (tk["norm"].norm_rope_store, False))):
-            also = CacheRows(k, w_k, b_k, 1e-6, 32, 0, not interleaved, caches["k"][i])
-            store(ckv, w_kv, None, 1e-6, 64, cos, sin, 64, interleaved, caches["kv"][i], slots,
-                  also=also if two else None)
-            if not two:
-                store(k, w_k, b_k, 1e-6, 32, cos, sin, 0, not interleaved, caches["k"][i], slots)
-        for got, want, alone in caches.values():
-            assert torch.equal(got.isnan(), want.isnan()) and got.isnan().sum() == 5 * got.shape[1]
+        outs = {name: [torch.full(shape, float("nan"), dtype=dtype) for _ in range(3)]
+                for name, shape in (("kv", (8, 72)), ("k", (8, 32)), ("q", (3, 48)))}
+        stores = ((tk["norm"].norm_rope_store, True), (reference.norm_rope_store, True),
+                  (tk["norm"].norm_rope_store, False))
+        for i, (store, one_launch) in enumerate(stores):
+            also = (CacheRows(k, w_k, b_k, 1e-6, 32, 0, not interleaved, outs["k"][i]),
+                    CacheRows(q_a, w_q, None, 1e-6, 48, None, False, outs["q"][i], at_slots=False))
+            store(ckv, w_kv, None, 1e-6, 64, cos, sin, 64, interleaved, outs["kv"][i], slots,
+                  also=also if one_launch else ())
+            if not one_launch:
+                store(k, w_k, b_k, 1e-6, 32, cos, sin, 0, not interleaved, outs["k"][i], slots)
+                outs["q"][i].copy_(tk["norm"].rms_norm(q_a, w_q, 1e-6))
+        for got, want, alone in outs.values():
+            unwritten = 5 * got.shape[1] if got.shape[0] == 8 else 0             # caches: 5 of 8 slots unwritten
+            assert torch.equal(got.isnan(), want.isnan()) and got.isnan().sum() == unwritten
             assert rel(got.nan_to_num(), want.nan_to_num()) < (1e-6 if dtype == torch.float32 else 1e-3)
             assert torch.equal(got.nan_to_num(), alone.nan_to_num())
 
