@@ -54,10 +54,10 @@ def mid_sig(block_m: int, block_n: int) -> dict:
 
 
 def mid_cases() -> list[tuple]:
-    """(name, kernel, signature, constexprs, warps) of ``gluon_mid.mid_tile``'s three launch classes (16 rows; past 64
-    rows on a small and on a large weight), split over K."""
+    """(name, kernel, signature, constexprs, warps) of ``gluon_mid.mid_tile``'s five launch classes (16 rows; past 64
+    rows on a small weight, on q_b, on o_proj to 128 rows and beyond), split over K."""
     cases = []
-    for M, N, K in ((16, 6144, 16384), (100, 4096, 2048), (128, 6144, 16384)):
+    for M, N, K in ((16, 6144, 16384), (100, 4096, 2048), (128, 16384, 2048), (128, 6144, 16384), (256, 6144, 16384)):
         t = gluon_mid.mid_tile(M, N, K, 132)
         cases.append((f"mid {t.block_m}x{t.block_n}/{t.stages}st", gluon_mid._mid_kernel, mid_sig(t.block_m, t.block_n),
                       {"BLOCK_N": t.block_n, "BLOCK_M": t.block_m, "STAGES": t.stages, "WARPS": t.num_warps,

@@ -180,16 +180,21 @@ def usable(x2: torch.Tensor, N: int, K: int) -> bool:
 
 def mid_tile(M: int, N: int, K: int, sms: int) -> MidTile:
     """The launch measured best on H200 over the GLM-5.2 shapes at 16..256 rows (``bench/mid_gemm.py --sweep
-    hopper``, bench/results/session26/): 64 outputs a program (one warpgroup). To 64 rows all rows in one tile
-    (16..64) and a 4-deep ring; past that 128 rows and a 2-deep ring on LARGE weights (the weight tile read once for
-    128 rows), else 64 rows and a 4-deep ring (two programs fit an SM). Split over K to ~1 program an SM, each ≥ 2
-    K steps."""
+    hopper``, bench/results/session26/ and session27/call1): 64 outputs a program (one warpgroup). To 64 rows all
+    rows in one tile (16..64) and a 4-deep ring. Past that, on LARGE weights with long rows (K ≥ 4096: o_proj, the
+    dense MLP) 64 rows and a 3-deep ring to 128 rows, 128 rows and a 4-deep ring beyond, split to ~2 programs an SM
+    (session 27: o_proj at 128 rows 82.2 → 70.3 µs, dense down 66.0 → 54.6; at 256 dense gate_up 103.0 → 87.5); on
+    the other LARGE weights (q_b) 128 rows and a 2-deep ring (the weight tile read once for 128 rows); else 64 rows
+    and a 4-deep ring (two programs fit an SM), ~1 program an SM. Every split ≥ 2 K steps."""
+    per_sm = 1
     if M <= 64:
         block_m, stages = max(16, triton.next_power_of_2(M)), 4
+    elif N * K >= LARGE and K >= 4096:
+        block_m, stages, per_sm = (64, 3, 2) if M <= 128 else (128, 4, 2)
     else:
         block_m, stages = (128, 2) if N * K >= LARGE else (64, 4)
     tiles = triton.cdiv(N, 64) * triton.cdiv(M, block_m)
-    return MidTile(64, block_m, max(1, min(triton.cdiv(sms, tiles), triton.cdiv(K, 128) // 2)), stages)
+    return MidTile(64, block_m, max(1, min(triton.cdiv(per_sm * sms, tiles), triton.cdiv(K, 128) // 2)), stages)
 
 
 def fp8_linear_mid(x2: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor, out: torch.Tensor, tile: MidTile,
