@@ -636,17 +636,23 @@ def test_norm_rope_store_row_sets(tk, interleaved):
             assert torch.equal(got.nan_to_num(), alone.nan_to_num())
 
 
-def test_mla_absorb_expand(tk):
-    """W_UK / W_UV applied from the FP8 kv_b weight (scale blocks straddle heads: 192 rows a head), as the
-    reference's einsums over the dequantized weight; bf16 kv_b (no scales) falls back to them."""
+def fp8_kv_b(nh: int, dn: int, dv: int, rkv: int, g: torch.Generator):
+    """An FP8 kv_b_proj Linear (nh heads of dn + dv rows, latent rkv) with a distinct scale per block."""
     from models.glm5 import Linear
-    g = torch.Generator().manual_seed(12)
-    nh, dn, dv, rkv = 3, 64, 128, 256
     kv_b = Linear(rkv, nh * (dn + dv))
     kv_b.to_fp8()
     w8, sc = fp8_quantize(0.05 * torch.randn(nh * (dn + dv), rkv, generator=g))
     kv_b.weight.data.copy_(w8)
     kv_b.weight_scale_inv.data.copy_(sc * (1 + torch.rand(sc.shape, generator=g)))
+    return kv_b
+
+
+def test_mla_absorb_expand(tk):
+    """W_UK / W_UV applied from the FP8 kv_b weight (scale blocks straddle heads: 192 rows a head), as the
+    reference's einsums over the dequantized weight; bf16 kv_b (no scales) falls back to them."""
+    g = torch.Generator().manual_seed(12)
+    nh, dn, dv, rkv = 3, 64, 128, 256
+    kv_b = fp8_kv_b(nh, dn, dv, rkv, g)
     for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 1e-2)):
         q = torch.randn(4, nh, dn + 64, generator=g).to(dtype)[..., :dn]          # a strided view, as q_nope
         o_lat = torch.randn(4, nh, rkv, generator=g).to(dtype)
@@ -669,11 +675,7 @@ def test_mla_absorb_rope(tk, interleaved):
     from models.glm5 import Linear
     g = torch.Generator().manual_seed(13)
     nh, dn, dv, rkv, half = 3, 64, 128, 256, 32
-    kv_b = Linear(rkv, nh * (dn + dv))
-    kv_b.to_fp8()
-    w8, sc = fp8_quantize(0.05 * torch.randn(nh * (dn + dv), rkv, generator=g))
-    kv_b.weight.data.copy_(w8)
-    kv_b.weight_scale_inv.data.copy_(sc * (1 + torch.rand(sc.shape, generator=g)))
+    kv_b = fp8_kv_b(nh, dn, dv, rkv, g)
     for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 1e-2)):
         q = torch.randn(4, nh, dn + 2 * half, generator=g).to(dtype)
         cos, sin = (torch.randn(4, half, generator=g).to(dtype) for _ in range(2))
