@@ -19,6 +19,8 @@ where torch.topk + the slot gather took 48–96 µs and session 4's one-program 
 ``mla_absorb`` / ``mla_expand`` apply W_UK / W_UV for few rows straight from the FP8 kv_b weight (no
 dequantized copy): one row on the FMA units, several rows on the tensor cores with each weight tile read
 once for all of them (eight rows: 15.6 → 5.2 µs absorb, 13.5 → 6.2 expand, a layer; the expand from four rows).
+``mla_absorb_rope`` ropes q's rope dims in the absorb's launch (its first column block's programs): a launch less a
+layer (session 27).
 """
 
 from __future__ import annotations
