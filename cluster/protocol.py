@@ -14,12 +14,13 @@ class ApiError(Exception):
     """An error returned to the client as ``{"error": {...}}`` with an HTTP status."""
 
     def __init__(self, status: int, message: str, param: str | None = None,
-                 type_: str = "invalid_request_error", headers: dict[str, str] | None = None):
+                 type_: str = "invalid_request_error", headers: dict[str, str] | None = None, code: str | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.type, self.headers = status, message, param, type_, headers
+        self.code = code                # OpenAI's machine-readable codes where it has one: model_not_found, ...
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": None}}
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 class StreamOptions(BaseModel):

@@ -75,14 +75,15 @@ async def _encode(tokenizer, text: str, max_chars: int, param: str) -> list[int]
     spending the seconds."""
     if len(text) > max_chars:
         raise ApiError(400, f"the prompt is {len(text)} characters: more than the context can hold whatever it "
-                       f"tokenizes to (at most {max_chars})", param)
+                       f"tokenizes to (at most {max_chars})", param, code="context_length_exceeded")
     return await _beside_loop(len(text), tokenizer.encode, text)
 
 
 def _admission_error(e: AdmissionError) -> ApiError:
     if e.reason == "queue_full":
         return ApiError(429, str(e), None, "rate_limit_error", {"Retry-After": "1"})
-    return ApiError(400, str(e), {"prompt": "prompt", "max_tokens": "max_tokens"}.get(e.field, e.field))
+    return ApiError(400, str(e), {"prompt": "prompt", "max_tokens": "max_tokens"}.get(e.field, e.field),
+                    code="context_length_exceeded" if e.reason in ("too_long", "kv_capacity") else None)
 
 
 async def _merge(streams: list[AsyncIterator], first: list) -> AsyncIterator[tuple[int, Any]]:
@@ -161,7 +162,11 @@ class _Formatter:
 
     def _error(self, ev) -> None:
         if ev.error:
-            raise ApiError(500, ev.error, None, "server_error")
+            raise self._api_error(ev)
+
+    def _api_error(self, ev) -> ApiError:
+        """An event's error: 503 when the server ended the request on shutting down, else 500."""
+        return ApiError(503 if getattr(self.ing, "closing", False) else 500, ev.error, None, "server_error")
 
     async def whole(self, merged, n: int) -> dict:
         texts, thoughts, reasons, lps, completion = [self.echo] * n, [""] * n, [None] * n, [[] for _ in range(n)], 0
@@ -210,7 +215,7 @@ class _Formatter:
         try:
             async for i, ev in merged:
                 if ev.error:
-                    yield f"data: {json.dumps(ApiError(500, ev.error, None, 'server_error').body())}\n\n"
+                    yield f"data: {json.dumps(self._api_error(ev).body())}\n\n"
                     break
                 completion += len(ev.token_ids)
                 self.fingerprint = ev.served_by
@@ -252,6 +257,9 @@ def _join_logprobs(parts: list, chat: bool) -> dict:
 
 
 # Defined after its helpers: serve.ingress pickles the class by value at decoration time.
+HEALTH_PROBE_S = 2.0    # /health before the model first answered: how long it asks the coordinator before a 503
+
+
 @serve.ingress(app)
 class OpenAIIngress:
     """HTTP edge: parse and validate, template and tokenize, stream events back as OpenAI chunks."""
@@ -275,7 +283,10 @@ class OpenAIIngress:
         longest = max(len(tok.token_bytes(i)) for i in range(tok.vocab_size)) if tok else 0
         self.max_prompt_chars = self.max_model_len * longest
         self.draining = False           # shutting down: new requests are refused, those in flight finish
+        self.ready = False              # the coordinator answered once: its model is loaded (see ``health``)
         self.in_flight = 0              # streams open to the coordinator
+        self.open_ids: set[str] = set()  # their request ids
+        self.closing = False            # the drain's time ran out: the streams still open end with an error
 
     async def info(self) -> dict:
         """The coordinator's counters (one replica's, as Serve routes it): ``glmserve serve``'s stats line."""
@@ -286,11 +297,26 @@ class OpenAIIngress:
         self.draining = True
         return self.in_flight
 
+    async def close_streams(self) -> int:
+        """The drain's time is up: end every request still in flight — each stream's last event an error (503
+        "the server shut down ...": streaming clients get it as an error event, others as the response) rather
+        than a connection cut mid-stream. Returns how many were ended."""
+        self.draining = self.closing = True
+        ids = list(self.open_ids)
+        await asyncio.gather(*[self.coord.abort.remote(r) for r in ids], return_exceptions=True)
+        return len(ids)
+
     # ---- endpoints ------------------------------------------------------------------------------
     @app.get("/health")
     async def health(self) -> dict:
         if self.draining:                  # a load balancer stops sending requests here
             raise ApiError(503, "the server is shutting down", None, "server_error")
+        if not self.ready:                 # this ingress is up before the coordinator has loaded the model
+            try:
+                await asyncio.wait_for(self.coord.info.remote(), HEALTH_PROBE_S)
+            except Exception:  # noqa: BLE001 — still loading (or gone): not ready for traffic yet
+                raise ApiError(503, "the model is loading", None, "server_error") from None
+            self.ready = True              # later failures: Serve's health checks of the coordinator replicas
         return {"status": "ok"}
 
     @app.get("/v1/models")
@@ -301,7 +327,7 @@ class OpenAIIngress:
     async def model(self, model_id: str) -> dict:
         if model_id != self.model_name:
             raise ApiError(404, f"the model {model_id!r} does not exist; this server serves {self.model_name!r}",
-                           "model")
+                           "model", code="model_not_found")
         return self._card()
 
     def _card(self) -> dict:
@@ -361,7 +387,8 @@ class OpenAIIngress:
         except ValidationError as e:
             raise validation_error(e) from None
         if body.model != self.model_name:
-            raise ApiError(400, f"unknown model {body.model!r}; this server serves {self.model_name!r}", "model")
+            raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {self.model_name!r}",
+                           "model", code="model_not_found")
         body.check_supported()
         return body
 
@@ -378,7 +405,8 @@ class OpenAIIngress:
             # max_tokens is to blame only if a smaller one would fit: a prompt that fills the context is too long
             fits = body.max_tokens and len(ids) < self.max_model_len
             raise ApiError(400, f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the context "
-                           f"length {self.max_model_len}", "max_tokens" if fits else "messages" if chat else "prompt")
+                           f"length {self.max_model_len}", "max_tokens" if fits else "messages" if chat else "prompt",
+                           code="context_length_exceeded")
         try:
             params = [body.sampling_params(max_tokens, logprobs, seed_offset=i) for i in range(body.n)]
         except ValueError as e:
@@ -406,12 +434,16 @@ class OpenAIIngress:
         gen = self.coord.options(stream=True).generate.remote(ids, params, req_id)
         finished = False
         self.in_flight += 1
+        self.open_ids.add(req_id)
         try:
             async for ev in gen:
                 finished = ev.finished
+                if finished and ev.finish_reason == "abort" and self.closing and not ev.error:
+                    ev.error = "the server shut down before the request finished"
                 yield ev
         finally:
             self.in_flight -= 1
+            self.open_ids.discard(req_id)
             if not finished:                # the client went away: free the request's KV now
                 gen.cancel()
                 await self.coord.abort.remote(req_id)
@@ -556,7 +588,15 @@ def _drain(stop, timeout_s: float) -> None:
             stop.wait(0.5)
     except Exception as e:  # noqa: BLE001 — the ingress is gone or stuck: shut down anyway
         print(f"glmserve: could not drain ({type(e).__name__}: {e})", flush=True)
-    if left > 0:
-        print(f"glmserve: shutting down with {left} request stream(s) in flight (they end with an error)", flush=True)
+    if left > 0:                    # each open stream's client gets an error event rather than a cut connection
+        try:
+            ingress = serve.get_app_handle("glmserve")
+            ended = ingress.close_streams.remote().result(timeout_s=10)
+            until = time.time() + 5
+            while ingress.drain.remote().result(timeout_s=10) and time.time() < until and not stop.is_set():
+                stop.wait(0.2)      # the error events on their way out
+        except Exception as e:  # noqa: BLE001 — the ingress is gone or stuck: shut down anyway
+            ended = f"? ({type(e).__name__})"
+        print(f"glmserve: shutting down: {ended} request(s) still in flight ended with an error", flush=True)
     elif left < 0:                  # stopped again, or the ingress did not answer, before it said
         print("glmserve: shutting down without waiting (any stream in flight ends with an error)", flush=True)

@@ -79,6 +79,7 @@ def test_unknown_model_route_or_method_is_an_openai_error(base_url, method, path
     body = json.loads(e.value.read())
     assert e.value.code == status and set(body) == {"error"} and body["error"]["message"], body
     assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["code"] == ("model_not_found" if "gpt-4" in path else None)
 
 
 def test_completion_stream_equals_whole_and_usage(client, text_ckpt):
@@ -157,21 +158,30 @@ def test_32_concurrent_streams_equal_alone(client, base_url):
     assert asyncio.run(all_()) == alone
 
 
-@pytest.mark.parametrize("body,param", [
-    ({"prompt": "hi", "max_tokens": "abc"}, "max_tokens"),
-    ({"prompt": "hi", "temperature": 5}, "temperature"),
-    ({"prompt": "hi", "model": "gpt-4"}, "model"),
-    ({"prompt": "hi", "max_tokens": 10 ** 6}, "max_tokens"),
-    ({"prompt": "hi", "n": 100}, "n"),
-    ({"prompt": "hi", "top_p": 0}, "top_p"),
-    ({"prompt": [], "max_tokens": 3}, "prompt"),
-    ({"prompt": [999999], "max_tokens": 3}, "prompt"),
-    ({"prompt": "hi " * 3000, "max_tokens": 3}, "prompt"),        # the prompt alone is too long
+@pytest.mark.parametrize("body,param,code", [
+    ({"prompt": "hi", "max_tokens": "abc"}, "max_tokens", None),
+    ({"prompt": "hi", "temperature": 5}, "temperature", None),
+    ({"prompt": "hi", "max_tokens": 10 ** 6}, "max_tokens", "context_length_exceeded"),
+    ({"prompt": "hi", "n": 100}, "n", None),
+    ({"prompt": "hi", "top_p": 0}, "top_p", None),
+    ({"prompt": [], "max_tokens": 3}, "prompt", None),
+    ({"prompt": [999999], "max_tokens": 3}, "prompt", None),
+    ({"prompt": "hi " * 3000, "max_tokens": 3}, "prompt", "context_length_exceeded"),   # the prompt alone is too long
 ])
-def test_bad_completion_input_is_400(base_url, client, body, param):
+def test_bad_completion_input_is_400(base_url, client, body, param, code):
     status, err = post(base_url, "/v1/completions", {"model": MODEL, **body})
     assert status == 400 and err["error"]["param"] == param and err["error"]["message"], err
+    assert err["error"]["code"] == code, err
     assert client.completions.create(model=MODEL, prompt="ok", max_tokens=2).choices   # still serving
+
+
+@pytest.mark.parametrize("path,body", [("/v1/completions", {"prompt": "hi"}),
+                                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})])
+def test_unknown_model_is_404_model_not_found(base_url, path, body):
+    """As OpenAI answers a model it does not serve: 404, code ``model_not_found`` (the openai client's
+    NotFoundError)."""
+    status, err = post(base_url, path, {"model": "gpt-4", **body})
+    assert status == 404 and err["error"]["code"] == "model_not_found" and err["error"]["param"] == "model", err
 
 
 @pytest.mark.parametrize("content,param", [

@@ -439,3 +439,87 @@ def test_echo_puts_the_prompt_before_the_completion():
 
     chunks = [json.loads(c[6:])["choices"][0]["text"] for c in asyncio.run(collect())[:-1]]
     assert chunks == ["Hello there", "!"]
+
+
+def test_health_is_503_until_the_model_answers(monkeypatch):
+    """The ingress is up before the coordinator has loaded the model: /health says 503 "loading" until the coordinator
+    first answers (then 200 without asking again), and 503 "shutting down" once draining."""
+    import types
+
+    from cluster import serve as serve_mod
+    from cluster.protocol import ApiError
+
+    monkeypatch.setattr(serve_mod, "HEALTH_PROBE_S", 0.05)
+    calls = []
+
+    async def info():
+        calls.append(1)
+        if not ingress.loaded:
+            await asyncio.sleep(10)                   # the coordinator replica still loading its weights
+        return {}
+
+    ingress = types.SimpleNamespace(draining=False, ready=False, loaded=False,
+                                    coord=types.SimpleNamespace(info=types.SimpleNamespace(remote=info)))
+    health = serve_mod.OpenAIIngress.health
+    with pytest.raises(ApiError) as e:
+        asyncio.run(health(ingress))
+    assert e.value.status == 503 and e.value.message == "the model is loading"
+    ingress.loaded = True
+    assert asyncio.run(health(ingress)) == {"status": "ok"} and asyncio.run(health(ingress)) == {"status": "ok"}
+    assert len(calls) == 2                            # once ready, not asked again
+    ingress.draining = True
+    with pytest.raises(ApiError) as e:
+        asyncio.run(health(ingress))
+    assert e.value.status == 503 and "shutting down" in e.value.message
+
+
+def test_close_streams_ends_open_requests_with_an_error():
+    """The drain's time ran out (``glmserve serve``): every stream still open is aborted, and its abort event carries
+    an error (503 to the client: an error event, not a cut connection); a request that finished is left alone."""
+    import types
+
+    from cluster import serve as serve_mod
+    from cluster.engine import TokenEvent
+
+    aborted: list[str] = []
+    queues: dict[str, asyncio.Queue] = {}
+
+    async def generate(ids, params, req_id):
+        q = queues.setdefault(req_id, asyncio.Queue())
+        while True:
+            ev = await q.get()
+            yield ev
+            if ev.finished:
+                return
+
+    async def abort(req_id):
+        aborted.append(req_id)
+        await queues[req_id].put(TokenEvent(req_id, [], "", finished=True, finish_reason="abort"))
+
+    coord = types.SimpleNamespace(
+        options=lambda **kw: types.SimpleNamespace(generate=types.SimpleNamespace(remote=generate)),
+        abort=types.SimpleNamespace(remote=abort))
+    ingress = types.SimpleNamespace(coord=coord, in_flight=0, open_ids=set(), draining=False, closing=False)
+    open_ = serve_mod.OpenAIIngress._open
+
+    async def main():
+        streams = [open_(ingress, [1, 2], None, f"r{i}") for i in range(2)]
+        firsts = []
+        for i, s in enumerate(streams):
+            queues.setdefault(f"r{i}", asyncio.Queue())
+            await queues[f"r{i}"].put(TokenEvent(f"r{i}", [5], "a"))
+            firsts.append(await s.__anext__())
+        assert ingress.in_flight == 2 and ingress.open_ids == {"r0", "r1"}
+        assert await serve_mod.OpenAIIngress.close_streams(ingress) == 2 and ingress.closing and ingress.draining
+        last = [await s.__anext__() for s in streams]
+        for s in streams:
+            with pytest.raises(StopAsyncIteration):
+                await s.__anext__()
+        return firsts, last
+
+    firsts, last = asyncio.run(main())
+    assert sorted(aborted) == ["r0", "r1"] and not any(ev.error for ev in firsts)
+    assert all(ev.finished and ev.error == "the server shut down before the request finished" for ev in last)
+    assert ingress.in_flight == 0 and not ingress.open_ids
+    err = serve_mod._Formatter._api_error(types.SimpleNamespace(ing=ingress), last[0])
+    assert err.status == 503 and err.body()["error"]["type"] == "server_error"
