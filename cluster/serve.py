@@ -256,10 +256,10 @@ def _join_logprobs(parts: list, chat: bool) -> dict:
     return out
 
 
-# Defined after its helpers: serve.ingress pickles the class by value at decoration time.
 HEALTH_PROBE_S = 2.0    # /health before the model first answered: how long it asks the coordinator before a 503
 
 
+# Defined after its helpers: serve.ingress pickles the class by value at decoration time.
 @serve.ingress(app)
 class OpenAIIngress:
     """HTTP edge: parse and validate, template and tokenize, stream events back as OpenAI chunks."""
