@@ -149,7 +149,8 @@ class Rope:
 
 
 class Indexer(nn.Module):
-    """DSA lightning indexer: scores every cached key of the request and keeps the top ``index_topk``."""
+    """DSA lightning indexer: scores every cached key of the request and keeps the top ``index_topk``. Driven by
+    ``Attention.prepare`` (its keys ``key_rows`` cached in MLA's cache-row launch, then ``query``) and ``select``."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -165,14 +166,6 @@ class Indexer(nn.Module):
         n = self.k_norm
         return CacheRows(k.detach(), n.weight.detach(), n.bias.detach(), n.eps, self.cfg.index_head_dim, 0,
                          self.cfg.indexer_rope_interleave, k_cache)
-
-    def forward(self, h: torch.Tensor, q_resid: torch.Tensor, rope: Rope, batch: Batch,
-                k_cache: torch.Tensor) -> torch.Tensor:
-        """Writes this step's indexer keys; returns selected slots [N, K] (-1 = none)."""
-        r = self.key_rows(self.wk(h), k_cache)
-        ops.norm_rope_store(r.x, r.weight, r.bias, r.eps, r.n_norm, rope.cos, rope.sin, r.rope_at, r.interleaved,
-                            r.cache, batch.slot_mapping)
-        return self.select(*self.query(h, q_resid, rope), batch, k_cache)
 
     def query(self, h: torch.Tensor, q_resid: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, torch.Tensor]:
         """(roped queries [N, ih, idd], head weights [N, ih] fp32): the per-row work before scoring."""
