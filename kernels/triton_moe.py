@@ -36,7 +36,8 @@ One row (decode without drafts) takes FMA kernels instead (``_gate_up_row_kernel
 every pair is its own expert, no 16-row tensor-core tile, as triton_linear's GEMV), and runs the shared
 expert as one more pair of the same two launches (its weights reached by element offsets from the stacked
 experts'); the combine adds its output last, as HF's ``experts(x) + shared_experts(x)``. More rows compose
-the shared expert after the routed ones.
+the shared expert after the routed ones. One row needs no routing launch: program p runs slot p's expert,
+read from the router's ids, and the combine ranks the row's k slots by expert itself.
 """
 
 from __future__ import annotations
@@ -204,26 +205,27 @@ def _down_kernel(act_ptr, d_ptr, ds_ptr, w_route_ptr, sorted_e_ptr, sorted_pair_
 
 
 @triton.jit
-def _row_pair(sorted_e_ptr, P, E_local, PDL: tl.constexpr):
-    """A one-row program's sorted pair p (after the wait for the routing launch): (p, its expert e, shared:
-    p is the shared expert's (p == P), live: it has an expert to run on this rank)."""
+def _row_pair(idx_ptr, P, expert_offset, E_local, PDL: tl.constexpr):
+    """A one-row program's pair p = slot p of the row (after the wait for the router): (p, its local expert e,
+    E_local when held elsewhere; shared: p is the shared expert's (p == P); live: it has an expert to run here)."""
     pdl_wait(PDL)
     p = tl.program_id(0)
-    e = tl.load(sorted_e_ptr + p, mask=p < P, other=0)
+    e = tl.load(idx_ptr + p, mask=p < P, other=0) - expert_offset
+    e = tl.where((e >= 0) & (e < E_local), e, E_local).to(tl.int32)
     shared = p == P
     return p, e, shared, shared | (e < E_local)
 
 
 @triton.jit
-def _gate_up_row_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sg_off, su_off, sgs_off, sus_off, sorted_e_ptr,
-                        act_ptr, P, E_local, H, I, num_sb_h, num_sb_i, HAS_SCALE: tl.constexpr,
+def _gate_up_row_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sg_off, su_off, sgs_off, sus_off, idx_ptr,
+                        act_ptr, P, expert_offset, E_local, H, I, num_sb_h, num_sb_i, HAS_SCALE: tl.constexpr,
                         BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, STAGES: tl.constexpr,
                         PDL: tl.constexpr):
-    """One row (each pair its own expert): gate/up of sorted pair p on the FMA units, the activation scaled
+    """One row (each pair its own expert): gate/up of pair p on the FMA units, the activation scaled
     by each 128-block's scale, products kept per K lane and reduced once (as triton_linear's GEMV).
     Program p == P (when launched) is the shared expert: its weights and scales sit at element offsets
     ``s*_off`` from the stacked tensors' (``triton_utils.element_offset``)."""
-    p, e, shared, live = _row_pair(sorted_e_ptr, P, E_local, PDL)
+    p, e, shared, live = _row_pair(idx_ptr, P, expert_offset, E_local, PDL)
     ib = tl.program_id(1)
     ri = ib * BLOCK_I + tl.arange(0, BLOCK_I)
     rh = tl.arange(0, BLOCK_H)
@@ -257,12 +259,12 @@ def _gate_up_row_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sg_off, su_off, sgs
 
 
 @triton.jit
-def _down_row_kernel(act_ptr, d_ptr, ds_ptr, sd_off, sds_off, w_route_ptr, sorted_e_ptr, sorted_pair_ptr, y_ptr,
-                     P, E_local, H, I, num_sb_h, num_sb_i, HAS_SCALE: tl.constexpr, BLOCK_HO: tl.constexpr,
+def _down_row_kernel(act_ptr, d_ptr, ds_ptr, sd_off, sds_off, w_route_ptr, idx_ptr, y_ptr, P, expert_offset,
+                     E_local, H, I, num_sb_h, num_sb_i, HAS_SCALE: tl.constexpr, BLOCK_HO: tl.constexpr,
                      BLOCK_I: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
-    """One row: the down projection of sorted pair p on the FMA units, rounded, times its routing weight
-    (the shared expert, p == P: weight 1, written to y[P])."""
-    p, e, shared, live = _row_pair(sorted_e_ptr, P, E_local, PDL)
+    """One row: the down projection of pair p on the FMA units, rounded, times its routing weight, to y[p] (the
+    shared expert, p == P: weight 1)."""
+    p, e, shared, live = _row_pair(idx_ptr, P, expert_offset, E_local, PDL)
     hb = tl.program_id(1)
     rh = hb * BLOCK_HO + tl.arange(0, BLOCK_HO)
     ri = tl.arange(0, BLOCK_I)
@@ -279,10 +281,9 @@ def _down_row_kernel(act_ptr, d_ptr, ds_ptr, sd_off, sds_off, w_route_ptr, sorte
                      eviction_policy="evict_first")
         acc += wd.to(tl.float32) * a[None, :]
     dt = y_ptr.dtype.element_ty
-    pair = tl.where(shared, P, tl.load(sorted_pair_ptr + p, mask=p < P, other=0))
-    w = tl.where(shared, 1.0, tl.load(w_route_ptr + pair, mask=p < P, other=0.0))
+    w = tl.where(shared, 1.0, tl.load(w_route_ptr + p, mask=p < P, other=0.0))
     y = (tl.sum(acc, axis=1).to(dt).to(tl.float32) * w).to(dt)
-    tl.store(y_ptr + pair * H + rh, y, mask=(rh < H) & (((rh * 0 + e) < E_local) | ((rh * 0 + p) == P)))
+    tl.store(y_ptr + p * H + rh, y, mask=(rh < H) & (((rh * 0 + e) < E_local) | ((rh * 0 + p) == P)))
 
 
 @triton.jit
@@ -367,17 +368,29 @@ def _grouped_down_kernel(act_ptr, d_ptr, ds_ptr, w_route_ptr, block_e_ptr, slot_
 
 
 @triton.jit
-def _combine_kernel(y_ptr, order_ptr, valid_ptr, out_ptr, H, P, TOPK: tl.constexpr, SHARED: tl.constexpr,
+def _combine_kernel(y_ptr, order_ptr, valid_ptr, idx_ptr, out_ptr, H, P, expert_offset, E_local,
+                    TOPK: tl.constexpr, SHARED: tl.constexpr, ROUTED: tl.constexpr, BLOCK_K: tl.constexpr,
                     BLOCK_H: tl.constexpr, PDL: tl.constexpr):
+    """out[n] = Σ of row n's pairs' y held here, in expert id order, then the shared expert's. ROUTED: the order
+    and whether held from ``route_pairs``; else (one row, no routing launch) ranked here from the ids."""
     pdl_wait(PDL)
     n = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = h < H
     dt = out_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_H,), dtype=tl.float32).to(dt)
-    for t in range(TOPK):                      # this row's experts in id order (``order``)
-        slot = tl.load(order_ptr + n * TOPK + t)
-        if tl.load(valid_ptr + n * TOPK + slot) != 0:
+    if not ROUTED:
+        _, key = _local_key(idx_ptr + n * TOPK, tl.arange(0, BLOCK_K), TOPK, expert_offset, E_local)
+    for t in range(TOPK):                      # this row's experts in id order
+        if ROUTED:
+            slot = tl.load(order_ptr + n * TOPK + t)
+            held = tl.load(valid_ptr + n * TOPK + slot) != 0
+        else:                                  # the t-th smallest key: local expert · TOPK + slot, unique
+            first = tl.min(key, 0)
+            slot = first % TOPK
+            held = first // TOPK < E_local
+            key = tl.where(key == first, 2 ** 30, key)
+        if held:
             y = tl.load(y_ptr + (n * TOPK + slot) * H + h, mask=mask, other=0.0)
             acc = (acc.to(tl.float32) + y.to(tl.float32)).to(dt)
     if SHARED:                                 # the shared expert's output (row n's at y[P + n]) last
@@ -441,13 +454,14 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
     E_local, I, _ = gate.shape
     k = topk_idx.shape[1]
     x = x.contiguous()
-    sorted_e, sorted_pair, order, valid, run_start = route_pairs(topk_idx, expert_offset, E_local)
+    topk_idx = topk_idx.contiguous()
     P = N * k
     act = torch.empty(P, I, dtype=x.dtype, device=x.device)
     y = torch.empty(P, H, dtype=x.dtype, device=x.device)
     out = torch.empty_like(x)
     has_scale = gate_s is not None
     if isinstance(tiles, gluon_rows.MoeTile) or (tiles is None and gluon_rows.moe_usable(x, gate, has_scale)):
+        sorted_e, sorted_pair, order, valid, run_start = route_pairs(topk_idx, expert_offset, E_local)
         gluon_rows.moe_gemms(x, gate, up, down, gate_s, up_s, down_s, topk_w.float().contiguous(), sorted_e,
                              sorted_pair, run_start, act, y, k, E_local, tile_counters(x.device), tiles)
         return _plus_shared(_combine(y, order, valid, out, N, H, k), x, shared)
@@ -461,7 +475,7 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
     # a run of more than block_r pairs goes in chunks of block_r, each its own program's
     block_r = min(max(16, next_pow2(N)), RUN_ROWS)
     fuse = fuse and gu.fma
-    if N == 1 and gu.fma:                      # one row: every pair is its own expert's whole run
+    if N == 1 and gu.fma:                      # one row: every pair is its own expert's whole run, no routing
         offs = [0] * 6                         # the shared expert's element offsets from the stacked tensors
         if fuse:                               # one more pair: the shared expert's act and y rows at P
             bases = (gate, up, down, gs, us, ds)
@@ -469,15 +483,16 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
             act, y = (torch.empty(P + 1, t.shape[1], dtype=x.dtype, device=x.device) for t in (act, y))
         programs = P + fuse
         _gate_up_row_kernel[(programs, triton.cdiv(I, gu.block_n))](
-            x, gate, up, gs, us, offs[0], offs[1], offs[3], offs[4], sorted_e, act, P, E_local, H, I, num_sb_h,
-            num_sb_i, HAS_SCALE=has_scale, BLOCK_I=gu.block_n, BLOCK_H=gu.block_k, STAGES=gu.num_stages,
+            x, gate, up, gs, us, offs[0], offs[1], offs[3], offs[4], topk_idx, act, P, expert_offset, E_local, H, I,
+            num_sb_h, num_sb_i, HAS_SCALE=has_scale, BLOCK_I=gu.block_n, BLOCK_H=gu.block_k, STAGES=gu.num_stages,
             num_warps=gu.num_warps, **pdl_launch())
         _down_row_kernel[(programs, triton.cdiv(H, dn.block_n))](
-            act, down, ds, offs[2], offs[5], topk_w.float().contiguous(), sorted_e, sorted_pair, y, P, E_local, H, I,
-            num_sb_h, num_sb_i, HAS_SCALE=has_scale, BLOCK_HO=dn.block_n, BLOCK_I=dn.block_k,
+            act, down, ds, offs[2], offs[5], topk_w.float().contiguous(), topk_idx, y, P, expert_offset, E_local, H,
+            I, num_sb_h, num_sb_i, HAS_SCALE=has_scale, BLOCK_HO=dn.block_n, BLOCK_I=dn.block_k,
             STAGES=dn.num_stages, num_warps=dn.num_warps, **pdl_launch())
-        out = _combine(y, order, valid, out, N, H, k, shared=fuse)
+        out = _combine(y, None, None, out, N, H, k, shared=fuse, ids=(topk_idx, expert_offset, E_local))
         return out if fuse else _plus_shared(out, x, shared)
+    sorted_e, sorted_pair, order, valid, run_start = route_pairs(topk_idx, expert_offset, E_local)
     _gate_up_kernel[(P, triton.cdiv(I, gu.block_n))](
         x, gate, up, gs, us, sorted_e, sorted_pair, run_start, act, P, E_local, H, I, num_sb_h, num_sb_i,
         TOPK=k, HAS_SCALE=has_scale, BLOCK_R=block_r, BLOCK_I=gu.block_n, BLOCK_H=gu.block_k, PREC=prec,
@@ -607,10 +622,16 @@ def _fusable(shared: tuple, gate: torch.Tensor, down: torch.Tensor, has_scale: b
             and all(t.is_contiguous() for t in (sg, su, sd)) and (sgs is not None) == has_scale)
 
 
-def _combine(y: torch.Tensor, order: torch.Tensor, valid: torch.Tensor, out: torch.Tensor, N: int, H: int,
-             k: int, shared: bool = False) -> torch.Tensor:
+def _combine(y: torch.Tensor, order: torch.Tensor | None, valid: torch.Tensor | None, out: torch.Tensor, N: int,
+             H: int, k: int, shared: bool = False, ids: tuple[torch.Tensor, int, int] | None = None) -> torch.Tensor:
+    """The combine launch, its order from ``route_pairs`` (order, valid) or, None, from ``ids`` = (topk_idx,
+    expert_offset, E_local)."""
     block_h = min(1024, next_pow2(H))
-    _combine_kernel[(N, triton.cdiv(H, block_h))](y, order, valid, out, H, N * k, TOPK=k, SHARED=shared,
+    routed = order is not None
+    idx, offset, E_local = ids or (order, 0, 0)
+    order, valid = (order, valid) if routed else (idx, idx)
+    _combine_kernel[(N, triton.cdiv(H, block_h))](y, order, valid, idx, out, H, N * k, offset, E_local, TOPK=k,
+                                                 SHARED=shared, ROUTED=routed, BLOCK_K=next_pow2(k),
                                                  BLOCK_H=block_h, num_warps=4, **pdl_launch())
     return out
 
