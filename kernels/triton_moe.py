@@ -36,8 +36,8 @@ One row (decode without drafts) takes FMA kernels instead (``_gate_up_row_kernel
 every pair is its own expert, no 16-row tensor-core tile, as triton_linear's GEMV), and runs the shared
 expert as one more pair of the same two launches (its weights reached by element offsets from the stacked
 experts'); the combine adds its output last, as HF's ``experts(x) + shared_experts(x)``. More rows compose
-the shared expert after the routed ones. One row needs no routing launch: program p runs slot p's expert,
-read from the router's ids, and the combine ranks the row's k slots by expert itself.
+the shared expert after the routed ones. One row needs no routing or combine launch: program p runs slot p's
+expert, read from the router's ids, and the down launch's last program at each output block combines it.
 """
 
 from __future__ import annotations
@@ -259,11 +259,13 @@ def _gate_up_row_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sg_off, su_off, sgs
 
 
 @triton.jit
-def _down_row_kernel(act_ptr, d_ptr, ds_ptr, sd_off, sds_off, w_route_ptr, idx_ptr, y_ptr, P, expert_offset,
-                     E_local, H, I, num_sb_h, num_sb_i, HAS_SCALE: tl.constexpr, BLOCK_HO: tl.constexpr,
-                     BLOCK_I: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
+def _down_row_kernel(act_ptr, d_ptr, ds_ptr, sd_off, sds_off, w_route_ptr, idx_ptr, y_ptr, out_ptr, count_ptr, P,
+                     expert_offset, E_local, H, I, num_sb_h, num_sb_i, HAS_SCALE: tl.constexpr,
+                     SHARED: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_HO: tl.constexpr, BLOCK_I: tl.constexpr,
+                     STAGES: tl.constexpr, PDL: tl.constexpr):
     """One row: the down projection of pair p on the FMA units, rounded, times its routing weight, to y[p] (the
-    shared expert, p == P: weight 1)."""
+    shared expert, p == P: weight 1); the program that arrives last at its output block's counter combines the
+    block (``_combine_row``) and resets the counter."""
     p, e, shared, live = _row_pair(idx_ptr, P, expert_offset, E_local, PDL)
     hb = tl.program_id(1)
     rh = hb * BLOCK_HO + tl.arange(0, BLOCK_HO)
@@ -284,6 +286,32 @@ def _down_row_kernel(act_ptr, d_ptr, ds_ptr, sd_off, sds_off, w_route_ptr, idx_p
     w = tl.where(shared, 1.0, tl.load(w_route_ptr + p, mask=p < P, other=0.0))
     y = (tl.sum(acc, axis=1).to(dt).to(tl.float32) * w).to(dt)
     tl.store(y_ptr + p * H + rh, y, mask=(rh < H) & (((rh * 0 + e) < E_local) | ((rh * 0 + p) == P)))
+    tl.debug_barrier()                         # every thread's y is stored before the release below
+    if tl.atomic_add(count_ptr + hb, 1, sem="acq_rel") == tl.num_programs(0) - 1:
+        _combine_row(y_ptr, idx_ptr, out_ptr, rh, P, expert_offset, E_local, H, SHARED, BLOCK_P)
+        tl.store(count_ptr + hb, 0)            # the next launch (stream-ordered) starts from zero
+
+
+@triton.jit
+def _combine_row(y_ptr, idx_ptr, out_ptr, h, P, expert_offset, E_local, H, SHARED: tl.constexpr,
+                 BLOCK_P: tl.constexpr):
+    """The one row's out[h] = Σ of its P pairs' y[p, h] held here in expert id order (as ``_combine_kernel``;
+    ranked here: the smallest key local expert · P + slot first), then the shared expert's y[P, h]; y is read
+    past L1 (other programs wrote it)."""
+    mask = h < H
+    dt = out_ptr.dtype.element_ty
+    acc = tl.zeros(h.shape, dtype=tl.float32).to(dt)
+    _, key = _local_key(idx_ptr, tl.arange(0, BLOCK_P), P, expert_offset, E_local)
+    for _t in range(P):
+        first = tl.min(key, 0)
+        if first // P < E_local:
+            y = tl.load(y_ptr + (first % P) * H + h, mask=mask, other=0.0, cache_modifier=".cg")
+            acc = (acc.to(tl.float32) + y.to(tl.float32)).to(dt)
+        key = tl.where(key == first, 2 ** 30, key)
+    if SHARED:
+        y = tl.load(y_ptr + P * H + h, mask=mask, other=0.0, cache_modifier=".cg")
+        acc = (acc.to(tl.float32) + y.to(tl.float32)).to(dt)
+    tl.store(out_ptr + h, acc, mask=mask)
 
 
 @triton.jit
@@ -487,10 +515,10 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
             num_sb_h, num_sb_i, HAS_SCALE=has_scale, BLOCK_I=gu.block_n, BLOCK_H=gu.block_k, STAGES=gu.num_stages,
             num_warps=gu.num_warps, **pdl_launch())
         _down_row_kernel[(programs, triton.cdiv(H, dn.block_n))](
-            act, down, ds, offs[2], offs[5], topk_w.float().contiguous(), topk_idx, y, P, expert_offset, E_local, H,
-            I, num_sb_h, num_sb_i, HAS_SCALE=has_scale, BLOCK_HO=dn.block_n, BLOCK_I=dn.block_k,
-            STAGES=dn.num_stages, num_warps=dn.num_warps, **pdl_launch())
-        out = _combine(y, None, None, out, N, H, k, shared=fuse, ids=(topk_idx, expert_offset, E_local))
+            act, down, ds, offs[2], offs[5], topk_w.float().contiguous(), topk_idx, y, out, tile_counters(x.device),
+            P, expert_offset, E_local, H, I, num_sb_h, num_sb_i, HAS_SCALE=has_scale, SHARED=fuse,
+            BLOCK_P=next_pow2(P), BLOCK_HO=dn.block_n, BLOCK_I=dn.block_k, STAGES=dn.num_stages,
+            num_warps=dn.num_warps, **pdl_launch())
         return out if fuse else _plus_shared(out, x, shared)
     sorted_e, sorted_pair, order, valid, run_start = route_pairs(topk_idx, expert_offset, E_local)
     _gate_up_kernel[(P, triton.cdiv(I, gu.block_n))](

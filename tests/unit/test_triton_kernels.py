@@ -222,13 +222,14 @@ def test_moe_experts(tk, N, offset, fp8):
     assert got16.dtype == torch.float16 and rel(got16, ref) < 1e-2
     wide = (tk["moe"].ExpertTile(16, 256), tk["moe"].ExpertTile(32, 256))          # K steps past H and I
     assert rel(tk["moe"].fused_moe(x, idx, w, *args, expert_offset=offset, tiles=wide), ref) < 1e-5
-    if N == 1:                                 # the one-row FMA kernels: K steps past H and I, and within
+    if N == 1:                   # the one-row FMA kernels (no routing, no combine launch): K steps past H and I, within
         for fma in ((16, 256, 8, 64), (8, 64, 16, 128)):
             tiles = (tk["moe"].ExpertTile(*fma[:2], fma=True), tk["moe"].ExpertTile(*fma[2:], fma=True))
             assert rel(tk["moe"].fused_moe(x, idx, w, *args, expert_offset=offset, tiles=tiles), ref) < 1e-5
         fma16 = tk["moe"].fused_moe(x.half(), idx, w, *args16, expert_offset=offset)   # FMA (the default)
         dot16 = tk["moe"].fused_moe(x.half(), idx, w, *args16, expert_offset=offset, tiles=wide)
         assert torch.equal(fma16, dot16)       # the same roundings, the same sums at these sizes
+        assert not tk["lin"].tile_counters(x.device).any()         # the combine's arrivals reset
 
 
 def test_moe_experts_runs_in_chunks(tk):
