@@ -287,10 +287,9 @@ class Router(nn.Module):
                                                     requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        c = self.cfg
-        logits = ops.linear_f32(x, self.weight)                                        # [N, E] fp32
-        return ops.router_topk(logits, self.e_score_correction_bias, c.num_experts_per_tok, c.n_group,
-                               c.topk_group, c.norm_topk_prob, c.routed_scaling_factor)
+        c = self.cfg                           # fp32 logits [N, E], then the selection
+        return ops.router(x, self.weight, self.e_score_correction_bias, c.num_experts_per_tok, c.n_group,
+                          c.topk_group, c.norm_topk_prob, c.routed_scaling_factor)
 
 
 class Experts(nn.Module):

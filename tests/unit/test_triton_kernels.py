@@ -434,6 +434,23 @@ def test_router_topk(tk, n_group, topk_group, norm):
     assert torch.equal(ids, torch.arange(6).expand(2, 6)) and torch.allclose(w, torch.full((2, 6), 1 / 6))
 
 
+@pytest.mark.parametrize("n_group,topk_group,norm", [(1, 1, True), (4, 2, False)])
+def test_router_one_row(tk, n_group, topk_group, norm):
+    """The one-row router in one launch (the logits' GEMV in programs of 8 experts × 1024 dims, the last arrival
+    selecting): the reference's ids and weights (36 experts, 2500 dims: partial tiles both ways), again on a
+    second row (the counter reset), fp16 rows; more rows the two launches."""
+    g = torch.Generator().manual_seed(12)
+    E, H = 36, 2500
+    weight, bias = torch.randn(E, H, generator=g) / 50, 0.1 * torch.randn(E, generator=g)
+    for x in (torch.randn(1, H, generator=g), torch.randn(1, H, generator=g).half(), torch.randn(3, H, generator=g)):
+        ids, w = tk["router"].router(x, weight, bias, 6, n_group, topk_group, norm, 2.5)
+        ref_ids, ref_w = reference.router(x, weight, bias, 6, n_group, topk_group, norm, 2.5)
+        order, ref_order = ids.sort(dim=1), ref_ids.sort(dim=1)
+        assert torch.equal(order.values, ref_order.values)
+        assert torch.allclose(w.gather(1, order.indices), ref_w.gather(1, ref_order.indices), rtol=1e-5)
+        assert not tk["lin"].tile_counters(x.device).any()
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 1e-2)])
 def test_mla_sparse_attention(tk, dtype, tol):
     g = torch.Generator().manual_seed(4)
