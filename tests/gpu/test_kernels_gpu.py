@@ -447,7 +447,7 @@ def test_router_one_row(n_group, topk_group):
         assert all(abs(got[i] - v) <= 1e-5 * abs(v) for i, v in zip(ref_ids[0].tolist(), ref_w[0].tolist()))
         again = tri("router")(x, weight, bias, 8, n_group, topk_group, True, 2.5)
         assert torch.equal(again[0], ids) and torch.equal(again[1], w)
-        assert torch.equal(replayed(lambda: torch.cat([t.float() for t in tri("router")(
+        assert torch.equal(replayed(lambda x=x: torch.cat([t.float() for t in tri("router")(
             x, weight, bias, 8, n_group, topk_group, True, 2.5)], -1)), torch.cat([ids.float(), w], -1))
     from kernels.triton_linear import tile_counters
     assert not tile_counters(x.device).any()
