@@ -229,6 +229,8 @@ def test_moe_experts(tk, N, offset, fp8):
         fma16 = tk["moe"].fused_moe(x.half(), idx, w, *args16, expert_offset=offset)   # FMA (the default)
         dot16 = tk["moe"].fused_moe(x.half(), idx, w, *args16, expert_offset=offset, tiles=wide)
         assert torch.equal(fma16, dot16)       # the same roundings, the same sums at these sizes
+        in_down = tk["moe"].fused_moe(x.half(), idx, w, *args16, expert_offset=offset, row_combine=True)
+        assert torch.equal(in_down, fma16)     # the combine in the down launch (its last arrival): the same sums
         assert not tk["lin"].tile_counters(x.device).any()         # the combine's arrivals reset
 
 
@@ -437,18 +439,24 @@ def test_router_topk(tk, n_group, topk_group, norm):
 @pytest.mark.parametrize("n_group,topk_group,norm", [(1, 1, True), (4, 2, False)])
 def test_router_one_row(tk, n_group, topk_group, norm):
     """The one-row router in one launch (the logits' GEMV in programs of 8 experts × 1024 dims, the last arrival
-    selecting): the reference's ids and weights (36 experts, 2500 dims: partial tiles both ways), again on a
-    second row (the counter reset), fp16 rows; more rows the two launches."""
+    selecting, by rank or by iterative pick): the reference's ids and weights (36 experts, 2500 dims: partial tiles
+    both ways), again on a second row (the counter reset), fp16 rows, other launches; more rows the two launches."""
     g = torch.Generator().manual_seed(12)
     E, H = 36, 2500
     weight, bias = torch.randn(E, H, generator=g) / 50, 0.1 * torch.randn(E, generator=g)
-    for x in (torch.randn(1, H, generator=g), torch.randn(1, H, generator=g).half(), torch.randn(3, H, generator=g)):
-        ids, w = tk["router"].router(x, weight, bias, 6, n_group, topk_group, norm, 2.5)
+    rows = (torch.randn(1, H, generator=g), torch.randn(1, H, generator=g).half(), torch.randn(3, H, generator=g))
+    tiles = (None, tk["router"].RouterTile(rank=False), tk["router"].RouterTile(4, 512, 1))
+    for x, tile in [(x, None) for x in rows] + [(rows[0], t) for t in tiles[1:]]:
+        ids, w = tk["router"].router(x, weight, bias, 6, n_group, topk_group, norm, 2.5, tile=tile)
         ref_ids, ref_w = reference.router(x, weight, bias, 6, n_group, topk_group, norm, 2.5)
         order, ref_order = ids.sort(dim=1), ref_ids.sort(dim=1)
         assert torch.equal(order.values, ref_order.values)
         assert torch.allclose(w.gather(1, order.indices), ref_w.gather(1, ref_order.indices), rtol=1e-5)
         assert not tk["lin"].tile_counters(x.device).any()
+    for tile in tiles:                         # all tied: the lowest ids, in id order
+        ids, w = tk["router"].router(rows[0], torch.zeros(E, H), torch.zeros(E), 6, n_group, topk_group, True, 1.0,
+                                     tile=tile)
+        assert torch.equal(ids, torch.arange(6)[None]) and torch.allclose(w, torch.full((1, 6), 1 / 6))
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 1e-2)])
