@@ -147,16 +147,16 @@ def bench_model(model, cfg, cache, label, ctxs, rows_list, modes, read_bw, resul
             ids = torch.randint(0, cfg.vocab_size, (rows,), device=DEV)
             seqs = [ScheduledSeq(f"r{i}", (int(ids[i]),), ctx, tuple(t), True, 0) for i, t in enumerate(tables)]
             hits: list[int] = []
-            router = ops._active["router"]
+            router = ops._active["router_topk"]
 
             def spy(*a, **k):
                 idx, w = router(*a, **k)
                 hits.append(int(idx.unique().numel()))
                 return idx, w
-            ops._active["router"] = spy
+            ops._active["router_topk"] = spy
             with torch.no_grad():
                 model(ids, batch, cache)
-            ops._active["router"] = router
+            ops._active["router_topk"] = router
             nbytes = step_bytes(model, cfg, hits, rows, ctx)
             row = {"slice": label, "ctx": ctx, "rows": rows, "experts_hit": hits, "bytes": nbytes,
                    "floor_ms": nbytes / read_bw * 1e3}

@@ -106,9 +106,6 @@ def cases():
         logits = torch.randn(N, 256, device=DEV)
         out.append((f"router_topk N={N} E=256 k=8", "router_topk",
                     (logits, torch.zeros(256, device=DEV), 8, 1, 1, True, 2.5), N * 256 * 4 + 256 * 4, 0))
-    x, gate = torch.randn(1, 6144, device=DEV, dtype=BF16), torch.randn(256, 6144, device=DEV) / 80
-    out.append(("router N=1 E=256 H=6144 k=8 (logits + selection)", "router",
-                (x, gate, torch.zeros(256, device=DEV), 8, 1, 1, True, 2.5), 256 * 6144 * 4, 2 * 256 * 6144))
     for N in (1, 8):
         nh, rkv, dr, K, slots = 64, 512, 64, 2048, 300000
         kv = torch.randn(slots, rkv + dr, device=DEV, dtype=BF16)

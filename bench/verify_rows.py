@@ -37,7 +37,7 @@ CTXS = (4096, 32768)
 
 def expert_union(model, ids: torch.Tensor, batch, cache) -> list[int]:
     """Distinct routed experts per MoE layer for one forward over ``ids``."""
-    router = ops._active["router"]
+    router = ops._active["router_topk"]
     unions: list[int] = []
 
     def spy(*a, **k):
@@ -45,12 +45,12 @@ def expert_union(model, ids: torch.Tensor, batch, cache) -> list[int]:
         unions.append(int(idx.unique().numel()))
         return idx, w
 
-    ops._active["router"] = spy
+    ops._active["router_topk"] = spy
     try:
         with torch.no_grad():
             model(ids, batch, cache)
     finally:
-        ops._active["router"] = router
+        ops._active["router_topk"] = router
     return unions
 
 

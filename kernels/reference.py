@@ -347,13 +347,6 @@ def router_topk(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n_group: i
     return idx, w * scaling
 
 
-@ops.register("router")
-def router(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k: int, n_group: int, topk_group: int,
-           norm_topk_prob: bool, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The MoE gate: fp32 logits of x [N, H] by ``weight`` [E, H] (``linear_f32``), then ``router_topk``."""
-    return router_topk(linear_f32(x, weight), bias, top_k, n_group, topk_group, norm_topk_prob, scaling)
-
-
 def swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
            gate_s: torch.Tensor | None, up_s: torch.Tensor | None, down_s: torch.Tensor | None,
            linear: Callable = linear) -> torch.Tensor:

@@ -8,9 +8,9 @@ Two kernels; the launcher picks by rows:
   H200 at 3.0–3.2 TB/s on the big shapes vs 2.3 for the tile kernel at one row (bench/results/
   tune_decode_kernels_one_row.md), 75–100 % of a bare Triton load stream of the weight (bench/gemv_ceiling.py).
   It can also run two or three weights of one input in one launch (``linear_group``: q_a, kv_a and the
-  indexer's wk; q_b and the indexer's wq_b), each reached by its element offset from the first, and small
-  unquantized weights with an fp32 result (``linear_f32``: the router, the indexer's head weights), where cuBLAS
-  took 5–6 µs a launch plus the casts around it.
+  indexer's wk), each reached by its element offset from the first, and small unquantized weights with an fp32
+  result (``linear_f32``: the router, the indexer's head weights), where cuBLAS took 5–6 µs a launch plus the
+  casts around it.
 * decode (2..64 rows): one row tile holds every row (16..64, rows masked), so each weight byte is read
   once; split-K over the reduction so that even a 576-row projection keeps every SM streaming
   (``LinearTile``: BLOCK_N × BLOCK_K weight tile, split, warps, stages; ``decode_tile`` picks it; ``linear_f32``
@@ -445,7 +445,7 @@ def fp8_dequant(w8: torch.Tensor, scale_inv: torch.Tensor, dtype: torch.dtype = 
 @ops.register("linear_group", backend="triton", available=on_cuda)
 def linear_group(x: torch.Tensor, *weights: tuple) -> tuple[torch.Tensor, ...]:
     """As ``reference.linear_group``; one FP8 row runs two or three projections in one launch (views of one
-    output: q_a, kv_a and the indexer's wk; q_b and the indexer's wq_b)."""
+    output: q_a, kv_a and the indexer's wk)."""
     K = x.shape[-1]
     (wa, sa), more = weights[0], weights[1:]
     if (not 1 <= len(more) <= 2 or x.numel() != K or wa.dim() != 2 or any(

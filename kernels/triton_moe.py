@@ -36,9 +36,8 @@ One row (decode without drafts) takes FMA kernels instead (``_gate_up_row_kernel
 every pair is its own expert, no 16-row tensor-core tile, as triton_linear's GEMV), and runs the shared
 expert as one more pair of the same two launches (its weights reached by element offsets from the stacked
 experts'); the combine adds its output last, as HF's ``experts(x) + shared_experts(x)``. More rows compose
-the shared expert after the routed ones. One row needs no routing launch: program p runs slot p's expert, read
-from the router's ids, and the combine ranks the row's slots by expert itself (``ROW_COMBINE``: in the down
-launch, its last program at each output block).
+the shared expert after the routed ones. One row needs no routing launch: program p runs slot p's expert,
+read from the router's ids, and the combine ranks the row's k slots by expert itself.
 """
 
 from __future__ import annotations
@@ -71,8 +70,6 @@ RUN_ROWS = 16          # the most rows of an expert's run one program takes (run
 ROUTE_BLOCK = 32       # pairs a routing program ranks (64 rows: 277 → 7.5 µs; blocks of 16 / 64: 12.1 / 10.4); from
                        # 512 pairs 8, ranked against 128 a step (64 / 128 / 256 rows: 7.6 / 14.1 / 27.3 → 4.1 / 6.9 /
                        # 14.6 µs, bench/results/session20/route_blocks.py)
-ROW_COMBINE = False    # one row's combine in its down launch (last arrival): 34.5–35.6 + 3.5 µs → 40.3–41.4 (one
-                       # H200, bench/results/session28/), so its own launch
 
 
 @dataclass(frozen=True)
@@ -262,13 +259,11 @@ def _gate_up_row_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sg_off, su_off, sgs
 
 
 @triton.jit
-def _down_row_kernel(act_ptr, d_ptr, ds_ptr, sd_off, sds_off, w_route_ptr, idx_ptr, y_ptr, out_ptr, count_ptr, P,
-                     expert_offset, E_local, H, I, num_sb_h, num_sb_i, HAS_SCALE: tl.constexpr,
-                     SHARED: tl.constexpr, COMBINE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_HO: tl.constexpr,
+def _down_row_kernel(act_ptr, d_ptr, ds_ptr, sd_off, sds_off, w_route_ptr, idx_ptr, y_ptr, P, expert_offset,
+                     E_local, H, I, num_sb_h, num_sb_i, HAS_SCALE: tl.constexpr, BLOCK_HO: tl.constexpr,
                      BLOCK_I: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
     """One row: the down projection of pair p on the FMA units, rounded, times its routing weight, to y[p] (the
-    shared expert, p == P: weight 1). COMBINE: the program that arrives last at its output block's counter
-    combines the block (``_combine_row``) and resets the counter."""
+    shared expert, p == P: weight 1)."""
     p, e, shared, live = _row_pair(idx_ptr, P, expert_offset, E_local, PDL)
     hb = tl.program_id(1)
     rh = hb * BLOCK_HO + tl.arange(0, BLOCK_HO)
@@ -289,42 +284,6 @@ def _down_row_kernel(act_ptr, d_ptr, ds_ptr, sd_off, sds_off, w_route_ptr, idx_p
     w = tl.where(shared, 1.0, tl.load(w_route_ptr + p, mask=p < P, other=0.0))
     y = (tl.sum(acc, axis=1).to(dt).to(tl.float32) * w).to(dt)
     tl.store(y_ptr + p * H + rh, y, mask=(rh < H) & (((rh * 0 + e) < E_local) | ((rh * 0 + p) == P)))
-    if COMBINE:
-        tl.debug_barrier()                     # every thread's y is stored before the release below
-        if tl.atomic_add(count_ptr + hb, 1, sem="acq_rel") == tl.num_programs(0) - 1:
-            _combine_row(y_ptr, idx_ptr, out_ptr, rh, P, expert_offset, E_local, H, SHARED, BLOCK_P)
-            tl.store(count_ptr + hb, 0)        # the next launch (stream-ordered) starts from zero
-
-
-@triton.jit
-def _combine_row_kernel(y_ptr, idx_ptr, out_ptr, P, expert_offset, E_local, H, SHARED: tl.constexpr,
-                        BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr):
-    """One row's combine as a launch of its own (``_down_row_kernel`` without COMBINE)."""
-    pdl_wait(PDL)
-    h = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
-    _combine_row(y_ptr, idx_ptr, out_ptr, h, P, expert_offset, E_local, H, SHARED, BLOCK_P)
-
-
-@triton.jit
-def _combine_row(y_ptr, idx_ptr, out_ptr, h, P, expert_offset, E_local, H, SHARED: tl.constexpr,
-                 BLOCK_P: tl.constexpr):
-    """The one row's out[h] = Σ of its P pairs' y[p, h] held here in expert id order (as ``_combine_kernel``;
-    ranked here: the smallest key local expert · P + slot first), then the shared expert's y[P, h]; y is read
-    past L1 (other programs wrote it)."""
-    mask = h < H
-    dt = out_ptr.dtype.element_ty
-    acc = tl.zeros(h.shape, dtype=tl.float32).to(dt)
-    _, key = _local_key(idx_ptr, tl.arange(0, BLOCK_P), P, expert_offset, E_local)
-    for _t in range(P):
-        first = tl.min(key, 0)
-        if first // P < E_local:
-            y = tl.load(y_ptr + (first % P) * H + h, mask=mask, other=0.0, cache_modifier=".cg")
-            acc = (acc.to(tl.float32) + y.to(tl.float32)).to(dt)
-        key = tl.where(key == first, 2 ** 30, key)
-    if SHARED:
-        y = tl.load(y_ptr + P * H + h, mask=mask, other=0.0, cache_modifier=".cg")
-        acc = (acc.to(tl.float32) + y.to(tl.float32)).to(dt)
-    tl.store(out_ptr + h, acc, mask=mask)
 
 
 @triton.jit
@@ -483,14 +442,13 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
               up: torch.Tensor, down: torch.Tensor, gate_s: torch.Tensor | None, up_s: torch.Tensor | None,
               down_s: torch.Tensor | None, expert_offset: int = 0,
               tiles: tuple[ExpertTile, ExpertTile] | gluon_rows.MoeTile | None = None,
-              shared: tuple | None = None, row_combine: bool = ROW_COMBINE) -> torch.Tensor:
+              shared: tuple | None = None) -> torch.Tensor:
     """x: [N, H] (N ≤ FUSED_MAX_ROWS), topk_idx/topk_w: [N, k] global ids / fp32 weights, gate/up:
     [E_l, I, H], down: [E_l, H, I] (fp8 with block scales, or x's dtype with None) → [N, H] in x's dtype:
     Σ_j w[n,j] · down(silu(gate(x)) · up(x)) over this rank's experts, + the ``shared`` expert's output
     (as ``reference.moe_experts``; one row runs it as one more pair of the same launches). 2..256 bf16 rows
     (``gluon_rows.MOE_MAX_ROWS``) with FP8 experts take the Gluon kernels (kernels/gluon_rows.py) where present.
-    ``tiles`` overrides the (gate/up, down) launch shapes or (a ``MoeTile``) the Gluon launch, ``row_combine``
-    whether one row's down launch combines (benchmarks).
+    ``tiles`` overrides the (gate/up, down) launch shapes or (a ``MoeTile``) the Gluon launch (benchmarks).
     Graph-capturable."""
     N, H = x.shape
     E_local, I, _ = gate.shape
@@ -529,15 +487,10 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
             num_sb_h, num_sb_i, HAS_SCALE=has_scale, BLOCK_I=gu.block_n, BLOCK_H=gu.block_k, STAGES=gu.num_stages,
             num_warps=gu.num_warps, **pdl_launch())
         _down_row_kernel[(programs, triton.cdiv(H, dn.block_n))](
-            act, down, ds, offs[2], offs[5], topk_w.float().contiguous(), topk_idx, y, out, tile_counters(x.device),
-            P, expert_offset, E_local, H, I, num_sb_h, num_sb_i, HAS_SCALE=has_scale, SHARED=fuse,
-            COMBINE=row_combine, BLOCK_P=next_pow2(P), BLOCK_HO=dn.block_n, BLOCK_I=dn.block_k,
+            act, down, ds, offs[2], offs[5], topk_w.float().contiguous(), topk_idx, y, P, expert_offset, E_local, H,
+            I, num_sb_h, num_sb_i, HAS_SCALE=has_scale, BLOCK_HO=dn.block_n, BLOCK_I=dn.block_k,
             STAGES=dn.num_stages, num_warps=dn.num_warps, **pdl_launch())
-        if not row_combine:
-            block_h = min(1024, next_pow2(H))
-            _combine_row_kernel[(triton.cdiv(H, block_h),)](y, topk_idx, out, P, expert_offset, E_local, H,
-                                                           SHARED=fuse, BLOCK_P=next_pow2(P), BLOCK_H=block_h,
-                                                           num_warps=4, **pdl_launch())
+        out = _combine(y, None, None, out, N, H, k, shared=fuse, ids=(topk_idx, expert_offset, E_local))
         return out if fuse else _plus_shared(out, x, shared)
     sorted_e, sorted_pair, order, valid, run_start = route_pairs(topk_idx, expert_offset, E_local)
     _gate_up_kernel[(P, triton.cdiv(I, gu.block_n))](

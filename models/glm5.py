@@ -167,11 +167,10 @@ class Indexer(nn.Module):
         return CacheRows(k.detach(), n.weight.detach(), n.bias.detach(), n.eps, self.cfg.index_head_dim, 0,
                          self.cfg.indexer_rope_interleave, k_cache)
 
-    def query(self, h: torch.Tensor, q: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, torch.Tensor]:
-        """(roped queries [N, ih, idd], head weights [N, ih] fp32): the per-row work before scoring, from the
-        queries ``q = wq_b(q_resid)`` [N, ih·idd] (projected in q_b's launch)."""
+    def query(self, h: torch.Tensor, q_resid: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """(roped queries [N, ih, idd], head weights [N, ih] fp32): the per-row work before scoring."""
         cfg, N = self.cfg, h.shape[0]
-        q = q.view(N, cfg.index_n_heads, cfg.index_head_dim)
+        q = self.wq_b(q_resid).view(N, cfg.index_n_heads, cfg.index_head_dim)
         q = rope.apply(q, cfg.indexer_rope_interleave)                                 # heads [rope | nope]
         wp = self.weights_proj                         # head weights [N, ih] fp32 (bf16 in GLM-5.2; FP8 composed)
         w = (ops.linear_f32(h, wp.weight, rounded=True, scale=cfg.index_n_heads ** -0.5)
@@ -242,12 +241,9 @@ class Attention(nn.Module):
         ops.norm_rope_store(ckv, self.kv_a_layernorm.weight, None, self.kv_a_layernorm.eps, rkv,      # trainable
                             rope.cos, rope.sin, rkv, cfg.rope_interleave, cache.kv[layer], batch.slot_mapping,
                             also=also)
+        q = self.q_b_proj(q_resid).view(N, nh, cfg.qk_head_dim)                        # MLA layout: [nope | rope]
         assert not select or self.indexer is not None, "a shared indexer layer needs the previous layer's selection"
-        # q_resid's projections in one launch at one row: q_b (and the indexer's queries when it selects)
-        projs = [self.q_b_proj] + ([self.indexer.wq_b] if select else [])
-        q, *index_q = ops.linear_group(q_resid, *((p.weight, p.weight_scale_inv) for p in projs))
-        q = q.view(N, nh, cfg.qk_head_dim)                                             # MLA layout: [nope | rope]
-        index_q = self.indexer.query(h, index_q[0], rope) if select else None
+        index_q = self.indexer.query(h, q_resid, rope) if select else None
         q_lat, q_rope = ops.mla_absorb_rope(q, self.kv_b_proj, dn, rope.cos, rope.sin, cfg.rope_interleave)
         return q_lat, q_rope, index_q                                                  # absorbed by W_UK, roped
 
@@ -287,9 +283,10 @@ class Router(nn.Module):
                                                     requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        c = self.cfg                           # fp32 logits [N, E], then the selection
-        return ops.router(x, self.weight, self.e_score_correction_bias, c.num_experts_per_tok, c.n_group,
-                          c.topk_group, c.norm_topk_prob, c.routed_scaling_factor)
+        c = self.cfg
+        logits = ops.linear_f32(x, self.weight)                                        # [N, E] fp32
+        return ops.router_topk(logits, self.e_score_correction_bias, c.num_experts_per_tok, c.n_group,
+                               c.topk_group, c.norm_topk_prob, c.routed_scaling_factor)
 
 
 class Experts(nn.Module):

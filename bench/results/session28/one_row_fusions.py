@@ -1,4 +1,8 @@
-"""The one-row step's fused launches against the launches they replace, on the GLM-5.2-width shapes (one H200):
+"""Session 28, call 2 (kept as it ran, at commit 10a0aeb: the fused router (``ops.router``, ``RouterTile``), the
+one-row combine in the down launch (``row_combine``) and the grouped q_b + wq_b were removed after it, each slower
+than what it replaced — results in README.md beside this file; run it from a checkout of that commit).
+
+The one-row step's fused launches against the launches they replace, on the GLM-5.2-width shapes (one H200):
 
 * the router: the logits' GEMV (``linear_f32``) + ``router_topk`` (two launches) vs ``ops.router``'s one launch
   (``RouterTile`` variants: programs of experts × hidden dims, warps, selection by rank or by iterative pick);
@@ -10,7 +14,7 @@
 µs a call: device time of a CUDA graph of one call per weight copy (copies enough that the weights stream from HBM,
 not L2), replayed back to back (``bench.rows_gemm.graph_us``: PDL as the step runs it, launch gaps included).
 
-    PYTHONPATH=. python bench/one_row_fusions.py [--out DIR]
+    PYTHONPATH=. python bench/results/session28/one_row_fusions.py [--out DIR]   # at 10a0aeb
 """
 
 from __future__ import annotations
