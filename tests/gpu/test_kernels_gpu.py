@@ -143,11 +143,13 @@ def test_gluon_rows_linear(M, N, K, tile):
 @pytest.mark.parametrize("M", [65, 100, 128, 200, 256])
 @pytest.mark.parametrize("N,K,tile", [(1088, 6144, (64, 128, 3, 4)), (6144, 16384, (64, 64, 2, 4)),
                                       (2048, 720, (64, 64, 1, 3)), (4096, 2048, (128, 128, 1, 4)),
-                                      (16384, 2048, (128, 64, 2, 4)), (6144, 1536, None)])
+                                      (16384, 2048, (128, 64, 2, 4)), (6144, 1536, None), (6144, 16384, None),
+                                      (12288, 6144, None)])
 def test_gluon_mid_linear(M, N, K, tile):
     """The TMA / wgmma kernel (65..256 rows) against the fp32 reference: ragged N (a partial 128-row scale block),
     ragged K (720: TMA's zero fill), rows past a 128-row tile, split-K on and off, one or two warpgroups, the
-    default launch; repeat calls and graph replays bitwise."""
+    default launch (o_proj and the dense gate's shapes: ``mid_tile``'s long-K rule); repeat calls and graph replays
+    bitwise."""
     g = gen(M * N + K)
     w8, s = fp8_quantize(0.02 * torch.randn(N, K, device=DEV, generator=g))
     x = torch.randn(M, K, device=DEV, generator=g).to(BF16)
