@@ -4,6 +4,7 @@ FMA row kernels' ninth pair, and which gate/up launch pays least for it.
     PYTHONPATH=. python bench/moe_one_row.py                          # 8 / 9 routed, shared fused / after
     GLMSERVE_PDL=0 PYTHONPATH=. python bench/moe_one_row.py --launches  # gate/up launches alone, 8 vs 9 pairs
     PYTHONPATH=. python bench/moe_one_row.py --step                     # the launch choice in the whole step
+    PYTHONPATH=. python bench/moe_one_row.py --each                     # launches reducing every K step
 
 µs a call (route + gate/up + down + combine) are device times of chained graph replays over 8 routings (and 8
 shared experts), so the experts stream from HBM; per-kernel times come from the profiler (under PDL a kernel's
@@ -86,6 +87,29 @@ def launches() -> None:
         print(f"| {bi}x{bh} w{wp} | {t[0]:.1f} | {t[1]:.1f} | {t[1] / t[0]:.2f} |", flush=True)
 
 
+def each() -> None:
+    """The shipped one-row MoE (8 routed + the shared expert fused, 9 pairs) beside launches that reduce their
+    products every K step (``ExpertTile.each``): gate/up variants with the shipped down, then down variants."""
+    w = experts()
+    shared = [tuple(t[e + 1].clone() for t in w) for e in range(COPIES)]
+    x = torch.randn(1, H, device=DEV, dtype=torch.bfloat16)
+    idx8, w8 = routings(8)
+    gu0, dn0 = expert_tiles(1, H, I, shared_fused=True)
+    cases = {f"shipped: gate/up {gu0.block_n}x{gu0.block_k} w{gu0.num_warps}, down {dn0.block_n}x{dn0.block_k} "
+             f"w{dn0.num_warps}": (gu0, dn0)}
+    for bi, bh, wp in ((4, 512, 2), (4, 1024, 2), (8, 512, 4), (8, 1024, 4), (16, 512, 4), (4, 2048, 4), (2, 2048, 2)):
+        cases[f"gate/up {bi}x{bh} w{wp} each"] = (ExpertTile(bi, bh, wp, 1, fma=True, each=True), dn0)
+    for bo, bi, wp in ((32, 256, 4), (16, 512, 4), (32, 512, 4), (8, 1024, 4), (16, 1024, 4), (64, 256, 8)):
+        cases[f"down {bo}x{bi} w{wp} each"] = (gu0, ExpertTile(bo, bi, wp, 1, fma=True, each=True))
+    want = fused_moe(x, idx8[0], w8, *w, shared=shared[0])
+    for name, tiles in cases.items():
+        got = fused_moe(x, idx8[0], w8, *w, tiles=tiles, shared=shared[0])
+        assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 1e-2, name
+        t = graph_us([lambda i=i, t=tiles: fused_moe(x, idx8[i], w8, *w, tiles=t, shared=shared[i])
+                      for i in range(COPIES)])
+        print(f"{name}: {t:.1f} µs", flush=True)
+
+
 def step(reps: int) -> None:
     from bench.decode_slice import BF16, BLOCK, SLICE, bench_model, build_model
     from models.cache import KVCache
@@ -118,10 +142,13 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--launches", action="store_true")
     ap.add_argument("--step", action="store_true")
+    ap.add_argument("--each", action="store_true")
     ap.add_argument("--reps", type=int, default=4)
     args = ap.parse_args()
     if args.step:
         step(args.reps)
+    elif args.each:
+        each()
     elif args.launches:
         launches()
     else:

@@ -80,6 +80,7 @@ class ExpertTile:
     num_warps: int = 4
     num_stages: int = 3
     fma: bool = False          # one row: the FMA kernels (no tensor-core tile of 16 rows)
+    each: bool = False         # the FMA kernels: products reduced every K step (else kept per lane, reduced once)
 
 
 @triton.jit
@@ -219,18 +220,19 @@ def _row_pair(idx_ptr, P, expert_offset, E_local, PDL: tl.constexpr):
 @triton.jit
 def _gate_up_row_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sg_off, su_off, sgs_off, sus_off, idx_ptr,
                         act_ptr, P, expert_offset, E_local, H, I, num_sb_h, num_sb_i, HAS_SCALE: tl.constexpr,
-                        BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, STAGES: tl.constexpr,
+                        BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, STAGES: tl.constexpr, EACH: tl.constexpr,
                         PDL: tl.constexpr):
     """One row (each pair its own expert): gate/up of pair p on the FMA units, the activation scaled
     by each 128-block's scale, products kept per K lane and reduced once (as triton_linear's GEMV).
     Program p == P (when launched) is the shared expert: its weights and scales sit at element offsets
-    ``s*_off`` from the stacked tensors' (``triton_utils.element_offset``)."""
+    ``s*_off`` from the stacked tensors' (``triton_utils.element_offset``). EACH: the products reduced every K
+    step (as ``triton_linear._gemv_kernel``'s)."""
     p, e, shared, live = _row_pair(idx_ptr, P, expert_offset, E_local, PDL)
     ib = tl.program_id(1)
     ri = ib * BLOCK_I + tl.arange(0, BLOCK_I)
     rh = tl.arange(0, BLOCK_H)
-    acc_g = tl.zeros((BLOCK_I, BLOCK_H), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_I, BLOCK_H), dtype=tl.float32)
+    acc_g = tl.zeros((BLOCK_I,) if EACH else (BLOCK_I, BLOCK_H), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_I,) if EACH else (BLOCK_I, BLOCK_H), dtype=tl.float32)
     w_e = e.to(tl.int64) * I * H
     g_w = g_ptr + tl.where(shared, sg_off, w_e) + ri[:, None] * H
     u_w = u_ptr + tl.where(shared, su_off, w_e) + ri[:, None] * H
@@ -246,14 +248,20 @@ def _gate_up_row_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sg_off, su_off, sgs
         wg = tl.load(g_w + h[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
         wu = tl.load(u_w + h[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
         if HAS_SCALE:
-            acc_g += wg.to(tl.float32) * (x * tl.load(g_s + h // 128, mask=hm, other=0.0))[None, :]
-            acc_u += wu.to(tl.float32) * (x * tl.load(u_s + h // 128, mask=hm, other=0.0))[None, :]
+            pg = wg.to(tl.float32) * (x * tl.load(g_s + h // 128, mask=hm, other=0.0))[None, :]
+            pu = wu.to(tl.float32) * (x * tl.load(u_s + h // 128, mask=hm, other=0.0))[None, :]
         else:
-            acc_g += wg.to(tl.float32) * x[None, :]
-            acc_u += wu.to(tl.float32) * x[None, :]
+            pg = wg.to(tl.float32) * x[None, :]
+            pu = wu.to(tl.float32) * x[None, :]
+        if EACH:
+            acc_g += tl.sum(pg, axis=1)
+            acc_u += tl.sum(pu, axis=1)
+        else:
+            acc_g += pg
+            acc_u += pu
     dt = act_ptr.dtype.element_ty
-    g = tl.sum(acc_g, axis=1).to(dt).to(tl.float32)
-    u = tl.sum(acc_u, axis=1).to(dt).to(tl.float32)
+    g = (acc_g if EACH else tl.sum(acc_g, axis=1)).to(dt).to(tl.float32)
+    u = (acc_u if EACH else tl.sum(acc_u, axis=1)).to(dt).to(tl.float32)
     a = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32) * u
     tl.store(act_ptr + p * I + ri, a.to(dt), mask=(ri < I) & (((ri * 0 + e) < E_local) | ((ri * 0 + p) == P)))   # vector masks
 
@@ -261,14 +269,14 @@ def _gate_up_row_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sg_off, su_off, sgs
 @triton.jit
 def _down_row_kernel(act_ptr, d_ptr, ds_ptr, sd_off, sds_off, w_route_ptr, idx_ptr, y_ptr, P, expert_offset,
                      E_local, H, I, num_sb_h, num_sb_i, HAS_SCALE: tl.constexpr, BLOCK_HO: tl.constexpr,
-                     BLOCK_I: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
+                     BLOCK_I: tl.constexpr, STAGES: tl.constexpr, EACH: tl.constexpr, PDL: tl.constexpr):
     """One row: the down projection of pair p on the FMA units, rounded, times its routing weight, to y[p] (the
-    shared expert, p == P: weight 1)."""
+    shared expert, p == P: weight 1). EACH: as ``_gate_up_row_kernel``'s."""
     p, e, shared, live = _row_pair(idx_ptr, P, expert_offset, E_local, PDL)
     hb = tl.program_id(1)
     rh = hb * BLOCK_HO + tl.arange(0, BLOCK_HO)
     ri = tl.arange(0, BLOCK_I)
-    acc = tl.zeros((BLOCK_HO, BLOCK_I), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_HO,) if EACH else (BLOCK_HO, BLOCK_I), dtype=tl.float32)
     d_w = d_ptr + tl.where(shared, sd_off, e.to(tl.int64) * H * I) + rh[:, None] * I
     d_s = ds_ptr + tl.where(shared, sds_off, e.to(tl.int64) * num_sb_h * num_sb_i) + ((hb * BLOCK_HO) // 128) * num_sb_i
     for i0 in tl.range(0, tl.where(live, I, 0), BLOCK_I, num_stages=STAGES):
@@ -279,10 +287,13 @@ def _down_row_kernel(act_ptr, d_ptr, ds_ptr, sd_off, sds_off, w_route_ptr, idx_p
             a = a * tl.load(d_s + i // 128, mask=im, other=0.0)
         wd = tl.load(d_w + i[None, :], mask=(rh[:, None] < H) & im[None, :], other=0.0,
                      eviction_policy="evict_first")
-        acc += wd.to(tl.float32) * a[None, :]
+        if EACH:
+            acc += tl.sum(wd.to(tl.float32) * a[None, :], axis=1)
+        else:
+            acc += wd.to(tl.float32) * a[None, :]
     dt = y_ptr.dtype.element_ty
     w = tl.where(shared, 1.0, tl.load(w_route_ptr + p, mask=p < P, other=0.0))
-    y = (tl.sum(acc, axis=1).to(dt).to(tl.float32) * w).to(dt)
+    y = ((acc if EACH else tl.sum(acc, axis=1)).to(dt).to(tl.float32) * w).to(dt)
     tl.store(y_ptr + p * H + rh, y, mask=(rh < H) & (((rh * 0 + e) < E_local) | ((rh * 0 + p) == P)))
 
 
@@ -485,11 +496,11 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
         _gate_up_row_kernel[(programs, triton.cdiv(I, gu.block_n))](
             x, gate, up, gs, us, offs[0], offs[1], offs[3], offs[4], topk_idx, act, P, expert_offset, E_local, H, I,
             num_sb_h, num_sb_i, HAS_SCALE=has_scale, BLOCK_I=gu.block_n, BLOCK_H=gu.block_k, STAGES=gu.num_stages,
-            num_warps=gu.num_warps, **pdl_launch())
+            EACH=gu.each, num_warps=gu.num_warps, **pdl_launch())
         _down_row_kernel[(programs, triton.cdiv(H, dn.block_n))](
             act, down, ds, offs[2], offs[5], topk_w.float().contiguous(), topk_idx, y, P, expert_offset, E_local, H,
             I, num_sb_h, num_sb_i, HAS_SCALE=has_scale, BLOCK_HO=dn.block_n, BLOCK_I=dn.block_k,
-            STAGES=dn.num_stages, num_warps=dn.num_warps, **pdl_launch())
+            STAGES=dn.num_stages, EACH=dn.each, num_warps=dn.num_warps, **pdl_launch())
         out = _combine(y, None, None, out, N, H, k, shared=fuse, ids=(topk_idx, expert_offset, E_local))
         return out if fuse else _plus_shared(out, x, shared)
     sorted_e, sorted_pair, order, valid, run_start = route_pairs(topk_idx, expert_offset, E_local)
