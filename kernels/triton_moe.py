@@ -437,13 +437,15 @@ def expert_tiles(rows: int, H: int, I: int, shared_fused: bool = False) -> tuple
     34.4 → 28.0 µs; --one-row --narrow). A wide expert's gate/up at one row with the shared expert fused (9
     pairs) takes 4 outputs × 512 on 2 warps: every launch that is fast at 8 pairs takes 1.18–1.60× as long at 9
     (bench/moe_one_row.py --launches, bench/results/session11/), this one least (16 × 256: 57.1 → 76.0 µs;
-    4 × 512: 60.9 → 71.7; in the one-row step 1.299 → 1.288 ms)."""
+    4 × 512: 60.9 → 71.7; in the one-row step 1.299 → 1.288 ms). Session 28 (``bench/moe_one_row.py --each``):
+    with the shared expert fused, launches that reduce their products every K step — gate/up 16 × 512 on 4 warps
+    110.4 → 96.4 µs the whole MoE, down 16 × 512 110.4 → 104.1, each beside the other's shipped launch."""
     if rows == 1:
         if I <= 512:
-            gate_up = ExpertTile(4, 2048, 4, 1, fma=True)
-        else:
-            gate_up = ExpertTile(4, 512, 2, 1, fma=True) if shared_fused else ExpertTile(16, 256, 4, 1, fma=True)
-        return gate_up, ExpertTile(32, 256, 4, 1, fma=True)
+            return ExpertTile(4, 2048, 4, 1, fma=True), ExpertTile(32, 256, 4, 1, fma=True)
+        gate_up = (ExpertTile(16, 512, 4, 1, fma=True, each=True) if shared_fused
+                   else ExpertTile(16, 256, 4, 1, fma=True))
+        return gate_up, ExpertTile(16, 512, 4, 1, fma=True, each=True)
     if rows > 16:                  # runs in chunks of 16 (bench/moe_prefill.py --fused: K 128 ≤ K 256 at I 256)
         return ExpertTile(32, 128), ExpertTile(64, 128)
     return ExpertTile(32, 256), ExpertTile(64, 128)

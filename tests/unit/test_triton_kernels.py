@@ -106,8 +106,7 @@ def test_linear_group(tk):
             assert all(rel(y, reference.linear(x.float(), w, s)) < tol for y, (w, s) in zip(ys, weights))
     expect = torch.cat([reference.linear(x[:1], w, s) for w, s in weights], -1)
     for tile in (tk["lin"].GemvTile(32, 128, 3), tk["lin"].GemvTile(16, 64, 1), tk["lin"].GemvTile(4, 1024, 1),
-                 tk["lin"].GemvTile(8, 128, 3), tk["lin"].gemv_tile(600, 6144),    # narrow: 2 rows × 2048, K masked
-                 tk["lin"].GemvTile(8, 128, 2, each=True)):
+                 tk["lin"].GemvTile(8, 128, 3), tk["lin"].gemv_tile(600, 6144)):   # narrow: 2 rows × 2048, K masked
         for n in (2, 3):
             if n == 3 and 72 % tile.block_n:
                 continue                                   # a tile would straddle kv-sized and the third weight
@@ -168,8 +167,7 @@ def test_fp8_linear_split_k_semaphore(tk, M):
              lin.LinearTile(32, 128, 3, swap=True), lin.LinearTile(64, 256, 1, swap=True, block_m=32),  # W · x.T
              lin.LinearTile(32, 128, 3, prescale=True), lin.LinearTile(64, 256, 2, swap=True, prescale=True)]
     if M == 1:                                                                 # the one-row (FMA) kernel too
-        tiles += [lin.GemvTile(16, 128, 3), lin.GemvTile(32, 256, 2), lin.GemvTile(8, 64, 1),
-                  lin.GemvTile(16, 128, 3, each=True), lin.GemvTile(8, 256, 1, each=True)]   # reduced every K step
+        tiles += [lin.GemvTile(16, 128, 3), lin.GemvTile(32, 256, 2), lin.GemvTile(8, 64, 1)]
     for tile in tiles:
         first = lin.fp8_linear(x, w8, s, tile)
         assert rel(first, reference.linear(x, w8, s)) < 1e-5
