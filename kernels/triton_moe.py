@@ -439,7 +439,8 @@ def expert_tiles(rows: int, H: int, I: int, shared_fused: bool = False) -> tuple
     (bench/moe_one_row.py --launches, bench/results/session11/), this one least (16 × 256: 57.1 → 76.0 µs;
     4 × 512: 60.9 → 71.7; in the one-row step 1.299 → 1.288 ms). Session 28 (``bench/moe_one_row.py --each``):
     with the shared expert fused, launches that reduce their products every K step — gate/up 16 × 512 on 4 warps
-    110.4 → 96.4 µs the whole MoE, down 16 × 512 110.4 → 104.1, each beside the other's shipped launch."""
+    110.4 → 96.4 µs the whole MoE, down 16 × 512 110.4 → 104.1, each beside the other's shipped launch, both 89.9
+    (the weights at 3.78 TB/s; the slice's one-row step 1.27 → 1.22 ms, bench/results/session28/)."""
     if rows == 1:
         if I <= 512:
             return ExpertTile(4, 2048, 4, 1, fma=True), ExpertTile(32, 256, 4, 1, fma=True)

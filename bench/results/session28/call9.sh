@@ -1,4 +1,4 @@
-# Session 28, calls 9-11 (three short commands while the machine was warm): the slice step with call 8's one-row
+# Session 28, calls 9-10 (short commands while the machine was warm): the slice step with call 8's one-row
 # MoE launches (new1, new2) beside the tree before them (ab_old/: 10e49cd's kernels/, models/, bench/; old).
 export NCCL_NVLS_ENABLE=0 PYTHONPATH=.
 timeout -s KILL 80 python bench/decode_slice.py --out $OUT/new --no-hf --modes auto_graph --no-shard 2>&1 | grep "^| full"
