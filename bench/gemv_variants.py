@@ -7,6 +7,8 @@ instead (the accumulator is BLOCK_N values, so the registers go to a wider weigh
 thread) and may software-pipeline its loop (``tl.range(num_stages=...)``). Its split-K partials are added with
 fp32 atomics (a timing stand-in for the shipped kernel's deterministic last-arrival reduce, which costs a little
 more); each launch's output is checked against ``fp8_linear`` (split 1 only: the atomics add onto the last call's).
+Session 28 found the variant faster here (o_proj 30.6 → 27.2 µs) but, as an option of ``_gemv_kernel`` with the same
+tile, slower than the shipped launch (31.0 vs 30.3; bench/results/session28/README.md): the difference is unexplained.
 
 µs a launch: device time of a CUDA graph of one launch per weight copy (300 MB of copies: cold in L2), replayed
 back to back.

@@ -223,10 +223,10 @@ def _gate_up_row_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sg_off, su_off, sgs
                         BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, STAGES: tl.constexpr, EACH: tl.constexpr,
                         PDL: tl.constexpr):
     """One row (each pair its own expert): gate/up of pair p on the FMA units, the activation scaled
-    by each 128-block's scale, products kept per K lane and reduced once (as triton_linear's GEMV).
+    by each 128-block's scale, products kept per K lane and reduced once (as triton_linear's GEMV), or, EACH,
+    reduced every K step (BLOCK_I sums: the registers go to a wider weight tile; the wide experts' launches).
     Program p == P (when launched) is the shared expert: its weights and scales sit at element offsets
-    ``s*_off`` from the stacked tensors' (``triton_utils.element_offset``). EACH: the products reduced every K
-    step (as ``triton_linear._gemv_kernel``'s)."""
+    ``s*_off`` from the stacked tensors' (``triton_utils.element_offset``)."""
     p, e, shared, live = _row_pair(idx_ptr, P, expert_offset, E_local, PDL)
     ib = tl.program_id(1)
     ri = ib * BLOCK_I + tl.arange(0, BLOCK_I)
