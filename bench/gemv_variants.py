@@ -13,7 +13,11 @@ tile, slower than the shipped launch (31.0 vs 30.3; bench/results/session28/READ
 µs a launch: device time of a CUDA graph of one launch per weight copy (300 MB of copies: cold in L2), replayed
 back to back.
 
-    PYTHONPATH=. python bench/gemv_variants.py [--out DIR] [--shapes 6144x16384 12288x6144]
+    PYTHONPATH=. python bench/gemv_variants.py [--out DIR] [--shapes 6144x16384 12288x6144] [--explain]
+
+``--explain``: the per-step kernel with the shipped kernel's traits added one at a time (PDL launch and wait, the
+first step peeled before the wait, the weight select, the last-arrival split reduce), beside the shipped launch
+with PDL on and off.
 """
 
 from __future__ import annotations
@@ -30,52 +34,133 @@ import triton.language as tl
 from bench.decode_slice import graph_ms
 from bench.gemv_ceiling import COLD_BYTES, stream
 from bench.kernels_micro import rand_fp8
-from kernels.triton_linear import fp8_linear, gemv_tile
-from kernels.triton_utils import num_sms
+from kernels.triton_linear import _reduce_splits, fp8_linear, gemv_tile, tile_counters
+from kernels.triton_utils import num_sms, pdl_mode, pdl_wait
 
 SHAPES = ["6144x16384", "12288x6144", "16384x2048", "2048x6144"]    # o_proj, dense gate / up, q_b, q_a
 
 
 @triton.jit
-def _gemv_step_kernel(x_ptr, w_ptr, s_ptr, out_ptr, N, K, num_sb_k, k_per_split, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, STAGES: tl.constexpr, SPLIT: tl.constexpr):
+def _gemv_step_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, N, K, num_sb_k, k_per_split, w_b_off,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, SPLIT: tl.constexpr,
+                      PDL: tl.constexpr, PEEL: tl.constexpr, SELECT: tl.constexpr, LAST: tl.constexpr):
+    """The per-step GEMV; each flag adds one of the shipped kernel's traits (``--explain``): PDL its launch
+    attribute and wait, PEEL the first step's weight tile and scales loaded before that wait, SELECT its pointer
+    select between weights (here never taken: every tile is in the first), LAST the split-K reduce by the last
+    arrival (else fp32 atomics)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
+    if SELECT:
+        w_rows = w_ptr + tl.where(pid_n * BLOCK_N >= N, w_b_off, 0) + rn[:, None] * K
+    else:
+        w_rows = w_ptr + rn[:, None] * K
     s_row = s_ptr + (pid_n * BLOCK_N) // 128 * num_sb_k
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     k0 = pid_k * k_per_split
-    for k in tl.range(k0, tl.minimum(k0 + k_per_split, K), BLOCK_K, num_stages=STAGES):
+    k_end = tl.minimum(k0 + k_per_split, K)
+    if PEEL:
+        kk = k0 + rk
+        w = tl.load(w_rows + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < K), other=0.0,
+                    eviction_policy="evict_first")
+        s = tl.load(s_row + kk // 128, mask=kk < K, other=0.0)
+        pdl_wait(PDL)
+        acc += tl.sum(w.to(tl.float32) * (tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32) * s)[None, :],
+                      axis=1)
+        k0 += BLOCK_K
+    else:
+        pdl_wait(PDL)
+    for k in tl.range(k0, k_end, BLOCK_K, num_stages=STAGES):
         kk = k + rk
-        w = tl.load(w_ptr + rn[:, None] * K + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < K), other=0.0,
+        w = tl.load(w_rows + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < K), other=0.0,
                     eviction_policy="evict_first")
         xs = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32) * tl.load(s_row + kk // 128,
                                                                                    mask=kk < K, other=0.0)
         acc += tl.sum(w.to(tl.float32) * xs[None, :], axis=1)
     if SPLIT:
-        tl.atomic_add(out_ptr + rn, acc, mask=rn < N, sem="relaxed")
+        if LAST:
+            _reduce_splits(acc, out_ptr + rn, rn < N, part_ptr + rn, N, count_ptr, pid_n, pid_k, tl.num_programs(1))
+        else:
+            tl.atomic_add(out_ptr + rn, acc, mask=rn < N, sem="relaxed")
     else:
         tl.store(out_ptr + rn, acc, mask=rn < N)
 
 
-def gemv_step(x, w8, s, out, block_n, block_k, split, warps, stages):
+def gemv_step(x, w8, s, out, block_n, block_k, split, warps, stages, pdl=False, peel=False, select=False,
+              last=False):
     N, K = w8.shape
     per = triton.cdiv(triton.cdiv(K, block_k), split) * block_k
-    _gemv_step_kernel[(triton.cdiv(N, block_n), triton.cdiv(K, per))](
-        x, w8, s, out, N, K, s.shape[1], per, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, SPLIT=split > 1,
-        num_warps=warps)
+    grid = (triton.cdiv(N, block_n), triton.cdiv(K, per))
+    part = _parts(grid[1], N) if last else out
+    _gemv_step_kernel[grid](x, w8, s, out, part, tile_counters(x.device), N, K, s.shape[1], per, 0,
+                            BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, SPLIT=split > 1, PDL=pdl, PEEL=peel,
+                            SELECT=select, LAST=last, num_warps=warps, launch_pdl=pdl)
+
+
+_part_buffers: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def _parts(splits: int, N: int) -> torch.Tensor:
+    """A split-K partials buffer per shape, allocated outside graph capture (the first, eager call)."""
+    if (splits, N) not in _part_buffers:
+        _part_buffers[splits, N] = torch.empty(splits, N, device="cuda", dtype=torch.float32)
+    return _part_buffers[splits, N]
 
 
 def us_per(calls, n: int) -> float:
     return graph_ms(lambda: [c() for c in calls], 10, chained=True) * 1e3 / n
 
 
+def explain(shapes: list[str]) -> dict:
+    """The per-step kernel from a plain launch to the shipped kernel's structure, one trait at a time, each
+    launch checked against ``fp8_linear``; beside it the shipped launch with PDL on and off."""
+    import os
+    results = {}
+    for shape in shapes:
+        N, K = map(int, shape.split("x"))
+        ws = [rand_fp8(N, K) for _ in range(max(2, int(COLD_BYTES // (N * K))))]
+        x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
+        want = fp8_linear(x, *ws[0]).float()
+        row = {}
+        for mode in ("1", "0"):
+            os.environ["GLMSERVE_PDL"] = mode
+            pdl_mode.cache_clear()
+            row[f"shipped, GLMSERVE_PDL={mode}"] = us_per([lambda w=w, x=x: fp8_linear(x, *w) for w in ws],
+                                                           len(ws))
+        os.environ.pop("GLMSERVE_PDL")
+        pdl_mode.cache_clear()
+        for bn, bk, per_sm in ((16, 512, 3), (32, 512, 3)):
+            split = max(1, min(triton.cdiv(per_sm * num_sms(), triton.cdiv(N, bn)), triton.cdiv(K, bk)))
+            steps = [{}, {"pdl": True}, {"pdl": True, "peel": True}, {"pdl": True, "peel": True, "select": True}]
+            if split > 1:
+                steps += [{"last": True}, {"pdl": True, "peel": True, "select": True, "last": True}]
+            for flags in steps:
+                name = f"{bn}x{bk} s{split} w4: " + ("+".join(flags) or "plain")
+                out = torch.zeros(1, N, device="cuda", dtype=torch.float32)
+                if split == 1 or flags.get("last"):
+                    gemv_step(x, *ws[0], out, bn, bk, split, 4, 1, **flags)
+                    err = ((out - want).norm() / want.norm()).item()
+                    assert err < 1e-2, (name, err)
+                row[name] = us_per([lambda w=w, x=x, out=out, t=(bn, bk, split), f=flags:
+                                    gemv_step(x, *w, out, *t, 4, 1, **f) for w in ws], len(ws))
+        results[shape] = row
+        print(f"{shape}: " + "; ".join(f"{n} {us:.1f}" for n, us in row.items()), flush=True)
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--shapes", nargs="+", default=SHAPES)
+    ap.add_argument("--explain", action="store_true", help="the per-step kernel's gap to the shipped structure")
     args = ap.parse_args()
+    if args.explain:
+        results = explain(args.shapes)
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "gemv_explain.json").write_text(json.dumps(results, indent=1))
+        return
     results = {}
     for shape in args.shapes:
         N, K = map(int, shape.split("x"))

@@ -4,7 +4,7 @@ FMA row kernels' ninth pair, and which gate/up launch pays least for it.
     PYTHONPATH=. python bench/moe_one_row.py                          # 8 / 9 routed, shared fused / after
     GLMSERVE_PDL=0 PYTHONPATH=. python bench/moe_one_row.py --launches  # gate/up launches alone, 8 vs 9 pairs
     PYTHONPATH=. python bench/moe_one_row.py --step                     # the launch choice in the whole step
-    PYTHONPATH=. python bench/moe_one_row.py --each                     # launches reducing every K step
+    PYTHONPATH=. python bench/moe_one_row.py --each [--width 256] [--no-shared]  # launches reducing every K step
 
 µs a call (route + gate/up + down + combine) are device times of chained graph replays over 8 routings (and 8
 shared experts), so the experts stream from HBM; per-kernel times come from the profiler (under PDL a kernel's
@@ -34,9 +34,10 @@ LAUNCHES = [(16, 256, 4), (8, 256, 2), (8, 512, 4), (32, 128, 4), (16, 128, 2), 
             (16, 128, 4), (32, 64, 2)]         # gate/up: outputs × K per step, warps
 
 
-def experts():
-    """256 FP8 experts of 6144 × 2048 with block scales: (gate, up, down, their scales), as fused_moe takes them."""
-    (gate, gs), (up, us), (down, ds) = rand_fp8(E, I, H), rand_fp8(E, I, H), rand_fp8(E, H, I)
+def experts(width: int = I):
+    """256 FP8 experts of 6144 × ``width`` with block scales: (gate, up, down, their scales), as fused_moe takes
+    them."""
+    (gate, gs), (up, us), (down, ds) = rand_fp8(E, width, H), rand_fp8(E, width, H), rand_fp8(E, H, width)
     return gate, up, down, gs, us, ds
 
 
@@ -87,21 +88,28 @@ def launches() -> None:
         print(f"| {bi}x{bh} w{wp} | {t[0]:.1f} | {t[1]:.1f} | {t[1] / t[0]:.2f} |", flush=True)
 
 
-def each() -> None:
-    """The shipped one-row MoE (8 routed + the shared expert fused, 9 pairs) beside launches that reduce their
-    products every K step (``ExpertTile.each``): gate/up variants with the shipped down, then down variants."""
-    w = experts()
-    shared = [tuple(t[e + 1].clone() for t in w) for e in range(COPIES)]
+def each(width: int, fused: bool) -> None:
+    """The shipped one-row MoE (8 routed, with the shared expert fused as the 9th pair or not; experts ``width``
+    wide) beside launches that reduce their products every K step (``ExpertTile.each``): gate/up variants with the
+    shipped down, then down variants with the shipped gate/up."""
+    w = experts(width)
+    shared = [tuple(t[e + 1].clone() for t in w) for e in range(COPIES)] if fused else [None] * COPIES
     x = torch.randn(1, H, device=DEV, dtype=torch.bfloat16)
     idx8, w8 = routings(8)
-    gu0, dn0 = expert_tiles(1, H, I, shared_fused=True)
-    cases = {f"shipped: gate/up {gu0.block_n}x{gu0.block_k} w{gu0.num_warps}, down {dn0.block_n}x{dn0.block_k} "
-             f"w{dn0.num_warps}": (gu0, dn0)}
-    for bi, bh, wp in ((4, 512, 2), (4, 1024, 2), (8, 512, 4), (8, 1024, 4), (16, 512, 4), (4, 2048, 4), (2, 2048, 2)):
+    gu0, dn0 = expert_tiles(1, H, width, shared_fused=fused)
+    cases = {f"shipped: gate/up {gu0.block_n}x{gu0.block_k} w{gu0.num_warps}{' each' * gu0.each}, down "
+             f"{dn0.block_n}x{dn0.block_k} w{dn0.num_warps}{' each' * dn0.each}": (gu0, dn0)}
+    gate_up = ((4, 512, 2), (4, 1024, 2), (8, 512, 4), (8, 1024, 4), (16, 512, 4), (4, 2048, 4), (2, 2048, 2))
+    down = ((32, 256, 4), (16, 512, 4), (32, 512, 4), (8, 1024, 4), (16, 1024, 4), (64, 256, 8))
+    if width <= 512:                           # a tp shard's experts: down's K is the width
+        gate_up += ((8, 2048, 4), (16, 1024, 4))
+        down = ((16, 256, 4), (32, 256, 4), (64, 256, 4), (64, 256, 8), (128, 256, 8), (8, 256, 2))
+    for bi, bh, wp in gate_up:
         cases[f"gate/up {bi}x{bh} w{wp} each"] = (ExpertTile(bi, bh, wp, 1, fma=True, each=True), dn0)
-    for bo, bi, wp in ((32, 256, 4), (16, 512, 4), (32, 512, 4), (8, 1024, 4), (16, 1024, 4), (64, 256, 8)):
+    for bo, bi, wp in down:
         cases[f"down {bo}x{bi} w{wp} each"] = (gu0, ExpertTile(bo, bi, wp, 1, fma=True, each=True))
     want = fused_moe(x, idx8[0], w8, *w, shared=shared[0])
+    print(f"experts {H} x {width}, 8 routed{' + the shared expert fused' * fused}:", flush=True)
     for name, tiles in cases.items():
         got = fused_moe(x, idx8[0], w8, *w, tiles=tiles, shared=shared[0])
         assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 1e-2, name
@@ -143,12 +151,14 @@ if __name__ == "__main__":
     ap.add_argument("--launches", action="store_true")
     ap.add_argument("--step", action="store_true")
     ap.add_argument("--each", action="store_true")
+    ap.add_argument("--width", type=int, default=I, help="--each: the experts' width (256: a tp shard's of 8)")
+    ap.add_argument("--no-shared", action="store_true", help="--each: 8 routed pairs, no shared expert fused")
     ap.add_argument("--reps", type=int, default=4)
     args = ap.parse_args()
     if args.step:
         step(args.reps)
     elif args.each:
-        each()
+        each(args.width, not args.no_shared)
     elif args.launches:
         launches()
     else:
