@@ -4,7 +4,7 @@ FMA row kernels' ninth pair, and which gate/up launch pays least for it.
     PYTHONPATH=. python bench/moe_one_row.py                          # 8 / 9 routed, shared fused / after
     GLMSERVE_PDL=0 PYTHONPATH=. python bench/moe_one_row.py --launches  # gate/up launches alone, 8 vs 9 pairs
     PYTHONPATH=. python bench/moe_one_row.py --step                     # the launch choice in the whole step
-    PYTHONPATH=. python bench/moe_one_row.py --each [--width 256] [--no-shared]  # launches reducing every K step
+    PYTHONPATH=. python bench/moe_one_row.py --each [--width 256] [--no-shared] [--picks]  # per-step launches
 
 µs a call (route + gate/up + down + combine) are device times of chained graph replays over 8 routings (and 8
 shared experts), so the experts stream from HBM; per-kernel times come from the profiler (under PDL a kernel's
@@ -57,9 +57,7 @@ def ninth_pair() -> None:
     cases = {
         "8 routed": [lambda i=i: moe(i, idx8, w8) for i in range(COPIES)],
         "9 routed": [lambda i=i: moe(i, idx9, w9) for i in range(COPIES)],
-        "8 routed + shared fused (9th pair), 16x256 w4": [lambda i=i: moe(i, idx8, w8, shared[i]) for i in range(COPIES)],
-        "8 routed + shared fused, the launch for 9 pairs": [
-            lambda i=i: moe(i, idx8, w8, shared[i], expert_tiles(1, H, I, shared_fused=True)) for i in range(COPIES)],
+        "8 routed + shared fused (9th pair)": [lambda i=i: moe(i, idx8, w8, shared[i]) for i in range(COPIES)],
         "8 routed, then shared (3 GEMVs)": [lambda i=i: moe(i, idx8, w8) + reference.swiglu(x, *shared[i], linear=linear)
                                             for i in range(COPIES)],
     }
@@ -88,15 +86,15 @@ def launches() -> None:
         print(f"| {bi}x{bh} w{wp} | {t[0]:.1f} | {t[1]:.1f} | {t[1] / t[0]:.2f} |", flush=True)
 
 
-def each(width: int, fused: bool) -> None:
+def each(width: int, fused: bool, picks: bool = False) -> None:
     """The shipped one-row MoE (8 routed, with the shared expert fused as the 9th pair or not; experts ``width``
     wide) beside launches that reduce their products every K step (``ExpertTile.each``): gate/up variants with the
-    shipped down, then down variants with the shipped gate/up."""
+    shipped down, then down variants with the shipped gate/up (``picks``: the shipped launches alone)."""
     w = experts(width)
     shared = [tuple(t[e + 1].clone() for t in w) for e in range(COPIES)] if fused else [None] * COPIES
     x = torch.randn(1, H, device=DEV, dtype=torch.bfloat16)
     idx8, w8 = routings(8)
-    gu0, dn0 = expert_tiles(1, H, width, shared_fused=fused)
+    gu0, dn0 = expert_tiles(1, H, width)
     cases = {f"shipped: gate/up {gu0.block_n}x{gu0.block_k} w{gu0.num_warps}{' each' * gu0.each}, down "
              f"{dn0.block_n}x{dn0.block_k} w{dn0.num_warps}{' each' * dn0.each}": (gu0, dn0)}
     gate_up = ((4, 512, 2), (4, 1024, 2), (8, 512, 4), (8, 1024, 4), (16, 512, 4), (4, 2048, 4), (2, 2048, 2))
@@ -104,6 +102,8 @@ def each(width: int, fused: bool) -> None:
     if width <= 512:                           # a tp shard's experts: down's K is the width
         gate_up += ((8, 2048, 4), (16, 1024, 4))
         down = ((16, 256, 4), (32, 256, 4), (64, 256, 4), (64, 256, 8), (128, 256, 8), (8, 256, 2))
+    if picks:
+        gate_up, down = (), ()
     for bi, bh, wp in gate_up:
         cases[f"gate/up {bi}x{bh} w{wp} each"] = (ExpertTile(bi, bh, wp, 1, fma=True, each=True), dn0)
     for bo, bi, wp in down:
@@ -126,8 +126,9 @@ def step(reps: int) -> None:
 
     current = triton_moe.expert_tiles
 
-    def session10(rows: int, H: int, I: int, shared_fused: bool = False):
-        return current(rows, H, I)
+    def session10(rows: int, H: int, I: int):
+        tiles = current(rows, H, I)
+        return (ExpertTile(16, 256, 4, 1, fma=True), tiles[1]) if rows == 1 and I > 512 else tiles
     cfg = ModelConfig.from_dict(dict(SLICE))
     cache = KVCache(cfg, 8 * (4096 + BLOCK) + BLOCK, BF16, DEV)
     for t in cache.kv + [k for k in cache.index_k if k is not None]:
@@ -153,12 +154,13 @@ if __name__ == "__main__":
     ap.add_argument("--each", action="store_true")
     ap.add_argument("--width", type=int, default=I, help="--each: the experts' width (256: a tp shard's of 8)")
     ap.add_argument("--no-shared", action="store_true", help="--each: 8 routed pairs, no shared expert fused")
+    ap.add_argument("--picks", action="store_true", help="--each: the shipped launches only")
     ap.add_argument("--reps", type=int, default=4)
     args = ap.parse_args()
     if args.step:
         step(args.reps)
     elif args.each:
-        each(args.width, not args.no_shared)
+        each(args.width, not args.no_shared, args.picks)
     elif args.launches:
         launches()
     else:

@@ -206,12 +206,12 @@ def moe_rows(baseline, picks_only: bool, one_row: bool = False):
         def run_before(i, _, x=x, idx=idx, w=w, weights=weights):
             return baseline[1].fused_moe(x, idx[i], w, *weights)
         run.num_inputs = run_before.num_inputs = len(idx)
-        configs = [expert_tiles(N, H, I, with_shared)] if picks_only else moe_jobs(N, I, one_row)
+        configs = [expert_tiles(N, H, I)] if picks_only else moe_jobs(N, I, one_row)
         name = f"moe N={N} I={I}" + (" +shared" if with_shared else "")
         row = sweep(name, nbytes, configs, run,
                     reference.moe_experts(x.float(), idx[0], w, *weights, shared=shared[0]),
                     baseline and not with_shared and run_before)
-        yield {**row, "pick": expert_tiles(N, H, I, with_shared)}
+        yield {**row, "pick": expert_tiles(N, H, I)}
 
 
 def write_table(rows: list[dict], out: Path, name: str = "tune_decode_kernels.md") -> str:

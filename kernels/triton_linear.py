@@ -192,11 +192,13 @@ def _reduce_splits(acc, out, mask, part, split_stride, count_ptr, tile, pid_k, n
 def _gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, N, K, num_sb_k, k_per_split,
                  N_a, N_ab, w_b_off, s_b_off, w_c_off, s_c_off,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, STAGES: tl.constexpr,
-                 HAS_SCALE: tl.constexpr, ROUND_TO: tl.constexpr, OUT_SCALE: tl.constexpr, PDL: tl.constexpr):
+                 HAS_SCALE: tl.constexpr, ROUND_TO: tl.constexpr, OUT_SCALE: tl.constexpr, EACH: tl.constexpr,
+                 PDL: tl.constexpr):
     """One row: ``y[n] = Σ_k w[n, k] · (x[k] · S[n//128, k//128])`` on the FMA units (no S: an unquantized
     weight). The activation is scaled by its block's scale once per K step (BLOCK_N divides 128: one scale
     row per program); the products accumulate elementwise in a [BLOCK_N, BLOCK_K] fp32 tile, reduced over K
-    once at the end, and stored through ``_finish``.
+    once at the end (EACH: reduced every K step into BLOCK_N sums, the registers left to a wider weight tile),
+    and stored through ``_finish``.
 
     Outputs from N_a on come from a second weight (and scales) at element offsets ``w_b_off`` / ``s_b_off``
     from the first, from N_ab on from a third (``w_c_off`` / ``s_c_off``): several projections of one input in
@@ -221,6 +223,8 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, N, K, num_sb
     s = tl.load(s_row + kk // 128, mask=km, other=0.0) if HAS_SCALE else 1.0
     pdl_wait(PDL)                              # from here on the activation (written by the kernel before)
     acc = w.to(tl.float32) * (tl.load(x_ptr + kk, mask=km, other=0.0).to(tl.float32) * s)[None, :]
+    if EACH:
+        acc = tl.sum(acc, axis=1)
     for k in tl.range(k0 + BLOCK_K, k_end, BLOCK_K, num_stages=STAGES):
         kk = k + rk
         km = kk < K
@@ -229,8 +233,11 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, N, K, num_sb
             xs = xs * tl.load(s_row + kk // 128, mask=km, other=0.0)
         w = tl.load(w_rows + kk[None, :], mask=(rn[:, None] < N) & km[None, :], other=0.0,
                     eviction_policy="evict_first")
-        acc += w.to(tl.float32) * xs[None, :]
-    y = tl.sum(acc, axis=1)
+        if EACH:
+            acc += tl.sum(w.to(tl.float32) * xs[None, :], axis=1)
+        else:
+            acc += w.to(tl.float32) * xs[None, :]
+    y = acc if EACH else tl.sum(acc, axis=1)
     mask = rn < N
     if SPLIT:
         _reduce_splits(y, out_ptr + rn, mask, part_ptr + rn, N, count_ptr, pid_n, pid_k, tl.num_programs(1),
@@ -241,8 +248,10 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, N, K, num_sb
 
 @dataclass(frozen=True)
 class GemvTile(LinearTile):
-    """Launch shape of the one-row kernel: BLOCK_N outputs × BLOCK_K per step, K split over ``split``."""
+    """Launch shape of the one-row kernel: BLOCK_N outputs × BLOCK_K per step, K split over ``split``; ``each``:
+    the products reduced every K step (``_gemv_kernel``'s EACH)."""
     num_stages: int = 1
+    each: bool = False
 
 
 _tile_counters: dict[torch.device, torch.Tensor] = {}
@@ -298,8 +307,12 @@ def gemv_tile(N: int, K: int) -> GemvTile:
     cost more than they spread), few rows × long runs of each row per step (2048 K, 1024 on short rows) with
     as many rows per program as keep ≥ 512 programs — 576×6144 3.8 → 3.3 µs, 2048×6144 5.9 → 5.1, 4096×2048
     5.2 → 3.7. Wider: 32 outputs × 256 K per step, split-K to ~3 programs per SM, 8 warps on long rows (the
-    narrow tiles were no faster there). Under 512 outputs (unquantized, ``linear_f32``): 4–8 rows × one K step
-    of 1024 per program — router [256 × 6144] fp32 4.4 → 3.5 µs, head weights [32 × 6144] bf16 2.8 → 2.0.
+    narrow tiles were no faster there); from 8192 K 32 × 512 reducing every step (``each``), split to ~3 programs
+    per SM — o_proj [6144 × 16384] 30.5 → 27.8 µs, the dense down [6144 × 12288] 23.6 → 21.4, where 16 × 512 tiles
+    lose it again (bench/gemv_variants.py --explain, bench/results/session29/: their first step, loaded before the
+    PDL wait, costs them ~2 µs; 6144-K rows gain nothing). Under 512 outputs (unquantized, ``linear_f32``): 4–8
+    rows × one K step of 1024 per program — router [256 × 6144] fp32 4.4 → 3.5 µs, head weights [32 × 6144] bf16
+    2.8 → 2.0.
     No software pipelining (num_stages 3 was slower on every shape; loading the next step into registers
     while this one is used, 40–75 % slower: bench/results/session6/)."""
     if N < 512:                                # the router's fp32 logits, the indexer's head weights: one K step
@@ -307,6 +320,9 @@ def gemv_tile(N: int, K: int) -> GemvTile:
     if N <= 4096:
         block_n = next((b for b in (8, 4) if N // b >= 512), 2)
         return GemvTile(block_n, 2048 if K >= 4096 else 1024, 1, num_warps=4, num_stages=1)
+    if K >= 8192:
+        split = triton.cdiv(3 * num_sms(), triton.cdiv(N, 32))
+        return GemvTile(32, 512, max(1, min(split, triton.cdiv(K, 512))), num_warps=4, num_stages=1, each=True)
     block_n, block_k = 32, 256
     k_steps = triton.cdiv(K, block_k)
     split = round(3 * num_sms() / triton.cdiv(N, block_n))
@@ -347,7 +363,7 @@ def _gemv(x2: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor | None, out
                        BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, SPLIT=split > 1, STAGES=tile.num_stages,
                        HAS_SCALE=scale_inv is not None,
                        ROUND_TO=None if round_to is None else TL_DTYPES[round_to], OUT_SCALE=float(out_scale),
-                       num_warps=tile.num_warps, **pdl_launch())
+                       EACH=tile.each, num_warps=tile.num_warps, **pdl_launch())
 
 
 def fp8_linear(x: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor,

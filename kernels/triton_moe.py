@@ -429,24 +429,20 @@ def route_pairs(topk_idx: torch.Tensor, expert_offset: int, E_local: int
     return sorted_e, sorted_pair, order, valid, run_start
 
 
-def expert_tiles(rows: int, H: int, I: int, shared_fused: bool = False) -> tuple[ExpertTile, ExpertTile]:
+def expert_tiles(rows: int, H: int, I: int) -> tuple[ExpertTile, ExpertTile]:
     """(gate/up, down) tiles for ``rows`` rows, measured best on H200 at 1 and 8 rows with 256 experts, H 6144,
-    I 2048 and 256 (bench/tune_decode_kernels.py): narrow gate/up outputs with 2 scale blocks per K step
-    (more programs per expert), 64-wide down outputs; one row takes the FMA kernels, whose gate/up on a
-    narrow expert (I ≤ 512, a tp shard's) reads 4 rows × 2048 per step (with the shared expert fused, I 256:
-    34.4 → 28.0 µs; --one-row --narrow). A wide expert's gate/up at one row with the shared expert fused (9
-    pairs) takes 4 outputs × 512 on 2 warps: every launch that is fast at 8 pairs takes 1.18–1.60× as long at 9
-    (bench/moe_one_row.py --launches, bench/results/session11/), this one least (16 × 256: 57.1 → 76.0 µs;
-    4 × 512: 60.9 → 71.7; in the one-row step 1.299 → 1.288 ms). Session 28 (``bench/moe_one_row.py --each``):
-    with the shared expert fused, launches that reduce their products every K step — gate/up 16 × 512 on 4 warps
-    110.4 → 96.4 µs the whole MoE, down 16 × 512 110.4 → 104.1, each beside the other's shipped launch, both 89.9
-    (the weights at 3.78 TB/s; the slice's one-row step 1.27 → 1.22 ms, bench/results/session28/)."""
+    I 2048 and 256 (bench/tune_decode_kernels.py): narrow gate/up outputs with 2 scale blocks per K step (more
+    programs per expert), 64-wide down outputs. One row takes the FMA kernels with their products reduced every K
+    step (``each``; bench/moe_one_row.py --each [--width 256] [--no-shared], bench/results/session28/, session29/):
+    a wide expert's gate/up and down 16 × 512 on 4 warps — 8 routed + the shared expert fused 110.4 → 89.9 µs
+    (3.78 TB/s; the slice's one-row step 1.27 → 1.22 ms), 8 routed 86.4 → 86.0; a narrow (I ≤ 512, a tp shard's)
+    expert's gate/up 8 × 2048 and down 32 × 256 — 26.3 → 22.3 µs with the shared expert fused. (Keeping per-lane
+    products instead, the shared expert as a 9th pair made every gate/up launch 1.18–1.60× slower:
+    bench/results/session11/.)"""
     if rows == 1:
         if I <= 512:
-            return ExpertTile(4, 2048, 4, 1, fma=True), ExpertTile(32, 256, 4, 1, fma=True)
-        gate_up = (ExpertTile(16, 512, 4, 1, fma=True, each=True) if shared_fused
-                   else ExpertTile(16, 256, 4, 1, fma=True))
-        return gate_up, ExpertTile(16, 512, 4, 1, fma=True, each=True)
+            return ExpertTile(8, 2048, 4, 1, fma=True, each=True), ExpertTile(32, 256, 4, 1, fma=True, each=True)
+        return ExpertTile(16, 512, 4, 1, fma=True, each=True), ExpertTile(16, 512, 4, 1, fma=True, each=True)
     if rows > 16:                  # runs in chunks of 16 (bench/moe_prefill.py --fused: K 128 ≤ K 256 at I 256)
         return ExpertTile(32, 128), ExpertTile(64, 128)
     return ExpertTile(32, 256), ExpertTile(64, 128)
@@ -480,7 +476,7 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
                              sorted_pair, run_start, act, y, k, E_local, tile_counters(x.device), tiles)
         return _plus_shared(_combine(y, order, valid, out, N, H, k), x, shared)
     fuse = N == 1 and shared is not None and _fusable(shared, gate, down, has_scale)
-    gu, dn = tiles or expert_tiles(N, H, I, shared_fused=fuse)
+    gu, dn = tiles or expert_tiles(N, H, I)
     assert all(128 % t.block_n == 0 and (t.fma or t.block_k % 128 == 0) for t in (gu, dn))
     num_sb_h, num_sb_i = triton.cdiv(H, 128), triton.cdiv(I, 128)
     prec = dot_precision(x.dtype)

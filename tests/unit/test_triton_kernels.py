@@ -106,7 +106,8 @@ def test_linear_group(tk):
             assert all(rel(y, reference.linear(x.float(), w, s)) < tol for y, (w, s) in zip(ys, weights))
     expect = torch.cat([reference.linear(x[:1], w, s) for w, s in weights], -1)
     for tile in (tk["lin"].GemvTile(32, 128, 3), tk["lin"].GemvTile(16, 64, 1), tk["lin"].GemvTile(4, 1024, 1),
-                 tk["lin"].GemvTile(8, 128, 3), tk["lin"].gemv_tile(600, 6144)):   # narrow: 2 rows × 2048, K masked
+                 tk["lin"].GemvTile(8, 128, 3), tk["lin"].gemv_tile(600, 6144),    # narrow: 2 rows × 2048, K masked
+                 tk["lin"].GemvTile(8, 128, 3, each=True)):
         for n in (2, 3):
             if n == 3 and 72 % tile.block_n:
                 continue                                   # a tile would straddle kv-sized and the third weight
@@ -167,7 +168,8 @@ def test_fp8_linear_split_k_semaphore(tk, M):
              lin.LinearTile(32, 128, 3, swap=True), lin.LinearTile(64, 256, 1, swap=True, block_m=32),  # W · x.T
              lin.LinearTile(32, 128, 3, prescale=True), lin.LinearTile(64, 256, 2, swap=True, prescale=True)]
     if M == 1:                                                                 # the one-row (FMA) kernel too
-        tiles += [lin.GemvTile(16, 128, 3), lin.GemvTile(32, 256, 2), lin.GemvTile(8, 64, 1)]
+        tiles += [lin.GemvTile(16, 128, 3), lin.GemvTile(32, 256, 2), lin.GemvTile(8, 64, 1),
+                  lin.GemvTile(32, 128, 3, each=True), lin.GemvTile(16, 256, 1, each=True)]   # reduced every K step
     for tile in tiles:
         first = lin.fp8_linear(x, w8, s, tile)
         assert rel(first, reference.linear(x, w8, s)) < 1e-5
@@ -377,8 +379,8 @@ def test_moe_experts_with_shared(tk, N, offset, fp8):
     got = tk["moe"].moe_experts(x, idx, w, *args, expert_offset=offset, shared=shared)
     assert rel(got, ref) < 1e-5
     if N == 1:                                 # the launch a wide expert takes with the shared one fused (9 pairs)
-        tiles = tk["moe"].expert_tiles(1, 6144, 2048, shared_fused=True)
-        assert tiles != tk["moe"].expert_tiles(1, 6144, 2048) and tiles[0].fma
+        tiles = tk["moe"].expert_tiles(1, 6144, 2048)
+        assert tiles[0].fma and tiles[0].each and tiles[1].each
         got = tk["moe"].fused_moe(x, idx, w, *args, expert_offset=offset, tiles=tiles, shared=shared)
         assert rel(got, ref) < 1e-5
     half = [a.half() if a is not None and a.dtype == torch.float32 and a.dim() == 3 and not fp8 else a
