@@ -308,7 +308,7 @@ def gemv_tile(N: int, K: int) -> GemvTile:
     as many rows per program as keep ≥ 512 programs — 576×6144 3.8 → 3.3 µs, 2048×6144 5.9 → 5.1, 4096×2048
     5.2 → 3.7. Wider: 32 outputs × 256 K per step, split-K to ~3 programs per SM, 8 warps on long rows (the
     narrow tiles were no faster there); from 8192 K 32 × 512 reducing every step (``each``), split to ~3 programs
-    per SM — o_proj [6144 × 16384] 30.5 → 27.8 µs, the dense down [6144 × 12288] 23.6 → 21.4, where 16 × 512 tiles
+    per SM — o_proj [6144 × 16384] 30.7 → 27.9 µs, the dense down [6144 × 12288] 23.5 → 21.5, where 16 × 512 tiles
     lose it again (bench/gemv_variants.py --explain, bench/results/session29/: their first step, loaded before the
     PDL wait, costs them ~2 µs; 6144-K rows gain nothing). Under 512 outputs (unquantized, ``linear_f32``): 4–8
     rows × one K step of 1024 per program — router [256 × 6144] fp32 4.4 → 3.5 µs, head weights [32 × 6144] bf16
