@@ -1,14 +1,16 @@
 """Other ways to write the one-row FP8 GEMV, beside the shipped one and a bare load stream (one H200).
 
-The shipped ``_gemv_kernel`` keeps its products per K lane in a [BLOCK_N, BLOCK_K] fp32 tile and reduces once at
-the end; on the big shapes it runs at 0.79–0.88 of a bare Triton load stream of the weight
+The shipped ``_gemv_kernel`` kept its products per K lane in a [BLOCK_N, BLOCK_K] fp32 tile and reduced once at
+the end (still so below 8192 K); on the big shapes it ran at 0.79–0.88 of a bare Triton load stream of the weight
 (bench/results/gemv_ceiling.md: o_proj 34.0 µs against 26.8). ``_gemv_step_kernel`` here reduces every K step
 instead (the accumulator is BLOCK_N values, so the registers go to a wider weight tile: more bytes in flight per
 thread) and may software-pipeline its loop (``tl.range(num_stages=...)``). Its split-K partials are added with
-fp32 atomics (a timing stand-in for the shipped kernel's deterministic last-arrival reduce, which costs a little
-more); each launch's output is checked against ``fp8_linear`` (split 1 only: the atomics add onto the last call's).
-Session 28 found the variant faster here (o_proj 30.6 → 27.2 µs) but, as an option of ``_gemv_kernel`` with the same
-tile, slower than the shipped launch (31.0 vs 30.3; bench/results/session28/README.md): the difference is unexplained.
+fp32 atomics (a timing stand-in for the shipped kernel's deterministic last-arrival reduce; ``--explain`` runs that
+too); each launch's output is checked against ``fp8_linear`` (split 1 only: the atomics add onto the last call's).
+Session 28 found the variant faster here (o_proj 30.6 → 27.2 µs) but, as an option of ``_gemv_kernel`` with 16 × 512
+tiles, slower than the shipped launch; session 29's ``--explain`` found why (the first step loaded before the PDL
+wait costs a 16 × 512 tile ~2 µs, a 32 × 512 tile nothing) and shipped 32 × 512 from 8192 K
+(bench/results/session29/README.md).
 
 µs a launch: device time of a CUDA graph of one launch per weight copy (300 MB of copies: cold in L2), replayed
 back to back.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -115,7 +118,6 @@ def us_per(calls, n: int) -> float:
 def explain(shapes: list[str]) -> dict:
     """The per-step kernel from a plain launch to the shipped kernel's structure, one trait at a time, each
     launch checked against ``fp8_linear``; beside it the shipped launch with PDL on and off."""
-    import os
     results = {}
     for shape in shapes:
         N, K = map(int, shape.split("x"))
