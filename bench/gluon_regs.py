@@ -31,13 +31,16 @@ BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 ROWS_SIG = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "out_ptr": "*bf16", "part_ptr": "*fp32",
             "count_ptr": "*i32", **dict.fromkeys(["M", "N", "K", "stride_xm", "num_sb_k", "kb_per_split"], "i32")}
 GATE_UP_SIG = {"x_ptr": "*bf16", "g_ptr": "*fp8e4nv", "u_ptr": "*fp8e4nv", "gs_ptr": "*fp32", "us_ptr": "*fp32",
+               **dict.fromkeys(["sg_off", "su_off", "sgs_off", "sus_off"], "i64"), "E_shared": "i32",
                "sorted_e_ptr": "*i32", "sorted_pair_ptr": "*i32", "run_start_ptr": "*i32", "chunk_ptr": "*i32",
                "act_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32",
                **dict.fromkeys(["P", "E_local", "H", "I", "num_sb_h", "num_sb_i", "kb_per_split"], "i32")}
-DOWN_SIG = {"act_ptr": "*bf16", "d_ptr": "*fp8e4nv", "ds_ptr": "*fp32", "w_route_ptr": "*fp32", "sorted_e_ptr": "*i32",
+DOWN_SIG = {"act_ptr": "*bf16", "d_ptr": "*fp8e4nv", "ds_ptr": "*fp32", "sd_off": "i64", "sds_off": "i64",
+            "E_shared": "i32", "w_route_ptr": "*fp32", "sorted_e_ptr": "*i32",
             "sorted_pair_ptr": "*i32", "run_start_ptr": "*i32", "chunk_ptr": "*i32", "y_ptr": "*bf16",
             **dict.fromkeys(["P", "E_local", "H", "I", "num_sb_h", "num_sb_i"], "i32")}
-DIVISIBLE = ("K", "N", "stride_xm", "H", "I")     # as Triton specializes them at launch (multiples of 16)
+# as Triton specializes them at launch (multiples of 16; the shared expert's element offsets: 512-byte aligned tensors)
+DIVISIBLE = ("K", "N", "stride_xm", "H", "I", "sg_off", "su_off", "sgs_off", "sus_off", "sd_off", "sds_off")
 
 
 def mid_sig(block_m: int, block_n: int) -> dict:

@@ -267,13 +267,15 @@ if HAVE_GLUON:
         return e, owner, in_run, j, pair
 
     @gluon.jit
-    def _moe_gate_up_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sorted_e_ptr, sorted_pair_ptr, run_start_ptr,
-                            chunk_ptr, act_ptr, part_ptr, count_ptr, P, E_local, H, I, num_sb_h, num_sb_i,
-                            kb_per_split, TOPK: gl.constexpr, BLOCK_I: gl.constexpr, BLOCK_R: gl.constexpr,
-                            SUB: gl.constexpr, WARPS: gl.constexpr, SPLIT: gl.constexpr, BITS: gl.constexpr,
-                            COMPACT: gl.constexpr):
+    def _moe_gate_up_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sg_off, su_off, sgs_off, sus_off, E_shared,
+                            sorted_e_ptr, sorted_pair_ptr, run_start_ptr, chunk_ptr, act_ptr, part_ptr, count_ptr, P,
+                            E_local, H, I, num_sb_h, num_sb_i, kb_per_split, TOPK: gl.constexpr,
+                            BLOCK_I: gl.constexpr, BLOCK_R: gl.constexpr, SUB: gl.constexpr, WARPS: gl.constexpr,
+                            SPLIT: gl.constexpr, BITS: gl.constexpr, COMPACT: gl.constexpr):
         """act[j] = silu(x[row_j] @ G_e.T) * (x[row_j] @ U_e.T) for the run's pairs j, each rounded as the
-        reference rounds; split over H: the last split of a tile adds the partials in split order."""
+        reference rounds; split over H: the last split of a tile adds the partials in split order. Expert E_shared
+        (-1: none) is the shared expert, its weights and scales at element offsets ``s*_off`` from the stacked
+        tensors' (as triton_moe's kernels)."""
         mma: gl.constexpr = _acc_layout(WARPS)
         wl: gl.constexpr = _operand_layout(0, WARPS)
         xl: gl.constexpr = _operand_layout(1, WARPS)
@@ -284,9 +286,15 @@ if HAVE_GLUON:
                                             BLOCK_R, gl.SliceLayout(0, xl))
         ri = ib * BLOCK_I + gl.arange(0, BLOCK_I, layout=gl.SliceLayout(1, wl))
         kw, kx = _k_lanes(WARPS)
-        w_off = e.to(gl.int64) * I * H + ri[:, None] * H
+        shared = e == E_shared
+        w_e = e.to(gl.int64) * I * H
+        g_off = gl.where(shared, sg_off, w_e) + ri[:, None] * H
+        u_off = gl.where(shared, su_off, w_e) + ri[:, None] * H
         x_rows = x_ptr + (pair // TOPK)[None, :] * H
-        s_off = e * num_sb_i * num_sb_h + ((ib * BLOCK_I) // 128) * num_sb_h
+        s_e = e.to(gl.int64) * num_sb_i * num_sb_h
+        s_blk = ((ib * BLOCK_I) // 128) * num_sb_h
+        gs_off = gl.where(shared, sgs_off, s_e) + s_blk
+        us_off = gl.where(shared, sus_off, s_e) + s_blk
         acc_g = gl.zeros([BLOCK_I, BLOCK_R], gl.float32, layout=mma)
         acc_u = gl.zeros([BLOCK_I, BLOCK_R], gl.float32, layout=mma)
         kb0 = ks * kb_per_split
@@ -296,12 +304,12 @@ if HAVE_GLUON:
                 k = (kb + s) * 128
                 live = kb + s < kb_end
                 wm = (ri[:, None] < I) & live
-                wg = gl.load(g_ptr + w_off + (k + kw)[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
-                wu = gl.load(u_ptr + w_off + (k + kw)[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
+                wg = gl.load(g_ptr + g_off + (k + kw)[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
+                wu = gl.load(u_ptr + u_off + (k + kw)[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
                 x = gl.load(x_rows + (k + kx)[:, None], mask=in_run[None, :] & live, other=0.0)
                 zero = gl.zeros([BLOCK_I, BLOCK_R], gl.float32, layout=mma)
-                acc_g += mma_v2(_to_bf16(wg, BITS), x, zero) * gl.load(gs_ptr + s_off + kb + s, mask=live, other=0.0)
-                acc_u += mma_v2(_to_bf16(wu, BITS), x, zero) * gl.load(us_ptr + s_off + kb + s, mask=live, other=0.0)
+                acc_g += mma_v2(_to_bf16(wg, BITS), x, zero) * gl.load(gs_ptr + gs_off + kb + s, mask=live, other=0.0)
+                acc_u += mma_v2(_to_bf16(wu, BITS), x, zero) * gl.load(us_ptr + us_off + kb + s, mask=live, other=0.0)
         if owner:
             _e_o, _owner_o, in_run_o, j_o, _pair_o = _run(sorted_e_ptr, sorted_pair_ptr, run_start_ptr, p, listed, P,
                                                           E_local, BLOCK_R, gl.SliceLayout(0, mma))
@@ -336,10 +344,12 @@ if HAVE_GLUON:
         gl.store(act_ptr + j[None, :] * I + i[:, None], a.to(dt), mask=mask)
 
     @gluon.jit
-    def _moe_down_kernel(act_ptr, d_ptr, ds_ptr, w_route_ptr, sorted_e_ptr, sorted_pair_ptr, run_start_ptr, chunk_ptr,
-                         y_ptr, P, E_local, H, I, num_sb_h, num_sb_i, BLOCK_HO: gl.constexpr, BLOCK_R: gl.constexpr,
-                         SUB: gl.constexpr, WARPS: gl.constexpr, BITS: gl.constexpr, COMPACT: gl.constexpr):
-        """y[pair] = round(round(act[j] @ D_e.T) · w_route[pair]) for the run's pairs j."""
+    def _moe_down_kernel(act_ptr, d_ptr, ds_ptr, sd_off, sds_off, E_shared, w_route_ptr, sorted_e_ptr, sorted_pair_ptr,
+                         run_start_ptr, chunk_ptr, y_ptr, P, E_local, H, I, num_sb_h, num_sb_i,
+                         BLOCK_HO: gl.constexpr, BLOCK_R: gl.constexpr, SUB: gl.constexpr, WARPS: gl.constexpr,
+                         BITS: gl.constexpr, COMPACT: gl.constexpr):
+        """y[pair] = round(round(act[j] @ D_e.T) · w_route[pair]) for the run's pairs j (E_shared: as the gate/up
+        kernel's)."""
         mma: gl.constexpr = _acc_layout(WARPS)
         wl: gl.constexpr = _operand_layout(0, WARPS)
         xl: gl.constexpr = _operand_layout(1, WARPS)
@@ -349,9 +359,10 @@ if HAVE_GLUON:
                                             BLOCK_R, gl.SliceLayout(0, xl))
         rh = hb * BLOCK_HO + gl.arange(0, BLOCK_HO, layout=gl.SliceLayout(1, wl))
         kw, kx = _k_lanes(WARPS)
-        d_rows = d_ptr + e.to(gl.int64) * H * I + rh[:, None] * I
+        shared = e == E_shared
+        d_rows = d_ptr + gl.where(shared, sd_off, e.to(gl.int64) * H * I) + rh[:, None] * I
         a_rows = act_ptr + j[None, :] * I
-        s_off = e * num_sb_h * num_sb_i + ((hb * BLOCK_HO) // 128) * num_sb_i
+        s_off = gl.where(shared, sds_off, e.to(gl.int64) * num_sb_h * num_sb_i) + ((hb * BLOCK_HO) // 128) * num_sb_i
         acc = gl.zeros([BLOCK_HO, BLOCK_R], gl.float32, layout=mma)
         kb_end = gl.where(owner, num_sb_i, 0)
         for kb in range(0, kb_end, SUB):
@@ -414,10 +425,12 @@ def moe_tile(H: int, I: int, experts_hit: int, sms: int, rows: int = 8) -> MoeTi
 def moe_gemms(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, gate_s: torch.Tensor,
               up_s: torch.Tensor, down_s: torch.Tensor, topk_w: torch.Tensor, sorted_e: torch.Tensor,
               sorted_pair: torch.Tensor, run_start: torch.Tensor, act: torch.Tensor, y: torch.Tensor, k: int,
-              E_local: int, counters: torch.Tensor, tile: MoeTile | None = None) -> None:
+              E_local: int, counters: torch.Tensor, tile: MoeTile | None = None,
+              shared: tuple[list[int], int] = ([0] * 6, -1)) -> None:
     """The gate/up and down launches of triton_moe.fused_moe for 2..MOE_MAX_ROWS rows: act [P, I] and y [P, H]
     of the sorted pairs (P = N·k; ``run_start``: where each sorted pair's run starts, from route_pairs), as its
-    Triton tile kernels write them."""
+    Triton tile kernels write them. ``shared``: the shared expert's element offsets (gate, up, down and their
+    scales) and its local expert id (-1: not among the pairs)."""
     N, H = x.shape
     I = gate.shape[1]
     P = N * k
@@ -433,12 +446,13 @@ def moe_gemms(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch
         part = counters
     chunks = run_chunks(sorted_e, run_start, E_local, tile.pairs) if tile.compact else sorted_e
     programs = chunks.numel() if tile.compact else P
+    offs, E_shared = shared
     _moe_gate_up_kernel[(programs, n_ib, split)](
-        x, gate, up, gate_s, up_s, sorted_e, sorted_pair, run_start, chunks, act, part, counters, P, E_local, H, I,
-        num_sb_h, num_sb_i, per_split, TOPK=k, BLOCK_I=tile.block_i, BLOCK_R=tile.pairs, SUB=tile.sub,
+        x, gate, up, gate_s, up_s, offs[0], offs[1], offs[3], offs[4], E_shared, sorted_e, sorted_pair, run_start,
+        chunks, act, part, counters, P, E_local, H, I, num_sb_h, num_sb_i, per_split, TOPK=k, BLOCK_I=tile.block_i, BLOCK_R=tile.pairs, SUB=tile.sub,
         WARPS=tile.gu_warps, SPLIT=split > 1, BITS=True, COMPACT=tile.compact, num_warps=tile.gu_warps)
     _moe_down_kernel[(programs, triton.cdiv(H, tile.block_ho))](
-        act, down, down_s, topk_w, sorted_e, sorted_pair, run_start, chunks, y, P, E_local, H, I, num_sb_h, num_sb_i,
+        act, down, down_s, offs[2], offs[5], E_shared, topk_w, sorted_e, sorted_pair, run_start, chunks, y, P, E_local, H, I, num_sb_h, num_sb_i,
         BLOCK_HO=tile.block_ho, BLOCK_R=tile.pairs, SUB=tile.sub, WARPS=tile.dn_warps, BITS=True,
         COMPACT=tile.compact, num_warps=tile.dn_warps)
 

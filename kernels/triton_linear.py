@@ -10,11 +10,13 @@ Two kernels; the launcher picks by rows:
   It can also run two or three weights of one input in one launch (``linear_group``: q_a, kv_a and the
   indexer's wk), each reached by its element offset from the first, and small unquantized weights with an fp32
   result (``linear_f32``: the router, the indexer's head weights), where cuBLAS took 5–6 µs a launch plus the
-  casts around it.
+  casts around it. Those under 2..GEMV_ROWS rows (a verify span, a dp step's MoE over every rank's rows) run its
+  several-row form (``_gemv_rows_kernel``: each weight tile multiplied with every row): the router 3.3–4.6×
+  faster than the tile kernel there, the head weights 1.0–1.9×.
 * decode (2..64 rows): one row tile holds every row (16..64, rows masked), so each weight byte is read
   once; split-K over the reduction so that even a 576-row projection keeps every SM streaming
   (``LinearTile``: BLOCK_N × BLOCK_K weight tile, split, warps, stages; ``decode_tile`` picks it; ``linear_f32``
-  runs it on unquantized weights with fp32 IEEE dots, or dots in x's dtype). The split partials are
+  runs it on unquantized weights with 3-pass TF32 dots, or dots in x's dtype). The split partials are
   reduced inside the same launch, deterministically: each split program stores its fp32 partial to a
   workspace and bumps its output tile's counter (acq_rel); the program that arrives last adds the
   partials in split order 0, 1, 2, … (bypassing L1), writes the output and resets the counter to 0.
@@ -67,6 +69,7 @@ from kernels.triton_utils import (
 )
 
 DECODE_ROWS = 64
+GEMV_ROWS = 8          # ``linear_f32`` runs 2..GEMV_ROWS rows on the FMA rows kernel, more on the tile kernel
 PREFILL_ROWS = 256
 NUM_TILE_COUNTERS = 65536
 
@@ -90,10 +93,13 @@ def _tile_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, M, N, K, str
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        SPLIT: tl.constexpr, PREC: tl.constexpr, HAS_SCALE: tl.constexpr = True,
                        UPCAST: tl.constexpr = False, ROUND_TO: tl.constexpr = None, OUT_SCALE: tl.constexpr = 1.0,
-                       PDL: tl.constexpr = False, SWAP: tl.constexpr = False, PRESCALE: tl.constexpr = False):
+                       PDL: tl.constexpr = False, SWAP: tl.constexpr = False, PRESCALE: tl.constexpr = False,
+                       F32_PREC: tl.constexpr = "ieee"):
     """Rows × weight tiles on the tensor cores: the weight in x's dtype (fp8 blocks scaled per 128-wide
     sub-product: by one scale where BLOCK_N divides 128, by each output row's past that), or, ``UPCAST``, both in
-    fp32 with IEEE dots (``linear_f32``); stored through ``_finish``.
+    fp32 with ``F32_PREC`` dots (``linear_f32``: "tf32x3", three TF32 products a dot, ~fp32-exact, on the tensor
+    cores — the router [256 × 6144] at 16 / 64 rows 8.5 / 13.5 µs, with "ieee" FMA dots 24.1 / 47.1, session 30);
+    stored through ``_finish``.
 
     ``SWAP``: the product is taken transposed, ``W · x.T`` ([BLOCK_N, BLOCK_M], transposed once after the loop),
     so the widened weight is the dot's first operand, which Hopper's wgmma reads from registers: the weight tile
@@ -138,7 +144,7 @@ def _tile_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, M, N, K, str
                 w = (w.to(tl.float32) * (sc[:, None] if BLOCK_N > 128 else sc)).to(x.dtype)
             else:
                 w = w.to(x.dtype)
-            prec: tl.constexpr = "ieee" if UPCAST else PREC
+            prec: tl.constexpr = F32_PREC if UPCAST else PREC
             if SWAP:
                 a, b = w, tl.trans(x)
             else:
@@ -246,6 +252,44 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, N, K, num_sb
         tl.store(out_ptr + rn, _finish(y, ROUND_TO, OUT_SCALE).to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _gemv_rows_kernel(x_ptr, w_ptr, out_ptr, part_ptr, count_ptr, M, N, K, stride_xm, k_per_split,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+                      ROUND_TO: tl.constexpr, OUT_SCALE: tl.constexpr, PDL: tl.constexpr):
+    """A few rows (≤ BLOCK_M) times a small unquantized weight on the FMA units (``linear_f32``): each program
+    streams a BLOCK_N × BLOCK_K weight tile per step, widened to fp32, and multiplies it with every row's K slice
+    (upcast to fp32); the products stay per K lane, [BLOCK_M, BLOCK_N, BLOCK_K], and are summed once at the end,
+    then split-K reduced and stored as ``_gemv_kernel`` does. The first step's weight tile loads before the wait."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    k0 = pid_k * k_per_split
+    k_end = tl.minimum(k0 + k_per_split, K)
+    kk = k0 + rk
+    w = tl.load(w_ptr + rn[:, None] * K + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < K), other=0.0,
+                eviction_policy="evict_first")
+    pdl_wait(PDL)                              # from here on the rows (written by the kernel before)
+    x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+    acc = x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    for k in range(k0 + BLOCK_K, k_end, BLOCK_K):
+        kk = k + rk
+        w = tl.load(w_ptr + rn[:, None] * K + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < K), other=0.0,
+                    eviction_policy="evict_first")
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K),
+                    other=0.0)
+        acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    y = tl.sum(acc, axis=2)
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    out = out_ptr + rm[:, None] * N + rn[None, :]
+    if SPLIT:
+        _reduce_splits(y, out, mask, part_ptr + rm[:, None] * N + rn[None, :], M * N, count_ptr, pid_n, pid_k,
+                       tl.num_programs(1), ROUND_TO, OUT_SCALE)
+    else:
+        tl.store(out, _finish(y, ROUND_TO, OUT_SCALE).to(out_ptr.dtype.element_ty), mask=mask)
+
+
 @dataclass(frozen=True)
 class GemvTile(LinearTile):
     """Launch shape of the one-row kernel: BLOCK_N outputs × BLOCK_K per step, K split over ``split``; ``each``:
@@ -330,6 +374,16 @@ def gemv_tile(N: int, K: int) -> GemvTile:
                     num_stages=1)
 
 
+def gemv_rows_tile(M: int, N: int, K: int) -> GemvTile:
+    """``linear_f32``'s launch for 2..GEMV_ROWS rows (``_gemv_rows_kernel``), measured on H200 (bench/
+    tune_small_gemv.py --rows, bench/results/session30/): 4 outputs a program, 1024 K (split-K over the rest), in K
+    steps that keep the per-lane products to 8192 fp32 values (64 registers a thread on 4 warps) — the router
+    [256 × 6144] fp32 at 2 / 4 / 8 rows 5.2 / 5.8 / 7.3 µs against the tile kernel's 23.9–24.0 (IEEE dots) and 8.4–8.5
+    (3-pass TF32), the head weights [32 × 6144] bf16 2.4 / 3.2 / 4.7 against 4.5–4.8."""
+    return GemvTile(4, max(16, min(1024, 8192 // (4 * next_pow2(M)))), triton.cdiv(K, 1024), num_warps=4,
+                    num_stages=1)
+
+
 TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
@@ -402,9 +456,32 @@ def fp8_linear(x: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor,
     return out.view(*x.shape[:-1], N)
 
 
+def _gemv_rows(x2: torch.Tensor, w: torch.Tensor, out: torch.Tensor, tile: GemvTile,
+               round_to: torch.dtype | None = None, out_scale: float = 1.0) -> None:
+    """out [M, N] = x2 @ w.T for a few rows and an unquantized w on ``_gemv_rows_kernel`` (``tile.split``: programs
+    over K; ``round_to`` / ``out_scale``: as ``_finish``)."""
+    M, K = x2.shape
+    N = w.shape[0]
+    per_split = triton.cdiv(triton.cdiv(K, tile.split), tile.block_k) * tile.block_k
+    split = triton.cdiv(K, per_split)
+    grid = (triton.cdiv(N, tile.block_n), split)
+    if split > 1:
+        part = torch.empty(split, M, N, dtype=torch.float32, device=x2.device)
+        counters = tile_counters(x2.device)
+        assert grid[0] <= counters.numel()
+    else:
+        part = counters = out
+    _gemv_rows_kernel[grid](x2, w, out, part, counters, M, N, K, x2.stride(0), per_split, BLOCK_M=next_pow2(M),
+                            BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, SPLIT=split > 1,
+                            ROUND_TO=None if round_to is None else TL_DTYPES[round_to], OUT_SCALE=float(out_scale),
+                            num_warps=tile.num_warps, **pdl_launch())
+
+
 def _tiles(x2: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor | None, out: torch.Tensor, block_m: int,
-           tile: LinearTile, upcast: bool = False, round_to: torch.dtype | None = None, out_scale: float = 1.0) -> None:
-    """out [M, N] = x2 @ W.T on the tile kernel (``upcast``, ``round_to``, ``out_scale``: as the kernel's)."""
+           tile: LinearTile, upcast: bool = False, round_to: torch.dtype | None = None, out_scale: float = 1.0,
+           f32_prec: str = "ieee") -> None:
+    """out [M, N] = x2 @ W.T on the tile kernel (``upcast``, ``round_to``, ``out_scale``, ``f32_prec``: as the
+    kernel's ``F32_PREC``)."""
     M, K = x2.shape
     N = w.shape[0]
     assert (128 % tile.block_n == 0 or tile.block_n % 128 == 0) and tile.block_k % 128 == 0
@@ -424,7 +501,7 @@ def _tiles(x2: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor | None, ou
                              PREC=dot_precision(x2.dtype), HAS_SCALE=scale_inv is not None, UPCAST=upcast,
                              ROUND_TO=None if round_to is None else TL_DTYPES[round_to], OUT_SCALE=float(out_scale),
                              SWAP=tile.swap, PRESCALE=tile.prescale and scale_inv is not None and not upcast,
-                             num_warps=tile.num_warps, num_stages=tile.num_stages,
+                             F32_PREC=f32_prec, num_warps=tile.num_warps, num_stages=tile.num_stages,
                              **pdl_launch(tile=True))
 
 
@@ -479,9 +556,9 @@ def linear_group(x: torch.Tensor, *weights: tuple) -> tuple[torch.Tensor, ...]:
 
 @ops.register("linear_f32", backend="triton", available=on_cuda)
 def linear_f32(x: torch.Tensor, weight: torch.Tensor, rounded: bool = False, scale: float = 1.0) -> torch.Tensor:
-    """As ``reference.linear_f32`` for a 2-D unquantized weight: one row on the one-row kernel, up to
-    DECODE_ROWS on the tile kernel (fp32 IEEE dots, or, ``rounded``, dots in x's dtype), rounding and scale in
-    their stores; more rows (prefill) on the reference."""
+    """As ``reference.linear_f32`` for a 2-D unquantized weight: one row on the one-row kernel, to GEMV_ROWS
+    rows on its several-row form, up to DECODE_ROWS on the tile kernel (fp32 as 3-pass TF32 dots, or, ``rounded``,
+    dots in x's dtype), rounding and scale in their stores; more rows (prefill) on the reference."""
     K = x.shape[-1]
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
@@ -494,9 +571,11 @@ def linear_f32(x: torch.Tensor, weight: torch.Tensor, rounded: bool = False, sca
     round_to = x.dtype if rounded else None
     if M == 1:
         _gemv(x2, weight, None, out, gemv_tile(N, K), round_to=round_to, out_scale=scale)
+    elif M <= GEMV_ROWS:
+        _gemv_rows(x2, weight, out, gemv_rows_tile(M, N, K), round_to=round_to, out_scale=scale)
     else:
         _tiles(x2, weight, None, out, max(16, next_pow2(M)), decode_tile(M, N, K), upcast=not rounded,
-               round_to=round_to, out_scale=scale)
+               round_to=round_to, out_scale=scale, f32_prec="tf32x3")
     return out.view(*x.shape[:-1], N)
 
 

@@ -35,8 +35,10 @@ a whole-weight dequantization per linear took 153 ms a layer for a 2048-row chun
 One row (decode without drafts) takes FMA kernels instead (``_gate_up_row_kernel``, ``_down_row_kernel``:
 every pair is its own expert, no 16-row tensor-core tile, as triton_linear's GEMV), and runs the shared
 expert as one more pair of the same two launches (its weights reached by element offsets from the stacked
-experts'); the combine adds its output last, as HF's ``experts(x) + shared_experts(x)``. More rows compose
-the shared expert after the routed ones. One row needs no routing launch: program p runs slot p's expert,
+experts'); the combine adds its output last, as HF's ``experts(x) + shared_experts(x)``. Up to SHARED_PAIR_ROWS
+rows run it as every row's (k+1)-th pair, a run of local expert E_local sorted after the routed experts'
+(``route_pairs_shared``; the same element offsets): 6 launches fewer a layer (its gate, up, silu, product, down and
+sum); more rows compose it after the routed experts. One row needs no routing launch: program p runs slot p's expert,
 read from the router's ids, and the combine ranks the row's k slots by expert itself.
 """
 
@@ -67,6 +69,9 @@ from kernels.triton_utils import (
 # every rank's rows: 8 ranks × 32).
 FUSED_MAX_ROWS = 256
 RUN_ROWS = 16          # the most rows of an expert's run one program takes (runs average N·k / E_local pairs)
+SHARED_PAIR_ROWS = 8   # the shared expert joins the several-row launches to this many rows (its run one program's:
+                       # past that each chunk of the run re-reads its weights — the rank of dp 8 at 16 rows a rank,
+                       # 128 rows, was 0.10 ms a step slower with it fused; bench/results/session30/)
 ROUTE_BLOCK = 32       # pairs a routing program ranks (64 rows: 277 → 7.5 µs; blocks of 16 / 64: 12.1 / 10.4); from
                        # 512 pairs 8, ranked against 128 a step (64 / 128 / 256 rows: 7.6 / 14.1 / 27.3 → 4.1 / 6.9 /
                        # 14.6 µs, bench/results/session20/route_blocks.py)
@@ -84,28 +89,37 @@ class ExpertTile:
 
 
 @triton.jit
-def _local_key(idx_ptr, pair, P, expert_offset, E_local):
+def _local_key(idx_ptr, pair, P, expert_offset, E_local, TOPK: tl.constexpr = 1, SHARED: tl.constexpr = False):
     """Sort key of each pair: local expert (E_local for experts held elsewhere) · P + pair, unique, so
-    ranking keys is the stable sort; pairs past P get a key above every real one."""
-    e = tl.load(idx_ptr + pair, mask=pair < P, other=0) - expert_offset
-    local = tl.where((e >= 0) & (e < E_local), e, E_local).to(tl.int32)
+    ranking keys is the stable sort; pairs past P get a key above every real one. SHARED: a row's last slot (of
+    TOPK) is the shared expert's, local expert E_local - 1, and the ids hold the TOPK - 1 routed slots a row."""
+    if SHARED:
+        slot = pair % TOPK
+        routed = slot < TOPK - 1
+        e = tl.load(idx_ptr + pair // TOPK * (TOPK - 1) + slot, mask=(pair < P) & routed, other=0) - expert_offset
+        local = tl.where(routed, tl.where((e >= 0) & (e < E_local - 1), e, E_local), E_local - 1).to(tl.int32)
+    else:
+        e = tl.load(idx_ptr + pair, mask=pair < P, other=0) - expert_offset
+        local = tl.where((e >= 0) & (e < E_local), e, E_local).to(tl.int32)
     return local, tl.where(pair < P, local * P + pair, 2 ** 30)
 
 
 @triton.jit
-def _route_kernel(idx_ptr, sorted_e_ptr, sorted_pair_ptr, run_start_ptr, order_ptr, valid_ptr, P, expert_offset,
-                  E_local, TOPK: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr, PDL: tl.constexpr):
+def _route_kernel(idx_ptr, w_ptr, pair_w_ptr, sorted_e_ptr, sorted_pair_ptr, run_start_ptr, order_ptr, valid_ptr, P,
+                  expert_offset, E_local, TOPK: tl.constexpr, SHARED: tl.constexpr, BLOCK_I: tl.constexpr,
+                  BLOCK_J: tl.constexpr, PDL: tl.constexpr):
     """Pairs i of this program's block: each one's rank among all P keys (its sorted position), its rank in its
-    row and its run's start — every pair's independent of the others', so the blocks run apart."""
+    row and its run's start — every pair's independent of the others', so the blocks run apart. SHARED (see
+    ``_local_key``): also each pair's routing weight, 1 for the shared expert's."""
     pdl_wait(PDL)
     i = tl.program_id(0) * BLOCK_I + tl.arange(0, BLOCK_I)
-    local, key = _local_key(idx_ptr, i, P, expert_offset, E_local)
+    local, key = _local_key(idx_ptr, i, P, expert_offset, E_local, TOPK, SHARED)
     rank = tl.zeros((BLOCK_I,), dtype=tl.int32)          # pairs before i in the sort
     row_rank = tl.zeros((BLOCK_I,), dtype=tl.int32)      # of those, pairs of i's row
     start = tl.zeros((BLOCK_I,), dtype=tl.int32)         # pairs of lower experts: where i's run starts
     for j0 in range(0, P, BLOCK_J):
         j = j0 + tl.arange(0, BLOCK_J)
-        local_j, key_j = _local_key(idx_ptr, j, P, expert_offset, E_local)
+        local_j, key_j = _local_key(idx_ptr, j, P, expert_offset, E_local, TOPK, SHARED)
         before = key_j[None, :] < key[:, None]
         rank += tl.sum(before.to(tl.int32), axis=1)
         row_rank += tl.sum((before & (j[None, :] // TOPK == i[:, None] // TOPK)).to(tl.int32), axis=1)
@@ -116,6 +130,11 @@ def _route_kernel(idx_ptr, sorted_e_ptr, sorted_pair_ptr, run_start_ptr, order_p
     tl.store(run_start_ptr + rank, start, mask=m)
     tl.store(order_ptr + (i // TOPK) * TOPK + row_rank, i % TOPK, mask=m)
     tl.store(valid_ptr + i, (local < E_local).to(tl.int8), mask=m)
+    if SHARED:
+        slot = i % TOPK
+        routed = slot < TOPK - 1
+        w = tl.load(w_ptr + i // TOPK * (TOPK - 1) + slot, mask=m & routed, other=0.0).to(tl.float32)
+        tl.store(pair_w_ptr + i, tl.where(routed, w, 1.0), mask=m)
 
 
 @triton.jit
@@ -135,10 +154,12 @@ def _run_rows(sorted_e_ptr, sorted_pair_ptr, run_start_ptr, p, P, E_local, TOPK:
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sorted_e_ptr, sorted_pair_ptr, run_start_ptr, act_ptr,
-                    P, E_local, H, I, num_sb_h, num_sb_i,
+def _gate_up_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sg_off, su_off, sgs_off, sus_off, E_shared, sorted_e_ptr,
+                    sorted_pair_ptr, run_start_ptr, act_ptr, P, E_local, H, I, num_sb_h, num_sb_i,
                     TOPK: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr,
                     BLOCK_H: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
+    """act = silu(x @ G_e.T) * (x @ U_e.T) for the chunk of expert e's run that program p owns; expert E_shared (-1:
+    none) is the shared expert, its weights and scales at element offsets ``s*_off`` from the stacked tensors'."""
     pdl_wait(PDL)
     p = tl.program_id(0)
     ib = tl.program_id(1)
@@ -147,8 +168,14 @@ def _gate_up_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sorted_e_ptr, sorted_pa
     rh = tl.arange(0, 128)
     acc_g = tl.zeros((BLOCK_R, BLOCK_I), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_R, BLOCK_I), dtype=tl.float32)
-    w_base = e.to(tl.int64) * I * H
-    s_base = e * num_sb_i * num_sb_h + ((ib * BLOCK_I) // 128) * num_sb_h
+    shared = e == E_shared
+    w_e = e.to(tl.int64) * I * H
+    g_base = tl.where(shared, sg_off, w_e)
+    u_base = tl.where(shared, su_off, w_e)
+    s_e = e.to(tl.int64) * num_sb_i * num_sb_h
+    s_blk = ((ib * BLOCK_I) // 128) * num_sb_h
+    gs_base = tl.where(shared, sgs_off, s_e) + s_blk
+    us_base = tl.where(shared, sus_off, s_e) + s_blk
     for step in range(tl.where(owner, tl.cdiv(H, BLOCK_H), 0)):  # loop not under `if`: pipelined
         for sub in tl.static_range(BLOCK_H // 128):
             hb = step * (BLOCK_H // 128) + sub
@@ -156,13 +183,13 @@ def _gate_up_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sorted_e_ptr, sorted_pa
             x = tl.load(x_ptr + row[:, None] * H + h[None, :], mask=in_run[:, None] & (h[None, :] < H),
                         other=0.0)
             wmask = (ri[:, None] < I) & (h[None, :] < H)
-            wg = tl.load(g_ptr + w_base + ri[:, None] * H + h[None, :], mask=wmask, other=0.0).to(x.dtype)
-            wu = tl.load(u_ptr + w_base + ri[:, None] * H + h[None, :], mask=wmask, other=0.0).to(x.dtype)
+            wg = tl.load(g_ptr + g_base + ri[:, None] * H + h[None, :], mask=wmask, other=0.0).to(x.dtype)
+            wu = tl.load(u_ptr + u_base + ri[:, None] * H + h[None, :], mask=wmask, other=0.0).to(x.dtype)
             pg = tl.dot(x, tl.trans(wg), input_precision=PREC)
             pu = tl.dot(x, tl.trans(wu), input_precision=PREC)
             if HAS_SCALE:
-                pg = pg * tl.load(gs_ptr + s_base + hb, mask=hb < num_sb_h, other=0.0)
-                pu = pu * tl.load(us_ptr + s_base + hb, mask=hb < num_sb_h, other=0.0)
+                pg = pg * tl.load(gs_ptr + gs_base + hb, mask=hb < num_sb_h, other=0.0)
+                pu = pu * tl.load(us_ptr + us_base + hb, mask=hb < num_sb_h, other=0.0)
             acc_g += pg
             acc_u += pu
     dt = act_ptr.dtype.element_ty
@@ -173,10 +200,11 @@ def _gate_up_kernel(x_ptr, g_ptr, u_ptr, gs_ptr, us_ptr, sorted_e_ptr, sorted_pa
 
 
 @triton.jit
-def _down_kernel(act_ptr, d_ptr, ds_ptr, w_route_ptr, sorted_e_ptr, sorted_pair_ptr, run_start_ptr, y_ptr,
-                 P, E_local, H, I, num_sb_h, num_sb_i,
+def _down_kernel(act_ptr, d_ptr, ds_ptr, sd_off, sds_off, E_shared, w_route_ptr, sorted_e_ptr, sorted_pair_ptr,
+                 run_start_ptr, y_ptr, P, E_local, H, I, num_sb_h, num_sb_i,
                  TOPK: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_HO: tl.constexpr,
                  BLOCK_I: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
+    """y[pair] = round(round(act[j] @ D_e.T) · w_route[pair]) for the run's pairs j (E_shared: as ``_gate_up_kernel``)."""
     pdl_wait(PDL)
     p = tl.program_id(0)
     hb = tl.program_id(1)
@@ -184,8 +212,9 @@ def _down_kernel(act_ptr, d_ptr, ds_ptr, w_route_ptr, sorted_e_ptr, sorted_pair_
     rh = hb * BLOCK_HO + tl.arange(0, BLOCK_HO)
     ri = tl.arange(0, 128)
     acc = tl.zeros((BLOCK_R, BLOCK_HO), dtype=tl.float32)
-    w_base = e.to(tl.int64) * H * I
-    s_base = e * num_sb_h * num_sb_i + ((hb * BLOCK_HO) // 128) * num_sb_i
+    shared = e == E_shared
+    w_base = tl.where(shared, sd_off, e.to(tl.int64) * H * I)
+    s_base = tl.where(shared, sds_off, e.to(tl.int64) * num_sb_h * num_sb_i) + ((hb * BLOCK_HO) // 128) * num_sb_i
     for step in range(tl.where(owner, tl.cdiv(I, BLOCK_I), 0)):
         for sub in tl.static_range(BLOCK_I // 128):
             ib = step * (BLOCK_I // 128) + sub
@@ -415,18 +444,36 @@ def route_pairs(topk_idx: torch.Tensor, expert_offset: int, E_local: int
     valid [P] int8, run_start [P] int32), P = N·k: pairs stably sorted by local expert id (sentinel E_local last),
     each row's slots stably sorted by it, whether a pair's expert is held here, and where each sorted pair's run
     (its expert's pairs) starts. One launch, a program per ROUTE_BLOCK pairs."""
+    return _route(topk_idx, None, expert_offset, E_local)[:5]
+
+
+def route_pairs_shared(topk_idx: torch.Tensor, topk_w: torch.Tensor, expert_offset: int, E_local: int
+                       ) -> tuple[torch.Tensor, ...]:
+    """``route_pairs`` with the shared expert as every row's (k+1)-th pair, local expert E_local (the last held;
+    the sentinel is E_local + 1): its tensors over P = N·(k+1) pairs, order [N, k+1], then the pairs' routing
+    weights [P] fp32 (1 for the shared expert's) — so the expert launches run it with the routed experts and the
+    combine adds it last, as ``reference.moe_experts`` + the shared expert's output."""
+    return _route(topk_idx, topk_w, expert_offset, E_local + 1)
+
+
+def _route(topk_idx: torch.Tensor, topk_w: torch.Tensor | None, expert_offset: int, E_local: int
+           ) -> tuple[torch.Tensor, ...]:
     N, k = topk_idx.shape
+    shared = topk_w is not None
+    k += shared
     P = N * k
     dev = topk_idx.device
     sorted_e, sorted_pair, run_start = (torch.empty(P, dtype=torch.int32, device=dev) for _ in range(3))
     order = torch.empty(N, k, dtype=torch.int32, device=dev)
     valid = torch.empty(P, dtype=torch.int8, device=dev)
+    pair_w = torch.empty(P if shared else 1, dtype=torch.float32, device=dev)
     block = min(max(16, next_pow2(P)), ROUTE_BLOCK)
     block, block_j = (8, 128) if P >= 512 else (block, block)
-    _route_kernel[(triton.cdiv(P, block),)](topk_idx.contiguous(), sorted_e, sorted_pair, run_start, order, valid, P,
-                                           expert_offset, E_local, TOPK=k, BLOCK_I=block, BLOCK_J=block_j,
-                                           num_warps=4, **pdl_launch())
-    return sorted_e, sorted_pair, order, valid, run_start
+    _route_kernel[(triton.cdiv(P, block),)](topk_idx.contiguous(), topk_w.contiguous() if shared else pair_w, pair_w,
+                                           sorted_e, sorted_pair, run_start, order, valid, P, expert_offset, E_local,
+                                           TOPK=k, SHARED=shared, BLOCK_I=block, BLOCK_J=block_j, num_warps=4,
+                                           **pdl_launch())
+    return sorted_e, sorted_pair, order, valid, run_start, pair_w
 
 
 def expert_tiles(rows: int, H: int, I: int) -> tuple[ExpertTile, ExpertTile]:
@@ -456,7 +503,8 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
     """x: [N, H] (N ≤ FUSED_MAX_ROWS), topk_idx/topk_w: [N, k] global ids / fp32 weights, gate/up:
     [E_l, I, H], down: [E_l, H, I] (fp8 with block scales, or x's dtype with None) → [N, H] in x's dtype:
     Σ_j w[n,j] · down(silu(gate(x)) · up(x)) over this rank's experts, + the ``shared`` expert's output
-    (as ``reference.moe_experts``; one row runs it as one more pair of the same launches). 2..256 bf16 rows
+    (as ``reference.moe_experts``; where it has a routed expert's shape it runs in the same launches: one more pair
+    at one row, every row's last pair to SHARED_PAIR_ROWS rows). 2..256 bf16 rows
     (``gluon_rows.MOE_MAX_ROWS``) with FP8 experts take the Gluon kernels (kernels/gluon_rows.py) where present.
     ``tiles`` overrides the (gate/up, down) launch shapes or (a ``MoeTile``) the Gluon launch (benchmarks).
     Graph-capturable."""
@@ -466,32 +514,21 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
     x = x.contiguous()
     topk_idx = topk_idx.contiguous()
     P = N * k
-    act = torch.empty(P, I, dtype=x.dtype, device=x.device)
-    y = torch.empty(P, H, dtype=x.dtype, device=x.device)
     out = torch.empty_like(x)
     has_scale = gate_s is not None
-    if isinstance(tiles, gluon_rows.MoeTile) or (tiles is None and gluon_rows.moe_usable(x, gate, has_scale)):
-        sorted_e, sorted_pair, order, valid, run_start = route_pairs(topk_idx, expert_offset, E_local)
-        gluon_rows.moe_gemms(x, gate, up, down, gate_s, up_s, down_s, topk_w.float().contiguous(), sorted_e,
-                             sorted_pair, run_start, act, y, k, E_local, tile_counters(x.device), tiles)
-        return _plus_shared(_combine(y, order, valid, out, N, H, k), x, shared)
-    fuse = N == 1 and shared is not None and _fusable(shared, gate, down, has_scale)
-    gu, dn = tiles or expert_tiles(N, H, I)
-    assert all(128 % t.block_n == 0 and (t.fma or t.block_k % 128 == 0) for t in (gu, dn))
-    num_sb_h, num_sb_i = triton.cdiv(H, 128), triton.cdiv(I, 128)
-    prec = dot_precision(x.dtype)
     dummy = torch.empty(1, dtype=torch.float32, device=x.device)
     gs, us, ds = (gate_s, up_s, down_s) if has_scale else (dummy, dummy, dummy)
-    # a run of more than block_r pairs goes in chunks of block_r, each its own program's
-    block_r = min(max(16, next_pow2(N)), RUN_ROWS)
-    fuse = fuse and gu.fma
-    if N == 1 and gu.fma:                      # one row: every pair is its own expert's whole run, no routing
-        offs = [0] * 6                         # the shared expert's element offsets from the stacked tensors
-        if fuse:                               # one more pair: the shared expert's act and y rows at P
-            bases = (gate, up, down, gs, us, ds)
-            offs = [element_offset(t, b) if t is not None else 0 for t, b in zip(shared, bases)]
-            act, y = (torch.empty(P + 1, t.shape[1], dtype=x.dtype, device=x.device) for t in (act, y))
-        programs = P + fuse
+    fuse = shared is not None and N <= SHARED_PAIR_ROWS and _fusable(shared, gate, down, has_scale)
+    # the shared expert's weights and scales as element offsets from the stacked tensors'
+    offs = [element_offset(t, b) if t is not None else 0 for t, b in zip(shared, (gate, up, down, gs, us, ds))] \
+        if fuse else [0] * 6
+    gluon = isinstance(tiles, gluon_rows.MoeTile) or (tiles is None and gluon_rows.moe_usable(x, gate, has_scale))
+    gu, dn = (None, None) if gluon else tiles or expert_tiles(N, H, I)
+    num_sb_h, num_sb_i = triton.cdiv(H, 128), triton.cdiv(I, 128)
+    if not gluon and N == 1 and gu.fma:        # one row: every pair is its own expert's whole run, no routing
+        assert 128 % gu.block_n == 0 and 128 % dn.block_n == 0
+        programs = P + fuse                    # the shared expert one more pair, its act and y rows at P
+        act, y = (torch.empty(programs, n, dtype=x.dtype, device=x.device) for n in (I, H))
         _gate_up_row_kernel[(programs, triton.cdiv(I, gu.block_n))](
             x, gate, up, gs, us, offs[0], offs[1], offs[3], offs[4], topk_idx, act, P, expert_offset, E_local, H, I,
             num_sb_h, num_sb_i, HAS_SCALE=has_scale, BLOCK_I=gu.block_n, BLOCK_H=gu.block_k, STAGES=gu.num_stages,
@@ -502,17 +539,34 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
             STAGES=dn.num_stages, EACH=dn.each, num_warps=dn.num_warps, **pdl_launch())
         out = _combine(y, None, None, out, N, H, k, shared=fuse, ids=(topk_idx, expert_offset, E_local))
         return out if fuse else _plus_shared(out, x, shared)
-    sorted_e, sorted_pair, order, valid, run_start = route_pairs(topk_idx, expert_offset, E_local)
-    _gate_up_kernel[(P, triton.cdiv(I, gu.block_n))](
-        x, gate, up, gs, us, sorted_e, sorted_pair, run_start, act, P, E_local, H, I, num_sb_h, num_sb_i,
-        TOPK=k, HAS_SCALE=has_scale, BLOCK_R=block_r, BLOCK_I=gu.block_n, BLOCK_H=gu.block_k, PREC=prec,
-        num_warps=gu.num_warps, num_stages=gu.num_stages, **pdl_launch(tile=True))
-    _down_kernel[(P, triton.cdiv(H, dn.block_n))](
-        act, down, ds, topk_w.float().contiguous(), sorted_e, sorted_pair, run_start, y, P, E_local, H, I,
-        num_sb_h, num_sb_i, TOPK=k, HAS_SCALE=has_scale, BLOCK_R=block_r, BLOCK_HO=dn.block_n,
-        BLOCK_I=dn.block_k, PREC=prec, num_warps=dn.num_warps, num_stages=dn.num_stages,
-        **pdl_launch(tile=True))
-    return _plus_shared(_combine(y, order, valid, out, N, H, k), x, shared)
+    # several rows: pairs sorted by expert; the shared expert fused is every row's (k+1)-th pair, local expert E_local
+    if fuse:
+        sorted_e, sorted_pair, order, valid, run_start, pair_w = route_pairs_shared(topk_idx, topk_w, expert_offset,
+                                                                                    E_local)
+        k, E_held, E_shared = k + 1, E_local + 1, E_local
+    else:
+        sorted_e, sorted_pair, order, valid, run_start = route_pairs(topk_idx, expert_offset, E_local)
+        pair_w, E_held, E_shared = topk_w.float().contiguous(), E_local, -1
+    P = N * k
+    act, y = (torch.empty(P, n, dtype=x.dtype, device=x.device) for n in (I, H))
+    if gluon:
+        gluon_rows.moe_gemms(x, gate, up, down, gate_s, up_s, down_s, pair_w, sorted_e, sorted_pair, run_start, act,
+                             y, k, E_held, tile_counters(x.device), tiles, shared=(offs, E_shared))
+    else:
+        assert all(128 % t.block_n == 0 and t.block_k % 128 == 0 for t in (gu, dn))
+        prec = dot_precision(x.dtype)
+        block_r = min(max(16, next_pow2(N)), RUN_ROWS)       # a longer run goes in chunks, each its own program's
+        _gate_up_kernel[(P, triton.cdiv(I, gu.block_n))](
+            x, gate, up, gs, us, offs[0], offs[1], offs[3], offs[4], E_shared, sorted_e, sorted_pair, run_start, act,
+            P, E_held, H, I, num_sb_h, num_sb_i, TOPK=k, HAS_SCALE=has_scale, BLOCK_R=block_r, BLOCK_I=gu.block_n,
+            BLOCK_H=gu.block_k, PREC=prec, num_warps=gu.num_warps, num_stages=gu.num_stages, **pdl_launch(tile=True))
+        _down_kernel[(P, triton.cdiv(H, dn.block_n))](
+            act, down, ds, offs[2], offs[5], E_shared, pair_w, sorted_e, sorted_pair, run_start, y, P, E_held, H, I,
+            num_sb_h, num_sb_i, TOPK=k, HAS_SCALE=has_scale, BLOCK_R=block_r, BLOCK_HO=dn.block_n,
+            BLOCK_I=dn.block_k, PREC=prec, num_warps=dn.num_warps, num_stages=dn.num_stages,
+            **pdl_launch(tile=True))
+    out = _combine(y, order, valid, out, N, H, k)
+    return out if fuse else _plus_shared(out, x, shared)
 
 
 def group_pairs(topk_idx: torch.Tensor, expert_offset: int, E_local: int, block_m: int

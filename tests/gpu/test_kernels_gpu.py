@@ -195,7 +195,8 @@ def test_linear_group_bf16():
 
 def test_linear_f32_router_and_head_weights():
     """The router's fp32 logits (bf16 x, fp32 [256, 6144]) and the indexer's head weights (bf16 [32, 6144],
-    rounded to bf16, × 32^-0.5), one row and eight: close to the reference, bit-identical in a graph replay."""
+    rounded to bf16, × 32^-0.5), one row, 2–8 (the rows kernel) and 16 / 64 (the tile kernel's TF32 × 3 dots): close
+    to the reference, bit-identical in a graph replay."""
     g = gen(9)
     x = torch.randn(1, 6144, device=DEV, generator=g).to(BF16)
     w_router = 0.02 * torch.randn(256, 6144, device=DEV, generator=g)
@@ -206,12 +207,13 @@ def test_linear_f32_router_and_head_weights():
     assert rel(heads, reference.linear_f32(x, w_heads, rounded=True, scale=32 ** -0.5)) < 4e-3
     assert torch.equal(replayed(lambda: tri("linear_f32")(x, w_router)), logits)
     assert torch.equal(replayed(lambda: tri("linear_f32")(x, w_heads, rounded=True, scale=32 ** -0.5)), heads)
-    x8 = torch.randn(8, 6144, device=DEV, generator=g).to(BF16)                  # 8 rows: the tile kernel
-    logits8 = tri("linear_f32")(x8, w_router)
-    assert rel(logits8, reference.linear_f32(x8, w_router)) < 1e-5
-    heads8 = tri("linear_f32")(x8, w_heads, rounded=True, scale=32 ** -0.5)
-    assert rel(heads8, reference.linear_f32(x8, w_heads, rounded=True, scale=32 ** -0.5)) < 4e-3
-    assert torch.equal(replayed(lambda: tri("linear_f32")(x8, w_router)), logits8)
+    for M in (2, 5, 8, 16, 64):
+        xm = torch.randn(M, 6144, device=DEV, generator=g).to(BF16)
+        logits_m = tri("linear_f32")(xm, w_router)
+        assert rel(logits_m, reference.linear_f32(xm, w_router)) < 1e-5
+        heads_m = tri("linear_f32")(xm, w_heads, rounded=True, scale=32 ** -0.5)
+        assert rel(heads_m, reference.linear_f32(xm, w_heads, rounded=True, scale=32 ** -0.5)) < 4e-3
+        assert torch.equal(replayed(lambda xm=xm: tri("linear_f32")(xm, w_router)), logits_m)
 
 
 def test_mla_absorb_expand_bf16():
@@ -348,21 +350,24 @@ def test_w8a8_moe_fp8(N, offset, I):
     assert rel(moe(*args, shared=shared), want) < 3e-2
 
 
-@pytest.mark.parametrize("N", [1, 8])
-def test_moe_fp8_with_shared_expert(N):
-    """The shared expert inside moe_experts (one row: one more pair of the fused launches; more rows:
-    composed after them): close to the fp32 reference, bit-identical on repeat and in graph replays."""
-    args = moe_args(20 + N, N, 2048, 64, 0)
+@pytest.mark.parametrize("N,I,offset", [(1, 2048, 0), (8, 2048, 0), (8, 256, 0), (64, 256, 0), (8, 256, 16)])
+def test_moe_fp8_with_shared_expert(N, I, offset):
+    """The shared expert inside moe_experts (one row: one more pair of the fused launches; 2–8 rows: every row's
+    last pair of the Gluon launches; 64: composed after them): close to the fp32 reference and to the shared expert
+    composed after the routed ones, bit-identical on repeat and in graph replays."""
+    args = moe_args(20 + N, N, I, 64, offset)
     x = args[0]
     g = gen(30 + N)
-    shared = [fp8_quantize(0.02 * torch.randn(a, b, device=DEV, generator=g)) for a, b in ((2048, 6144),) * 2 +
-              ((6144, 2048),)]
+    shared = [fp8_quantize(0.02 * torch.randn(a, b, device=DEV, generator=g)) for a, b in ((I, 6144),) * 2 +
+              ((6144, I),)]
     shared = tuple(t for t, _ in shared) + tuple(sc for _, sc in shared)
     ref32 = reference.moe_experts(x.float(), *args[1:], shared=shared)
     moe = tri("moe_experts")
     first = moe(*args, shared=shared)
     assert rel(first, ref32) < 1e-2
     assert rel(reference.moe_experts(*args, shared=shared), ref32) < 1e-2
+    composed = moe(*args) + reference.swiglu(x, *shared, linear=tri("linear"))
+    assert rel(first, composed) < 1e-2
     assert torch.equal(moe(*args, shared=shared), first)
     assert torch.equal(replayed(lambda: moe(*args, shared=shared)), first)
 

@@ -9,6 +9,7 @@ real widths are checked by tests/gpu/test_kernels_gpu.py.
 from __future__ import annotations
 
 import importlib
+import itertools
 import os
 
 import pytest
@@ -122,8 +123,8 @@ def test_linear_group(tk):
 
 def test_linear_f32(tk):
     """Unquantized weights, fp32 result: the router (fp32 weight, x upcast) and the indexer's head weights
-    (rounded to x's dtype first, then scaled) on the one-row kernel (split-K or not) and, for a few rows, on
-    the tile kernel; prefill rows on the reference."""
+    (rounded to x's dtype first, then scaled) on the one-row kernel (split-K or not), its several-row form (2..8
+    rows), the tile kernel (to 64 rows); prefill rows on the reference."""
     lin = tk["lin"]
     g = torch.Generator().manual_seed(5)
     w32 = torch.randn(40, 300, generator=g)
@@ -142,15 +143,20 @@ def test_linear_f32(tk):
         assert got.dtype == torch.float32 and rel(got, want) < (1e-6 if dtype == torch.float32 else 1e-3)
         if dtype == torch.float16:             # rounded: every value is an fp16 value times the scale
             assert torch.equal((got / 32 ** -0.5).half().float() * 32 ** -0.5, got)
-    for dtype in (torch.float32, torch.float16):           # a few rows: the tile kernel
-        x3 = torch.randn(3, 300, generator=g).to(dtype)
-        got = lin.linear_f32(x3, w32)
-        assert got.dtype == torch.float32 and rel(got, reference.linear_f32(x3, w32)) < 1e-6
+    for dtype, M in itertools.product((torch.float32, torch.float16), (2, 3, 8, 12)):   # rows kernel, tile kernel
+        xm = torch.randn(M, 300, generator=g).to(dtype)
+        got = lin.linear_f32(xm, w32)
+        assert got.dtype == torch.float32 and rel(got, reference.linear_f32(xm, w32)) < 1e-6
         w = w32.to(dtype)
-        got = lin.linear_f32(x3, w, rounded=True, scale=0.5)
-        assert rel(got, reference.linear_f32(x3, w, rounded=True, scale=0.5)) < (1e-6 if dtype == torch.float32
+        got = lin.linear_f32(xm, w, rounded=True, scale=0.5)
+        assert rel(got, reference.linear_f32(xm, w, rounded=True, scale=0.5)) < (1e-6 if dtype == torch.float32
                                                                                  else 1e-3)
         assert torch.equal((got * 2).to(dtype).float() * 0.5, got)
+    for M, tile in ((3, lin.GemvTile(8, 64, 3)), (5, lin.GemvTile(4, 128, 1)), (8, lin.GemvTile(8, 32, 2))):
+        xm = torch.randn(M, 300, generator=g)              # the rows kernel's K steps and splits (2 or 3 or none)
+        out = torch.empty(M, 40)
+        lin._gemv_rows(xm, w32, out, tile)
+        assert rel(out, torch.nn.functional.linear(xm, w32)) < 1e-6
     many = torch.randn(70, 300, generator=g)               # prefill rows: the reference
     assert torch.equal(lin.linear_f32(many, w32), reference.linear_f32(many, w32))
 
@@ -361,11 +367,11 @@ def test_group_launch_fits_shared_memory(tk):
 
 
 @pytest.mark.parametrize("fp8", [True, False])
-@pytest.mark.parametrize("N,offset", [(1, 0), (1, 4), (3, 0)])
+@pytest.mark.parametrize("N,offset", [(1, 0), (1, 4), (3, 0), (3, 4), (8, 0), (20, 0)])
 def test_moe_experts_with_shared(tk, N, offset, fp8):
-    """The shared expert inside ``moe_experts``: one more pair of the one-row launches (its output added
-    last, as the reference), composed after the routed experts otherwise, and left out when its shape is
-    not one routed expert's (an ep rank's slice: composed too)."""
+    """The shared expert inside ``moe_experts``: one more pair of the one-row launches, every row's last pair of
+    the several-row launches to SHARED_PAIR_ROWS rows — its output added last, as the reference —, composed after
+    the routed experts past that (20 rows) and when its shape is not one routed expert's (an ep rank's slice)."""
     g = torch.Generator().manual_seed(13 + N)
     x, idx, w, gate, up, down, gs, us, ds = _moe_inputs(g, N, 128, 192, 8, 4, fp8)
     sh = _moe_inputs(g, 1, 128, 192, 1, 1, fp8)[3:]
@@ -390,7 +396,10 @@ def test_moe_experts_with_shared(tk, N, offset, fp8):
     fused = tk["moe"].moe_experts(x.half(), idx, w, *half, expert_offset=offset, shared=shared16)
     composed = tk["moe"].moe_experts(x.half(), idx, w, *half, expert_offset=offset) + \
         reference.swiglu(x.half(), *shared16, linear=tk["lin"].linear)
-    assert torch.equal(fused, composed)        # the same roundings in the same order
+    if fp8 or N == 1:                          # the same roundings in the same order
+        assert torch.equal(fused, composed)
+    else:                                      # the composed shared expert's linears are torch's GEMMs there
+        assert rel(fused, composed) < 1e-3
     narrow = tuple(t[:96] if i < 2 else (t[:, :96] if i == 2 else t) for i, t in enumerate(shared))
     if not fp8:                                # a slice of the shared expert (ep): composed, not fused
         want = reference.moe_experts(x, idx, w, *args, expert_offset=offset) + reference.swiglu(x, *narrow)
@@ -413,6 +422,16 @@ def test_route_pairs(tk, N, offset, E_l):
     assert torch.equal(order, local.argsort(dim=1, stable=True).int())
     assert torch.equal(valid.bool(), is_local.flatten())
     assert torch.equal(run_start, torch.searchsorted(ref_e, ref_e).int())                   # each run's first pair
+    # the shared expert as every row's fifth pair, local expert E_l (an id offset + E_l routed here is held elsewhere)
+    w = torch.rand(N, 4, generator=g)
+    sorted_e, sorted_pair, order, valid, run_start, pair_w = tk["moe"].route_pairs_shared(idx, w, offset, E_l)
+    local = torch.cat([torch.where(is_local, idx - offset, E_l + 1), torch.full((N, 1), E_l)], 1)
+    ref_e, ref_pair = local.flatten().sort(stable=True)
+    assert torch.equal(sorted_e, ref_e.int()) and torch.equal(sorted_pair, ref_pair.int())
+    assert torch.equal(order, local.argsort(dim=1, stable=True).int())     # the shared slot after the held ones
+    assert torch.equal(valid.bool(), (local <= E_l).flatten())
+    assert torch.equal(run_start, torch.searchsorted(ref_e, ref_e).int())
+    assert torch.equal(pair_w, torch.cat([w, torch.ones(N, 1)], 1).flatten())
 
 
 @pytest.mark.parametrize("n_group,topk_group,norm", [(1, 1, True), (4, 2, False)])
