@@ -62,9 +62,9 @@ def rows_sweep(rows: list[int]) -> list[str]:
             ieee, tf32 = (launch_us(partial(_tiles, scale_inv=None, block_m=max(16, next_pow2(M)), tile=tile,
                                             upcast=not rounded, f32_prec=p, **fin), *args) for p in ("ieee", "tf32x3"))
             pick = gemv_rows_tile(M, N, K)
-            cands = [pick] + [GemvTile(bn, bk, triton.cdiv(K, span), num_warps=warps)
-                              for bn, bk, span, warps in itertools.product((4, 8), (32, 64, 128, 256), (1024, 2048), (4,))
-                              if bn <= N and next_pow2(M) * bn * bk <= 16384 * warps // 4]
+            cands = [pick] + [GemvTile(bn, bk, triton.cdiv(K, span))
+                              for bn, bk, span in itertools.product((4, 8), (32, 64, 128, 256), (1024, 2048))
+                              if bn <= N and next_pow2(M) * bn * bk <= 16384]
             res = [(launch_us(partial(_gemv_rows, tile=t, **fin), *args), label(t)) for t in cands]
             best = "; ".join(f"{us:.2f} {lab}" for us, lab in sorted(r for r in res if r[0] == r[0])[:4])
             lines.append(f"| {name} | {M} | {ieee:.2f} | {tf32:.2f} | {res[0][0]:.2f} | {label(pick)} | {best} |")

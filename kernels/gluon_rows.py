@@ -449,12 +449,13 @@ def moe_gemms(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch
     offs, E_shared = shared
     _moe_gate_up_kernel[(programs, n_ib, split)](
         x, gate, up, gate_s, up_s, offs[0], offs[1], offs[3], offs[4], E_shared, sorted_e, sorted_pair, run_start,
-        chunks, act, part, counters, P, E_local, H, I, num_sb_h, num_sb_i, per_split, TOPK=k, BLOCK_I=tile.block_i, BLOCK_R=tile.pairs, SUB=tile.sub,
-        WARPS=tile.gu_warps, SPLIT=split > 1, BITS=True, COMPACT=tile.compact, num_warps=tile.gu_warps)
+        chunks, act, part, counters, P, E_local, H, I, num_sb_h, num_sb_i, per_split, TOPK=k, BLOCK_I=tile.block_i,
+        BLOCK_R=tile.pairs, SUB=tile.sub, WARPS=tile.gu_warps, SPLIT=split > 1, BITS=True, COMPACT=tile.compact,
+        num_warps=tile.gu_warps)
     _moe_down_kernel[(programs, triton.cdiv(H, tile.block_ho))](
-        act, down, down_s, offs[2], offs[5], E_shared, topk_w, sorted_e, sorted_pair, run_start, chunks, y, P, E_local, H, I, num_sb_h, num_sb_i,
-        BLOCK_HO=tile.block_ho, BLOCK_R=tile.pairs, SUB=tile.sub, WARPS=tile.dn_warps, BITS=True,
-        COMPACT=tile.compact, num_warps=tile.dn_warps)
+        act, down, down_s, offs[2], offs[5], E_shared, topk_w, sorted_e, sorted_pair, run_start, chunks, y, P, E_local,
+        H, I, num_sb_h, num_sb_i, BLOCK_HO=tile.block_ho, BLOCK_R=tile.pairs, SUB=tile.sub, WARPS=tile.dn_warps,
+        BITS=True, COMPACT=tile.compact, num_warps=tile.dn_warps)
 
 
 @triton.jit

@@ -377,11 +377,12 @@ def gemv_tile(N: int, K: int) -> GemvTile:
 def gemv_rows_tile(M: int, N: int, K: int) -> GemvTile:
     """``linear_f32``'s launch for 2..GEMV_ROWS rows (``_gemv_rows_kernel``), measured on H200 (bench/
     tune_small_gemv.py --rows, bench/results/session30/): 4 outputs a program, 1024 K (split-K over the rest), in K
-    steps that keep the per-lane products to 8192 fp32 values (64 registers a thread on 4 warps) — the router
-    [256 × 6144] fp32 at 2 / 4 / 8 rows 5.2 / 5.8 / 7.3 µs against the tile kernel's 23.9–24.0 (IEEE dots) and 8.4–8.5
-    (3-pass TF32), the head weights [32 × 6144] bf16 2.4 / 3.2 / 4.7 against 4.5–4.8."""
-    return GemvTile(4, max(16, min(1024, 8192 // (4 * next_pow2(M)))), triton.cdiv(K, 1024), num_warps=4,
-                    num_stages=1)
+    steps of 256 on the router [256 × 6144] fp32 — 2 / 4 / 8 rows 5.2 / 5.8 / 7.3 µs against the tile kernel's
+    23.9–24.0 (IEEE dots) and 8.4–8.5 (3-pass TF32) — and on narrower weights as long as the per-lane products stay
+    8192 fp32 values (64 registers a thread on 4 warps): the head weights [32 × 6144] bf16 2.4 / 3.2 / 4.7 against
+    4.5–4.8."""
+    block_k = 256 if N >= 256 else min(1024, 8192 // (4 * next_pow2(M)))
+    return GemvTile(4, block_k, triton.cdiv(K, 1024), num_warps=4, num_stages=1)
 
 
 TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}

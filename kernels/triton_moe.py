@@ -38,8 +38,8 @@ expert as one more pair of the same two launches (its weights reached by element
 experts'); the combine adds its output last, as HF's ``experts(x) + shared_experts(x)``. Up to SHARED_PAIR_ROWS
 rows run it as every row's (k+1)-th pair, a run of local expert E_local sorted after the routed experts'
 (``route_pairs_shared``; the same element offsets): 6 launches fewer a layer (its gate, up, silu, product, down and
-sum); more rows compose it after the routed experts. One row needs no routing launch: program p runs slot p's expert,
-read from the router's ids, and the combine ranks the row's k slots by expert itself.
+sum); more rows compose it after the routed experts. One row needs no routing launch: program p runs slot p's
+expert, read from the router's ids, and the combine ranks the row's k slots by expert itself.
 """
 
 from __future__ import annotations
@@ -204,7 +204,8 @@ def _down_kernel(act_ptr, d_ptr, ds_ptr, sd_off, sds_off, E_shared, w_route_ptr,
                  run_start_ptr, y_ptr, P, E_local, H, I, num_sb_h, num_sb_i,
                  TOPK: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_HO: tl.constexpr,
                  BLOCK_I: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
-    """y[pair] = round(round(act[j] @ D_e.T) · w_route[pair]) for the run's pairs j (E_shared: as ``_gate_up_kernel``)."""
+    """y[pair] = round(round(act[j] @ D_e.T) · w_route[pair]) for the run's pairs j (E_shared: as
+    ``_gate_up_kernel``)."""
     pdl_wait(PDL)
     p = tl.program_id(0)
     hb = tl.program_id(1)
