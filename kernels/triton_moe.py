@@ -459,6 +459,7 @@ def route_pairs_shared(topk_idx: torch.Tensor, topk_w: torch.Tensor, expert_offs
 
 def _route(topk_idx: torch.Tensor, topk_w: torch.Tensor | None, expert_offset: int, E_local: int
            ) -> tuple[torch.Tensor, ...]:
+    """``route_pairs`` (topk_w None; the sixth tensor None) or ``route_pairs_shared``."""
     N, k = topk_idx.shape
     shared = topk_w is not None
     k += shared
@@ -467,13 +468,14 @@ def _route(topk_idx: torch.Tensor, topk_w: torch.Tensor | None, expert_offset: i
     sorted_e, sorted_pair, run_start = (torch.empty(P, dtype=torch.int32, device=dev) for _ in range(3))
     order = torch.empty(N, k, dtype=torch.int32, device=dev)
     valid = torch.empty(P, dtype=torch.int8, device=dev)
-    pair_w = torch.empty(P if shared else 1, dtype=torch.float32, device=dev)
+    # the pairs' weights only with the shared expert (else the kernel's weight pointers are unused placeholders)
+    pair_w = torch.empty(P, dtype=torch.float32, device=dev) if shared else None
+    w_in, w_out = (topk_w.contiguous(), pair_w) if shared else (valid, valid)
     block = min(max(16, next_pow2(P)), ROUTE_BLOCK)
     block, block_j = (8, 128) if P >= 512 else (block, block)
-    _route_kernel[(triton.cdiv(P, block),)](topk_idx.contiguous(), topk_w.contiguous() if shared else pair_w, pair_w,
-                                           sorted_e, sorted_pair, run_start, order, valid, P, expert_offset, E_local,
-                                           TOPK=k, SHARED=shared, BLOCK_I=block, BLOCK_J=block_j, num_warps=4,
-                                           **pdl_launch())
+    _route_kernel[(triton.cdiv(P, block),)](topk_idx.contiguous(), w_in, w_out, sorted_e, sorted_pair, run_start,
+                                           order, valid, P, expert_offset, E_local, TOPK=k, SHARED=shared,
+                                           BLOCK_I=block, BLOCK_J=block_j, num_warps=4, **pdl_launch())
     return sorted_e, sorted_pair, order, valid, run_start, pair_w
 
 
