@@ -5,7 +5,7 @@ shape of ``triton_attention._mla`` in the sweep is checked against the reference
 (median of single synchronized calls); the default (``mla_tile``) first. TFLOP/s: 2 · rows · 64 · 2048 ·
 (576 + 512) / time; GB/s: the gathered key bytes (rows · programs a row · 2048 · 576 · 2) / time.
 
-    PYTHONPATH=. python bench/mla_prefill.py [--rows 2048] [--ctx 4096]
+    PYTHONPATH=. python bench/mla_prefill.py [--rows 2048] [--ctx 4096] [--default-only]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=2048)
     ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--default-only", action="store_true", help="time mla_tile's launch shape only")
     args = ap.parse_args()
     g = torch.Generator(device=DEV).manual_seed(0)
     N, T = args.rows, args.ctx
@@ -43,8 +44,8 @@ def main() -> None:
     want = reference.mla_sparse_attention(ql[:64], qr[:64], cache, idx[:64], scale)
     flop = 2 * N * NH * TOPK * (RKV + DR + RKV)
     default = ta.mla_tile(N)
-    shapes = [default] + [(bk, 1, 64, bh, w, st) for bh, bk, w, st in
-                          itertools.product((32, 64), (32, 64, 128), (4, 8), (1, 2, 3))]
+    shapes = [default] + ([] if args.default_only else [(bk, 1, 64, bh, w, st) for bh, bk, w, st in
+                                                        itertools.product((32, 64), (32, 64, 128), (4, 8), (1, 2, 3))])
     results = []
     for shape in shapes:
         run = partial(ta._mla, ql, qr, cache, idx, scale, *shape)

@@ -6,7 +6,7 @@ and warps; for several rows also the kernels that read the weight once for all r
 Each config is checked against the reference, then timed as CUDA-graph replays cycling over enough
 caches / kv_b copies that every launch reads from HBM, as one layer of a decode step does.
 
-    PYTHONPATH=. python bench/tune_attention.py [--rows 1 8] [--out bench/results]
+    PYTHONPATH=. python bench/tune_attention.py [--rows 1 8] [--out bench/results] [--mla-only] [--picks-only]
 """
 
 from __future__ import annotations
@@ -34,7 +34,15 @@ def sweep(name: str, configs, run, want, copies: int, label) -> list[tuple[float
     return [(us, label(config)) for us, config in timed(name, configs, run, want, label)]
 
 
-def mla_rows(N: int) -> tuple[str, list, str]:
+# (keys a step, programs per SM, most splits, heads a program, warps, stages, partials in bf16) but those that spill
+# registers when compiled for sm_90 (triton 3.6 on CPU, as bench/gluon_regs.py does: 64 heads on 4 warps, 32 heads of
+# 64 keys on 4); a shape over the shared memory fails at launch and is skipped
+MLA_SWEEP = [(bk, 1, splits, bh, w, st, low) for bh, bk, w, st, splits, low in
+             itertools.product((16, 32, 64), (32, 64), (4, 8), (2, 3), (4, 8, 16, 64), (False, True))
+             if w == 8 or bh == 16 or bh == 32 and bk < 64]
+
+
+def mla_rows(N: int, picks_only: bool) -> tuple[str, list, str]:
     slots = 40960
     caches = [torch.randn(slots, RKV + DR, device=DEV, dtype=BF16) for _ in range(8)]
     sel = torch.stack([torch.randperm(slots, device=DEV)[:K] for _ in range(N)]).int()
@@ -44,12 +52,12 @@ def mla_rows(N: int) -> tuple[str, list, str]:
 
     def run(i, c):
         return ta._mla(ql, qr, caches[i], sel, 0.0625, *c)
-    configs = [ta.mla_tile(N)] + [c for c in itertools.product((64,), (1, 2), (64,), (16, 32, 64), (4, 8))
-                                  if c != ta.mla_tile(N)]   # 32 keys a step and 32 / 128 splits: never faster
+    pick = (*ta.mla_tile(N), 2, False)[:7]      # (a tree whose mla_tile leaves these to _mla's defaults)
+    configs = [pick] + ([] if picks_only else [c for c in MLA_SWEEP if c != pick])
 
     def label(c):
-        return f"keys {c[0]} per_sm {c[1]} max {c[2]} heads {c[3]} w{c[4]}"
-    return f"mla N={N}", sweep(f"mla N={N}", configs, run, want, len(caches), label), label(ta.mla_tile(N))
+        return f"keys {c[0]} per_sm {c[1]} max {c[2]} heads {c[3]} w{c[4]} st{c[5]}" + (" bf16 part" if c[6] else "")
+    return f"mla N={N}", sweep(f"mla N={N}", configs, run, want, len(caches), label), label(pick)
 
 
 class KvB(SimpleNamespace):
@@ -100,14 +108,17 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--mla-only", action="store_true", help="only the sparse attention (not absorb / expand)")
+    ap.add_argument("--picks-only", action="store_true", help="the sparse attention's launch shape of mla_tile only")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    kv_bs = kv_b_copies(int(COLD_BYTES // (NH * (DN + DV) * RKV)))
+    kv_bs = [] if args.mla_only else kv_b_copies(int(COLD_BYTES // (NH * (DN + DV) * RKV)))
     results = []
     for N in args.rows:
-        results.append(mla_rows(N))
-        results += absorb_expand_rows(N, kv_bs)
+        results.append(mla_rows(N, args.picks_only))
+        if not args.mla_only:
+            results += absorb_expand_rows(N, kv_bs)
     lines = [f"# Decode attention launch shapes ({torch.cuda.get_device_name()})", "",
              ("µs per launch (CUDA-graph replay, cold in L2). MLA: keys per program, programs per SM aimed at, "
               "most splits of a row's 2048 keys. absorb: BLOCK_D×BLOCK_C; expand: BLOCK_V×BLOCK_C."), "",

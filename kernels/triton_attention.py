@@ -86,7 +86,8 @@ def _mla_split_kernel(ql_ptr, qr_ptr, kv_ptr, idx_ptr, o_ptr, lse_ptr, nh, K, ke
     row = (n * nh + h) * num_splits + sp
     lse = tl.where(l_i > 0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), float("-inf"))                            # log2 domain
     tl.store(lse_ptr + row, lse, mask=hmask)
-    tl.store(o_ptr + row[:, None] * RKV + c[None, :], acc / tl.maximum(l_i, 1e-30)[:, None], mask=hmask[:, None])
+    o = acc / tl.maximum(l_i, 1e-30)[:, None]
+    tl.store(o_ptr + row[:, None] * RKV + c[None, :], o.to(o_ptr.dtype.element_ty), mask=hmask[:, None])
 
 
 @triton.jit
@@ -101,7 +102,7 @@ def _mla_combine_kernel(o_ptr, lse_ptr, out_ptr, NUM_SPLITS: tl.constexpr, SPLIT
     w = w / tl.sum(w, axis=0)
     c = tl.arange(0, RKV)
     o = tl.load(o_ptr + (nh_row * NUM_SPLITS + s)[:, None] * RKV + c[None, :], mask=(s < NUM_SPLITS)[:, None],
-                other=0.0)
+                other=0.0).to(tl.float32)
     tl.store(out_ptr + nh_row * RKV + c, tl.sum(o * w[:, None], axis=0).to(out_ptr.dtype.element_ty))
 
 
@@ -139,13 +140,15 @@ def mla_tile(N: int) -> tuple:
 
 def _mla(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, topk_slots: torch.Tensor, scale: float,
          block_k: int, per_sm: float, max_splits: int, block_h: int = 16, warps: int = 4, stages: int = 2,
-         trim: bool = False) -> torch.Tensor:
+         low_partials: bool = False, trim: bool = False) -> torch.Tensor:
     """``trim``: a program whose keys end in -1 first finds its last selected key and attends up to it — a row of a
     request with fewer visible keys than the step's K (a prompt's rows beside long-context decoders; a fresh prompt's
     early rows) holds -1s after its selection (the indexer puts them last), so its masked key blocks cost nothing; the
     same result bit for bit (a fully masked block leaves the softmax state as it was). Only where some row has them:
     the trimmed kernel's main loop spills more (prefill tile), its rows of K keys take ~1.47× as long (one H200,
-    bench/results/session24/)."""
+    bench/results/session24/). ``low_partials``: the splits' un-normalised outputs stored in the activation dtype
+    instead of fp32 (the combine widens them; half the bytes written and read back — a launch shape the sweep of
+    bench/tune_attention.py measures, rounded once more than the fp32 partials)."""
     N, nh, rkv = q_lat.shape
     dr = q_rope.shape[-1]
     K = topk_slots.shape[1]
@@ -154,7 +157,8 @@ def _mla(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, topk
     splits = max(1, min(triton.cdiv(int(per_sm * num_sms()), N * head_blocks), triton.cdiv(K, block_k), max_splits))
     keys_per_split = triton.cdiv(triton.cdiv(K, splits), block_k) * block_k
     splits = triton.cdiv(K, keys_per_split)
-    o_part = torch.empty(N * nh * splits, rkv, dtype=torch.float32, device=q_lat.device)
+    part_dtype = q_lat.dtype if low_partials else torch.float32
+    o_part = torch.empty(N * nh * splits, rkv, dtype=part_dtype, device=q_lat.device)
     lse = torch.empty(N * nh * splits, dtype=torch.float32, device=q_lat.device)
     _mla_split_kernel[(N, head_blocks, splits)](
         q_lat, q_rope, kv_cache, topk_slots, o_part, lse, nh, K, keys_per_split, scale * LOG2E,
