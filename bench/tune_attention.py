@@ -34,11 +34,11 @@ def sweep(name: str, configs, run, want, copies: int, label) -> list[tuple[float
     return [(us, label(config)) for us, config in timed(name, configs, run, want, label)]
 
 
-# (keys a step, programs per SM, most splits, heads a program, warps, stages, partials in bf16) but those that spill
-# registers when compiled for sm_90 (triton 3.6 on CPU, as bench/gluon_regs.py does: 64 heads on 4 warps, 32 heads of
-# 64 keys on 4); a shape over the shared memory fails at launch and is skipped
-MLA_SWEEP = [(bk, 1, splits, bh, w, st, low) for bh, bk, w, st, splits, low in
-             itertools.product((16, 32, 64), (32, 64), (4, 8), (2, 3), (4, 8, 16, 64), (False, True))
+# (keys a step, programs per SM, most splits, heads a program, warps, stages) but those that spill registers when
+# compiled for sm_90 (triton 3.6 on CPU, as bench/gluon_regs.py does: 64 heads on 4 warps, 32 heads of 64 keys on 4);
+# a shape over the shared memory fails at launch and is skipped
+MLA_SWEEP = [(bk, 1, splits, bh, w, st) for bh, bk, w, st, splits in
+             itertools.product((16, 32, 64), (32, 64), (4, 8), (2, 3), (4, 8, 16, 64))
              if w == 8 or bh == 16 or bh == 32 and bk < 64]
 
 
@@ -52,11 +52,11 @@ def mla_rows(N: int, picks_only: bool) -> tuple[str, list, str]:
 
     def run(i, c):
         return ta._mla(ql, qr, caches[i], sel, 0.0625, *c)
-    pick = (*ta.mla_tile(N), 2, False)[:7]      # (a tree whose mla_tile leaves these to _mla's defaults)
+    pick = (*ta.mla_tile(N), 2)[:6]             # (mla_tile leaves the stages to _mla's default: 2)
     configs = [pick] + ([] if picks_only else [c for c in MLA_SWEEP if c != pick])
 
     def label(c):
-        return f"keys {c[0]} per_sm {c[1]} max {c[2]} heads {c[3]} w{c[4]} st{c[5]}" + (" bf16 part" if c[6] else "")
+        return f"keys {c[0]} per_sm {c[1]} max {c[2]} heads {c[3]} w{c[4]} st{c[5]}"
     return f"mla N={N}", sweep(f"mla N={N}", configs, run, want, len(caches), label), label(pick)
 
 

@@ -86,8 +86,7 @@ def _mla_split_kernel(ql_ptr, qr_ptr, kv_ptr, idx_ptr, o_ptr, lse_ptr, nh, K, ke
     row = (n * nh + h) * num_splits + sp
     lse = tl.where(l_i > 0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), float("-inf"))                            # log2 domain
     tl.store(lse_ptr + row, lse, mask=hmask)
-    o = acc / tl.maximum(l_i, 1e-30)[:, None]
-    tl.store(o_ptr + row[:, None] * RKV + c[None, :], o.to(o_ptr.dtype.element_ty), mask=hmask[:, None])
+    tl.store(o_ptr + row[:, None] * RKV + c[None, :], acc / tl.maximum(l_i, 1e-30)[:, None], mask=hmask[:, None])
 
 
 @triton.jit
@@ -102,7 +101,7 @@ def _mla_combine_kernel(o_ptr, lse_ptr, out_ptr, NUM_SPLITS: tl.constexpr, SPLIT
     w = w / tl.sum(w, axis=0)
     c = tl.arange(0, RKV)
     o = tl.load(o_ptr + (nh_row * NUM_SPLITS + s)[:, None] * RKV + c[None, :], mask=(s < NUM_SPLITS)[:, None],
-                other=0.0).to(tl.float32)
+                other=0.0)
     tl.store(out_ptr + nh_row * RKV + c, tl.sum(o * w[:, None], axis=0).to(out_ptr.dtype.element_ty))
 
 
@@ -128,27 +127,26 @@ def mla_tile(N: int) -> tuple:
     measured on H200 (bench/tune_attention.py): one row of 2048 keys 12.3 → 9.1–9.3 µs with 64 keys a step
     instead of 32 (32 splits), 16 heads a program (32: 10.8, 64: 13.4); more rows ~1 program per SM, from four
     rows 32 heads a program — two rows 12.8 → 11.8 µs, four 17.6 → 17.3, eight 33.4 → 27.9 → 25.1 (64 heads on
-    8 warps: 25.4; bench/results/session8/). Prefill chunks (more than 32 rows) all 64 heads a program on 8 warps,
-    so that a row's selected keys are gathered once: 2048 rows of 2048 keys 3.21 → 2.53 ms (bench/mla_prefill.py,
-    the best of 37 shapes; bench/results/session13/)."""
+    8 warps: 25.4; bench/results/session8/). Past 8 rows all 64 heads a program on 8 warps, so that a row's selected
+    keys are gathered once: 16 rows 47.9 → 34.9 µs (bench/results/session31/call2/, 144 shapes); 2048 rows of 2048 keys
+    3.21 → 2.53 ms (bench/mla_prefill.py, the best of 37 shapes; bench/results/session13/). Not faster (session 31):
+    the gather pipelined deeper, 4–16 splits, bf16 partials."""
     if N == 1:
         return 64, 2, 64, 16, 4
-    if N > 32:
+    if N > 8:
         return 64, 1, 64, 64, 8
     return (64, 1, 64, 32, 4) if N >= 4 else (64, 1, 64, 16, 4)
 
 
 def _mla(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, topk_slots: torch.Tensor, scale: float,
          block_k: int, per_sm: float, max_splits: int, block_h: int = 16, warps: int = 4, stages: int = 2,
-         low_partials: bool = False, trim: bool = False) -> torch.Tensor:
+         trim: bool = False) -> torch.Tensor:
     """``trim``: a program whose keys end in -1 first finds its last selected key and attends up to it — a row of a
     request with fewer visible keys than the step's K (a prompt's rows beside long-context decoders; a fresh prompt's
     early rows) holds -1s after its selection (the indexer puts them last), so its masked key blocks cost nothing; the
     same result bit for bit (a fully masked block leaves the softmax state as it was). Only where some row has them:
     the trimmed kernel's main loop spills more (prefill tile), its rows of K keys take ~1.47× as long (one H200,
-    bench/results/session24/). ``low_partials``: the splits' un-normalised outputs stored in the activation dtype
-    instead of fp32 (the combine widens them; half the bytes written and read back — a launch shape the sweep of
-    bench/tune_attention.py measures, rounded once more than the fp32 partials)."""
+    bench/results/session24/)."""
     N, nh, rkv = q_lat.shape
     dr = q_rope.shape[-1]
     K = topk_slots.shape[1]
@@ -157,8 +155,7 @@ def _mla(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, topk
     splits = max(1, min(triton.cdiv(int(per_sm * num_sms()), N * head_blocks), triton.cdiv(K, block_k), max_splits))
     keys_per_split = triton.cdiv(triton.cdiv(K, splits), block_k) * block_k
     splits = triton.cdiv(K, keys_per_split)
-    part_dtype = q_lat.dtype if low_partials else torch.float32
-    o_part = torch.empty(N * nh * splits, rkv, dtype=part_dtype, device=q_lat.device)
+    o_part = torch.empty(N * nh * splits, rkv, dtype=torch.float32, device=q_lat.device)
     lse = torch.empty(N * nh * splits, dtype=torch.float32, device=q_lat.device)
     _mla_split_kernel[(N, head_blocks, splits)](
         q_lat, q_rope, kv_cache, topk_slots, o_part, lse, nh, K, keys_per_split, scale * LOG2E,

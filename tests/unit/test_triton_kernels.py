@@ -474,12 +474,9 @@ def test_mla_sparse_attention(tk, dtype, tol):
     got = tk["att"].mla_sparse_attention(q_lat, q_rope, kv, sel, 0.1)
     ref = reference.mla_sparse_attention(q_lat.float(), q_rope.float(), kv.float(), sel, 0.1)
     assert got.shape == (N, nh, rkv) and got.dtype == dtype and rel(got, ref) < tol
-    # more heads a program than there are (masked); the split partials in the activation dtype
-    for tile in ((64, 1, 64, 32, 4), (32, 2, 64, 64, 8), (32, 2, 4, 16, 4, 2, True)):
+    for tile in ((64, 1, 64, 32, 4), (32, 2, 64, 64, 8)):         # more heads a program than there are (masked)
         trimmed = tk["att"]._mla(q_lat, q_rope, kv, sel, 0.1, *tile, trim=True)   # row 1 stops after key 20
         assert rel(trimmed, ref) < tol and torch.equal(trimmed, tk["att"]._mla(q_lat, q_rope, kv, sel, 0.1, *tile))
-    fp32_partials = tk["att"]._mla(q_lat, q_rope, kv, sel, 0.1, *tile[:6], False)
-    assert torch.equal(trimmed, fp32_partials) == (dtype == torch.float32)     # fp16 partials: rounded, in tol
 
 
 def _same_sets_or_tied(got, ref, score_of, margin=1e-4):

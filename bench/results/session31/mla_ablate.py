@@ -37,9 +37,9 @@ EDITS = {
                     " + tl.sum(ql.to(tl.float32) + tl.sum(qr.to(tl.float32), axis=1)[:, None], axis=1)[:, None]"))],
     "no gather (64 hot slots)": [("base = kv_ptr + tl.maximum(slot, 0).to(tl.int64)[:, None] * stride_kv",
                                   "base = kv_ptr + (kk % 64).to(tl.int64)[:, None] * stride_kv")],
-    "no partial store": [(("tl.store(o_ptr + row[:, None] * RKV + c[None, :], o.to(o_ptr.dtype.element_ty), "
+    "no partial store": [(("tl.store(o_ptr + row[:, None] * RKV + c[None, :], acc / tl.maximum(l_i, 1e-30)[:, None], "
                            "mask=hmask[:, None])"),
-                          "tl.store(o_ptr + row * RKV, tl.sum(o, axis=1).to(o_ptr.dtype.element_ty), mask=hmask)")],
+                          "tl.store(o_ptr + row * RKV, tl.sum(acc, axis=1) / tl.maximum(l_i, 1e-30), mask=hmask)")],
 }
 
 
