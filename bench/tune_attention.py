@@ -52,7 +52,7 @@ def mla_rows(N: int, picks_only: bool) -> tuple[str, list, str]:
 
     def run(i, c):
         return ta._mla(ql, qr, caches[i], sel, 0.0625, *c)
-    pick = (*ta.mla_tile(N), 2)[:6]             # (mla_tile leaves the stages to _mla's default: 2)
+    pick = (*ta.mla_tile(N), 2)                 # the stages: _mla's default
     configs = [pick] + ([] if picks_only else [c for c in MLA_SWEEP if c != pick])
 
     def label(c):

@@ -128,7 +128,7 @@ def mla_tile(N: int) -> tuple:
     instead of 32 (32 splits), 16 heads a program (32: 10.8, 64: 13.4); more rows ~1 program per SM, from four
     rows 32 heads a program — two rows 12.8 → 11.8 µs, four 17.6 → 17.3, eight 33.4 → 27.9 → 25.1 (64 heads on
     8 warps: 25.4; bench/results/session8/). Past 8 rows all 64 heads a program on 8 warps, so that a row's selected
-    keys are gathered once: 16 rows 47.9 → 34.9 µs (bench/results/session31/call2/, 144 shapes); 2048 rows of 2048 keys
+    keys are gathered once: 16 rows 47.9 → 35.3 µs (bench/results/session31/call2/, 144 shapes); 2048 rows of 2048 keys
     3.21 → 2.53 ms (bench/mla_prefill.py, the best of 37 shapes; bench/results/session13/). Not faster (session 31):
     the gather pipelined deeper, 4–16 splits, bf16 partials."""
     if N == 1:
