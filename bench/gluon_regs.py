@@ -29,7 +29,9 @@ from kernels import gluon_rows as G
 
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 ROWS_SIG = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "out_ptr": "*bf16", "part_ptr": "*fp32",
-            "count_ptr": "*i32", **dict.fromkeys(["M", "N", "K", "stride_xm", "num_sb_k", "kb_per_split"], "i32")}
+            "count_ptr": "*i32",
+            **dict.fromkeys(["M", "N", "K", "stride_xm", "num_sb_k", "kb_per_split", "N_a", "N_ab"], "i32"),
+            **dict.fromkeys(["w_b_off", "s_b_off", "w_c_off", "s_c_off"], "i64")}
 GATE_UP_SIG = {"x_ptr": "*bf16", "g_ptr": "*fp8e4nv", "u_ptr": "*fp8e4nv", "gs_ptr": "*fp32", "us_ptr": "*fp32",
                **dict.fromkeys(["sg_off", "su_off", "sgs_off", "sus_off"], "i64"), "E_shared": "i32",
                "sorted_e_ptr": "*i32", "sorted_pair_ptr": "*i32", "run_start_ptr": "*i32", "chunk_ptr": "*i32",
@@ -40,7 +42,8 @@ DOWN_SIG = {"act_ptr": "*bf16", "d_ptr": "*fp8e4nv", "ds_ptr": "*fp32", "sd_off"
             "sorted_pair_ptr": "*i32", "run_start_ptr": "*i32", "chunk_ptr": "*i32", "y_ptr": "*bf16",
             **dict.fromkeys(["P", "E_local", "H", "I", "num_sb_h", "num_sb_i"], "i32")}
 # as Triton specializes them at launch (multiples of 16; the shared expert's element offsets: 512-byte aligned tensors)
-DIVISIBLE = ("K", "N", "stride_xm", "H", "I", "sg_off", "su_off", "sgs_off", "sus_off", "sd_off", "sds_off")
+DIVISIBLE = ("K", "N", "stride_xm", "H", "I", "sg_off", "su_off", "sgs_off", "sus_off", "sd_off", "sds_off", "N_a",
+             "N_ab", "w_b_off", "s_b_off", "w_c_off", "s_c_off")
 
 
 def mid_sig(block_m: int, block_n: int) -> dict:
@@ -108,12 +111,13 @@ def report_in_subprocess(code: str):
 
 def main() -> None:
     cases = []
-    for bn, sub, warps in ((128, 4, 8), (64, 4, 4)):      # rows_tile's two classes
-        cases.append((f"rows {bn}/{sub}/{warps}w", G._rows_kernel, ROWS_SIG,
+    for bn, sub, warps, group in ((128, 4, 8, False), (64, 4, 4, False), (64, 4, 4, True)):  # rows_tile's classes
+        cases.append((f"rows {bn}/{sub}/{warps}w{' group' if group else ''}", G._rows_kernel, ROWS_SIG,
                       {"BLOCK_N": bn, "BLOCK_M": 8, "SUB": sub, "WARPS": warps, "SPLIT": True, "BITS": True,
-                       "EVEN_K": True}, warps))
-    for bi, warps, split, pairs in ((128, 8, False, 8), (64, 4, True, 8), (64, 4, False, 16)):   # moe_tile's
-        cases.append((f"moe gate/up {bi}/{warps}w/{pairs}p", G._moe_gate_up_kernel, GATE_UP_SIG,
+                       "EVEN_K": True, "GROUP": group}, warps))
+    for bi, warps, split, pairs in ((128, 8, False, 8), (128, 8, True, 8), (64, 4, True, 8), (64, 4, False, 16)):
+        name = f"moe gate/up {bi}/{warps}w/{pairs}p{' split' if split else ''}"
+        cases.append((name, G._moe_gate_up_kernel, GATE_UP_SIG,
                       {"TOPK": 8, "BLOCK_I": bi, "BLOCK_R": pairs, "SUB": 2, "WARPS": warps, "SPLIT": split,
                        "BITS": True, "COMPACT": pairs > 8}, warps))
     for bo, warps, pairs in ((128, 8, 8), (64, 4, 8), (64, 4, 16)):

@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_utils import num_sms
+from kernels.triton_utils import num_sms, weight_group
 
 try:                                           # Gluon as in triton 3.6 (the device image) and 3.9 (CI)
     from triton.experimental import gluon
@@ -114,29 +114,43 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _rows_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, M, N, K, stride_xm, num_sb_k,
-                     kb_per_split, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, SUB: gl.constexpr,
-                     WARPS: gl.constexpr, SPLIT: gl.constexpr, BITS: gl.constexpr,
-                     EVEN_K: gl.constexpr):
+                     kb_per_split, N_a, N_ab, w_b_off, s_b_off, w_c_off, s_c_off, BLOCK_N: gl.constexpr,
+                     BLOCK_M: gl.constexpr, SUB: gl.constexpr, WARPS: gl.constexpr, SPLIT: gl.constexpr,
+                     BITS: gl.constexpr, EVEN_K: gl.constexpr, GROUP: gl.constexpr = False):
         """out[m, n] = Σ_k x[m, k] · W8[n, k] · S[n // 128, k // 128] for BLOCK_N outputs × this split's K
-        blocks, the M ≤ BLOCK_M rows on the MMA's N side; split partials reduced by the last split."""
+        blocks, the M ≤ BLOCK_M rows on the MMA's N side; split partials reduced by the last split.
+
+        ``GROUP``: outputs from N_a on come from a second weight (and scales) at element offsets ``w_b_off`` /
+        ``s_b_off`` from the first, from N_ab on from a third (``w_c_off`` / ``s_c_off``) — several projections
+        of one input in one launch, as triton_linear._gemv_kernel's one row (N_a, N_ab multiples of BLOCK_N)."""
         mma: gl.constexpr = _acc_layout(WARPS)
         wl: gl.constexpr = _operand_layout(0, WARPS)
         xl: gl.constexpr = _operand_layout(1, WARPS)
         pid_n = gl.program_id(0)
         pid_k = gl.program_id(1)
-        rn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, wl))
         kw, kx = _k_lanes(WARPS)
         rm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, xl))
-        w_rows = w_ptr + rn[:, None] * K
         x_rows = x_ptr + rm[None, :] * stride_xm
-        s_row = s_ptr + (pid_n * BLOCK_N) // 128 * num_sb_k
+        if GROUP:                              # this tile's weight: its first row there, its N, its offsets
+            in_b = pid_n * BLOCK_N >= N_a
+            in_c = pid_n * BLOCK_N >= N_ab
+            r0 = pid_n * BLOCK_N - gl.where(in_c, N_ab, gl.where(in_b, N_a, 0))
+            n_w = gl.where(in_c, N - N_ab, gl.where(in_b, N_ab - N_a, N_a))
+            rn = r0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, wl))
+            w_rows = w_ptr + gl.where(in_c, w_c_off, gl.where(in_b, w_b_off, 0)) + rn[:, None] * K
+            s_row = s_ptr + gl.where(in_c, s_c_off, gl.where(in_b, s_b_off, 0)) + r0 // 128 * num_sb_k
+        else:
+            n_w = N
+            rn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, wl))
+            w_rows = w_ptr + rn[:, None] * K
+            s_row = s_ptr + (pid_n * BLOCK_N) // 128 * num_sb_k
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
         kb0 = pid_k * kb_per_split
         kb_end = gl.minimum(kb0 + kb_per_split, num_sb_k)
         for kb in range(kb0, kb_end, SUB):
             for j in gl.static_range(SUB):     # SUB scale blocks a step, each its own product and scale
                 k = (kb + j) * 128
-                w_mask = (rn[:, None] < N) & (kb + j < kb_end)
+                w_mask = (rn[:, None] < n_w) & (kb + j < kb_end)
                 x_mask = (rm[None, :] < M) & (kb + j < kb_end)
                 if not EVEN_K:
                     w_mask = w_mask & (k + kw[None, :] < K)
@@ -200,11 +214,12 @@ def rows_tile(M: int, N: int, K: int, sms: int) -> RowsTile:
 
 
 def fp8_linear_rows(x2: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor, out: torch.Tensor,
-                    tile: RowsTile, counters: torch.Tensor) -> None:
-    """out [M, N] (bf16) = x2 [M, K] (bf16, rows contiguous) @ (w8 [N, K] e4m3 · scale_inv).T."""
+                    tile: RowsTile, counters: torch.Tensor, more: tuple = ()) -> None:
+    """out [M, N] (bf16) = x2 [M, K] (bf16, rows contiguous) @ (w8 [N, K] e4m3 · scale_inv).T, or w8 stacked over
+    ``more``'s one or two FP8 (weight, scales) of the same K (``triton_utils.weight_group``; N = all of them)."""
     M, K = x2.shape
-    N = w8.shape[0]
     assert tile.block_n % (16 * tile.num_warps) == 0 and 128 % tile.block_n == 0 and x2.stride(1) == 1
+    N, *group = weight_group(w8, scale_inv, more, tile.block_n)
     kbs = triton.cdiv(K, 128)
     per_split = triton.cdiv(triton.cdiv(kbs, tile.split), tile.sub) * tile.sub
     split = triton.cdiv(kbs, per_split)
@@ -214,10 +229,10 @@ def fp8_linear_rows(x2: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor,
         assert grid[0] <= counters.numel()
     else:
         part = counters = out
-    _rows_kernel[grid](x2, w8, scale_inv, out, part, counters, M, N, K, x2.stride(0), kbs, per_split,
+    _rows_kernel[grid](x2, w8, scale_inv, out, part, counters, M, N, K, x2.stride(0), kbs, per_split, *group,
                        BLOCK_N=tile.block_n, BLOCK_M=max(8, triton.next_power_of_2(M)), SUB=tile.sub,
                        WARPS=tile.num_warps, SPLIT=split > 1, BITS=tile.bits, EVEN_K=K % 128 == 0,
-                       num_warps=tile.num_warps)
+                       GROUP=bool(more), num_warps=tile.num_warps)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -408,15 +423,19 @@ def moe_tile(H: int, I: int, experts_hit: int, sms: int, rows: int = 8) -> MoeTi
     programs for ~300 chunks), and from 8 pairs a program takes 16 pairs, one K block a step, 64 outputs on 4 warps
     for both GEMMs (session 20, bench/results/session20/: 'rank of dp 8' step at 16 / 32 rows a rank 2.755 → 2.719,
     3.420 → 3.294 ms with the chunk grid, then 3.327 → 3.214 with 16 pairs, one block a step). ``experts_hit`` is
-    min(pairs, experts held): in an ep shard a run averages 1/world of what this assumes (not measured there)."""
+    min(pairs, experts held): in an ep shard a run averages 1/world of what this assumes (not measured there).
+    Wide experts at 2 rows (session 32, bench/moe_few_rows.py, the shared expert fused, 4 routings): ~17 runs (16
+    routed experts and the shared one) make 17 × 16 gate/up programs of 8 warps, just past one wave of 2 an SM, and
+    the last few ran alone: H split in 4 (4.1 waves), 242.8 → 203.7 µs a call; from 3 rows no split measured faster
+    than none by more than 2 % (3 / 4 / 5 / 6 / 8 rows: 286.7 / 327.5 / 416.5 / 470.1 / 590.6 µs unsplit)."""
     if rows > 8:
         runs = rows * 8 / experts_hit          # pairs an expert's run averages (top-8)
         if runs >= 8:
             return MoeTile(64, 1, 64, sub=1, gu_warps=4, dn_warps=4, pairs=16, compact=True)
         wide = I >= 1024 and rows >= 32
         return MoeTile(128, 1, 128 if wide else 64, sub=2, gu_warps=8, dn_warps=8 if wide else 4, compact=runs >= 4)
-    if I >= 1024:
-        return MoeTile(128, 1, 128, sub=2, gu_warps=8, dn_warps=8)
+    if I >= 1024:            # 2 rows: H split in 4 (below)
+        return MoeTile(128, 4 if rows <= 2 else 1, 128, sub=2, gu_warps=8, dn_warps=8)
     tiles = experts_hit * triton.cdiv(I, 64)
     split = max(1, min(triton.cdiv(16 * sms, tiles), H // 128 // 4))
     return MoeTile(64, split, 64, sub=2, gu_warps=4, dn_warps=4)

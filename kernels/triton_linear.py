@@ -25,7 +25,8 @@ Two kernels; the launcher picks by rows:
   stream), and the first call on a device must come before any CUDA-graph capture.
 * 2..8 bf16 rows, ≥ 1024 outputs, where Gluon is present: kernels/gluon_rows.py instead — the same math with
   the weight loaded straight into the tensor cores' register operand (no shared-memory pass) and a bit-move
-  fp8 → bf16; 1.2–1.6× faster than this tile kernel on the big decode shapes (bench/rows_gemm.py).
+  fp8 → bf16; 1.2–1.6× faster than this tile kernel on the big decode shapes (bench/rows_gemm.py). It runs
+  ``linear_group``'s weights in one launch there too (q_a + kv_a + wk, q_b + wq_b).
 * mid-size (65..PREFILL_ROWS rows: a dp graph step's MLPs over every rank's rows, short prefill chunks): the same
   kernel on 128- or 64-row blocks (``mid_tile``), split over K as the decode tiles are — a W8A16 "dequant-tile
   GEMM": fp8 tiles are widened to the activation dtype in registers and multiplied on the tensor cores, on the
@@ -60,16 +61,17 @@ from kernels import gluon_mid, gluon_rows, reference
 from kernels.registry import ops
 from kernels.triton_utils import (
     dot_precision,
-    element_offset,
     next_pow2,
     num_sms,
     on_cuda,
     pdl_launch,
     pdl_wait,
+    weight_group,
 )
 
 DECODE_ROWS = 64
 GEMV_ROWS = 8          # ``linear_f32`` runs 2..GEMV_ROWS rows on the FMA rows kernel, more on the tile kernel
+GEMV_GROUP_N = 4096    # ``linear_group``'s one row: a group of more outputs runs apart
 PREFILL_ROWS = 256
 NUM_TILE_COUNTERS = 65536
 
@@ -394,15 +396,8 @@ def _gemv(x2: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor | None, out
     """out [1, N] = x2 @ W.T, W = w (N rows; fp8 with ``scale_inv``, or unquantized with None), or w stacked
     over ``more``'s FP8 weights (one or two; N = all). ``round_to`` / ``out_scale``: as ``_finish``."""
     K = w.shape[1]
-    assert len(more) <= 2 and 128 % tile.block_n == 0
-    bounds, offsets = [w.shape[0]], []
-    for w_i, s_i in more:
-        assert w_i.shape[1] == K and w_i.dtype == w.dtype and bounds[-1] % tile.block_n == 0
-        offsets += [element_offset(w_i, w), element_offset(s_i, scale_inv)]
-        bounds.append(bounds[-1] + w_i.shape[0])
-    N = bounds[-1]
-    N_a, N_ab = bounds[0], bounds[1] if len(more) == 2 else N
-    w_b_off, s_b_off, w_c_off, s_c_off = (offsets + [0, 0, 0, 0])[:4]
+    assert 128 % tile.block_n == 0
+    N, N_a, N_ab, w_b_off, s_b_off, w_c_off, s_c_off = weight_group(w, scale_inv, more, tile.block_n)
     k_steps = triton.cdiv(K, tile.block_k)
     per_split = triton.cdiv(k_steps, tile.split)
     split = triton.cdiv(k_steps, per_split)
@@ -538,20 +533,29 @@ def fp8_dequant(w8: torch.Tensor, scale_inv: torch.Tensor, dtype: torch.dtype = 
 
 @ops.register("linear_group", backend="triton", available=on_cuda)
 def linear_group(x: torch.Tensor, *weights: tuple) -> tuple[torch.Tensor, ...]:
-    """As ``reference.linear_group``; one FP8 row runs two or three projections in one launch (views of one
-    output: q_a, kv_a and the indexer's wk)."""
+    """As ``reference.linear_group``; two or three FP8 projections of one input in one launch (views of one
+    output): 2..8 bf16 rows on the Gluon rows kernel — q_a, kv_a and the indexer's wk (apart, kv_a and wk take a
+    Triton tile launch each: 8 rows 8.4 + 5.8 + 4.9 µs in session 30's profile), q_b and wq_b —, one row on the
+    GEMV up to GEMV_GROUP_N outputs (q_b + wq_b as one GEMV measured slower than two: session 28)."""
     K = x.shape[-1]
     (wa, sa), more = weights[0], weights[1:]
-    if (not 1 <= len(more) <= 2 or x.numel() != K or wa.dim() != 2 or any(
-            s is None or w.shape[1:] != wa.shape[1:] or w.dtype != wa.dtype or not w.is_contiguous()
-            or not s.is_contiguous() for w, s in weights)):
-        return tuple(linear(x, w, s) for w, s in weights)
+    x2 = x.reshape(-1, K)
     sizes = [w.shape[0] for w, _ in weights]
-    tile = gemv_tile(sum(sizes), K)
-    if any(n % tile.block_n for n in sizes[:-1]):      # a tile must lie in one weight
+    fits = 1 <= len(more) <= 2 and wa.dim() == 2 and all(
+        s is not None and w.shape[1:] == wa.shape[1:] and w.dtype == wa.dtype and w.is_contiguous()
+        and s.is_contiguous() for w, s in weights)
+    tile = None
+    if fits and x2.shape[0] == 1 and sum(sizes) <= GEMV_GROUP_N:
+        tile = gemv_tile(sum(sizes), K)
+    elif fits and gluon_rows.usable(x2, sum(sizes)):
+        tile = gluon_rows.rows_tile(x2.shape[0], sum(sizes), K, num_sms())
+    if tile is None or any(n % tile.block_n for n in sizes[:-1]):      # a tile must lie in one weight
         return tuple(linear(x, w, s) for w, s in weights)
-    out = torch.empty(1, sum(sizes), dtype=x.dtype, device=x.device)
-    _gemv(x.reshape(1, K).contiguous(), wa, sa, out, tile, more=more)
+    out = torch.empty(x2.shape[0], sum(sizes), dtype=x.dtype, device=x.device)
+    if isinstance(tile, GemvTile):
+        _gemv(x2.contiguous(), wa, sa, out, tile, more=more)
+    else:
+        gluon_rows.fp8_linear_rows(x2.contiguous(), wa, sa, out, tile, tile_counters(x.device), more=more)
     return tuple(out.view(*x.shape[:-1], -1).split(sizes, dim=-1))
 
 

@@ -59,6 +59,21 @@ def element_offset(t: torch.Tensor, base: torch.Tensor) -> int:
     return delta // t.element_size()
 
 
+def weight_group(w: torch.Tensor, scale_inv: torch.Tensor | None, more: tuple, block_n: int) -> tuple[int, ...]:
+    """A launch's weights stacked along N without a copy: ``w`` then ``more``'s one or two FP8 (weight, scales) of
+    the same K and dtype, each reached at an element offset from ``w`` / ``scale_inv`` (``element_offset``) →
+    (N, N_a, N_ab, w_b_off, s_b_off, w_c_off, s_c_off): outputs from N_a on are the second weight's, from N_ab on
+    the third's. Every weight but the last must fill whole ``block_n`` tiles (a tile lies in one weight)."""
+    assert len(more) <= 2
+    bounds, offsets = [w.shape[0]], []
+    for w_i, s_i in more:
+        assert w_i.shape[1] == w.shape[1] and w_i.dtype == w.dtype and bounds[-1] % block_n == 0
+        offsets += [element_offset(w_i, w), element_offset(s_i, scale_inv)]
+        bounds.append(bounds[-1] + w_i.shape[0])
+    N = bounds[-1]
+    return (N, bounds[0], bounds[1] if len(more) == 2 else N, *(offsets + [0, 0, 0, 0])[:4])
+
+
 @functools.cache
 def pdl_mode() -> str:
     """Programmatic dependent launch (Hopper on): a kernel may start while the one before it in the stream

@@ -167,10 +167,11 @@ class Indexer(nn.Module):
         return CacheRows(k.detach(), n.weight.detach(), n.bias.detach(), n.eps, self.cfg.index_head_dim, 0,
                          self.cfg.indexer_rope_interleave, k_cache)
 
-    def query(self, h: torch.Tensor, q_resid: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, torch.Tensor]:
-        """(roped queries [N, ih, idd], head weights [N, ih] fp32): the per-row work before scoring."""
+    def query(self, h: torch.Tensor, q: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """(roped queries [N, ih, idd], head weights [N, ih] fp32): the per-row work before scoring, given the
+        queries ``q = wq_b(q_resid)`` [N, ih · idd] (projected beside MLA's q_b: ``Attention.prepare``)."""
         cfg, N = self.cfg, h.shape[0]
-        q = self.wq_b(q_resid).view(N, cfg.index_n_heads, cfg.index_head_dim)
+        q = q.view(N, cfg.index_n_heads, cfg.index_head_dim)
         q = rope.apply(q, cfg.indexer_rope_interleave)                                 # heads [rope | nope]
         wp = self.weights_proj                         # head weights [N, ih] fp32 (bf16 in GLM-5.2; FP8 composed)
         w = (ops.linear_f32(h, wp.weight, rounded=True, scale=cfg.index_n_heads ** -0.5)
@@ -241,9 +242,12 @@ class Attention(nn.Module):
         ops.norm_rope_store(ckv, self.kv_a_layernorm.weight, None, self.kv_a_layernorm.eps, rkv,      # trainable
                             rope.cos, rope.sin, rkv, cfg.rope_interleave, cache.kv[layer], batch.slot_mapping,
                             also=also)
-        q = self.q_b_proj(q_resid).view(N, nh, cfg.qk_head_dim)                        # MLA layout: [nope | rope]
         assert not select or self.indexer is not None, "a shared indexer layer needs the previous layer's selection"
-        index_q = self.indexer.query(h, q_resid, rope) if select else None
+        # q_b (and the indexer's wq_b when this layer selects) of q_resid, in one launch at several rows
+        projs = [self.q_b_proj] + ([self.indexer.wq_b] if select else [])
+        q, *index_q = ops.linear_group(q_resid, *((p.weight, p.weight_scale_inv) for p in projs))
+        q = q.view(N, nh, cfg.qk_head_dim)                                             # MLA layout: [nope | rope]
+        index_q = self.indexer.query(h, index_q[0], rope) if select else None
         q_lat, q_rope = ops.mla_absorb_rope(q, self.kv_b_proj, dn, rope.cos, rope.sin, cfg.rope_interleave)
         return q_lat, q_rope, index_q                                                  # absorbed by W_UK, roped
 

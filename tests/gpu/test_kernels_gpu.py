@@ -180,17 +180,45 @@ def test_gluon_mid_decode_rows(M, N, K):
     assert torch.equal(replayed(lambda: lin(x, w8, s)), first)
 
 
-def test_linear_group_bf16():
+@pytest.mark.parametrize("M", [1, 2, 5, 8])
+def test_linear_group_bf16(M):
     """q_a, kv_a and the indexer's wk (2048 + 576 + 128 rows of 6144) in one launch, and q_a with kv_a: each close
-    to the fp32 reference, bit-identical to itself in a graph replay."""
+    to the fp32 reference, bit-identical to itself in a graph replay. From 2 rows (the Gluon rows kernel) the
+    group is that kernel's grouped launch, and each weight's outputs there are bit-identical to the weight alone in
+    the same launch shape (also with a ragged 72-row last weight, its last tile masked, and unsplit K); q_b with
+    wq_b too."""
+    from kernels import gluon_rows
+    from kernels.triton_linear import tile_counters
+    from kernels.triton_utils import num_sms
     g = gen(5)
-    weights = [fp8_quantize(0.02 * torch.randn(n, 6144, device=DEV, generator=g)) for n in (2048, 576, 128)]
-    x = torch.randn(1, 6144, device=DEV, generator=g).to(BF16)
+    weights = [fp8_quantize(0.02 * torch.randn(n, 6144, device=DEV, generator=g)) for n in (2048, 576, 128, 72)]
+    x = torch.randn(M, 6144, device=DEV, generator=g).to(BF16)
+
+    def rows(group, tile):
+        out = torch.empty(M, sum(w.shape[0] for w, _ in group), dtype=BF16, device=DEV)
+        gluon_rows.fp8_linear_rows(x, *group[0], out, tile, tile_counters(x.device), more=tuple(group[1:]))
+        return out
+
     for n in (2, 3):
         ys = tri("linear_group")(x, *weights[:n])
+        assert [y.shape for y in ys] == [(M, w.shape[0]) for w, _ in weights[:n]]
         assert all(rel(y, reference.linear(x.float(), w, s)) < 1e-2 for y, (w, s) in zip(ys, weights))
         both = torch.cat(ys, -1)
         assert torch.equal(replayed(lambda n=n: torch.cat(tri("linear_group")(x, *weights[:n]), -1)), both)
+        if M > 1:
+            assert torch.equal(both, rows(weights[:n], gluon_rows.rows_tile(M, both.shape[1], 6144, num_sms())))
+    for group in (weights[:3], weights[:2] + weights[3:]) if M > 1 else ():
+        for tile in (gluon_rows.rows_tile(M, 2752, 6144, num_sms()), gluon_rows.RowsTile(64, 2, 1)):
+            assert torch.equal(rows(group, tile), torch.cat([rows([w], tile) for w in group], -1)), tile
+    # q_b and the indexer's wq_b (16384 + 4096 rows of 2048): 128 outputs a program on 8 warps from 2 rows
+    q_b, wq_b = (fp8_quantize(0.02 * torch.randn(n, 2048, device=DEV, generator=g)) for n in (16384, 4096))
+    x = torch.randn(M, 2048, device=DEV, generator=g).to(BF16)
+    ys = tri("linear_group")(x, q_b, wq_b)
+    assert all(rel(y, reference.linear(x.float(), w, s)) < 1e-2 for y, (w, s) in zip(ys, (q_b, wq_b)))
+    if M > 1:
+        tile = gluon_rows.rows_tile(M, 20480, 2048, num_sms())
+        assert tile.block_n == 128 and torch.equal(torch.cat(ys, -1), rows([q_b, wq_b], tile))
+        assert torch.equal(rows([q_b, wq_b], tile), torch.cat([rows([w], tile) for w in (q_b, wq_b)], -1))
 
 
 def test_linear_f32_router_and_head_weights():
@@ -350,7 +378,8 @@ def test_w8a8_moe_fp8(N, offset, I):
     assert rel(moe(*args, shared=shared), want) < 3e-2
 
 
-@pytest.mark.parametrize("N,I,offset", [(1, 2048, 0), (8, 2048, 0), (8, 256, 0), (64, 256, 0), (8, 256, 16)])
+@pytest.mark.parametrize("N,I,offset", [(1, 2048, 0), (2, 2048, 0), (8, 2048, 0), (8, 256, 0), (64, 256, 0),
+                                        (8, 256, 16)])
 def test_moe_fp8_with_shared_expert(N, I, offset):
     """The shared expert inside moe_experts (one row: one more pair of the fused launches; 2–8 rows: every row's
     last pair of the Gluon launches; 64: composed after them): close to the fp32 reference and to the shared expert

@@ -20,11 +20,15 @@ def test_rows_tile_shapes(N, K):
         assert 1 <= t.split and t.split * t.sub <= max(t.sub, -(-K // 128))
 
 
-def test_moe_tile_splits_only_narrow_experts():
+def test_moe_tile_splits_narrow_experts_and_two_rows():
+    """H is split for narrow experts, and for wide ones at 2 rows only (their ~17 runs' programs lie just past one
+    wave unsplit: bench/moe_few_rows.py)."""
     wide = gluon_rows.moe_tile(6144, 2048, 64, 132)
     narrow = gluon_rows.moe_tile(6144, 256, 64, 132)
-    assert wide.split == 1 and 1 < narrow.split <= 6144 // 128 // 4
-    for t in (wide, narrow):
+    two = gluon_rows.moe_tile(6144, 2048, 18, 132, rows=2)
+    assert wide.split == 1 and 1 < narrow.split <= 6144 // 128 // 4 and two.split == 4
+    assert [gluon_rows.moe_tile(6144, 2048, 9 * r, 132, rows=r).split for r in (3, 4, 8)] == [1, 1, 1]
+    for t in (wide, narrow, two):
         assert t.block_i % (16 * t.gu_warps) == 0 and t.block_ho % (16 * t.dn_warps) == 0
 
 
@@ -68,7 +72,7 @@ if not gluon_rows.HAVE_GLUON:
     print(json.dumps(None))
     raise SystemExit
 cases = [(gluon_rows._rows_kernel, regs.ROWS_SIG, {"BLOCK_N": 128, "BLOCK_M": 8, "SUB": 4, "WARPS": 8, "SPLIT": True,
-                                                     "BITS": True, "EVEN_K": False}, 8),
+                                                     "BITS": True, "EVEN_K": False, "GROUP": True}, 8),
          (gluon_rows._moe_gate_up_kernel, regs.GATE_UP_SIG, {"TOPK": 8, "BLOCK_I": 64, "BLOCK_R": 8, "SUB": 2,
                                                               "WARPS": 4, "SPLIT": True, "BITS": True,
                                                               "COMPACT": False}, 4),

@@ -121,6 +121,24 @@ def test_linear_group(tk):
     assert torch.equal(yc, tk["lin"].linear(x[:1], wc, sc))
 
 
+def test_linear_group_one_row_bound(tk, monkeypatch):
+    """One row runs a group as one GEMV launch up to GEMV_GROUP_N outputs; a bigger group (q_b + wq_b: one GEMV was
+    slower than two) runs each weight on its own launch."""
+    g = torch.Generator().manual_seed(12)
+    weights = [fp8_quantize(0.02 * torch.randn(n, 256, generator=g)) for n in (128, 64)]
+    x = torch.randn(1, 256, generator=g)
+    launches = []
+    gemv = tk["lin"]._gemv
+    monkeypatch.setattr(tk["lin"], "_gemv", lambda *a, **k: launches.append(len(k.get("more", ()))) or gemv(*a, **k))
+    grouped = tk["lin"].linear_group(x, *weights)
+    assert launches == [1]
+    monkeypatch.setattr(tk["lin"], "GEMV_GROUP_N", 191)
+    apart = tk["lin"].linear_group(x, *weights)
+    assert launches == [1, 0, 0]
+    assert all(torch.equal(y, tk["lin"].linear(x, w, s)) for y, (w, s) in zip(apart, weights))
+    assert all(rel(a, b) < 1e-5 for a, b in zip(apart, grouped))
+
+
 def test_linear_f32(tk):
     """Unquantized weights, fp32 result: the router (fp32 weight, x upcast) and the indexer's head weights
     (rounded to x's dtype first, then scaled) on the one-row kernel (split-K or not), its several-row form (2..8

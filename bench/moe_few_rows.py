@@ -1,0 +1,88 @@
+"""The fused MoE at 2..8 rows as a decode step runs it (256 experts of 6144 × 2048, top-8, the shared expert as one
+more pair of every row): the Gluon launch shapes over several routings each.
+
+Why several routings: a launch of (positions × I / block_i × split) programs fills the GPU in waves of (SMs × the
+blocks an SM holds); with random routing the experts hit — and so the programs that do work — change every step,
+and a count just past a whole number of waves leaves a few programs to run alone at the end. 2 rows hit ~17 runs
+(16 routed experts and the shared one): 17 × 16 gate/up programs of 8 warps against 2 × 132 resident.
+
+µs a call (routing, gate/up, down, combine), device time of a CUDA graph replay (the experts hit are ≫ L2), each
+launch checked against the Triton tile kernels first. Shape: block_i/split/block_ho/sub/gate-up warps/down warps.
+
+    PYTHONPATH=. python bench/moe_few_rows.py [--rows 2 3 4 5 6 8] [--draws 4] --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+from bench.rows_gemm import DEV, graph_us
+from kernels.gluon_rows import MoeTile, moe_tile
+from kernels.triton_moe import expert_tiles, fused_moe
+from kernels.triton_utils import num_sms
+
+H, I, E, TOP_K = 6144, 2048, 256, 8
+
+
+def shapes(rows: int) -> dict[str, MoeTile]:
+    out = {"default": moe_tile(H, I, min(rows * (TOP_K + 1), E + 1), num_sms(), rows)}
+    for split in (1, 2, 3, 4):
+        out[f"128/{split}/128/2/8/8"] = MoeTile(128, split, 128, 2, 8, 8)
+    for split in (1, 2, 4):
+        out[f"64/{split}/128/2/4/8"] = MoeTile(64, split, 128, 2, 4, 8)
+    for split in (1, 2):
+        out[f"128/{split}/64/2/8/4"] = MoeTile(128, split, 64, 2, 8, 4)
+    out["64/2/64/2/4/4"] = MoeTile(64, 2, 64, 2, 4, 4)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, nargs="+", default=[2, 3, 4, 5, 6, 8])
+    ap.add_argument("--draws", type=int, default=4)
+    ap.add_argument("--out", default="bench/results")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    ws = []
+    for a, b in ((I, H), (I, H), (H, I)):
+        w = torch.empty(E + 1, a, b, device=DEV).uniform_(-200, 200).to(torch.float8_e4m3fn)
+        ws.append((w, torch.rand(E + 1, a // 128, b // 128, device=DEV) * 1e-3 + 1e-4))
+    (gate, gs), (up, us), (down, ds) = ((w[:E], s[:E]) for w, s in ws)      # expert E: the shared one
+    shared = tuple(w[E] for w, _ in ws) + tuple(s[E] for _, s in ws)           # gate, up, down, their scales
+    results, lines = [], []
+    for rows in args.rows:
+        x = torch.randn(rows, H, device=DEV, dtype=torch.bfloat16)
+        times: dict[str, list[float]] = {}
+        hits = []
+        for _ in range(args.draws):
+            idx = torch.stack([torch.randperm(E, device=DEV)[:TOP_K] for _ in range(rows)])
+            wr = torch.rand(rows, TOP_K, device=DEV)
+            hits.append(idx.unique().numel() + 1)
+
+            def call(tiles, x=x, idx=idx, wr=wr):
+                return fused_moe(x, idx, wr, gate, up, down, gs, us, ds, tiles=tiles, shared=shared)
+            want = call(expert_tiles(rows, H, I)).float()
+            for name, t in shapes(rows).items():
+                err = ((call(t).float() - want).norm() / want.norm()).item()
+                assert err < 1e-2, (rows, name, err)
+                times.setdefault(name, []).append(graph_us([lambda t=t: call(t)]))
+        mean = {n: statistics.mean(v) for n, v in times.items()}
+        best = min(mean, key=mean.get)
+        line = (f"rows {rows} runs {hits}: default {mean['default']:.1f} µs  best {best} {mean[best]:.1f}  | "
+                + "  ".join(f"{n} {m:.1f}" for n, m in mean.items()))
+        print(line, flush=True)
+        lines.append(line)
+        results.append({"rows": rows, "runs": hits, "us": times})
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "moe_few_rows.json").write_text(json.dumps(results, indent=1))
+    (out / "moe_few_rows.txt").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
