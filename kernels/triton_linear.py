@@ -550,7 +550,7 @@ def linear_group(x: torch.Tensor, *weights: tuple) -> tuple[torch.Tensor, ...]:
     elif fits and gluon_rows.usable(x2, sum(sizes)):
         tile = gluon_rows.rows_tile(x2.shape[0], sum(sizes), K, num_sms())
     if tile is None or any(n % tile.block_n for n in sizes[:-1]):      # a tile must lie in one weight
-        return tuple(linear(x, w, s) for w, s in weights)
+        return tuple(ops.linear(x, w, s) for w, s in weights)         # the configured linear (W8A8 prefill too)
     out = torch.empty(x2.shape[0], sum(sizes), dtype=x.dtype, device=x.device)
     if isinstance(tile, GemvTile):
         _gemv(x2.contiguous(), wa, sa, out, tile, more=more)

@@ -23,7 +23,7 @@ if not isinstance(triton.language.standard.sum, InterpretedFunction):
     pytest.skip("triton was imported before TRITON_INTERPRET=1 was set (tests/unit/conftest.py sets it; "
                 "collect tests/unit first)", allow_module_level=True)
 
-from kernels import reference
+from kernels import ops, reference
 from kernels.reference import fp8_quantize
 
 
@@ -118,12 +118,12 @@ def test_linear_group(tk):
     dense = torch.randn(72, 300, generator=g)
     _, yb, yc = tk["lin"].linear_group(x[:1], (wa, sa), (dense, None), (wc, sc))
     assert torch.equal(yb, torch.nn.functional.linear(x[:1], dense))
-    assert torch.equal(yc, tk["lin"].linear(x[:1], wc, sc))
+    assert torch.equal(yc, ops.linear(x[:1], wc, sc))                 # apart: each on the configured linear
 
 
 def test_linear_group_one_row_bound(tk, monkeypatch):
     """One row runs a group as one GEMV launch up to GEMV_GROUP_N outputs; a bigger group (q_b + wq_b: one GEMV was
-    slower than two) runs each weight on its own launch."""
+    slower than two) runs each weight on the configured ``linear`` (W8A8 under ``prefill_activations: fp8``)."""
     g = torch.Generator().manual_seed(12)
     weights = [fp8_quantize(0.02 * torch.randn(n, 256, generator=g)) for n in (128, 64)]
     x = torch.randn(1, 256, generator=g)
@@ -134,9 +134,24 @@ def test_linear_group_one_row_bound(tk, monkeypatch):
     assert launches == [1]
     monkeypatch.setattr(tk["lin"], "GEMV_GROUP_N", 191)
     apart = tk["lin"].linear_group(x, *weights)
-    assert launches == [1, 0, 0]
-    assert all(torch.equal(y, tk["lin"].linear(x, w, s)) for y, (w, s) in zip(apart, weights))
+    assert launches == [1]
+    assert all(torch.equal(y, ops.linear(x, w, s)) for y, (w, s) in zip(apart, weights))
     assert all(rel(a, b) < 1e-5 for a, b in zip(apart, grouped))
+
+
+def test_linear_group_apart_on_the_configured_linear(tk, monkeypatch):
+    """Where a group does not run as one launch (here 3 rows: no Gluon under the interpreter) each weight runs on
+    the configured ``ops.linear`` — under ``prefill_activations: fp8`` the W8A8 override, which the group used to
+    bypass by calling this module's W8A16 ``linear``."""
+    g = torch.Generator().manual_seed(13)
+    weights = [fp8_quantize(0.02 * torch.randn(n, 256, generator=g)) for n in (128, 72)]
+    x = torch.randn(3, 256, generator=g)
+    seen = []
+    configured = ops.linear
+    monkeypatch.setitem(ops._active, "linear", lambda x, w, s=None: seen.append(w.shape[0]) or configured(x, w, s))
+    ys = tk["lin"].linear_group(x, *weights)
+    assert seen == [128, 72]
+    assert all(torch.equal(y, configured(x, w, s)) for y, (w, s) in zip(ys, weights))
 
 
 def test_linear_f32(tk):
