@@ -427,7 +427,7 @@ def moe_tile(H: int, I: int, experts_hit: int, sms: int, rows: int = 8) -> MoeTi
     Wide experts at 2 rows (session 32, bench/moe_few_rows.py, the shared expert fused, 4 routings): ~17 runs (16
     routed experts and the shared one) make 17 × 16 gate/up programs of 8 warps, just past one wave of 2 an SM, and
     the last few ran alone: H split in 4 (4.1 waves), 242.8 → 203.7 µs a call; from 3 rows no split measured faster
-    than none by more than 2 % (3 / 4 / 5 / 6 / 8 rows: 286.7 / 327.5 / 416.5 / 470.1 / 590.6 µs unsplit)."""
+    than none by more than 2.3 % (3 / 4 / 5 / 6 / 8 rows: 286.7 / 327.5 / 416.5 / 470.1 / 590.6 µs unsplit)."""
     if rows > 8:
         runs = rows * 8 / experts_hit          # pairs an expert's run averages (top-8)
         if runs >= 8:
