@@ -245,9 +245,9 @@ class Attention(nn.Module):
         assert not select or self.indexer is not None, "a shared indexer layer needs the previous layer's selection"
         # q_b (and the indexer's wq_b when this layer selects) of q_resid, in one launch at several rows
         projs = [self.q_b_proj] + ([self.indexer.wq_b] if select else [])
-        q, *index_q = ops.linear_group(q_resid, *((p.weight, p.weight_scale_inv) for p in projs))
+        q, *q_index = ops.linear_group(q_resid, *((p.weight, p.weight_scale_inv) for p in projs))
         q = q.view(N, nh, cfg.qk_head_dim)                                             # MLA layout: [nope | rope]
-        index_q = self.indexer.query(h, index_q[0], rope) if select else None
+        index_q = self.indexer.query(h, q_index[0], rope) if select else None
         q_lat, q_rope = ops.mla_absorb_rope(q, self.kv_b_proj, dn, rope.cos, rope.sin, cfg.rope_interleave)
         return q_lat, q_rope, index_q                                                  # absorbed by W_UK, roped
 

@@ -194,7 +194,7 @@ def test_linear_group_bf16(M):
     weights = [fp8_quantize(0.02 * torch.randn(n, 6144, device=DEV, generator=g)) for n in (2048, 576, 128, 72)]
     x = torch.randn(M, 6144, device=DEV, generator=g).to(BF16)
 
-    def rows(group, tile):
+    def rows(x, group, tile):
         out = torch.empty(M, sum(w.shape[0] for w, _ in group), dtype=BF16, device=DEV)
         gluon_rows.fp8_linear_rows(x, *group[0], out, tile, tile_counters(x.device), more=tuple(group[1:]))
         return out
@@ -206,19 +206,19 @@ def test_linear_group_bf16(M):
         both = torch.cat(ys, -1)
         assert torch.equal(replayed(lambda n=n: torch.cat(tri("linear_group")(x, *weights[:n]), -1)), both)
         if M > 1:
-            assert torch.equal(both, rows(weights[:n], gluon_rows.rows_tile(M, both.shape[1], 6144, num_sms())))
+            assert torch.equal(both, rows(x, weights[:n], gluon_rows.rows_tile(M, both.shape[1], 6144, num_sms())))
     for group in (weights[:3], weights[:2] + weights[3:]) if M > 1 else ():
         for tile in (gluon_rows.rows_tile(M, 2752, 6144, num_sms()), gluon_rows.RowsTile(64, 2, 1)):
-            assert torch.equal(rows(group, tile), torch.cat([rows([w], tile) for w in group], -1)), tile
+            assert torch.equal(rows(x, group, tile), torch.cat([rows(x, [w], tile) for w in group], -1)), tile
     # q_b and the indexer's wq_b (16384 + 4096 rows of 2048): 128 outputs a program on 8 warps from 2 rows
     q_b, wq_b = (fp8_quantize(0.02 * torch.randn(n, 2048, device=DEV, generator=g)) for n in (16384, 4096))
-    x = torch.randn(M, 2048, device=DEV, generator=g).to(BF16)
-    ys = tri("linear_group")(x, q_b, wq_b)
-    assert all(rel(y, reference.linear(x.float(), w, s)) < 1e-2 for y, (w, s) in zip(ys, (q_b, wq_b)))
+    x_q = torch.randn(M, 2048, device=DEV, generator=g).to(BF16)
+    ys = tri("linear_group")(x_q, q_b, wq_b)
+    assert all(rel(y, reference.linear(x_q.float(), w, s)) < 1e-2 for y, (w, s) in zip(ys, (q_b, wq_b)))
     if M > 1:
         tile = gluon_rows.rows_tile(M, 20480, 2048, num_sms())
-        assert tile.block_n == 128 and torch.equal(torch.cat(ys, -1), rows([q_b, wq_b], tile))
-        assert torch.equal(rows([q_b, wq_b], tile), torch.cat([rows([w], tile) for w in (q_b, wq_b)], -1))
+        assert tile.block_n == 128 and torch.equal(torch.cat(ys, -1), rows(x_q, [q_b, wq_b], tile))
+        assert torch.equal(rows(x_q, [q_b, wq_b], tile), torch.cat([rows(x_q, [w], tile) for w in (q_b, wq_b)], -1))
 
 
 def test_linear_f32_router_and_head_weights():
