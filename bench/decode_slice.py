@@ -345,8 +345,11 @@ def main() -> None:
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--modes", nargs="+", default=["reference", "auto", "auto_graph"],
                     help="paths to time (the shard slice takes the non-reference ones)")
-    ap.add_argument("--no-shard", action="store_true")
+    ap.add_argument("--no-shard", action="store_true", help="the full slice only (as --slices full)")
+    ap.add_argument("--slices", nargs="+", choices=["full", "shard", "dp"], default=["full", "shard", "dp"],
+                    help="which slices to time: full width, the tp shard, the shard as a rank of dp 8")
     args = ap.parse_args()
+    slices = ["full"] if args.no_shard else args.slices
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     a = torch.randn(2 ** 31, device=DEV, dtype=BF16)
@@ -357,16 +360,19 @@ def main() -> None:
     cache = KVCache(cfg, 8 * (32768 + BLOCK) + BLOCK, BF16, DEV)      # + a block for the pad slot
     for t in cache.kv + [k for k in cache.index_k if k is not None]:
         t.normal_()
-    model = build_model(cfg, MoeShard())
-    bench_model(model, cfg, cache, "full", [4096, 32768], [1, 8], args.modes, read_bw, results)
-    del model
-    torch.cuda.empty_cache()
-    if not args.no_shard:
+    if "full" in slices:
+        model = build_model(cfg, MoeShard())
+        bench_model(model, cfg, cache, "full", [4096, 32768], [1, 8], args.modes, read_bw, results)
+        del model
+        torch.cuda.empty_cache()
+    if "shard" in slices or "dp" in slices:
         shard = build_model(cfg, MoeShard(0, 8, "tp"))
         modes = [m for m in args.modes if m != "reference"]
-        bench_model(shard, cfg, cache, "shard 1/8", [4096], [1, 8], modes, read_bw, results)
-        shard.set_comm(OtherRanks(8, cfg.hidden_size, 32))     # one rank of 8, 1–32 rows each: MoE over 8–256 rows
-        bench_model(shard, cfg, cache, "rank of dp 8", [4096], [1, 8, 16, 32], modes, read_bw, results)
+        if "shard" in slices:
+            bench_model(shard, cfg, cache, "shard 1/8", [4096], [1, 8], modes, read_bw, results)
+        if "dp" in slices:
+            shard.set_comm(OtherRanks(8, cfg.hidden_size, 32))     # one rank of 8, 1–32 rows each: MoE over 8–256
+            bench_model(shard, cfg, cache, "rank of dp 8", [4096], [1, 8, 16, 32], modes, read_bw, results)
         del shard
     del cache
     torch.cuda.empty_cache()

@@ -1,5 +1,7 @@
 """The fused MoE at 2..8 rows as a decode step runs it (256 experts of 6144 × 2048, top-8, the shared expert as one
-more pair of every row): the Gluon launch shapes over several routings each.
+more pair of every row): the Gluon launch shapes over several routings each. ``--inter 256``: a tp rank's 1/8 of
+every expert; past 8 rows (a dp step's MoE over every rank's rows, the shared expert fused to 64): the launches
+``moe_tile`` picks there beside gate/up split over H and narrower tiles.
 
 Why several routings: a launch of (positions × I / block_i × split) programs fills the GPU in waves of (SMs × the
 blocks an SM holds); with random routing the experts hit — and so the programs that do work — change every step,
@@ -9,7 +11,7 @@ and a count just past a whole number of waves leaves a few programs to run alone
 µs a call (routing, gate/up, down, combine), device time of a CUDA graph replay (the experts hit are ≫ L2), each
 launch checked against the Triton tile kernels first. Shape: block_i/split/block_ho/sub/gate-up warps/down warps.
 
-    PYTHONPATH=. python bench/moe_few_rows.py [--rows 2 3 4 5 6 8] [--draws 4] --out DIR
+    PYTHONPATH=. python bench/moe_few_rows.py [--rows 2 3 4 5 6 8] [--draws 4] [--inter 2048] --out DIR
 """
 
 from __future__ import annotations
@@ -26,11 +28,18 @@ from kernels.gluon_rows import MoeTile, moe_tile
 from kernels.triton_moe import expert_tiles, fused_moe
 from kernels.triton_utils import num_sms
 
-H, I, E, TOP_K = 6144, 2048, 256, 8
+H, E, TOP_K = 6144, 256, 8
 
 
-def shapes(rows: int) -> dict[str, MoeTile]:
-    out = {"default": moe_tile(H, I, min(rows * (TOP_K + 1), E + 1), num_sms(), rows)}
+def shapes(rows: int, I: int) -> dict[str, MoeTile]:
+    default = moe_tile(H, I, min(rows * (TOP_K + 1), E + 1), num_sms(), rows)
+    out = {"default": default}
+    if rows > 8:                               # the default's pairs and grid, gate/up split over H or narrower
+        for bi, warps in ((128, 8), (64, 4)):
+            for split in (1, 2, 4):
+                out[f"{bi}/{split}/{default.block_ho}/{default.sub}/{warps}/{default.dn_warps}"] = MoeTile(
+                    bi, split, default.block_ho, default.sub, warps, default.dn_warps, default.pairs, default.compact)
+        return out
     for split in (1, 2, 3, 4):
         out[f"128/{split}/128/2/8/8"] = MoeTile(128, split, 128, 2, 8, 8)
     for split in (1, 2, 4):
@@ -45,8 +54,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, nargs="+", default=[2, 3, 4, 5, 6, 8])
     ap.add_argument("--draws", type=int, default=4)
+    ap.add_argument("--inter", type=int, default=2048, help="each expert's width (256: a tp rank's of 8)")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
+    I = args.inter
     torch.manual_seed(0)
     ws = []
     for a, b in ((I, H), (I, H), (H, I)):
@@ -67,7 +78,7 @@ def main() -> None:
             def call(tiles, x=x, idx=idx, wr=wr):
                 return fused_moe(x, idx, wr, gate, up, down, gs, us, ds, tiles=tiles, shared=shared)
             want = call(expert_tiles(rows, H, I)).float()
-            for name, t in shapes(rows).items():
+            for name, t in shapes(rows, I).items():
                 err = ((call(t).float() - want).norm() / want.norm()).item()
                 assert err < 1e-2, (rows, name, err)
                 times.setdefault(name, []).append(graph_us([lambda t=t: call(t)]))
@@ -80,8 +91,8 @@ def main() -> None:
         results.append({"rows": rows, "runs": hits, "us": times})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "moe_few_rows.json").write_text(json.dumps(results, indent=1))
-    (out / "moe_few_rows.txt").write_text("\n".join(lines) + "\n")
+    (out / f"moe_few_rows_i{I}.json").write_text(json.dumps(results, indent=1))
+    (out / f"moe_few_rows_i{I}.txt").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

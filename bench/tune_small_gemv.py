@@ -2,7 +2,8 @@
 fp32 [256 × 6144] logits and the indexer's bf16 [32 × 6144] head weights (rounded, scaled), on the GPU.
 ``--rows``: the same weights under a few rows (a verify step's span, a dp step's MoE over every rank's rows) —
 the rows kernel (``_gemv_rows_kernel``) at its pick and a sweep of its tiles, beside the tile kernel with IEEE
-fp32 dots (``linear_f32``'s launch before session 30) and with 3-pass TF32 dots.
+fp32 dots (``linear_f32``'s launch before session 30) and with 3-pass TF32 dots, and the reference (torch; past
+64 rows ``linear_f32``'s launch before session 33). Past 64 rows the tile kernel only (``f32_tile``'s 64-row blocks).
 
 Each tile is timed as CUDA-graph replays over enough weight copies that every launch reads from HBM;
 ``pick`` is ``gemv_tile``'s (``gemv_rows_tile``'s) choice.
@@ -22,7 +23,7 @@ import triton
 
 from bench.decode_slice import graph_ms
 from kernels import reference
-from kernels.triton_linear import GemvTile, _gemv, _gemv_rows, _tiles, decode_tile, gemv_rows_tile, gemv_tile
+from kernels.triton_linear import GemvTile, _gemv, _gemv_rows, _tiles, f32_tile, gemv_rows_tile, gemv_tile
 from kernels.triton_utils import next_pow2, num_sms
 
 CASES = [("router fp32 [256x6144]", 256, torch.float32, False, 1.0),
@@ -49,8 +50,8 @@ def launch_us(launch, x: torch.Tensor, ws: list[torch.Tensor], out: torch.Tensor
 
 def rows_sweep(rows: list[int]) -> list[str]:
     """µs per launch of ``linear_f32``'s candidates at each row count, every one checked against the reference."""
-    lines = [("| weight | rows | tile kernel, IEEE dots | tile kernel, TF32 × 3 | rows kernel pick | pick | "
-              "fastest rows tiles (µs tile) |"), "|---|---:|---:|---:|---:|---|---|"]
+    lines = [("| weight | rows | reference (torch) | tile kernel, IEEE dots | tile kernel, TF32 × 3 | "
+              "rows kernel pick | pick | fastest rows tiles (µs tile) |"), "|---|---:|---:|---:|---:|---:|---|---|"]
     for name, N, dtype, rounded, scale in CASES:
         ws = cold_weights(N, dtype)
         fin = {"round_to": torch.bfloat16 if rounded else None, "out_scale": scale}
@@ -58,16 +59,23 @@ def rows_sweep(rows: list[int]) -> list[str]:
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
             args = (x, ws, torch.empty(M, N, device="cuda"), reference.linear_f32(x, ws[0], rounded, scale),
                     4e-3 if rounded else 1e-5)
-            tile = decode_tile(M, N, K)
-            ieee, tf32 = (launch_us(partial(_tiles, scale_inv=None, block_m=max(16, next_pow2(M)), tile=tile,
+            torch_us = launch_us(lambda x, w, out, r=rounded, s=scale: out.copy_(reference.linear_f32(x, w, r, s)),
+                                 *args)
+            block_m, tile = f32_tile(M, N, K)
+            ieee, tf32 = (launch_us(partial(_tiles, scale_inv=None, block_m=block_m, tile=tile,
                                             upcast=not rounded, f32_prec=p, **fin), *args) for p in ("ieee", "tf32x3"))
+            if M > 64:                         # the rows kernel holds every row in one program: to 64 rows
+                lines.append(f"| {name} | {M} | {torch_us:.2f} | {ieee:.2f} | {tf32:.2f} | — | — | — |")
+                print(lines[-1], flush=True)
+                continue
             pick = gemv_rows_tile(M, N, K)
             cands = [pick] + [GemvTile(bn, bk, triton.cdiv(K, span))
                               for bn, bk, span in itertools.product((4, 8), (32, 64, 128, 256), (1024, 2048))
                               if bn <= N and next_pow2(M) * bn * bk <= 16384]
             res = [(launch_us(partial(_gemv_rows, tile=t, **fin), *args), label(t)) for t in cands]
             best = "; ".join(f"{us:.2f} {lab}" for us, lab in sorted(r for r in res if r[0] == r[0])[:4])
-            lines.append(f"| {name} | {M} | {ieee:.2f} | {tf32:.2f} | {res[0][0]:.2f} | {label(pick)} | {best} |")
+            lines.append(f"| {name} | {M} | {torch_us:.2f} | {ieee:.2f} | {tf32:.2f} | {res[0][0]:.2f} | {label(pick)} "
+                         f"| {best} |")
             print(lines[-1], flush=True)
     return lines
 

@@ -50,7 +50,7 @@ Partial edge blocks (576 = 4·128 + 64 rows, K not a multiple of 128) are masked
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -562,12 +562,12 @@ def linear_group(x: torch.Tensor, *weights: tuple) -> tuple[torch.Tensor, ...]:
 @ops.register("linear_f32", backend="triton", available=on_cuda)
 def linear_f32(x: torch.Tensor, weight: torch.Tensor, rounded: bool = False, scale: float = 1.0) -> torch.Tensor:
     """As ``reference.linear_f32`` for a 2-D unquantized weight: one row on the one-row kernel, to GEMV_ROWS
-    rows on its several-row form, up to DECODE_ROWS on the tile kernel (fp32 as 3-pass TF32 dots, or, ``rounded``,
-    dots in x's dtype), rounding and scale in their stores; more rows (prefill) on the reference."""
+    rows on its several-row form, up to PREFILL_ROWS on the tile kernel (``f32_tile``; fp32 as 3-pass TF32 dots, or,
+    ``rounded``, dots in x's dtype), rounding and scale in their stores; more rows (prefill) on the reference."""
     K = x.shape[-1]
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
-    if not 0 < M <= DECODE_ROWS or weight.dim() != 2 or not weight.is_contiguous() \
+    if not 0 < M <= PREFILL_ROWS or weight.dim() != 2 or not weight.is_contiguous() \
             or weight.dtype not in TL_DTYPES or x.dtype not in TL_DTYPES or (rounded and weight.dtype != x.dtype):
         return reference.linear_f32(x, weight, rounded, scale)
     x2 = x2.contiguous()
@@ -579,9 +579,22 @@ def linear_f32(x: torch.Tensor, weight: torch.Tensor, rounded: bool = False, sca
     elif M <= GEMV_ROWS:
         _gemv_rows(x2, weight, out, gemv_rows_tile(M, N, K), round_to=round_to, out_scale=scale)
     else:
-        _tiles(x2, weight, None, out, max(16, next_pow2(M)), decode_tile(M, N, K), upcast=not rounded,
-               round_to=round_to, out_scale=scale, f32_prec="tf32x3")
+        block_m, tile = f32_tile(M, N, K)
+        _tiles(x2, weight, None, out, block_m, tile, upcast=not rounded, round_to=round_to, out_scale=scale,
+               f32_prec="tf32x3")
     return out.view(*x.shape[:-1], N)
+
+
+def f32_tile(M: int, N: int, K: int) -> tuple[int, LinearTile]:
+    """``linear_f32``'s tile-kernel launch past GEMV_ROWS rows: (rows a block, tile). To DECODE_ROWS all rows in one
+    block on the decode tile; past that (a dp step's MoE over every rank's rows: the router's logits under 128 / 256
+    rows, which cuBLAS ran as fp32 FMA GEMMs, 25 µs and a split-K reduce a layer) 64-row blocks of the decode tile,
+    split over K to ~2 programs an SM."""
+    tile = decode_tile(M, N, K)
+    if M <= DECODE_ROWS:
+        return max(16, next_pow2(M)), tile
+    tiles = triton.cdiv(N, tile.block_n) * triton.cdiv(M, 64)
+    return 64, replace(tile, split=max(1, min(triton.cdiv(2 * num_sms(), tiles), triton.cdiv(K, 128) // 2)))
 
 
 @ops.register("linear", backend="triton", available=on_cuda)

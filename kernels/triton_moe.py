@@ -69,9 +69,10 @@ from kernels.triton_utils import (
 # every rank's rows: 8 ranks × 32).
 FUSED_MAX_ROWS = 256
 RUN_ROWS = 16          # the most rows of an expert's run one program takes (runs average N·k / E_local pairs)
-SHARED_PAIR_ROWS = 8   # the shared expert joins the several-row launches to this many rows (its run one program's:
-                       # past that each chunk of the run re-reads its weights — the rank of dp 8 at 16 rows a rank,
-                       # 128 rows, was 0.10 ms a step slower with it fused; bench/results/session30/)
+SHARED_PAIR_ROWS = 64  # the shared expert joins the several-row launches to this many rows (a dp step's MoE at 8
+                       # rows a rank: 6 launches fewer a layer, the step 2.35 → 2.18 ms in session 30; past 8 rows each
+                       # 8-pair chunk of its run re-reads its weights, and at 128 rows (16 a rank) the step was 0.10 ms
+                       # slower fused; bench/results/session30/, session33/)
 ROUTE_BLOCK = 32       # pairs a routing program ranks (64 rows: 277 → 7.5 µs; blocks of 16 / 64: 12.1 / 10.4); from
                        # 512 pairs 8, ranked against 128 a step (64 / 128 / 256 rows: 7.6 / 14.1 / 27.3 → 4.1 / 6.9 /
                        # 14.6 µs, bench/results/session20/route_blocks.py)

@@ -223,8 +223,8 @@ def test_linear_group_bf16(M):
 
 def test_linear_f32_router_and_head_weights():
     """The router's fp32 logits (bf16 x, fp32 [256, 6144]) and the indexer's head weights (bf16 [32, 6144],
-    rounded to bf16, × 32^-0.5), one row, 2–8 (the rows kernel) and 16 / 64 (the tile kernel's TF32 × 3 dots): close
-    to the reference, bit-identical in a graph replay."""
+    rounded to bf16, × 32^-0.5), one row, 2–8 (the rows kernel) and 16–256 (the tile kernel's TF32 × 3 dots; 64-row
+    blocks past 64, a dp step's MoE rows): close to the reference, bit-identical in a graph replay."""
     g = gen(9)
     x = torch.randn(1, 6144, device=DEV, generator=g).to(BF16)
     w_router = 0.02 * torch.randn(256, 6144, device=DEV, generator=g)
@@ -235,7 +235,7 @@ def test_linear_f32_router_and_head_weights():
     assert rel(heads, reference.linear_f32(x, w_heads, rounded=True, scale=32 ** -0.5)) < 4e-3
     assert torch.equal(replayed(lambda: tri("linear_f32")(x, w_router)), logits)
     assert torch.equal(replayed(lambda: tri("linear_f32")(x, w_heads, rounded=True, scale=32 ** -0.5)), heads)
-    for M in (2, 5, 8, 16, 64):
+    for M in (2, 5, 8, 16, 64, 128, 200, 256):
         xm = torch.randn(M, 6144, device=DEV, generator=g).to(BF16)
         logits_m = tri("linear_f32")(xm, w_router)
         assert rel(logits_m, reference.linear_f32(xm, w_router)) < 1e-5
@@ -379,11 +379,12 @@ def test_w8a8_moe_fp8(N, offset, I):
 
 
 @pytest.mark.parametrize("N,I,offset", [(1, 2048, 0), (2, 2048, 0), (8, 2048, 0), (8, 256, 0), (64, 256, 0),
-                                        (8, 256, 16)])
+                                        (64, 2048, 0), (128, 256, 0), (8, 256, 16)])
 def test_moe_fp8_with_shared_expert(N, I, offset):
-    """The shared expert inside moe_experts (one row: one more pair of the fused launches; 2–8 rows: every row's
-    last pair of the Gluon launches; 64: composed after them): close to the fp32 reference and to the shared expert
-    composed after the routed ones, bit-identical on repeat and in graph replays."""
+    """The shared expert inside moe_experts (one row: one more pair of the fused launches; 2–64 rows: every row's
+    last pair of the Gluon launches, its run in 8-pair chunks past 8; 128: composed after them): close to the fp32
+    reference and to the shared expert composed after the routed ones, bit-identical on repeat and in graph
+    replays."""
     args = moe_args(20 + N, N, I, 64, offset)
     x = args[0]
     g = gen(30 + N)

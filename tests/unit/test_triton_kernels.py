@@ -154,10 +154,10 @@ def test_linear_group_apart_on_the_configured_linear(tk, monkeypatch):
     assert all(torch.equal(y, configured(x, w, s)) for y, (w, s) in zip(ys, weights))
 
 
-def test_linear_f32(tk):
+def test_linear_f32(tk, monkeypatch):
     """Unquantized weights, fp32 result: the router (fp32 weight, x upcast) and the indexer's head weights
     (rounded to x's dtype first, then scaled) on the one-row kernel (split-K or not), its several-row form (2..8
-    rows), the tile kernel (to 64 rows); prefill rows on the reference."""
+    rows), the tile kernel (to 256 rows: one block to 64, 64-row blocks past that); prefill rows on the reference."""
     lin = tk["lin"]
     g = torch.Generator().manual_seed(5)
     w32 = torch.randn(40, 300, generator=g)
@@ -190,7 +190,16 @@ def test_linear_f32(tk):
         out = torch.empty(M, 40)
         lin._gemv_rows(xm, w32, out, tile)
         assert rel(out, torch.nn.functional.linear(xm, w32)) < 1e-6
-    many = torch.randn(70, 300, generator=g)               # prefill rows: the reference
+    blocks = []                                            # a dp step's MoE rows: 64-row blocks of the tile kernel
+    tiles = lin._tiles
+    monkeypatch.setattr(lin, "_tiles", lambda x2, w, s, out, block_m, *a, **kw: (blocks.append(block_m),
+                                                                               tiles(x2, w, s, out, block_m, *a, **kw)))
+    for M in (70, 130):
+        xm = torch.randn(M, 300, generator=g)
+        assert rel(lin.linear_f32(xm, w32), reference.linear_f32(xm, w32)) < 1e-6
+    assert blocks == [64, 64]
+    monkeypatch.undo()
+    many = torch.randn(300, 300, generator=g)              # prefill rows: the reference
     assert torch.equal(lin.linear_f32(many, w32), reference.linear_f32(many, w32))
 
 
@@ -401,10 +410,11 @@ def test_group_launch_fits_shared_memory(tk):
 
 @pytest.mark.parametrize("fp8", [True, False])
 @pytest.mark.parametrize("N,offset", [(1, 0), (1, 4), (3, 0), (3, 4), (8, 0), (20, 0)])
-def test_moe_experts_with_shared(tk, N, offset, fp8):
+def test_moe_experts_with_shared(tk, N, offset, fp8, monkeypatch):
     """The shared expert inside ``moe_experts``: one more pair of the one-row launches, every row's last pair of
-    the several-row launches to SHARED_PAIR_ROWS rows — its output added last, as the reference —, composed after
-    the routed experts past that (20 rows) and when its shape is not one routed expert's (an ep rank's slice)."""
+    the several-row launches to SHARED_PAIR_ROWS rows (20: its run in two chunks) — its output added last, as the
+    reference —, composed after the routed experts past that (20 rows under a bound of 16) and when its shape is not
+    one routed expert's (an ep rank's slice)."""
     g = torch.Generator().manual_seed(13 + N)
     x, idx, w, gate, up, down, gs, us, ds = _moe_inputs(g, N, 128, 192, 8, 4, fp8)
     sh = _moe_inputs(g, 1, 128, 192, 1, 1, fp8)[3:]
@@ -417,6 +427,11 @@ def test_moe_experts_with_shared(tk, N, offset, fp8):
                + reference.swiglu(x, *shared)) == 0
     got = tk["moe"].moe_experts(x, idx, w, *args, expert_offset=offset, shared=shared)
     assert rel(got, ref) < 1e-5
+    if N == 20 and fp8:                        # more rows than the bound: composed after the routed experts
+        monkeypatch.setattr(tk["moe"], "SHARED_PAIR_ROWS", 16)
+        composed = tk["moe"].moe_experts(x, idx, w, *args, expert_offset=offset, shared=shared)
+        assert rel(composed, ref) < 1e-5 and not torch.equal(composed, got)
+        monkeypatch.undo()
     if N == 1:                                 # the launch a wide expert takes with the shared one fused (9 pairs)
         tiles = tk["moe"].expert_tiles(1, 6144, 2048)
         assert tiles[0].fma and tiles[0].each and tiles[1].each
