@@ -29,6 +29,7 @@ and ``GLMSERVE_GLUON=0``. No programmatic dependent launch (the tile kernels run
 from __future__ import annotations
 
 import functools
+import math
 import os
 from dataclasses import dataclass
 
@@ -405,7 +406,7 @@ def moe_usable(x: torch.Tensor, gate: torch.Tensor, has_scale: bool) -> bool:
     return has_scale and x.shape[1] % 128 == 0 and gate.shape[1] % 128 == 0 and _rows_fit(x, MOE_MAX_ROWS)
 
 
-def moe_tile(H: int, I: int, experts_hit: int, sms: int, rows: int = 8) -> MoeTile:
+def moe_tile(H: int, I: int, experts_hit: int, sms: int, rows: int = 8, share: float = 1.0) -> MoeTile:
     """The launch measured best on H200 at 8 rows of 256 experts (``bench/rows_gemm.py --moe``,
     bench/results/session9/call6, call7). Wide experts (I ≥ 1024): 128 outputs a program on 8 warps for gate/up
     and down, H unsplit (I 2048: 681 → 567–610 µs against the Triton tile kernels). A tp shard's narrow
@@ -427,15 +428,24 @@ def moe_tile(H: int, I: int, experts_hit: int, sms: int, rows: int = 8) -> MoeTi
     Wide experts at 2 rows (session 32, bench/moe_few_rows.py, the shared expert fused, 4 routings): ~17 runs (16
     routed experts and the shared one) make 17 × 16 gate/up programs of 8 warps, just past one wave of 2 an SM, and
     the last few ran alone: H split in 4 (4.1 waves), 242.8 → 203.7 µs a call; from 3 rows no split measured faster
-    than none by more than 2.3 % (3 / 4 / 5 / 6 / 8 rows: 286.7 / 327.5 / 416.5 / 470.1 / 590.6 µs unsplit)."""
+    than none by more than 2.3 % (3 / 4 / 5 / 6 / 8 rows: 286.7 / 327.5 / 416.5 / 470.1 / 590.6 µs unsplit).
+    An ep rank (session 33, ``moe_few_rows.py --held 32``: 32 experts of 2048 held, ``share`` = 1/8 of the pairs
+    here, ``experts_hit`` the runs expected here): at 4 / 8 rows its ~4–8 runs' gate/up programs are a fraction of a
+    wave, and H split in 4 took 112.8 / 132.6 → 75.9 / 103.7 µs a call — one rule with the 2-row split: split in 4
+    where the unsplit gate/up programs (a run's I / 128) are ≤ 2.5 an SM. Past 8 rows most sorted positions are other
+    ranks' pairs and runs are short (1–4 pairs): the chunk grid with 8-pair programs, 32 / 64 / 128 rows 307.8 / 336.1
+    / 379.1 → 270.7 / 311.2 / 347.3 µs against the pick that counted every pair as local (16 rows: equal)."""
     if rows > 8:
-        runs = rows * 8 / experts_hit          # pairs an expert's run averages (top-8)
+        runs = rows * 8 * share / experts_hit      # pairs an expert's run averages (top-8)
         if runs >= 8:
             return MoeTile(64, 1, 64, sub=1, gu_warps=4, dn_warps=4, pairs=16, compact=True)
+        if share < 1:
+            return MoeTile(128, 1, 64, sub=2, gu_warps=8, dn_warps=4, compact=True)
         wide = I >= 1024 and rows >= 32
         return MoeTile(128, 1, 128 if wide else 64, sub=2, gu_warps=8, dn_warps=8 if wide else 4, compact=runs >= 4)
-    if I >= 1024:            # 2 rows: H split in 4 (below)
-        return MoeTile(128, 4 if rows <= 2 else 1, 128, sub=2, gu_warps=8, dn_warps=8)
+    if I >= 1024:            # H split in 4 where the runs' programs are about a wave or less (above)
+        few = experts_hit * triton.cdiv(I, 128) <= 2.5 * sms
+        return MoeTile(128, 4 if few else 1, 128, sub=2, gu_warps=8, dn_warps=8)
     tiles = experts_hit * triton.cdiv(I, 64)
     split = max(1, min(triton.cdiv(16 * sms, tiles), H // 128 // 4))
     return MoeTile(64, split, 64, sub=2, gu_warps=4, dn_warps=4)
@@ -445,15 +455,16 @@ def moe_gemms(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch
               up_s: torch.Tensor, down_s: torch.Tensor, topk_w: torch.Tensor, sorted_e: torch.Tensor,
               sorted_pair: torch.Tensor, run_start: torch.Tensor, act: torch.Tensor, y: torch.Tensor, k: int,
               E_local: int, counters: torch.Tensor, tile: MoeTile | None = None,
-              shared: tuple[list[int], int] = ([0] * 6, -1)) -> None:
+              shared: tuple[list[int], int] = ([0] * 6, -1), share: float = 1.0) -> None:
     """The gate/up and down launches of triton_moe.fused_moe for 2..MOE_MAX_ROWS rows: act [P, I] and y [P, H]
     of the sorted pairs (P = N·k; ``run_start``: where each sorted pair's run starts, from route_pairs), as its
     Triton tile kernels write them. ``shared``: the shared expert's element offsets (gate, up, down and their
-    scales) and its local expert id (-1: not among the pairs)."""
+    scales) and its local expert id (-1: not among the pairs). ``share``: the part of the pairs routed here (an ep
+    rank's E_local / E), for the launch's shape only."""
     N, H = x.shape
     I = gate.shape[1]
     P = N * k
-    tile = tile or moe_tile(H, I, min(P, E_local), num_sms(), N)
+    tile = tile or moe_tile(H, I, min(E_local, max(1, math.ceil(P * share))), num_sms(), N, share)
     num_sb_h, num_sb_i = H // 128, I // 128
     per_split = triton.cdiv(triton.cdiv(num_sb_h, tile.split), tile.sub) * tile.sub
     split = triton.cdiv(num_sb_h, per_split)

@@ -359,10 +359,11 @@ def swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Te
 def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor,
                 gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
                 gate_s: torch.Tensor | None, up_s: torch.Tensor | None, down_s: torch.Tensor | None,
-                expert_offset: int = 0, shared: tuple | None = None) -> torch.Tensor:
+                expert_offset: int = 0, shared: tuple | None = None, n_experts: int | None = None) -> torch.Tensor:
     """Routed experts held locally, for all rows: Σ_j w[n,j] · down(silu(gate(x)) · up(x)); with ``shared``
     = (gate, up, down, gate_s, up_s, down_s) of the shared expert, its output is added last (in x's dtype,
-    as HF's ``experts(x) + shared_experts(x)``).
+    as HF's ``experts(x) + shared_experts(x)``). ``n_experts`` (how many experts the ids range over) shapes the
+    kernels' launches only; the math does not use it.
 
     x: [N, H]; topk_idx/topk_w: [N, k] global expert ids / weights; gate, up: [E_l, I_l, H];
     down: [E_l, H, I_l] (FP8 with [E_l, ⌈·/128⌉, ⌈·/128⌉] scales, or None). Local expert e holds global

@@ -503,15 +503,16 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
               up: torch.Tensor, down: torch.Tensor, gate_s: torch.Tensor | None, up_s: torch.Tensor | None,
               down_s: torch.Tensor | None, expert_offset: int = 0,
               tiles: tuple[ExpertTile, ExpertTile] | gluon_rows.MoeTile | None = None,
-              shared: tuple | None = None) -> torch.Tensor:
+              shared: tuple | None = None, n_experts: int | None = None) -> torch.Tensor:
     """x: [N, H] (N ≤ FUSED_MAX_ROWS), topk_idx/topk_w: [N, k] global ids / fp32 weights, gate/up:
     [E_l, I, H], down: [E_l, H, I] (fp8 with block scales, or x's dtype with None) → [N, H] in x's dtype:
     Σ_j w[n,j] · down(silu(gate(x)) · up(x)) over this rank's experts, + the ``shared`` expert's output
     (as ``reference.moe_experts``; where it has a routed expert's shape it runs in the same launches: one more pair
     at one row, every row's last pair to SHARED_PAIR_ROWS rows). 2..256 bf16 rows
     (``gluon_rows.MOE_MAX_ROWS``) with FP8 experts take the Gluon kernels (kernels/gluon_rows.py) where present.
-    ``tiles`` overrides the (gate/up, down) launch shapes or (a ``MoeTile``) the Gluon launch (benchmarks).
-    Graph-capturable."""
+    ``tiles`` overrides the (gate/up, down) launch shapes or (a ``MoeTile``) the Gluon launch (benchmarks);
+    ``n_experts``: how many experts the ids range over (an ep rank holds E_local of them; None: all), for the Gluon
+    launch's shape. Graph-capturable."""
     N, H = x.shape
     E_local, I, _ = gate.shape
     k = topk_idx.shape[1]
@@ -555,7 +556,8 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
     act, y = (torch.empty(P, n, dtype=x.dtype, device=x.device) for n in (I, H))
     if gluon:
         gluon_rows.moe_gemms(x, gate, up, down, gate_s, up_s, down_s, pair_w, sorted_e, sorted_pair, run_start, act,
-                             y, k, E_held, tile_counters(x.device), tiles, shared=(offs, E_shared))
+                             y, k, E_held, tile_counters(x.device), tiles, shared=(offs, E_shared),
+                             share=E_local / n_experts if n_experts and not fuse else 1.0)
     else:
         assert all(128 % t.block_n == 0 and t.block_k % 128 == 0 for t in (gu, dn))
         prec = dot_precision(x.dtype)
@@ -708,7 +710,7 @@ def _combine(y: torch.Tensor, order: torch.Tensor | None, valid: torch.Tensor | 
 def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor,
                 gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
                 gate_s: torch.Tensor | None, up_s: torch.Tensor | None, down_s: torch.Tensor | None,
-                expert_offset: int = 0, shared: tuple | None = None) -> torch.Tensor:
+                expert_offset: int = 0, shared: tuple | None = None, n_experts: int | None = None) -> torch.Tensor:
     """As ``reference.moe_experts``; few rows run fused, more rows (prefill) grouped (the shared expert through
     this backend's linear); weights the kernels cannot read (not contiguous, a dtype Triton lacks) the reference."""
     if x.shape[0] > FUSED_MAX_ROWS or x.shape[0] == 0:
@@ -717,7 +719,8 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor,
         else:
             out = grouped_moe(x, topk_idx, topk_w, gate, up, down, gate_s, up_s, down_s, expert_offset)
         return _plus_shared(out, x, shared)
-    return fused_moe(x, topk_idx, topk_w, gate, up, down, gate_s, up_s, down_s, expert_offset, shared=shared)
+    return fused_moe(x, topk_idx, topk_w, gate, up, down, gate_s, up_s, down_s, expert_offset, shared=shared,
+                     n_experts=n_experts)
 
 
 def _groupable(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> bool:

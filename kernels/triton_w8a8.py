@@ -252,11 +252,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor | None
 def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor,
                 gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
                 gate_s: torch.Tensor | None, up_s: torch.Tensor | None, down_s: torch.Tensor | None,
-                expert_offset: int = 0, shared: tuple | None = None) -> torch.Tensor:
+                expert_offset: int = 0, shared: tuple | None = None, n_experts: int | None = None) -> torch.Tensor:
     """As the ``triton`` backend's ``moe_experts``; FP8 experts over ≥ ``MIN_ROWS`` rows run W8A8 (the shared
     expert through this backend's ``linear``)."""
     if gate_s is None or x.shape[0] < MIN_ROWS or gate.dim() != 3 or not _quantized(x, gate, up, down):
         return triton_moe.moe_experts(x, topk_idx, topk_w, gate, up, down, gate_s, up_s, down_s, expert_offset,
-                                      shared)
+                                      shared, n_experts)
     out = w8a8_moe(x, topk_idx, topk_w, gate, up, down, gate_s, up_s, down_s, expert_offset)
     return out if shared is None else out + reference.swiglu(x, *shared, linear=linear)

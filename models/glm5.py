@@ -300,7 +300,7 @@ class Experts(nn.Module):
         super().__init__()
         experts = shard.expert_range(cfg.n_routed_experts)
         inter = cfg.moe_intermediate_size // (1 if shard.mode == "ep" else shard.world_size)
-        self.expert_offset = experts.start
+        self.expert_offset, self.n_experts = experts.start, cfg.n_routed_experts
         self.gate_proj = StackedLinear(len(experts), cfg.hidden_size, inter)
         self.up_proj = StackedLinear(len(experts), cfg.hidden_size, inter)
         self.down_proj = StackedLinear(len(experts), inter, cfg.hidden_size)
@@ -311,7 +311,7 @@ class Experts(nn.Module):
         g, u, d = self.gate_proj, self.up_proj, self.down_proj
         return ops.moe_experts(x, topk_idx, topk_w, g.weight, u.weight, d.weight, g.weight_scale_inv,
                                u.weight_scale_inv, d.weight_scale_inv, self.expert_offset,
-                               shared=None if shared is None else shared.weights())
+                               shared=None if shared is None else shared.weights(), n_experts=self.n_experts)
 
 
 class MoE(nn.Module):

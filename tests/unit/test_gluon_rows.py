@@ -32,6 +32,17 @@ def test_moe_tile_splits_narrow_experts_and_two_rows():
         assert t.block_i % (16 * t.gu_warps) == 0 and t.block_ho % (16 * t.dn_warps) == 0
 
 
+def test_moe_tile_for_an_ep_rank():
+    """An ep rank of 8 (32 wide experts held, 1/8 of the pairs routed here): its few runs at ≤ 8 rows split H in 4;
+    past 8 rows the chunk grid with 8-pair programs until runs average 8 pairs; every expert held keeps its picks."""
+    assert [gluon_rows.moe_tile(6144, 2048, r, 132, rows=r, share=1 / 8).split for r in (4, 8)] == [4, 4]
+    ep = [gluon_rows.moe_tile(6144, 2048, min(32, 8 * r // 8), 132, rows=r, share=1 / 8) for r in (16, 64, 128)]
+    assert all(t == gluon_rows.MoeTile(128, 1, 64, 2, 8, 4, compact=True) for t in ep)
+    assert gluon_rows.moe_tile(6144, 2048, 32, 132, rows=256, share=1 / 8).pairs == 16
+    tp = gluon_rows.moe_tile(6144, 2048, 257, 132, rows=64)
+    assert not tp.compact and tp.block_ho == 128
+
+
 @pytest.mark.parametrize("N,E_local,offset,pairs", [(256, 256, 0, 16), (256, 32, 64, 8), (3, 16, 0, 8),
                                                     (40, 256, 0, 16)])
 def test_run_chunks_lists_every_chunk_start(N, E_local, offset, pairs):

@@ -408,6 +408,22 @@ def test_group_launch_fits_shared_memory(tk):
                     assert moe._smem_bytes(block_m, tile, x_dt.itemsize, w_dt.itemsize, n) <= 0.9 * smem
 
 
+def test_moe_gluon_launch_sees_the_ep_share(tk, monkeypatch):
+    """``n_experts`` reaches the Gluon launch's shape: an ep rank holding 4 of 16 experts passes share 1/4 (its runs
+    are counted from the pairs routed here), every expert held or the shared expert fused 1. The launches themselves
+    are replaced (Gluon has no CPU interpreter): the routing and the combine run."""
+    seen = []
+    monkeypatch.setattr(tk["moe"].gluon_rows, "moe_usable", lambda *a: True)
+    monkeypatch.setattr(tk["moe"].gluon_rows, "moe_gemms", lambda *a, share, **kw: seen.append(share))
+    g = torch.Generator().manual_seed(21)
+    x, idx, w, gate, up, down, gs, us, ds = _moe_inputs(g, 4, 128, 128, 16, 4, True)
+    held = [t[4:8] for t in (gate, up, down, gs, us, ds)]
+    tk["moe"].moe_experts(x, idx, w, *held, 4, n_experts=16)
+    tk["moe"].moe_experts(x, idx, w, gate, up, down, gs, us, ds, 0, n_experts=16)
+    tk["moe"].moe_experts(x, idx, w, *held, 4)
+    assert seen == [0.25, 1.0, 1.0]
+
+
 @pytest.mark.parametrize("fp8", [True, False])
 @pytest.mark.parametrize("N,offset", [(1, 0), (1, 4), (3, 0), (3, 4), (8, 0), (20, 0)])
 def test_moe_experts_with_shared(tk, N, offset, fp8, monkeypatch):
