@@ -87,3 +87,17 @@ def test_config_is_frozen_and_round_trips():
     with pytest.raises(Exception):
         cfg.hidden_size = 3  # type: ignore[misc]
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_a_foreign_kernels_package_is_named(monkeypatch):
+    """Hugging Face's ``kernels`` (a transformers >= 5.25 dependency) found before ours: a clear ImportError at
+    ``import models``, not a missing name later."""
+    import importlib.machinery
+    import importlib.util
+
+    import models
+    models.check_kernels_package()             # ours, here
+    foreign = importlib.machinery.ModuleSpec("kernels", None, origin="/site-packages/kernels/__init__.py")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: foreign)
+    with pytest.raises(ImportError, match="another package named 'kernels'"):
+        models.check_kernels_package()
