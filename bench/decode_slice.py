@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from kernels import ops
-from kernels.triton_utils import pdl_mode
+from glmkernels import ops
+from glmkernels.triton_utils import pdl_mode
 from models.cache import KVCache, build_batch
 from models.config import ModelConfig
 from models.glm5 import GlmForCausalLM, MoeShard

@@ -23,8 +23,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from bench.decode_slice import graph_ms
 from bench.kernels_micro import rand_fp8
-from kernels.triton_linear import fp8_linear, gemv_tile
-from kernels.triton_utils import num_sms
+from glmkernels.triton_linear import fp8_linear, gemv_tile
+from glmkernels.triton_utils import num_sms
 
 SHAPES = [(12288, 6144), (6144, 16384), (16384, 2048), (2048, 6144), (576, 6144), (4096, 2048)]
 COLD_BYTES = 300e6

@@ -37,8 +37,8 @@ import triton.language as tl
 from bench.decode_slice import graph_ms
 from bench.gemv_ceiling import COLD_BYTES, stream
 from bench.kernels_micro import rand_fp8
-from kernels.triton_linear import _reduce_splits, fp8_linear, gemv_tile, tile_counters
-from kernels.triton_utils import num_sms, pdl_mode, pdl_wait
+from glmkernels.triton_linear import _reduce_splits, fp8_linear, gemv_tile, tile_counters
+from glmkernels.triton_utils import num_sms, pdl_mode, pdl_wait
 
 SHAPES = ["6144x16384", "12288x6144", "16384x2048", "2048x6144"]    # o_proj, dense gate / up, q_b, q_a
 

@@ -1,4 +1,4 @@
-"""Registers, spills and load / MMA counts of the Gluon kernels (kernels/gluon_rows.py, gluon_mid.py), compiled for
+"""Registers, spills and load / MMA counts of the Gluon kernels (glmkernels/gluon_rows.py, gluon_mid.py), compiled for
 sm_90 on this machine — no GPU needed: triton's own ptxas (inside ``triton.compile``) and cuobjdump. A refactor that
 looks neutral can change the register count and with it how many CTAs an SM holds (session 10: 64 → 86 registers
 halved the rows kernel's 8-warp occupancy); check here before sweeping launches on the GPU.
@@ -24,8 +24,8 @@ from pathlib import Path
 import triton
 from triton.backends.compiler import GPUTarget
 
-from kernels import gluon_mid
-from kernels import gluon_rows as G
+from glmkernels import gluon_mid
+from glmkernels import gluon_rows as G
 
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 ROWS_SIG = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "out_ptr": "*bf16", "part_ptr": "*fp32",
@@ -120,10 +120,11 @@ def main() -> None:
         cases.append((name, G._moe_gate_up_kernel, GATE_UP_SIG,
                       {"TOPK": 8, "BLOCK_I": bi, "BLOCK_R": pairs, "SUB": 2, "WARPS": warps, "SPLIT": split,
                        "BITS": True, "COMPACT": pairs > 8}, warps))
-    for bo, warps, pairs in ((128, 8, 8), (64, 4, 8), (64, 4, 16)):
-        cases.append((f"moe down {bo}/{warps}w/{pairs}p", G._moe_down_kernel, DOWN_SIG,
-                      {"BLOCK_HO": bo, "BLOCK_R": pairs, "SUB": 2, "WARPS": warps, "BITS": True,
-                       "COMPACT": pairs > 8}, warps))
+    for bo, warps, pairs, steps in ((128, 8, 8, 1), (64, 4, 8, 1), (64, 4, 16, 1), (64, 4, 16, 4), (128, 8, 16, 2),
+                                    (256, 8, 16, 1)):
+        cases.append((f"moe down {bo}/{warps}w/{pairs}p" + (f" x{steps}" if steps > 1 else ""), G._moe_down_kernel,
+                      DOWN_SIG, {"BLOCK_HO": bo, "BLOCK_R": pairs, "SUB": 2, "WARPS": warps, "BITS": True,
+                                 "COMPACT": pairs > 8, "HO_STEPS": steps}, warps))
     cases += mid_cases()
     print(f"triton {triton.__version__}, sm_90\n")
     print("| kernel | registers | CTAs / SM (by registers) | local / stack (spill) bytes | static shared bytes | SASS "

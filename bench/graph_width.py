@@ -30,7 +30,7 @@ from bench.step_host import decode, prefill
 from cluster.config import EngineConfig
 from cluster.engine import warm_keys
 from cluster.local import build_local_engine
-from kernels.triton_attention import indexer_topk_paged
+from glmkernels.triton_attention import indexer_topk_paged
 from scheduler import shapes
 
 BS, TOPK, IH, IDD = 16, 2048, 32, 128

@@ -13,8 +13,8 @@ import argparse
 import torch
 
 from bench.decode_slice import time_ms
-from kernels.reference import ragged_slots
-from kernels.triton_attention import SCORE_ROWS, _score, _score_rows
+from glmkernels.reference import ragged_slots
+from glmkernels.triton_attention import SCORE_ROWS, _score, _score_rows
 
 TILES = [(8, 64, 1024, 8), (8, 64, 256, 8), (8, 64, 1024, 4), (4, 64, 1024, 4), (16, 64, 1024, 8), (8, 128, 1024, 8),
          (16, 32, 1024, 8), (8, 64, 64, 8)]

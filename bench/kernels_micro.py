@@ -22,7 +22,7 @@ import torch
 from triton.testing import do_bench
 
 from bench.decode_slice import graph_ms
-from kernels import ops, reference
+from glmkernels import ops, reference
 
 DEV, BF16 = "cuda", torch.bfloat16
 FP8 = torch.float8_e4m3fn

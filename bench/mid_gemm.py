@@ -12,7 +12,7 @@ and each swapped launch against its unswapped twin bit for bit (reported, not as
     PYTHONPATH=. python bench/mid_gemm.py --out DIR [--rows 16 32 64 128 256] [--sweep base|wide|prescale|hopper]
         [--shapes q_b o_proj ...] [--budget-s 420]
 
-``--sweep hopper``: the Gluon kernel of kernels/gluon_mid.py (its pick, ``gluon default``, and launches around it)
+``--sweep hopper``: the Gluon kernel of glmkernels/gluon_mid.py (its pick, ``gluon default``, and launches around it)
 beside the Triton tile kernel's pick (``default``; since session 26 ``fp8_linear`` takes the Gluon kernel where
 it applies).
 """
@@ -32,8 +32,8 @@ from triton.runtime.errors import OutOfResources
 
 from bench.decode_slice import time_ms
 from bench.rows_gemm import graph_us, over, weights
-from kernels import gluon_mid, reference
-from kernels.triton_linear import (
+from glmkernels import gluon_mid, reference
+from glmkernels.triton_linear import (
     DECODE_ROWS,
     LinearTile,
     decode_tile,
@@ -41,7 +41,7 @@ from kernels.triton_linear import (
     mid_tile,
     unswapped_mid_tile,
 )
-from kernels.triton_utils import next_pow2, num_sms
+from glmkernels.triton_utils import next_pow2, num_sms
 
 DEV = "cuda"
 SHAPES = [(2048, 6144, "q_a"), (16384, 2048, "q_b"), (6144, 16384, "o_proj"), (4096, 2048, "indexer wq_b"),
@@ -54,7 +54,7 @@ def default_tile(M: int, N: int, K: int) -> LinearTile:
 
 
 def hopper_variants(M: int, N: int, K: int) -> dict[str, gluon_mid.MidTile]:
-    """The Gluon TMA / wgmma kernel (kernels/gluon_mid.py): the default pick, then rows × 64 outputs a program
+    """The Gluon TMA / wgmma kernel (glmkernels/gluon_mid.py): the default pick, then rows × 64 outputs a program
     (one warpgroup), ring stages, programs an SM."""
     out = {"gluon default": gluon_mid.mid_tile(M, N, K, num_sms())}
     block_ms = (max(16, next_pow2(M)),) if M <= 64 else (64, 128)

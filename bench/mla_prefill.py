@@ -18,8 +18,8 @@ import torch
 
 from bench.decode_slice import time_ms
 from bench.tune_decode_kernels import rel
-from kernels import reference
-from kernels import triton_attention as ta
+from glmkernels import reference
+from glmkernels import triton_attention as ta
 
 DEV, BF16 = "cuda", torch.bfloat16
 NH, RKV, DR, TOPK = 64, 512, 64, 2048

@@ -15,7 +15,7 @@ from functools import partial
 import torch
 
 from bench.decode_slice import time_ms
-from kernels import triton_attention as ta
+from glmkernels import triton_attention as ta
 
 DEV, BF16 = "cuda", torch.bfloat16
 NH, RKV, DR, TOPK = 64, 512, 64, 2048

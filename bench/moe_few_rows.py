@@ -12,7 +12,8 @@ and a count just past a whole number of waves leaves a few programs to run alone
 µs a call (routing, gate/up, down, combine), device time of a CUDA graph replay (the experts hit are ≫ L2), each
 launch checked against the Triton tile kernels first. Shape: block_i/split/block_ho/sub/gate-up warps/down warps.
 
-    PYTHONPATH=. python bench/moe_few_rows.py [--rows 2 3 4 5 6 8] [--draws 4] [--inter 2048] [--held 256] --out DIR
+    PYTHONPATH=. python bench/moe_few_rows.py [--rows 2 3 4 5 6 8] [--draws 4] [--inter 2048] [--held 256] [--down]
+        --out DIR
 """
 
 from __future__ import annotations
@@ -21,25 +22,36 @@ import argparse
 import json
 import math
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from bench.rows_gemm import DEV, graph_us
-from kernels.gluon_rows import MoeTile, moe_tile
-from kernels.triton_moe import expert_tiles, fused_moe
-from kernels.triton_utils import num_sms
+from glmkernels.gluon_rows import MoeTile, moe_tile
+from glmkernels.triton_moe import expert_tiles, fused_moe
+from glmkernels.triton_utils import num_sms
 
 H, E, TOP_K = 6144, 256, 8
 
 
-def shapes(rows: int, I: int, held: int = E) -> dict[str, MoeTile]:
+def shapes(rows: int, I: int, held: int = E, down: bool = False) -> dict[str, MoeTile]:
     """The launches to time: ``moe_tile``'s pick as ``fused_moe`` makes it (pairs counted with the shared expert
-    where it is fused: every expert held) and others."""
+    where it is fused: every expert held) and others (``down``: the default's gate/up beside other down launches —
+    outputs a program, warps, blocks a program takes in turn — and K blocks a step, pairs a program)."""
     share = 1.0 if held == E else held / E
     hit = min(rows * (TOP_K + 1), E + 1) if held == E else min(held, max(1, math.ceil(rows * TOP_K * share)))
     default = moe_tile(H, I, hit, num_sms(), rows, share)
     out = {"default": default}
+    if down:
+        for ho, warps, steps in ((64, 4, 2), (64, 4, 4), (64, 4, 8), (128, 4, 1), (128, 8, 1), (128, 4, 2),
+                                 (128, 8, 2), (128, 8, 4)):     # (≤ 128 outputs: one scale block a program)
+            out[f"down {ho}/{warps}/x{steps}"] = replace(default, block_ho=ho, dn_warps=warps, ho_steps=steps)
+        out[f"sub {3 - default.sub}"] = replace(default, sub=3 - default.sub)
+        out[f"pairs {default.pairs * 2}"] = replace(default, pairs=default.pairs * 2)
+        out[f"pairs {default.pairs * 2} down 128/8/x2"] = replace(default, pairs=default.pairs * 2, block_ho=128,
+                                                                   dn_warps=8, ho_steps=2)
+        return out
     if rows > 8:                               # the default's pairs and grid, gate/up split over H or narrower
         for bi, warps in ((128, 8), (64, 4)):
             for split in (1, 2, 4):
@@ -51,6 +63,11 @@ def shapes(rows: int, I: int, held: int = E) -> dict[str, MoeTile]:
                 out[f"{t.block_i}/{t.split}/{t.block_ho}/{t.sub}/{t.gu_warps}/{t.dn_warps}/p{t.pairs}"
                     + ("c" if t.compact else "")] = t
         return out
+    if I < 1024:                               # narrow experts: one K block a step (the pick since session 34)
+        for split in (2, 4, 6, 8, 12, 16, 24):
+            out[f"64/{split}/64/1/4/4"] = MoeTile(64, split, 64, 1, 4, 4)
+        for split in (2, 4, 6):
+            out[f"128/{split}/64/1/8/4"] = MoeTile(128, split, 64, 1, 8, 4)
     for split in (1, 2, 3, 4):
         out[f"128/{split}/128/2/8/8"] = MoeTile(128, split, 128, 2, 8, 8)
     for split in (1, 2, 4):
@@ -68,6 +85,7 @@ def main() -> None:
     ap.add_argument("--inter", type=int, default=2048, help="each expert's width (256: a tp rank's of 8)")
     ap.add_argument("--held", type=int, default=E, help="experts held here (32: an ep rank of 8; the others' pairs "
                     "are routed away and the shared expert, sliced in ep, is left out)")
+    ap.add_argument("--down", action="store_true", help="the default's gate/up beside other down launches")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
     I, held = args.inter, args.held
@@ -91,7 +109,7 @@ def main() -> None:
             def call(tiles, x=x, idx=idx, wr=wr):
                 return fused_moe(x, idx, wr, gate, up, down, gs, us, ds, tiles=tiles, shared=shared, n_experts=E)
             want = call(expert_tiles(rows, H, I)).float()
-            for name, t in shapes(rows, I, held).items():
+            for name, t in shapes(rows, I, held, args.down).items():
                 err = ((call(t).float() - want).norm() / want.norm()).item()
                 assert err < 1e-2, (rows, name, err)
                 times.setdefault(name, []).append(graph_us([lambda t=t: call(t)]))
@@ -104,7 +122,7 @@ def main() -> None:
         results.append({"rows": rows, "runs": hits, "us": times})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    name = f"moe_few_rows_i{I}" + (f"_held{held}" if held < E else "")
+    name = f"moe_few_rows_i{I}" + (f"_held{held}" if held < E else "") + ("_down" if args.down else "")
     (out / f"{name}.json").write_text(json.dumps(results, indent=1))
     (out / f"{name}.txt").write_text("\n".join(lines) + "\n")
 

@@ -24,9 +24,9 @@ import torch
 from bench.kernels_micro import rand_fp8
 from bench.profile_slice import kernel_times
 from bench.rows_gemm import DEV, graph_us
-from kernels import reference, triton_moe
-from kernels.triton_linear import linear
-from kernels.triton_moe import ExpertTile, expert_tiles, fused_moe
+from glmkernels import reference, triton_moe
+from glmkernels.triton_linear import linear
+from glmkernels.triton_moe import ExpertTile, expert_tiles, fused_moe
 
 H, E, I = 6144, 256, 2048
 COPIES = 8

@@ -1,4 +1,4 @@
-"""Prefill MoE on the GLM-5.2 widths: the grouped launches (``kernels/triton_moe.py::grouped_moe``) against the
+"""Prefill MoE on the GLM-5.2 widths: the grouped launches (``glmkernels/triton_moe.py::grouped_moe``) against the
 per-expert reference loop the Triton backend ran before (``reference.moe_experts``: a host sync per expert, each
 linear's whole FP8 weight dequantized, then a bf16 GEMM), one layer's routed experts, bf16 rows, FP8 experts.
 
@@ -26,8 +26,8 @@ import torch
 from bench.decode_slice import time_ms
 from bench.kernels_micro import rand_fp8
 from bench.tune_decode_kernels import rel
-from kernels import reference, triton_moe
-from kernels.triton_moe import ExpertTile, GroupTile, fused_moe, grouped_moe
+from glmkernels import reference, triton_moe
+from glmkernels.triton_moe import ExpertTile, GroupTile, fused_moe, grouped_moe
 
 DEV, BF16 = "cuda", torch.bfloat16
 H, E, K = 6144, 256, 8

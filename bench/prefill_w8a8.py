@@ -1,4 +1,4 @@
-"""Prefill GEMMs on the GLM-5.2 widths with FP8 activations (W8A8, ``kernels/triton_w8a8.py``) beside the W8A16
+"""Prefill GEMMs on the GLM-5.2 widths with FP8 activations (W8A8, ``glmkernels/triton_w8a8.py``) beside the W8A16
 paths the Triton backend runs by default: the dense FP8 linears (one Triton pass dequantizes the weight to bf16,
 then cuBLAS) and the grouped MoE (``triton_moe.grouped_moe``: FP8 tiles widened to bf16 for the tensor cores).
 
@@ -28,9 +28,9 @@ from bench.decode_slice import time_ms
 from bench.kernels_micro import rand_fp8
 from bench.moe_prefill import BF16_TFLOPS, DEV, E, H, K, experts
 from bench.tune_decode_kernels import rel
-from kernels import reference, triton_linear
-from kernels.triton_moe import grouped_moe
-from kernels.triton_w8a8 import MIN_LINEAR_WORK, act_quant, w8a8_linear, w8a8_moe
+from glmkernels import reference, triton_linear
+from glmkernels.triton_moe import grouped_moe
+from glmkernels.triton_w8a8 import MIN_LINEAR_WORK, act_quant, w8a8_linear, w8a8_moe
 
 BF16 = torch.bfloat16
 FP8_TFLOPS = 1385.0            # measured fp8 GEMM ceiling on the lent H200 (brief)

@@ -13,7 +13,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bench.decode_slice import BF16, BLOCK, DEV, SLICE, OtherRanks, build_model, decode_graphs
-from kernels import ops
+from glmkernels import ops
 from models.cache import KVCache
 from models.config import ModelConfig
 from models.glm5 import MoeShard

@@ -1,4 +1,4 @@
-"""Few-row FP8 linear on the GPU: the Gluon rows kernel (kernels/gluon_rows.py) against the Triton tile kernel,
+"""Few-row FP8 linear on the GPU: the Gluon rows kernel (glmkernels/gluon_rows.py) against the Triton tile kernel,
 with the one-row GEMV beside them, on the GLM-5.2 decode shapes.
 
 Each case is timed as the device sees it in a decode step: a CUDA graph of back-to-back launches over
@@ -23,11 +23,11 @@ import torch
 import triton
 
 from bench.decode_slice import graph_ms
-from kernels import reference
-from kernels.gluon_rows import MAX_ROWS, MoeTile, RowsTile, fp8_linear_rows, moe_tile, rows_tile
-from kernels.triton_linear import LinearTile, decode_tile, fp8_linear, tile_counters
-from kernels.triton_moe import expert_tiles, fused_moe
-from kernels.triton_utils import num_sms
+from glmkernels import reference
+from glmkernels.gluon_rows import MAX_ROWS, MoeTile, RowsTile, fp8_linear_rows, moe_tile, rows_tile
+from glmkernels.triton_linear import LinearTile, decode_tile, fp8_linear, tile_counters
+from glmkernels.triton_moe import expert_tiles, fused_moe
+from glmkernels.triton_utils import num_sms
 
 DEV = "cuda"
 SHAPES = [(576, 6144, "kv_a"), (2048, 6144, "q_a"), (16384, 2048, "q_b"), (6144, 16384, "o_proj"),

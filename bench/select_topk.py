@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from bench.decode_slice import graph_ms
-from kernels.triton_attention import SELECT_BLOCK, _score, indexer_topk_paged, wide_select
+from glmkernels.triton_attention import SELECT_BLOCK, _score, indexer_topk_paged, wide_select
 
 DEV, BS, TOPK = "cuda", 64, 2048
 WIDTHS = (5120, 16384, 40960, 204800)

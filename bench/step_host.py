@@ -11,7 +11,7 @@ over-counts and the difference means nothing: run with ``GLMSERVE_PDL=0`` for it
 Then a cProfile of the same decode steps: host functions by own time (a device sync shows as the time of the call
 that waits).
 
-``--prefill-activations fp8``: the engine's W8A8 prefill (kernels/triton_w8a8.py); on CUDA the prefill's kernels are
+``--prefill-activations fp8``: the engine's W8A8 prefill (glmkernels/triton_w8a8.py); on CUDA the prefill's kernels are
 listed by time as well. ``--list-index``: sampling picks its rows with a Python list index, as before session 13
 (a synchronous copy: lm_head waits for the whole replay) — for an A/B in one process. ``--no-lookahead``: the engine
 does not let the runner launch the next decode step before reading this one's tokens (as before session 13).
@@ -41,7 +41,7 @@ import torch
 from bench.cluster_slice import slice_config
 from cluster.config import EngineConfig
 from cluster.local import build_local_engine
-from kernels.triton_utils import pdl_mode
+from glmkernels.triton_utils import pdl_mode
 from scheduler.request import SamplingParams
 
 

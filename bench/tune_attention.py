@@ -20,8 +20,8 @@ import torch
 
 from bench.kernels_micro import rand_fp8
 from bench.tune_decode_kernels import timed
-from kernels import reference
-from kernels import triton_attention as ta
+from glmkernels import reference
+from glmkernels import triton_attention as ta
 
 DEV, BF16 = "cuda", torch.bfloat16
 NH, RKV, DR, DN, DV, K = 64, 512, 64, 192, 256, 2048
@@ -40,6 +40,9 @@ def sweep(name: str, configs, run, want, copies: int, label) -> list[tuple[float
 MLA_SWEEP = [(bk, 1, splits, bh, w, st) for bh, bk, w, st, splits in
              itertools.product((16, 32, 64), (32, 64), (4, 8), (2, 3), (4, 8, 16, 64))
              if w == 8 or bh == 16 or bh == 32 and bk < 64]
+# past 8 rows a row's split count comes from the programs an SM is given (per_sm), not the most splits
+MLA_ROWS_SWEEP = [(bk, per_sm, 64, bh, w, st) for bh, w in ((64, 8), (32, 8), (16, 4))
+                  for bk, per_sm, st in itertools.product((32, 64), (1, 2, 3, 4), (2, 3))]
 
 
 def mla_rows(N: int, picks_only: bool) -> tuple[str, list, str]:
@@ -53,7 +56,7 @@ def mla_rows(N: int, picks_only: bool) -> tuple[str, list, str]:
     def run(i, c):
         return ta._mla(ql, qr, caches[i], sel, 0.0625, *c)
     pick = (*ta.mla_tile(N), 2)                 # the stages: _mla's default
-    configs = [pick] + ([] if picks_only else [c for c in MLA_SWEEP if c != pick])
+    configs = [pick] + ([] if picks_only else [c for c in (MLA_ROWS_SWEEP if N > 8 else MLA_SWEEP) if c != pick])
 
     def label(c):
         return f"keys {c[0]} per_sm {c[1]} max {c[2]} heads {c[3]} w{c[4]} st{c[5]}"

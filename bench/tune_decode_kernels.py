@@ -10,7 +10,7 @@ processes (Triton's disk cache), so the sweep is not bound by serial compilation
     PYTHONPATH=. python bench/tune_decode_kernels.py [--baseline DIR] [--picks-only] [--out bench/results]
 
 ``--baseline DIR`` also times DIR/triton_linear.py and DIR/triton_moe.py with their own launch choices
-(e.g. a previous commit's files from ``git show REV:kernels/triton_linear.py``): the "before" column.
+(e.g. a previous commit's files from ``git show REV:glmkernels/triton_linear.py``): the "before" column.
 ``--picks-only`` times just the launchers' own choices (before/after numbers without the sweep).
 """
 
@@ -29,10 +29,10 @@ import triton
 
 from bench.decode_slice import graph_ms
 from bench.kernels_micro import rand_fp8
-from kernels import reference
-from kernels.triton_linear import GemvTile, LinearTile, decode_tile, fp8_linear, gemv_tile
-from kernels.triton_moe import ExpertTile, expert_tiles, fused_moe
-from kernels.triton_utils import next_pow2, num_sms
+from glmkernels import reference
+from glmkernels.triton_linear import GemvTile, LinearTile, decode_tile, fp8_linear, gemv_tile
+from glmkernels.triton_moe import ExpertTile, expert_tiles, fused_moe
+from glmkernels.triton_utils import next_pow2, num_sms
 
 DEV, BF16 = "cuda", torch.bfloat16
 LINEAR_SHAPES = [(12288, 6144), (6144, 16384), (16384, 2048), (2048, 6144), (576, 6144), (4096, 2048)]

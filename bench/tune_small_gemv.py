@@ -22,9 +22,9 @@ import torch
 import triton
 
 from bench.decode_slice import graph_ms
-from kernels import reference
-from kernels.triton_linear import GemvTile, _gemv, _gemv_rows, _tiles, f32_tile, gemv_rows_tile, gemv_tile
-from kernels.triton_utils import next_pow2, num_sms
+from glmkernels import reference
+from glmkernels.triton_linear import GemvTile, _gemv, _gemv_rows, _tiles, f32_tile, gemv_rows_tile, gemv_tile
+from glmkernels.triton_utils import next_pow2, num_sms
 
 CASES = [("router fp32 [256x6144]", 256, torch.float32, False, 1.0),
          ("head weights bf16 [32x6144]", 32, torch.bfloat16, True, 32 ** -0.5)]

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from bench.decode_slice import BF16, BLOCK, DEV, SLICE, build_model, decode_graphs, time_ms
-from kernels import ops
+from glmkernels import ops
 from models.cache import KVCache, contiguous_batch
 from models.config import ModelConfig
 from models.glm5 import MoeShard

@@ -119,7 +119,7 @@ class EngineConfig:
 
     def kernel_overrides(self) -> dict[str, str]:
         """``ops.configure``'s per-op overrides: ``prefill_activations: fp8`` runs the FP8 linears and experts of
-        prefill chunks (more than 256 rows) on the W8A8 kernels (kernels/triton_w8a8.py); decode stays W8A16."""
+        prefill chunks (more than 256 rows) on the W8A8 kernels (glmkernels/triton_w8a8.py); decode stays W8A16."""
         if self.prefill_activations == "bf16":
             return {}
         if self.resolved_device() != "cuda":

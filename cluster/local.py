@@ -35,7 +35,7 @@ def scheduler_config(cfg: EngineConfig, model_config, tokenizer, num_blocks: int
 
 def build_local_engine(cfg: EngineConfig, progress: bool = True) -> tuple[Engine, object]:
     """Load the model and tokenizer; returns (engine, tokenizer)."""
-    from kernels import ops
+    from glmkernels import ops
     from models.loader import load_model
     from workers.runner import ModelRunner
 

@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from kernels.reference import RaggedSlots
+from glmkernels.reference import RaggedSlots
 from models.config import ModelConfig
 
 

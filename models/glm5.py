@@ -6,7 +6,7 @@ grouped top-k, shared expert) or dense MLP + the MTP layer. Parameter names foll
 (``model.layers.{l}.self_attn.q_a_proj.weight`` …) except routed experts, which are stacked per layer
 (``mlp.experts.gate_proj.weight [E, I, H]``) and filled from per-expert keys by the loader.
 
-Math: reference/glm5_architecture.md §2–3. Every op goes through ``kernels.ops``. The MLP phases of
+Math: reference/glm5_architecture.md §2–3. Every op goes through ``glmkernels.ops``. The MLP phases of
 a layer (dense or MoE) gather the step's rows from all ranks and reduce-scatter partial sums back
 (``self.comm``); on one process that comm is the identity.
 """
@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import ops
-from kernels.reference import FP8_DTYPE, CacheRows
+from glmkernels import ops
+from glmkernels.reference import FP8_DTYPE, CacheRows
 from models.cache import Batch, KVCache
 from models.config import ModelConfig, num_blocks
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from kernels.reference import FP8_DTYPE, fp8_quantize
+from glmkernels.reference import FP8_DTYPE, fp8_quantize
 from models.config import ModelConfig
 from models.glm5 import GlmForCausalLM, Linear, MoeShard
 

@@ -8,7 +8,7 @@ DP = "dp"
 SPAN = "span"
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)   # rows per rank of the decode / verify steps captured as CUDA graphs
 # The most rows a graph step's MoE may take — a dp step's MoE takes every rank's rows (ranks × bucket); more go to
-# prefill launches that a graph cannot capture (kernels/triton_moe.py: FUSED_MAX_ROWS ≥ this)
+# prefill launches that a graph cannot capture (glmkernels/triton_moe.py: FUSED_MAX_ROWS ≥ this)
 GRAPH_MOE_ROWS = 256              # 8 ranks × 32: an 8-rank replica at max_num_seqs 256 stays on graphs
 # Block-table widths captured per octave of context. Only the indexer's work grows with the width (keys past a row's
 # position score -inf and cost little: bench/graph_width.py), while every width is a graph per bucket to capture.

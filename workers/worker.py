@@ -118,7 +118,7 @@ class Worker:
     """Builds this rank's shard from the checkpoint and runs steps; every rank runs every step."""
 
     def __init__(self, spec: WorkerSpec, rendezvous: Rendezvous):
-        from kernels import ops
+        from glmkernels import ops
         from models.glm5 import MoeShard
         from models.loader import load_model
 

@@ -35,7 +35,7 @@ from cluster.config import EngineConfig
 from cluster.engine import Engine, LocalExecutor
 from cluster.local import scheduler_config
 from cluster.workers import ProcessWorkerGroup, worker_specs
-from kernels import ops
+from glmkernels import ops
 from models.loader import load_model
 from scheduler.request import SamplingParams
 from scheduler.shapes import StepShape

@@ -21,7 +21,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("triton")
 
-from kernels import ops
+from glmkernels import ops
 from models.loader import load_model
 from scheduler.request import SamplingParams
 from scheduler.scheduler import ScheduledSeq

@@ -13,8 +13,8 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("triton")
 
-from kernels import ops, reference
-from kernels.reference import fp8_quantize
+from glmkernels import ops, reference
+from glmkernels.reference import fp8_quantize
 from workers.graphs import capture_graph
 
 DEV = "cuda"
@@ -74,7 +74,7 @@ def test_fp8_linear_decode_bitwise(M, N, K):
     assert torch.equal(replayed(lambda: lin(x, w8, s)), first)
 
 
-gluon_rows = pytest.importorskip("kernels.gluon_rows")
+gluon_rows = pytest.importorskip("glmkernels.gluon_rows")
 needs_gluon = pytest.mark.skipif(not gluon_rows.HAVE_GLUON, reason="triton without Gluon: the tile kernel runs")
 
 
@@ -85,7 +85,7 @@ def all_e4m3(N: int, K: int) -> torch.Tensor:
     return finite.repeat(N * K // finite.numel() + 1)[:N * K].view(torch.float8_e4m3fn).view(N, K).contiguous()
 
 
-gluon_mid = pytest.importorskip("kernels.gluon_mid")
+gluon_mid = pytest.importorskip("glmkernels.gluon_mid")
 needs_hopper = pytest.mark.skipif(not gluon_mid.HAVE_HOPPER or torch.cuda.get_device_capability()[0] != 9,
                                   reason="the mid-size Gluon kernel needs triton's Hopper Gluon and an sm_90 GPU")
 
@@ -107,7 +107,7 @@ def test_fp8_widening_exact(path):
         elif path.startswith("mid"):
             if not gluon_mid.HAVE_HOPPER or torch.cuda.get_device_capability()[0] != 9:
                 pytest.skip("needs triton's Hopper Gluon and an sm_90 GPU")
-            from kernels.triton_linear import fp8_linear
+            from glmkernels.triton_linear import fp8_linear
             out = fp8_linear(x, w8, s, gluon_mid.MidTile(64, 32 if rows <= 32 else 128, 1, 3))
         else:
             if not gluon_rows.HAVE_GLUON:
@@ -129,7 +129,7 @@ def test_gluon_rows_linear(M, N, K, tile):
     g = gen(M * N + K)
     w8, s = fp8_quantize(0.02 * torch.randn(N, K, device=DEV, generator=g))
     x = torch.randn(M, K, device=DEV, generator=g).to(BF16)
-    from kernels.triton_linear import fp8_linear
+    from glmkernels.triton_linear import fp8_linear
     t = gluon_rows.RowsTile(*tile) if tile else None
     if t is None:
         assert gluon_rows.usable(x, N)
@@ -153,7 +153,7 @@ def test_gluon_mid_linear(M, N, K, tile):
     g = gen(M * N + K)
     w8, s = fp8_quantize(0.02 * torch.randn(N, K, device=DEV, generator=g))
     x = torch.randn(M, K, device=DEV, generator=g).to(BF16)
-    from kernels.triton_linear import fp8_linear
+    from glmkernels.triton_linear import fp8_linear
     t = gluon_mid.MidTile(*tile) if tile else gluon_mid.mid_tile(M, N, K, torch.cuda.get_device_properties(0)
                                                                    .multi_processor_count)
     assert gluon_mid.usable(x, N, K)
@@ -187,9 +187,9 @@ def test_linear_group_bf16(M):
     group is that kernel's grouped launch, and each weight's outputs there are bit-identical to the weight alone in
     the same launch shape (also with a ragged 72-row last weight, its last tile masked, and unsplit K); q_b with
     wq_b too."""
-    from kernels import gluon_rows
-    from kernels.triton_linear import tile_counters
-    from kernels.triton_utils import num_sms
+    from glmkernels import gluon_rows
+    from glmkernels.triton_linear import tile_counters
+    from glmkernels.triton_utils import num_sms
     g = gen(5)
     weights = [fp8_quantize(0.02 * torch.randn(n, 6144, device=DEV, generator=g)) for n in (2048, 576, 128, 72)]
     x = torch.randn(M, 6144, device=DEV, generator=g).to(BF16)
@@ -277,11 +277,11 @@ def test_fp8_dequant_exact():
     assert torch.equal(tri("fp8_dequant")(w8, s, BF16), reference.fp8_dequant(w8, s, BF16))
 
 
-def moe_args(seed: int, N: int, I: int, E: int, offset: int) -> tuple:
+def moe_args(seed: int, N: int, I: int, E: int, offset: int, held: int | None = None) -> tuple:
     """(x, topk ids, weights, gate, up, down, their scales, offset): N bf16 rows routed top-8 of E experts,
-    E - offset of them held here (offset > 0: the upper half is elsewhere), FP8 expert weights."""
+    E - offset of them held here (offset > 0: the upper half is elsewhere) or ``held`` from offset on, FP8 experts."""
     g = gen(seed)
-    H, k, E_l = 6144, 8, E // 2 if offset else E
+    H, k, E_l = 6144, 8, held or (E // 2 if offset else E)
     x = torch.randn(N, H, device=DEV, generator=g).to(BF16)
     idx = torch.stack([torch.randperm(E, device=DEV, generator=g)[:k] for _ in range(N)])
     w = torch.rand(N, k, device=DEV, generator=g)
@@ -316,7 +316,7 @@ def test_grouped_moe_fp8(N, offset, I):
 def test_act_quant_codes_on_gpu():
     """Activations to e4m3 per 128 columns on the GPU: the reference's codes and scales bit for bit (bf16 rows of
     a ragged width, a zero row, fp32 rows spanning 12 decades)."""
-    from kernels.triton_w8a8 import act_quant
+    from glmkernels.triton_w8a8 import act_quant
 
     g = gen(51)
     x = torch.randn(300, 6144 + 64, device=DEV, generator=g).to(BF16)
@@ -335,7 +335,7 @@ def test_w8a8_linear_bf16(M, N, K):
     the fp32 reference as bf16 output rounding allows, bit-identical on repeat, a few per cent from the W8A16
     product; rows not a multiple of 4 (cuBLAS's padding); K of 3 blocks, where cuBLAS computes wrong products
     (call 10 of session 13) — refused, and the default takes Triton; the op takes W8A8 once the work is large enough."""
-    from kernels import triton_w8a8
+    from glmkernels import triton_w8a8
 
     g = gen(M + K)
     w8, s = fp8_quantize(0.02 * torch.randn(N, K, device=DEV, generator=g))
@@ -420,12 +420,12 @@ def test_moe_fp8_bitwise_and_graph(N, offset, I):
 @pytest.mark.parametrize("N,offset,I", [(2, 0, 2048), (3, 16, 256), (8, 0, 256), (8, 16, 2048), (13, 0, 256),
                                          (40, 16, 2048), (64, 0, 256), (128, 16, 256), (256, 0, 256)])
 @pytest.mark.parametrize("tile", [None, (64, 1, 64), (128, 5, 128, 4, 8, 8), (64, 3, 64, 2, 4, 4, 8, True),
-                                  (128, 1, 128, 2, 8, 8, 16, True)])
+                                  (128, 1, 128, 2, 8, 8, 16, True), (64, 1, 64, 1, 4, 4, 16, True, 2)])
 def test_gluon_moe(N, offset, I, tile):
     """The Gluon expert kernels (2..256 rows on 32 experts: runs of ~N/4 pairs, past 8 (16) in chunks of 8 (16),
-    a program per sorted pair or per chunk; split over H on and off; experts held elsewhere): close to the fp32
-    reference and to the Triton tile kernels, bit-identical on repeat and in graph replays."""
-    from kernels.triton_moe import expert_tiles, fused_moe
+    a program per sorted pair or per chunk; split over H on and off; down blocks in turn; experts held elsewhere):
+    close to the fp32 reference and to the Triton tile kernels, bit-identical on repeat and in graph replays."""
+    from glmkernels.triton_moe import expert_tiles, fused_moe
     args = moe_args(40 + N + I, N, I, 32, offset)
     x, H = args[0], args[0].shape[1]
     t = gluon_rows.MoeTile(*tile) if tile else None
@@ -439,8 +439,27 @@ def test_gluon_moe(N, offset, I, tile):
     assert torch.equal(replayed(lambda: fused_moe(*args, tiles=t)), first)
 
 
+@needs_gluon
+@pytest.mark.parametrize("N,I", [(2, 2048), (4, 2048), (8, 2048), (3, 1024), (8, 1024), (16, 2048), (32, 2048),
+                                 (64, 2048), (128, 2048)])
+def test_gluon_moe_ep_rank(N, I):
+    """An ep rank of 8 (32 of 256 experts held, ``n_experts``): the launches ``moe_tile`` picks for the pairs routed
+    here (H split in 4 at few rows, the chunk grid of 8-pair programs past 8 rows) close to the fp32 reference and
+    the Triton tile kernels, bit-identical on repeat and in graph replays."""
+    from glmkernels.triton_moe import expert_tiles, fused_moe
+    args = moe_args(70 + N + I, N, I, 256, 64, held=32)
+    x, H = args[0], args[0].shape[1]
+    pick = gluon_rows.moe_tile(H, I, min(32, N), gluon_rows.num_sms(), N, 32 / 256)     # N·8 pairs, 1/8 of them here
+    assert (pick.split, pick.compact) == ((4, False) if N <= 8 else (1, True))
+    first = fused_moe(*args, n_experts=256)
+    assert rel(first, reference.moe_experts(x.float(), *args[1:])) < 1e-2
+    assert rel(first, fused_moe(*args, tiles=expert_tiles(N, H, I))) < 1e-2
+    assert torch.equal(fused_moe(*args, n_experts=256), first)
+    assert torch.equal(replayed(lambda: fused_moe(*args, n_experts=256)), first)
+
+
 def test_route_pairs_32_rows():
-    from kernels.triton_moe import route_pairs
+    from glmkernels.triton_moe import route_pairs
     g = gen(11)
     idx = torch.stack([torch.randperm(256, device=DEV, generator=g)[:8] for _ in range(32)])
     local = idx - 64
@@ -498,7 +517,7 @@ def test_indexer_sets_bf16(rows):
     w = torch.randn(r0, ih, device=DEV, generator=g)
     got = tri("indexer_topk")(q, w, k_cache, seq_rows, seq_slots, positions, topk, idd ** -0.5)
     ref = reference.indexer_topk(q, w, k_cache, seq_rows, seq_slots, positions, topk, idd ** -0.5)
-    from kernels.triton_attention import index_scores
+    from glmkernels.triton_attention import index_scores
     scores, _, _ = index_scores(q, w, k_cache, seq_rows, seq_slots, positions, idd ** -0.5)
     for n in range(r0):
         a, b = set(got[n].tolist()), set(ref[n].tolist())
@@ -515,7 +534,7 @@ def test_indexer_paged_select_bf16(blocks):
     """The graph path's paged indexer at real widths: the slots of exactly the K highest scores (the
     same scores through torch.topk), -1 past the visible keys; graph replays equal eager. The select alone
     (all three passes in their own launches) too."""
-    from kernels.triton_attention import _score, wide_select
+    from glmkernels.triton_attention import _score, wide_select
     g = gen(blocks)
     ih, idd, topk, bs, N = 32, 128, 2048, 64, 3
     k_cache = torch.randn(blocks * bs * 2, idd, device=DEV, generator=g).to(BF16)
@@ -577,7 +596,7 @@ def test_norm_rope_store_bf16():
 def test_norm_rope_store_row_sets_bf16(N):
     """One launch for MLA's key rows, the indexer's and q_a's RMSNorm (the layer's, after its projection launch)
     at GLM-5 widths: each output close to the reference's, bitwise the same in a graph replay."""
-    from kernels.reference import CacheRows
+    from glmkernels.reference import CacheRows
     g = gen(9 + N)
     group = torch.randn(N, 2048 + 576 + 128, device=DEV, generator=g).to(BF16)
     q_a, ckv, k = group[:, :2048], group[:, 2048:2624], group[:, 2624:]
@@ -636,7 +655,7 @@ def test_engine_with_fp8_prefill_activations(tmp_path, monkeypatch):
 
     from cluster.config import EngineConfig
     from cluster.local import build_local_engine
-    from kernels import triton_w8a8
+    from glmkernels import triton_w8a8
     from scheduler.request import SamplingParams
 
     cfg = json.loads(Path("models/configs/glm5-tiny-random.json").read_text())

@@ -9,7 +9,7 @@ import torch
 
 import workers.runner as runner_module
 from cluster.engine import Engine, LocalExecutor, graph_key, warm_keys
-from kernels.reference import indexer_topk, indexer_topk_paged
+from glmkernels.reference import indexer_topk, indexer_topk_paged
 from models.cache import build_batch
 from models.loader import load_model
 from scheduler.request import SamplingParams
@@ -174,9 +174,9 @@ def test_graph_steps_keep_the_moe_within_its_capturable_rows():
     GRAPH_MOE_ROWS — one to four ranks capture every bucket, 8 ranks up to 32 rows a rank, 16 up to 16, 32 up to 8
     — and the Triton MoE runs that many rows on its fused launches, which a graph can hold (the grouped ones sync
     with the host); a span step is held to as many rows (the device comm's regions are that deep)."""
-    from kernels.gluon_rows import MOE_MAX_ROWS
-    from kernels.triton_attention import ABSORB_MAX_ROWS
-    from kernels.triton_moe import FUSED_MAX_ROWS
+    from glmkernels.gluon_rows import MOE_MAX_ROWS
+    from glmkernels.triton_attention import ABSORB_MAX_ROWS
+    from glmkernels.triton_moe import FUSED_MAX_ROWS
 
     assert FUSED_MAX_ROWS >= GRAPH_MOE_ROWS == 256 and MOE_MAX_ROWS >= GRAPH_MOE_ROWS
     assert ABSORB_MAX_ROWS >= GRAPH_BUCKETS[-1]

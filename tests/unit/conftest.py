@@ -1,5 +1,5 @@
-"""CPU tier: Triton kernels (imported by ``kernels`` whenever triton is installed) must be decorated in
-interpreter mode, so the switch is set before any test module here imports ``kernels``."""
+"""CPU tier: Triton kernels (imported by ``glmkernels`` whenever triton is installed) must be decorated in
+interpreter mode, so the switch is set before any test module here imports ``glmkernels``."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 def tk():
     """The Triton kernel modules, reloaded so their kernels are interpreted in this process (test_triton_kernels.py,
     test_triton_moe.py: the modules that check the interpreter is on)."""
-    import kernels.triton_attention as att
-    import kernels.triton_linear as lin
-    import kernels.triton_moe as moe
-    import kernels.triton_norm as norm
-    import kernels.triton_router as router
-    import kernels.triton_w8a8 as w8a8
+    import glmkernels.triton_attention as att
+    import glmkernels.triton_linear as lin
+    import glmkernels.triton_moe as moe
+    import glmkernels.triton_norm as norm
+    import glmkernels.triton_router as router
+    import glmkernels.triton_w8a8 as w8a8
     mods = [importlib.reload(m) for m in (norm, lin, moe, att, router, w8a8)]     # w8a8 imports lin and moe
     return dict(zip(("norm", "lin", "moe", "att", "router", "w8a8"), mods))

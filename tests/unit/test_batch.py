@@ -9,8 +9,8 @@ import random
 import pytest
 import torch
 
-from kernels import ops
-from kernels.reference import ragged_slots
+from glmkernels import ops
+from glmkernels.reference import ragged_slots
 from models.cache import KVCache, build_batch, slots_for
 from models.loader import load_model
 

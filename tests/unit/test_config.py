@@ -89,15 +89,16 @@ def test_config_is_frozen_and_round_trips():
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg
 
 
-def test_a_foreign_kernels_package_is_named(monkeypatch):
-    """Hugging Face's ``kernels`` (a transformers >= 5.25 dependency) found before ours: a clear ImportError at
-    ``import models``, not a missing name later."""
-    import importlib.machinery
-    import importlib.util
+def test_our_packages_shadow_no_installed_distribution():
+    """Our top-level packages (pyproject's list) are no other installed distribution's import names: a clash makes
+    one of the two unimportable (in session 33 our old ``kernels`` met Hugging Face's, a transformers >= 5.25
+    dependency)."""
+    import importlib.metadata
+    from pathlib import Path
 
-    import models
-    models.check_kernels_package()             # ours, here
-    foreign = importlib.machinery.ModuleSpec("kernels", None, origin="/site-packages/kernels/__init__.py")
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: foreign)
-    with pytest.raises(ImportError, match="another package named 'kernels'"):
-        models.check_kernels_package()
+    tomllib = pytest.importorskip("tomllib", reason="Python < 3.11 has no tomllib")
+    ours = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"]
+    owners = importlib.metadata.packages_distributions()
+    clashes = {name: owners[name] for name in ours if set(owners.get(name, [])) - {"glmserve"}}
+    assert not clashes, clashes

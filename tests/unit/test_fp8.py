@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import ops
-from kernels.reference import FP8_DTYPE, fp8_quantize
+from glmkernels import ops
+from glmkernels.reference import FP8_DTYPE, fp8_quantize
 
 
 def f64_dequant(w8: torch.Tensor, s: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The mid-size Gluon linear's host side on the CPU (kernels/gluon_mid.py): which shapes take it, the launch it
+"""The mid-size Gluon linear's host side on the CPU (glmkernels/gluon_mid.py): which shapes take it, the launch it
 picks, and that it compiles for sm_90 with the installed triton. The kernel itself (TMA, wgmma: no interpreter)
 runs in tests/gpu/test_kernels_gpu.py."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-gluon_mid = pytest.importorskip("kernels.gluon_mid", reason="triton is not installed (the 'gpu' extra)")
+gluon_mid = pytest.importorskip("glmkernels.gluon_mid", reason="triton is not installed (the 'gpu' extra)")
 
 SHAPES = [(2048, 6144), (16384, 2048), (6144, 16384), (4096, 2048), (12288, 6144), (6144, 12288), (1536, 6144),
           (6144, 1536), (1088, 720)]
@@ -50,7 +50,7 @@ def test_mid_tile(M, N, K):
 _COMPILE_FOR_SM90 = """
 import json
 from bench import gluon_regs as regs
-from kernels import gluon_mid
+from glmkernels import gluon_mid
 if not gluon_mid.HAVE_HOPPER:
     print(json.dumps(None))
     raise SystemExit

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-gluon_rows = pytest.importorskip("kernels.gluon_rows", reason="triton is not installed (the 'gpu' extra)")
+gluon_rows = pytest.importorskip("glmkernels.gluon_rows", reason="triton is not installed (the 'gpu' extra)")
 
 
 @pytest.mark.parametrize("N,K", [(2048, 6144), (16384, 2048), (6144, 16384), (12288, 6144), (6144, 12288),
@@ -43,12 +43,31 @@ def test_moe_tile_for_an_ep_rank():
     assert not tp.compact and tp.block_ho == 128
 
 
+def test_moe_tile_down_blocks_in_turn():
+    """Past 8 rows a narrow expert's down program takes 4 blocks of outputs in turn (its K is two blocks: one block a
+    program is mostly its prologue); wide experts and ≤ 8 rows one; within a scale block (≤ 128 outputs)."""
+    narrow = [gluon_rows.moe_tile(6144, 256, min(257, 9 * r), 132, rows=r) for r in (16, 64, 128, 256)]
+    assert [t.ho_steps for t in narrow] == [4, 4, 4, 4] and all(t.block_ho <= 128 for t in narrow)
+    assert gluon_rows.moe_tile(6144, 256, 32, 132, rows=64, share=1 / 8).ho_steps == 4
+    wide = [gluon_rows.moe_tile(6144, 2048, min(257, 9 * r), 132, rows=r) for r in (16, 64, 256)]
+    assert [t.ho_steps for t in wide] == [1, 1, 1]
+    assert [gluon_rows.moe_tile(6144, 256, 9 * r, 132, rows=r).ho_steps for r in (2, 8)] == [1, 1]
+
+
+def test_moe_tile_k_blocks_a_step():
+    """One K block a step for narrow experts to 8 rows (fewer registers: more programs an SM); two for wide
+    experts, an ep rank's too."""
+    assert [gluon_rows.moe_tile(6144, 256, 9 * r, 132, rows=r).sub for r in (2, 4, 8)] == [1, 1, 1]
+    assert [gluon_rows.moe_tile(6144, 2048, 9 * r, 132, rows=r).sub for r in (2, 3, 8)] == [2, 2, 2]
+    assert gluon_rows.moe_tile(6144, 2048, 2, 132, rows=2, share=1 / 8).sub == 2
+
+
 @pytest.mark.parametrize("N,E_local,offset,pairs", [(256, 256, 0, 16), (256, 32, 64, 8), (3, 16, 0, 8),
                                                     (40, 256, 0, 16)])
 def test_run_chunks_lists_every_chunk_start(N, E_local, offset, pairs):
     """The compact grid's list (Triton, run here under the interpreter): the sorted positions that own a chunk of
     ≤ ``pairs`` pairs of a held expert's run, in order, then -1 up to the static bound."""
-    from kernels.triton_moe import route_pairs
+    from glmkernels.triton_moe import route_pairs
     g = torch.Generator().manual_seed(N + E_local)
     idx = torch.stack([torch.randperm(256, generator=g)[:8] for _ in range(N)])
     sorted_e, _pair, _order, _valid, run_start = route_pairs(idx, offset, E_local)
@@ -78,7 +97,7 @@ def test_not_usable_on_cpu_and_switch(monkeypatch):
 _COMPILE_FOR_SM90 = """
 import json
 from bench import gluon_regs as regs
-from kernels import gluon_rows
+from glmkernels import gluon_rows
 if not gluon_rows.HAVE_GLUON:
     print(json.dumps(None))
     raise SystemExit
@@ -88,7 +107,7 @@ cases = [(gluon_rows._rows_kernel, regs.ROWS_SIG, {"BLOCK_N": 128, "BLOCK_M": 8,
                                                               "WARPS": 4, "SPLIT": True, "BITS": True,
                                                               "COMPACT": False}, 4),
          (gluon_rows._moe_down_kernel, regs.DOWN_SIG, {"BLOCK_HO": 128, "BLOCK_R": 16, "SUB": 2, "WARPS": 8,
-                                                        "BITS": True, "COMPACT": True}, 8)]
+                                                        "BITS": True, "COMPACT": True, "HO_STEPS": 2}, 8)]
 print(json.dumps({fn.__name__: regs.inspect(fn, sig, constexprs, warps) for fn, sig, constexprs, warps in cases}))
 """
 

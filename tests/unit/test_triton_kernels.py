@@ -22,8 +22,8 @@ if not isinstance(triton.language.standard.sum, InterpretedFunction):
     pytest.skip("triton was imported before TRITON_INTERPRET=1 was set (tests/unit/conftest.py sets it; "
                 "collect tests/unit first)", allow_module_level=True)
 
-from kernels import ops, reference
-from kernels.reference import fp8_quantize
+from glmkernels import ops, reference
+from glmkernels.reference import fp8_quantize
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -431,7 +431,7 @@ def test_norm_rope_store(tk, interleaved):
 def test_norm_rope_store_row_sets(tk, interleaved):
     """MLA's key rows, the indexer's and q_a's RMSNorm (no rope, row n to row n) in one launch (``also``: programs
     (n, 1), (n, 2)) — each output as the reference writes it, and as the one-set launches and ``rms_norm`` do."""
-    from kernels.reference import CacheRows
+    from glmkernels.reference import CacheRows
     g = torch.Generator().manual_seed(14)
     for dtype in (torch.float32, torch.float16):
         group = torch.randn(3, 48 + 72 + 32, generator=g).to(dtype)           # one projection launch's output
@@ -544,7 +544,7 @@ def test_zero_rows_fall_through(tk):
 def test_pdl_mode_env(monkeypatch):
     """GLMSERVE_PDL: a bad value is an error naming the variable; without a Hopper GPU (here) PDL is off
     whatever it asks, so every launch passes PDL=False and no launch attribute."""
-    from kernels import triton_utils
+    from glmkernels import triton_utils
     try:
         for value, want in (("0", "0"), ("1", "0"), ("all", "0"), ("yes", ValueError)):
             monkeypatch.setenv("GLMSERVE_PDL", value)

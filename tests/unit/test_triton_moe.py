@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference
-from kernels.reference import fp8_quantize
+from glmkernels import reference
+from glmkernels.reference import fp8_quantize
 from tests.unit.test_triton_kernels import rel  # and its check that the interpreter is on
 
 

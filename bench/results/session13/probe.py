@@ -8,8 +8,8 @@ import torch
 from bench.decode_slice import time_ms
 from bench.kernels_micro import rand_fp8
 from bench.prefill_w8a8 import LINEARS
-from kernels import reference
-from kernels.triton_w8a8 import act_quant, w8a8_linear, w8a8_moe
+from glmkernels import reference
+from glmkernels.triton_w8a8 import act_quant, w8a8_linear, w8a8_moe
 
 DEV, BF16 = "cuda", torch.bfloat16
 g = torch.Generator(device=DEV).manual_seed(51)

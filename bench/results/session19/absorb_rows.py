@@ -11,8 +11,8 @@ import torch
 
 from bench.decode_slice import graph_ms
 from bench.tune_attention import DN, NH, RKV, kv_b_copies
-from kernels import reference
-from kernels import triton_attention as ta
+from glmkernels import reference
+from glmkernels import triton_attention as ta
 
 BF16 = torch.bfloat16
 

@@ -15,8 +15,8 @@ import triton
 
 from bench.decode_slice import BF16, BLOCK, DEV, SLICE, OtherRanks, build_model, decode_graphs, time_ms
 from bench.rows_gemm import graph_us, over, weights
-from kernels import ops
-from kernels import triton_linear as tl_mod
+from glmkernels import ops
+from glmkernels import triton_linear as tl_mod
 from models.cache import KVCache
 from models.config import ModelConfig
 from models.glm5 import MoeShard

@@ -17,7 +17,7 @@ import statistics
 import torch
 
 from bench.decode_slice import BF16, BLOCK, DEV, SLICE, OtherRanks, build_model, decode_graphs, time_ms
-from kernels import gluon_rows, ops
+from glmkernels import gluon_rows, ops
 from models.cache import KVCache
 from models.config import ModelConfig
 from models.glm5 import MoeShard

@@ -12,9 +12,9 @@ import torch
 
 from bench.profile_slice import kernel_times
 from bench.rows_gemm import graph_us
-from kernels.gluon_rows import MoeTile, moe_tile
-from kernels.triton_moe import expert_tiles, fused_moe
-from kernels.triton_utils import num_sms
+from glmkernels.gluon_rows import MoeTile, moe_tile
+from glmkernels.triton_moe import expert_tiles, fused_moe
+from glmkernels.triton_utils import num_sms
 
 DEV, H, E, K = "cuda", 6144, 256, 8
 

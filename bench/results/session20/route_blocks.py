@@ -12,8 +12,8 @@ import torch
 import triton
 
 from bench.rows_gemm import graph_us
-from kernels import triton_moe
-from kernels.triton_utils import pdl_launch
+from glmkernels import triton_moe
+from glmkernels.triton_utils import pdl_launch
 
 DEV, E, K = "cuda", 256, 8
 

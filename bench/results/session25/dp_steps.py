@@ -8,7 +8,7 @@ outputs), alternating three times, a fresh graph table each (session 19's ``mid_
 from __future__ import annotations
 
 import bench.results.session19.mid_tile as s19
-from kernels import triton_linear as tl_mod
+from glmkernels import triton_linear as tl_mod
 
 if __name__ == "__main__":
     s19.steps(rules={"unswapped": tl_mod.unswapped_mid_tile, "swapped": tl_mod.mid_tile})

@@ -28,9 +28,9 @@ import torch
 from bench.kernels_micro import rand_fp8
 from bench.moe_one_row import experts
 from bench.rows_gemm import DEV, graph_us
-from kernels.triton_linear import GemvTile, _gemv, gemv_tile, linear, linear_f32
-from kernels.triton_moe import fused_moe
-from kernels.triton_router import RouterTile, router, router_topk
+from glmkernels.triton_linear import GemvTile, _gemv, gemv_tile, linear, linear_f32
+from glmkernels.triton_moe import fused_moe
+from glmkernels.triton_router import RouterTile, router, router_topk
 
 H, E, TOP_K = 6144, 256, 8
 BF16 = torch.bfloat16

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from bench.tune_decode_kernels import per_launch_us
-from kernels import triton_attention as ta
+from glmkernels import triton_attention as ta
 
 DEV, BF16 = "cuda", torch.bfloat16
 NH, RKV, DR, K = 64, 512, 64, 2048

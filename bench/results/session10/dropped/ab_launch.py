@@ -16,8 +16,8 @@ import torch
 import triton
 
 from bench.decode_slice import BF16, BLOCK, DEV, SLICE, bench_model, build_model
-from kernels import gluon_rows
-from kernels.gluon_rows import MoeTile, RowsTile
+from glmkernels import gluon_rows
+from glmkernels.gluon_rows import MoeTile, RowsTile
 from models.cache import KVCache
 from models.config import ModelConfig
 from models.glm5 import MoeShard

@@ -10,7 +10,7 @@ import sys
 import torch
 
 from bench.decode_slice import BF16, BLOCK, DEV, SLICE, bench_model, build_model
-from kernels import gluon_rows
+from glmkernels import gluon_rows
 from models.cache import KVCache
 from models.config import ModelConfig
 from models.glm5 import MoeShard

@@ -1,7 +1,7 @@
 """Gluon (Triton's layout-explicit dialect) kernels for a few rows: the FP8 block-scaled linear
 ``y = x @ (W8 · S).T`` for 2..MAX_ROWS bf16 rows and the fused MoE experts' two GEMMs for 2..MOE_MAX_ROWS.
 
-The Triton tile kernels (kernels/triton_linear.py, triton_moe.py) hand ``tl.dot`` a weight tile loaded in
+The Triton tile kernels (glmkernels/triton_linear.py, triton_moe.py) hand ``tl.dot`` a weight tile loaded in
 a coalesced layout; the compiler then moves it through shared memory into the tensor cores' operand layout
 (a store, a barrier and ldmatrix every K step). Here the layouts are ours to name, so the weight is loaded
 from HBM straight into the registers of an ``mma.sync`` A operand and never touches shared memory:
@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_utils import num_sms, weight_group
+from glmkernels.triton_utils import num_sms, weight_group
 
 try:                                           # Gluon as in triton 3.6 (the device image) and 3.9 (CI)
     from triton.experimental import gluon
@@ -256,6 +256,7 @@ class MoeTile:
     dn_warps: int = 4
     pairs: int = RUN_PAIRS     # the most pairs of a run a program takes (the mma's N side)
     compact: bool = False      # grid over the runs' chunks (``run_chunks``) instead of every sorted pair
+    ho_steps: int = 1          # down: BLOCK_HO-output blocks a program takes in turn (its run looked up once)
 
 
 if HAVE_GLUON:
@@ -363,41 +364,43 @@ if HAVE_GLUON:
     def _moe_down_kernel(act_ptr, d_ptr, ds_ptr, sd_off, sds_off, E_shared, w_route_ptr, sorted_e_ptr, sorted_pair_ptr,
                          run_start_ptr, chunk_ptr, y_ptr, P, E_local, H, I, num_sb_h, num_sb_i,
                          BLOCK_HO: gl.constexpr, BLOCK_R: gl.constexpr, SUB: gl.constexpr, WARPS: gl.constexpr,
-                         BITS: gl.constexpr, COMPACT: gl.constexpr):
+                         BITS: gl.constexpr, COMPACT: gl.constexpr, HO_STEPS: gl.constexpr):
         """y[pair] = round(round(act[j] @ D_e.T) · w_route[pair]) for the run's pairs j (E_shared: as the gate/up
-        kernel's)."""
+        kernel's), over HO_STEPS blocks of BLOCK_HO outputs in turn."""
         mma: gl.constexpr = _acc_layout(WARPS)
         wl: gl.constexpr = _operand_layout(0, WARPS)
         xl: gl.constexpr = _operand_layout(1, WARPS)
         p, listed = _position(chunk_ptr, COMPACT)
-        hb = gl.program_id(1)
         e, owner, in_run, j, _pair_x = _run(sorted_e_ptr, sorted_pair_ptr, run_start_ptr, p, listed, P, E_local,
                                             BLOCK_R, gl.SliceLayout(0, xl))
-        rh = hb * BLOCK_HO + gl.arange(0, BLOCK_HO, layout=gl.SliceLayout(1, wl))
+        _e_o, _owner_o, in_run_o, _j_o, pair_o = _run(sorted_e_ptr, sorted_pair_ptr, run_start_ptr, p, listed, P,
+                                                      E_local, BLOCK_R, gl.SliceLayout(0, mma))
         kw, kx = _k_lanes(WARPS)
         shared = e == E_shared
-        d_rows = d_ptr + gl.where(shared, sd_off, e.to(gl.int64) * H * I) + rh[:, None] * I
         a_rows = act_ptr + j[None, :] * I
-        s_off = gl.where(shared, sds_off, e.to(gl.int64) * num_sb_h * num_sb_i) + ((hb * BLOCK_HO) // 128) * num_sb_i
-        acc = gl.zeros([BLOCK_HO, BLOCK_R], gl.float32, layout=mma)
+        dt: gl.constexpr = y_ptr.dtype.element_ty
+        w = gl.load(w_route_ptr + pair_o, mask=in_run_o, other=0.0)
         kb_end = gl.where(owner, num_sb_i, 0)
-        for kb in range(0, kb_end, SUB):
-            for s in gl.static_range(SUB):
-                k = (kb + s) * 128
-                live = kb + s < kb_end
-                wd = gl.load(d_rows + (k + kw)[None, :], mask=(rh[:, None] < H) & live, other=0.0,
-                             eviction_policy="evict_first")
-                a = gl.load(a_rows + (k + kx)[:, None], mask=in_run[None, :] & live, other=0.0)
-                acc += mma_v2(_to_bf16(wd, BITS), a, gl.zeros([BLOCK_HO, BLOCK_R], gl.float32, layout=mma)) * gl.load(
-                    ds_ptr + s_off + kb + s, mask=live, other=0.0)
-        if owner:
-            _e_o, _owner_o, in_run_o, _j_o, pair_o = _run(sorted_e_ptr, sorted_pair_ptr, run_start_ptr, p, listed, P,
-                                                          E_local, BLOCK_R, gl.SliceLayout(0, mma))
-            ho = hb * BLOCK_HO + gl.arange(0, BLOCK_HO, layout=gl.SliceLayout(1, mma))
-            dt: gl.constexpr = y_ptr.dtype.element_ty
-            w = gl.load(w_route_ptr + pair_o, mask=in_run_o, other=0.0)
-            y = (acc.to(dt).to(gl.float32) * w[None, :]).to(dt)
-            gl.store(y_ptr + pair_o[None, :] * H + ho[:, None], y, mask=in_run_o[None, :] & (ho[:, None] < H))
+        for hs in range(HO_STEPS):
+            hb = gl.program_id(1) * HO_STEPS + hs
+            rh = hb * BLOCK_HO + gl.arange(0, BLOCK_HO, layout=gl.SliceLayout(1, wl))
+            d_rows = d_ptr + gl.where(shared, sd_off, e.to(gl.int64) * H * I) + rh[:, None] * I
+            s_off = gl.where(shared, sds_off, e.to(gl.int64) * num_sb_h * num_sb_i) \
+                + ((hb * BLOCK_HO) // 128) * num_sb_i
+            acc = gl.zeros([BLOCK_HO, BLOCK_R], gl.float32, layout=mma)
+            for kb in range(0, kb_end, SUB):
+                for s in gl.static_range(SUB):
+                    k = (kb + s) * 128
+                    live = kb + s < kb_end
+                    wd = gl.load(d_rows + (k + kw)[None, :], mask=(rh[:, None] < H) & live, other=0.0,
+                                 eviction_policy="evict_first")
+                    a = gl.load(a_rows + (k + kx)[:, None], mask=in_run[None, :] & live, other=0.0)
+                    acc += mma_v2(_to_bf16(wd, BITS), a, gl.zeros([BLOCK_HO, BLOCK_R], gl.float32, layout=mma)) \
+                        * gl.load(ds_ptr + s_off + kb + s, mask=live, other=0.0)
+            if owner:
+                ho = hb * BLOCK_HO + gl.arange(0, BLOCK_HO, layout=gl.SliceLayout(1, mma))
+                y = (acc.to(dt).to(gl.float32) * w[None, :]).to(dt)
+                gl.store(y_ptr + pair_o[None, :] * H + ho[:, None], y, mask=in_run_o[None, :] & (ho[:, None] < H))
 
 
 def moe_usable(x: torch.Tensor, gate: torch.Tensor, has_scale: bool) -> bool:
@@ -434,21 +437,32 @@ def moe_tile(H: int, I: int, experts_hit: int, sms: int, rows: int = 8, share: f
     wave, and H split in 4 took 112.8 / 132.6 → 75.9 / 103.7 µs a call — one rule with the 2-row split: split in 4
     where the unsplit gate/up programs (a run's I / 128) are ≤ 2.5 an SM. Past 8 rows most sorted positions are other
     ranks' pairs and runs are short (1–4 pairs): the chunk grid with 8-pair programs, 32 / 64 / 128 rows 307.8 / 336.1
-    / 379.1 → 270.7 / 311.2 / 347.3 µs against the pick that counted every pair as local (16 rows: equal)."""
+    / 379.1 → 270.7 / 311.2 / 347.3 µs against the pick that counted every pair as local (16 rows: equal).
+    Narrow experts past 8 rows (session 34, ``moe_few_rows.py --inter 256 --down``, 3 routings): the down launch's
+    programs (a chunk × 64 of H's outputs, two K blocks of I 256) are short — 36,864 of them at 256 rows, 86
+    registers, 5 CTAs an SM, 2.45 TB/s in Nsight Compute — and a program taking 4 output blocks in turn (its run
+    looked up once) took 64 / 128 / 256 rows 323.1 / 412.7 / 524.4 → 313.1 / 394.3 / 503.8 µs a call (128 outputs,
+    8 warps, 1–4 blocks: 317.7–330.0 / 398.3–422.1 / 507.6–530.3; 32 pairs a program or a K block a step: slower).
+    One K block a step (``sub`` 1) at ≤ 8 rows (session 34, call 4, 4 routings): narrow experts at 2 / 3 / 4 / 6 / 8
+    rows 42.5 / 54.9 / 63.2 / 81.2 / 102.7 → 36.4 / 49.1 / 58.4 / 72.7 / 89.3 µs (its programs hold fewer registers).
+    Wide experts keep two: slower with one from 4 rows (320.6 → 396.2) and on an ep rank (85.3 → 87.4); at 2 rows
+    213.6 → 202.4 in call 4 but 207.5 → 208.9 in call 6 (4 routings): no gain shown."""
     if rows > 8:
         runs = rows * 8 * share / experts_hit      # pairs an expert's run averages (top-8)
+        steps = 4 if I < 1024 else 1
         if runs >= 8:
-            return MoeTile(64, 1, 64, sub=1, gu_warps=4, dn_warps=4, pairs=16, compact=True)
+            return MoeTile(64, 1, 64, sub=1, gu_warps=4, dn_warps=4, pairs=16, compact=True, ho_steps=steps)
         if share < 1:
-            return MoeTile(128, 1, 64, sub=2, gu_warps=8, dn_warps=4, compact=True)
+            return MoeTile(128, 1, 64, sub=2, gu_warps=8, dn_warps=4, compact=True, ho_steps=steps)
         wide = I >= 1024 and rows >= 32
-        return MoeTile(128, 1, 128 if wide else 64, sub=2, gu_warps=8, dn_warps=8 if wide else 4, compact=runs >= 4)
+        return MoeTile(128, 1, 128 if wide else 64, sub=2, gu_warps=8, dn_warps=8 if wide else 4, compact=runs >= 4,
+                       ho_steps=steps)
     if I >= 1024:            # H split in 4 where the runs' programs are about a wave or less (above)
         few = experts_hit * triton.cdiv(I, 128) <= 2.5 * sms
         return MoeTile(128, 4 if few else 1, 128, sub=2, gu_warps=8, dn_warps=8)
     tiles = experts_hit * triton.cdiv(I, 64)
     split = max(1, min(triton.cdiv(16 * sms, tiles), H // 128 // 4))
-    return MoeTile(64, split, 64, sub=2, gu_warps=4, dn_warps=4)
+    return MoeTile(64, split, 64, sub=1, gu_warps=4, dn_warps=4)
 
 
 def moe_gemms(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, gate_s: torch.Tensor,
@@ -482,10 +496,12 @@ def moe_gemms(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch
         chunks, act, part, counters, P, E_local, H, I, num_sb_h, num_sb_i, per_split, TOPK=k, BLOCK_I=tile.block_i,
         BLOCK_R=tile.pairs, SUB=tile.sub, WARPS=tile.gu_warps, SPLIT=split > 1, BITS=True, COMPACT=tile.compact,
         num_warps=tile.gu_warps)
-    _moe_down_kernel[(programs, triton.cdiv(H, tile.block_ho))](
+    assert H % tile.block_ho == 0
+    steps = math.gcd(tile.ho_steps, H // tile.block_ho)      # output blocks a program takes: a divisor of H's
+    _moe_down_kernel[(programs, H // (tile.block_ho * steps))](
         act, down, down_s, offs[2], offs[5], E_shared, topk_w, sorted_e, sorted_pair, run_start, chunks, y, P, E_local,
         H, I, num_sb_h, num_sb_i, BLOCK_HO=tile.block_ho, BLOCK_R=tile.pairs, SUB=tile.sub, WARPS=tile.dn_warps,
-        BITS=True, COMPACT=tile.compact, num_warps=tile.dn_warps)
+        BITS=True, COMPACT=tile.compact, HO_STEPS=steps, num_warps=tile.dn_warps)
 
 
 @triton.jit

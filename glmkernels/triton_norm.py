@@ -11,9 +11,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import reference
-from kernels.registry import ops
-from kernels.triton_utils import next_pow2, on_cuda, pdl_launch, pdl_wait
+from glmkernels import reference
+from glmkernels.registry import ops
+from glmkernels.triton_utils import next_pow2, on_cuda, pdl_launch, pdl_wait
 
 
 @triton.jit

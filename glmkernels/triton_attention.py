@@ -29,10 +29,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import reference
-from kernels.registry import ops
-from kernels.triton_norm import rope_rows
-from kernels.triton_utils import dot_precision, next_pow2, num_sms, on_cuda, pdl_launch, pdl_wait
+from glmkernels import reference
+from glmkernels.registry import ops
+from glmkernels.triton_norm import rope_rows
+from glmkernels.triton_utils import dot_precision, next_pow2, num_sms, on_cuda, pdl_launch, pdl_wait
 
 LOG2E = 1.4426950408889634
 TRIM_BLOCK: tl.constexpr = tl.constexpr(256)    # selected slots a step of the attention's scan for its last key

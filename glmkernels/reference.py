@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from kernels.registry import ops
+from glmkernels.registry import ops
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -150,7 +150,7 @@ def act_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def linear_w8a8(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor | None) -> torch.Tensor:
     """``linear`` of an FP8 weight with the activations quantized first (``act_quant``): the dequantized
-    operands' product in fp32, rounded to x's dtype (the oracle of kernels/triton_w8a8.py); an unquantized
+    operands' product in fp32, rounded to x's dtype (the oracle of glmkernels/triton_w8a8.py); an unquantized
     weight (no scales) is a plain ``linear``."""
     if scale_inv is None:
         return linear(x, weight)

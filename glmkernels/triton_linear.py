@@ -23,7 +23,7 @@ Two kernels; the launcher picks by rows:
   No float atomics, so results are bit-identical run to run. The counters are one zeroed buffer per
   device, shared by every launch: launches on a device must not overlap (the engine computes on one
   stream), and the first call on a device must come before any CUDA-graph capture.
-* 2..8 bf16 rows, ≥ 1024 outputs, where Gluon is present: kernels/gluon_rows.py instead — the same math with
+* 2..8 bf16 rows, ≥ 1024 outputs, where Gluon is present: glmkernels/gluon_rows.py instead — the same math with
   the weight loaded straight into the tensor cores' register operand (no shared-memory pass) and a bit-move
   fp8 → bf16; 1.2–1.6× faster than this tile kernel on the big decode shapes (bench/rows_gemm.py). It runs
   ``linear_group``'s weights in one launch there too (q_a + kv_a + wk, q_b + wq_b).
@@ -32,7 +32,7 @@ Two kernels; the launcher picks by rows:
   GEMM": fp8 tiles are widened to the activation dtype in registers and multiplied on the tensor cores, on the
   wide weights with the weight as the dot's first operand (``swap``: Hopper's wgmma takes it from registers).
   3–5× its byte / FLOP floor (bench/results/session25/).
-* 16..PREFILL_ROWS bf16 rows on Hopper, where kernels/gluon_mid.py applies (past 64 rows ≥ 1024 outputs; to 64
+* 16..PREFILL_ROWS bf16 rows on Hopper, where glmkernels/gluon_mid.py applies (past 64 rows ≥ 1024 outputs; to 64
   rows on the large weights only): that kernel instead — the weight streamed into shared memory by TMA, widened
   into the warpgroup MMA's register operand — the tile kernel's time / its: 1.11–1.62 at 100 and 200 rows, 1.0–1.3 at
   16 rows and 1.1–2.2 at 32 and 64 on the large weights (bench/results/session26/).
@@ -40,7 +40,7 @@ Two kernels; the launcher picks by rows:
   cuBLAS runs the bf16 GEMM (measured faster than the tile GEMM above on H200 at 4096 rows; the weight
   pass is ≤ 1/20 of the GEMM there). This backend never quantizes activations (W8A16), so all paths stay
   close to the reference, which dequantizes the whole weight too; the opt-in W8A8 prefill is
-  kernels/triton_w8a8.py.
+  glmkernels/triton_w8a8.py.
 
 Math of every path: fp32 accumulation, scales per 128×128 block. A K step of BLOCK_K covers BLOCK_K/128
 whole scale columns and BLOCK_N divides 128, so each 128-wide sub-product is scaled by one scalar:
@@ -57,9 +57,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels import gluon_mid, gluon_rows, reference
-from kernels.registry import ops
-from kernels.triton_utils import (
+from glmkernels import gluon_mid, gluon_rows, reference
+from glmkernels.registry import ops
+from glmkernels.triton_utils import (
     dot_precision,
     next_pow2,
     num_sms,
@@ -325,7 +325,7 @@ def decode_tile(M: int, N: int, K: int) -> LinearTile:
 
 
 def mid_tile(M: int, N: int, K: int) -> LinearTile:
-    """65..PREFILL_ROWS rows where kernels/gluon_mid.py does not apply (no Hopper GPU, not bf16, < 1024 outputs,
+    """65..PREFILL_ROWS rows where glmkernels/gluon_mid.py does not apply (no Hopper GPU, not bf16, < 1024 outputs,
     ``GLMSERVE_GLUON=0``). From 1024 outputs (past 4096 at ≤ 128 rows): ``swap``ped 64-output × 128-row tiles,
     split over K to ~1 program an SM — 1.13–1.47× faster than the unswapped launch below on the GLM-5.2 shapes at
     128 and 256 rows, where wider tiles, 8 warps or 256-row tiles were slower (bench/mid_gemm.py [--sweep wide],

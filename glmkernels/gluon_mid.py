@@ -1,7 +1,7 @@
 """Gluon FP8 block-scaled linear ``y = x @ (W8 · S).T`` on Hopper for 16..256 bf16 rows: a mixed step's attention
 projections, short prefill chunks, a dp step's MLPs over every rank's rows, batched decode steps of 16..64 rows.
 
-The Triton tile kernel (kernels/triton_linear.py) loads every tile with plain loads and lets the compiler stage
+The Triton tile kernel (glmkernels/triton_linear.py) loads every tile with plain loads and lets the compiler stage
 them; on these shapes it ran 3–5× its byte / FLOP floor (bench/results/session25/). Here the data path is Hopper's:
 
 * TMA copies each K step's tiles — the fp8 weight [64, 128] and the activations [BLOCK_M, 128] — into a ring of
@@ -11,7 +11,7 @@ them; on these shapes it ran 3–5× its byte / FLOP floor (bench/results/sessio
   warpgroup MMA's A operand (the 64 outputs are its M), widened there, and the activations are the MMA's B operand
   straight from their TMA buffer (the rows are its N: 16..128);
 * the widening is a bit move on each pair of e4m3 bytes as the A layout holds them (two consecutive K a thread):
-  ``PAIR_TO_BF16``, kernels/gluon_rows.py's move on a 16-bit pair (its four-byte form made the compiler repack the
+  ``PAIR_TO_BF16``, glmkernels/gluon_rows.py's move on a 16-bit pair (its four-byte form made the compiler repack the
   pairs: 1.12× slower, median over the sweep);
 * step i's MMA is issued asynchronously, and while it runs the warpgroup loads and widens step i + 1's weight tile.
 
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from kernels import gluon_rows
+from glmkernels import gluon_rows
 
 try:                                           # Hopper's Gluon modules, as in triton 3.6 (the device image) and 3.9
     from triton.experimental import gluon
@@ -58,7 +58,7 @@ except ImportError:                            # pragma: no cover - another trit
 
 # Two e4m3 bytes of a 16-bit register → one bf16x2 register (byte 0 the low half): each byte placed in the high byte
 # of a 16-bit lane, its 7 exponent+mantissa bits shifted down by 4 into bf16's fields, its sign kept, then × 2^120
-# (0x7B80) from e4m3's exponent bias 7 to bf16's 127 — exact for every e4m3 value (kernels/gluon_rows.py's move).
+# (0x7B80) from e4m3's exponent bias 7 to bf16's 127 — exact for every e4m3 value (glmkernels/gluon_rows.py's move).
 PAIR_TO_BF16 = """{
 .reg .b32 a, t, s;
 cvt.u32.u16 s, $1;
@@ -71,8 +71,8 @@ mov.b32 t, 0x7B807B80;
 mul.rn.bf16x2 $0, a, t;
 }"""
 _PAIR_TO_BF16 = gl.constexpr(PAIR_TO_BF16) if HAVE_HOPPER else None
-MIN_ROWS = 16          # fewer: kernels/gluon_rows.py (2..8) or the Triton decode tile (9..15)
-MAX_ROWS = 256         # more: the dequantized weight on cuBLAS (kernels/triton_linear.py)
+MIN_ROWS = 16          # fewer: glmkernels/gluon_rows.py (2..8) or the Triton decode tile (9..15)
+MAX_ROWS = 256         # more: the dequantized weight on cuBLAS (glmkernels/triton_linear.py)
 LARGE = 1 << 24        # weight elements (N·K) from which ≤ 64 rows take this kernel: q_b, o_proj, the dense MLP
 
 

@@ -19,9 +19,9 @@ a graph step's MoE in 8 ranks takes up to 256 rows). Four launches:
    ``index_add_`` order, so bf16 results match it up to the GEMM summation order.
 
 The GEMMs accumulate in fp32 and scale each 128-wide sub-block of a K step by its one block scale
-(``ExpertTile.block_k`` is a multiple of 128, ``block_n`` divides 128), as kernels/triton_linear.py.
+(``ExpertTile.block_k`` is a multiple of 128, ``block_n`` divides 128), as glmkernels/triton_linear.py.
 
-2..256 bf16 rows with FP8 experts run launches 1 and 2 as Gluon kernels instead (kernels/gluon_rows.py: the
+2..256 bf16 rows with FP8 experts run launches 1 and 2 as Gluon kernels instead (glmkernels/gluon_rows.py: the
 weight straight into the tensor cores' register operand, no shared-memory pass; gate/up split over H for
 narrow experts; a program takes ≤ 8 pairs of a run).
 
@@ -50,10 +50,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import gluon_rows, reference
-from kernels.registry import ops
-from kernels.triton_linear import linear, tile_counters
-from kernels.triton_utils import (
+from glmkernels import gluon_rows, reference
+from glmkernels.registry import ops
+from glmkernels.triton_linear import linear, tile_counters
+from glmkernels.triton_utils import (
     HOPPER_SMEM,
     dot_precision,
     element_offset,
@@ -379,7 +379,7 @@ def _grouped_down_kernel(act_ptr, d_ptr, ds_ptr, w_route_ptr, block_e_ptr, slot_
                          H, I, num_sb_h, num_sb_i, HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_HO: tl.constexpr, PREC: tl.constexpr, as_ptr=None, ACT_SCALED: tl.constexpr = False):
     """y[pair] = round(round(act[slot] @ D_e.T) · w[pair]) for block b's live slots (as ``_down_kernel``; the
-    weight dequantized per tile as in the gate/up launch). ``ACT_SCALED`` (kernels/triton_w8a8.py): act holds e4m3
+    weight dequantized per tile as in the gate/up launch). ``ACT_SCALED`` (glmkernels/triton_w8a8.py): act holds e4m3
     codes with a scale per (slot, 128 columns) at ``as_ptr``; each FP8 × FP8 dot is scaled by both block scales."""
     hb = tl.program_id(1)
     e, slots, pair, live = _group_block(block_e_ptr, slot_pair_ptr, tl.program_id(0), BLOCK_M)
@@ -509,7 +509,7 @@ def fused_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gat
     Σ_j w[n,j] · down(silu(gate(x)) · up(x)) over this rank's experts, + the ``shared`` expert's output
     (as ``reference.moe_experts``; where it has a routed expert's shape it runs in the same launches: one more pair
     at one row, every row's last pair to SHARED_PAIR_ROWS rows). 2..256 bf16 rows
-    (``gluon_rows.MOE_MAX_ROWS``) with FP8 experts take the Gluon kernels (kernels/gluon_rows.py) where present.
+    (``gluon_rows.MOE_MAX_ROWS``) with FP8 experts take the Gluon kernels (glmkernels/gluon_rows.py) where present.
     ``tiles`` overrides the (gate/up, down) launch shapes or (a ``MoeTile``) the Gluon launch (benchmarks);
     ``n_experts``: how many experts the ids range over (an ep rank holds E_local of them; None: all), for the Gluon
     launch's shape. Graph-capturable."""

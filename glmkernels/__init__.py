@@ -1,7 +1,7 @@
 """Kernels: one op registry (``ops``), PyTorch references, optional Triton implementations."""
 
-from kernels import reference  # noqa: F401  (registers the reference ops)
-from kernels.registry import ops
+from glmkernels import reference  # noqa: F401  (registers the reference ops)
+from glmkernels.registry import ops
 
 __all__ = ["ops"]
 
@@ -13,8 +13,8 @@ def _register_triton() -> None:
         import triton  # noqa: F401
     except ImportError:
         return
-    from kernels import triton_attention, triton_linear, triton_moe, triton_norm, triton_router  # noqa: F401
-    from kernels import triton_w8a8  # noqa: F401  (after the triton backend: `auto` takes the first registered)
+    from glmkernels import triton_attention, triton_linear, triton_moe, triton_norm, triton_router  # noqa: F401
+    from glmkernels import triton_w8a8  # noqa: F401  (after the triton backend: `auto` takes the first registered)
 
 
 _register_triton()

@@ -1,6 +1,6 @@
 """W8A8 prefill: FP8 block weights times activations quantized to FP8 per 128 columns, on FP8 tensor cores.
 
-The decode kernels (kernels/triton_linear.py, triton_moe.py) keep bf16 activations (W8A16). For prefill chunks
+The decode kernels (glmkernels/triton_linear.py, triton_moe.py) keep bf16 activations (W8A16). For prefill chunks
 — many rows, compute-bound — this backend quantizes the activations as DeepSeek-V3 / GLM-5 FP8 checkpoints are
 served by vLLM and SGLang ("dynamic" activation scheme): each row's 128-column group gets its own scale,
 ``s = max|x| / 448`` (at least 1e-12), ``q = e4m3(x / s)`` (round to nearest even, saturated); then
@@ -27,10 +27,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import reference, triton_linear, triton_moe
-from kernels.registry import ops
-from kernels.triton_moe import _combine, _group_block, _grouped_down_kernel, group_pairs, group_rows
-from kernels.triton_utils import on_cuda
+from glmkernels import reference, triton_linear, triton_moe
+from glmkernels.registry import ops
+from glmkernels.triton_moe import _combine, _group_block, _grouped_down_kernel, group_pairs, group_rows
+from glmkernels.triton_utils import on_cuda
 
 MIN_ROWS = triton_linear.PREFILL_ROWS + 1     # rows from which the W8A8 kernels run (fewer: W8A16)
 MIN_LINEAR_WORK = 1 << 36   # M·N·K from which a dense linear runs W8A8: below it cuBLAS's bf16 GEMM after the
