@@ -53,21 +53,24 @@ def mid_sig(block_m: int, block_n: int) -> dict:
     def desc(name: str, dtype, shape: list[int]) -> str:
         layout = gl.NVMMASharedLayout.get_default_for(shape, dtype)
         return f"tensordesc<{name}[{shape[0]}, {shape[1]}],{layout!r}>"
-    return {"x_desc": desc("bf16", gl.bfloat16, [block_m, 128]), "w_desc": desc("fp8e4nv", gl.float8e4nv,
-                                                                                 [block_n, 128]),
-            "s_ptr": "*fp32", "out_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32",
-            **dict.fromkeys(["M", "N", "num_sb_k", "kb_per_split"], "i32")}
+    w_desc = desc("fp8e4nv", gl.float8e4nv, [block_n, 128])
+    return {"x_desc": desc("bf16", gl.bfloat16, [block_m, 128]), "w_desc": w_desc, "wb_desc": w_desc,
+            "wc_desc": w_desc, "s_ptr": "*fp32", "out_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32",
+            **dict.fromkeys(["M", "N", "num_sb_k", "kb_per_split", "N_a", "N_ab", "s_b_off", "s_c_off"], "i32")}
 
 
 def mid_cases() -> list[tuple]:
     """(name, kernel, signature, constexprs, warps) of ``gluon_mid.mid_tile``'s five launch classes (16 rows; past 64
-    rows on a small weight, on q_b, on o_proj to 128 rows and beyond), split over K."""
+    rows on a small weight, on q_b, on o_proj to 128 rows and beyond), split over K; the first also as a group of
+    weights (``linear_group``: q_a, kv_a and wk at 32 rows)."""
     cases = []
-    for M, N, K in ((16, 6144, 16384), (100, 4096, 2048), (128, 16384, 2048), (128, 6144, 16384), (256, 6144, 16384)):
+    for M, N, K, group in ((16, 6144, 16384, False), (100, 4096, 2048, False), (128, 16384, 2048, False),
+                           (128, 6144, 16384, False), (256, 6144, 16384, False), (32, 2752, 6144, True)):
         t = gluon_mid.mid_tile(M, N, K, 132)
-        cases.append((f"mid {t.block_m}x{t.block_n}/{t.stages}st", gluon_mid._mid_kernel, mid_sig(t.block_m, t.block_n),
-                      {"BLOCK_N": t.block_n, "BLOCK_M": t.block_m, "STAGES": t.stages, "WARPS": t.num_warps,
-                       "SPLIT": True}, t.num_warps))
+        cases.append((f"mid {t.block_m}x{t.block_n}/{t.stages}st" + (" group" if group else ""), gluon_mid._mid_kernel,
+                      mid_sig(t.block_m, t.block_n), {"BLOCK_N": t.block_n, "BLOCK_M": t.block_m, "STAGES": t.stages,
+                                                      "WARPS": t.num_warps, "SPLIT": True, "GROUP": group},
+                      t.num_warps))
     return cases
 
 

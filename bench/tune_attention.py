@@ -43,9 +43,12 @@ MLA_SWEEP = [(bk, 1, splits, bh, w, st) for bh, bk, w, st, splits in
 # past 8 rows a row's split count comes from the programs an SM is given (per_sm), not the most splits
 MLA_ROWS_SWEEP = [(bk, per_sm, 64, bh, w, st) for bh, w in ((64, 8), (32, 8), (16, 4))
                   for bk, per_sm, st in itertools.product((32, 64), (1, 2, 3, 4), (2, 3))]
+# --splits: the split count itself past 8 rows (the programs a step makes, N × splits, against the SMs' one wave);
+# per_sm 64 leaves the most splits to set it
+MLA_SPLITS_SWEEP = [(64, 64, splits, 64, 8, 2) for splits in range(1, 13)]
 
 
-def mla_rows(N: int, picks_only: bool) -> tuple[str, list, str]:
+def mla_rows(N: int, picks_only: bool, splits: bool = False) -> tuple[str, list, str]:
     slots = 40960
     caches = [torch.randn(slots, RKV + DR, device=DEV, dtype=BF16) for _ in range(8)]
     sel = torch.stack([torch.randperm(slots, device=DEV)[:K] for _ in range(N)]).int()
@@ -56,7 +59,8 @@ def mla_rows(N: int, picks_only: bool) -> tuple[str, list, str]:
     def run(i, c):
         return ta._mla(ql, qr, caches[i], sel, 0.0625, *c)
     pick = (*ta.mla_tile(N), 2)                 # the stages: _mla's default
-    configs = [pick] + ([] if picks_only else [c for c in (MLA_ROWS_SWEEP if N > 8 else MLA_SWEEP) if c != pick])
+    sweep_ = MLA_SPLITS_SWEEP if splits and N > 8 else MLA_ROWS_SWEEP if N > 8 else MLA_SWEEP
+    configs = [pick] + ([] if picks_only else [c for c in sweep_ if c != pick])
 
     def label(c):
         return f"keys {c[0]} per_sm {c[1]} max {c[2]} heads {c[3]} w{c[4]} st{c[5]}"
@@ -113,13 +117,14 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--mla-only", action="store_true", help="only the sparse attention (not absorb / expand)")
     ap.add_argument("--picks-only", action="store_true", help="the sparse attention's launch shape of mla_tile only")
+    ap.add_argument("--splits", action="store_true", help="past 8 rows: the sparse attention's split count, 1..12")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     kv_bs = [] if args.mla_only else kv_b_copies(int(COLD_BYTES // (NH * (DN + DV) * RKV)))
     results = []
     for N in args.rows:
-        results.append(mla_rows(N, args.picks_only))
+        results.append(mla_rows(N, args.picks_only, args.splits))
         if not args.mla_only:
             results += absorb_expand_rows(N, kv_bs)
     lines = [f"# Decode attention launch shapes ({torch.cuda.get_device_name()})", "",
@@ -129,7 +134,7 @@ def main() -> None:
     for name, rows, pick in results:
         rows.sort()
         pick_us = next((us for us, lab in rows if lab == pick), float("nan"))
-        nxt = "; ".join(f"{us:.1f} {lab}" for us, lab in rows[1:5])
+        nxt = "; ".join(f"{us:.1f} {lab}" for us, lab in rows[1:12 if args.splits else 5])
         lines.append(f"| {name} | {pick_us:.1f} | {pick} | {rows[0][0]:.1f} | {rows[0][1]} | {nxt} |")
     text = "\n".join(lines) + "\n"
     (out / "tune_attention.md").write_text(text)

@@ -38,6 +38,7 @@ import torch
 import triton
 
 from glmkernels import gluon_rows
+from glmkernels.triton_utils import weight_group
 
 try:                                           # Hopper's Gluon modules, as in triton 3.6 (the device image) and 3.9
     from triton.experimental import gluon
@@ -92,12 +93,16 @@ class MidTile:
 
 if HAVE_HOPPER:
     @gluon.jit
-    def _mid_kernel(x_desc, w_desc, s_ptr, out_ptr, part_ptr, count_ptr, M, N, num_sb_k, kb_per_split,
-                    BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
-                    SPLIT: gl.constexpr):
+    def _mid_kernel(x_desc, w_desc, wb_desc, wc_desc, s_ptr, out_ptr, part_ptr, count_ptr, M, N, num_sb_k,
+                    kb_per_split, N_a, N_ab, s_b_off, s_c_off, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr,
+                    STAGES: gl.constexpr, WARPS: gl.constexpr, SPLIT: gl.constexpr, GROUP: gl.constexpr = False):
         """out[m, n] = Σ_k x[m, k] · W8[n, k] · S[n // 128, k // 128] for this program's BLOCK_N outputs ×
         BLOCK_M rows over its split's K blocks; accumulated transposed ([BLOCK_N, BLOCK_M], the rows on the
-        MMA's N side)."""
+        MMA's N side).
+
+        ``GROUP``: outputs from N_a on come from a second weight (``wb_desc``, its scales at element offset
+        ``s_b_off`` from ``s_ptr``), from N_ab on from a third (``wc_desc``, ``s_c_off``) — several projections of
+        one input in one launch, as gluon_rows._rows_kernel's (N_a, N_ab multiples of BLOCK_N)."""
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                       instr_shape=[16, BLOCK_M, 16])
         wl: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -106,6 +111,13 @@ if HAVE_HOPPER:
         pid_k = gl.program_id(2)
         n0 = pid_n * BLOCK_N
         m0 = pid_m * BLOCK_M
+        sel = 0                                # the weight this tile lies in, its first row there
+        r0 = n0
+        s_off = 0
+        if GROUP:
+            sel = gl.where(n0 >= N_ab, 2, gl.where(n0 >= N_a, 1, 0))
+            r0 = n0 - gl.where(sel == 2, N_ab, gl.where(sel == 1, N_a, 0))
+            s_off = gl.where(sel == 2, s_c_off, gl.where(sel == 1, s_b_off, 0))
         kb0 = pid_k * kb_per_split
         steps = gl.minimum(kb_per_split, num_sb_k - kb0)
         w_s = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, 128], w_desc.layout)
@@ -115,8 +127,8 @@ if HAVE_HOPPER:
             mbarrier.init(ready.index(i), count=1)
         fence_async_shared()
         for i in gl.static_range(STAGES):      # the ring's first fill: steps 0 .. STAGES - 1
-            _fetch(x_desc, w_desc, w_s, x_s, ready, i, i, n0, m0, kb0, i < steps)
-        s_row = s_ptr + n0 // 128 * num_sb_k + kb0
+            _fetch(x_desc, w_desc, wb_desc, wc_desc, w_s, x_s, ready, i, i, r0, m0, kb0, i < steps, sel, GROUP)
+        s_row = s_ptr + s_off + r0 // 128 * num_sb_k + kb0
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
         mbarrier.wait(ready.index(0), 0)
         a = _widen(w_s.index(0).load(wl))
@@ -128,7 +140,8 @@ if HAVE_HOPPER:
             a = _widen(w_s.index(nxt % STAGES).load(wl))
             acc += warpgroup_mma_wait(0, deps=[part]) * gl.load(s_row + i)
             gluon_rows._cta_barrier()          # every warp is done with this stage's buffers: refill them
-            _fetch(x_desc, w_desc, w_s, x_s, ready, stage, i + STAGES, n0, m0, kb0, i + STAGES < steps)
+            _fetch(x_desc, w_desc, wb_desc, wc_desc, w_s, x_s, ready, stage, i + STAGES, r0, m0, kb0,
+                   i + STAGES < steps, sel, GROUP)
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(i))
         on = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
@@ -154,28 +167,43 @@ if HAVE_HOPPER:
         return gl.inline_asm_elementwise(_PAIR_TO_BF16, "=r,h", [w], dtype=gl.bfloat16, is_pure=True, pack=2)
 
     @gluon.jit
-    def _fetch(x_desc, w_desc, w_s, x_s, ready, stage, step, n0, m0, kb0, pred):
-        """Issue the TMA copies of K step ``step`` (this split's) into ring buffer ``stage`` (if ``pred``)."""
+    def _fetch(x_desc, w_desc, wb_desc, wc_desc, w_s, x_s, ready, stage, step, r0, m0, kb0, pred, sel,
+               GROUP: gl.constexpr):
+        """Issue the TMA copies of K step ``step`` (this split's) into ring buffer ``stage`` (if ``pred``): the
+        weight tile from row r0 of weight ``sel`` (``GROUP``; else of ``w_desc``)."""
         bar = ready.index(stage)
         mbarrier.expect(bar, w_desc.block_type.nbytes + x_desc.block_type.nbytes, pred=pred)
         k = (kb0 + step) * 128
-        _tma_load(w_desc, [n0, k], bar, w_s.index(stage), pred=pred)
+        if GROUP:
+            if sel == 2:
+                _tma_load(wc_desc, [r0, k], bar, w_s.index(stage), pred=pred)
+            elif sel == 1:
+                _tma_load(wb_desc, [r0, k], bar, w_s.index(stage), pred=pred)
+            else:
+                _tma_load(w_desc, [r0, k], bar, w_s.index(stage), pred=pred)
+        else:
+            _tma_load(w_desc, [r0, k], bar, w_s.index(stage), pred=pred)
         _tma_load(x_desc, [m0, k], bar, x_s.index(stage), pred=pred)
 
 
-def applies(M: int, N: int, K: int) -> bool:
+def applies(M: int, N: int, K: int, group: bool = False) -> bool:
     """The shapes this kernel takes (where it measured faster): MIN_ROWS..MAX_ROWS rows — to 64 rows only on LARGE
     weights (the Triton decode tile was as fast or faster on the smaller ones) —, ≥ 1024 outputs, and K a multiple of
-    16 (TMA: the weight's row stride a 16-byte multiple)."""
+    16 (TMA: the weight's row stride a 16-byte multiple). A ``group`` of weights (``linear_group``) from 512 outputs
+    at any of those rows: one launch measured 1.05–2.1× faster than its weights' launches apart on every group of the
+    GLM-5.2 shapes at 16..64 rows (q_a / kv_a / wk 1.6–2.1×, a dp rank's shared expert, 2 × 256 outputs, 1.4–1.7×),
+    0.98–2.7× past that (``bench/linear_group.py``, bench/results/session35/call2/)."""
+    if group:
+        return MIN_ROWS <= M <= MAX_ROWS and N >= 512 and K % 16 == 0
     return MIN_ROWS <= M <= MAX_ROWS and N >= 1024 and (M > 64 or N * K >= LARGE) and K % 16 == 0
 
 
-def usable(x2: torch.Tensor, N: int, K: int) -> bool:
-    """``applies``, with Gluon on and x2 bf16 on a Hopper GPU, its rows' stride and base as TMA needs them (16-byte
-    multiples)."""
-    return (HAVE_HOPPER and applies(x2.shape[0], N, K) and gluon_rows.enabled() and x2.is_cuda
+def usable(x2: torch.Tensor, N: int, K: int, weights: tuple = ()) -> bool:
+    """``applies``, with Gluon on and x2 bf16 on a Hopper GPU, its rows' stride and base (and the ``weights``' bases:
+    a group of them if more than one) as TMA needs them (16-byte multiples)."""
+    return (HAVE_HOPPER and applies(x2.shape[0], N, K, len(weights) > 1) and gluon_rows.enabled() and x2.is_cuda
             and x2.dtype == torch.bfloat16 and x2.stride(0) % 8 == 0 and x2.data_ptr() % 16 == 0
-            and gluon_rows._sm_major(x2.device.index or 0) == 9)
+            and all(w.data_ptr() % 16 == 0 for w in weights) and gluon_rows._sm_major(x2.device.index or 0) == 9)
 
 
 def mid_tile(M: int, N: int, K: int, sms: int) -> MidTile:
@@ -198,11 +226,12 @@ def mid_tile(M: int, N: int, K: int, sms: int) -> MidTile:
 
 
 def fp8_linear_mid(x2: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor, out: torch.Tensor, tile: MidTile,
-                   counters: torch.Tensor) -> None:
-    """out [M, N] (bf16) = x2 [M, K] (bf16, rows contiguous) @ (w8 [N, K] e4m3 · scale_inv).T."""
+                   counters: torch.Tensor, more: tuple = ()) -> None:
+    """out [M, N] (bf16) = x2 [M, K] (bf16, rows contiguous) @ (w8 [N, K] e4m3 · scale_inv).T, or w8 stacked over
+    ``more``'s one or two FP8 (weight, scales) of the same K (``triton_utils.weight_group``; N = all of them)."""
     M, K = x2.shape
-    N = w8.shape[0]
     assert tile.block_n in (64, 128) and tile.block_m in (16, 32, 64, 128) and x2.stride(1) == 1
+    N, N_a, N_ab, _, s_b_off, _, s_c_off = weight_group(w8, scale_inv, more, tile.block_n)
     kbs = triton.cdiv(K, 128)
     per_split = triton.cdiv(kbs, tile.split)
     split = triton.cdiv(kbs, per_split)
@@ -214,8 +243,10 @@ def fp8_linear_mid(x2: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor, 
         part = counters = out
     w_layout = gl.NVMMASharedLayout.get_default_for([tile.block_n, 128], gl.float8e4nv)
     x_layout = gl.NVMMASharedLayout.get_default_for([tile.block_m, 128], gl.bfloat16)
-    w_desc = TensorDescriptor(w8, [N, K], [K, 1], [tile.block_n, 128], w_layout)
+    w_descs = [TensorDescriptor(w, [w.shape[0], K], [K, 1], [tile.block_n, 128], w_layout)
+               for w in (w8, *(w for w, _ in more))]
+    w_descs += w_descs[-1:] * (3 - len(w_descs))          # the unused weights' arguments: any descriptor
     x_desc = TensorDescriptor(x2, [M, K], [x2.stride(0), 1], [tile.block_m, 128], x_layout)
-    _mid_kernel[grid](x_desc, w_desc, scale_inv, out, part, counters, M, N, kbs, per_split,
-                      BLOCK_N=tile.block_n, BLOCK_M=tile.block_m, STAGES=tile.stages, WARPS=tile.num_warps,
-                      SPLIT=split > 1, num_warps=tile.num_warps)
+    _mid_kernel[grid](x_desc, *w_descs, scale_inv, out, part, counters, M, N, kbs, per_split, N_a, N_ab, s_b_off,
+                      s_c_off, BLOCK_N=tile.block_n, BLOCK_M=tile.block_m, STAGES=tile.stages, WARPS=tile.num_warps,
+                      SPLIT=split > 1, GROUP=bool(more), num_warps=tile.num_warps)

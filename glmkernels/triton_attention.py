@@ -130,12 +130,23 @@ def mla_tile(N: int) -> tuple:
     8 warps: 25.4; bench/results/session8/). Past 8 rows all 64 heads a program on 8 warps, so that a row's selected
     keys are gathered once: 16 rows 47.9 → 35.3 µs (bench/results/session31/call2/, 144 shapes); 2048 rows of 2048 keys
     3.21 → 2.53 ms (bench/mla_prefill.py, the best of 37 shapes; bench/results/session13/). Not faster (session 31):
-    the gather pipelined deeper, 4–16 splits, bf16 partials."""
+    the gather pipelined deeper, bf16 partials. The splits fill one wave of programs (``_mla``: at most per_sm · SMs
+    programs): 32 / 64 rows 67.8 / 115.2 → 52.6 / 88.6 µs with 4 / 2 splits instead of 5 / 3 (160 / 192 programs, a
+    second wave a quarter / half full; bench/tune_attention.py --splits, bench/results/session35/call1/)."""
     if N == 1:
         return 64, 2, 64, 16, 4
     if N > 8:
         return 64, 1, 64, 64, 8
     return (64, 1, 64, 32, 4) if N >= 4 else (64, 1, 64, 16, 4)
+
+
+def mla_splits(programs: int, K: int, block_k: int, per_sm: float, max_splits: int, sms: int) -> tuple[int, int]:
+    """(splits of a row's K selected keys, keys a split) for ``programs`` (rows × head blocks) programs a split: few
+    rows split K (down to one key block a program) so that a decode row still covers every SM, within one wave of
+    ``per_sm`` programs an SM (a second wave only part full costs a whole program's time: see ``mla_tile``)."""
+    splits = max(1, min(int(per_sm * sms) // programs, triton.cdiv(K, block_k), max_splits))
+    keys_per_split = triton.cdiv(triton.cdiv(K, splits), block_k) * block_k
+    return triton.cdiv(K, keys_per_split), keys_per_split
 
 
 def _mla(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, topk_slots: torch.Tensor, scale: float,
@@ -151,10 +162,7 @@ def _mla(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, topk
     dr = q_rope.shape[-1]
     K = topk_slots.shape[1]
     head_blocks = triton.cdiv(nh, block_h)
-    # few rows: split K (down to one key block per program) so that a decode row still covers every SM
-    splits = max(1, min(triton.cdiv(int(per_sm * num_sms()), N * head_blocks), triton.cdiv(K, block_k), max_splits))
-    keys_per_split = triton.cdiv(triton.cdiv(K, splits), block_k) * block_k
-    splits = triton.cdiv(K, keys_per_split)
+    splits, keys_per_split = mla_splits(N * head_blocks, K, block_k, per_sm, max_splits, num_sms())
     o_part = torch.empty(N * nh * splits, rkv, dtype=torch.float32, device=q_lat.device)
     lse = torch.empty(N * nh * splits, dtype=torch.float32, device=q_lat.device)
     _mla_split_kernel[(N, head_blocks, splits)](

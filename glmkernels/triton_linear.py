@@ -535,8 +535,9 @@ def fp8_dequant(w8: torch.Tensor, scale_inv: torch.Tensor, dtype: torch.dtype = 
 def linear_group(x: torch.Tensor, *weights: tuple) -> tuple[torch.Tensor, ...]:
     """As ``reference.linear_group``; two or three FP8 projections of one input in one launch (views of one
     output): 2..8 bf16 rows on the Gluon rows kernel — q_a, kv_a and the indexer's wk (apart, kv_a and wk take a
-    Triton tile launch each: 8 rows 8.4 + 5.8 + 4.9 µs in session 30's profile), q_b and wq_b —, one row on the
-    GEMV up to GEMV_GROUP_N outputs (q_b + wq_b as one GEMV measured slower than two: session 28)."""
+    Triton tile launch each: 8 rows 8.4 + 5.8 + 4.9 µs in session 30's profile), q_b and wq_b —, 16..256 on the
+    Gluon mid-size kernel where it applies to the whole group, one row on the GEMV up to GEMV_GROUP_N outputs (q_b +
+    wq_b as one GEMV measured slower than two: session 28)."""
     K = x.shape[-1]
     (wa, sa), more = weights[0], weights[1:]
     x2 = x.reshape(-1, K)
@@ -549,11 +550,15 @@ def linear_group(x: torch.Tensor, *weights: tuple) -> tuple[torch.Tensor, ...]:
         tile = gemv_tile(sum(sizes), K)
     elif fits and gluon_rows.usable(x2, sum(sizes)):
         tile = gluon_rows.rows_tile(x2.shape[0], sum(sizes), K, num_sms())
+    elif fits and gluon_mid.usable(x2, sum(sizes), K, tuple(w for w, _ in weights)):
+        tile = gluon_mid.mid_tile(x2.shape[0], sum(sizes), K, num_sms())
     if tile is None or any(n % tile.block_n for n in sizes[:-1]):      # a tile must lie in one weight
         return tuple(ops.linear(x, w, s) for w, s in weights)         # the configured linear (W8A8 prefill too)
     out = torch.empty(x2.shape[0], sum(sizes), dtype=x.dtype, device=x.device)
     if isinstance(tile, GemvTile):
         _gemv(x2.contiguous(), wa, sa, out, tile, more=more)
+    elif isinstance(tile, gluon_mid.MidTile):
+        gluon_mid.fp8_linear_mid(x2.contiguous(), wa, sa, out, tile, tile_counters(x.device), more=more)
     else:
         gluon_rows.fp8_linear_rows(x2.contiguous(), wa, sa, out, tile, tile_counters(x.device), more=more)
     return tuple(out.view(*x.shape[:-1], -1).split(sizes, dim=-1))

@@ -47,12 +47,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from glmkernels import gluon_rows, reference
 from glmkernels.registry import ops
-from glmkernels.triton_linear import linear, tile_counters
+from glmkernels.triton_linear import linear, linear_group, tile_counters
 from glmkernels.triton_utils import (
     HOPPER_SMEM,
     dot_precision,
@@ -680,8 +681,13 @@ def grouped_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, g
 
 
 def _plus_shared(out: torch.Tensor, x: torch.Tensor, shared: tuple | None) -> torch.Tensor:
-    """The routed experts' sum + the shared expert's output run after them (this backend's linear)."""
-    return out if shared is None else out + reference.swiglu(x, *shared, linear=linear)
+    """The routed experts' sum + the shared expert's output run after them (this backend's linears: its gate and up
+    in one launch where ``linear_group`` takes both, as ``models.glm5.MLP``)."""
+    if shared is None:
+        return out
+    gate, up, down, gate_s, up_s, down_s = shared
+    g, u = linear_group(x, (gate, gate_s), (up, up_s))
+    return out + linear(F.silu(g) * u, down, down_s)
 
 
 def _fusable(shared: tuple, gate: torch.Tensor, down: torch.Tensor, has_scale: bool) -> bool:

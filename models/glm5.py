@@ -268,7 +268,9 @@ class MLP(nn.Module):
         self.down_proj = Linear(inter, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        g, u = self.gate_proj, self.up_proj            # gate and up of x in one launch where a kernel takes both
+        gate, up = ops.linear_group(x, (g.weight, g.weight_scale_inv), (u.weight, u.weight_scale_inv))
+        return self.down_proj(F.silu(gate) * up)
 
     def weights(self) -> tuple:
         """(gate, up, down, their scales or None): the MLP as ``ops.moe_experts`` takes a shared expert."""

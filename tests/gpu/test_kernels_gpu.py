@@ -221,6 +221,38 @@ def test_linear_group_bf16(M):
         assert torch.equal(rows(x_q, [q_b, wq_b], tile), torch.cat([rows(x_q, [w], tile) for w in (q_b, wq_b)], -1))
 
 
+@needs_hopper
+@pytest.mark.parametrize("M", [16, 40, 64, 100, 256])
+def test_linear_group_mid(M):
+    """16..256 rows: a group (q_a, kv_a and wk; q_b with wq_b; a SwiGLU's gate with up at one rank of 8's width,
+    the dense MLP's and the shared expert's: 2 × 256 outputs) runs as one launch of the mid-size kernel (``more=``):
+    each weight's outputs bit-identical to that weight alone in the same launch shape (also with a ragged 72-row last
+    weight, its edge zero-filled by TMA), close to the fp32 reference, bitwise on repeat and in a graph replay."""
+    from glmkernels.triton_linear import tile_counters
+    from glmkernels.triton_utils import num_sms
+    g = gen(7 + M)
+
+    def mid(x, group, tile):
+        out = torch.empty(M, sum(w.shape[0] for w, _ in group), dtype=BF16, device=DEV)
+        gluon_mid.fp8_linear_mid(x, *group[0], out, tile, tile_counters(x.device), more=tuple(group[1:]))
+        return out
+
+    attn = [fp8_quantize(0.02 * torch.randn(n, 6144, device=DEV, generator=g)) for n in (2048, 576, 128, 72)]
+    q = [fp8_quantize(0.02 * torch.randn(n, 2048, device=DEV, generator=g)) for n in (16384, 4096)]
+    mlp = [fp8_quantize(0.02 * torch.randn(n, 6144, device=DEV, generator=g)) for n in (1536, 1536, 256, 256)]
+    x6, x2 = (torch.randn(M, k, device=DEV, generator=g).to(BF16) for k in (6144, 2048))
+    for x, group in ((x6, attn[:3]), (x2, q), (x6, mlp[:2]), (x6, mlp[2:]), (x6, attn[:2] + attn[3:])):
+        N, K = sum(w.shape[0] for w, _ in group), x.shape[1]
+        tile = gluon_mid.mid_tile(M, N, K, num_sms())
+        both = mid(x, group, tile)
+        assert torch.equal(both, torch.cat([mid(x, [w], tile) for w in group], -1)), (N, K)
+        assert rel(both, torch.cat([reference.linear(x.float(), w, s) for w, s in group], -1)) < 1e-2
+        assert gluon_mid.usable(x, N, K, tuple(w for w, _ in group))    # linear_group's pick: this launch
+        ys = tri("linear_group")(x, *group)
+        assert [y.shape for y in ys] == [(M, w.shape[0]) for w, _ in group]
+        assert torch.equal(torch.cat(ys, -1), both)
+        assert torch.equal(replayed(lambda x=x, group=group: torch.cat(tri("linear_group")(x, *group), -1)), both)
+
 def test_linear_f32_router_and_head_weights():
     """The router's fp32 logits (bf16 x, fp32 [256, 6144]) and the indexer's head weights (bf16 [32, 6144],
     rounded to bf16, × 32^-0.5), one row, 2–8 (the rows kernel) and 16–256 (the tile kernel's TF32 × 3 dots; 64-row

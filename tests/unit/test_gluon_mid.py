@@ -15,13 +15,19 @@ SMEM = 227 << 10       # an H200 SM's shared memory for one block
 
 
 def test_applies():
-    """16..256 rows, ≥ 1024 outputs, K a multiple of 16; to 64 rows only on the large weights (N·K ≥ 2^24)."""
+    """16..256 rows, ≥ 1024 outputs, K a multiple of 16; to 64 rows only on the large weights (N·K ≥ 2^24); a group
+    of weights from 512 outputs."""
     assert gluon_mid.applies(16, 6144, 16384) and gluon_mid.applies(64, 16384, 2048)
     assert not gluon_mid.applies(64, 4096, 2048)          # small weight, decode rows: the Triton tile
     assert gluon_mid.applies(65, 4096, 2048) and gluon_mid.applies(256, 1536, 6144)
     assert not gluon_mid.applies(15, 6144, 16384) and not gluon_mid.applies(257, 6144, 16384)
     assert not gluon_mid.applies(128, 576, 6144)          # kv_a: too few outputs
     assert not gluon_mid.applies(128, 2048, 6150)         # K not a multiple of 16: no TMA descriptor
+    # a group of weights (linear_group): from 512 outputs in all, at 16..256 rows whatever their size
+    assert gluon_mid.applies(16, 512, 6144, group=True) and gluon_mid.applies(64, 2696, 6144, group=True)
+    assert not gluon_mid.applies(16, 512, 6144) and not gluon_mid.applies(64, 2696, 6144)   # alone: too small
+    assert not gluon_mid.applies(16, 384, 6144, group=True) and not gluon_mid.applies(8, 2752, 6144, group=True)
+    assert not gluon_mid.applies(257, 2752, 6144, group=True) and not gluon_mid.applies(32, 2752, 6150, group=True)
     x = torch.zeros(128, 6144, dtype=torch.bfloat16)
     assert not gluon_mid.usable(x, 16384, 6144)           # a CPU tensor
 
@@ -63,12 +69,13 @@ def test_mid_kernel_compiles_for_sm90():
     """mid_tile's launch classes compile for sm_90 with the installed triton (no GPU needed): an API change in
     triton.experimental (3.9 renamed the TMA copy) fails here, not on a GPU. Warpgroup MMAs present; nothing spilled
     to 64 rows (the 128-row tile holds 128 fp32 accumulators a thread: triton 3.6's ptxas spilled 40 bytes there, and
-    it was the fastest launch all the same). In a process of its own (``gluon_regs.report_in_subprocess``)."""
+    it was the fastest launch all the same); the grouped form (``GROUP``: a weight's TMA descriptor picked a tile) too.
+    In a process of its own (``gluon_regs.report_in_subprocess``)."""
     regs = pytest.importorskip("bench.gluon_regs", reason="needs triton's CUDA backend")
     kernels = regs.report_in_subprocess(_COMPILE_FOR_SM90)
     if kernels is None:
         pytest.skip("this triton has no Hopper Gluon: the Triton tile kernels run")
-    assert len(kernels) == 5
+    assert len(kernels) == 6                       # with the grouped launch (linear_group's q_a, kv_a, wk)
     for name, r in kernels.items():
         assert r["HMMA"] > 0 and r["local"] == 0 and r["regs"] <= 255, (name, r)
         if r["rows"] <= 64:

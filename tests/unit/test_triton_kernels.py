@@ -274,6 +274,24 @@ def test_mla_sparse_attention(tk, dtype, tol):
         assert rel(trimmed, ref) < tol and torch.equal(trimmed, tk["att"]._mla(q_lat, q_rope, kv, sel, 0.1, *tile))
 
 
+def test_mla_splits_fill_one_wave(tk):
+    """The sparse attention's splits of a row's 2048 keys on an H200's 132 SMs: the few-row picks as tuned (1..8
+    rows), and past 8 rows the most splits whose programs (rows × splits, all 64 heads in one) fit one wave — 16 / 32 /
+    64 rows 8 / 4 / 2 splits (5 and 3 at 32 and 64 rows left a second wave part full: 1.29× / 1.30× slower, session
+    35). Every key in exactly one split, each split whole key blocks."""
+    att = tk["att"]
+
+    def split(N):
+        bk, per_sm, most, bh, _ = att.mla_tile(N)
+        programs = N * -(-64 // bh)
+        return (programs, per_sm, bk, *att.mla_splits(programs, 2048, bk, per_sm, most, 132))
+    assert [split(N)[3] for N in (1, 2, 4, 8, 16, 32, 64, 128, 256)] == [32, 16, 16, 8, 8, 4, 2, 1, 1]
+    for N in range(1, 300):
+        programs, per_sm, bk, splits, keys = split(N)
+        assert splits == 1 or programs * splits <= per_sm * 132, N
+        assert (splits - 1) * keys < 2048 <= splits * keys and keys % bk == 0, N
+
+
 def _same_sets_or_tied(got, ref, score_of, margin=1e-4):
     """Per row the selected sets must match, except members whose scores tie at the top-k boundary."""
     for n in range(got.shape[0]):
