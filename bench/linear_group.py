@@ -10,18 +10,23 @@ over weight copies that do not fit in L2), beside the group's weight bytes at th
 against the fp32 reference first; the grouped launch's outputs against the launches apart are reported (max |Δ|:
 split-K sums in another order round differently).
 
-    PYTHONPATH=. python bench/linear_group.py --out DIR [--rows 2 8 16 32 64 128 256]
+    PYTHONPATH=. python bench/linear_group.py --out DIR [--rows 2 8 16 32 64 128 256] [--sweep] [--groups NAME ...]
+
+``--sweep``: the grouped launch at split counts 1..24 (each ≥ one K step a split) and, past 64 rows, the mid-size
+kernel's 64- and 128-row tiles at 2..4 ring stages and 1..4 splits — beside the pick.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 import triton
+from triton.runtime.errors import OutOfResources
 
 from bench.mid_gemm import ceilings
 from bench.rows_gemm import graph_us, weights
@@ -34,6 +39,7 @@ GROUPS = {"q_a, kv_a, wk": ((2048, 576, 128), 6144), "q_b, wq_b": ((16384, 4096)
           "gate, up 1/8 (shared)": ((256, 256), 6144), "gate, up 1/8 (dense)": ((1536, 1536), 6144),
           "gate, up (shared)": ((2048, 2048), 6144), "gate, up (dense)": ((12288, 12288), 6144)}
 COLD_BYTES = 300e6
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24)
 
 
 def grouped(tile: gluon_mid.MidTile | gluon_rows.RowsTile):
@@ -51,7 +57,20 @@ def apart(x, group):
     return torch.cat([fp8_linear(x, w, s) for w, s in group], -1)
 
 
-def case(name: str, sizes: tuple, K: int, M: int, stream_tbs: float) -> dict:
+def sweep_tiles(base: gluon_mid.MidTile | gluon_rows.RowsTile, M: int, K: int) -> dict:
+    """Launches around the pick: split counts 1..24 that leave each split a K step (the rows kernel's is ``sub``
+    128-wide blocks, the mid-size kernel's two), and past 64 rows the mid-size tile's 64 / 128 rows × 2..4 ring
+    stages at 1..4 splits."""
+    kbs = triton.cdiv(K, 128)
+    if isinstance(base, gluon_rows.RowsTile):
+        return {f"group split {s}": replace(base, split=s) for s in SPLITS if s <= kbs // base.sub}
+    if M <= 64:
+        return {f"group split {s}": replace(base, split=s) for s in SPLITS if s <= kbs // 2}
+    return {f"group {bm}r/{st}st/s{s}": replace(base, block_m=bm, stages=st, split=s)
+            for bm, st in itertools.product((64, 128), (2, 3, 4)) for s in SPLITS[:4] if s <= kbs // 2}
+
+
+def case(name: str, sizes: tuple, K: int, M: int, stream_tbs: float, sweep: bool = False) -> dict:
     N = sum(sizes)
     copies = max(2, int(COLD_BYTES // (N * K)))
     groups = list(zip(*(weights(n, K, copies) for n in sizes)))
@@ -63,12 +82,17 @@ def case(name: str, sizes: tuple, K: int, M: int, stream_tbs: float) -> dict:
     kbs = triton.cdiv(K, 128)
     for split in sorted({1, max(1, base.split // 2), min(kbs // 2, base.split * 2)} - {base.split}):
         variants[f"group split {split}"] = grouped(replace(base, split=split))
+    if sweep:
+        variants.update({label: grouped(t) for label, t in sweep_tiles(base, M, K).items()})
     takes = gluon_rows.usable(x, N) if few else gluon_mid.usable(x, N, K, tuple(w for w, _ in groups[0]))
     row = {"group": name, "rows": M, "N": N, "K": K, "floor_us": N * K / stream_tbs / 1e6,
            "pick": "group" if takes else "apart", "us": {}}
     outs = {}
     for label, fn in variants.items():
-        out = outs[label] = fn(x, groups[0])
+        try:
+            out = outs[label] = fn(x, groups[0])
+        except OutOfResources:                     # shared memory: too deep a ring of too wide a tile
+            continue
         err = ((out.float() - want).norm() / want.norm()).item()
         if err > 1e-2:
             print(f"  {name} {M} rows {label}: rel err {err:.2e}, skipped")
@@ -86,11 +110,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--rows", type=int, nargs="+", default=[2, 8, 16, 32, 64, 128, 256])
+    ap.add_argument("--sweep", action="store_true", help="every split count (and past 64 rows tile rows × stages)")
+    ap.add_argument("--groups", nargs="+", choices=list(GROUPS), help="which groups (default: all)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stream = ceilings()[0] / 1e12
-    rows = [case(name, sizes, K, M, stream) for name, (sizes, K) in GROUPS.items() for M in args.rows]
+    rows = [case(name, sizes, K, M, stream, args.sweep) for name, (sizes, K) in GROUPS.items()
+            if not args.groups or name in args.groups for M in args.rows]
     (out / "linear_group.json").write_text(json.dumps({"read_stream_tbs": stream, "rows": rows}, indent=1))
     lines = [f"# linear_group at several rows ({torch.cuda.get_device_name()}; read stream {stream:.2f} TB/s)", "",
              ("µs a launch (CUDA graph over weight copies > L2). apart: each weight on its own pick; group: one "

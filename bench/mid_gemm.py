@@ -55,13 +55,12 @@ def default_tile(M: int, N: int, K: int) -> LinearTile:
 
 def hopper_variants(M: int, N: int, K: int) -> dict[str, gluon_mid.MidTile]:
     """The Gluon TMA / wgmma kernel (glmkernels/gluon_mid.py): the default pick, then rows × 64 outputs a program
-    (one warpgroup), ring stages, programs an SM."""
+    (one warpgroup) × ring stages (to 64 rows all rows in one tile, 4 stages) × split counts (each ≥ 2 K steps)."""
     out = {"gluon default": gluon_mid.mid_tile(M, N, K, num_sms())}
-    block_ms = (max(16, next_pow2(M)),) if M <= 64 else (64, 128)
-    for bm, stages, per_sm in itertools.product(block_ms, (2, 3, 4), (1, 2)):
-        tiles = triton.cdiv(N, 64) * triton.cdiv(M, bm)
-        split = max(1, min(triton.cdiv(per_sm * num_sms(), tiles), triton.cdiv(K, 128) // 2))
-        out[f"gluon {bm}x64/{stages}st/s{split}"] = gluon_mid.MidTile(64, bm, split, stages)
+    shapes = [(max(16, next_pow2(M)), 4)] if M <= 64 else itertools.product((64, 128), (2, 3, 4))
+    for (bm, stages), split in itertools.product(shapes, (1, 2, 3, 4, 5, 6, 8)):
+        if split <= max(1, triton.cdiv(K, 128) // 2):
+            out[f"gluon {bm}x64/{stages}st/s{split}"] = gluon_mid.MidTile(64, bm, split, stages)
     return out
 
 

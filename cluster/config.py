@@ -78,6 +78,11 @@ class EngineConfig:
             raise ValueError("engine config field 'prefill_activations' is 'fp8', which needs the Triton kernels on a "
                              f"CUDA device (kernels: auto, device: cuda or auto); got kernels {self.kernels!r}, "
                              f"device {self.device!r}")
+        if self.max_model_len is not None and self.max_model_len > self.num_blocks * self.block_size:
+            # a request lives on one rank: beyond its KV every long one (a chat's default max_tokens) would be refused
+            raise ValueError(f"engine config field 'max_model_len' ({self.max_model_len}) is more than a worker's KV "
+                             f"cache holds ({self.num_blocks * self.block_size} tokens, kv_cache_tokens in whole "
+                             "blocks): raise kv_cache_tokens or lower max_model_len")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EngineConfig:

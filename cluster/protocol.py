@@ -24,6 +24,8 @@ class ApiError(Exception):
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True)          # as the request's own fields: "yes" is not a boolean
+
     include_usage: bool = False
 
 

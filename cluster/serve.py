@@ -76,7 +76,18 @@ async def _encode(tokenizer, text: str, max_chars: int, param: str) -> list[int]
     if len(text) > max_chars:
         raise ApiError(400, f"the prompt is {len(text)} characters: more than the context can hold whatever it "
                        f"tokenizes to (at most {max_chars})", param, code="context_length_exceeded")
-    return await _beside_loop(len(text), tokenizer.encode, text)
+    return await _beside_loop(len(text), _unicode_encode, tokenizer, text, param)
+
+
+def _unicode_encode(tokenizer, text: str, param: str) -> list[int]:
+    """``tokenizer.encode(text)`` for a text that is Unicode: JSON's ``"\\ud800"`` escape decodes to a lone surrogate,
+    which no UTF-8 tokenizer takes (a TypeError there)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError as e:
+        raise ApiError(400, f"{param} holds a lone UTF-16 surrogate ({text[e.start]!r}), which is not valid Unicode",
+                       param) from None
+    return tokenizer.encode(text)
 
 
 def _admission_error(e: AdmissionError) -> ApiError:
@@ -112,7 +123,8 @@ async def _merge(streams: list[AsyncIterator], first: list) -> AsyncIterator[tup
         for t in tasks:
             t.cancel()
         for s in streams:
-            await s.aclose()
+            if not s.ag_running:        # else its pump is inside it (aclose raises): the pump's cancellation ends it
+                await s.aclose()
 
 
 class _Formatter:
@@ -380,6 +392,8 @@ class OpenAIIngress:
             raw = json.loads(await request.body())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ApiError(400, f"malformed JSON body: {e}") from None
+        except RecursionError:          # arrays / objects nested past the parser's depth (~1000)
+            raise ApiError(400, "malformed JSON body: nested too deeply") from None
         if not isinstance(raw, dict):
             raise ApiError(400, "the request body must be a JSON object")
         try:
@@ -404,8 +418,9 @@ class OpenAIIngress:
         if len(ids) + max_tokens > self.max_model_len:
             # max_tokens is to blame only if a smaller one would fit: a prompt that fills the context is too long
             fits = body.max_tokens and len(ids) < self.max_model_len
-            raise ApiError(400, f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the context "
-                           f"length {self.max_model_len}", "max_tokens" if fits else "messages" if chat else "prompt",
+            limit = "max_completion_tokens" if chat and body.max_completion_tokens is not None else "max_tokens"
+            raise ApiError(400, f"prompt ({len(ids)} tokens) + {limit} ({max_tokens}) exceeds the context "
+                           f"length {self.max_model_len}", limit if fits else "messages" if chat else "prompt",
                            code="context_length_exceeded")
         try:
             params = [body.sampling_params(max_tokens, logprobs, seed_offset=i) for i in range(body.n)]
@@ -432,15 +447,26 @@ class OpenAIIngress:
 
     async def _open(self, ids, params, req_id) -> AsyncIterator:
         gen = self.coord.options(stream=True).generate.remote(ids, params, req_id)
-        finished = False
+        started = finished = False
         self.in_flight += 1
         self.open_ids.add(req_id)
         try:
-            async for ev in gen:
-                finished = ev.finished
-                if finished and ev.finish_reason == "abort" and self.closing and not ev.error:
-                    ev.error = "the server shut down before the request finished"
-                yield ev
+            try:
+                async for ev in gen:
+                    started, finished = True, ev.finished
+                    if finished and ev.finish_reason == "abort" and self.closing and not ev.error:
+                        ev.error = "the server shut down before the request finished"
+                    yield ev
+            except Exception as e:
+                if not started:             # ``_respond`` answers it (an AdmissionError: 400 / 429)
+                    raise
+                from cluster.engine import TokenEvent
+
+                # the replica died (or its generator failed, which aborts the request): nothing left to abort. The
+                # client gets an error, not an answer cut short that looks whole.
+                finished = True
+                yield TokenEvent(req_id, [], "", True, "abort", error="the model replica failed during the request "
+                                 f"({type(_cause(e)).__name__})")
         finally:
             self.in_flight -= 1
             self.open_ids.discard(req_id)
@@ -495,6 +521,9 @@ def run_server(cfg: EngineConfig, host: str = "127.0.0.1", port: int = 8000, dra
     import signal
     import threading
 
+    if _port_taken(host, port):
+        print(f"glmserve: error: {host}:{port} is in use (another server?): stop it or choose --port", flush=True)
+        return 2
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
@@ -538,7 +567,7 @@ def run_server(cfg: EngineConfig, host: str = "127.0.0.1", port: int = 8000, dra
         return 2
     print(f"glmserve: ready in {time.time() - t0:.0f} s — OpenAI API at http://{host}:{port}/v1 "
           f"(model {_model_name(cfg)!r}); Ctrl-C to stop", flush=True)
-    stop = threading.Event()
+    stop = _Stop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     stats = _Stats(serve.get_app_handle("glmserve"))
@@ -549,6 +578,49 @@ def run_server(cfg: EngineConfig, host: str = "127.0.0.1", port: int = 8000, dra
     serve.shutdown()
     ray.shutdown()
     return 0
+
+
+def _port_taken(host: str, port: int) -> bool:
+    """Whether something listens on ``host:port``. Serve's proxy binds with SO_REUSEPORT: a second server on a taken
+    port started, said it was ready, and shared the port with the first (the kernel splits connections between them)."""
+    import errno
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return e.errno == errno.EADDRINUSE
+    return False
+
+
+class _Stop:
+    """``glmserve serve``'s stop flag, set by its SIGINT / SIGTERM handler: an attribute, polled. A
+    ``threading.Event`` takes a lock in ``set()`` that the main thread, which runs every handler, may hold — in
+    ``wait()``, or in the handler itself when two signals come at once (``timeout`` signals the process and its
+    group): the process hung for good."""
+
+    POLL_S = 0.1
+
+    def __init__(self):
+        self.flag = False
+
+    def set(self) -> None:
+        self.flag = True
+
+    def clear(self) -> None:
+        self.flag = False
+
+    def is_set(self) -> bool:
+        return self.flag
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Until set, for at most ``timeout`` seconds (None: no limit); whether it is set."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while not self.flag and (end is None or time.monotonic() < end):
+            time.sleep(self.POLL_S if end is None else max(0.0, min(self.POLL_S, end - time.monotonic())))
+        return self.flag
 
 
 class _Stats:

@@ -207,22 +207,51 @@ def usable(x2: torch.Tensor, N: int, K: int, weights: tuple = ()) -> bool:
 
 
 def mid_tile(M: int, N: int, K: int, sms: int) -> MidTile:
-    """The launch measured best on H200 over the GLM-5.2 shapes at 16..256 rows (``bench/mid_gemm.py --sweep
-    hopper``, bench/results/session26/ and session27/call1): 64 outputs a program (one warpgroup). To 64 rows all
-    rows in one tile (16..64) and a 4-deep ring. Past that, on LARGE weights with long rows (K ≥ 4096: o_proj, the
-    dense MLP) 64 rows and a 3-deep ring to 128 rows, 128 rows and a 4-deep ring beyond, split to ~2 programs an SM
-    (session 27: o_proj at 128 rows 82.2 → 70.3 µs, dense down 66.0 → 54.6; at 256 dense gate_up 103.0 → 87.5); on
-    the other LARGE weights (q_b) 128 rows and a 2-deep ring (the weight tile read once for 128 rows); else 64 rows
-    and a 4-deep ring (two programs fit an SM), ~1 program an SM. Every split ≥ 2 K steps."""
-    per_sm = 1
+    """The launch measured best on H200 over the GLM-5.2 shapes and groups at 16..256 rows (``bench/mid_gemm.py
+    --sweep hopper``, ``bench/linear_group.py --sweep``; bench/results/session26/, session27/call1, session36/):
+    64 outputs a program (one warpgroup).
+
+    To 64 rows all rows in one tile, a 4-deep ring. At 16 / 32 rows (three or four programs an SM fit) a weight of
+    fewer than ~2 programs an SM splits over K for the best balanced waves of at least that many programs
+    (``_balanced_split``; session 36: o_proj at 16 rows 41.0 → 32.9 µs, q_a / kv_a / wk 13.5 → 11.6); at 64 rows
+    about one program an SM. 65..128 rows: on large weights with long rows (K ≥ 4096: o_proj, the dense MLP) 64 rows
+    and a 3-deep ring at ~2 programs an SM (session 27: o_proj at 128 rows 82.2 → 70.3 µs); on the other large
+    weights (q_b) 128 rows and a 2-deep ring (the weight tile read once for 128 rows) where two an SM are one wave,
+    else as on long rows (q_b with the indexer's wq_b, 20480 outputs: 38.4 → 31.6 µs); else 64 rows, a 4-deep ring.
+    Past 128 rows: 128-row tiles on large weights where they pad no more rows than 64-row tiles do (193..256 rows) —
+    a 2-deep ring where there are tiles for two an SM (the dense gate / up at 256 rows 195.7 → 175.0 µs), else 4 —,
+    else 64 with a 3-deep ring (at 192 rows two 128-row tiles are a third padding: q_a / kv_a / wk 39.7 → 26.1 µs,
+    the dense gate / up 213.9 → 155.4); about one program an SM (the 1/8 dense gate / up at 256 rows 43.1 → 30.7 µs
+    unsplit: a split's partial sums cost more than the balance it buys), two on the longest rows (K ≥ 8192: o_proj).
+    A split count rounds down to whole waves, up on the longest rows; every split ≥ 2 K steps, at most 8, and at
+    most 1024 rows summed over the splits."""
+    large, kbs = N * K >= LARGE, triton.cdiv(K, 128)
     if M <= 64:
         block_m, stages = max(16, triton.next_power_of_2(M)), 4
-    elif N * K >= LARGE and K >= 4096:
-        block_m, stages, per_sm = (64, 3, 2) if M <= 128 else (128, 4, 2)
+    elif M <= 128:
+        wave = triton.cdiv(N, 64) <= 2 * sms          # 128-row tiles, two an SM: one wave
+        block_m, stages = (64, 3) if large and (K >= 4096 or not wave) else ((128, 2) if large else (64, 4))
     else:
-        block_m, stages = (128, 2) if N * K >= LARGE else (64, 4)
+        block_m = 128 if large and -M % 128 < 64 else 64
+        stages = 3
     tiles = triton.cdiv(N, 64) * triton.cdiv(M, block_m)
-    return MidTile(64, block_m, max(1, min(triton.cdiv(per_sm * sms, tiles), triton.cdiv(K, 128) // 2)), stages)
+    if block_m == 128 and M > 128:
+        stages = 2 if tiles >= 2 * sms else 4         # enough tiles to run two an SM (a 2-deep ring fits two)
+    cap = max(1, min(kbs // 2, 8, 1024 // M))
+    if M <= 32:
+        return MidTile(64, block_m, _balanced_split(tiles, sms, 2 * sms, cap), stages)
+    per_sm = 2 if (large and K >= 4096 and 64 < M <= 128) or (K >= 8192 and M > 128) else 1
+    split = triton.cdiv(per_sm * sms, tiles) if K >= 8192 else per_sm * sms // tiles
+    return MidTile(64, block_m, max(1, min(split, cap)), stages)
+
+
+def _balanced_split(tiles: int, sms: int, programs: int, cap: int) -> int:
+    """The split (≤ ``cap``) of ``tiles`` programs over K with at least ~``programs`` programs whose busiest SM does
+    the least work (⌈tiles·s / SMs⌉ / s, the fewest splits of the least); 1 where the tiles alone reach that many."""
+    if tiles * 20 >= programs * 19:
+        return 1
+    low = min(cap, triton.cdiv(programs * 19, tiles * 20))
+    return min(range(low, cap + 1), key=lambda s: (triton.cdiv(tiles * s, sms) / s, s))
 
 
 def fp8_linear_mid(x2: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor, out: torch.Tensor, tile: MidTile,

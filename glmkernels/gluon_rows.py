@@ -207,10 +207,12 @@ def usable(x2: torch.Tensor, N: int) -> bool:
 def rows_tile(M: int, N: int, K: int, sms: int) -> RowsTile:
     """The launch measured best on H200 over the GLM-5.2 decode shapes at 2–8 rows (``bench/rows_gemm.py``,
     bench/results/session9/rows_gemm_call2.md): 128 weight rows on 8 warps for long rows or many outputs
-    (o_proj, dense down, q_b), else 64 on 4; four 128-wide K blocks a step; split-K to ~4 programs per SM,
-    each ≥ one step."""
+    (o_proj, dense down, q_b), else 64 on 4; four 128-wide K blocks a step; split-K to the programs that fit an SM
+    at once (32 warps: 4 of 8 warps, 8 of 4), rounded down to whole waves, each split ≥ one step. Rounded up, the
+    dense gate / up as one group (192 tiles of 8 warps) took 3 splits, a second wave 1/10 full: 54.6 µs at 8 rows,
+    2 splits 44.2; the 1/8 dense gate / up 12.1 → 10.6 (12 splits; bench/linear_group.py, session36/call1)."""
     block_n, warps = (128, 8) if K >= 8192 or N >= 16384 else (64, 4)
-    split = max(1, min(triton.cdiv(4 * sms, triton.cdiv(N, block_n)), triton.cdiv(K, 128) // 4))
+    split = max(1, min(32 // warps * sms // triton.cdiv(N, block_n), triton.cdiv(K, 128) // 4))
     return RowsTile(block_n, 4, split, warps)
 
 

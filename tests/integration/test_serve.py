@@ -316,6 +316,22 @@ def test_malformed_json_is_400(base_url):
     assert status == 400 and "malformed JSON" in err["error"]["message"]
 
 
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/completions", b'{"model": "tiny-test", "max_tokens": 2, "prompt": "a\\ud800"}', "prompt"),
+    ("/v1/chat/completions", b'{"model": "tiny-test", "messages": [{"role": "user", "content": "\\udc00"}]}',
+     "messages"),
+    ("/v1/completions", b'{"model": "tiny-test", "prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}", None),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                              "max_completion_tokens": 10 ** 6}, "max_completion_tokens"),
+])
+def test_unusual_input_is_a_json_400_naming_the_field(base_url, client, path, body, param):
+    """A lone surrogate escape and JSON nested past the parser's depth were 500s with a plain-text body; a context
+    overflow by max_completion_tokens named max_tokens, which the client had not sent."""
+    status, err = post(base_url, path, body)
+    assert status == 400 and err["error"]["param"] == param and err["error"]["message"], err
+    assert client.completions.create(model=MODEL, prompt="ok", max_tokens=2).choices   # still serving
+
+
 def test_step_time_metrics(client, base_url):
     client.completions.create(model=MODEL, prompt="The old man", max_tokens=4, temperature=0)
     steps, step_s, busy_s = (metric(base_url, f"glmserve_{n}") for n in ("steps", "step_seconds",

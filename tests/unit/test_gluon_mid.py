@@ -32,25 +32,42 @@ def test_applies():
     assert not gluon_mid.usable(x, 16384, 6144)           # a CPU tensor
 
 
-@pytest.mark.parametrize("N,K", SHAPES)
-@pytest.mark.parametrize("M", [16, 17, 32, 64, 65, 100, 128, 200, 256])
+@pytest.mark.parametrize("N,K", SHAPES + [(2752, 6144), (20480, 2048), (512, 6144), (3072, 6144), (24576, 6144)])
+@pytest.mark.parametrize("M", [16, 17, 32, 64, 65, 100, 128, 160, 192, 200, 256])
 def test_mid_tile(M, N, K):
-    """One warpgroup on 64 outputs; all rows in one tile to 64; past that on large weights with long rows 64 rows
-    (3-deep ring) to 128 rows and 128 (4-deep) beyond, at about two programs an SM; 128 rows on the other large
-    weights, 64 on the rest, about one program an SM; the ring fits shared memory; every split ≥ 2 K steps (or none)."""
-    t = gluon_mid.mid_tile(M, N, K, 132)
+    """One warpgroup on 64 outputs; all rows in one tile to 64; 65..128 rows: 64 rows (3-deep ring) on large weights
+    with long rows, 128 (2-deep) on the other large weights if two an SM are one wave, else 64; past 128 rows
+    128-row tiles only on large weights and where 64-row tiles pad as many rows (so 64 at 160 / 192 rows), 2-deep
+    where there are two tiles an SM; the ring fits shared memory; every
+    split ≥ 2 K steps, ≤ 8 and ≤ 1024 rows summed; at 16 / 32 rows a weight of few tiles splits to ≥ ~2 programs an
+    SM where the cap allows, its busiest SM's share the least; past 128 rows short rows split only within a wave."""
+    sms, kbs, large = 132, -(-K // 128), N * K >= gluon_mid.LARGE
+    t = gluon_mid.mid_tile(M, N, K, sms)
     assert t.block_n == 64 and t.num_warps == 4
-    per_sm = 1
     if M <= 64:
         assert t.block_m == max(16, 1 << (M - 1).bit_length()) and t.stages == 4
-    elif N * K >= gluon_mid.LARGE and K >= 4096:
-        assert (t.block_m, t.stages) == ((64, 3) if M <= 128 else (128, 4))
-        per_sm = 2
+    elif M <= 128:
+        wave = -(-N // 64) <= 2 * sms
+        assert (t.block_m, t.stages) == ((64, 3) if large and (K >= 4096 or not wave) else
+                                         (128, 2) if large else (64, 4))
     else:
-        assert t.block_m == (128 if N * K >= gluon_mid.LARGE else 64)
+        assert t.block_m == (128 if large and M > 192 else 64)
     assert t.stages * (t.block_m * 128 * 2 + t.block_n * 128) <= SMEM
     tiles = -(-N // 64) * -(-M // t.block_m)
-    assert t.split == 1 or (-(-K // 128) // t.split >= 2 and tiles * t.split < per_sm * 132 + tiles)
+    if M > 128:
+        assert t.stages == ((2 if tiles >= 2 * sms else 4) if t.block_m == 128 else 3)
+    cap = max(1, min(kbs // 2, 8, 1024 // M))
+    assert 1 <= t.split <= cap
+    if M <= 32:
+        def busiest(s):
+            return -(-tiles * s // sms) / s
+        enough = [s for s in range(1, cap + 1) if tiles * s * 20 >= 2 * sms * 19]
+        if tiles * 20 >= 2 * sms * 19:
+            assert t.split == 1
+        else:
+            assert t.split == (min(enough, key=lambda s: (busiest(s), s)) if enough else cap)
+    elif M > 128 and K < 8192:
+        assert t.split == 1 or tiles * t.split <= sms
 
 
 _COMPILE_FOR_SM90 = """

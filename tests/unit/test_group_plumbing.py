@@ -95,7 +95,8 @@ def test_a_closed_step_channel_fails_the_step_fast():
 
 @pytest.mark.parametrize("field,value", [("step_channel", "zmq"), ("comm", "mpi"), ("num_workers", 3),
                                          ("prefill_activations", "int8"), ("prefill_activations", "fp8"),
-                                         ("warmup_tokens", -1), ("warmup_tokens", 1.5)])
+                                         ("warmup_tokens", -1), ("warmup_tokens", 1.5),
+                                         ("max_model_len", 32769)])         # past the KV slots (32768): refused
 def test_bad_engine_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=f"field '{field}'"):
         EngineConfig(**{field: value}, **({"kernels": "reference"} if value == "fp8" else {}))
@@ -266,3 +267,64 @@ def test_the_coordinator_logs_its_stats_line_while_requests_come(caplog):
     assert len(lines) == 2 and all(m.startswith("glmserve: prompt ") for m in lines), lines   # the idle readings: none
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == \
         ["glmserve: no stats (RuntimeError: a reading failed)"]
+
+
+def test_glmserve_serve_refuses_a_port_in_use(monkeypatch, capsys):
+    """Serve's proxy binds with SO_REUSEPORT: on a port another server listens on (as Serve's proxy does), a second
+    ``glmserve serve`` started its own Ray, said it was ready and shared the port with the first. Now: exit 2 first."""
+    pytest.importorskip("ray")
+    import ray
+
+    from cluster.serve import run_server
+
+    def no_ray(*a, **kw):
+        raise AssertionError("started Ray on a port in use")
+
+    monkeypatch.setattr(ray, "init", no_ray)
+    with socket.socket() as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert run_server(EngineConfig(device="cpu"), port=port) == 2
+    assert f"127.0.0.1:{port} is in use" in capsys.readouterr().out
+
+
+def test_glmserve_serves_stop_flag_can_be_set_inside_itself():
+    """``glmserve serve``'s SIGINT / SIGTERM handler sets its stop flag on the main thread, interrupting whatever runs
+    there — the flag's own ``wait()``, or a first handler's ``set()`` when two signals come at once (``timeout``
+    signals the process and its group). With a ``threading.Event`` the nested ``set()`` waited forever for the lock
+    its own thread held (seen: the server never stopped). A handler run at each of its lines here must not hang."""
+    import sys
+
+    pytest.importorskip("ray")
+    from cluster.serve import _Stop
+
+    stop = _Stop()
+    codes = {_Stop.set.__code__, _Stop.wait.__code__}
+
+    def handler_at_each_line(frame, event, arg):
+        if event == "line" and frame.f_code in codes:
+            stop.flag = False
+            sys.settrace(None)
+            stop.set()                              # the nested handler
+            sys.settrace(tracer)
+        return handler_at_each_line
+
+    def tracer(frame, event, arg):
+        return handler_at_each_line if frame.f_code in codes else None
+
+    done = []
+
+    def main():
+        sys.settrace(tracer)
+        stop.set()
+        done.append(stop.wait(None))
+        sys.settrace(None)
+
+    t = threading.Thread(target=main, daemon=True)
+    t.start()
+    t.join(10)
+    assert done == [True], "the stop flag hung when set inside its own set() / wait()"
+    stop.clear()
+    assert not stop.wait(0.05) and not stop.is_set()

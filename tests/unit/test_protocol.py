@@ -29,7 +29,8 @@ def test_queue_full_is_429_with_retry_after():
                                         ({"max_tokens": "5"}, "max_tokens"), ({"max_tokens": 5.0}, "max_tokens"),
                                         ({"n": True}, "n"), ({"temperature": "0.5"}, "temperature"),
                                         ({"prompt": [True, False]}, "prompt"), ({"prompt": [1.0, 2.0]}, "prompt"),
-                                        ({"prompt": [1, "a"]}, "prompt"), ({"prompt": 5}, "prompt")])
+                                        ({"prompt": [1, "a"]}, "prompt"), ({"prompt": 5}, "prompt"),
+                                        ({"stream_options": {"include_usage": "yes"}}, "stream_options.include_usage")])
 def test_validation_errors_name_the_field(body, param):
     from pydantic import ValidationError
 
@@ -248,6 +249,50 @@ def test_a_prompt_that_cannot_fit_is_refused_before_tokenizing():
     with pytest.raises(ApiError) as e:
         asyncio.run(_encode(Untouchable(), "x" * 101, 100, "prompt"))
     assert (e.value.status, e.value.param) == (400, "prompt") and "101 characters" in e.value.message
+
+
+@pytest.mark.parametrize("text", ["a\ud800b", "\udc00"])
+def test_a_lone_surrogate_is_a_400_naming_the_field(text):
+    """JSON's "\\ud800" escape parses to a lone surrogate, which the tokenizer refused with a TypeError (a 500)."""
+    from cluster.protocol import ApiError
+    from cluster.serve import _encode
+
+    with pytest.raises(ApiError) as e:
+        asyncio.run(_encode(_tok(), text, 1000, "messages"))
+    assert (e.value.status, e.value.param) == (400, "messages") and "surrogate" in e.value.message
+    assert asyncio.run(_encode(_tok(), "a\u00e9b", 1000, "prompt"))       # other text still tokenizes
+
+
+def test_json_nested_too_deeply_is_a_400():
+    """Python's JSON parser raises RecursionError (not a JSONDecodeError) past ~1000 levels: it was a 500."""
+    import types
+
+    from cluster.protocol import ApiError
+    from cluster.serve import OpenAIIngress
+
+    async def body():
+        return b'{"model": "m", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+
+    with pytest.raises(ApiError) as e:
+        asyncio.run(OpenAIIngress._parse(types.SimpleNamespace(draining=False), types.SimpleNamespace(body=body),
+                                         CompletionRequest))
+    assert e.value.status == 400 and "nested too deeply" in e.value.message
+
+
+def test_a_context_overflow_names_max_completion_tokens_when_the_client_sent_it():
+    import types
+
+    from cluster.protocol import ApiError
+    from cluster.serve import OpenAIIngress
+
+    for field in ("max_tokens", "max_completion_tokens"):
+        body = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                                     field: 100})
+        body.max_tokens = body.max_completion_tokens or body.max_tokens     # as chat_completions does
+        with pytest.raises(ApiError) as e:
+            asyncio.run(OpenAIIngress._respond(types.SimpleNamespace(max_model_len=64), None, body, [1] * 8, None,
+                                               chat=True))
+        assert (e.value.status, e.value.param) == (400, field) and f"{field} (100)" in e.value.message
 
 
 def test_tokenizing_leaves_the_event_loop_running():
@@ -523,3 +568,82 @@ def test_close_streams_ends_open_requests_with_an_error():
     assert ingress.in_flight == 0 and not ingress.open_ids
     err = serve_mod._Formatter._api_error(types.SimpleNamespace(ing=ingress), last[0])
     assert err.status == 503 and err.body()["error"]["type"] == "server_error"
+
+
+def test_a_replica_failing_mid_request_ends_it_with_an_error():
+    """The coordinator replica died (or its stream broke) after the first tokens: the request ends with an error event
+    (a 500 / an error chunk), not as a cut answer that looks whole (200, finish_reason null, [DONE]); before the first
+    event the exception still reaches ``_respond`` (an AdmissionError is a 400 / 429)."""
+    import types
+
+    from cluster import serve as serve_mod
+    from cluster.engine import TokenEvent
+
+    aborted: list[str] = []
+
+    class Stream:                           # a Ray ObjectRefGenerator: its replica dies after ``events``
+        def __init__(self, events):
+            self.events = list(events)
+
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            if not self.events:
+                raise RuntimeError("ActorDiedError: the actor died unexpectedly (pid=1234, ip=10.0.0.1)")
+            return self.events.pop(0)
+
+        def cancel(self):
+            pass
+
+    async def abort(req_id):
+        aborted.append(req_id)
+
+    def ingress(events):
+        coord = types.SimpleNamespace(
+            options=lambda **kw: types.SimpleNamespace(generate=types.SimpleNamespace(
+                remote=lambda ids, params, req_id: Stream(events))), abort=types.SimpleNamespace(remote=abort))
+        return types.SimpleNamespace(coord=coord, in_flight=0, open_ids=set(), closing=False)
+
+    async def run(ing):
+        return [ev async for ev in serve_mod.OpenAIIngress._open(ing, [1, 2], None, "r0")]
+
+    ing = ingress([TokenEvent("r0", [5], "a")])
+    evs = asyncio.run(run(ing))
+    assert [ev.text for ev in evs] == ["a", ""] and evs[-1].finished and "replica failed" in evs[-1].error
+    assert "pid" not in evs[-1].error and ing.in_flight == 0 and not aborted     # it ended with its replica
+    err = serve_mod._Formatter._api_error(types.SimpleNamespace(ing=ing), evs[-1])
+    assert err.status == 500 and err.body()["error"]["type"] == "server_error"
+    with pytest.raises(RuntimeError, match="ActorDiedError"):       # before the first event: raised as it was
+        asyncio.run(run(ingress([])))
+
+
+def test_closing_the_merged_choices_while_their_streams_are_busy():
+    """A stream response ends early (an error event, a client gone) while other choices' pumps are inside their
+    streams: closing them raised "aclose(): asynchronous generator is already running", which cut the response after
+    its [DONE]. Each stream still ends (its pump's cancellation closes it)."""
+    from cluster.serve import _merge
+
+    closed = []
+
+    async def stream(i):
+        try:
+            yield i
+            for _ in range(3):
+                await asyncio.sleep(0.01)
+                yield i
+            await asyncio.sleep(10)
+            yield i
+        finally:
+            closed.append(i)
+
+    async def main():
+        streams = [stream(0), stream(1)]
+        merged = _merge(streams, [await s.__anext__() for s in streams])
+        for _ in range(5):
+            await merged.__anext__()
+        await merged.aclose()
+        await asyncio.sleep(0.05)
+
+    asyncio.run(main())
+    assert sorted(closed) == [0, 1]
