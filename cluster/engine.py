@@ -457,8 +457,8 @@ class Engine:
         for p in plans:
             for s in p.seqs:
                 params = self.schedulers[self._rank_of[s.req_id]].get(s.req_id).params
-                if len(s.token_ids) != 1 or s.end_pos + 1 > len(s.block_ids) * bs:    # a prompt chunk, a new block
-                    return False
+                if not s.sample or len(s.token_ids) != 1 or s.end_pos + 1 > len(s.block_ids) * bs:
+                    return False        # a prompt chunk (one token of it too: it samples nothing), a new block
                 goes_on |= s.num_generated + 1 < params.max_tokens and s.end_pos + 1 < self.config.max_model_len
         return goes_on
 

@@ -518,6 +518,17 @@ def test_lookahead_decode_equals_eager_and_is_used(model):
     assert run(aborted, solo) == run(make_engine(model, graphs=False), solo)   # the next request is unaffected
 
 
+def test_no_lookahead_past_a_one_token_prompt_chunk(model):
+    """A prompt chunk cut to one token by the budget (it samples nothing) beside a decoder is one row like a decode
+    row: the step must not launch its successor ahead (its row would sample and get a token) — the tokens are the
+    eager path's, no step fails."""
+    vocab = model.config.vocab_size
+    a, b = requests(2, vocab, max_tokens=8, seed=15).values()
+    arrivals = {0: {"a": a}, 3: {"b": (b[0][:5], b[1])}}
+    want = run_arrivals(make_engine(model, graphs=False, budget=2), arrivals)
+    assert run_arrivals(make_engine(model, graphs=True, budget=2), arrivals) == want
+
+
 def test_lookahead_draws_seeded_rows_as_eager(model):
     """Drawn rows (temperature, top-k / top-p / min-p, a seed each) sample on the device beside a greedy one: the
     steps launched ahead are used, and every request's tokens are the eager path's."""
