@@ -55,6 +55,12 @@ class LocalComm:
     def reduce_scatter(self, partial: torch.Tensor) -> torch.Tensor:
         return partial
 
+    def argmax_logits(self, hidden: torch.Tensor, lm_head: Linear) -> torch.Tensor:
+        return lm_head(hidden).argmax(dim=-1)
+
+    def bucket_logits(self, hidden: torch.Tensor, lm_head: Linear) -> torch.Tensor:
+        return lm_head(hidden).float()
+
 
 class Linear(nn.Module):
     """``y = x @ W.T`` with no bias; FP8 block-scaled when ``weight_scale_inv`` is set (see ``to_fp8``)."""
@@ -390,6 +396,7 @@ class GlmForCausalLM(nn.Module):
         self.shard = shard or MoeShard()
         self.model = GlmModel(cfg, self.shard)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
+        self.comm = LocalComm()          # the group's view (``set_comm``): greedy ids over the vocabulary's slices
 
     @property
     def target_layers(self) -> list[DecoderLayer]:
@@ -402,6 +409,7 @@ class GlmForCausalLM(nn.Module):
 
     def set_comm(self, comm) -> None:
         """Install the MLP-phase communicator (AG/RS) on every layer; done once by the worker at start."""
+        self.comm = comm
         for layer in self.model.layers:
             layer.comm = comm
 
@@ -424,6 +432,16 @@ class GlmForCausalLM(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [M, H] → logits [M, V] in fp32."""
         return self.lm_head(hidden).float()
+
+    def bucket_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``logits`` of a graph step's static bucket [R, H] → [R, V]. In a worker group every rank calls it with the
+        same R, each reading 1/N of the lm_head (``StepComm.bucket_logits``: a span's rows are the owner's)."""
+        return self.comm.bucket_logits(hidden, self.lm_head)
+
+    def greedy_ids(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [M, H] → each row's logits' argmax [M], as ``logits(hidden).argmax(-1)``. In a worker group every
+        rank calls it with the same M (pad rows included) and reads only its 1/N of the lm_head (``StepComm``)."""
+        return self.comm.argmax_logits(hidden, self.lm_head)
 
     def mtp_forward(self, hidden: torch.Tensor, next_ids: torch.Tensor, batch: Batch, cache: KVCache,
                     topk: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

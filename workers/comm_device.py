@@ -18,7 +18,8 @@ records the epoch in an error word and lets later waits fall through, and ``chec
 raises ``CommTimeout`` naming the ranks whose flags are behind.
 
 Shared region (inside the ipc allocation), for R ≤ S = ``graph_rows(N)`` rows per rank (a graph step's most),
-element size 4:
+element size 4 (a phase of a 2-byte dtype fills the front of each half, whose stride stays the 4-byte one: phases
+of two dtypes in a row never overlap):
 
     flags  int64 [parity=2][phase=2][src=N][16]        one 128-byte line per flag
     AG     [parity=2][src=N][S·H]                      src writes its rows in its slot
@@ -140,10 +141,11 @@ class DevicePhases:
         R = x.shape[0] // (N if phase == "RS" else 1)
         self._check_shape(R, x.shape[1], x.dtype)
         slot, n = self.rows * H, R * H
+        wide = 4 // x.dtype.itemsize                # halves at 4-byte elements' stride: dtypes may alternate
         if phase == "AG":
-            dsts, dst_stride, parity_stride = 1, 0, N * slot
+            dsts, dst_stride, parity_stride = 1, 0, N * slot * wide
         else:
-            dsts, dst_stride, parity_stride = N, N * slot, N * N * slot
+            dsts, dst_stride, parity_stride = N, N * slot, N * N * slot * wide
         _put_kernel[(triton.cdiv(n, BLOCK), dsts)](
             x.contiguous(), self._region(phase, x.dtype), self._flags, self._state, self.rank, N, n, n, dst_stride,
             slot, parity_stride, PHASE=PHASES.index(phase), LINE_=LINE, BLOCK_=BLOCK)
@@ -152,12 +154,13 @@ class DevicePhases:
         """The second half: wait for every rank's put, then AG → [N, R, H]; RS → [R, H]."""
         N, H = self.world_size, self.hidden
         slot, n = self.rows * H, R * H
+        wide = 4 // dtype.itemsize
         if phase == "AG":
             out = torch.empty(N, R, H, dtype=dtype, device=self._state.device)
-            sources, parity_stride, mine = N, N * slot, 0
+            sources, parity_stride, mine = N, N * slot * wide, 0
         else:
             out = torch.empty(R, H, dtype=dtype, device=self._state.device)
-            sources, parity_stride, mine = 1, N * N * slot, self.rank * N * slot
+            sources, parity_stride, mine = 1, N * N * slot * wide, self.rank * N * slot
         _get_kernel[(triton.cdiv(n, BLOCK), sources)](
             self._region(phase, dtype), out, self._flags, self._state, N, n, self._max_spins, parity_stride, mine,
             slot, SUM=phase == "RS", PHASE=PHASES.index(phase), LINE_=LINE, NP2=triton.next_power_of_2(N),

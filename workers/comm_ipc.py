@@ -14,7 +14,9 @@ Protocol, per phase: ``epoch += 1``, ``parity = epoch % 2``; write this rank's d
 ``[parity]``; publish ``flags[parity][phase][rank] = epoch``; spin until every rank's flag in
 ``[parity][phase]`` equals ``epoch`` (bounded: backoff, deadline -> ``CommTimeout`` naming the
 phase, epoch and missing ranks); read. AG reads the bucket; RS sums ``[parity][my rows][0..N-1]``
-in source order. Every rank waits on every peer in every phase, even when it reads nothing.
+in source order. Every rank waits on every peer in every phase, even when it reads nothing. A half holds
+its elements at the widest dtype's stride (4 bytes), so consecutive phases of two dtypes (the lm_head's
+split argmax: bf16 rows, then fp32 (max, index) pairs) never write into the half a peer still reads.
 
 Why two parities are enough: a rank writes parity ``p`` at epoch ``e + 2`` only after its wait
 at epoch ``e + 1`` saw every peer's flag ``e + 1``; a peer publishes ``e + 1`` only after it
@@ -174,9 +176,10 @@ class IpcComm(StaticPhases):
         if dtype.itemsize > self.layout.itemsize:
             raise ValueError(f"ipc comm buffers hold {self.layout.itemsize}-byte elements, got {dtype}")
         lay = self.layout
-        shape = (2, lay.max_rows, lay.hidden) if which == "AG" else (2, lay.max_rows, lay.world_size, lay.hidden)
-        base = self._ag if which == "AG" else self._rs
-        return base[: int(np.prod(shape)) * dtype.itemsize].view(dtype).view(shape)[parity]
+        shape = (lay.max_rows, lay.hidden) if which == "AG" else (lay.max_rows, lay.world_size, lay.hidden)
+        per = int(np.prod(shape))                  # elements a half holds; halves sit at the widest element's stride,
+        base = self._ag if which == "AG" else self._rs      # so phases of two dtypes in a row never overlap
+        return base[parity * per * lay.itemsize:][: per * dtype.itemsize].view(dtype).view(shape)
 
     def poison(self) -> None:
         """Fill both regions with NaN bit patterns (0xFF bytes): tests check nothing stale leaks out.

@@ -225,7 +225,7 @@ class DraftGraphs:
         hn, topk = hn.index_select(0, self.row), topk.index_select(0, self.row)          # [1, H], [1, K]
         drafts = []
         for j in range(k):
-            drafts.append(self.model.logits(hn).argmax(dim=-1))                          # [1]
+            drafts.append(self.model.greedy_ids(hn))         # [1]; a group's ranks read 1/N of the lm_head each
             if j == k - 1:
                 break
             hn = self._chain_pass(j, hn, drafts[-1], topk)
@@ -241,14 +241,15 @@ class DraftGraphs:
             self._chain_topk[sel] = torch.empty_like(topk)
         self._chain_h[0].copy_(hn)
         self._chain_topk[sel].copy_(topk)
-        return self.model.logits(hn)
+        self.select(StepShape("dp", 1, self.world_size, None), self.chain_real)     # the drafting row, as the chain's
+        return self.model.bucket_logits(hn)
 
     def _drawn_pass(self, j: int, sel: int) -> torch.Tensor:
         """Chained pass j fed ``_chain_tok`` over the selection of width ``sel``: reads hidden buffer j % 2, writes the
         other (a graph's warm-up run must not overwrite its own input); returns the next draft's logits [1, V]."""
         hn = self._chain_pass(j, self._chain_h[j % 2], self._chain_tok, self._chain_topk[sel])
         self._chain_h[(j + 1) % 2].copy_(hn)
-        return self.model.logits(hn)
+        return self.model.bucket_logits(hn)
 
     def run(self, bucket: int, width: int, span: bool, k: int) -> torch.Tensor:
         """The staged drafting: k greedy draft ids [k] (k = 0: the extend alone, returns its hidden rows)."""

@@ -214,9 +214,11 @@ class ModelRunner:
             self.stage(step.shape, batch.num_rows, True)
             full = self.graphs.run(*step.graph)                                        # [bucket, H]
             hidden = full[:batch.num_rows]                                              # [N, H]
+            logits = self.model.bucket_logits(full) if self.in_group else None          # every rank: 1/N of the lm_head
             if self.drafter is not None and not static_draft:
                 self.stage(step.shape, batch.num_rows, False)   # the eager MTP passes use the ragged comm
         else:
+            logits = None
             ids = to_device([t for s in step.seqs for t in s.token_ids], torch.long, self.device)
             batch = build_batch([(s.start_pos, len(s.token_ids), s.block_ids) for s in step.seqs],
                                 self.block_size, self.device)
@@ -225,7 +227,7 @@ class ModelRunner:
                 hidden = self.pieces.forward(ids, batch)                              # [N, H]
             else:
                 hidden = self.model(ids, batch, self.cache)
-        result = self._sample(step, hidden, batch)           # sampling ends in a device sync (token ids)
+        result = self._sample(step, hidden, batch, logits)   # sampling ends in a device sync (token ids)
         sampled = end = time.perf_counter()
         if self.drafter is not None:                            # so does drafting (draft ids)
             if static_draft:
@@ -304,9 +306,11 @@ class ModelRunner:
             self.graphs.ids[:len(seqs)].copy_(fed)       # after the staged ids, in stream order
         self.stage(step.shape, batch.num_rows, True)
         hidden = self.graphs.run(*step.graph)
+        bucket = self.model.bucket_logits(hidden) if self.in_group else None        # every rank, rows or none
         if not seqs:
             return torch.empty(0, dtype=torch.long, device=hidden.device), None
-        raw = self.model.logits(_take_rows(hidden, [r0 + n - 1 for r0, n in batch.seq_rows])).float()
+        last = [r0 + n - 1 for r0, n in batch.seq_rows]
+        raw = _take_rows(bucket, last) if bucket is not None else self.model.logits(_take_rows(hidden, last))
         states = [self.requests[s.req_id] for s in seqs]
         params = [st.params for st in states]
         tokens = sample_on_device(raw, params, [s.num_generated for s in seqs], self._counts(states, fed))
@@ -339,14 +343,16 @@ class ModelRunner:
         self.ahead_stats["launched"] += 1
         return _Ahead(step.graph, seqs, *self._replay_on_device(step, seqs, tokens))
 
-    def _sample(self, step: WorkerStep, hidden: torch.Tensor, batch) -> StepResult:
+    def _sample(self, step: WorkerStep, hidden: torch.Tensor, batch, bucket: torch.Tensor | None = None) -> StepResult:
+        """Sample the plain rows, verify the drafting ones; ``bucket``: the step's logits, one row per row of ``hidden``
+        (a group's graph step: ``bucket_logits``), else the lm_head runs here on the rows that sample."""
         result = StepResult(step.step_id)
         plain = [i for i, s in enumerate(step.seqs) if s.sample and not s.num_drafts]
         if plain:
             seqs = [step.seqs[i] for i in plain]
             states = [self._state(s) for s in seqs]
-            logits = self.model.logits(_take_rows(hidden, [batch.seq_rows[i][0] + batch.seq_rows[i][1] - 1
-                                                           for i in plain]))
+            last = [batch.seq_rows[i][0] + batch.seq_rows[i][1] - 1 for i in plain]
+            logits = _take_rows(bucket, last) if bucket is not None else self.model.logits(_take_rows(hidden, last))
             out = sample(logits, [st.params for st in states], self._counts(states), [s.num_generated for s in seqs])
             for i, (s, st) in enumerate(zip(seqs, states)):
                 self._commit(result, s, st, [out.token_ids[i]],
@@ -355,7 +361,8 @@ class ModelRunner:
             if s.sample and s.num_drafts:
                 st = self._state(s)
                 r0, n = batch.seq_rows[i]
-                logits = self.model.logits(hidden[r0 + n - 1 - s.num_drafts: r0 + n])            # [k+1, V]
+                verified = slice(r0 + n - 1 - s.num_drafts, r0 + n)
+                logits = bucket[verified] if bucket is not None else self.model.logits(hidden[verified])   # [k+1, V]
                 drafts = s.token_ids[-s.num_drafts:]
                 tokens = verify(logits, drafts, st.draft_probs, st.params, self._history_counts(st), s.num_generated)
                 lps = token_logprobs(logits, tokens, st.params.logprobs or 0) if st.params.logprobs is not None \

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from scheduler.shapes import GRAPH_BUCKETS, StepShape
+from glmkernels import ops
+from scheduler.shapes import GRAPH_BUCKETS, StepShape, graph_rows
 from workers.comm import Comm, Rendezvous, make_comm, ordered_sum
 from workers.rowmap import Dp, RowMap, Span
 from workers.runner import ModelRunner, StepResult, WorkerStep
@@ -88,6 +89,96 @@ class StepComm:
                 return ordered_sum(self.comm.all_gather_static(partial).unbind(0))
             return self.comm.reduce_scatter_static(partial)
         return self.comm.reduce_scatter(partial, self.rowmap, self.owner)[: self.num_local]
+
+    def argmax_logits(self, hidden: torch.Tensor, lm_head) -> torch.Tensor:
+        """hidden: [R, H] this rank's rows (every rank passes R, pads included) → the argmax of each row's logits [R],
+        as ``lm_head(hidden).argmax(-1)``, with the lm_head split by vocabulary: every rank's rows are gathered (AG),
+        each rank scores them against its 1/N of the vocabulary, and every rank's (max, index) per row is gathered
+        (a second AG, fp32: indices below 2^24 are exact) — a rank reads 1/N of the lm_head (a greedy MTP draft's
+        weight bytes, ~1.9 GB at GLM-5 widths) for two small phases. Ties go to the lowest index, as argmax's.
+        Static phases: a CUDA graph can capture it."""
+        N, (R, H) = self.world_size, hidden.shape
+        if N == 1 or 2 * N > H:                      # one rank, or a row of H too narrow for N pairs: the whole lm_head
+            return lm_head(hidden).argmax(dim=-1)
+        rows = self.comm.all_gather_static(hidden).view(N * R, H)
+        best = slice_best(rows, lm_head, *vocab_slice(lm_head, self.rank, N))            # [N·R, 2]
+        packed = torch.cat([best.reshape(-1), best.new_zeros(R * H - 2 * N * R)]).view(R, H)
+        cand = self.comm.all_gather_static(packed).view(N, R * H)[:, : 2 * N * R].view(N, N, R, 2)
+        return first_max(cand[:, self.rank])                                             # this rank's rows
+
+    def bucket_logits(self, hidden: torch.Tensor, lm_head) -> torch.Tensor:
+        """hidden: [R, H] this rank's static bucket (pads included) → fp32 logits [R, V], as ``lm_head(hidden).float()``
+        on this rank's real rows (a span split: the owner's rows on every rank), with the lm_head split by vocabulary: the
+        step's rows are gathered as the MoE gathers them (pads zeroed; a span: the owner's), each rank computes its
+        1/N of their logits, and one more AG brings every slice of this rank's rows (words of the packed slices) — a
+        rank reads 1/N of the lm_head (~1.9 GB whole at GLM-5 widths). Static phases (a CUDA graph can capture it),
+        so every rank calls it with the same R; where the slices would not fit one phase (``split_fits``), or on
+        one rank, the whole lm_head. Bit for bit ``lm_head``'s where its product reduces each logit alike."""
+        N, (R, H) = self.world_size, hidden.shape
+        M = R if isinstance(self.rowmap, Span) else N * R                        # the rows every rank scores
+        if not self.split_fits(M, hidden.dtype, lm_head):
+            return lm_head(hidden).float()
+        assert self.static, "bucket_logits runs on a graph step's static phases"
+        rows = self.all_gather(hidden)                                            # [M, H]
+        chunk, V = vocab_chunk(lm_head, N), lm_head.out_features
+        lo, hi = vocab_slice(lm_head, self.rank, N)
+        part = slice_logits(rows, lm_head, lo, hi) if hi > lo else rows.new_zeros(M, 0)   # [M, ≤ chunk]
+        words = _words(torch.nn.functional.pad(part, (0, chunk - part.shape[1])), H)            # [cols, H] int32
+        got = self.comm.all_gather_static(words).view(N, -1).view(hidden.dtype)[:, : M * chunk].reshape(N, M, chunk)
+        if not isinstance(self.rowmap, Span):
+            got = got[:, self.rank * R:(self.rank + 1) * R]                     # [src, R, chunk]: this rank's rows
+        return got.permute(1, 0, 2).reshape(R, N * chunk)[:, :V].float()
+
+    def split_fits(self, M: int, dtype: torch.dtype, lm_head) -> bool:
+        """Whether M rows' logit slices fit one static phase: at most ``graph_rows(N)`` rows of H 4-byte words a rank
+        (the device phases' depth) and the comm's row bound. The same answer on every rank (shapes alone)."""
+        N, H = self.world_size, lm_head.in_features
+        words = -(-M * vocab_chunk(lm_head, N) * dtype.itemsize // 4)
+        cols = -(-words // H)
+        return N > 1 and cols <= graph_rows(N) and N * cols <= getattr(self.comm, "max_rows", N * cols)
+
+
+def _words(x: torch.Tensor, width: int) -> torch.Tensor:
+    """x (any dtype of ≤ 4 bytes) as int32 words in rows of ``width`` (zero-padded): a phase copies the bits."""
+    flat = x.reshape(-1).view(torch.uint8)
+    n = -(-flat.numel() // (4 * width)) * 4 * width
+    return torch.nn.functional.pad(flat, (0, n - flat.numel())).view(torch.int32).view(-1, width)
+
+
+def slice_logits(rows: torch.Tensor, lm_head, lo: int, hi: int) -> torch.Tensor:
+    """rows [M, H] against the lm_head's rows [lo, hi) → [M, hi - lo] logits in the rows' dtype."""
+    scale = lm_head.weight_scale_inv
+    return ops.linear(rows, lm_head.weight[lo:hi], None if scale is None else scale[lo // 128: -(-hi // 128)])
+
+
+def slice_best(rows: torch.Tensor, lm_head, lo: int, hi: int) -> torch.Tensor:
+    """rows [M, H] against the lm_head's rows [lo, hi) → [M, 2] fp32: each row's max logit and its (first) index."""
+    if hi == lo:                                                     # a vocabulary of fewer than N slices
+        best = rows.new_zeros(rows.shape[0], 2, dtype=torch.float32)
+        best[:, 0] = -torch.inf
+        return best
+    logits = slice_logits(rows, lm_head, lo, hi)
+    idx = logits.argmax(dim=-1, keepdim=True)
+    return torch.cat([logits.gather(1, idx).float(), (idx + lo).float()], dim=1)
+
+
+def first_max(cand: torch.Tensor) -> torch.Tensor:
+    """cand [src, M, (max, index)] from the slices in vocabulary order → [M] ids: the first source holding the max
+    (ties go to the lowest index, as ``argmax``'s)."""
+    src = cand[..., 0].argmax(dim=0, keepdim=True)
+    return cand[..., 1].gather(0, src).squeeze(0).long()
+
+
+def vocab_chunk(lm_head, world_size: int) -> int:
+    """Rows of the lm_head a rank holds: ⌈V/N⌉, whole 128-row scale blocks when FP8."""
+    chunk = -(-lm_head.out_features // world_size)
+    return -(-chunk // 128) * 128 if lm_head.weight_scale_inv is not None else chunk
+
+
+def vocab_slice(lm_head, rank: int, world_size: int) -> tuple[int, int]:
+    """Rank ``rank``'s rows [lo, hi) of the lm_head: ``vocab_chunk`` each, the last fewer (or none)."""
+    V, chunk = lm_head.out_features, vocab_chunk(lm_head, world_size)
+    return min(V, rank * chunk), min(V, (rank + 1) * chunk)
 
 
 @dataclass(frozen=True)

@@ -385,3 +385,120 @@ def test_device_phase_wait_is_bounded():
     elapsed, _ = _spawn(_device_absent_peer, 2)
     print(f"device-side wait expired after {elapsed:.2f} s (timeout 1 s)")
     assert elapsed < 60.0
+
+
+def _split_argmax(head, rows: torch.Tensor, n: int) -> torch.Tensor:
+    """Every rank's slice of the lm_head in turn on all rows, combined as ``argmax_logits`` does."""
+    from workers.worker import first_max, slice_best, vocab_slice
+
+    return first_max(torch.stack([slice_best(rows, head, *vocab_slice(head, r, n)) for r in range(n)]))
+
+
+def _vocab_argmax(rank: int, n: int, board, backend: str, vocab: int) -> tuple[list[str], int, int]:
+    """``StepComm.argmax_logits`` (a greedy MTP draft's lm_head split by vocabulary) as a captured CUDA graph over the
+    device phases, replayed with new rows, against the same split computed on this rank alone (exact), and counted
+    against the whole bf16 lm_head's argmax (cuBLAS may reduce the narrower product in another order: a near tie may
+    go the other way). Returns (failures, ids equal to the whole lm_head's, ids)."""
+    from models.glm5 import Linear
+
+    comm = _comm(rank, n, board, backend, 8 * n)
+    torch.manual_seed(3)                                   # the same lm_head on every rank
+    head = Linear(HIDDEN, vocab).to(_dev(), torch.bfloat16)
+    torch.nn.init.normal_(head.weight, std=0.02)
+    failures, sc, same, total = [], StepComm(comm, rank, n, _dev()), 0, 0
+    for R in (1, 4):
+        h = torch.zeros(R, HIDDEN, dtype=torch.bfloat16, device=_dev())
+        graph, out = capture_graph(lambda: sc.argmax_logits(h, head)) if comm.capturable else (None, None)
+        for rep in range(3):
+            rows = torch.cat([_data(70 + 11 * rep + r, R, torch.float32).clamp(-4, 4) for r in range(n)]).bfloat16()
+            h.copy_(rows[rank * R:(rank + 1) * R])
+            if graph is not None:
+                graph.replay()
+                got = out.clone()
+            else:
+                got = sc.argmax_logits(h, head)
+            mine = slice(rank * R, (rank + 1) * R)
+            want = _split_argmax(head, rows, n)[mine]
+            if not torch.equal(got, want):
+                failures.append(f"rank {rank} R={R} rep {rep}: {got.tolist()} != {want.tolist()}")
+            same += int((got == head(rows).argmax(dim=-1)[mine]).sum())
+            total += R
+    comm.check()
+    comm.barrier()
+    comm.close()
+    torch.cuda.synchronize()
+    return failures, same, total
+
+
+@pytest.mark.parametrize("backend,n", [("ipc", 2), ("ipc", 4)] + [("torch", n) for n in (1, 2) if n <= GPUS])
+def test_vocab_split_argmax_captured_equals_the_whole_lm_head(backend, n):
+    _split_reports(_vocab_argmax, backend, n, "split ids equal the whole lm_head's")
+
+
+def _split_reports(fn, backend: str, n: int, what: str) -> None:
+    """Run a split-lm_head check on n ranks (V = 20,000), print how many rows agree with the whole lm_head, assert
+    no failures."""
+    if backend == "ipc":
+        _needs_cupy()
+    reports = _spawn(fn, n, backend, 20000)
+    print(f"{backend} N={n}: {what} {sum(r[1] for r in reports)} / {sum(r[2] for r in reports)}")
+    assert [f for r in reports for f in r[0]] == []
+
+
+def _bucket_logits(rank: int, n: int, board, backend: str, vocab: int) -> tuple[list[str], int, int]:
+    """``StepComm.bucket_logits`` (a graph step's logits, the lm_head split by vocabulary) captured in a CUDA graph over
+    the device phases and replayed — a dp step of 2 rows a rank (one pad) and a 4-row span under changing owners —
+    against every rank's slice of the same gathered rows computed here, bit for bit, and against each real row's
+    product with the whole lm_head to bf16 rounding (1e-2; cuBLAS may reduce a narrower product in another order:
+    counted). Returns (failures, rows bit-equal to the whole lm_head's, rows)."""
+    from models.glm5 import Linear
+    from workers.worker import slice_logits, vocab_slice
+
+    comm = _comm(rank, n, board, backend, 8 * n)
+    torch.manual_seed(3)
+    head = Linear(HIDDEN, vocab).to(_dev(), torch.bfloat16)
+    torch.nn.init.normal_(head.weight, std=0.02)
+    failures, sc, same, total = [], StepComm(comm, rank, n, _dev()), 0, 0
+    for kind, R in (("dp", 2), ("span", 4)):
+        h = torch.zeros(R, HIDDEN, dtype=torch.bfloat16, device=_dev())
+
+        def stage(owner: int) -> None:
+            if kind == "span":
+                sc.stage(StepShape("span", R, R, owner), R if rank == owner else 0, static=True)
+            else:
+                sc.stage(StepShape("dp", R, n * R, None), R - 1, static=True)
+        stage(0)
+        graph, out = capture_graph(lambda: sc.bucket_logits(h, head)) if comm.capturable else (None, None)
+        for rep, owner in enumerate([0, n - 1, 1 % n]):
+            stage(owner)
+            rows = [_data(90 + 13 * rep + r, R, torch.float32).clamp(-4, 4).bfloat16() for r in range(n)]
+            h.copy_(rows[rank])
+            if graph is not None:
+                graph.replay()
+                got = out.clone()
+            else:
+                got = sc.bucket_logits(h, head)
+            if kind == "span":
+                gathered, mine = rows[owner], slice(0, R)
+            else:
+                gathered = torch.cat([torch.cat([x[:R - 1], torch.zeros_like(x[:1])]) for x in rows])
+                mine = slice(rank * R, rank * R + R - 1)
+                got = got[:R - 1]
+            exact = torch.cat([slice_logits(gathered, head, *vocab_slice(head, r, n)) for r in range(n)], dim=1)
+            own = head(gathered[mine]).float()
+            if not torch.equal(got, exact[mine].float()):
+                failures.append(f"rank {rank} {kind} owner {owner}: not the slices' logits")
+            if not torch.allclose(got, own, rtol=1e-2, atol=1e-2 * own.abs().max().item()):
+                failures.append(f"rank {rank} {kind} owner {owner}: max diff {(got - own).abs().max()}")
+            same += int((got == own).all(dim=-1).sum())
+            total += got.shape[0]
+    comm.check()
+    comm.barrier()
+    comm.close()
+    torch.cuda.synchronize()
+    return failures, same, total
+
+
+@pytest.mark.parametrize("backend,n", [("ipc", 2), ("ipc", 4)] + [("torch", n) for n in (2,) if n <= GPUS])
+def test_bucket_logits_captured_equal_the_whole_lm_head(backend, n):
+    _split_reports(_bucket_logits, backend, n, "rows bit-equal to the whole lm_head's")

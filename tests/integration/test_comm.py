@@ -389,3 +389,124 @@ def test_ipc_phases_beyond_the_region_move_in_chunks():
     reports = _spawn(_chunked, 3)
     assert [f for failures, _ in reports for f in failures] == []
     assert {rows for _, rows in reports} == {4}          # the region holds 4 rows, not max_rows = 64
+
+
+# ----------------------------------------------------------------------------- the lm_head split by vocabulary
+
+
+def _lm_head(vocab: int, fp8: bool):
+    """A seeded [vocab, HIDDEN] lm_head whose rows 3 and vocab - 2 are equal (logits tied across the first and last
+    slices) and row 5 equal to row 4 (tied inside the first slice), those three scaled up so that rows built on them
+    take their max there."""
+    from models.glm5 import Linear
+
+    g = torch.Generator().manual_seed(vocab)
+    head = Linear(HIDDEN, vocab)
+    w = torch.randn(vocab, HIDDEN, generator=g)
+    w[3] *= 4
+    w[vocab - 2] = w[3]
+    w[4] *= 4
+    w[5] = w[4]
+    if not fp8:
+        head.weight.data = w
+        return head
+    head.to_fp8()
+    head.weight.data = w.clamp(-440, 440).to(head.weight.dtype)
+    head.weight_scale_inv.data = torch.full_like(head.weight_scale_inv, 0.5)
+    return head
+
+
+def _vocab_argmax(rank: int, n: int, board, backend: str, vocab: int, fp8: bool, rows: int) -> list[str]:
+    """Every rank's rows through ``StepComm.argmax_logits`` against the argmax of the whole lm_head's logits."""
+    from workers.worker import StepComm
+
+    comm = make_comm(backend, rank, n, rendezvous=DictRendezvous(board, n, prefix=f"{backend}/"), device="cpu",
+                     max_rows=n * rows, hidden=HIDDEN, dtype=torch.float32, timeout_s=20.0)
+    head = _lm_head(vocab, fp8)
+    g = torch.Generator().manual_seed(7)
+    hidden = torch.randn(n * rows, HIDDEN, generator=g)
+    hidden[0] = head.weight[3].float() * 0.5           # a tie across slices: index 3 wins over vocab - 2
+    hidden[1] = head.weight[4].float() * 0.5           # a tie inside a slice: index 4 wins over 5
+    want = head(hidden).argmax(dim=-1)
+    assert {int(want[0]), int(want[1])} == {3, 4}, "the tied rows must take their max at the tied indices"
+    mine = slice(rank * rows, (rank + 1) * rows)
+    failures = []
+    for _ in range(3):                                  # consecutive calls keep the phases' parity
+        got = StepComm(comm, rank, n, "cpu").argmax_logits(hidden[mine], head)
+        if not torch.equal(got, want[mine]):
+            failures.append(f"rank {rank} {backend} vocab {vocab} fp8 {fp8}: {got.tolist()} != {want[mine].tolist()}")
+    comm.barrier()
+    comm.close()
+    return failures
+
+
+@pytest.mark.parametrize("n,vocab,fp8", [(2, 50, False), (3, 50, False), (3, 300, True), (4, 200, True)])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_vocab_split_argmax_equals_the_whole_lm_head(backend, n, vocab, fp8):
+    """A greedy MTP draft in a worker group reads 1/N of the lm_head on each rank: the ids equal the whole lm_head's
+    argmax, ties to the lowest index across and inside slices; uneven slices (50 over 3), FP8 slices of whole
+    128-row scale blocks (300 over 3: 128 / 128 / 44), and a rank whose slice is empty (200 over 4: 128 / 72 / 0 / 0)."""
+    assert [f for failures in _spawn(_vocab_argmax, n, backend, vocab, fp8, 2) for f in failures] == []
+
+
+def test_ipc_halves_of_two_dtypes_never_overlap():
+    """A bf16 phase then an fp32 one (the split argmax's two AGs) write different parities: the halves must be
+    disjoint bytes whatever the dtypes, or the second phase overwrites rows a slower peer still reads."""
+    comm = make_comm("ipc", 0, 1, rendezvous=DictRendezvous({}, 1), device="cpu", max_rows=4, hidden=HIDDEN,
+                     dtype=torch.bfloat16, timeout_s=5.0)
+    try:
+        for which in ("AG", "RS"):
+            spans = {}
+            for dtype in (torch.bfloat16, torch.float32):
+                for parity in (0, 1):
+                    t = comm._region(which, dtype, parity)
+                    spans[dtype, parity] = (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())
+            for a in (torch.bfloat16, torch.float32):
+                for b in (torch.bfloat16, torch.float32):
+                    (s0, e0), (s1, e1) = spans[a, 0], spans[b, 1]
+                    assert e0 <= s1 or e1 <= s0, (which, a, b, spans)
+    finally:
+        comm.close()
+
+
+def _bucket_logits(rank: int, n: int, board, backend: str, vocab: int, fp8: bool) -> list[str]:
+    """``StepComm.bucket_logits`` on a graph step's static bucket — dp (R = 2, one pad row a rank) and a span under
+    every owner — against the whole lm_head's logits of the real rows."""
+    from scheduler.shapes import StepShape
+    from workers.worker import StepComm
+
+    R = 2
+    comm = make_comm(backend, rank, n, rendezvous=DictRendezvous(board, n, prefix=f"{backend}/"), device="cpu",
+                     max_rows=4096, hidden=HIDDEN, dtype=torch.float32, timeout_s=20.0)
+    head, sc, failures = _lm_head(vocab, fp8), StepComm(comm, rank, n, "cpu"), []
+    fits = sc.split_fits(R, torch.float32, head)                    # a span's R rows (dp's n·R fit only if they do)
+    rows = [torch.randn(R, HIDDEN, generator=torch.Generator().manual_seed(40 + r)) for r in range(n)]
+    sc.stage(StepShape("dp", R, n * R, None), 1, static=True)
+    got = sc.bucket_logits(rows[rank], head)
+
+    def close(a: torch.Tensor, b: torch.Tensor) -> bool:     # fp32: a narrower or shorter product may round apart
+        return a.shape == b.shape and torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+
+    if not close(got[:1], head(rows[rank][:1]).float()):
+        failures.append(f"rank {rank} {backend} dp vocab {vocab}: {(got[:1] - head(rows[rank][:1])).abs().max()}")
+    for owner in range(n):
+        sc.stage(StepShape("span", R, R, owner), R if rank == owner else 0, static=True)
+        got = sc.bucket_logits(rows[rank] if rank == owner else torch.zeros(R, HIDDEN), head)
+        if (fits or rank == owner) and not close(got, head(rows[owner]).float()):     # whole: pads' on the others
+            failures.append(f"rank {rank} {backend} span owner {owner} vocab {vocab}")
+    comm.barrier()
+    comm.close()
+    return [*failures, *([] if fits else ["(whole lm_head: the slices do not fit a phase)"])]
+
+
+@pytest.mark.parametrize("n,vocab,fp8", [(2, 50, False), (3, 50, False), (3, 300, True), (4, 200, True),
+                                         (2, 3000, False)])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bucket_logits_equal_the_whole_lm_head(backend, n, vocab, fp8):
+    """A graph step's logits in a worker group: each rank reads 1/N of the lm_head and one phase brings the slices of
+    its rows (a span: the owner's rows, on every rank); equal to the whole lm_head's to fp32 rounding (1e-5: CPU BLAS
+    rounds a narrower product apart; the H200's cuBLAS matched bit for bit, ``bench/vocab_head.py``). 3000 over 2 does not
+    fit a phase of hidden 16 (64 rows of 16 words a rank): the whole lm_head there, the same logits."""
+    reports = [f for failures in _spawn(_bucket_logits, n, backend, vocab, fp8) for f in failures]
+    split = vocab != 3000
+    assert reports == ([] if split else ["(whole lm_head: the slices do not fit a phase)"] * n)
