@@ -77,6 +77,18 @@ class OtherRanks:
         return partial[:partial.shape[0] // self.world]
 
 
+def split_head(rows: int):
+    """Rank 0 of a dp 8 step of ``rows`` rows a rank, for ``StepComm.bucket_logits`` without the wire (the other ranks'
+    rows zero, ``bench/vocab_head.py``'s ``SimulatedGroup``); where the slices overflow a phase, the whole lm_head."""
+    from bench.vocab_head import SimulatedGroup
+    from scheduler.shapes import StepShape
+    from workers.worker import StepComm
+
+    group = StepComm(SimulatedGroup(8), 0, 8, torch.device(DEV))
+    group.stage(StepShape("dp", rows, 8 * rows, None), rows, static=True)
+    return group
+
+
 def step_bytes(model: GlmForCausalLM, cfg: ModelConfig, hit: list[int], rows: int, ctx: int) -> int:
     first_moe = next(layer for layer in range(cfg.num_hidden_layers) if cfg.is_moe(layer))
     per_expert = sum(p[0].numel() * p.element_size() for n, p in model.named_parameters()
@@ -168,6 +180,11 @@ def bench_model(model, cfg, cache, label, ctxs, rows_list, modes, read_bw, resul
             def graph_step():                          # the runner's path: replay, then the eager lm_head
                 with torch.no_grad():
                     return model.logits(graphs.run(rows, width))
+
+            def split_step():                          # a group's path: the lm_head split by vocabulary, no wire
+                with torch.no_grad():
+                    return split.bucket_logits(graphs.run(rows, width), model.lm_head)
+            split = split_head(rows)
             width = graph_width(len(tables[0]))
             row["stage_ms"] = stage_ms(graphs, seqs, rows, width)
             for mode in modes:
@@ -182,6 +199,11 @@ def bench_model(model, cfg, cache, label, ctxs, rows_list, modes, read_bw, resul
                     except Exception as e:  # noqa: BLE001 — report, keep benchmarking
                         row[mode] = None
                         row["graph_error"] = repr(e)[:200]
+                elif mode == "auto_graph_split":
+                    if label.startswith("rank of dp"):
+                        graph_step()                       # capture, if auto_graph did not
+                        row[mode] = time_ms(split_step, 50)
+                        row["floor_split_ms"] = row["floor_ms"] - 7 / 8 * model.lm_head.weight.nbytes / read_bw * 1e3
                 else:
                     row[mode] = time_ms(step, 10 if mode == "reference" else 30)
             ops.configure("reference", DEV)
@@ -307,6 +329,13 @@ def write_report(results, hf, read_bw, out: Path) -> None:
               "6 steps (min–max), the full slice only; 'HF / graph' = how many times faster ours is; 'HF / floor' = how "
               "many times faster a step at the byte floor would be: no kernel can be faster than HF by more."]
     lines += [f"- {n}" for n in notes] + [f"- HF ({impl}): {c['error']}" for impl, c in hf.items() if "error" in c]
+    split = [r for r in results if r.get("auto_graph_split") is not None]
+    if split:
+        lines += ["", "A rank of dp 8 with the lm_head split by vocabulary (`auto_graph_split`: `StepComm.bucket_logits`, "
+                  "1/8 of the lm_head a rank, the AG phases' wire not included; past 8 rows a rank the slices would take over 4 "
+                  "phases and the whole lm_head runs): " + "; ".join(
+                      f"{r['rows']} rows a rank {r['auto_graph_split']:.2f} ms (whole lm_head {_ms(r.get('auto_graph'))}, "
+                      f"floor {r['floor_split_ms']:.2f})" for r in split) + "."]
     (out / "decode_slice.md").write_text("\n".join(lines) + "\n")
     hf_json = {impl: {f"{k[0]}x{k[1]}" if isinstance(k, tuple) else k: v for k, v in c.items()} for impl, c in hf.items()}
     (out / "decode_slice.json").write_text(json.dumps({"results": results, "hf": hf_json, "read_Bps": read_bw},
@@ -344,7 +373,8 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--modes", nargs="+", default=["reference", "auto", "auto_graph"],
-                    help="paths to time (the shard slice takes the non-reference ones)")
+                    help="paths to time (the shard slice takes the non-reference ones; auto_graph_split: a rank of dp 8 "
+                         "with the lm_head split by vocabulary)")
     ap.add_argument("--no-shard", action="store_true", help="the full slice only (as --slices full)")
     ap.add_argument("--slices", nargs="+", choices=["full", "shard", "dp"], default=["full", "shard", "dp"],
                     help="which slices to time: full width, the tp shard, the shard as a rank of dp 8")

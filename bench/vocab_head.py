@@ -177,7 +177,7 @@ def main() -> None:
               for c in checks]
     lines += ["", "A graph step's logits on rank 0 (every row's full logits, as `sample` / `verify` read them): the whole "
               "lm_head on the rank's rows against `StepComm.bucket_logits` (the slices of every row gathered; the wire "
-              "apart: the rows' AG and one AG of the slices, ≤ 786 KB a rank).", "",
+              "apart: the rows' AG and up to 4 AGs of the slices, ≤ 786 KB a rank each).", "",
               "| step | whole lm_head µs | split µs | whole / split |", "|---|---:|---:|---:|"]
     from scheduler.shapes import StepShape
     for kind, rows in (("span", 4), ("span", 8), ("dp", 1), ("dp", 2)):

@@ -110,9 +110,9 @@ class StepComm:
         """hidden: [R, H] this rank's static bucket (pads included) → fp32 logits [R, V], as ``lm_head(hidden).float()``
         on this rank's real rows (a span split: the owner's rows on every rank), with the lm_head split by vocabulary: the
         step's rows are gathered as the MoE gathers them (pads zeroed; a span: the owner's), each rank computes its
-        1/N of their logits, and one more AG brings every slice of this rank's rows (words of the packed slices) — a
+        1/N of their logits, and AG phases (1..4) bring every slice of this rank's rows (words of the packed slices) — a
         rank reads 1/N of the lm_head (~1.9 GB whole at GLM-5 widths). Static phases (a CUDA graph can capture it),
-        so every rank calls it with the same R; where the slices would not fit one phase (``split_fits``), or on
+        so every rank calls it with the same R; where the slices would take too many phases (``split_fits``), or on
         one rank, the whole lm_head. Bit for bit ``lm_head``'s where its product reduces each logit alike."""
         N, (R, H) = self.world_size, hidden.shape
         M = R if isinstance(self.rowmap, Span) else N * R                        # the rows every rank scores
@@ -124,18 +124,29 @@ class StepComm:
         lo, hi = vocab_slice(lm_head, self.rank, N)
         part = slice_logits(rows, lm_head, lo, hi) if hi > lo else rows.new_zeros(M, 0)   # [M, ≤ chunk]
         words = _words(torch.nn.functional.pad(part, (0, chunk - part.shape[1])), H)            # [cols, H] int32
-        got = self.comm.all_gather_static(words).view(N, -1).view(hidden.dtype)[:, : M * chunk].reshape(N, M, chunk)
+        depth = self._phase_rows()
+        got = torch.cat([self.comm.all_gather_static(words[i:i + depth]) for i in range(0, words.shape[0], depth)],
+                        dim=1)                                                              # [N, cols, H]
+        got = got.view(N, -1).view(hidden.dtype)[:, : M * chunk].reshape(N, M, chunk)
         if not isinstance(self.rowmap, Span):
             got = got[:, self.rank * R:(self.rank + 1) * R]                     # [src, R, chunk]: this rank's rows
         return got.permute(1, 0, 2).reshape(R, N * chunk)[:, :V].float()
 
     def split_fits(self, M: int, dtype: torch.dtype, lm_head) -> bool:
-        """Whether M rows' logit slices fit one static phase: at most ``graph_rows(N)`` rows of H 4-byte words a rank
-        (the device phases' depth) and the comm's row bound. The same answer on every rank (shapes alone)."""
+        """Whether M rows' logit slices move in at most ``MAX_SPLIT_PHASES`` static phases of ``_phase_rows`` rows of H
+        4-byte words a rank. Past that a rank would receive more than ~4 × 786 KB × N of slices (N = 8: a dp step past
+        8 rows a rank), which over NVLink may cost what the split saves. The same answer on every rank (shapes alone)."""
         N, H = self.world_size, lm_head.in_features
         words = -(-M * vocab_chunk(lm_head, N) * dtype.itemsize // 4)
-        cols = -(-words // H)
-        return N > 1 and cols <= graph_rows(N) and N * cols <= getattr(self.comm, "max_rows", N * cols)
+        return N > 1 and -(-words // H) <= MAX_SPLIT_PHASES * self._phase_rows()
+
+    def _phase_rows(self) -> int:
+        """Rows of H words one static phase moves a rank: the device phases' depth (``graph_rows``), within the comm's
+        row bound."""
+        return min(graph_rows(self.world_size), getattr(self.comm, "max_rows", 1 << 30) // self.world_size)
+
+
+MAX_SPLIT_PHASES = 4        # AG phases a split lm_head's slices may take (``StepComm.split_fits``)
 
 
 def _words(x: torch.Tensor, width: int) -> torch.Tensor:

@@ -447,7 +447,8 @@ def _split_reports(fn, backend: str, n: int, what: str) -> None:
 
 def _bucket_logits(rank: int, n: int, board, backend: str, vocab: int) -> tuple[list[str], int, int]:
     """``StepComm.bucket_logits`` (a graph step's logits, the lm_head split by vocabulary) captured in a CUDA graph over
-    the device phases and replayed — a dp step of 2 rows a rank (one pad) and a 4-row span under changing owners —
+    the device phases and replayed — dp steps of 2 and 8 rows a rank (one pad; 8: two phases) and a 4-row span under
+    changing owners —
     against every rank's slice of the same gathered rows computed here, bit for bit, and against each real row's
     product with the whole lm_head to bf16 rounding (1e-2; cuBLAS may reduce a narrower product in another order:
     counted). Returns (failures, rows bit-equal to the whole lm_head's, rows)."""
@@ -459,8 +460,9 @@ def _bucket_logits(rank: int, n: int, board, backend: str, vocab: int) -> tuple[
     head = Linear(HIDDEN, vocab).to(_dev(), torch.bfloat16)
     torch.nn.init.normal_(head.weight, std=0.02)
     failures, sc, same, total = [], StepComm(comm, rank, n, _dev()), 0, 0
-    for kind, R in (("dp", 2), ("span", 4)):
+    for kind, R in (("dp", 2), ("dp", 8), ("span", 4)):       # dp 8: the slices move in two phases (16-row comm)
         h = torch.zeros(R, HIDDEN, dtype=torch.bfloat16, device=_dev())
+        assert sc.split_fits(R if kind == "span" else n * R, torch.bfloat16, head)
 
         def stage(owner: int) -> None:
             if kind == "span":

@@ -479,7 +479,7 @@ def _bucket_logits(rank: int, n: int, board, backend: str, vocab: int, fp8: bool
     comm = make_comm(backend, rank, n, rendezvous=DictRendezvous(board, n, prefix=f"{backend}/"), device="cpu",
                      max_rows=4096, hidden=HIDDEN, dtype=torch.float32, timeout_s=20.0)
     head, sc, failures = _lm_head(vocab, fp8), StepComm(comm, rank, n, "cpu"), []
-    fits = sc.split_fits(R, torch.float32, head)                    # a span's R rows (dp's n·R fit only if they do)
+    fits = sc.split_fits(R, torch.float32, head)                    # a span's R rows
     rows = [torch.randn(R, HIDDEN, generator=torch.Generator().manual_seed(40 + r)) for r in range(n)]
     sc.stage(StepShape("dp", R, n * R, None), 1, static=True)
     got = sc.bucket_logits(rows[rank], head)
@@ -496,17 +496,18 @@ def _bucket_logits(rank: int, n: int, board, backend: str, vocab: int, fp8: bool
             failures.append(f"rank {rank} {backend} span owner {owner} vocab {vocab}")
     comm.barrier()
     comm.close()
-    return [*failures, *([] if fits else ["(whole lm_head: the slices do not fit a phase)"])]
+    return failures, sc.split_fits(n * R, torch.float32, head), fits
 
 
-@pytest.mark.parametrize("n,vocab,fp8", [(2, 50, False), (3, 50, False), (3, 300, True), (4, 200, True),
-                                         (2, 3000, False)])
+@pytest.mark.parametrize("n,vocab,fp8,dp_split", [(2, 50, False, True), (3, 50, False, True), (3, 300, True, True),
+                                                  (4, 200, True, True), (2, 1000, False, True), (2, 3000, False, False)])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_bucket_logits_equal_the_whole_lm_head(backend, n, vocab, fp8):
-    """A graph step's logits in a worker group: each rank reads 1/N of the lm_head and one phase brings the slices of
+def test_bucket_logits_equal_the_whole_lm_head(backend, n, vocab, fp8, dp_split):
+    """A graph step's logits in a worker group: each rank reads 1/N of the lm_head and AG phases bring the slices of
     its rows (a span: the owner's rows, on every rank); equal to the whole lm_head's to fp32 rounding (1e-5: CPU BLAS
-    rounds a narrower product apart; the H200's cuBLAS matched bit for bit, ``bench/vocab_head.py``). 3000 over 2 does not
-    fit a phase of hidden 16 (64 rows of 16 words a rank): the whole lm_head there, the same logits."""
-    reports = [f for failures in _spawn(_bucket_logits, n, backend, vocab, fp8) for f in failures]
-    split = vocab != 3000
-    assert reports == ([] if split else ["(whole lm_head: the slices do not fit a phase)"] * n)
+    rounds a narrower product apart; the H200's cuBLAS matched bit for bit, ``bench/vocab_head.py``). Phases of hidden
+    16 hold 64 rows of 16 words a rank: 1000 over 2 moves a dp step's slices in 2 phases; 3000 over 2 a span's in 3,
+    a dp step's would take 6 (more than 4): the whole lm_head there, the same logits."""
+    reports = _spawn(_bucket_logits, n, backend, vocab, fp8)
+    assert [f for failures, _, _ in reports for f in failures] == []
+    assert {(dp, span) for _, dp, span in reports} == {(dp_split, True)}
