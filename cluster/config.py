@@ -37,6 +37,8 @@ class EngineConfig:
     cuda_graphs: str = "auto"           # auto: decode/verify steps replay CUDA graphs where supported | off | eager
     piece_graphs: bool = True           # with graphs on, the other steps (prompt chunks past the decode buckets)
                                         # replay per-layer graphs around their attention and comm
+    lm_head_split: bool = True          # a group's graph steps and MTP drafting split the lm_head by vocabulary
+                                        # (each rank reads 1/N of it; AG phases carry the slices); false: whole
     warmup_tokens: int | None = None    # start-up: capture the graph steps of contexts up to this many tokens, serve
                                         # short requests (kernels compile); 0: none; default: all (max_model_len)
                                         # with CUDA graphs
@@ -68,6 +70,7 @@ class EngineConfig:
             "max_model_len": self.max_model_len is None or self.max_model_len >= 1,
             "cuda_graphs": self.cuda_graphs in ("auto", "off", "eager"),
             "piece_graphs": isinstance(self.piece_graphs, bool),
+            "lm_head_split": isinstance(self.lm_head_split, bool),
             "warmup_tokens": self.warmup_tokens is None or (isinstance(self.warmup_tokens, int)
                                                            and self.warmup_tokens >= 0),
         }

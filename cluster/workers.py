@@ -41,7 +41,7 @@ def worker_specs(cfg: EngineConfig, num_blocks: int) -> list[WorkerSpec]:
                        kernel_overrides=tuple(sorted(cfg.kernel_overrides().items())),
                        num_blocks=num_blocks, block_size=cfg.block_size, max_rows=max_rows,
                        timeout_s=min(cfg.step_timeout_s, 30.0), speculative=cfg.speculative_tokens > 0,
-                       graphs=cfg.graphs_mode(), pieces=cfg.pieces(),
+                       graphs=cfg.graphs_mode(), pieces=cfg.pieces(), lm_head_split=cfg.lm_head_split,
                        load_format=cfg.load_format)
             for r in range(cfg.num_workers)]
 

@@ -31,8 +31,9 @@ class StepComm:
     ragged span RS does, so the two agree bit for bit).
     """
 
-    def __init__(self, comm: Comm, rank: int, world_size: int, device: torch.device):
+    def __init__(self, comm: Comm, rank: int, world_size: int, device: torch.device, split_head: bool = True):
         self.comm, self.rank, self.world_size = comm, rank, world_size
+        self.split_head = split_head      # the lm_head split by vocabulary (``argmax_logits``, ``bucket_logits``)
         self.rowmap: RowMap | None = None
         self.owner = 0
         self.num_local = 0
@@ -98,7 +99,7 @@ class StepComm:
         weight bytes, ~1.9 GB at GLM-5 widths) for two small phases. Ties go to the lowest index, as argmax's.
         Static phases: a CUDA graph can capture it."""
         N, (R, H) = self.world_size, hidden.shape
-        if N == 1 or 2 * N > H:                      # one rank, or a row of H too narrow for N pairs: the whole lm_head
+        if N == 1 or not self.split_head or 2 * N > H:      # else a row of H too narrow for N pairs: whole
             return lm_head(hidden).argmax(dim=-1)
         rows = self.comm.all_gather_static(hidden).view(N * R, H)
         best = slice_best(rows, lm_head, *vocab_slice(lm_head, self.rank, N))            # [N·R, 2]
@@ -138,12 +139,12 @@ class StepComm:
         8 rows a rank), which over NVLink may cost what the split saves. The same answer on every rank (shapes alone)."""
         N, H = self.world_size, lm_head.in_features
         words = -(-M * vocab_chunk(lm_head, N) * dtype.itemsize // 4)
-        return N > 1 and -(-words // H) <= MAX_SPLIT_PHASES * self._phase_rows()
+        return N > 1 and self.split_head and -(-words // H) <= MAX_SPLIT_PHASES * self._phase_rows()
 
     def _phase_rows(self) -> int:
         """Rows of H words one static phase moves a rank: the device phases' depth (``graph_rows``), within the comm's
         row bound."""
-        return min(graph_rows(self.world_size), getattr(self.comm, "max_rows", 1 << 30) // self.world_size)
+        return max(1, min(graph_rows(self.world_size), getattr(self.comm, "max_rows", 1 << 30) // self.world_size))
 
 
 MAX_SPLIT_PHASES = 4        # AG phases a split lm_head's slices may take (``StepComm.split_fits``)
@@ -213,6 +214,7 @@ class WorkerSpec:
     speculative: bool = False   # fill the MTP cache and propose drafts
     graphs: str = "off"         # decode/verify steps: capture (CUDA graphs) | eager (static shapes) | off
     pieces: bool = False        # with graphs on, the other steps run on per-layer pieces (``workers/pieces.py``)
+    lm_head_split: bool = True  # graph steps and drafting graphs split the lm_head by vocabulary (``StepComm``)
     load_format: str = "auto"   # auto: the checkpoint | dummy: random weights (benchmarks)
 
 
@@ -244,7 +246,7 @@ class Worker:
         self.comm = make_comm(spec.comm, spec.rank, spec.world_size, rendezvous=rendezvous, device=device,
                               max_rows=spec.max_rows, hidden=model.config.hidden_size, dtype=dtype,
                               timeout_s=spec.timeout_s)
-        self.step_comm = StepComm(self.comm, spec.rank, spec.world_size, device)
+        self.step_comm = StepComm(self.comm, spec.rank, spec.world_size, device, spec.lm_head_split)
         if spec.world_size > 1:
             model.set_comm(self.step_comm)
         self.runner = ModelRunner(model, spec.num_blocks, spec.block_size, dtype, device,

@@ -96,7 +96,8 @@ def test_a_closed_step_channel_fails_the_step_fast():
 @pytest.mark.parametrize("field,value", [("step_channel", "zmq"), ("comm", "mpi"), ("num_workers", 3),
                                          ("prefill_activations", "int8"), ("prefill_activations", "fp8"),
                                          ("warmup_tokens", -1), ("warmup_tokens", 1.5),
-                                         ("max_model_len", 32769)])         # past the KV slots (32768): refused
+                                         ("max_model_len", 32769),          # past the KV slots (32768): refused
+                                         ("lm_head_split", "yes")])
 def test_bad_engine_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=f"field '{field}'"):
         EngineConfig(**{field: value}, **({"kernels": "reference"} if value == "fp8" else {}))
@@ -328,3 +329,33 @@ def test_glmserve_serves_stop_flag_can_be_set_inside_itself():
     assert done == [True], "the stop flag hung when set inside its own set() / wait()"
     stop.clear()
     assert not stop.wait(0.05) and not stop.is_set()
+
+
+class _NoPhases:
+    """A group's comm that must not be used: ``lm_head_split: false`` keeps the lm_head whole, with no phase."""
+
+    max_rows = 4096
+
+    def all_gather_static(self, rows):
+        raise AssertionError("the lm_head split ran a phase")
+
+
+def test_lm_head_split_off_reads_the_whole_lm_head_without_phases():
+    from models.glm5 import Linear
+    from scheduler.shapes import StepShape
+    from workers.worker import StepComm
+
+    head = Linear(64, 300)
+    torch.nn.init.normal_(head.weight)
+    rows = torch.randn(2, 64)
+    assert worker_specs(EngineConfig(num_workers=2, lm_head_split=False), num_blocks=8)[1].lm_head_split is False
+    off = StepComm(_NoPhases(), 1, 2, torch.device("cpu"), split_head=False)
+    off.stage(StepShape("dp", 2, 4, None), 2, static=True)
+    assert not off.split_fits(4, torch.float32, head)
+    assert torch.equal(off.bucket_logits(rows, head), head(rows).float())
+    assert torch.equal(off.argmax_logits(rows, head), head(rows).argmax(dim=-1))
+    on = StepComm(_NoPhases(), 1, 2, torch.device("cpu"))
+    on.stage(StepShape("dp", 2, 4, None), 2, static=True)
+    assert on.split_fits(4, torch.float32, head)
+    with pytest.raises(AssertionError, match="ran a phase"):
+        on.bucket_logits(rows, head)
