@@ -327,7 +327,9 @@ def _failing_setup(rank: int, n: int, board, bad_rank: int) -> dict:
     took = {}
     for backend in BACKENDS:
         rdv = DictRendezvous(board, n, prefix=f"{backend}/")
-        rdv.wait_all_ready(rank, 30.0, tag="started")
+        # the start barrier on a board of its own: a fast bad rank's error marker must not fail a slow peer's wait
+        # for the others to start (seen in CI under load) — only its make_comm
+        DictRendezvous(board, n, prefix=f"{backend}/start/").wait_all_ready(rank, 30.0, tag="started")
         start = time.monotonic()
         try:
             make_comm(backend, rank, n, rendezvous=rdv, device="cpu", max_rows=0 if rank == bad_rank else 4,
