@@ -294,3 +294,18 @@ def test_runner_row_pick_is_a_view_for_a_run_and_an_index_otherwise():
     assert run.data_ptr() == hidden[3].data_ptr() and torch.equal(run, hidden[[3, 4, 5]])
     for rows in ([8, 2, 5], [0, 2], [7]):
         assert torch.equal(_take_rows(hidden, rows), hidden[rows])
+
+
+@pytest.mark.parametrize("top_k", [0, 1500])          # 0: the sorted vocabulary; 1500: the top-k selection
+def test_filtering_orders_tied_logits_by_id(top_k):
+    """bf16 logits tie often: a top-p cut inside a tie must keep the same ids whatever else the batch holds, so the
+    filter orders tied tokens by id (torch's sort and topk leave ties in no set order)."""
+    from workers.sampler import _filtered_weights
+
+    logits = torch.randint(0, 5, (3, 5000), generator=torch.Generator().manual_seed(0)).float()
+    _, order = _filtered_weights(logits, [SamplingParams(top_k=top_k, top_p=0.9, seed=1)] * 3)
+    values = logits.gather(1, order)
+    assert (values.diff(dim=-1) <= 0).all()
+    for r in range(3):
+        for v in values[r].unique():
+            assert (order[r][values[r] == v].diff() > 0).all(), (r, float(v))
