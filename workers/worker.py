@@ -95,17 +95,16 @@ class StepComm:
         """hidden: [R, H] this rank's rows (every rank passes R, pads included) → the argmax of each row's logits [R],
         as ``lm_head(hidden).argmax(-1)``, with the lm_head split by vocabulary: every rank's rows are gathered (AG),
         each rank scores them against its 1/N of the vocabulary, and every rank's (max, index) per row is gathered
-        (a second AG, fp32: indices below 2^24 are exact) — a rank reads 1/N of the lm_head (a greedy MTP draft's
-        weight bytes, ~1.9 GB at GLM-5 widths) for two small phases. Ties go to the lowest index, as argmax's.
-        Static phases: a CUDA graph can capture it."""
+        (a second AG of the fp32 pairs as words: indices below 2^24 are exact) — a rank reads 1/N of the lm_head (a
+        greedy MTP draft's weight bytes, ~1.9 GB at GLM-5 widths) for two small phases. Ties go to the lowest index,
+        as argmax's. Static phases: a CUDA graph can capture it."""
         N, (R, H) = self.world_size, hidden.shape
-        if N == 1 or not self.split_head or 2 * N > H:      # else a row of H too narrow for N pairs: whole
+        if N == 1 or not self.split_head:
             return lm_head(hidden).argmax(dim=-1)
         rows = self.comm.all_gather_static(hidden).view(N * R, H)
         best = slice_best(rows, lm_head, *vocab_slice(lm_head, self.rank, N))            # [N·R, 2]
-        packed = torch.cat([best.reshape(-1), best.new_zeros(R * H - 2 * N * R)]).view(R, H)
-        cand = self.comm.all_gather_static(packed).view(N, R * H)[:, : 2 * N * R].view(N, N, R, 2)
-        return first_max(cand[:, self.rank])                                             # this rank's rows
+        got = self.comm.all_gather_static(_words(best, H)).view(N, -1).view(torch.float32)
+        return first_max(got[:, : 2 * N * R].reshape(N, N, R, 2)[:, self.rank])        # this rank's rows
 
     def bucket_logits(self, hidden: torch.Tensor, lm_head) -> torch.Tensor:
         """hidden: [R, H] this rank's static bucket (pads included) → fp32 logits [R, V], as ``lm_head(hidden).float()``
