@@ -7,6 +7,7 @@ Each config is checked against the reference, then timed as CUDA-graph replays c
 caches / kv_b copies that every launch reads from HBM, as one layer of a decode step does.
 
     PYTHONPATH=. python bench/tune_attention.py [--rows 1 8] [--out bench/results] [--mla-only] [--picks-only]
+        [--per-sm 1 2 3 4]    # up to 8 rows: also more than one program an SM (more splits of a row's keys)
 """
 
 from __future__ import annotations
@@ -37,9 +38,13 @@ def sweep(name: str, configs, run, want, copies: int, label) -> list[tuple[float
 # (keys a step, programs per SM, most splits, heads a program, warps, stages) but those that spill registers when
 # compiled for sm_90 (triton 3.6 on CPU, as bench/gluon_regs.py does: 64 heads on 4 warps, 32 heads of 64 keys on 4);
 # a shape over the shared memory fails at launch and is skipped
-MLA_SWEEP = [(bk, 1, splits, bh, w, st) for bh, bk, w, st, splits in
-             itertools.product((16, 32, 64), (32, 64), (4, 8), (2, 3), (4, 8, 16, 64))
-             if w == 8 or bh == 16 or bh == 32 and bk < 64]
+def mla_sweep(per_sms=(1,)) -> list[tuple]:
+    """≤ 8 rows; ``per_sms``: the programs an SM is given (``--per-sm``: more than one a SM, more splits)."""
+    return [(bk, per_sm, splits, bh, w, st) for per_sm, bh, bk, w, st, splits in
+            itertools.product(per_sms, (16, 32, 64), (32, 64), (4, 8), (2, 3), (4, 8, 16, 64))
+            if (w == 8 or bh == 16 or bh == 32 and bk < 64) and (per_sm == 1 or splits == 64)]
+
+
 # past 8 rows a row's split count comes from the programs an SM is given (per_sm), not the most splits
 MLA_ROWS_SWEEP = [(bk, per_sm, 64, bh, w, st) for bh, w in ((64, 8), (32, 8), (16, 4))
                   for bk, per_sm, st in itertools.product((32, 64), (1, 2, 3, 4), (2, 3))]
@@ -48,7 +53,7 @@ MLA_ROWS_SWEEP = [(bk, per_sm, 64, bh, w, st) for bh, w in ((64, 8), (32, 8), (1
 MLA_SPLITS_SWEEP = [(64, 64, splits, 64, 8, 2) for splits in range(1, 13)]
 
 
-def mla_rows(N: int, picks_only: bool, splits: bool = False) -> tuple[str, list, str]:
+def mla_rows(N: int, picks_only: bool, splits: bool = False, per_sms=(1,)) -> tuple[str, list, str]:
     slots = 40960
     caches = [torch.randn(slots, RKV + DR, device=DEV, dtype=BF16) for _ in range(8)]
     sel = torch.stack([torch.randperm(slots, device=DEV)[:K] for _ in range(N)]).int()
@@ -59,7 +64,7 @@ def mla_rows(N: int, picks_only: bool, splits: bool = False) -> tuple[str, list,
     def run(i, c):
         return ta._mla(ql, qr, caches[i], sel, 0.0625, *c)
     pick = (*ta.mla_tile(N), 2)                 # the stages: _mla's default
-    sweep_ = MLA_SPLITS_SWEEP if splits and N > 8 else MLA_ROWS_SWEEP if N > 8 else MLA_SWEEP
+    sweep_ = MLA_SPLITS_SWEEP if splits and N > 8 else MLA_ROWS_SWEEP if N > 8 else mla_sweep(per_sms)
     configs = [pick] + ([] if picks_only else [c for c in sweep_ if c != pick])
 
     def label(c):
@@ -118,13 +123,15 @@ def main() -> None:
     ap.add_argument("--mla-only", action="store_true", help="only the sparse attention (not absorb / expand)")
     ap.add_argument("--picks-only", action="store_true", help="the sparse attention's launch shape of mla_tile only")
     ap.add_argument("--splits", action="store_true", help="past 8 rows: the sparse attention's split count, 1..12")
+    ap.add_argument("--per-sm", type=float, nargs="+", default=[1.0],
+                    help="up to 8 rows: the sparse attention's programs an SM to sweep (1: one wave of one)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     kv_bs = [] if args.mla_only else kv_b_copies(int(COLD_BYTES // (NH * (DN + DV) * RKV)))
     results = []
     for N in args.rows:
-        results.append(mla_rows(N, args.picks_only, args.splits))
+        results.append(mla_rows(N, args.picks_only, args.splits, args.per_sm))
         if not args.mla_only:
             results += absorb_expand_rows(N, kv_bs)
     lines = [f"# Decode attention launch shapes ({torch.cuda.get_device_name()})", "",

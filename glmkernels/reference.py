@@ -46,6 +46,15 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
 
 
 # ---- rotary embedding --------------------------------------------------------------------------
+@ops.register("embed_rope")
+def embed_rope(ids: torch.Tensor, table: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A step's start: the token embeddings ``table[ids]`` [N, H] and the rope angles' cos / sin [N, dr/2] of its
+    ``positions`` (``positions · inv_freq`` in fp32, as HF's ``.float()`` product), in the table's dtype."""
+    ang = positions[:, None] * inv_freq[None, :]
+    return F.embedding(ids, table), ang.cos().to(table.dtype), ang.sin().to(table.dtype)
+
+
 @ops.register("rope")
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
     """Rotate the first d = 2·cos.shape[-1] dims of ``x``'s last dim by angles with ``cos``/``sin``

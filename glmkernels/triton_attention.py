@@ -132,7 +132,9 @@ def mla_tile(N: int) -> tuple:
     3.21 → 2.53 ms (bench/mla_prefill.py, the best of 37 shapes; bench/results/session13/). Not faster (session 31):
     the gather pipelined deeper, bf16 partials. The splits fill one wave of programs (``_mla``: at most per_sm · SMs
     programs): 32 / 64 rows 67.8 / 115.2 → 52.6 / 88.6 µs with 4 / 2 splits instead of 5 / 3 (160 / 192 programs, a
-    second wave a quarter / half full; bench/tune_attention.py --splits, bench/results/session35/call1/)."""
+    second wave a quarter / half full; bench/tune_attention.py --splits, bench/results/session35/call1/). At 2–8 rows
+    two to four programs an SM (more splits) were no faster: 8 rows 27.7–31.7 µs against the pick's 25.0
+    (``--per-sm``, bench/results/session38/call2/)."""
     if N == 1:
         return 64, 2, 64, 16, 4
     if N > 8:

@@ -1,4 +1,5 @@
-"""Triton RMSNorm (plain and fused with the residual add) and rotary embedding.
+"""Triton RMSNorm (plain and fused with the residual add), rotary embedding, and a step's start (the token
+embeddings and the rope angles in one launch).
 
 Both reproduce the reference's rounding points: the residual sum and each rope product are rounded to
 the activation dtype exactly where PyTorch's elementwise ops round, so the results are bit-identical
@@ -251,3 +252,39 @@ def _row_set_args(r: reference.CacheRows) -> tuple[tuple, dict]:
              r.x.stride(0), r.cache.stride(0), r.cache.shape[0], r.eps),
             {"LAYER": r.bias is not None, "ROPE": r.rope_at is not None, "INTERLEAVED": r.interleaved,
              "AT_SLOT": r.at_slots, "BLOCK_D": next_pow2(r.x.shape[1])})
+
+
+@triton.jit
+def _embed_rope_kernel(ids_ptr, table_ptr, pos_ptr, freq_ptr, x_ptr, cos_ptr, sin_ptr, H, HALF,
+                       BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
+    n = tl.program_id(0)
+    hb = tl.program_id(1)
+    h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    row = tl.load(ids_ptr + n).to(tl.int64) * H
+    tl.store(x_ptr + n.to(tl.int64) * H + h, tl.load(table_ptr + row + h, mask=h < H), mask=h < H)
+    if hb == 0:                                # the row's angles: its position times each frequency, in fp32
+        f = tl.arange(0, BLOCK_F)
+        ang = tl.load(pos_ptr + n).to(tl.float32) * tl.load(freq_ptr + f, mask=f < HALF, other=0.0)
+        dt = cos_ptr.dtype.element_ty
+        tl.store(cos_ptr + n * HALF + f, tl.cos(ang).to(dt), mask=f < HALF)
+        tl.store(sin_ptr + n * HALF + f, tl.sin(ang).to(dt), mask=f < HALF)
+
+
+@ops.register("embed_rope", backend="triton", available=on_cuda)
+def embed_rope(ids: torch.Tensor, table: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The reference's ``embed_rope`` in one launch (were an index_select, a product, cos, sin and two casts: six
+    launches outside the step's PDL chain). ids / positions: [N] integers; table [V, H] rows contiguous."""
+    N, H, half = ids.shape[0], table.shape[1], inv_freq.shape[0]
+    if table.stride(1) != 1 or table.stride(0) != H or positions.dtype.is_floating_point:
+        return reference.embed_rope(ids, table, positions, inv_freq)
+    x = torch.empty(N, H, dtype=table.dtype, device=table.device)
+    cos = torch.empty(N, half, dtype=table.dtype, device=table.device)
+    sin = torch.empty(N, half, dtype=table.dtype, device=table.device)
+    block_h = min(next_pow2(H), 1024)
+    if N:
+        _embed_rope_kernel[(N, triton.cdiv(H, block_h))](ids, table, positions, inv_freq, x, cos, sin, H, half,
+                                                          BLOCK_H=block_h, BLOCK_F=next_pow2(half), num_warps=4,
+                                                          **pdl_launch())
+    return x, cos, sin

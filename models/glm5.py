@@ -413,15 +413,18 @@ class GlmForCausalLM(nn.Module):
         for layer in self.model.layers:
             layer.comm = comm
 
-    def _rope(self, batch: Batch, dtype: torch.dtype) -> Rope:
-        return Rope.at(batch.positions, self.config.qk_rope_head_dim, self.config.rope_theta, dtype)
+    def _embed(self, ids: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, Rope]:
+        """The embeddings of ``ids`` and the rope angles of the step's positions (one op: ``embed_rope``)."""
+        cfg = self.config
+        freq = inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta, ids.device)
+        x, cos, sin = ops.embed_rope(ids, self.model.embed_tokens.weight, batch.positions, freq)
+        return x, Rope(cos, sin)
 
     def forward(self, input_ids: torch.Tensor, batch: Batch, cache: KVCache,
                 topk_out: list | None = None) -> torch.Tensor:
         """input_ids: [N] → final-normed hidden [N, H]. Writes the step's KV into ``cache``.
         ``topk_out``, when given, receives each layer's selected slots (for parity tests)."""
-        x = self.model.embed_tokens(input_ids)
-        rope = self._rope(batch, x.dtype)
+        x, rope = self._embed(input_ids, batch)
         topk = m = None
         for i, layer in enumerate(self.target_layers):
             x, m, topk = layer(x, rope, batch, cache, None if self.config.has_indexer(i) else topk, m)
@@ -450,7 +453,9 @@ class GlmForCausalLM(nn.Module):
         the MTP indexer (index sharing across draft steps). Returns (normed hidden [N, H], selected slots)."""
         mtp = self.mtp_layer
         assert mtp is not None, "this checkpoint has no MTP layer (num_nextn_predict_layers = 0)"
-        e = self.model.embed_tokens(next_ids)
+        e, rope = self._embed(next_ids, batch)
         z = mtp.eh_proj(torch.cat([mtp.enorm(e), mtp.hnorm(hidden)], dim=-1))
-        x, m, topk = mtp(z, self._rope(batch, z.dtype), batch, cache, topk)
+        if z.dtype != e.dtype:                   # the angles in the activations' dtype (as HF casts them)
+            rope = Rope.at(batch.positions, self.config.qk_rope_head_dim, self.config.rope_theta, z.dtype)
+        x, m, topk = mtp(z, rope, batch, cache, topk)
         return mtp.shared_head.norm.add_forward(m, x)[0], topk

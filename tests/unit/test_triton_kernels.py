@@ -61,6 +61,25 @@ def test_rope_bit_identical(tk, interleaved, dtype):
                                                       interleaved))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_embed_rope(tk, dtype):
+    """The step's start in one launch: the gathered rows bit for bit (a row split over two blocks: H 1500), the
+    angles' cos / sin as the reference's to an ulp of fp32 (the interpreter's cos is numpy's)."""
+    from models.glm5 import inv_freq
+    g = torch.Generator().manual_seed(3)
+    table = torch.randn(50, 1500, generator=g).to(dtype)
+    ids = torch.tensor([7, 0, 49, 7, 3])
+    positions = torch.tensor([0, 1, 4095, 131071, 12])
+    freq = inv_freq(64, 10000.0, torch.device("cpu"))
+    x, cos, sin = tk["norm"].embed_rope(ids, table, positions, freq)
+    ref_x, ref_cos, ref_sin = reference.embed_rope(ids, table, positions, freq)
+    assert torch.equal(x, ref_x) and torch.equal(x, table[ids])
+    assert cos.dtype == sin.dtype == dtype and cos.shape == sin.shape == (5, 32)
+    ulp = 1e-6 if dtype == torch.float32 else 1e-3
+    assert torch.allclose(cos, ref_cos, atol=ulp, rtol=0) and torch.allclose(sin, ref_sin, atol=ulp, rtol=0)
+    assert tk["norm"].embed_rope(ids[:0], table, positions[:0], freq)[0].shape == (0, 1500)
+
+
 @pytest.mark.parametrize("M,N,K", [(1, 576, 256), (5, 200, 320), (70, 130, 192), (100, 64, 1024), (130, 1100, 256)])
 def test_fp8_linear(tk, M, N, K):
     """Decode (split-K) and mid-size tiles (64-row blocks; split-K on a narrow weight: 100 × 64 × 1024; swapped
