@@ -47,6 +47,10 @@ class EngineConfig:
     tool_parser: str = "none"           # glm: <tool_call>… in chat output becomes OpenAI tool_calls
 
     def __post_init__(self) -> None:
+        for f in fields(self):      # YAML / JSON give any type: a quoted number failed far from its field (TypeError)
+            value = getattr(self, f.name)
+            if not _has_type(value, f.type):
+                raise ValueError(f"engine config field '{f.name}' has an invalid value {value!r}: it takes {f.type}")
         checks = {
             "device": self.device in ("auto", "cpu", "cuda"),
             "dtype": self.dtype in ("auto", "float32", "bfloat16"),
@@ -69,10 +73,7 @@ class EngineConfig:
             "tool_parser": self.tool_parser in ("none", "glm"),
             "max_model_len": self.max_model_len is None or self.max_model_len >= 1,
             "cuda_graphs": self.cuda_graphs in ("auto", "off", "eager"),
-            "piece_graphs": isinstance(self.piece_graphs, bool),
-            "lm_head_split": isinstance(self.lm_head_split, bool),
-            "warmup_tokens": self.warmup_tokens is None or (isinstance(self.warmup_tokens, int)
-                                                           and self.warmup_tokens >= 0),
+            "warmup_tokens": self.warmup_tokens is None or self.warmup_tokens >= 0,
         }
         for name, ok in checks.items():
             if not ok:
@@ -147,3 +148,15 @@ class EngineConfig:
 
         name = self.dtype if self.dtype != "auto" else ("bfloat16" if self.resolved_device() == "cuda" else "float32")
         return getattr(torch, name)
+
+
+_TYPES = {"str": str, "int": int, "float": (int, float), "bool": bool}
+
+
+def _has_type(value: Any, annotation: str) -> bool:
+    """Whether ``value`` fits a field's annotation (``"int"``, ``"str | None"`` ...); a boolean is no number."""
+    kinds = [k.strip() for k in annotation.split("|")]
+    if value is None:
+        return "None" in kinds
+    return any(isinstance(value, _TYPES[k]) and (k == "bool" or not isinstance(value, bool))
+               for k in kinds if k != "None")

@@ -16,7 +16,7 @@ from typing import AsyncIterator
 
 from cluster.config import EngineConfig
 from cluster.engine import AsyncEngine, Engine, TokenEvent
-from cluster.local import load_tokenizer, report, scheduler_config
+from cluster.local import guides, load_tokenizer, report, scheduler_config
 from scheduler.request import FinishReason, SamplingParams
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -128,7 +128,8 @@ class Coordinator:
         self.sched_config = scheduler_config(cfg, model_config, tokenizer, cfg.num_blocks)
         self.engine = Engine(self.group, self.sched_config, decode, num_ranks=cfg.num_workers,
                              speculative_tokens=cfg.speculative_tokens, graphs=cfg.graphs_mode() != "off",
-                             special_ids=tokenizer.special_ids if tokenizer else ())
+                             special_ids=tokenizer.special_ids if tokenizer else (),
+                             guides=guides(tokenizer, model_config, self.sched_config))
         self._warm_up(cfg)
         self.aengine = AsyncEngine(self.engine)
         self.metrics = Metrics(self.engine)

@@ -19,7 +19,7 @@ import time
 import traceback
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from cluster.detok import IncrementalDetokenizer, StopStringMatcher
 from scheduler.request import FinishReason, SamplingParams
@@ -44,6 +44,11 @@ from scheduler.shapes import (
     rank_seqs,
 )
 from workers.runner import NewRequest, StepResult, TokenLogprobs, WorkerStep
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from cluster.guided import Guide, Guides
 
 __all__ = ["AdmissionError", "AsyncEngine", "Engine", "GroupFailure", "LocalExecutor", "TokenEvent"]
 
@@ -164,6 +169,7 @@ class _Stream:
     prompt_len: int
     detok: IncrementalDetokenizer | None
     stops: StopStringMatcher
+    breaks: frozenset[int] = frozenset()   # SamplingParams.text_breaks
     num_output: int = 0
 
     def text(self, ids: Sequence[int], last: bool) -> tuple[str, bool]:
@@ -192,18 +198,22 @@ class Engine:
     starts an event of its own, also when a speculative step accepts several tokens at once: the front end's
     reasoning and tool-call parsers cut the text at them (``</think>``, ``<tool_call>``). ``graphs``: the workers run
     graph-shaped steps (``graph_key``) on their static path — set iff their ``graphs`` mode is not ``off``.
-    ``lookahead``: let the workers launch the same requests' next decode step before returning a graph step's tokens
-    sampled on the device, and tell them when the next step is that one (``WorkerStep.lookahead`` / ``use_ahead``,
-    decided here for all ranks alike; ``workers/runner.py``; off: for A/B measurements). ``graph_prefill``: prompt
-    chunks ride graph steps too when the step fits a bucket that a rank's decode steps can fill (``graph_key``; off:
-    for A/B measurements).
+    ``guides``: a request with ``SamplingParams.json_schema`` samples only what its schema allows next (each of its
+    sampled rows gets the allowed tokens' bitmask in ``WorkerStep.masks``); while one is live nothing drafts or looks
+    ahead. ``lookahead``: let the workers launch the same requests' next decode step before returning a graph step's
+    tokens sampled on the device, and tell them when the next step is that one (``WorkerStep.lookahead`` /
+    ``use_ahead``, decided here for all ranks alike; ``workers/runner.py``; off: for A/B measurements).
+    ``graph_prefill``: prompt chunks ride graph steps too when the step fits a bucket that a rank's decode steps can
+    fill (``graph_key``; off: for A/B measurements).
     """
 
     def __init__(self, executor: Executor, config: SchedulerConfig,
                  decode: Callable[[Sequence[int]], str] | None = None, num_ranks: int = 1, span: bool = True,
                  speculative_tokens: int = 0, graphs: bool = False, lookahead: bool = True, graph_prefill: bool = True,
-                 special_ids: Collection[int] = ()):
+                 special_ids: Collection[int] = (), guides: Guides | None = None):
         self.executor, self.config, self.decode, self.span = executor, config, decode, span
+        self.guides = guides                          # structured output (cluster/guided.py); None: refused
+        self._guides: dict[str, Guide] = {}           # the requests with a json_schema
         self.special_ids = frozenset(special_ids)
         self.graphs, self.lookahead, self.graph_prefill = graphs, lookahead, graph_prefill
         self._launched: tuple[tuple[int, int, bool], list[StepPlan]] | None = None   # (graph, plans) launched ahead
@@ -239,6 +249,7 @@ class Engine:
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams, req_id: str | None = None) -> str:
         """Queue a request; raises AdmissionError (with .field and .reason) if it can never run."""
         req_id = req_id if req_id is not None else f"req-{next(self._ids)}"
+        guide = self._guide(prompt_ids, params)
         with self._lock:
             if req_id in self._rank_of:
                 raise AdmissionError("duplicate", "req_id", f"req_id {req_id!r} is already in flight")
@@ -249,10 +260,24 @@ class Engine:
             self.schedulers[rank].add_request(req_id, list(prompt_ids), params)
             self._rank_of[req_id] = rank
             detok = IncrementalDetokenizer(self.decode, list(prompt_ids)) if self.decode else None
-            self._streams[req_id] = _Stream(len(prompt_ids), detok, StopStringMatcher(params.stop))
+            self._streams[req_id] = _Stream(len(prompt_ids), detok, StopStringMatcher(params.stop),
+                                            frozenset(params.text_breaks))
             self._unsent[req_id] = NewRequest(req_id, tuple(prompt_ids), params)
+            if guide is not None:
+                self._guides[req_id] = guide
             self.stats["prompt_tokens"] += len(prompt_ids)
         return req_id
+
+    def _guide(self, prompt_ids: Sequence[int], params: SamplingParams) -> Guide | None:
+        if params.json_schema is None:
+            return None
+        if self.guides is None:
+            raise AdmissionError("unsupported", "response_format",
+                                 "structured output needs the model's tokenizer, which this model directory lacks")
+        try:
+            return self.guides.guide(params.json_schema, prompt_ids)
+        except (ValueError, RuntimeError) as e:
+            raise AdmissionError("invalid", "response_format", str(e)) from None
 
     def abort(self, req_id: str) -> TokenEvent | None:
         with self._lock:
@@ -337,7 +362,7 @@ class Engine:
             self._rebalance()
             # drafts ride only while one request is active (under the span policy they are free then)
             solo = sum(len(s.live_ids()) for s in self.schedulers) == 1
-            k = self.speculative_tokens if solo else 0
+            k = self.speculative_tokens if solo and not self._guides else 0
             plans = [s.schedule(max_drafts=k) for s in self.schedulers]
             steps = self._worker_steps(plans, k)
         self._launched = None          # set again below if this step launches its successor ahead
@@ -440,8 +465,15 @@ class Engine:
         lookahead = self._may_look_ahead(graph, plans)
         return [WorkerStep(p.step_id, p.seqs, tuple(self._unsent.pop(s.req_id) for s in p.seqs
                                                     if s.req_id in self._unsent), tuple(f), shape, num_drafts, graph,
-                           draft_graph, lookahead, use_ahead)
+                           draft_graph, lookahead, use_ahead, masks=self._masks(p))
                 for p, f in zip(plans, forget)]
+
+    def _masks(self, plan: StepPlan) -> tuple[tuple[str, np.ndarray], ...]:
+        """The allowed-token bitmask of each guided row of ``plan`` that samples (``cluster/guided.py``)."""
+        if not self._guides:
+            return ()
+        rows = ((s.req_id, self._guides[s.req_id].mask()) for s in plan.seqs if s.sample and s.req_id in self._guides)
+        return tuple((rid, m) for rid, m in rows if m is not None)
 
     def _may_look_ahead(self, graph, plans: list[StepPlan]) -> bool:
         """Whether the workers may launch this graph step's successor ahead: every row samples one token on the
@@ -450,7 +482,7 @@ class Engine:
         position is in its blocks (the schedulers hold one position of slack), and some request goes on. Requests
         that end meanwhile (by length, a stop token or string, an abort) leave the next step without their rows: it
         is still the launched one (``_advanced``)."""
-        if not (self.lookahead and graph is not None and self.speculative_tokens == 0) \
+        if not (self.lookahead and graph is not None and self.speculative_tokens == 0) or self._guides \
                 or any(sch.num_waiting for sch in self.schedulers):
             return False
         bs, goes_on = self.config.block_size, False
@@ -480,6 +512,15 @@ class Engine:
         events: list[TokenEvent] = []
         for i in range(max(len(ids), 1)):
             tok, last = ids[i:i + 1], ev.finished and i >= len(ids) - 1
+            if tok and tok[0] in st.breaks and (held := st.stops.flush()):
+                # the front end gives the text on either side of this marker to different fields: what a stop string's
+                # possible start held back goes out before it (with the next text it went to the wrong side)
+                if not events:
+                    events.append(TokenEvent(ev.req_id, [], "", num_prompt_tokens=st.prompt_len,
+                                             num_output_tokens=st.num_output))
+                events[-1].text += held
+            if ev.req_id in self._guides:
+                self._guides[ev.req_id].accept(tok)
             text, stopped = st.text(tok, last)
             st.num_output += len(tok)
             if not events or tok[0] in self.special_ids:
@@ -506,6 +547,7 @@ class Engine:
 
     def _close(self, req_id: str) -> None:
         self._streams.pop(req_id, None)
+        self._guides.pop(req_id, None)
         rank = self._rank_of.pop(req_id)
         if self._unsent.pop(req_id, None) is None:
             self._forget[rank].append(req_id)

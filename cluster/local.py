@@ -7,6 +7,7 @@ from pathlib import Path
 
 from cluster.config import EngineConfig
 from cluster.engine import Engine, LocalExecutor
+from cluster.guided import Guides
 from scheduler.scheduler import SchedulerConfig
 
 
@@ -33,6 +34,11 @@ def scheduler_config(cfg: EngineConfig, model_config, tokenizer, num_blocks: int
                            max_waiting=cfg.max_waiting)
 
 
+def guides(tokenizer, model_config, sched: SchedulerConfig) -> Guides | None:
+    """Structured output over the checkpoint's tokenizer (None without one: json_schema requests are refused)."""
+    return Guides(tokenizer, model_config.vocab_size, sched.eos_token_ids) if tokenizer else None
+
+
 def build_local_engine(cfg: EngineConfig, progress: bool = True) -> tuple[Engine, object]:
     """Load the model and tokenizer; returns (engine, tokenizer)."""
     from glmkernels import ops
@@ -51,7 +57,8 @@ def build_local_engine(cfg: EngineConfig, progress: bool = True) -> tuple[Engine
                          if cfg.pieces() else None)
     decode = (lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer else None
     engine = Engine(LocalExecutor(runner), sched, decode, speculative_tokens=cfg.speculative_tokens,
-                    graphs=cfg.graphs_mode() != "off", special_ids=tokenizer.special_ids if tokenizer else ())
+                    graphs=cfg.graphs_mode() != "off", special_ids=tokenizer.special_ids if tokenizer else (),
+                    guides=guides(tokenizer, model.config, sched))
     if cfg.resolved_warmup_tokens():
         engine.warm_up(cfg.resolved_warmup_tokens(), report if progress else None)
     return engine, tokenizer

@@ -78,10 +78,10 @@ class ToolCalls:
 
     def feed(self, ev) -> tuple[str, list[dict]]:
         """(content text of this event, its ``tool_calls`` deltas)."""
-        if not self.ids or not ev.token_ids:
+        if not self.ids:
             return ev.text, []
         ids, text, deltas = list(ev.token_ids), ev.text, []
-        marker = self.marker.get(ids[0])
+        marker = self.marker.get(ids[0]) if ids else None       # no ids: text held back before a marker
         if marker == "<tool_call>":
             if self.call is not None:                    # a call left open ends where the next starts
                 deltas += self._end()

@@ -7,6 +7,7 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from cluster.guided import schema_of
 from scheduler.request import SamplingParams
 
 
@@ -52,7 +53,8 @@ class _Sampling(BaseModel):
     ignore_eos: bool = False
     # {} / null only: the sampler takes no per-request bias.
     logit_bias: dict[str, float] | None = None
-    # {"type": "text"} / null only: json_object and json_schema need guided decoding, which the engine lacks.
+    # {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": {...}}}: the output
+    # is held to the schema token by token (cluster/guided.py)
     response_format: dict[str, Any] | None = None
 
     @model_validator(mode="before")
@@ -73,14 +75,16 @@ class _Sampling(BaseModel):
             raise ValueError("stop must not be empty")
         return v
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None, seed_offset: int = 0) -> SamplingParams:
+    def sampling_params(self, max_tokens: int, logprobs: int | None, seed_offset: int = 0,
+                        text_breaks: tuple[int, ...] = ()) -> SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
                               top_k=self.top_k, min_p=self.min_p,
                               seed=None if self.seed is None else self.seed + seed_offset,
                               presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                               repetition_penalty=self.repetition_penalty, stop=stop, ignore_eos=self.ignore_eos,
-                              logprobs=logprobs)
+                              logprobs=logprobs, text_breaks=text_breaks,
+                              json_schema=schema_of(self.response_format))
 
     @property
     def include_usage(self) -> bool:
@@ -91,9 +95,13 @@ class _Sampling(BaseModel):
         default pass, so that they keep working."""
         if self.logit_bias:
             raise ApiError(400, "logit_bias is not supported", "logit_bias")
-        if self.response_format and self.response_format.get("type") != "text":
-            raise ApiError(400, "response_format is not supported beyond {'type': 'text'} (no guided decoding)",
-                           "response_format")
+        try:
+            schema = schema_of(self.response_format)
+        except (ValueError, RuntimeError) as e:
+            raise ApiError(400, str(e), "response_format") from None
+        if schema is not None and self.ignore_eos:
+            raise ApiError(400, "ignore_eos cannot be combined with response_format json_object / json_schema",
+                           "ignore_eos")
 
 
 class CompletionRequest(_Sampling):

@@ -422,8 +422,14 @@ class OpenAIIngress:
             raise ApiError(400, f"prompt ({len(ids)} tokens) + {limit} ({max_tokens}) exceeds the context "
                            f"length {self.max_model_len}", limit if fits else "messages" if chat else "prompt",
                            code="context_length_exceeded")
+        thinking = chat and self.cfg.reasoning_parser == "glm" and bool(ids) and ids[-1] == self.think_start
+        tool_ids = self.tool_ids if chat and body.parses_tool_calls and self.cfg.tool_parser == "glm" else None
+        # the markers where the parsers below split the text into fields (SamplingParams.text_breaks)
+        breaks = {self.think_end} if thinking and self.think_end is not None else set()
+        breaks = tuple(sorted(breaks | set(tool_ids.values() if tool_ids else ())))
         try:
-            params = [body.sampling_params(max_tokens, logprobs, seed_offset=i) for i in range(body.n)]
+            params = [body.sampling_params(max_tokens, logprobs, seed_offset=i, text_breaks=breaks)
+                      for i in range(body.n)]
         except ValueError as e:
             raise ApiError(400, str(e)) from None
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
@@ -436,8 +442,6 @@ class OpenAIIngress:
                 if isinstance(f, AdmissionError):
                     raise _admission_error(f) from None
                 raise ApiError(503, f"the model replica is unavailable: {f}", None, "server_error") from None
-        thinking = chat and self.cfg.reasoning_parser == "glm" and bool(ids) and ids[-1] == self.think_start
-        tool_ids = self.tool_ids if chat and body.parses_tool_calls and self.cfg.tool_parser == "glm" else None
         fmt = _Formatter(self, rid, chat, len(ids), logprobs, thinking, body.n, tool_ids, echo,
                          body.string_arguments if tool_ids else None)
         merged = _merge(streams, first)

@@ -115,6 +115,15 @@ class Tokenizer:
         config = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
         return cls(HFTokenizer.from_file(str(path / "tokenizer.json")), config)
 
+    @property
+    def byte_level(self) -> bool:
+        """Whether tokens are byte-level BPE strings (GPT-2's byte alphabet: "Ġ" for a space)."""
+        return self._byte_level
+
+    def vocab(self) -> dict[str, int]:
+        """Token string (as the vocabulary writes it) → id, added tokens included."""
+        return self._hf.get_vocab(with_added_tokens=True)
+
     def special_ids_by_token(self) -> dict[str, int]:
         """Special token text → id (e.g. "</think>" for the reasoning split)."""
         return {tok.content: i for i, tok in self._hf.get_added_tokens_decoder().items() if tok.special}

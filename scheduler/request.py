@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -62,13 +63,19 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()  # stop strings: matched by the detokenizer, not the scheduler
+    # special ids where the front end's parsers split the text into fields (</think>, tool-call markers): no stop string
+    # spans one, and the text held back for a stop string's possible start goes out before it
+    text_breaks: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; 0: the chosen token's; n: chosen + top n
+    # structured output: the JSON schema (its JSON text) the output must match, token by token (cluster/guided.py)
+    json_schema: str | None = None
 
     def __post_init__(self) -> None:
         # Lists arrive from JSON bodies; store tuples so the params stay hashable and immutable.
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "text_breaks", tuple(self.text_breaks))
         _check_int("max_tokens", self.max_tokens)
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
@@ -96,6 +103,13 @@ class SamplingParams:
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs)
             _check_range("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        if self.json_schema is not None:
+            try:
+                json.loads(self.json_schema)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"json_schema must be a JSON text: {e}") from None
+            if self.ignore_eos:
+                raise ValueError("ignore_eos cannot be combined with json_schema: a completed schema ends at EOS")
 
     @property
     def is_greedy(self) -> bool:

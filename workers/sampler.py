@@ -37,6 +37,23 @@ class SampleOutput:
     top_logprobs: list[list[tuple[int, float]] | None]  # top-n (id, logprob), sorted descending
 
 
+def allow_only(logits: Tensor, masks: Sequence) -> Tensor:
+    """``logits`` [B, V] with each row that has a mask set to -inf outside it (a copy; rows without one unchanged): the
+    tokens structured output allows (``cluster/guided.py``), int32 words (an array or a tensor; None: no mask) with
+    token t at bit t % 32 of word t // 32.
+    The masked logits are the row's raw logits from here on: its logprobs are over the allowed tokens."""
+    rows = [i for i, m in enumerate(masks) if m is not None]
+    if not rows:
+        return logits
+    words = torch.stack([torch.as_tensor(masks[i]) for i in rows]).to(logits.device)            # [R, ⌈V / 32⌉]
+    bits = (words.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32, device=logits.device)) & 1
+    allowed = bits.flatten(1)[:, :logits.shape[1]].bool()                                        # [R, V]
+    index = torch.tensor(rows, device=logits.device)
+    out = logits.clone()
+    out[index] = out[index].masked_fill(~allowed, float("-inf"))
+    return out
+
+
 def sample(
     logits: Tensor,
     params: list[SamplingParams],

@@ -259,3 +259,29 @@ def _engine(m, graphs: bool, k: int = 0):
     engine = make_engine(m, graphs, k, blocks=NUM_BLOCKS)      # 40 requests' KV at once: the 64-row bucket
     assert engine.executor.runner.device.type == "cuda"
     return engine
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_structured_output_on_graph_steps(k):
+    """response_format on the GPU path (bf16, CUDA graphs, the Triton kernels): guided rows — greedy and drawn, beside
+    a free one — sample only what the schema allows and end in values that parse; while they are live no step looks
+    ahead or drafts (k: the MTP drafts the engine would otherwise take)."""
+    pytest.importorskip("xgrammar")
+    import json
+
+    from cluster.config import EngineConfig
+    from cluster.local import build_local_engine
+    from tests.integration.test_engine import PERSON, _outputs, assert_follows
+
+    engine, tok = build_local_engine(EngineConfig(device="cuda", kv_cache_tokens=4096, warmup_tokens=0,
+                                                  speculative_tokens=k), progress=False)
+    prompt = tok.encode_chat([{"role": "user", "content": "A person as JSON."}], enable_thinking=False)
+    schema = json.dumps(PERSON)
+    guided = {"greedy": SamplingParams(max_tokens=200, temperature=0.0, json_schema=schema),
+              "drawn": SamplingParams(max_tokens=200, temperature=1.0, seed=3, json_schema=schema)}
+    out = _outputs(engine, {**{rid: (prompt, p) for rid, p in guided.items()},
+                            "free": (prompt, SamplingParams(max_tokens=30, temperature=0.0))})
+    assert engine.stats["graph_steps"] > 0, engine.stats
+    assert engine.stats["ahead_steps"] == 0 and engine.stats["drafts_proposed"] == 0, engine.stats
+    assert_follows(engine, tok, prompt, guided, out)
+    assert out["greedy"][2] == "stop", out["greedy"]

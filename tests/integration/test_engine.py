@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -344,3 +345,130 @@ def test_reasoning_and_tool_calls_with_speculation_equal_without(tok, thought):
     assert message["message"]["content"] == streamed["content"] == content
     assert [(c["name"], c["arguments"]) for c in streamed["calls"]] == \
         [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
+
+
+def test_text_held_for_a_stop_string_stays_on_its_side_of_a_marker(tok):
+    """A stop string's possible start is held back until the text after it rules the stop out; when a marker where the
+    parsers split the text (``SamplingParams.text_breaks``: ``</think>``, a call's) comes in between, the held text is
+    still the text before it: it went out with the next token's text, so the end of a thought became content, text
+    before a call was dropped and a call's text became content. Stop strings that never occur leave the turn — whole
+    and streamed, with speculation or not — as it is without them. Without breaks (a completion) the text is one: a
+    stop string across a marker still ends it."""
+    from cluster.parsers import TOOL_MARKERS
+
+    script = _glm_turn(tok)
+    sp = tok.special_ids_by_token()
+    breaks = tuple(sp[n] for n in ("</think>", *TOOL_MARKERS))
+    stops = (".\n", "Paris!", "🙂!")     # "weather." and "check." end before a marker, "Paris" and "🙂" too
+    out = {}
+    for k in (0, 3):
+        for stop in ((), stops):
+            engine = text_engine(script, tok, k)
+            rid = engine.add_request([5, 6, 7], SamplingParams(max_tokens=len(script), stop=stop, text_breaks=breaks))
+            events = []
+            while engine.scheduler.has_unfinished():
+                events += [ev for ev in engine.step() if ev.req_id == rid]
+            assert [t for ev in events for t in ev.token_ids] == script
+            out[k, stop] = _formatted(tok, events)
+    assert out[0, stops] == out[0, ()] and out[3, stops] == out[0, ()]
+    assert "".join(stream(text_engine(script, tok), SamplingParams(max_tokens=len(script), stop=(".Let",)))) == \
+        "The user wants the weather"
+
+
+PERSON = {"type": "object", "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "maxLength": 40}, "age": {"type": "integer"},
+                         "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 2}}}
+
+
+def _is_person(value) -> bool:
+    return (isinstance(value, dict) and isinstance(value.get("name"), str) and len(value["name"]) <= 40
+            and type(value.get("age")) is int
+            and isinstance(value.get("tags", []), list) and len(value.get("tags", [])) <= 2
+            and all(isinstance(t, str) and len(t) <= 12 for t in value.get("tags", []))
+            and set(value) <= {"name", "age", "tags"})
+
+
+def _local(**kw):
+    pytest.importorskip("xgrammar", reason="structured output needs xgrammar (the 'serve' and 'test' extras)")
+    from cluster.config import EngineConfig
+    from cluster.local import build_local_engine
+
+    return build_local_engine(EngineConfig(kv_cache_tokens=4096, warmup_tokens=0, **kw), progress=False)
+
+
+def _outputs(engine, requests: dict[str, tuple[list[int], SamplingParams]]) -> dict[str, tuple[list[int], str, str]]:
+    """Each request's (token ids, text, finish reason), run together."""
+    out = {rid: ([], [], None) for rid in requests}
+    for rid, (ids, params) in requests.items():
+        engine.add_request(ids, params, rid)
+    while engine.has_unfinished():
+        for ev in engine.step():
+            out[ev.req_id][0].extend(ev.token_ids)
+            out[ev.req_id][1].append(ev.text)
+            if ev.finished:
+                out[ev.req_id] = (out[ev.req_id][0], out[ev.req_id][1], ev.finish_reason)
+    return {rid: (ids, "".join(texts), reason) for rid, (ids, texts, reason) in out.items()}
+
+
+def test_structured_output_follows_its_schema_beside_free_requests():
+    """response_format's schema, token by token: greedy and drawn rows (top-k / top-p, penalties) end in values that
+    parse and match it, every token was one the grammar allowed, and an unguided request in the same steps samples
+    what it samples alone."""
+    engine, tok = _local()
+    prompt = tok.encode_chat([{"role": "user", "content": "A person as JSON."}], enable_thinking=False)
+    schema = json.dumps(PERSON)
+    guided = {"greedy": SamplingParams(max_tokens=200, temperature=0.0, json_schema=schema),
+              "drawn": SamplingParams(max_tokens=200, temperature=1.0, seed=3, json_schema=schema),
+              "filtered": SamplingParams(max_tokens=200, temperature=0.8, top_k=40, top_p=0.9, seed=4,
+                                         frequency_penalty=0.5, json_schema=schema),
+              "object": SamplingParams(max_tokens=60, temperature=0.0, json_schema='{"type": "object"}')}
+    free = SamplingParams(max_tokens=30, temperature=0.0)
+    out = _outputs(engine, {**{rid: (prompt, p) for rid, p in guided.items()}, "free": (prompt, free)})
+    alone = _outputs(engine, {"alone": (prompt, free)})["alone"]
+    assert out["free"][0] == alone[0]
+    assert_follows(engine, tok, prompt, guided, out)
+    assert out["greedy"][2] == "stop" and _is_person(json.loads(out["greedy"][1]))
+
+
+def assert_follows(engine, tok, prompt: list[int], guided: dict[str, SamplingParams], out) -> None:
+    """Each guided request's tokens were all ones its grammar allowed; a value it finished parses and matches."""
+    from cluster.guided import Guides
+
+    guides = Guides(tok, engine.config.vocab_size, engine.config.eos_token_ids)
+    for rid, params in guided.items():
+        ids, text, reason = out[rid]
+        check = guides.guide(params.json_schema, prompt)
+        check.accept(ids)
+        assert check.rejected == 0, (rid, text)
+        if reason == "stop":
+            value = json.loads(text)
+            assert _is_person(value) if json.loads(params.json_schema) == PERSON else isinstance(value, dict), \
+                (rid, text)
+
+
+def test_structured_output_takes_no_drafts_and_no_look_ahead():
+    """A guided request's next mask needs its last token on the host: with it live nothing drafts (speculation) and
+    the workers launch nothing ahead (CPU static-shape steps look ahead otherwise); its tokens are those of the plain
+    engine."""
+    prompt_of = lambda tok: tok.encode_chat([{"role": "user", "content": "A person as JSON."}], enable_thinking=False)
+    params = SamplingParams(max_tokens=200, temperature=0.0, json_schema=json.dumps(PERSON))
+    plain, tok = _local()
+    want = _outputs(plain, {"r": (prompt_of(tok), params)})["r"]
+    assert want[2] == "stop"
+    for kw in ({"speculative_tokens": 2}, {"cuda_graphs": "eager"}):
+        engine, _ = _local(**kw)
+        assert _outputs(engine, {"r": (prompt_of(tok), params)})["r"] == want, kw
+        assert engine.stats["drafts_proposed"] == 0 and engine.stats["ahead_steps"] == 0, (kw, engine.stats)
+        _outputs(engine, {"free": (prompt_of(tok), replace(params, json_schema=None, ignore_eos=True, max_tokens=20))})
+        assert engine.stats["drafts_proposed"] + engine.stats["ahead_steps"] > 0, (kw, engine.stats)
+
+
+def test_a_schema_the_engine_cannot_follow_is_refused_naming_response_format(model):
+    engine, tok = _local()
+    with pytest.raises(AdmissionError) as e:
+        engine.add_request(tok.encode("hi"), SamplingParams(json_schema='{"type": "objectx"}'))
+    assert e.value.field == "response_format" and "objectx" in str(e.value)
+    no_tokenizer = make_engine(model)                     # token ids only: no vocabulary to hold a grammar to
+    with pytest.raises(AdmissionError) as e:
+        no_tokenizer.add_request([5, 6], SamplingParams(json_schema='{"type": "object"}'))
+    assert e.value.field == "response_format" and not no_tokenizer.has_unfinished()

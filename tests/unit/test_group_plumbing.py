@@ -97,7 +97,11 @@ def test_a_closed_step_channel_fails_the_step_fast():
                                          ("prefill_activations", "int8"), ("prefill_activations", "fp8"),
                                          ("warmup_tokens", -1), ("warmup_tokens", 1.5),
                                          ("max_model_len", 32769),          # past the KV slots (32768): refused
-                                         ("lm_head_split", "yes")])
+                                         ("lm_head_split", "yes"),
+                                         # types as a YAML file gives them: a quoted number, null, a float, a boolean
+                                         ("kv_cache_tokens", "16384"), ("max_waiting", None), ("step_timeout_s", "60"),
+                                         ("speculative_tokens", 2.5), ("num_workers", 8.0), ("max_num_seqs", True),
+                                         ("model", 5)])
 def test_bad_engine_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=f"field '{field}'"):
         EngineConfig(**{field: value}, **({"kernels": "reference"} if value == "fp8" else {}))

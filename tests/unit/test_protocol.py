@@ -342,13 +342,11 @@ def test_a_burst_of_huge_prompts_does_not_hold_up_a_short_one():
 
 @pytest.mark.parametrize("model,body,param", [
     (CompletionRequest, {"logit_bias": {"5": 10}}, "logit_bias"),
-    (CompletionRequest, {"response_format": {"type": "json_object"}}, "response_format"),
     (CompletionRequest, {"suffix": "end"}, "suffix"),
     (CompletionRequest, {"best_of": 3}, "best_of"),
     (CompletionRequest, {"best_of": 2, "n": 3}, "best_of"),
     (CompletionRequest, {"echo": True, "logprobs": 1}, "echo"),
     (ChatCompletionRequest, {"logit_bias": {"5": -100}}, "logit_bias"),
-    (ChatCompletionRequest, {"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
     (ChatCompletionRequest, {"tool_choice": "required"}, "tool_choice"),
     (ChatCompletionRequest, {"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
 ])
@@ -359,6 +357,38 @@ def test_unsupported_values_are_refused_naming_the_field(model, body, param):
     with pytest.raises(ApiError) as e:
         model.model_validate({"model": "m", **prompt, **body}).check_supported()
     assert (e.value.status, e.value.param) == (400, param) and "not supported" in e.value.message
+
+
+@pytest.mark.parametrize("response_format,message", [
+    ({"type": "json"}, "response_format.type must be 'text', 'json_object' or 'json_schema', not 'json'"),
+    ({"type": "json_schema"}, "response_format.json_schema.schema must be a JSON schema object"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": "{}"}}, "must be a JSON schema object"),
+    ({"type": "json_schema", "json_schema": {"schema": {"type": "objectx"}}}, 'Unsupported type "objectx"'),
+    ({"type": "json_schema", "json_schema": {"schema": {"type": "object", "properties": 5}}},
+     "properties must be an object"),
+])
+def test_a_response_format_that_cannot_be_followed_is_refused(response_format, message):
+    """Structured output: a 400 naming response_format, with the schema converter's reason."""
+    from cluster.protocol import ApiError
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "response_format": response_format}
+    with pytest.raises(ApiError) as e:
+        ChatCompletionRequest.model_validate(body).check_supported()
+    assert (e.value.status, e.value.param) == (400, "response_format") and message in e.value.message, e.value.message
+    with pytest.raises(ApiError) as e:                  # and with ignore_eos, which a completed schema cannot honour
+        ChatCompletionRequest.model_validate({**body, "response_format": {"type": "json_object"},
+                                              "ignore_eos": True}).check_supported()
+    assert e.value.param == "ignore_eos"
+
+
+def test_response_format_becomes_the_json_schema_of_the_sampling_params():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    for fmt, want in ((None, None), ({"type": "text"}, None), ({"type": "json_object"}, {"type": "object"}),
+                      ({"type": "json_schema", "json_schema": {"name": "a", "schema": schema, "strict": True}}, schema)):
+        req = CompletionRequest.model_validate({"model": "m", "prompt": "p", "response_format": fmt})
+        req.check_supported()
+        got = req.sampling_params(8, None).json_schema
+        assert (got if got is None else json.loads(got)) == want
 
 
 @pytest.mark.parametrize("model,body", [
@@ -647,3 +677,35 @@ def test_closing_the_merged_choices_while_their_streams_are_busy():
 
     asyncio.run(main())
     assert sorted(closed) == [0, 1]
+
+
+@pytest.mark.parametrize("reasoning,tools,breaks", [(False, False, ()), (True, False, ("</think>",)),
+                                                    (True, True, ("</think>", *TOOL_MARKERS)),
+                                                    (False, True, TOOL_MARKERS)])
+def test_the_parsers_markers_reach_the_engine_as_text_breaks(reasoning, tools, breaks):
+    """The engine keeps the text held back for a stop string on its side of a marker only where the front end's parsers
+    split the text into fields (``SamplingParams.text_breaks``): ``</think>`` with the reasoning split, every tool-call
+    marker when the request's calls are parsed."""
+    import types
+
+    from cluster.config import DEFAULT_MODEL, EngineConfig
+    from cluster.serve import OpenAIIngress
+    from models.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(DEFAULT_MODEL)
+    sp = tok.special_ids_by_token()
+    sent = []
+
+    async def opened(ids, params, req_id):
+        sent.append(params)
+        yield TokenEvent(req_id, [5], "a", finished=True, finish_reason="stop")
+
+    ingress = types.SimpleNamespace(
+        max_model_len=64, think_start=sp["<think>"], think_end=sp["</think>"], tokenizer=tok, model_name="m",
+        tool_ids={n: sp[n] for n in TOOL_MARKERS}, _open=opened,
+        cfg=EngineConfig(reasoning_parser="glm" if reasoning else "none", tool_parser="glm" if tools else "none"))
+    body = ChatCompletionRequest.model_validate({
+        "model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "n": 2, "stop": "x",
+        "tools": [{"type": "function", "function": {"name": "f"}}]})
+    asyncio.run(OpenAIIngress._respond(ingress, None, body, [1, sp["<think>"]], None, chat=True))
+    assert [p.text_breaks for p in sent] == [tuple(sorted(sp[n] for n in breaks))] * 2
