@@ -1,7 +1,7 @@
 """``glmserve``: serve, generate, make-checkpoint.
 
     glmserve serve                       # the embedded default model on this machine, OpenAI API on :8000
-    glmserve generate "Once upon a time" # stream a completion to the terminal
+    glmserve generate "Once upon a time" # stream a completion to the terminal (--json-schema: structured output)
     glmserve make-checkpoint OUT --config models/configs/glm5-tiny-random.json [--fp8] [--shards 3]
 """
 
@@ -69,6 +69,10 @@ def cmd_generate(a: argparse.Namespace) -> int:
     from scheduler.request import SamplingParams
     from scheduler.scheduler import AdmissionError
 
+    if a.num_workers != 1:
+        print("glmserve: error: generate runs the model in this process (--num-workers 1); worker groups serve with "
+              "`glmserve serve --num-workers N`", file=sys.stderr)
+        return 2
     engine, tok = build_local_engine(_engine_config(a))
     if tok is None:
         print(f"{a.model} has no tokenizer.json; generate needs text in and out", file=sys.stderr)
@@ -77,7 +81,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
         ids = tok.encode_chat([{"role": "user", "content": a.prompt}], add_generation_prompt=True)
     else:
         ids = tok.encode(a.prompt)
-    params = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, seed=a.seed)
+    params = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, seed=a.seed,
+                            json_schema=a.json_schema)
     try:
         rid = engine.add_request(ids, params)
     except AdmissionError as e:
@@ -129,6 +134,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    g.add_argument("--json-schema", default=None, metavar="SCHEMA",
+                   help="hold the output to this JSON schema (its JSON text; '{\"type\": \"object\"}': any object)")
     g.set_defaults(fn=cmd_generate)
 
     s = sub.add_parser("serve", help="OpenAI-compatible server (Ray Serve)")
@@ -161,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"glmserve: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:           # Ctrl-C in generate (serve handles its own signals): no traceback
+        print("\nglmserve: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

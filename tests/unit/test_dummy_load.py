@@ -81,3 +81,32 @@ def test_cli_generate_with_dummy_weights(capsys):
                  "--max-tokens", "4", "The old man said"]) == 0
     out = capsys.readouterr()
     assert out.out.startswith("The old man said") and "[4 tokens" in out.err
+
+
+def test_cli_generate_json_schema_and_its_errors(capsys):
+    """``--json-schema`` holds the output to the schema (the embedded model, greedy, no thinking: the value parses);
+    a bad schema and ``--num-workers`` (serve's, not generate's) are errors naming the problem, exit 2."""
+    import json
+
+    from cluster.cli import main
+
+    pytest.importorskip("xgrammar")
+    schema = '{"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}'
+    base = ["generate", "--device", "cpu", "--kv-cache-tokens", "512", "--max-tokens", "60"]
+    assert main([*base, "--json-schema", schema, "A number"]) == 0
+    value = json.loads(capsys.readouterr().out[len("A number"):])
+    assert set(value) == {"n"} and type(value["n"]) is int
+    assert main([*base, "--json-schema", '{"type": "objectx"}', "x"]) == 2
+    assert "objectx" in capsys.readouterr().err
+    assert main([*base, "--num-workers", "2", "x"]) == 2
+    assert "--num-workers" in capsys.readouterr().err
+
+
+def test_cli_ctrl_c_exits_130_without_a_traceback(monkeypatch, capsys):
+    import cluster.cli as cli
+
+    def interrupted(a):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "cmd_generate", interrupted)
+    assert cli.main(["generate", "x"]) == 130
+    assert capsys.readouterr().err.strip() == "glmserve: interrupted"
