@@ -316,3 +316,39 @@ def test_static_span_verify_steps_equal_plain(ray_session, text_ckpt):
         assert engine.stats["drafts_accepted"] - accepted == spec.stats["drafts_accepted"]
     finally:
         group.shutdown()
+
+
+def test_structured_output_in_a_worker_group_equals_single_process(text_ckpt):
+    """Guided rows in a 2-rank group — one alone (span steps: its owner samples it) and three at once (dp: each rank
+    its own) — sample what the single-process engine samples: each rank's step carries its own rows' masks."""
+    import json
+
+    pytest.importorskip("xgrammar")
+    from cluster.local import guides, load_tokenizer
+    from cluster.workers import ProcessWorkerGroup
+    from models.config import ModelConfig
+    from tests.integration.test_engine import PERSON
+
+    mc, tok = ModelConfig.from_json(text_ckpt), load_tokenizer(text_ckpt)
+    schema = json.dumps(PERSON)
+    prompts = [tok.encode_chat([{"role": "user", "content": c}], enable_thinking=False)
+               for c in ("A person as JSON.", "Someone old.", "Name a sailor.")]
+    solo = {"solo": (prompts[0], SamplingParams(max_tokens=80, temperature=0.0, json_schema=schema))}
+    several = {f"g{i}": (p, SamplingParams(max_tokens=60, temperature=0.7 * i, seed=i, json_schema=schema))
+               for i, p in enumerate(prompts)}
+
+    def engine_on(executor, cfg, n):
+        sched = scheduler_config(cfg, mc, tok, NUM_BLOCKS)
+        return Engine(executor, sched, num_ranks=n, guides=guides(tok, mc, sched))
+    cfg1 = engine_config(text_ckpt, 1)
+    plain = engine_on(LocalExecutor(ModelRunner(load_model(text_ckpt, dtype=torch.float32, progress=False),
+                                                NUM_BLOCKS, 16, torch.float32)), cfg1, 1)
+    want = [run(plain, solo), run(plain, several)]
+    cfg = engine_config(text_ckpt, 2, "tp", "ipc")
+    group = ProcessWorkerGroup(cfg, NUM_BLOCKS)
+    try:
+        engine = engine_on(group, cfg, 2)
+        assert [run(engine, solo), run(engine, several)] == want
+        assert engine.stats["span_steps"] > 0, engine.stats
+    finally:
+        group.shutdown()
