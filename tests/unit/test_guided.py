@@ -82,3 +82,4 @@ def test_a_schema_the_grammar_cannot_follow_is_a_value_error(guides, tok):
         check_schema('{"type": "objectx"}')
     with pytest.raises(ValueError, match="json_schema"):
         guides.guide('{"type": "objectx"}', tok.encode("hi"))
+
