@@ -101,12 +101,14 @@ class Guides:
     @functools.cached_property
     def _compiler(self):
         xgr = _xgrammar()
+        if not self.tokenizer.byte_level:       # GLM's vocabularies are; another one's strings would be misread
+            raise ValueError("structured output needs a byte-level BPE vocabulary; this tokenizer's is not")
         vocab = [""] * self.vocab_size
         for token, i in self.tokenizer.vocab().items():
             if i < self.vocab_size and i not in self.tokenizer.special_ids:
                 vocab[i] = token
-        kind = xgr.VocabType.BYTE_LEVEL if self.tokenizer.byte_level else xgr.VocabType.RAW
-        info = xgr.TokenizerInfo(vocab, kind, vocab_size=self.vocab_size, stop_token_ids=self.stop_ids)
+        info = xgr.TokenizerInfo(vocab, xgr.VocabType.BYTE_LEVEL, vocab_size=self.vocab_size,
+                                 stop_token_ids=self.stop_ids)
         return xgr.GrammarCompiler(info, max_threads=1)
 
     @functools.lru_cache(maxsize=64)

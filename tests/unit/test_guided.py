@@ -83,3 +83,19 @@ def test_a_schema_the_grammar_cannot_follow_is_a_value_error(guides, tok):
     with pytest.raises(ValueError, match="json_schema"):
         guides.guide('{"type": "objectx"}', tok.encode("hi"))
 
+
+
+def test_a_vocabulary_that_is_not_byte_level_is_refused(tok):
+    """xgrammar reads the vocabulary's strings as GPT-2's byte alphabet: another kind would be misread, so refused."""
+    from cluster.guided import Guides
+
+    class Metaspace:
+        byte_level, special_ids = False, frozenset()
+
+        def special_ids_by_token(self):
+            return {}
+
+        def vocab(self):
+            return {"▁a": 0, "b": 1}
+    with pytest.raises(ValueError, match="byte-level"):
+        Guides(Metaspace(), 2, [1]).guide('{"type": "object"}', [0])
