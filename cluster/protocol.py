@@ -199,6 +199,9 @@ class ChatCompletionRequest(_Sampling):
     # "required" or a named function would need constrained decoding.
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's: a final assistant message left open (prefill) that the model continues, without a new generation prompt
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
     @field_validator("chat_template_kwargs")
     @classmethod
@@ -211,6 +214,9 @@ class ChatCompletionRequest(_Sampling):
 
     def check_supported(self) -> None:
         super().check_supported()
+        if self.continue_final_message and (self.add_generation_prompt or self.messages[-1].role != "assistant"):
+            raise ApiError(400, "continue_final_message continues a final assistant message: it needs one, and "
+                           "add_generation_prompt false", "continue_final_message")
         if self.tool_choice not in (None, "auto", "none"):
             raise ApiError(400, f"tool_choice {self.tool_choice!r} is not supported: use 'auto' or 'none'",
                            "tool_choice")

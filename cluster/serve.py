@@ -373,7 +373,7 @@ class OpenAIIngress:
         messages = body.template_messages()
         try:
             prompt = await _beside_loop(sum(len(str(m)) for m in messages), tok.apply_chat_template, messages,
-                                        add_generation_prompt=True, **kwargs)
+                                        add_generation_prompt=body.add_generation_prompt, **kwargs)
         except ValueError as e:
             raise ApiError(400, str(e), "messages") from None
         ids = await _encode(tok, prompt, self.max_prompt_chars, "messages")

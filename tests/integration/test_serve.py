@@ -263,6 +263,22 @@ def test_response_format_json_schema_over_http(client, base_url):
     assert status == 400 and err["error"]["param"] == "response_format" and "objectx" in err["error"]["message"], err
 
 
+def test_continue_final_message_continues_the_prefill(client, text_ckpt):
+    """An assistant prefill (vLLM's ``continue_final_message``): the model continues the rendered conversation as it
+    stands — the completion of that very text — and the answer holds only the new text."""
+    from models.tokenizer import Tokenizer
+
+    turns = [{"role": "user", "content": "Tell me a story."}, {"role": "assistant", "content": "Once upon a time"}]
+    kw = {"model": MODEL, "max_tokens": 8, "temperature": 0}
+    chat = client.chat.completions.create(messages=turns, extra_body={"continue_final_message": True,
+                                                                      "add_generation_prompt": False}, **kw)
+    tok = Tokenizer.from_dir(text_ckpt)
+    prompt = tok.apply_chat_template(turns, add_generation_prompt=False)
+    assert prompt.endswith("Once upon a time")
+    assert chat.usage.prompt_tokens == len(tok.encode(prompt))           # no new assistant turn after the prefill
+    assert chat.choices[0].message.content == client.completions.create(prompt=prompt, **kw).choices[0].text
+
+
 def test_echo_prepends_the_prompt(client, text_ckpt):
     from models.tokenizer import Tokenizer
 

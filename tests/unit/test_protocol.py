@@ -709,3 +709,20 @@ def test_the_parsers_markers_reach_the_engine_as_text_breaks(reasoning, tools, b
         "tools": [{"type": "function", "function": {"name": "f"}}]})
     asyncio.run(OpenAIIngress._respond(ingress, None, body, [1, sp["<think>"]], None, chat=True))
     assert [p.text_breaks for p in sent] == [tuple(sorted(sp[n] for n in breaks))] * 2
+
+
+@pytest.mark.parametrize("body", [
+    {"continue_final_message": True, "add_generation_prompt": False},                 # the last message is a user's
+    {"continue_final_message": True, "messages": [{"role": "user", "content": "hi"},
+                                                  {"role": "assistant", "content": "Once"}]},   # with a new turn
+])
+def test_continue_final_message_needs_a_final_assistant_message_and_no_generation_prompt(body):
+    from cluster.protocol import ApiError
+
+    req = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}], **body})
+    with pytest.raises(ApiError) as e:
+        req.check_supported()
+    assert (e.value.status, e.value.param) == (400, "continue_final_message")
+    ChatCompletionRequest.model_validate({**req.model_dump(exclude_none=True), "add_generation_prompt": False,
+                                          "messages": [{"role": "user", "content": "hi"},
+                                                       {"role": "assistant", "content": "Once"}]}).check_supported()
