@@ -48,7 +48,7 @@ from workers.runner import NewRequest, StepResult, TokenLogprobs, WorkerStep
 if TYPE_CHECKING:
     import numpy as np
 
-    from cluster.guided import Guide, Guides
+    from cluster.guided import Guide, Guides, Prefix
 
 __all__ = ["AdmissionError", "AsyncEngine", "Engine", "GroupFailure", "LocalExecutor", "TokenEvent"]
 
@@ -213,7 +213,7 @@ class Engine:
                  special_ids: Collection[int] = (), guides: Guides | None = None):
         self.executor, self.config, self.decode, self.span = executor, config, decode, span
         self.guides = guides                          # structured output (cluster/guided.py); None: refused
-        self._guides: dict[str, Guide] = {}           # the requests with a json_schema
+        self._guides: dict[str, Guide | Prefix] = {}  # the requests with a json_schema or forced_paths
         self.special_ids = frozenset(special_ids)
         self.graphs, self.lookahead, self.graph_prefill = graphs, lookahead, graph_prefill
         self._launched: tuple[tuple[int, int, bool], list[StepPlan]] | None = None   # (graph, plans) launched ahead
@@ -268,12 +268,16 @@ class Engine:
             self.stats["prompt_tokens"] += len(prompt_ids)
         return req_id
 
-    def _guide(self, prompt_ids: Sequence[int], params: SamplingParams) -> Guide | None:
-        if params.json_schema is None:
+    def _guide(self, prompt_ids: Sequence[int], params: SamplingParams) -> Guide | Prefix | None:
+        if params.json_schema is None and not params.forced_paths:
             return None
         if self.guides is None:
-            raise AdmissionError("unsupported", "response_format",
+            raise AdmissionError("unsupported", "response_format" if params.json_schema else "tool_choice",
                                  "structured output needs the model's tokenizer, which this model directory lacks")
+        if params.forced_paths:
+            if max(max(p) for p in params.forced_paths) >= self.guides.vocab_size:
+                raise AdmissionError("invalid", "forced_paths", "forced_paths hold an id past the vocabulary")
+            return self.guides.prefix(params.forced_paths, prompt_ids)
         try:
             return self.guides.guide(params.json_schema, prompt_ids)
         except (ValueError, RuntimeError) as e:
@@ -519,8 +523,10 @@ class Engine:
                     events.append(TokenEvent(ev.req_id, [], "", num_prompt_tokens=st.prompt_len,
                                              num_output_tokens=st.num_output))
                 events[-1].text += held
-            if ev.req_id in self._guides:
-                self._guides[ev.req_id].accept(tok)
+            if (guide := self._guides.get(ev.req_id)) is not None:
+                guide.accept(tok)
+                if guide.done:                  # a forced prefix that is out: the request is free again
+                    del self._guides[ev.req_id]
             text, stopped = st.text(tok, last)
             st.num_output += len(tok)
             if not events or tok[0] in self.special_ids:

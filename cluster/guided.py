@@ -10,6 +10,8 @@ stop tokens, so the output ends there. Special tokens (``<think>``, tool-call ma
 A prompt that opens the reasoning block (the chat template's generation prompt ends in ``<think>``) is not
 constrained until the model closes it (``</think>``): the schema applies to the answer, not to the reasoning.
 Guided rows take no speculative drafts and no look-ahead (the next mask needs this step's token on the host).
+``Prefix`` is the same for an output that must start with one of given token sequences (``tool_choice`` required or
+named: the call's marker, a function's name, then its first argument's key or the call's end), dropped once one is out.
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ def schema_of(response_format: dict | None) -> str | None:
 class Guide:
     """One request's grammar state: the next allowed tokens, and the tokens committed since (``accept``)."""
 
+    done = False                                # a guide that constrains nothing more (``Prefix``) may be dropped
+
     def __init__(self, matcher, vocab_size: int, wait_for: int | None):
         self.matcher, self.vocab_size, self.wait_for = matcher, vocab_size, wait_for
         self.rejected = 0                       # committed tokens the grammar refused (none while masks apply)
@@ -87,6 +91,43 @@ class Guide:
                 continue
             if not self.matcher.is_terminated() and not self.matcher.accept_token(t):
                 self.rejected += 1
+
+
+class Prefix:
+    """An output that must start with one of given token sequences (``SamplingParams.forced_paths``: for
+    ``tool_choice`` required or named, the call's marker, a function's name and what may follow it); a token trie, the
+    next mask its node's children. Once a sequence is out (or a token left the trie) the output is free again; while
+    the reasoning is open it waits, as a ``Guide`` does."""
+
+    def __init__(self, paths: Sequence[Sequence[int]], vocab_size: int, wait_for: int | None):
+        self.trie: dict = {}
+        for path in paths:
+            node = self.trie
+            for t in path:
+                node = node.setdefault(t, {})
+        self.node, self.vocab_size, self.wait_for = self.trie, vocab_size, wait_for
+        self.rejected = 0
+
+    @property
+    def done(self) -> bool:
+        return self.wait_for is None and not self.node
+
+    def mask(self) -> np.ndarray | None:
+        if self.wait_for is not None or self.done:
+            return None
+        words = np.zeros(-(-self.vocab_size // 32), dtype=np.uint32)
+        for t in self.node:
+            words[t // 32] |= np.uint32(1) << np.uint32(t % 32)
+        return words.view(np.int32)
+
+    def accept(self, ids: Sequence[int]) -> None:
+        for t in ids:
+            if self.wait_for is not None:
+                if t == self.wait_for:
+                    self.wait_for = None
+            elif not self.done:
+                self.rejected += t not in self.node
+                self.node = self.node.get(t, {})
 
 
 class Guides:
@@ -118,8 +159,15 @@ class Guides:
         except (RuntimeError, ValueError) as e:
             raise ValueError(f"json_schema: {_XGR_PREFIX.sub('', str(e)).strip()}") from None
 
-    def guide(self, schema: str, prompt_ids: Sequence[int]) -> Guide:
-        """A guide for a new request; one whose prompt opens the reasoning waits for its end."""
+    def _wait_for(self, prompt_ids: Sequence[int]) -> int | None:
+        """``</think>`` when the prompt opens the reasoning (a guide starts after it), else None."""
         opens = self.think_start is not None and len(prompt_ids) > 0 and prompt_ids[-1] == self.think_start
-        wait = self.think_end if opens and self.think_end is not None else None
-        return Guide(_xgrammar().GrammarMatcher(self._compiled(schema)), self.vocab_size, wait)
+        return self.think_end if opens else None
+
+    def guide(self, schema: str, prompt_ids: Sequence[int]) -> Guide:
+        """A guide for a new request held to ``schema``; one whose prompt opens the reasoning waits for its end."""
+        return Guide(_xgrammar().GrammarMatcher(self._compiled(schema)), self.vocab_size, self._wait_for(prompt_ids))
+
+    def prefix(self, paths: Sequence[Sequence[int]], prompt_ids: Sequence[int]) -> Prefix:
+        """A guide for a new request that must start with one of ``paths`` (after the reasoning, as ``guide``)."""
+        return Prefix(paths, self.vocab_size, self._wait_for(prompt_ids))

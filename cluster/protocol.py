@@ -76,7 +76,7 @@ class _Sampling(BaseModel):
         return v
 
     def sampling_params(self, max_tokens: int, logprobs: int | None, seed_offset: int = 0,
-                        text_breaks: tuple[int, ...] = ()) -> SamplingParams:
+                        text_breaks: tuple[int, ...] = (), forced_paths: tuple = ()) -> SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
                               top_k=self.top_k, min_p=self.min_p,
@@ -84,7 +84,7 @@ class _Sampling(BaseModel):
                               presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                               repetition_penalty=self.repetition_penalty, stop=stop, ignore_eos=self.ignore_eos,
                               logprobs=logprobs, text_breaks=text_breaks,
-                              json_schema=schema_of(self.response_format))
+                              json_schema=schema_of(self.response_format), forced_paths=forced_paths)
 
     @property
     def include_usage(self) -> bool:
@@ -195,8 +195,8 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[dict[str, Any]] | None = None
-    # "auto" / "none" / null: "none" still shows the model the tools but turns no output into tool_calls;
-    # "required" or a named function would need constrained decoding.
+    # "auto" / "none" / null: "none" still shows the model the tools but turns no output into tool_calls; "required" or
+    # {"type": "function", "function": {"name": ...}}: the answer starts with a call (of that function)
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     # vLLM's: a final assistant message left open (prefill) that the model continues, without a new generation prompt
@@ -217,9 +217,23 @@ class ChatCompletionRequest(_Sampling):
         if self.continue_final_message and (self.add_generation_prompt or self.messages[-1].role != "assistant"):
             raise ApiError(400, "continue_final_message continues a final assistant message: it needs one, and "
                            "add_generation_prompt false", "continue_final_message")
-        if self.tool_choice not in (None, "auto", "none"):
-            raise ApiError(400, f"tool_choice {self.tool_choice!r} is not supported: use 'auto' or 'none'",
-                           "tool_choice")
+        if self.tool_choice in (None, "auto", "none"):
+            return
+        if not self.tools:
+            raise ApiError(400, f"tool_choice {self.tool_choice!r} needs tools", "tool_choice")
+        if self.response_format and self.response_format.get("type") != "text":
+            raise ApiError(400, "tool_choice required or named cannot be combined with response_format", "tool_choice")
+        name = self.forced_function
+        names = [t.get("function", {}).get("name") for t in self.tools if isinstance(t.get("function"), dict)]
+        if self.tool_choice != "required" and name not in names:
+            raise ApiError(400, f"tool_choice must be 'none', 'auto', 'required' or {{'type': 'function', 'function': "
+                           f"{{'name': one of {names}}}}}, not {self.tool_choice!r}", "tool_choice")
+
+    @property
+    def forced_function(self) -> str | None:
+        """The function a named ``tool_choice`` asks for (None: none named)."""
+        fn = self.tool_choice.get("function") if isinstance(self.tool_choice, dict) else None
+        return fn.get("name") if isinstance(fn, dict) and self.tool_choice.get("type") == "function" else None
 
     @property
     def parses_tool_calls(self) -> bool:

@@ -90,6 +90,28 @@ def _unicode_encode(tokenizer, text: str, param: str) -> list[int]:
     return tokenizer.encode(text)
 
 
+def _forced_call(body, tool_ids: dict[str, int] | None, tokenizer) -> tuple[tuple[int, ...], ...]:
+    """The token sequences a ``tool_choice`` of required / a named function makes the answer start with one of:
+    ``<tool_call>``, a function's name (that one's, or any tool's), then ``<arg_key>`` where it takes arguments and
+    ``</tool_call>`` where it may take none. The rest of the call is the model's; the tool parser (``tool_ids``: its
+    markers, None when it is off) reads it."""
+    if body.tool_choice in (None, "auto", "none"):
+        return ()
+    if tool_ids is None or tokenizer is None:
+        raise ApiError(400, f"tool_choice {body.tool_choice!r} needs the server's tool parser (--tool-parser glm)",
+                       "tool_choice")
+    paths = []
+    for tool in body.tools:
+        fn = tool.get("function") if isinstance(tool.get("function"), dict) else {}
+        if body.forced_function not in (None, fn.get("name")) or not isinstance(fn.get("name"), str):
+            continue
+        params = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {}
+        ends = ([tool_ids["<arg_key>"]] if params.get("properties") else []) + \
+            ([] if params.get("required") else [tool_ids["</tool_call>"]]) or [tool_ids["<arg_key>"]]
+        paths += [(tool_ids["<tool_call>"], *tokenizer.encode(fn["name"]), end) for end in ends]
+    return tuple(paths)
+
+
 def _admission_error(e: AdmissionError) -> ApiError:
     if e.reason == "queue_full":
         return ApiError(429, str(e), None, "rate_limit_error", {"Retry-After": "1"})
@@ -427,9 +449,11 @@ class OpenAIIngress:
         # the markers where the parsers below split the text into fields (SamplingParams.text_breaks)
         breaks = {self.think_end} if thinking and self.think_end is not None else set()
         breaks = tuple(sorted(breaks | set(tool_ids.values() if tool_ids else ())))
+        forced = _forced_call(body, self.tool_ids if self.cfg.tool_parser == "glm" else None, self.tokenizer) \
+            if chat else ()
         try:
-            params = [body.sampling_params(max_tokens, logprobs, seed_offset=i, text_breaks=breaks)
-                      for i in range(body.n)]
+            params = [body.sampling_params(max_tokens, logprobs, seed_offset=i, text_breaks=breaks,
+                                           forced_paths=forced) for i in range(body.n)]
         except ValueError as e:
             raise ApiError(400, str(e)) from None
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"

@@ -70,12 +70,15 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; 0: the chosen token's; n: chosen + top n
     # structured output: the JSON schema (its JSON text) the output must match, token by token (cluster/guided.py)
     json_schema: str | None = None
+    # token sequences the output must start with one of (after the reasoning): tool_choice required / named
+    forced_paths: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         # Lists arrive from JSON bodies; store tuples so the params stay hashable and immutable.
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "text_breaks", tuple(self.text_breaks))
+        object.__setattr__(self, "forced_paths", tuple(tuple(p) for p in self.forced_paths))
         _check_int("max_tokens", self.max_tokens)
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
@@ -110,6 +113,15 @@ class SamplingParams:
                 raise ValueError(f"json_schema must be a JSON text: {e}") from None
             if self.ignore_eos:
                 raise ValueError("ignore_eos cannot be combined with json_schema: a completed schema ends at EOS")
+            if self.forced_paths:
+                raise ValueError("forced_paths cannot be combined with json_schema")
+        for path in self.forced_paths:
+            if not path:
+                raise ValueError("forced_paths must hold non-empty token sequences")
+            for tok in path:
+                _check_int("forced_paths", tok)
+                if tok < 0:
+                    raise ValueError(f"forced_paths must hold ids >= 0, got {tok}")
 
     @property
     def is_greedy(self) -> bool:

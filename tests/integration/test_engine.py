@@ -513,3 +513,17 @@ def test_a_schema_compiles_off_the_event_loop(monkeypatch):
     finally:
         aeng.shutdown()
     assert first.token_ids and ticked >= 20, ticked           # the loop ran on through the 0.5 s compile
+
+
+def test_a_forced_call_starts_the_output_then_speculation_resumes():
+    """``forced_paths`` (tool_choice required / named): the output starts with one of the paths; once it is out the
+    request is free again — it drafts (k = 2) where it was held to one token at a time."""
+    engine, tok = _local(speculative_tokens=2)
+    marks = tok.special_ids_by_token()
+    paths = ((marks["<tool_call>"], *tok.encode("get_weather"), marks["</tool_call>"]),
+             (marks["<tool_call>"], *tok.encode("add"), marks["<arg_key>"]))
+    prompt = tok.encode_chat([{"role": "user", "content": "Weather?"}], enable_thinking=False)
+    ids, _, _ = _outputs(engine, {"r": (prompt, SamplingParams(max_tokens=24, temperature=0.0,
+                                                                forced_paths=paths))})["r"]
+    assert any(tuple(ids[:len(p)]) == p for p in paths), ids
+    assert engine.stats["drafts_proposed"] > 0 and not engine._guides, engine.stats

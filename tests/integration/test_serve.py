@@ -227,7 +227,6 @@ _TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
 @pytest.mark.parametrize("path,field,value,default", [
     ("/v1/completions", "logit_bias", {"5": 10}, {}), ("/v1/completions", "suffix", " end", None),
     ("/v1/completions", "best_of", 2, 1), ("/v1/completions", "echo", True, False),     # echo with logprobs
-    ("/v1/chat/completions", "tool_choice", "required", "none"),
     ("/v1/chat/completions", "logit_bias", {"5": 10}, None),
 ])
 def test_unsupported_parameters_are_refused_not_ignored(base_url, path, field, value, default):
@@ -468,6 +467,38 @@ def test_speculative_replica_streams_what_plain_decode_does(serve_session, text_
         assert metric(serve_session + "/spec", "glmserve_spec_drafts_accepted") > 0
     finally:
         serve.delete("spec")
+
+
+def test_tool_choice_required_or_named_starts_with_that_call(serve_session, text_ckpt, base_url):
+    """``tool_choice`` required / a named function (the tool parser on): the answer starts with a call — of that
+    function — which the parser returns as ``tool_calls``; without the parser it is a 400 naming ``tool_choice``."""
+    from ray import serve
+
+    from cluster.serve import build_app
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}},
+             {"type": "function", "function": {"name": "add", "parameters": {}}}]
+    chat = {"model": MODEL, "max_tokens": 12, "temperature": 0, "tools": tools,      # no thinking: the call comes first
+            "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+            "extra_body": {"chat_template_kwargs": {"enable_thinking": False}}}
+    serve.run(build_app({"model": str(text_ckpt), "served_model_name": MODEL, "device": "cpu",
+                         "kv_cache_tokens": 2048, "tool_parser": "glm"}),
+              name="tools", route_prefix="/tools", logging_config={"enable_access_log": False, "log_level": "WARNING"})
+    try:
+        tc = openai.OpenAI(base_url=serve_session + "/tools/v1", api_key="none", max_retries=0, timeout=120)
+        auto = tc.chat.completions.create(**chat).choices[0]
+        assert not auto.message.tool_calls                   # the tiny model calls nothing of itself
+        for choice, name in (({"type": "function", "function": {"name": "add"}}, "add"), ("required", None)):
+            out = tc.chat.completions.create(tool_choice=choice, **chat).choices[0]
+            assert out.message.tool_calls, out        # (the tiny model writes on after the call: finish "length")
+            assert name is None or out.message.tool_calls[0].function.name == name, out
+            streamed = [c.choices[0].delta for c in tc.chat.completions.create(tool_choice=choice, stream=True, **chat)
+                        if c.choices and c.choices[0].delta.tool_calls]
+            assert streamed[0].tool_calls[0].function.name == out.message.tool_calls[0].function.name
+    finally:
+        serve.delete("tools")
+    status, err = post(base_url, "/v1/chat/completions", {**chat, "extra_body": None, "tool_choice": "required"})
+    assert status == 400 and err["error"]["param"] == "tool_choice" and "--tool-parser" in err["error"]["message"]
 
 
 def test_two_replicas_both_serve(serve_session, text_ckpt):

@@ -99,3 +99,25 @@ def test_a_vocabulary_that_is_not_byte_level_is_refused(tok):
             return {"▁a": 0, "b": 1}
     with pytest.raises(ValueError, match="byte-level"):
         Guides(Metaspace(), 2, [1]).guide('{"type": "object"}', [0])
+
+
+def test_a_prefix_allows_its_trie_then_nothing_more(tok, guides):
+    """``forced_paths`` as a token trie: each mask is the node's children; once a path is out the guide is done (the
+    output free); a prompt that opens the reasoning waits for its end first; a token off the trie counts, then frees."""
+    marks = tok.special_ids_by_token()
+    call, key, end = marks["<tool_call>"], marks["<arg_key>"], marks["</tool_call>"]
+    add, adder = tok.encode("add"), tok.encode("adder")
+    paths = [(call, *add, key), (call, *add, end), (call, *adder, key)]
+    p = guides.prefix(paths, [*tok.encode("hi"), marks["<think>"]])
+    assert p.mask() is None and not p.done
+    p.accept([*tok.encode("hmm"), marks["</think>"]])
+    assert allowed(p) == {call}
+    p.accept([call])
+    assert allowed(p) == {add[0], adder[0]}
+    p.accept(add)
+    assert {key, end} <= allowed(p) and not p.done
+    p.accept([end])
+    assert p.done and p.mask() is None and p.rejected == 0
+    off = guides.prefix(paths, tok.encode("hi"))
+    off.accept([call, key])                             # not a name: counted, and the output is free from there
+    assert off.rejected == 1 and off.done

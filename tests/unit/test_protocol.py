@@ -347,8 +347,6 @@ def test_a_burst_of_huge_prompts_does_not_hold_up_a_short_one():
     (CompletionRequest, {"best_of": 2, "n": 3}, "best_of"),
     (CompletionRequest, {"echo": True, "logprobs": 1}, "echo"),
     (ChatCompletionRequest, {"logit_bias": {"5": -100}}, "logit_bias"),
-    (ChatCompletionRequest, {"tool_choice": "required"}, "tool_choice"),
-    (ChatCompletionRequest, {"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
 ])
 def test_unsupported_values_are_refused_naming_the_field(model, body, param):
     from cluster.protocol import ApiError
@@ -401,6 +399,32 @@ def test_response_format_becomes_the_json_schema_of_the_sampling_params():
 def test_default_values_of_unsupported_fields_pass(model, body):
     prompt = {"prompt": "p"} if model is CompletionRequest else {"messages": [{"role": "user", "content": "hi"}]}
     model.model_validate({"model": "m", **prompt, **body}).check_supported()
+
+
+@pytest.mark.parametrize("body,message", [
+    ({"tool_choice": "required"}, "needs tools"),
+    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "needs tools"),
+    ({"tool_choice": {"type": "function", "function": {"name": "g"}}, "tools": [
+        {"type": "function", "function": {"name": "f"}}]}, "one of ['f']"),
+    ({"tool_choice": "required", "tools": [{"type": "function", "function": {"name": "f"}}],
+      "response_format": {"type": "json_object"}}, "cannot be combined with response_format"),
+])
+def test_a_tool_choice_that_cannot_be_honoured_is_refused(body, message):
+    from cluster.protocol import ApiError
+
+    req = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}], **body})
+    with pytest.raises(ApiError) as e:
+        req.check_supported()
+    assert (e.value.status, e.value.param) == (400, "tool_choice") and message in e.value.message, e.value.message
+
+
+def test_tool_choice_required_or_named_passes_with_its_tools():
+    tools = [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "g"}}]
+    base = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": tools}
+    for choice, name in (("required", None), ({"type": "function", "function": {"name": "g"}}, "g")):
+        req = ChatCompletionRequest.model_validate({**base, "tool_choice": choice})
+        req.check_supported()
+        assert req.forced_function == name and req.parses_tool_calls
 
 
 def test_tool_choice_none_parses_no_tool_calls():
