@@ -35,6 +35,7 @@ def _xgrammar():
     return xgrammar
 
 
+@functools.lru_cache(maxsize=256)                 # an agent sends the same schema request after request
 def check_schema(schema: str) -> None:
     """Raise ValueError naming the problem if ``schema`` (JSON text) is not a JSON schema the grammar supports."""
     xgr = _xgrammar()
