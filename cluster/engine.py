@@ -198,9 +198,9 @@ class Engine:
     starts an event of its own, also when a speculative step accepts several tokens at once: the front end's
     reasoning and tool-call parsers cut the text at them (``</think>``, ``<tool_call>``). ``graphs``: the workers run
     graph-shaped steps (``graph_key``) on their static path — set iff their ``graphs`` mode is not ``off``.
-    ``guides``: a request with ``SamplingParams.json_schema`` samples only what its schema allows next (each of its
-    sampled rows gets the allowed tokens' bitmask in ``WorkerStep.masks``); while one is live nothing drafts or looks
-    ahead. ``lookahead``: let the workers launch the same requests' next decode step before returning a graph step's
+    ``guides``: a request with ``SamplingParams.json_schema`` samples only what its schema allows next, one with
+    ``forced_paths`` starts with one of them (each of its sampled rows gets the allowed tokens' bitmask in
+    ``WorkerStep.masks``); while one is live nothing drafts or looks ahead. ``lookahead``: let the workers launch the same requests' next decode step before returning a graph step's
     tokens sampled on the device, and tell them when the next step is that one (``WorkerStep.lookahead`` /
     ``use_ahead``, decided here for all ranks alike; ``workers/runner.py``; off: for A/B measurements).
     ``graph_prefill``: prompt chunks ride graph steps too when the step fits a bucket that a rank's decode steps can

@@ -65,14 +65,34 @@ def schema_of(response_format: dict | None) -> str | None:
     raise ValueError(f"response_format.type must be 'text', 'json_object' or 'json_schema', not {kind!r}")
 
 
-class Guide:
-    """One request's grammar state: the next allowed tokens, and the tokens committed since (``accept``)."""
+class _Gated:
+    """What a request's guide shares: it waits for the end of the reasoning (``wait_for``: ``</think>`` when the prompt
+    opens it), then takes each committed token (``_take``); ``rejected`` counts those it did not allow."""
 
     done = False                                # a guide that constrains nothing more (``Prefix``) may be dropped
 
+    def __init__(self, vocab_size: int, wait_for: int | None):
+        self.vocab_size, self.wait_for = vocab_size, wait_for
+        self.rejected = 0                       # none while its masks apply
+
+    def accept(self, ids: Sequence[int]) -> None:
+        for t in ids:
+            if self.wait_for is not None:
+                if t == self.wait_for:
+                    self.wait_for = None
+            else:
+                self._take(t)
+
+    def _take(self, t: int) -> None:
+        raise NotImplementedError
+
+
+class Guide(_Gated):
+    """One request's grammar state: the next allowed tokens, and the tokens committed since (``accept``)."""
+
     def __init__(self, matcher, vocab_size: int, wait_for: int | None):
-        self.matcher, self.vocab_size, self.wait_for = matcher, vocab_size, wait_for
-        self.rejected = 0                       # committed tokens the grammar refused (none while masks apply)
+        super().__init__(vocab_size, wait_for)
+        self.matcher = matcher
 
     def mask(self) -> np.ndarray | None:
         """The allowed next tokens as int32 words [⌈V / 32⌉], or None while unconstrained (inside the reasoning). An
@@ -84,30 +104,25 @@ class Guide:
         self.matcher.fill_next_token_bitmask(words)
         return words[0].numpy()
 
-    def accept(self, ids: Sequence[int]) -> None:
-        for t in ids:
-            if self.wait_for is not None:
-                if t == self.wait_for:
-                    self.wait_for = None
-                continue
-            if not self.matcher.is_terminated() and not self.matcher.accept_token(t):
-                self.rejected += 1
+    def _take(self, t: int) -> None:
+        if not self.matcher.is_terminated() and not self.matcher.accept_token(t):
+            self.rejected += 1
 
 
-class Prefix:
+class Prefix(_Gated):
     """An output that must start with one of given token sequences (``SamplingParams.forced_paths``: for
     ``tool_choice`` required or named, the call's marker, a function's name and what may follow it); a token trie, the
     next mask its node's children. Once a sequence is out (or a token left the trie) the output is free again; while
     the reasoning is open it waits, as a ``Guide`` does."""
 
     def __init__(self, paths: Sequence[Sequence[int]], vocab_size: int, wait_for: int | None):
+        super().__init__(vocab_size, wait_for)
         self.trie: dict = {}
         for path in paths:
             node = self.trie
             for t in path:
                 node = node.setdefault(t, {})
-        self.node, self.vocab_size, self.wait_for = self.trie, vocab_size, wait_for
-        self.rejected = 0
+        self.node = self.trie
 
     @property
     def done(self) -> bool:
@@ -121,14 +136,10 @@ class Prefix:
             words[t // 32] |= np.uint32(1) << np.uint32(t % 32)
         return words.view(np.int32)
 
-    def accept(self, ids: Sequence[int]) -> None:
-        for t in ids:
-            if self.wait_for is not None:
-                if t == self.wait_for:
-                    self.wait_for = None
-            elif not self.done:
-                self.rejected += t not in self.node
-                self.node = self.node.get(t, {})
+    def _take(self, t: int) -> None:
+        if not self.done:
+            self.rejected += t not in self.node
+            self.node = self.node.get(t, {})
 
 
 class Guides:
