@@ -211,14 +211,19 @@ def _exponential_noise(
     if any(params[row].seed is None for row in sampled_rows):
         noise.exponential_()  # global generator for unseeded rows
     for out_row, row in enumerate(sampled_rows):
-        seed = params[row].seed
-        if seed is None:
-            continue
-        gen = torch.Generator(device=device)
-        gen.manual_seed((seed * _SEED_MULT + num_generated[row]) & _SEED_MASK)
-        noise[out_row].exponential_(generator=gen)
+        if params[row].seed is not None:
+            fill_seeded_noise(noise[out_row], params[row].seed, num_generated[row])
     # Exp(1) can round to 0; a zero would make p / q infinite for a zero-probability token.
     return noise.clamp_(min=torch.finfo(noise.dtype).tiny)
+
+
+def fill_seeded_noise(row: Tensor, seed: int, index: int) -> Tensor:
+    """Fill ``row`` [V] fp32 with the Exp(1) noise a seeded request's ``index``-th generated token is drawn with
+    (unclamped; its own generator, seeded by ``(seed, index)``). Speculation draws a seeded request's drafts with the
+    same noise, so each draft is the token plain decoding would draw if the draft model were right."""
+    gen = torch.Generator(device=row.device)
+    gen.manual_seed((seed * _SEED_MULT + index) & _SEED_MASK)
+    return row.exponential_(generator=gen)
 
 
 @dataclass

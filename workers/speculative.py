@@ -2,7 +2,12 @@
 
 Verify (one request, its k+1 rows: the committed token and k drafts). Greedy: the target's token at
 each row, stopping at the first that differs from the draft — exactly what plain decoding emits.
-Sampled: rejection sampling — accept draft d with probability min(1, p(d)/q(d)), else draw from
+Sampled with a seed: the drafts are drawn with the very noise plain decoding draws each position's token with
+(``sampler.fill_seeded_noise``), and verified as greedy ones are — kept while they equal the target's own draw — so
+the output is plain decoding's token for token, whether drafts ride or not (so whatever the load). The two draws
+share their noise (a Gumbel coupling), so a draft matches with probability at least (1 − TV) / (1 + TV) of the two
+distributions, near rejection sampling's 1 − TV (``bench/spec_accept.py`` measures both).
+Sampled without a seed: rejection sampling — accept draft d with probability min(1, p(d)/q(d)), else draw from
 norm(max(p − q, 0)); a bonus token from p after k acceptances. The output distribution is p's.
 
 Drafter: the MTP layer proposes k tokens per round, reusing one layer k times. Its KV cache is kept
@@ -19,54 +24,46 @@ import torch
 import torch.nn.functional as F
 
 from scheduler.request import SamplingParams
-from workers.sampler import has_penalties, probs_for_rows, sample, sample_on_device, to_device, with_drafts
+from workers.sampler import (fill_seeded_noise, has_penalties, probs_for_rows, sample, sample_on_device, to_device,
+                             with_drafts)
 
-_MULT, _MASK = 1_000_003, (1 << 63) - 1
-
-
-def _generator(seed: int | None, index: int, salt: int, device) -> torch.Generator | None:
-    if seed is None:
-        return None
-    g = torch.Generator(device=device)
-    g.manual_seed(((seed * _MULT + index) * _MULT + salt) & _MASK)
-    return g
-
-
-def _race(probs: torch.Tensor, g: torch.Generator | None) -> torch.Tensor:
-    """A draw from ``probs`` [V] by an exponential race (argmax p / q, q ~ Exp(1) from ``g``): [1] on the device."""
-    noise = torch.empty_like(probs).exponential_(generator=g).clamp_(min=torch.finfo(probs.dtype).tiny)
-    return (probs / noise).argmax(dim=-1, keepdim=True)
+def _race(probs: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
+    """A draw from each row of ``probs`` [..., V] by an exponential race: argmax p / e, e ~ Exp(1) — ``noise`` (filled,
+    unclamped), or fresh from the global generator. [..., 1] on the device."""
+    noise = torch.empty_like(probs).exponential_() if noise is None else noise
+    return (probs / noise.clamp_(min=torch.finfo(probs.dtype).tiny)).argmax(dim=-1, keepdim=True)
 
 
 def verify(logits: torch.Tensor, drafts: Sequence[int], draft_probs: torch.Tensor | None, params: SamplingParams,
            counts: torch.Tensor | None, num_generated: int) -> list[int]:
     """Accepted drafts plus one more token. logits: [k+1, V] target rows; drafts: k ids; draft_probs:
-    [k, V] the distribution each draft was drawn from (sampled mode); counts: [2, V] the token counts of the prompt
+    [k, V] the distribution each draft was drawn from (rejection sampling), None for greedy and seeded requests
+    (their drafts are kept while they equal the target's own token); counts: [2, V] the token counts of the prompt
     + output so far (``TokenCounts``; None without penalties), position i's penalties count the first i drafts too.
 
-    Every position is decided at once on the device and read back once: position i's target token (greedy), or
-    its acceptance test and the replacement drawn from its residual (drawn; each position's own generator gives the
-    uniform, then the replacement), and the bonus token after k acceptances; the host keeps those up to the first
-    rejection."""
+    Every position is decided at once on the device and read back once: position i's target token (greedy and
+    seeded: what ``sample`` gives plain decoding there), or its acceptance test and the replacement drawn from its
+    residual (unseeded; each position's own generator gives the uniform, then the replacement), and the bonus token
+    after k acceptances; the host keeps those up to the first rejection."""
     k = len(drafts)
     assert logits.shape[0] == k + 1
-    device, greedy = logits.device, params.is_greedy or draft_probs is None
-    d = to_device(drafts, torch.long, device) if has_penalties(params) or not greedy else None   # [k]
+    assert draft_probs is None or params.seed is None, "a seeded request's drafts are verified by their tokens"
+    device, exact = logits.device, params.is_greedy or draft_probs is None
+    d = to_device(drafts, torch.long, device) if has_penalties(params) or not exact else None   # [k]
     counts = with_drafts(counts, d) if has_penalties(params) else None                  # [k + 1, 2, V]
-    if greedy:
+    if exact:
         tokens = sample(logits, [params] * (k + 1), counts, [num_generated + i for i in range(k + 1)]).token_ids
         n = next((i for i in range(k) if tokens[i] != drafts[i]), k)
         return tokens[:n + 1]                          # the drafts that match, then the target's own token
     draft_probs = draft_probs[:k]                        # the plan may verify fewer drafts than were proposed
     p = probs_for_rows(logits[:k], [params] * k, None if counts is None else counts[:k])  # [k, V]
     p_d, q_d = p.gather(1, d[:, None])[:, 0], draft_probs.gather(1, d[:, None])[:, 0]   # [k]
-    gens = [_generator(params.seed, num_generated + i, 1, device) for i in range(k)]
-    u = torch.stack([torch.rand((), generator=g, device=device) for g in gens])       # [k]
+    u = torch.rand(k, device=device)
     accept = (q_d > 0) & (u * q_d < p_d)
     residual = (p - draft_probs).clamp(min=0)
     total = residual.sum(dim=-1, keepdim=True)
     residual = torch.where(total > 0, residual / total, p)             # p itself where q covers p everywhere
-    fixes = torch.cat([_race(residual[i], g) for i, g in enumerate(gens)])              # [k]
+    fixes = _race(residual)[:, 0]                                        # [k]: a draw from each residual
     bonus = sample_on_device(logits[k:], [params], [num_generated + k], None if counts is None else counts[k:])
     read = torch.cat([accept.long(), fixes, bonus]).tolist()                            # the one read-back
     n = next((i for i in range(k) if not read[i]), k)                                   # the first rejection
@@ -76,16 +73,20 @@ def verify(logits: torch.Tensor, drafts: Sequence[int], draft_probs: torch.Tenso
 def pick_draft(logits: torch.Tensor, params: SamplingParams, counts: torch.Tensor | None, num_generated: int,
                so_far: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The next draft from the MTP's logits [V], left on the device: greedy → (the argmax [1], None); drawn → a draw
-    from q, the distribution ``sample`` would draw from (what verification weighs the draft by), by an exponential
-    race with the draft's own noise (seeded rows: from (seed, its index among the generated tokens)) → ([1], q [V]).
-    counts: [2, V] the token counts of prompt + output (None without penalties; the drafts so far are added on the
-    device); num_generated: the output's length; so_far: the drafts before this one ([1] each)."""
+    from q, the distribution ``sample`` would draw from, by an exponential race: seeded → with the noise plain decoding
+    draws this position with (its index among the generated tokens) → ([1], None); unseeded → with fresh noise
+    → ([1], q [V]) (what rejection sampling weighs the draft by). counts: [2, V] the token counts of prompt + output
+    (None without penalties; the drafts so far are added on the device); num_generated: the output's length; so_far:
+    the drafts before this one ([1] each)."""
     if params.is_greedy:
         return logits.argmax(dim=-1, keepdim=True), None
     if counts is not None:
         counts = with_drafts(counts, torch.cat(so_far))[-1:] if so_far else counts[None]
     q = probs_for_rows(logits[None], [params], counts)[0]
-    return _race(q, _generator(params.seed, num_generated + len(so_far), 2, logits.device)), q
+    if params.seed is not None:
+        noise = fill_seeded_noise(torch.empty_like(q), params.seed, num_generated + len(so_far))
+        return _race(q, noise), None
+    return _race(q), q
 
 
 class Drafter(Protocol):

@@ -1,4 +1,5 @@
-"""Speculative decoding: lossless greedy, lossless sampling, rollback, index sharing, suppression."""
+"""Speculative decoding: lossless greedy, seeded sampling bit-identical to plain, lossless unseeded sampling,
+rollback, index sharing, suppression."""
 
 from __future__ import annotations
 
@@ -125,12 +126,68 @@ def test_drafts_suppressed_with_two_requests_and_resume(model):
     assert run(again, {"long": (ids[0], long)})["long"] == plain
 
 
-def test_sampled_speculation_runs_and_repeats(model):
-    p = SamplingParams(max_tokens=16, temperature=0.8, top_k=20, seed=11)
-    ids = prompts(1, model.config.vocab_size, seed=9)[0]
-    a = run(make_engine(model, K), {"a": (ids, p)})["a"]
-    b = run(make_engine(model, K), {"b": (ids, p)})["b"]
-    assert a == b and len(a) == 16
+SEEDED = [
+    SamplingParams(max_tokens=24, temperature=0.8, top_k=20, seed=11),
+    SamplingParams(max_tokens=24, temperature=1.0, seed=3),
+    SamplingParams(max_tokens=24, temperature=0.7, top_p=0.9, min_p=0.02, seed=5),
+    SamplingParams(max_tokens=24, temperature=1.2, top_k=50, top_p=0.95, repetition_penalty=1.2,
+                   frequency_penalty=0.4, seed=2**40 + 7),
+]
+
+
+@pytest.mark.parametrize("case", range(len(SEEDED)))
+def test_seeded_sampled_speculation_is_bit_identical_to_plain(model, case):
+    """A seeded sampled request gives plain decoding's tokens with drafts riding — and alone or beside another request
+    (drafts then suppressed): its tokens do not depend on the load. The drafts are accepted often enough that the
+    comparison covers acceptance and rejection at several positions."""
+    params = SEEDED[case]
+    plain, spec = make_engine(model, 0), make_engine(model, K)
+    for i, ids in enumerate(prompts(4, model.config.vocab_size, seed=20 + case)):
+        want = run(plain, {"r": (ids, params)})["r"]
+        assert run(spec, {"r": (ids, params)})["r"] == want, f"prompt {i}: alone, with drafts"
+        other = prompts(1, model.config.vocab_size, seed=99)[0]
+        busy = run(spec, {"r": (ids, params), "other": (other, SamplingParams(max_tokens=8, temperature=1.0))})
+        assert busy["r"] == want, f"prompt {i}: beside another request"
+    m = spec.spec_metrics()
+    assert m["rounds"] > 0 and 0 < m["accepted"] < m["proposed"], m
+    print(f"case {case} spec metrics:", m)
+
+
+def test_unseeded_sampled_speculation_runs(model):
+    """Unseeded sampled requests take rejection sampling (its distribution is pinned by
+    ``test_verify_preserves_target_distribution``): the rounds run, drafts are accepted, every block comes back."""
+    p = SamplingParams(max_tokens=24, temperature=0.8, top_k=20)
+    eng = make_engine(model, K)
+    for ids in prompts(3, model.config.vocab_size, seed=9):
+        assert len(run(eng, {"a": (ids, p)})["a"]) == 24
+    m = eng.spec_metrics()
+    assert m["rounds"] > 0 and m["accepted"] > 0, m
+
+
+def test_seeded_drafts_share_the_target_noise():
+    """A seeded draft is drawn with the noise plain decoding draws the same position with: where the draft model's
+    distribution is the target's, every draft is the target's own draw and ``verify`` keeps them all; a shifted
+    draft distribution is rejected at some positions, and the emitted tokens still equal ``sample``'s draws."""
+    from workers.sampler import sample
+
+    torch.manual_seed(1)
+    V, k = 50, 4
+    params = SamplingParams(temperature=1.0, top_p=0.95, seed=123)
+    logits = torch.randn(k + 1, V) * 2
+    want = sample(logits, [params] * (k + 1), None, [7 + i for i in range(k + 1)]).token_ids
+    same = [pick_draft(logits[i], params, None, 7, [torch.tensor([0])] * i) for i in range(k)]
+    assert all(q is None for _, q in same), "seeded drafts carry no distribution"
+    drafts = [int(t) for t, _ in same]
+    assert drafts == want[:k]
+    assert verify(logits, drafts, None, params, None, 7) == want
+    kept = []
+    for shift in range(20):
+        off = logits + torch.randn(k + 1, V) * (0.5 + shift / 10)
+        drafts = [int(pick_draft(off[i], params, None, 7, [torch.tensor([0])] * i)[0]) for i in range(k)]
+        out = verify(logits, drafts, None, params, None, 7)
+        assert out == want[:len(out)] and out[:-1] == drafts[:len(out) - 1]
+        kept.append(len(out) - 1)
+    assert 0 < sum(kept) < k * 20, kept
 
 
 def test_verify_and_drafts_count_the_drafts_before_each_position_for_penalties():
@@ -143,7 +200,7 @@ def test_verify_and_drafts_count_the_drafts_before_each_position_for_penalties()
     counts = history_counts([[1, 2, 3]], [2], V, "cpu")[0]
     assert verify(logits, [5, 5], None, SamplingParams(temperature=0.0, frequency_penalty=2.0), counts, 1) == [5, 6]
     assert verify(logits, [5, 5], None, SamplingParams(temperature=0.0), None, 1) == [5, 5, 5]   # no penalty
-    drawn = SamplingParams(temperature=1.0, frequency_penalty=2.0, seed=1)
+    drawn = SamplingParams(temperature=1.0, frequency_penalty=2.0)      # unseeded: the draft carries q
     _, first = pick_draft(logits[0], drawn, counts, 1, [])
     _, second = pick_draft(logits[0], drawn, counts, 1, [torch.tensor([5])])
     rest = 7 + math.exp(-2)                          # seven zeros, and the generated 3 penalized once
