@@ -4,7 +4,7 @@
   decode rows, verify rows of 1 + k drafts, prompt chunks, pad rows) and several context widths, in fp32 and bf16;
 - the engine's greedy tokens with graphs equal its tokens without them (fp32), batched and speculative;
 - seeded drawn rows launched ahead draw the tokens they draw without look-ahead;
-- drawn drafts picked between captured drafting graphs equal the eager drafter's;
+- drawn drafts picked between captured drafting graphs equal the eager drafter's, seeded ones plain decoding;
 - the other steps' per-layer pieces (``workers/pieces.py``): replayed == run uncaptured bit for bit (hidden rows and
   KV), the engine's tokens with them equal its tokens without, and after the warm-up nothing more is captured.
 
@@ -136,7 +136,8 @@ def test_speculative_with_graphs_equals_plain(text_ckpt):
 def test_drawn_speculation_with_captured_drafting(text_ckpt):
     """Seeded drawn requests (T 0.8, top-p 0.95): their drafts picked between captured drafting graphs (the extend and
     each chained pass) give the tokens and acceptance of the eager drafter after the same replayed verify steps — one
-    whose prompt is shorter than ``index_topk`` keys, so its selection widens as it decodes (chain graphs per width)."""
+    whose prompt is shorter than ``index_topk`` keys, so its selection widens as it decodes (chain graphs per width)
+    — and both are plain decoding's tokens (a seeded request's drafts share its noise and are verified by token)."""
     m = model(text_ckpt, "float32")
     prompt = next(iter(requests(1, m.config.vocab_size, seed=7).values()))[0]
     params = SamplingParams(max_tokens=24, temperature=0.8, top_p=0.95, seed=9)
@@ -144,8 +145,10 @@ def test_drawn_speculation_with_captured_drafting(text_ckpt):
     spec = _engine(m, True, k=3)
     eager = _engine(m, True, k=3)
     eager.executor.runner.draft_graphs = None
+    plain = _engine(m, True)
     for rid, req in reqs.items():
-        assert run(spec, {rid: req}) == run(eager, {rid: req}), rid
+        want = run(plain, {rid: req})
+        assert run(spec, {rid: req}) == want and run(eager, {rid: req}) == want, rid
     assert spec.spec_metrics() == eager.spec_metrics() and spec.spec_metrics()["accepted"] > 0
     captured = spec.executor.runner.draft_graphs.captured
     assert any(key[0] == "head" for key in captured), captured
