@@ -44,10 +44,9 @@ from scheduler.shapes import (
     rank_seqs,
 )
 from workers.runner import NewRequest, StepResult, TokenLogprobs, WorkerStep
+from workers.sampler import StepMasks
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from cluster.guided import Guide, Guides, Prefix
 
 __all__ = ["AdmissionError", "AsyncEngine", "Engine", "GroupFailure", "LocalExecutor", "TokenEvent"]
@@ -472,12 +471,13 @@ class Engine:
                            draft_graph, lookahead, use_ahead, masks=self._masks(p))
                 for p, f in zip(plans, forget)]
 
-    def _masks(self, plan: StepPlan) -> tuple[tuple[str, np.ndarray], ...]:
-        """The allowed-token bitmask of each guided row of ``plan`` that samples (``cluster/guided.py``)."""
-        if not self._guides:
-            return ()
-        rows = ((s.req_id, self._guides[s.req_id].mask()) for s in plan.seqs if s.sample and s.req_id in self._guides)
-        return tuple((rid, m) for rid, m in rows if m is not None)
+    def _masks(self, plan: StepPlan) -> StepMasks | None:
+        """The allowed-token bitmask of each guided row of ``plan`` that samples (``cluster/guided.py``), built when the
+        runner samples (after launching the forward) or as the step is pickled for another process; None: no row."""
+        guides = [(s.req_id, self._guides[s.req_id]) for s in plan.seqs if s.sample and s.req_id in self._guides]
+        if not guides:
+            return None
+        return StepMasks(lambda: ((rid, m) for rid, g in guides if (m := g.mask()) is not None))
 
     def _may_look_ahead(self, graph, plans: list[StepPlan]) -> bool:
         """Whether the workers may launch this graph step's successor ahead: every row samples one token on the

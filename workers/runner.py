@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-import numpy as np
 import torch
 
 from models.cache import KVCache, build_batch
@@ -24,8 +23,9 @@ from workers.graphs import DecodeGraphs, DraftGraphs
 from workers.pieces import PieceGraphs
 from workers.sampler import (
     RowLogprobs,
-    allow_only,
+    StepMasks,
     TokenCounts,
+    allow_only,
     has_penalties,
     row_logprobs,
     sample,
@@ -64,8 +64,7 @@ class WorkerStep:
     warm: tuple[int, ...] | None = None  # a warm-up step (no rows): capture ``graph`` ahead of use, then the MTP
                                          # drafting graphs after it for these draft counts (0: the extend alone);
                                          # without ``graph``: the per-layer pieces (``workers/pieces.py``)
-    masks: tuple[tuple[str, np.ndarray], ...] = ()     # (req_id, int32 bitmask words): the tokens a guided row may
-                                                       # sample (structured output, ``cluster/guided.py``)
+    masks: StepMasks | None = None     # the tokens each guided row may sample (structured output, ``cluster/guided.py``)
 
 
 @dataclass(frozen=True)
@@ -357,8 +356,8 @@ class ModelRunner:
             states = [self._state(s) for s in seqs]
             last = [batch.seq_rows[i][0] + batch.seq_rows[i][1] - 1 for i in plain]
             logits = _take_rows(bucket, last) if bucket is not None else self.model.logits(_take_rows(hidden, last))
-            if step.masks:
-                masks = dict(step.masks)
+            if step.masks is not None:                # built now: the forward is launched, the device runs it meanwhile
+                masks = step.masks.rows()
                 logits = allow_only(logits, [masks.get(s.req_id) for s in seqs])
             out = sample(logits, [st.params for st in states], self._counts(states), [s.num_generated for s in seqs])
             for i, (s, st) in enumerate(zip(seqs, states)):

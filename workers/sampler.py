@@ -14,7 +14,7 @@ read back), so no step copies a history; ``history_counts`` builds them from hos
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +35,25 @@ class SampleOutput:
     token_ids: list[int]
     logprobs: list[float | None]  # logprob of the chosen token under the raw logits
     top_logprobs: list[list[tuple[int, float]] | None]  # top-n (id, logprob), sorted descending
+
+
+class StepMasks:
+    """The bitmasks (for ``allow_only``) of a step's guided rows, ``{req_id: int32 words}``, built on first use: by the
+    runner at sampling, after it launched the step's forward — so the host builds them while the device runs it — or,
+    for a step sent to another process, as the step is pickled. ``build``: returns (req_id, words) pairs."""
+
+    __slots__ = ("_build", "_rows")
+
+    def __init__(self, build: Callable[[], Iterable] | None = None, rows: dict | None = None):
+        self._build, self._rows = build, rows
+
+    def rows(self) -> dict:
+        if self._rows is None:
+            self._rows, self._build = dict(self._build()), None
+        return self._rows
+
+    def __reduce__(self):
+        return StepMasks, (None, self.rows())
 
 
 def allow_only(logits: Tensor, masks: Sequence) -> Tensor:

@@ -6,6 +6,7 @@ import asyncio
 import json
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
@@ -444,6 +445,42 @@ def assert_follows(engine, tok, prompt: list[int], guided: dict[str, SamplingPar
             value = json.loads(text)
             assert _is_person(value) if json.loads(params.json_schema) == PERSON else isinstance(value, dict), \
                 (rid, text)
+
+
+def test_a_guided_steps_masks_are_built_after_its_forward_is_launched():
+    """In one process the runner builds a step's masks at sampling, once its forward is launched (on a GPU the host
+    builds them while the device runs it); a step pickled for another process carries them built."""
+    import pickle
+
+    from workers.sampler import StepMasks
+
+    engine, tok = _local()
+    runner = engine.executor.runner
+    order = []
+    forward = runner.model.forward
+    runner.model.forward = lambda *a, **kw: (order.append("forward"), forward(*a, **kw))[1]
+    execute = engine._worker_steps
+
+    def tracked(*a, **kw):
+        steps = execute(*a, **kw)
+        for st in steps or ():
+            if st.masks is not None:
+                build = st.masks._build
+                st.masks._build = lambda build=build: (order.append("masks"), list(build()))[1]
+        return steps
+
+    engine._worker_steps = tracked
+    prompt = tok.encode_chat([{"role": "user", "content": "A person as JSON."}], enable_thinking=False)
+    out = _outputs(engine, {"r": (prompt, SamplingParams(max_tokens=40, temperature=0.0, json_schema=json.dumps(PERSON)))})
+    assert order.count("masks") == len(out["r"][0]) > 5          # one build a sampled step (the prefill samples one)
+    assert all(order[i - 1] == "forward" for i, o in enumerate(order) if o == "masks"), order
+
+    built = []
+    lazy = StepMasks(lambda: (built.append(1), [("a", np.arange(3, dtype=np.int32))])[1])
+    assert not built
+    back = pickle.loads(pickle.dumps(lazy))
+    assert built == [1] and back.rows()["a"].tolist() == [0, 1, 2]
+    assert lazy.rows()["a"].tolist() == [0, 1, 2] and built == [1]     # built once
 
 
 def test_structured_output_takes_no_drafts_and_no_look_ahead():
