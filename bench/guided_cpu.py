@@ -1,6 +1,7 @@
 """What structured output costs: the engine with and without ``json_schema`` rows (the embedded model, one process, CPU),
-and the grammar's own host work at the embedded vocabulary and at GLM-5's (154,880 tokens: the embedded one padded
-with synthetic byte-level tokens) — the schema's compile, and a step's mask and accept per row.
+and the grammar's own host work at the embedded vocabulary and at GLM-5's size (154,880 tokens: a BPE trained here on
+Python sources, ``code_vocabulary``, and the embedded one padded with random byte-level tokens — GLM's own cannot be
+fetched) — the schema's compile, and a step's mask and accept per row.
 
     python bench/guided_cpu.py [--rows 1 8] [--max-tokens 64] [--out bench/results/guided_cpu.md]
 """
@@ -62,6 +63,48 @@ class _PaddedTokenizer:
         return self._marks
 
 
+def code_vocabulary(size: int = 154_880, cache: str | Path | None = None):
+    """A byte-level BPE of ``size`` tokens trained on this interpreter's Python sources (the standard library, then the
+    installed packages, to 150 MB; ``tools/train_tokenizer.py``'s trainer and special tokens) — a real BPE at GLM-5's
+    size, code-heavy as GLM's is: its tokens hold JSON's quotes and brackets about as often as a real vocabulary's,
+    where the padded one's random tokens hold them far more often (tokens that hold a quote, say, are checked
+    against the grammar one by one inside a string). ``cache``: a folder to keep it in (built once)."""
+    import sysconfig
+
+    from cluster.local import load_tokenizer
+    from tools.train_tokenizer import tokenizer_config, train
+
+    out = Path(cache or Path(os.environ.get("TMPDIR", "/tmp")) / f"glmserve_code_bpe_{size}")
+    if not (out / "tokenizer.json").exists():
+        out.mkdir(parents=True, exist_ok=True)
+        roots = dict.fromkeys(Path(sysconfig.get_paths()[k]) for k in ("stdlib", "purelib", "platlib"))
+        corpus, written = out / "corpus.txt", 0
+        with corpus.open("w", encoding="utf-8") as f:
+            for root in roots:
+                for path in sorted(root.rglob("*.py")):
+                    if written > 150e6 or "test" in path.parts or "tests" in path.parts:
+                        continue
+                    try:
+                        text = path.read_text(encoding="utf-8")
+                    except (UnicodeDecodeError, OSError):
+                        continue
+                    written += f.write(text + "\n")
+        print(f"training a {size:,}-token BPE on {written / 1e6:.0f} MB of Python sources ...", flush=True)
+        tokenizer = train(corpus, size)
+        tokenizer.save(str(out / "tokenizer.json"))
+        (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config()))
+        corpus.unlink()
+    tok = load_tokenizer(out)
+    assert len(tok.vocab()) == size, f"the sources here gave {len(tok.vocab())} tokens, not {size}"
+    return tok
+
+
+def quoted_share(tok) -> float:
+    """The share of the vocabulary's tokens that hold a double quote (context-dependent inside a JSON string)."""
+    vocab = tok.vocab()                                 # byte-level: printable ASCII stands for itself
+    return sum('"' in t for t in vocab) / len(vocab)
+
+
 def grammar_costs(tok, vocab_size: int, stop_ids, ids: list[int]) -> dict:
     """ms for the schema's compile (a first request), and µs per token of ``ids``: a mask (``Guide.mask``), an accept."""
     t0 = time.perf_counter()
@@ -121,22 +164,24 @@ def main() -> None:
         lines.append(f"| {rows} | {free[0]:.2f} | {guided[0]:.2f} | {guided[0] / free[0]:.2f} | {free[1]:.1f} | "
                      f"{guided[1]:.1f} | {free[2]:.1f} / {guided[2]:.1f} |")
     text = '{"name": "The old sailor", "age": 61, "notes": ["came home", "sat by the fire", "and slept"]}'
+    vocabularies = [("embedded (6,144)", tok, engine.config.vocab_size, tok.encode(text)),
+                    ("154,880: a BPE trained on Python sources (`code_vocabulary`)", code := code_vocabulary(), 154_880,
+                     code.encode(text)),
+                    ("154,880: the embedded padded with random tokens", _PaddedTokenizer(tok, 154_880), 154_880,
+                     tok.encode(text))]                               # the embedded ids are the padded one's too
     lines += ["", "The grammar's host work per guided row (the engine's thread), feeding a 30-odd-token value:", "",
-              "| vocabulary | schema compile (first request) ms | mask µs a token | accept µs a token |",
-              "|---|---:|---:|---:|"]
-    ids = tok.encode(text)                                                       # valid in both vocabularies
-    for name, vocab, size in (("embedded (6,144)", tok, engine.config.vocab_size),
-                              ("GLM-5 size (154,880; synthetic tokens past the embedded)",
-                               _PaddedTokenizer(tok, 154_880), 154_880)):
+              "| vocabulary | tokens holding a `\"` | schema compile (first request) ms | mask µs a token | "
+              "accept µs a token |", "|---|---:|---:|---:|---:|"]
+    for name, vocab, size, ids in vocabularies:
         c = grammar_costs(vocab, size, engine.config.eos_token_ids, ids)
         assert c["rejected"] == 0, c
-        lines.append(f"| {name} | {c['compile_ms']:.1f} | {c['mask_us']:.1f} | {c['accept_us']:.1f} |")
-    prefixes = [ids[:n] for n in (1, 4, 9, 14, 20, 26, 31, 3)]               # 8 rows at 8 points of the value
+        lines.append(f"| {name} | {quoted_share(vocab):.1%} | {c['compile_ms']:.1f} | {c['mask_us']:.1f} | "
+                     f"{c['accept_us']:.1f} |")
     lines += ["", f"A step's masks of 8 guided rows, µs ({os.cpu_count()} cores here; xgrammar's threads: half):", "",
               "| vocabulary | one at a time (the engine) | together (xgrammar's `BatchGrammarMatcher`) |",
               "|---|---:|---:|"]
-    for name, vocab, size in (("embedded (6,144)", tok, engine.config.vocab_size),
-                              ("GLM-5 size (154,880, synthetic)", _PaddedTokenizer(tok, 154_880), 154_880)):
+    for name, vocab, size, ids in vocabularies:
+        prefixes = [ids[:round(len(ids) * f)] for f in (0.03, 0.13, 0.29, 0.45, 0.65, 0.84, 0.97, 0.1)]  # 8 rows
         serial, together = batch_costs(vocab, size, engine.config.eos_token_ids, prefixes)
         lines.append(f"| {name} | {serial:.0f} | {together:.0f} |")
     out = "\n".join(lines) + "\n"

@@ -1,7 +1,8 @@
 """What structured output costs a decode step on the GPU, and what building its masks during the forward saves: the
 GLM-5.2-width slice (``bench/cluster_slice.py``'s config, FP8 random weights, CUDA graphs on) in one process, its
-154,880-token vocabulary guided through the embedded tokenizer padded with synthetic byte-level tokens
-(``bench/guided_cpu.py``'s), 1 and 8 requests decoding at once after a short prompt.
+154,880-token vocabulary guided through a BPE of that size trained on the host's Python sources (``--vocab code``,
+``bench/guided_cpu.py``'s ``code_vocabulary``) or the embedded tokenizer padded with random tokens (``--vocab
+padded``), 1 and 8 requests decoding at once after a short prompt.
 
 Per row count, alternated in one process: free (no schema, look-ahead on as served), guided with the masks built at
 sampling once the forward is launched (``StepMasks``, as served), and guided with the masks built before the step is
@@ -21,7 +22,7 @@ import time
 from pathlib import Path
 
 from bench.cluster_slice import slice_config
-from bench.guided_cpu import SCHEMA, _PaddedTokenizer
+from bench.guided_cpu import SCHEMA, _PaddedTokenizer, code_vocabulary
 from cluster.config import DEFAULT_MODEL, EngineConfig
 from cluster.engine import Engine
 from cluster.guided import Guides
@@ -56,6 +57,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="alternated runs of each mode")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="the embedded model's widths (a CPU plumbing check)")
+    ap.add_argument("--vocab", default="code", choices=["code", "padded"], help="the slice's guided vocabulary")
     ap.add_argument("--out", default=None, help="folder for guided_gpu.md")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -67,8 +69,9 @@ def main() -> None:
         engine, _ = build_local_engine(cfg, progress=False)
     vocab = model_cfg["vocab_size"]
     tok = load_tokenizer(DEFAULT_MODEL)
-    engine.guides = Guides(_PaddedTokenizer(tok, vocab) if vocab > len(tok.vocab()) else tok, vocab,
-                           tok.eos_token_ids)
+    if vocab > len(tok.vocab()):
+        tok = code_vocabulary(vocab) if args.vocab == "code" else _PaddedTokenizer(tok, vocab)
+    engine.guides = Guides(tok, vocab, load_tokenizer(DEFAULT_MODEL).eos_token_ids)
     lazy_masks = Engine._masks
 
     def eager_masks(self, plan):
@@ -92,7 +95,7 @@ def main() -> None:
     where = "the embedded model's widths" if args.tiny else "the GLM-5.2-width slice (1 dense + 3 MoE layers, FP8)"
     lines = ["# Structured output on the decode step: masks during the forward vs before the step", "",
              f"`PYTHONPATH=. python bench/guided_gpu.py --rows {' '.join(map(str, args.rows))} --tokens {args.tokens}"
-             f"{' --tiny' if args.tiny else ''} --device {args.device}` — {where}, vocabulary {vocab:,}, one process, "
+             f"{' --tiny' if args.tiny else ''} --device {args.device} --vocab {args.vocab}` — {where}, vocabulary {vocab:,}, one process, "
              f"greedy, {args.repeats} alternated runs a mode (median of each run's steps where every row decodes; "
              "the runs listed).", "", f"Schema: `{SCHEMA}`", "",
              "| rows | " + " | ".join(f"{m}: ms a step" for m in MODES) + " | saved by building during the forward |",
