@@ -64,7 +64,9 @@ def allow_only(logits: Tensor, masks: Sequence) -> Tensor:
     rows = [i for i, m in enumerate(masks) if m is not None]
     if not rows:
         return logits
-    words = torch.stack([torch.as_tensor(masks[i]) for i in rows]).to(logits.device)            # [R, ⌈V / 32⌉]
+    words = torch.stack([torch.as_tensor(masks[i]) for i in rows])                               # [R, ⌈V / 32⌉]
+    if logits.is_cuda:      # from pinned memory, not waiting: the launches below queue behind the forward meanwhile
+        words = words.pin_memory().to(logits.device, non_blocking=True)
     bits = (words.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32, device=logits.device)) & 1
     allowed = bits.flatten(1)[:, :logits.shape[1]].bool()                                        # [R, V]
     index = torch.tensor(rows, device=logits.device)
