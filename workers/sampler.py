@@ -61,18 +61,15 @@ def allow_only(logits: Tensor, masks: Sequence) -> Tensor:
     tokens structured output allows (``cluster/guided.py``), int32 words (an array or a tensor; None: no mask) with
     token t at bit t % 32 of word t // 32.
     The masked logits are the row's raw logits from here on: its logprobs are over the allowed tokens."""
-    rows = [i for i, m in enumerate(masks) if m is not None]
-    if not rows:
+    if all(m is None for m in masks):
         return logits
-    words = torch.stack([torch.as_tensor(masks[i]) for i in rows])                               # [R, ⌈V / 32⌉]
+    every = torch.full((-(-logits.shape[1] // 32),), -1, dtype=torch.int32)                     # all bits set
+    words = torch.stack([every if m is None else torch.as_tensor(m) for m in masks])             # [B, ⌈V / 32⌉]
     if logits.is_cuda:      # from pinned memory, not waiting: the launches below queue behind the forward meanwhile
         words = words.pin_memory().to(logits.device, non_blocking=True)
     bits = (words.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32, device=logits.device)) & 1
-    allowed = bits.flatten(1)[:, :logits.shape[1]].bool()                                        # [R, V]
-    index = torch.tensor(rows, device=logits.device)
-    out = logits.clone()
-    out[index] = out[index].masked_fill(~allowed, float("-inf"))
-    return out
+    allowed = bits.flatten(1)[:, :logits.shape[1]].bool()                                        # [B, V]
+    return logits.masked_fill(~allowed, float("-inf"))
 
 
 def sample(
