@@ -197,9 +197,10 @@ class Engine:
     starts an event of its own, also when a speculative step accepts several tokens at once: the front end's
     reasoning and tool-call parsers cut the text at them (``</think>``, ``<tool_call>``). ``graphs``: the workers run
     graph-shaped steps (``graph_key``) on their static path — set iff their ``graphs`` mode is not ``off``.
-    ``guides``: a request with ``SamplingParams.json_schema`` samples only what its schema allows next, one with
-    ``forced_paths`` starts with one of them (each of its sampled rows gets the allowed tokens' bitmask in
-    ``WorkerStep.masks``); while one is live nothing drafts or looks ahead. ``lookahead``: let the workers launch the same requests' next decode step before returning a graph step's
+    ``guides``: a request with ``SamplingParams.json_schema`` (or ``tool_grammar``) samples only what its grammar
+    allows next, one with ``forced_paths`` starts with one of them (each of its sampled rows gets the allowed tokens'
+    bitmask in ``WorkerStep.masks``); while one constrains nothing drafts or looks ahead — while it waits (for the
+    reasoning's end, tool_choice auto's ``<tool_call>``) drafts stop before the token that ends the wait. ``lookahead``: let the workers launch the same requests' next decode step before returning a graph step's
     tokens sampled on the device, and tell them when the next step is that one (``WorkerStep.lookahead`` /
     ``use_ahead``, decided here for all ranks alike; ``workers/runner.py``; off: for A/B measurements).
     ``graph_prefill``: prompt chunks ride graph steps too when the step fits a bucket that a rank's decode steps can
@@ -212,7 +213,7 @@ class Engine:
                  special_ids: Collection[int] = (), guides: Guides | None = None):
         self.executor, self.config, self.decode, self.span = executor, config, decode, span
         self.guides = guides                          # structured output (cluster/guided.py); None: refused
-        self._guides: dict[str, Guide | Prefix] = {}  # the requests with a json_schema or forced_paths
+        self._guides: dict[str, Guide | Prefix] = {}  # the requests with a json_schema, tool_grammar or forced_paths
         self.special_ids = frozenset(special_ids)
         self.graphs, self.lookahead, self.graph_prefill = graphs, lookahead, graph_prefill
         self._launched: tuple[tuple[int, int, bool], list[StepPlan]] | None = None   # (graph, plans) launched ahead
@@ -268,19 +269,23 @@ class Engine:
         return req_id
 
     def _guide(self, prompt_ids: Sequence[int], params: SamplingParams) -> Guide | Prefix | None:
-        if params.json_schema is None and not params.forced_paths:
+        if params.json_schema is None and params.tool_grammar is None and not params.forced_paths:
             return None
+        field = "response_format" if params.json_schema is not None else "tools" if params.tool_grammar else \
+            "tool_choice"
         if self.guides is None:
-            raise AdmissionError("unsupported", "response_format" if params.json_schema else "tool_choice",
+            raise AdmissionError("unsupported", field,
                                  "structured output needs the model's tokenizer, which this model directory lacks")
+        if max((t for p in (*params.forced_paths, params.guide_after) for t in p), default=0) >= self.guides.vocab_size:
+            raise AdmissionError("invalid", field, "forced_paths / guide_after hold an id past the vocabulary")
         if params.forced_paths:
-            if max(max(p) for p in params.forced_paths) >= self.guides.vocab_size:
-                raise AdmissionError("invalid", "forced_paths", "forced_paths hold an id past the vocabulary")
             return self.guides.prefix(params.forced_paths, prompt_ids)
         try:
-            return self.guides.guide(params.json_schema, prompt_ids)
+            if params.tool_grammar is not None:
+                return self.guides.tool_guide(params.tool_grammar, prompt_ids, params.guide_after)
+            return self.guides.guide(params.json_schema, prompt_ids, params.guide_after)
         except (ValueError, RuntimeError) as e:
-            raise AdmissionError("invalid", "response_format", str(e)) from None
+            raise AdmissionError("invalid", field, str(e)) from None
 
     def abort(self, req_id: str) -> TokenEvent | None:
         with self._lock:
@@ -365,7 +370,7 @@ class Engine:
             self._rebalance()
             # drafts ride only while one request is active (under the span policy they are free then)
             solo = sum(len(s.live_ids()) for s in self.schedulers) == 1
-            k = self.speculative_tokens if solo and not self._guides else 0
+            k = self.speculative_tokens if solo and not self._constraining() else 0
             plans = [s.schedule(max_drafts=k) for s in self.schedulers]
             steps = self._worker_steps(plans, k)
         self._launched = None          # set again below if this step launches its successor ahead
@@ -394,6 +399,9 @@ class Engine:
             events = []
             for sch, plan, res in zip(self.schedulers, plans, results):
                 self._count_drafts(plan, res)
+                for rid, drafts in res.drafts.items():       # a waiting guide's drafts stop before it constrains
+                    if drafts and (guide := self._guides.get(rid)) is not None:
+                        res.drafts[rid] = drafts[:guide.free_drafts(res.sampled.get(rid, ()), drafts)]
                 events += [out for ev in sch.update(plan, res.sampled, res.drafts) if ev.req_id in self._streams
                            for out in self._emit(ev, res)]
             return events
@@ -474,10 +482,15 @@ class Engine:
     def _masks(self, plan: StepPlan) -> StepMasks | None:
         """The allowed-token bitmask of each guided row of ``plan`` that samples (``cluster/guided.py``), built when the
         runner samples (after launching the forward) or as the step is pickled for another process; None: no row."""
-        guides = [(s.req_id, self._guides[s.req_id]) for s in plan.seqs if s.sample and s.req_id in self._guides]
+        guides = [(s.req_id, g) for s in plan.seqs if s.sample and (g := self._guides.get(s.req_id)) and g.active]
         if not guides:
             return None
         return StepMasks(lambda: ((rid, m) for rid, g in guides if (m := g.mask()) is not None))
+
+    def _constraining(self) -> bool:
+        """Whether some request's guide constrains its next token (one that still waits — for the reasoning's end, say
+        — lets drafts ride, stopped before the token that ends its wait, and steps launch ahead)."""
+        return any(g.active for g in self._guides.values())
 
     def _may_look_ahead(self, graph, plans: list[StepPlan]) -> bool:
         """Whether the workers may launch this graph step's successor ahead: every row samples one token on the
@@ -486,7 +499,7 @@ class Engine:
         position is in its blocks (the schedulers hold one position of slack), and some request goes on. Requests
         that end meanwhile (by length, a stop token or string, an abort) leave the next step without their rows: it
         is still the launched one (``_advanced``)."""
-        if not (self.lookahead and graph is not None and self.speculative_tokens == 0) or self._guides \
+        if not (self.lookahead and graph is not None and self.speculative_tokens == 0) or self._constraining() \
                 or any(sch.num_waiting for sch in self.schedulers):
             return False
         bs, goes_on = self.config.block_size, False
@@ -524,9 +537,12 @@ class Engine:
                                              num_output_tokens=st.num_output))
                 events[-1].text += held
             if (guide := self._guides.get(ev.req_id)) is not None:
+                waited = not guide.active
                 guide.accept(tok)
                 if guide.done:                  # a forced prefix that is out: the request is free again
                     del self._guides[ev.req_id]
+                elif waited and guide.active:   # its wait ended: a step launched ahead sampled its row unmasked
+                    self._launched = None
             text, stopped = st.text(tok, last)
             st.num_output += len(tok)
             if not events or tok[0] in self.special_ids:
@@ -597,7 +613,7 @@ class AsyncEngine:
         req_id = req_id if req_id is not None else f"areq-{next(self._ids)}"
         self._queues[req_id] = (asyncio.get_running_loop(), q)   # before the loop can emit for it
         try:
-            if params.json_schema is None:
+            if params.json_schema is None and params.tool_grammar is None:
                 self.engine.add_request(prompt_ids, params, req_id)
             else:       # its grammar compiles (~0.1-0.3 s a new schema at GLM-5's vocabulary): off the event loop
                 await asyncio.to_thread(self.engine.add_request, prompt_ids, params, req_id)

@@ -9,9 +9,16 @@ stop tokens, so the output ends there. Special tokens (``<think>``, tool-call ma
 
 A prompt that opens the reasoning block (the chat template's generation prompt ends in ``<think>``) is not
 constrained until the model closes it (``</think>``): the schema applies to the answer, not to the reasoning.
-Guided rows take no speculative drafts and no look-ahead (the next mask needs this step's token on the host).
+While a guide constrains, its request takes no speculative drafts and no look-ahead (the next mask needs this step's
+token on the host); while it waits, drafts stop before the token that would end the wait (``free_drafts``).
 ``Prefix`` is the same for an output that must start with one of given token sequences (``tool_choice`` required or
 named: the call's marker, a function's name, then its first argument's key or the call's end), dropped once one is out.
+
+Tool calls whose arguments must follow their schemas (a function with ``"strict": true``) are a grammar too:
+``tool_grammar`` writes GLM's call format as xgrammar Lark source whose markers are the tokenizer's own special tokens
+(matched by id, so no text spells one), a strict function's properties in their order with string values as raw text
+and the rest as JSON of the property's schema. Under ``tool_choice`` auto the guide waits for the model to open a
+call (``SamplingParams.guide_after``): the text before it stays free.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ import re
 from collections.abc import Sequence
 
 import numpy as np
+
+from cluster.parsers import TOOL_MARKERS
 
 _XGR_PREFIX = re.compile(r"^\[[^\]]*\]\s*\S+:\d+:\s*")      # "[16:36:59] /project/cpp/....cc:4944: "
 
@@ -65,21 +74,122 @@ def schema_of(response_format: dict | None) -> str | None:
     raise ValueError(f"response_format.type must be 'text', 'json_object' or 'json_schema', not {kind!r}")
 
 
+_RAW = r"/[^\x00-\x06]*/"       # a raw value: any text (the markers' stand-ins, \x01-\x06, are not text here)
+
+
+def tool_grammar(tools: Sequence[dict], ids: dict[str, int], name: str | None = None, parallel: bool = True,
+                 opened: bool = False) -> str:
+    """xgrammar Lark source for the GLM tool calls an answer makes: ``<tool_call>``, a function's name, its arguments as
+    ``<arg_key>`` key ``</arg_key><arg_value>`` value ``</arg_value>``, ``</tool_call>`` (a newline allowed between the
+    parts) — one call, or with ``parallel`` one or more. A strict function (``"strict": true``) takes its schema's
+    properties in their order, the required ones always; a string-typed value is raw text (as GLM's template writes
+    it; an enum or const of strings one of them), any other JSON of the property's schema; another function any keys
+    with raw values. ``ids``: the markers' token ids; ``name``: that function only; ``opened``: the first call's
+    ``<tool_call>`` is already out (tool_choice auto: the guide starts once the model opens a call)."""
+    tok = {m: f"<[{ids[m]}]>" for m in TOOL_MARKERS}
+    fns, rules = [], []
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool.get("function"), dict) else {}
+        if not isinstance(fn.get("name"), str) or name not in (None, fn["name"]):
+            continue
+        params = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {}
+        props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
+        if fn.get("strict") is True:
+            required = set(params.get("required") or ())
+            keys = [*props, *(k for k in params.get("required") or () if k not in props)]
+            args = []
+            for j, key in enumerate(keys):
+                try:
+                    value = _value(props.get(key), params)
+                except ValueError as e:
+                    raise ValueError(f"function {fn['name']!r}, argument {key!r}: {e}") from None
+                rules.append(f"a{i}_{j}: NL {tok['<arg_key>']} {json.dumps(key)} {tok['</arg_key>']} NL "
+                             f"{tok['<arg_value>']} {value} {tok['</arg_value>']}")
+                args.append(f"a{i}_{j}" + ("" if key in required else "?"))
+        else:
+            rules.append(f"a{i}: NL {tok['<arg_key>']} KEY {tok['</arg_key>']} NL {tok['<arg_value>']} RAW "
+                         f"{tok['</arg_value>']}")
+            args = [f"a{i}*"]
+        fns.append(f"f{i}")
+        rules.append(f"f{i}: {json.dumps(fn['name'])} {' '.join(args)} NL")
+    if not fns:
+        raise ValueError(f"tools hold no function named {name!r}" if name else "tools hold no function")
+    call = f"fns {tok['</tool_call>']}"
+    more = f"(NL {tok['<tool_call>']} {call})*" if parallel else ""
+    start = f"{call} {more} NL" if opened else f"{tok['<tool_call>']} {call} {more} NL"
+    return "\n".join([f"start: {start}", f"fns: {' | '.join(fns)}", *rules, r"NL: /\n?/", f"RAW: {_RAW}",
+                      r"KEY: /[^\x00-\x06]+/"]) + "\n"
+
+
+def _value(schema, params: dict) -> str:
+    """A strict argument's value in the grammar: raw text for a string, else JSON of its schema (with the parameters'
+    ``$defs`` / ``definitions``, which its ``$ref``s may name). ValueError: a schema the grammar cannot follow."""
+    if not isinstance(schema, dict):
+        return "RAW"
+    strings = [v for v in schema.get("enum", ()) if isinstance(v, str)]
+    if isinstance(schema.get("const"), str):
+        strings = [schema["const"]]
+    if strings and len(strings) == len(schema.get("enum", strings)):
+        return "(" + " | ".join(json.dumps(v) for v in strings) + ")"
+    t = schema.get("type")
+    if t == "string" or (isinstance(t, list) and t and set(t) - {"null"} == {"string"}):
+        return "RAW"
+    sub = json.dumps({**schema, **{k: params[k] for k in ("$defs", "definitions") if k in params}})
+    check_schema(sub)
+    return f"%json {sub}"
+
+
+@functools.lru_cache(maxsize=256)                 # an agent sends the same tools request after request
+def check_tool_grammar(source: str) -> None:
+    """Raise ValueError naming the problem if ``source`` (``tool_grammar``'s) is not a grammar xgrammar takes."""
+    xgr = _xgrammar()
+    try:
+        xgr.Grammar.from_lark(source)
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise ValueError(_XGR_PREFIX.sub("", str(e)).strip() or type(e).__name__) from None
+
+
 class _Gated:
-    """What a request's guide shares: it waits for the end of the reasoning (``wait_for``: ``</think>`` when the prompt
-    opens it), then takes each committed token (``_take``); ``rejected`` counts those it did not allow."""
+    """What a request's guide shares: it waits for tokens, in order (``waits``: ``</think>`` when the prompt opens the
+    reasoning; then ``SamplingParams.guide_after``), then takes each committed token (``_take``); ``rejected`` counts
+    those it did not allow."""
 
     done = False                                # a guide that constrains nothing more (``Prefix``) may be dropped
 
-    def __init__(self, vocab_size: int, wait_for: int | None):
-        self.vocab_size, self.wait_for = vocab_size, wait_for
+    def __init__(self, vocab_size: int, waits: Sequence[int]):
+        self.vocab_size, self.waits = vocab_size, list(waits)
         self.rejected = 0                       # none while its masks apply
+
+    @property
+    def wait_for(self) -> int | None:
+        """The token the guide waits for before it constrains anything; None: it constrains now."""
+        return self.waits[0] if self.waits else None
+
+    @property
+    def active(self) -> bool:
+        """Whether the next token is constrained (its row needs a mask: no drafts, nothing launched ahead)."""
+        return not self.waits and not self.done
+
+    def free_drafts(self, committed: Sequence[int], drafts: Sequence[int]) -> int:
+        """How many of ``drafts`` (proposed after ``committed``, which the guide has not taken yet) come before it would
+        constrain: a verify round samples every position without a mask, so the drafts stop before the token that
+        ends the wait — that token may still come as the round's last, sampled one, after which nothing more does."""
+        waits = list(self.waits)
+        for t in committed:
+            if waits and t == waits[0]:
+                waits.pop(0)
+        for n, t in enumerate(drafts):
+            if not waits or (t == waits[0] and len(waits) == 1):
+                return n
+            if t == waits[0]:
+                waits.pop(0)
+        return len(drafts) if waits else 0
 
     def accept(self, ids: Sequence[int]) -> None:
         for t in ids:
-            if self.wait_for is not None:
-                if t == self.wait_for:
-                    self.wait_for = None
+            if self.waits:
+                if t == self.waits[0]:
+                    self.waits.pop(0)
             else:
                 self._take(t)
 
@@ -90,8 +200,8 @@ class _Gated:
 class Guide(_Gated):
     """One request's grammar state: the next allowed tokens, and the tokens committed since (``accept``)."""
 
-    def __init__(self, matcher, vocab_size: int, wait_for: int | None):
-        super().__init__(vocab_size, wait_for)
+    def __init__(self, matcher, vocab_size: int, waits: Sequence[int]):
+        super().__init__(vocab_size, waits)
         self.matcher = matcher
 
     def mask(self) -> np.ndarray | None:
@@ -115,8 +225,8 @@ class Prefix(_Gated):
     next mask its node's children. Once a sequence is out (or a token left the trie) the output is free again; while
     the reasoning is open it waits, as a ``Guide`` does."""
 
-    def __init__(self, paths: Sequence[Sequence[int]], vocab_size: int, wait_for: int | None):
-        super().__init__(vocab_size, wait_for)
+    def __init__(self, paths: Sequence[Sequence[int]], vocab_size: int, waits: Sequence[int]):
+        super().__init__(vocab_size, waits)
         self.trie: dict = {}
         for path in paths:
             node = self.trie
@@ -164,6 +274,26 @@ class Guides:
                                  stop_token_ids=self.stop_ids)
         return xgr.GrammarCompiler(info, max_threads=1)
 
+    @functools.cached_property
+    def _tool_compiler(self):
+        """A compiler whose vocabulary holds the tool-call markers too, each as a control character of its own
+        (\x01-\x06): ``tool_grammar`` names them by id, its raw text excludes those characters, and JSON never holds
+        one unescaped — so a marker is allowed only where the grammar puts it."""
+        xgr = _xgrammar()
+        self._compiler                          # the vocabulary checks
+        marks = self.tokenizer.special_ids_by_token()
+        if not all(m in marks for m in TOOL_MARKERS):
+            raise ValueError("this tokenizer lacks GLM's tool-call markers")
+        vocab = [""] * self.vocab_size
+        for token, i in self.tokenizer.vocab().items():
+            if i < self.vocab_size and i not in self.tokenizer.special_ids:
+                vocab[i] = token
+        for n, m in enumerate(TOOL_MARKERS, 1):
+            vocab[marks[m]] = chr(n)
+        info = xgr.TokenizerInfo(vocab, xgr.VocabType.BYTE_LEVEL, vocab_size=self.vocab_size,
+                                 stop_token_ids=self.stop_ids)
+        return xgr.GrammarCompiler(info, max_threads=1)
+
     @functools.lru_cache(maxsize=64)
     def _compiled(self, schema: str):
         try:
@@ -171,15 +301,27 @@ class Guides:
         except (RuntimeError, ValueError) as e:
             raise ValueError(f"json_schema: {_XGR_PREFIX.sub('', str(e)).strip()}") from None
 
-    def _wait_for(self, prompt_ids: Sequence[int]) -> int | None:
-        """``</think>`` when the prompt opens the reasoning (a guide starts after it), else None."""
-        opens = self.think_start is not None and len(prompt_ids) > 0 and prompt_ids[-1] == self.think_start
-        return self.think_end if opens else None
+    @functools.lru_cache(maxsize=64)
+    def _compiled_tools(self, source: str):
+        try:
+            return self._tool_compiler.compile_grammar(_xgrammar().Grammar.from_lark(source))
+        except (RuntimeError, ValueError) as e:
+            raise ValueError(f"tools: {_XGR_PREFIX.sub('', str(e)).strip()}") from None
 
-    def guide(self, schema: str, prompt_ids: Sequence[int]) -> Guide:
+    def _waits(self, prompt_ids: Sequence[int], after: Sequence[int] = ()) -> list[int]:
+        """``</think>`` when the prompt opens the reasoning (a guide starts after it), then ``after``."""
+        opens = self.think_start is not None and len(prompt_ids) > 0 and prompt_ids[-1] == self.think_start
+        return [self.think_end, *after] if opens else list(after)
+
+    def guide(self, schema: str, prompt_ids: Sequence[int], after: Sequence[int] = ()) -> Guide:
         """A guide for a new request held to ``schema``; one whose prompt opens the reasoning waits for its end."""
-        return Guide(_xgrammar().GrammarMatcher(self._compiled(schema)), self.vocab_size, self._wait_for(prompt_ids))
+        return Guide(_xgrammar().GrammarMatcher(self._compiled(schema)), self.vocab_size, self._waits(prompt_ids, after))
+
+    def tool_guide(self, source: str, prompt_ids: Sequence[int], after: Sequence[int] = ()) -> Guide:
+        """A guide for a new request's tool calls (``tool_grammar``'s source), after the reasoning and ``after``."""
+        return Guide(_xgrammar().GrammarMatcher(self._compiled_tools(source)), self.vocab_size,
+                     self._waits(prompt_ids, after))
 
     def prefix(self, paths: Sequence[Sequence[int]], prompt_ids: Sequence[int]) -> Prefix:
         """A guide for a new request that must start with one of ``paths`` (after the reasoning, as ``guide``)."""
-        return Prefix(paths, self.vocab_size, self._wait_for(prompt_ids))
+        return Prefix(paths, self.vocab_size, self._waits(prompt_ids))

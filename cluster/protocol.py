@@ -76,7 +76,8 @@ class _Sampling(BaseModel):
         return v
 
     def sampling_params(self, max_tokens: int, logprobs: int | None, seed_offset: int = 0,
-                        text_breaks: tuple[int, ...] = (), forced_paths: tuple = ()) -> SamplingParams:
+                        text_breaks: tuple[int, ...] = (), tool_guidance: dict | None = None) -> SamplingParams:
+        """``tool_guidance``: the SamplingParams fields that hold the tool calls (``serve._tool_guidance``)."""
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
                               top_k=self.top_k, min_p=self.min_p,
@@ -84,7 +85,7 @@ class _Sampling(BaseModel):
                               presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                               repetition_penalty=self.repetition_penalty, stop=stop, ignore_eos=self.ignore_eos,
                               logprobs=logprobs, text_breaks=text_breaks,
-                              json_schema=schema_of(self.response_format), forced_paths=forced_paths)
+                              json_schema=schema_of(self.response_format), **(tool_guidance or {}))
 
     @property
     def include_usage(self) -> bool:
@@ -198,6 +199,8 @@ class ChatCompletionRequest(_Sampling):
     # "auto" / "none" / null: "none" still shows the model the tools but turns no output into tool_calls; "required" or
     # {"type": "function", "function": {"name": ...}}: the answer starts with a call (of that function)
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    # false: at most one call (held so where a strict function's arguments are)
+    parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     # vLLM's: a final assistant message left open (prefill) that the model continues, without a new generation prompt
     add_generation_prompt: bool = True

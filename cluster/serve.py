@@ -26,6 +26,7 @@ from ray.exceptions import RayTaskError
 from starlette.exceptions import HTTPException
 
 from cluster.config import EngineConfig
+from cluster.guided import check_tool_grammar, tool_grammar
 from cluster.parsers import TOOL_MARKERS, ReasoningSplit, ToolCalls
 from cluster.protocol import ApiError, ChatCompletionRequest, CompletionRequest, validation_error
 from scheduler.scheduler import AdmissionError
@@ -90,16 +91,41 @@ def _unicode_encode(tokenizer, text: str, param: str) -> list[int]:
     return tokenizer.encode(text)
 
 
-def _forced_call(body, tool_ids: dict[str, int] | None, tokenizer) -> tuple[tuple[int, ...], ...]:
+def _tool_guidance(body, tool_ids: dict[str, int] | None, tokenizer) -> dict:
+    """The SamplingParams fields that hold a chat request's tool calls (``tool_ids``: the tool parser's markers, None
+    when it is off). Where a function that may be called is strict (``"strict": true``), a grammar holds the calls
+    (``guided.tool_grammar``: a strict function's arguments follow its schema) — from the answer's start under
+    tool_choice required / named, from the model's own ``<tool_call>`` under auto (not with response_format or
+    ignore_eos there); otherwise required / named only force the call's start (``_forced_call``)."""
+    forced = body.tool_choice not in (None, "auto", "none")
+    if not body.tools or body.tool_choice == "none" or (not forced and (
+            tool_ids is None or tokenizer is None or body.ignore_eos or
+            (body.response_format or {}).get("type", "text") != "text")):
+        return {}
+    if forced and (tool_ids is None or tokenizer is None):
+        raise ApiError(400, f"tool_choice {body.tool_choice!r} needs the server's tool parser (--tool-parser glm)",
+                       "tool_choice")
+    name = body.forced_function
+    fns = [t.get("function") for t in body.tools if isinstance(t.get("function"), dict)]
+    if not any(fn.get("strict") is True and name in (None, fn.get("name")) for fn in fns):
+        return {"forced_paths": _forced_call(body, tool_ids, tokenizer)} if forced else {}
+    if body.ignore_eos:
+        raise ApiError(400, "ignore_eos cannot be combined with a strict function under tool_choice required or "
+                       "named: the calls end at EOS", "ignore_eos")
+    try:
+        source = tool_grammar(body.tools, tool_ids, name, parallel=body.parallel_tool_calls and name is None,
+                              opened=not forced)
+        check_tool_grammar(source)
+    except ValueError as e:
+        raise ApiError(400, f"tools: {e}", "tools") from None
+    return {"tool_grammar": source, "guide_after": () if forced else (tool_ids["<tool_call>"],)}
+
+
+def _forced_call(body, tool_ids: dict[str, int], tokenizer) -> tuple[tuple[int, ...], ...]:
     """The token sequences a ``tool_choice`` of required / a named function makes the answer start with one of:
     ``<tool_call>``, a function's name (that one's, or any tool's), then ``<arg_key>`` where it takes arguments and
     ``</tool_call>`` where it may take none. The rest of the call is the model's; the tool parser (``tool_ids``: its
-    markers, None when it is off) reads it."""
-    if body.tool_choice in (None, "auto", "none"):
-        return ()
-    if tool_ids is None or tokenizer is None:
-        raise ApiError(400, f"tool_choice {body.tool_choice!r} needs the server's tool parser (--tool-parser glm)",
-                       "tool_choice")
+    markers) reads it."""
     paths = []
     for tool in body.tools:
         fn = tool.get("function") if isinstance(tool.get("function"), dict) else {}
@@ -449,11 +475,11 @@ class OpenAIIngress:
         # the markers where the parsers below split the text into fields (SamplingParams.text_breaks)
         breaks = {self.think_end} if thinking and self.think_end is not None else set()
         breaks = tuple(sorted(breaks | set(tool_ids.values() if tool_ids else ())))
-        forced = _forced_call(body, self.tool_ids if self.cfg.tool_parser == "glm" else None, self.tokenizer) \
-            if chat else ()
+        tools = _tool_guidance(body, self.tool_ids if self.cfg.tool_parser == "glm" else None, self.tokenizer) \
+            if chat else {}
         try:
             params = [body.sampling_params(max_tokens, logprobs, seed_offset=i, text_breaks=breaks,
-                                           forced_paths=forced) for i in range(body.n)]
+                                           tool_guidance=tools) for i in range(body.n)]
         except ValueError as e:
             raise ApiError(400, str(e)) from None
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"

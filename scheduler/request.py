@@ -72,6 +72,11 @@ class SamplingParams:
     json_schema: str | None = None
     # token sequences the output must start with one of (after the reasoning): tool_choice required / named
     forced_paths: tuple[tuple[int, ...], ...] = ()
+    # tool calls held to their functions' schemas: the grammar's xgrammar Lark source (cluster/guided.py tool_grammar)
+    tool_grammar: str | None = None
+    # tokens the output passes, in order, before json_schema / tool_grammar applies (after the reasoning): tool_choice
+    # auto's <tool_call>, where the model opens a call of its own accord
+    guide_after: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         # Lists arrive from JSON bodies; store tuples so the params stay hashable and immutable.
@@ -79,6 +84,7 @@ class SamplingParams:
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "text_breaks", tuple(self.text_breaks))
         object.__setattr__(self, "forced_paths", tuple(tuple(p) for p in self.forced_paths))
+        object.__setattr__(self, "guide_after", tuple(self.guide_after))
         _check_int("max_tokens", self.max_tokens)
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
@@ -115,6 +121,19 @@ class SamplingParams:
                 raise ValueError("ignore_eos cannot be combined with json_schema: a completed schema ends at EOS")
             if self.forced_paths:
                 raise ValueError("forced_paths cannot be combined with json_schema")
+        if self.tool_grammar is not None:
+            if not isinstance(self.tool_grammar, str) or not self.tool_grammar:
+                raise ValueError("tool_grammar must be a grammar's source text")
+            if self.ignore_eos:
+                raise ValueError("ignore_eos cannot be combined with tool_grammar: the finished calls end at EOS")
+            if self.json_schema is not None or self.forced_paths:
+                raise ValueError("tool_grammar cannot be combined with json_schema or forced_paths")
+        if self.guide_after and self.json_schema is None and self.tool_grammar is None:
+            raise ValueError("guide_after needs json_schema or tool_grammar")
+        for tok in self.guide_after:
+            _check_int("guide_after", tok)
+            if tok < 0:
+                raise ValueError(f"guide_after must hold ids >= 0, got {tok}")
         for path in self.forced_paths:
             if not path:
                 raise ValueError("forced_paths must hold non-empty token sequences")

@@ -288,3 +288,34 @@ def test_structured_output_on_graph_steps(k):
     assert engine.stats["ahead_steps"] == 0 and engine.stats["drafts_proposed"] == 0, engine.stats
     assert_follows(engine, tok, prompt, guided, out)
     assert out["greedy"][2] == "stop", out["greedy"]
+
+
+def test_a_waiting_guide_on_graph_steps_equals_plain():
+    """A guide that waits (for a token the free output holds early) on the GPU path (fp32, CUDA graphs): with MTP
+    drafts (graph drafting, stopped before the token that ends the wait) and with look-ahead (a step launched over that
+    token dropped), the tokens of an engine that does neither, and a value that follows the schema after the
+    trigger."""
+    pytest.importorskip("xgrammar")
+    import json
+
+    from cluster.config import EngineConfig
+    from cluster.local import build_local_engine
+    from tests.integration.test_engine import PERSON, _is_person, _outputs
+
+    def engine(**kw):
+        return build_local_engine(EngineConfig(device="cuda", dtype="float32", kv_cache_tokens=4096, warmup_tokens=0,
+                                               **kw), progress=False)
+
+    plain, tok = engine()
+    plain.lookahead = False
+    prompt = tok.encode("The old man said unto the king")
+    free = _outputs(plain, {"f": (prompt, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))})["f"][0]
+    at = next(i for i in range(4, 12) if free[i] not in free[:i])
+    params = SamplingParams(max_tokens=200, temperature=0.0, json_schema=json.dumps(PERSON), guide_after=(free[at],))
+    want = _outputs(plain, {"r": (prompt, params)})["r"]
+    assert want[0][:at + 1] == free[:at + 1] and want[2] == "stop"
+    assert _is_person(json.loads(tok.decode(want[0][at + 1:])))
+    for kw, stat in (({"speculative_tokens": 2}, "drafts_proposed"), ({}, "ahead_steps")):
+        eng, _ = engine(**kw)
+        assert _outputs(eng, {"r": (prompt, params)})["r"] == want, kw
+        assert eng.stats[stat] > 0 and eng.stats["graph_steps"] > 0, (kw, eng.stats)

@@ -447,6 +447,25 @@ def assert_follows(engine, tok, prompt: list[int], guided: dict[str, SamplingPar
                 (rid, text)
 
 
+def test_a_waiting_guide_lets_drafts_and_look_ahead_run_until_its_wait_ends():
+    """A guide that waits (here for a token the free output holds early, as tool_choice auto waits for ``<tool_call>``
+    and any guide for the reasoning's end) lets drafts ride — stopped before the token that ends the wait — and steps
+    launch ahead (one launched over that token is dropped): the tokens are those of the plain engine, which drafts
+    nothing and launches nothing ahead, and from the trigger on they follow the schema."""
+    plain, tok = _local()
+    prompt = tok.encode("The old man said unto the king")
+    free = _outputs(plain, {"f": (prompt, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))})["f"][0]
+    at = next(i for i in range(4, 12) if free[i] not in free[:i])
+    params = SamplingParams(max_tokens=200, temperature=0.0, json_schema=json.dumps(PERSON), guide_after=(free[at],))
+    want = _outputs(plain, {"r": (prompt, params)})["r"]
+    assert want[0][:at + 1] == free[:at + 1] and want[2] == "stop"
+    assert _is_person(json.loads(tok.decode(want[0][at + 1:])))
+    for kw, stat in (({"speculative_tokens": 2}, "drafts_proposed"), ({"cuda_graphs": "eager"}, "ahead_steps")):
+        engine, _ = _local(**kw)
+        assert _outputs(engine, {"r": (prompt, params)})["r"] == want, kw
+        assert engine.stats[stat] > 0, (kw, engine.stats)
+
+
 def test_a_guided_steps_masks_are_built_after_its_forward_is_launched():
     """In one process the runner builds a step's masks at sampling, once its forward is launched (on a GPU the host
     builds them while the device runs it); a step pickled for another process carries them built."""
@@ -521,9 +540,9 @@ def test_a_schema_compiles_off_the_event_loop(monkeypatch):
     engine, tok = _local()
     slow = Guides.guide
 
-    def compiling(self, schema, prompt_ids):
+    def compiling(self, schema, prompt_ids, after=()):
         time.sleep(0.5)
-        return slow(self, schema, prompt_ids)
+        return slow(self, schema, prompt_ids, after)
     monkeypatch.setattr(Guides, "guide", compiling)
     aeng = AsyncEngine(engine)
 

@@ -495,6 +495,27 @@ def test_tool_choice_required_or_named_starts_with_that_call(serve_session, text
             streamed = [c.choices[0].delta for c in tc.chat.completions.create(tool_choice=choice, stream=True, **chat)
                         if c.choices and c.choices[0].delta.tool_calls]
             assert streamed[0].tool_calls[0].function.name == out.message.tool_calls[0].function.name
+        # a strict function: its arguments follow its schema (the call is whole, then the answer stops), streamed too
+        strict = [{"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": {
+            "type": "object", "required": ["city", "days"], "additionalProperties": False,
+            "properties": {"city": {"enum": ["Paris", "London"]}, "days": {"type": "integer", "minimum": 1,
+                                                                          "maximum": 9}}}}}]
+        held = {**chat, "tools": strict, "max_tokens": 40, "parallel_tool_calls": False}
+        out = tc.chat.completions.create(tool_choice="required", **held).choices[0]
+        assert out.finish_reason == "tool_calls" and len(out.message.tool_calls) == 1, out
+        args = json.loads(out.message.tool_calls[0].function.arguments)
+        assert args["city"] in ("Paris", "London") and args["days"] in range(1, 10) and set(args) == {"city", "days"}
+        deltas = [d.function.arguments or "" for c in tc.chat.completions.create(tool_choice="required", stream=True,
+                                                                                   **held)
+                  if c.choices and c.choices[0].delta.tool_calls for d in c.choices[0].delta.tool_calls]
+        assert "".join(deltas) == out.message.tool_calls[0].function.arguments
+        auto = tc.chat.completions.create(**{**held, "max_tokens": 12}).choices[0]    # waits for a call of its own
+        assert auto.message.content and not auto.message.tool_calls
+        bad = [{"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+            "type": "object", "properties": {"a": {"type": "objectx"}}}}}]
+        status, err = post(serve_session + "/tools", "/v1/chat/completions", {**chat, "extra_body": None, "tools": bad,
+                                                                              "tool_choice": "required"})
+        assert status == 400 and err["error"]["param"] == "tools" and "'f', argument 'a'" in err["error"]["message"]
     finally:
         serve.delete("tools")
     status, err = post(base_url, "/v1/chat/completions", {**chat, "extra_body": None, "tool_choice": "required"})

@@ -121,3 +121,104 @@ def test_a_prefix_allows_its_trie_then_nothing_more(tok, guides):
     off = guides.prefix(paths, tok.encode("hi"))
     off.accept([call, key])                             # not a name: counted, and the output is free from there
     assert off.rejected == 1 and off.done
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": {
+    "type": "object", "required": ["city", "days"],
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 9},
+                   "unit": {"enum": ["c", "f"]}, "opts": {"$ref": "#/$defs/opts"}},
+    "$defs": {"opts": {"type": "object", "required": ["hourly"],
+                      "properties": {"hourly": {"type": "boolean"}, "label": {"type": "string"}}}}}}}
+LOOSE = {"type": "function", "function": {"name": "note", "parameters": {"type": "object"}}}
+
+
+@pytest.fixture(scope="module")
+def marks(tok):
+    from cluster.parsers import TOOL_MARKERS
+
+    return {m: tok.special_ids_by_token()[m] for m in TOOL_MARKERS}
+
+
+def feed(tok, marks, guide, pieces) -> str | None:
+    """Feed the pieces (a marker, or text encoded) token by token; the first piece with a token the guide's mask does
+    not allow (None: all were)."""
+    for piece in pieces:
+        for t in [marks[piece]] if piece in marks else tok.encode(piece):
+            if t not in allowed(guide):
+                return piece
+            guide.accept([t])
+    return None
+
+
+def test_a_tool_grammar_holds_a_strict_functions_arguments_to_its_schema(tok, guides, marks):
+    """GLM's call format, markers by token: a strict function's properties in order (required ones always, optional
+    ones or not), a string raw (markers and all, as text), an enum one of its values, an integer within its bounds,
+    a $ref'd object as JSON; a loose function any keys and raw values; the markers themselves only where the format
+    puts them, never as text inside a value; then another call or a stop token."""
+    from cluster.guided import tool_grammar
+
+    source = tool_grammar([WEATHER, LOOSE], marks)
+    g = guides.tool_guide(source, tok.encode("hi"))
+    assert allowed(g) == {marks["<tool_call>"]}
+    call = ["<tool_call>", "get_weather", "<arg_key>", "city", "</arg_key>", "<arg_value>", 'Paris <b> "x"\n',
+            "</arg_value>", "<arg_key>", "days", "</arg_key>", "<arg_value>", "3", "</arg_value>", "<arg_key>", "opts",
+            "</arg_key>", "<arg_value>", '{"hourly": true}', "</arg_value>", "</tool_call>",
+            "<tool_call>", "note", "<arg_key>", "anything", "</arg_key>", "<arg_value>", "goes", "</arg_value>",
+            "</tool_call>"]
+    assert feed(tok, marks, g, call) is None and g.rejected == 0
+    assert set(tok.eos_token_ids) <= allowed(g) <= {*tok.eos_token_ids, marks["<tool_call>"], *tok.encode("\n")}
+    for bad in (["<tool_call>", "get_weather", "<arg_key>", "days"],                    # city is first, and required
+                ["<tool_call>", "get_weather", "<arg_key>", "city", "</arg_key>", "<arg_value>", "x", "</arg_value>",
+                 "<arg_key>", "days", "</arg_key>", "<arg_value>", "0"],                # below the minimum
+                ["<tool_call>", "get_weather", "<arg_key>", "city", "</arg_key>", "<arg_value>", "x", "</arg_value>",
+                 "<arg_key>", "days", "</arg_key>", "<arg_value>", "2", "</arg_value>", "<arg_key>", "unit",
+                 "</arg_key>", "<arg_value>", "k"],                                     # not in the enum
+                ["<tool_call>", "get_weather", "<arg_key>", "city", "</arg_key>", "<arg_value>", "x", "<arg_key>"],
+                ["<tool_call>", "get_weather", "<arg_key>", "city", "</arg_key>", "<arg_value>", "x", "</arg_value>",
+                 "<arg_key>", "days", "</arg_key>", "<arg_value>", "2", "</arg_value>", "<arg_key>", "opts",
+                 "</arg_key>", "<arg_value>", '{"hourly": true, "label": "', "<tool_call>"]):  # a marker in JSON text
+        g = guides.tool_guide(source, tok.encode("hi"))
+        assert feed(tok, marks, g, bad) == bad[-1], bad
+
+
+def starts(tok, ids: set[int], name: str) -> bool:
+    """The tokens ``ids`` are the ways ``name`` may begin (its first token among them)."""
+    return tok.encode(name)[0] in ids and all(name.startswith(tok.decode([t])) for t in ids)
+
+
+def test_a_tool_grammar_named_or_not_parallel_makes_one_call_and_auto_waits_for_the_models_own(tok, guides, marks):
+    """A named function (or parallel_tool_calls false) is one call, then a stop token; under tool_choice auto the
+    grammar starts after the model's own ``<tool_call>`` (after the reasoning, when the prompt opens it): the text
+    before is free."""
+    from cluster.guided import tool_grammar
+
+    one = guides.tool_guide(tool_grammar([LOOSE, WEATHER], marks, "note", parallel=False), tok.encode("hi"))
+    assert feed(tok, marks, one, ["<tool_call>"]) is None and starts(tok, allowed(one), "note")
+    assert feed(tok, marks, one, ["note", "</tool_call>"]) is None
+    assert marks["<tool_call>"] not in allowed(one) and set(tok.eos_token_ids) <= allowed(one)
+    think = tok.special_ids_by_token()
+    auto = guides.tool_guide(tool_grammar([WEATHER], marks, opened=True), [*tok.encode("hi"), think["<think>"]],
+                             after=(marks["<tool_call>"],))
+    auto.accept([*tok.encode("hmm"), think["</think>"], *tok.encode("Let me look.")])
+    assert auto.mask() is None and not auto.active                  # free text: no mask
+    auto.accept([marks["<tool_call>"]])
+    assert auto.active and starts(tok, allowed(auto), "get_weather")
+    with pytest.raises(ValueError, match="no function named 'nope'"):
+        tool_grammar([WEATHER], marks, "nope")
+    bad = {"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+        "type": "object", "properties": {"a": {"type": "objectx"}}}}}
+    with pytest.raises(ValueError, match="function 'f', argument 'a': .*objectx"):
+        tool_grammar([bad], marks)
+
+
+def test_drafts_stop_before_the_token_that_ends_a_guides_wait(tok, guides):
+    """A verify round samples without masks: a waiting guide keeps the drafts before the token that would end its
+    wait (counting what the step committed first), none once it constrains; a wait of two tokens passes the first."""
+    a, b, x = 100, 200, 7
+    g = guides.guide(SCHEMA, [], after=(a, b))
+    assert g.free_drafts([], [x, x, x]) == 3
+    assert g.free_drafts([], [x, a, x, b, x]) == 3               # a passes; the drafts stop before b
+    assert g.free_drafts([a], [x, b, x]) == 1                    # a committed in this step
+    assert g.free_drafts([a, b], [x]) == 0                        # the step ended the wait: no drafts
+    g.accept([a, b])
+    assert g.active and g.free_drafts([], [x]) == 0
