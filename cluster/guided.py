@@ -152,12 +152,13 @@ def check_tool_grammar(source: str) -> None:
 class _Gated:
     """What a request's guide shares: it waits for tokens, in order (``waits``: ``</think>`` when the prompt opens the
     reasoning; then ``SamplingParams.guide_after``), then takes each committed token (``_take``); ``rejected`` counts
-    those it did not allow."""
+    those it did not allow. ``starts_on``: a token that ends every wait and is the guide's own first (a tool call's
+    ``<tool_call>``: a call the model opens before closing its reasoning is held too)."""
 
     done = False                                # a guide that constrains nothing more (``Prefix``) may be dropped
 
-    def __init__(self, vocab_size: int, waits: Sequence[int]):
-        self.vocab_size, self.waits = vocab_size, list(waits)
+    def __init__(self, vocab_size: int, waits: Sequence[int], starts_on: int | None = None):
+        self.vocab_size, self.waits, self.starts_on = vocab_size, list(waits), starts_on
         self.rejected = 0                       # none while its masks apply
 
     @property
@@ -176,10 +177,10 @@ class _Gated:
         ends the wait — that token may still come as the round's last, sampled one, after which nothing more does."""
         waits = list(self.waits)
         for t in committed:
-            if waits and t == waits[0]:
-                waits.pop(0)
+            if waits:
+                waits = [] if t == self.starts_on else waits[1:] if t == waits[0] else waits
         for n, t in enumerate(drafts):
-            if not waits or (t == waits[0] and len(waits) == 1):
+            if not waits or t == self.starts_on or (t == waits[0] and len(waits) == 1):
                 return n
             if t == waits[0]:
                 waits.pop(0)
@@ -187,6 +188,8 @@ class _Gated:
 
     def accept(self, ids: Sequence[int]) -> None:
         for t in ids:
+            if self.waits and t == self.starts_on:
+                self.waits.clear()
             if self.waits:
                 if t == self.waits[0]:
                     self.waits.pop(0)
@@ -200,8 +203,8 @@ class _Gated:
 class Guide(_Gated):
     """One request's grammar state: the next allowed tokens, and the tokens committed since (``accept``)."""
 
-    def __init__(self, matcher, vocab_size: int, waits: Sequence[int]):
-        super().__init__(vocab_size, waits)
+    def __init__(self, matcher, vocab_size: int, waits: Sequence[int], starts_on: int | None = None):
+        super().__init__(vocab_size, waits, starts_on)
         self.matcher = matcher
 
     def mask(self) -> np.ndarray | None:
@@ -318,9 +321,14 @@ class Guides:
         return Guide(_xgrammar().GrammarMatcher(self._compiled(schema)), self.vocab_size, self._waits(prompt_ids, after))
 
     def tool_guide(self, source: str, prompt_ids: Sequence[int], after: Sequence[int] = ()) -> Guide:
-        """A guide for a new request's tool calls (``tool_grammar``'s source), after the reasoning and ``after``."""
-        return Guide(_xgrammar().GrammarMatcher(self._compiled_tools(source)), self.vocab_size,
-                     self._waits(prompt_ids, after))
+        """A guide for a new request's tool calls (``tool_grammar``'s source): after ``after`` (tool_choice auto's
+        ``<tool_call>``: wherever the model opens a call, in its reasoning too), else after the reasoning — or from
+        a ``<tool_call>`` the model opens before closing it."""
+        matcher = _xgrammar().GrammarMatcher(self._compiled_tools(source))
+        if after:
+            return Guide(matcher, self.vocab_size, after)
+        return Guide(matcher, self.vocab_size, self._waits(prompt_ids),
+                     self.tokenizer.special_ids_by_token()["<tool_call>"])
 
     def prefix(self, paths: Sequence[Sequence[int]], prompt_ids: Sequence[int]) -> Prefix:
         """A guide for a new request that must start with one of ``paths`` (after the reasoning, as ``guide``)."""

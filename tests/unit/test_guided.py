@@ -203,6 +203,13 @@ def test_a_tool_grammar_named_or_not_parallel_makes_one_call_and_auto_waits_for_
     assert auto.mask() is None and not auto.active                  # free text: no mask
     auto.accept([marks["<tool_call>"]])
     assert auto.active and starts(tok, allowed(auto), "get_weather")
+    # a call opened inside the reasoning (before </think>, as GLM-5.1 does at long context) is held too
+    for source, after in ((tool_grammar([WEATHER], marks, opened=True), (marks["<tool_call>"],)),
+                          (tool_grammar([WEATHER], marks), ())):
+        early = guides.tool_guide(source, [*tok.encode("hi"), think["<think>"]], after=after)
+        assert not early.active and early.free_drafts(tok.encode("hmm"), [5, marks["<tool_call>"], 6]) == 1
+        early.accept([*tok.encode("hmm"), marks["<tool_call>"]])
+        assert early.active and starts(tok, allowed(early), "get_weather") and early.rejected == 0
     with pytest.raises(ValueError, match="no function named 'nope'"):
         tool_grammar([WEATHER], marks, "nope")
     bad = {"type": "function", "function": {"name": "f", "strict": True, "parameters": {
