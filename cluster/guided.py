@@ -44,14 +44,18 @@ def _xgrammar():
     return xgrammar
 
 
+def _built(build, what: str = ""):
+    """``build()``, xgrammar's errors raised as a ValueError with its message (its log prefix cut; ``what`` before)."""
+    try:
+        return build()
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise ValueError(what + (_XGR_PREFIX.sub("", str(e)).strip() or type(e).__name__)) from None
+
+
 @functools.lru_cache(maxsize=256)                 # an agent sends the same schema request after request
 def check_schema(schema: str) -> None:
     """Raise ValueError naming the problem if ``schema`` (JSON text) is not a JSON schema the grammar supports."""
-    xgr = _xgrammar()
-    try:
-        xgr.Grammar.from_json_schema(schema)
-    except (RuntimeError, ValueError, TypeError) as e:
-        raise ValueError(_XGR_PREFIX.sub("", str(e)).strip() or type(e).__name__) from None
+    _built(lambda: _xgrammar().Grammar.from_json_schema(schema))
 
 
 def schema_of(response_format: dict | None) -> str | None:
@@ -142,11 +146,7 @@ def _value(schema, params: dict) -> str:
 @functools.lru_cache(maxsize=256)                 # an agent sends the same tools request after request
 def check_tool_grammar(source: str) -> None:
     """Raise ValueError naming the problem if ``source`` (``tool_grammar``'s) is not a grammar xgrammar takes."""
-    xgr = _xgrammar()
-    try:
-        xgr.Grammar.from_lark(source)
-    except (RuntimeError, ValueError, TypeError) as e:
-        raise ValueError(_XGR_PREFIX.sub("", str(e)).strip() or type(e).__name__) from None
+    _built(lambda: _xgrammar().Grammar.from_lark(source))
 
 
 class _Gated:
@@ -299,17 +299,11 @@ class Guides:
 
     @functools.lru_cache(maxsize=64)
     def _compiled(self, schema: str):
-        try:
-            return self._compiler.compile_json_schema(schema)
-        except (RuntimeError, ValueError) as e:
-            raise ValueError(f"json_schema: {_XGR_PREFIX.sub('', str(e)).strip()}") from None
+        return _built(lambda: self._compiler.compile_json_schema(schema), "json_schema: ")
 
     @functools.lru_cache(maxsize=64)
     def _compiled_tools(self, source: str):
-        try:
-            return self._tool_compiler.compile_grammar(_xgrammar().Grammar.from_lark(source))
-        except (RuntimeError, ValueError) as e:
-            raise ValueError(f"tools: {_XGR_PREFIX.sub('', str(e)).strip()}") from None
+        return _built(lambda: self._tool_compiler.compile_grammar(_xgrammar().Grammar.from_lark(source)), "tools: ")
 
     def _waits(self, prompt_ids: Sequence[int], after: Sequence[int] = ()) -> list[int]:
         """``</think>`` when the prompt opens the reasoning (a guide starts after it), then ``after``."""

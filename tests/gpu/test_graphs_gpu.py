@@ -296,11 +296,9 @@ def test_a_waiting_guide_on_graph_steps_equals_plain():
     token dropped), the tokens of an engine that does neither, and a value that follows the schema after the
     trigger."""
     pytest.importorskip("xgrammar")
-    import json
-
     from cluster.config import EngineConfig
     from cluster.local import build_local_engine
-    from tests.integration.test_engine import PERSON, _is_person, _outputs
+    from tests.integration.test_engine import _outputs, waiting_guide_case
 
     def engine(**kw):
         return build_local_engine(EngineConfig(device="cuda", dtype="float32", kv_cache_tokens=4096, warmup_tokens=0,
@@ -308,13 +306,7 @@ def test_a_waiting_guide_on_graph_steps_equals_plain():
 
     plain, tok = engine()
     plain.lookahead = False
-    prompt = tok.encode("The old man said unto the king")
-    free = _outputs(plain, {"f": (prompt, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))})["f"][0]
-    at = next(i for i in range(4, 12) if free[i] not in free[:i])
-    params = SamplingParams(max_tokens=200, temperature=0.0, json_schema=json.dumps(PERSON), guide_after=(free[at],))
-    want = _outputs(plain, {"r": (prompt, params)})["r"]
-    assert want[0][:at + 1] == free[:at + 1] and want[2] == "stop"
-    assert _is_person(json.loads(tok.decode(want[0][at + 1:])))
+    prompt, params, want = waiting_guide_case(plain, tok)
     for kw, stat in (({"speculative_tokens": 2}, "drafts_proposed"), ({}, "ahead_steps")):
         eng, _ = engine(**kw)
         assert _outputs(eng, {"r": (prompt, params)})["r"] == want, kw

@@ -447,12 +447,9 @@ def assert_follows(engine, tok, prompt: list[int], guided: dict[str, SamplingPar
                 (rid, text)
 
 
-def test_a_waiting_guide_lets_drafts_and_look_ahead_run_until_its_wait_ends():
-    """A guide that waits (here for a token the free output holds early, as tool_choice auto waits for ``<tool_call>``
-    and any guide for the reasoning's end) lets drafts ride — stopped before the token that ends the wait — and steps
-    launch ahead (one launched over that token is dropped): the tokens are those of the plain engine, which drafts
-    nothing and launches nothing ahead, and from the trigger on they follow the schema."""
-    plain, tok = _local()
+def waiting_guide_case(plain, tok) -> tuple[list[int], SamplingParams, tuple]:
+    """A json_schema request that waits for a token its free greedy output holds early (``plain``: an engine that
+    neither drafts nor looks ahead): (prompt, params, its output there), checked to follow the schema after it."""
     prompt = tok.encode("The old man said unto the king")
     free = _outputs(plain, {"f": (prompt, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))})["f"][0]
     at = next(i for i in range(4, 12) if free[i] not in free[:i])
@@ -460,6 +457,16 @@ def test_a_waiting_guide_lets_drafts_and_look_ahead_run_until_its_wait_ends():
     want = _outputs(plain, {"r": (prompt, params)})["r"]
     assert want[0][:at + 1] == free[:at + 1] and want[2] == "stop"
     assert _is_person(json.loads(tok.decode(want[0][at + 1:])))
+    return prompt, params, want
+
+
+def test_a_waiting_guide_lets_drafts_and_look_ahead_run_until_its_wait_ends():
+    """A guide that waits (here for a token the free output holds early, as tool_choice auto waits for ``<tool_call>``
+    and any guide for the reasoning's end) lets drafts ride — stopped before the token that ends the wait — and steps
+    launch ahead (one launched over that token is dropped): the tokens are those of the plain engine, which drafts
+    nothing and launches nothing ahead, and from the trigger on they follow the schema."""
+    plain, tok = _local()
+    prompt, params, want = waiting_guide_case(plain, tok)
     for kw, stat in (({"speculative_tokens": 2}, "drafts_proposed"), ({"cuda_graphs": "eager"}, "ahead_steps")):
         engine, _ = _local(**kw)
         assert _outputs(engine, {"r": (prompt, params)})["r"] == want, kw
