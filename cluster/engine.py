@@ -171,12 +171,15 @@ class _Stream:
     breaks: frozenset[int] = frozenset()   # SamplingParams.text_breaks
     num_output: int = 0
 
-    def text(self, ids: Sequence[int], last: bool) -> tuple[str, bool]:
+    def text(self, ids: Sequence[int], last: bool, held: bool = False) -> tuple[str, bool]:
         """(the text that ``ids`` finalise, whether a stop string ended it); ``last``: the request's final ids — the
-        text held back (a split character, a stop string's possible start) goes out with them."""
+        text held back (a split character, a stop string's possible start) goes out with them. ``held``: a grammar
+        chose ``ids`` (structured output): stop strings do not apply — the grammar says where the output ends."""
         text = self.detok.add(list(ids)) if self.detok else ""
         if last and self.detok:
             text += self.detok.flush()
+        if held:
+            return self.stops.flush() + text, False
         text, stopped = self.stops.feed(text)
         if last and not stopped:
             text += self.stops.flush()
@@ -536,14 +539,15 @@ class Engine:
                     events.append(TokenEvent(ev.req_id, [], "", num_prompt_tokens=st.prompt_len,
                                              num_output_tokens=st.num_output))
                 events[-1].text += held
+            held = False
             if (guide := self._guides.get(ev.req_id)) is not None:
-                waited = not guide.active
+                held = guide.active
                 guide.accept(tok)
                 if guide.done:                  # a forced prefix that is out: the request is free again
                     del self._guides[ev.req_id]
-                elif waited and guide.active:   # its wait ended: a step launched ahead sampled its row unmasked
+                elif not held and guide.active:  # its wait ended: a step launched ahead sampled its row unmasked
                     self._launched = None
-            text, stopped = st.text(tok, last)
+            text, stopped = st.text(tok, last, held)
             st.num_output += len(tok)
             if not events or tok[0] in self.special_ids:
                 events.append(TokenEvent(ev.req_id, [], "", num_prompt_tokens=st.prompt_len))

@@ -32,7 +32,7 @@ import numpy as np
 
 from cluster.parsers import TOOL_MARKERS
 
-_XGR_PREFIX = re.compile(r"^\[[^\]]*\]\s*\S+:\d+:\s*")      # "[16:36:59] /project/cpp/....cc:4944: "
+_XGR_PREFIX = re.compile(r"\[\d\d:\d\d:\d\d\]\s*\S+:\d+:\s*")   # "[16:36:59] /project/cpp/....cc:4944: "
 
 
 def _xgrammar():
@@ -49,7 +49,8 @@ def _built(build, what: str = ""):
     try:
         return build()
     except (RuntimeError, ValueError, TypeError) as e:
-        raise ValueError(what + (_XGR_PREFIX.sub("", str(e)).strip() or type(e).__name__)) from None
+        first = _XGR_PREFIX.sub("", str(e)).strip().split("\n")[0]     # not the source excerpt after it
+        raise ValueError(what + (first or type(e).__name__)) from None
 
 
 @functools.lru_cache(maxsize=256)                 # an agent sends the same schema request after request
@@ -99,6 +100,7 @@ def tool_grammar(tools: Sequence[dict], ids: dict[str, int], name: str | None = 
         params = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {}
         props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
         if fn.get("strict") is True:
+            _check_strict(fn["name"], params)
             required = set(params.get("required") or ())
             keys = [*props, *(k for k in params.get("required") or () if k not in props)]
             args = []
@@ -125,19 +127,66 @@ def tool_grammar(tools: Sequence[dict], ids: dict[str, int], name: str | None = 
                       r"KEY: /[^\x00-\x06]+/"]) + "\n"
 
 
+def _check_strict(name: str, params: dict) -> None:
+    """ValueError unless a strict function's parameters list its arguments under top-level ``properties`` (what GLM's
+    call format writes, key by key) and its ``$ref``s name its own ``$defs`` / ``definitions``."""
+    where = f"function {name!r}"
+    if params.get("type", "object") != "object" or not isinstance(params.get("properties", {}), dict):
+        raise ValueError(f"{where}: parameters must be an object schema with its arguments under 'properties'")
+    if top := sorted({"$ref", "allOf", "anyOf", "oneOf", "not", "if"} & set(params)):
+        raise ValueError(f"{where}: parameters must list its arguments under 'properties', not {top}")
+    required = params.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(k, str) for k in required):
+        raise ValueError(f"{where}: parameters.required must be a list of argument names")
+    refs = []
+    _walk_refs(params, refs)
+    if bad := [r for r in refs if not isinstance(r, str) or not r.startswith(("#/$defs/", "#/definitions/"))]:
+        raise ValueError(f"{where}: a $ref must name the parameters' own '#/$defs/...' or '#/definitions/...', "
+                         f"not {bad[0]!r}")
+
+
+def _walk_refs(node, out: list) -> None:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            out.append(v) if k == "$ref" else _walk_refs(v, out)
+    elif isinstance(node, list):
+        for v in node:
+            _walk_refs(v, out)
+
+
+def is_raw_string(schema) -> bool:
+    """Whether GLM's template writes a value of ``schema`` raw: a string (or a string or null), or an enum / const of
+    strings. The tool parser reads such a value as its text, any other as JSON."""
+    if not isinstance(schema, dict):
+        return False
+    values = [schema["const"]] if "const" in schema else schema.get("enum")
+    if isinstance(values, list) and values:
+        return any(isinstance(v, str) for v in values) and all(isinstance(v, str) or v is None for v in values)
+    t = schema.get("type")
+    return t == "string" or (isinstance(t, list) and bool(t) and set(t) - {"null"} == {"string"})
+
+
 def _value(schema, params: dict) -> str:
-    """A strict argument's value in the grammar: raw text for a string, else JSON of its schema (with the parameters'
-    ``$defs`` / ``definitions``, which its ``$ref``s may name). ValueError: a schema the grammar cannot follow."""
+    """A strict argument's value in the grammar: raw text for a string — one of its enum / const strings, matching its
+    ``pattern``, within its ``minLength`` / ``maxLength`` (``format`` is not held) — else JSON of its schema (with the
+    parameters' ``$defs`` / ``definitions``). ValueError: a schema the grammar cannot follow."""
     if not isinstance(schema, dict):
         return "RAW"
-    strings = [v for v in schema.get("enum", ()) if isinstance(v, str)]
-    if isinstance(schema.get("const"), str):
-        strings = [schema["const"]]
-    if strings and len(strings) == len(schema.get("enum", strings)):
-        return "(" + " | ".join(json.dumps(v) for v in strings) + ")"
-    t = schema.get("type")
-    if t == "string" or (isinstance(t, list) and t and set(t) - {"null"} == {"string"}):
-        return "RAW"
+    if is_raw_string(schema):
+        values = [schema["const"]] if "const" in schema else schema.get("enum")
+        if values:
+            return "(" + " | ".join(json.dumps(v) for v in values if isinstance(v, str)) + ")"
+        if "pattern" in schema:
+            if "minLength" in schema or "maxLength" in schema:
+                raise ValueError("pattern with minLength / maxLength on a string argument is not supported")
+            body = str(schema["pattern"]).removeprefix("^").removesuffix("$").replace("/", "\\/")
+            _built(lambda: _xgrammar().Grammar.from_lark(f"start: /{body}/"), "pattern: ")
+            return f"/{body}/"
+        lo, hi = schema.get("minLength", 0), schema.get("maxLength")
+        if not isinstance(lo, int) or (hi is not None and not isinstance(hi, int)) or lo < 0 or \
+                (hi is not None and hi < lo):
+            raise ValueError(f"minLength / maxLength must be integers, minLength <= maxLength: {lo}, {hi}")
+        return "RAW" if lo == 0 and hi is None else f"/[^\\x00-\\x06]{{{lo},{'' if hi is None else hi}}}/"
     sub = json.dumps({**schema, **{k: params[k] for k in ("$defs", "definitions") if k in params}})
     check_schema(sub)
     return f"%json {sub}"

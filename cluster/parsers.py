@@ -62,8 +62,9 @@ class _Call:
 
 class ToolCalls:
     """GLM tool calls: ``<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>…</tool_call>`` → OpenAI
-    ``tool_calls``. Text outside calls stays content. A value is its text where the tool's schema types the argument
-    as a string (``strings``: GLM's template writes those raw), else JSON where it parses as such.
+    ``tool_calls``. Text outside calls stays content (whitespace alone after a call does not: the newline a model
+    writes after its calls). A value is its text where the tool's schema types the argument as a string (``strings``:
+    GLM's template writes those raw), else JSON where it parses as such.
 
     Streamed, a call's name and id go out at its first argument (or its end), then its arguments as JSON pieces — a
     string value as its text comes — that add up to the whole response's ``arguments``. A call the output's end cuts
@@ -75,6 +76,7 @@ class ToolCalls:
         self.marker = {v: k for k, v in (ids or {}).items()}
         self.call: _Call | None = None
         self.calls: list[dict] = []
+        self.held = ""                   # whitespace after a call: content only if more text follows
 
     def feed(self, ev) -> tuple[str, list[dict]]:
         """(content text of this event, its ``tool_calls`` deltas)."""
@@ -101,6 +103,8 @@ class ToolCalls:
                 self.call = None
             else:
                 deltas += self._end()
+        if self.calls and self.call is None and text:    # the newline a model writes after its calls is no content
+            text, self.held = (self.held + text, "") if (self.held + text).strip() else ("", self.held + text)
         return text, _merged(deltas)
 
     def _edge(self, marker: str) -> list[dict]:

@@ -7,7 +7,7 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from cluster.guided import schema_of
+from cluster.guided import is_raw_string, schema_of
 from scheduler.request import SamplingParams
 
 
@@ -220,6 +220,17 @@ class ChatCompletionRequest(_Sampling):
         if self.continue_final_message and (self.add_generation_prompt or self.messages[-1].role != "assistant"):
             raise ApiError(400, "continue_final_message continues a final assistant message: it needs one, and "
                            "add_generation_prompt false", "continue_final_message")
+        for i, tool in enumerate(self.tools or ()):
+            fn = tool.get("function")
+            if tool.get("type", "function") != "function" or not isinstance(fn, dict) or \
+                    not isinstance(fn.get("name"), str) or not fn["name"]:
+                raise ApiError(400, f"tools[{i}] must be a function tool: {{'type': 'function', 'function': "
+                               "{'name': ..., 'parameters': {...}}}", f"tools[{i}]")
+            if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
+                raise ApiError(400, f"tools[{i}].function.strict must be a boolean", f"tools[{i}].function.strict")
+            if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+                raise ApiError(400, f"tools[{i}].function.parameters must be a JSON schema object",
+                               f"tools[{i}].function.parameters")
         if self.tool_choice in (None, "auto", "none"):
             return
         if not self.tools:
@@ -252,7 +263,7 @@ class ChatCompletionRequest(_Sampling):
             params = fn.get("parameters") if isinstance(fn, dict) else None
             props = params.get("properties") if isinstance(params, dict) else None
             if isinstance(props, dict):
-                out[str(fn.get("name"))] = {k for k, v in props.items() if isinstance(v, dict) and _is_string(v)}
+                out[str(fn.get("name"))] = {k for k, v in props.items() if is_raw_string(v)}
         return out
 
     def template_messages(self) -> list[dict[str, Any]]:
@@ -263,12 +274,6 @@ class ChatCompletionRequest(_Sampling):
                 d["role"] = "system"
             out.append(d)
         return out
-
-
-def _is_string(schema: dict) -> bool:
-    """A JSON schema that admits strings and nothing else but null."""
-    t = schema.get("type")
-    return t == "string" or (isinstance(t, list) and bool(t) and set(t) - {"null"} == {"string"})
 
 
 def validation_error(exc) -> ApiError:

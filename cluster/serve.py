@@ -95,12 +95,11 @@ def _tool_guidance(body, tool_ids: dict[str, int] | None, tokenizer) -> dict:
     """The SamplingParams fields that hold a chat request's tool calls (``tool_ids``: the tool parser's markers, None
     when it is off). Where a function that may be called is strict (``"strict": true``), a grammar holds the calls
     (``guided.tool_grammar``: a strict function's arguments follow its schema) — from the answer's start under
-    tool_choice required / named, from the model's own ``<tool_call>`` under auto (not with response_format or
-    ignore_eos there); otherwise required / named only force the call's start (``_forced_call``)."""
+    tool_choice required / named, from the model's own ``<tool_call>`` under auto (not with response_format there);
+    otherwise required / named only force the call's start (``_forced_call``)."""
     forced = body.tool_choice not in (None, "auto", "none")
     if not body.tools or body.tool_choice == "none" or (not forced and (
-            tool_ids is None or tokenizer is None or body.ignore_eos or
-            (body.response_format or {}).get("type", "text") != "text")):
+            tool_ids is None or tokenizer is None or (body.response_format or {}).get("type", "text") != "text")):
         return {}
     if forced and (tool_ids is None or tokenizer is None):
         raise ApiError(400, f"tool_choice {body.tool_choice!r} needs the server's tool parser (--tool-parser glm)",
@@ -110,8 +109,7 @@ def _tool_guidance(body, tool_ids: dict[str, int] | None, tokenizer) -> dict:
     if not any(fn.get("strict") is True and name in (None, fn.get("name")) for fn in fns):
         return {"forced_paths": _forced_call(body, tool_ids, tokenizer)} if forced else {}
     if body.ignore_eos:
-        raise ApiError(400, "ignore_eos cannot be combined with a strict function under tool_choice required or "
-                       "named: the calls end at EOS", "ignore_eos")
+        raise ApiError(400, "ignore_eos cannot be combined with a strict function: its calls end at EOS", "ignore_eos")
     try:
         source = tool_grammar(body.tools, tool_ids, name, parallel=body.parallel_tool_calls and name is None,
                               opened=not forced)

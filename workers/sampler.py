@@ -279,7 +279,8 @@ class RowLogprobs:
         for j, i in enumerate(self.rows):
             n = params[i].logprobs
             logprobs[i] = chosen[j]
-            top[i] = list(zip(top_ids[j][:n], top_logp[j][:n])) if n else []
+            # tokens a structured-output mask ruled out (logprob -inf) are no alternatives: fewer than n then
+            top[i] = [(t, lp) for t, lp in zip(top_ids[j][:n], top_logp[j][:n]) if lp != float("-inf")] if n else []
         return logprobs, top
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -471,6 +472,23 @@ def test_a_waiting_guide_lets_drafts_and_look_ahead_run_until_its_wait_ends():
         engine, _ = _local(**kw)
         assert _outputs(engine, {"r": (prompt, params)})["r"] == want, kw
         assert engine.stats[stat] > 0, (kw, engine.stats)
+
+
+def test_a_guided_rows_logprobs_leave_out_what_the_grammar_ruled_out_and_stop_strings_wait_for_its_end():
+    """Top logprobs of a guided row list only tokens its grammar allowed (never -inf: JSON has no such number); a stop
+    string met inside the held value does not cut it — the grammar ends the output, whole and valid."""
+    from tests.conftest import run_engine
+
+    engine, tok = _local()
+    prompt = tok.encode_chat([{"role": "user", "content": "A person as JSON."}], enable_thinking=False)
+    params = SamplingParams(max_tokens=200, temperature=0.0, json_schema=json.dumps(PERSON), logprobs=5)
+    out = run_engine(engine, {"r": (prompt, params)}, logprobs=True)["r"]
+    tops = [top for _, _, top in out]
+    assert all(math.isfinite(lp) for _, lp, _ in out) and all(math.isfinite(v) for top in tops for _, v in top)
+    assert any(len(top) < 5 for top in tops)                 # where fewer than five tokens were allowed
+    want = _outputs(engine, {"r": (prompt, replace(params, logprobs=None))})["r"]
+    cut = _outputs(engine, {"r": (prompt, replace(params, logprobs=None, stop=('"', "\n")))})["r"]
+    assert cut == want and want[2] == "stop" and _is_person(json.loads(want[1]))
 
 
 def test_a_guided_steps_masks_are_built_after_its_forward_is_launched():

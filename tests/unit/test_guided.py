@@ -229,3 +229,47 @@ def test_drafts_stop_before_the_token_that_ends_a_guides_wait(tok, guides):
     assert g.free_drafts([a, b], [x]) == 0                        # the step ended the wait: no drafts
     g.accept([a, b])
     assert g.active and g.free_drafts([], [x]) == 0
+
+
+def test_a_strict_string_argument_keeps_its_pattern_lengths_and_enum(tok, guides, marks):
+    """Raw string arguments: a pattern holds the whole value, minLength / maxLength bound it (in characters), an enum
+    of strings (nullable or untyped) is one of them."""
+    from cluster.guided import tool_grammar
+
+    def tool(prop):
+        return [{"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+            "type": "object", "properties": {"s": prop}, "required": ["s"]}}}]
+
+    head = ["<tool_call>", "f", "<arg_key>", "s", "</arg_key>", "<arg_value>"]
+    for prop, good, bad in (({"type": "string", "pattern": "^[0-9]{3}$"}, "123", "12a"),
+                            ({"type": "string", "maxLength": 3}, "abc", "abcd"),
+                            ({"type": ["string", "null"], "enum": ["yes", None]}, "yes", "no"),
+                            ({"enum": ["1", "2"]}, "2", "3")):
+        g = guides.tool_guide(tool_grammar(tool(prop), marks), [])
+        assert feed(tok, marks, g, [*head, *good, "</arg_value>", "</tool_call>"]) is None, prop
+        g = guides.tool_guide(tool_grammar(tool(prop), marks), [])
+        assert feed(tok, marks, g, [*head, *bad, "</arg_value>"]) is not None, prop
+    short = guides.tool_guide(tool_grammar(tool({"type": "string", "minLength": 2}), marks), [])
+    assert feed(tok, marks, short, [*head, "a", "</arg_value>"]) == "</arg_value>"
+
+
+@pytest.mark.parametrize("params,message", [
+    ({"type": "array"}, "object schema"),
+    ({"type": "object", "properties": [1]}, "object schema"),
+    ({"$ref": "#/$defs/A", "$defs": {"A": {}}}, "not ['$ref']"),
+    ({"type": "object", "allOf": [{"properties": {"x": {}}}]}, "not ['allOf']"),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": [1]}, "required must be a list"),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": "a"}, "required must be a list"),
+    ({"type": "object", "properties": {"c": {"$ref": "#"}}}, "not '#'"),
+    ({"type": "object", "properties": {"c": {"$ref": "http://x/y.json"}}}, "not 'http://x/y.json'"),
+    ({"type": "object", "properties": {"s": {"type": "string", "pattern": "(["}}}, "argument 's': pattern"),
+    ({"type": "object", "properties": {"s": {"type": "string", "minLength": 9, "maxLength": 1}}}, "argument 's'"),
+])
+def test_a_strict_schema_the_call_format_cannot_hold_is_refused_naming_it(marks, params, message):
+    """What GLM's key-by-key format cannot hold, or the grammar cannot follow, is a ValueError naming the function (and
+    the argument) — not a call that silently breaks its schema."""
+    from cluster.guided import tool_grammar
+
+    with pytest.raises(ValueError, match="function 'f'") as e:
+        tool_grammar([{"type": "function", "function": {"name": "f", "strict": True, "parameters": params}}], marks)
+    assert message in str(e.value) and "<[" not in str(e.value), str(e.value)        # no grammar source in it

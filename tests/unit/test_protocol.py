@@ -111,6 +111,48 @@ def test_glm_tool_calls_whole_and_stream():
     assert len(pieces) > 4 and '{"city": "' in pieces, pieces      # the header, then the value's text as it came
 
 
+def test_whitespace_after_the_calls_is_no_content():
+    """The newline a model writes after its calls is not content (null, not "\n"), whole or streamed; text after it
+    is, the newline with it."""
+    for after, content in (("\n", None), ("\n\n", None), ("\nDone.", "Let me check.\nDone.")):
+        evs, ingress, tool_ids = _tool_events(after=after)
+        choice, chunks = _whole_and_stream(evs, ingress, tool_ids, {"get_weather": {"city"}})
+        want = content if content is not None else "Let me check."
+        assert choice["message"]["content"] == want and choice["finish_reason"] == "tool_calls", (after, choice)
+        assert "".join(c["delta"].get("content") or "" for c in chunks) == want
+
+
+def test_untyped_string_enums_and_consts_are_read_as_text():
+    """An argument whose schema is an enum or const of strings (no "type") is written raw by GLM's template, as a
+    string-typed one is: its value stays text ("2", not 2)."""
+    req = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [
+        {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+            "city": {"enum": ["1", "2"]}, "days": {"const": "3"}, "n": {"enum": [1, 2]},
+            "m": {"type": ["string", "null"]}}}}}]})
+    assert req.string_arguments == {"get_weather": {"city", "days", "m"}}
+    evs, ingress, tool_ids = _tool_events(args=(("city", "2"), ("days", "3"), ("n", "2")))
+    choice, _ = _whole_and_stream(evs, ingress, tool_ids, req.string_arguments)
+    assert json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]) == {"city": "2", "days": "3", "n": 2}
+
+
+@pytest.mark.parametrize("tool,param", [
+    ({"type": "function"}, "tools[0]"),
+    ({"type": "function", "function": "f"}, "tools[0]"),
+    ({"type": "web_search", "function": {"name": "f"}}, "tools[0]"),
+    ({"type": "function", "function": {"name": ""}}, "tools[0]"),
+    ({"type": "function", "function": {"name": "f", "strict": "true"}}, "tools[0].function.strict"),
+    ({"type": "function", "function": {"name": "f", "parameters": "x"}}, "tools[0].function.parameters"),
+])
+def test_a_malformed_tool_is_a_400_naming_it(tool, param):
+    from cluster.protocol import ApiError
+
+    req = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                                "tools": [tool], "tool_choice": "required"})
+    with pytest.raises(ApiError) as e:
+        req.check_supported()
+    assert (e.value.status, e.value.param) == (400, param), e.value.message
+
+
 def test_the_openai_clients_stream_helper_rebuilds_the_call():
     """The openai package's own accumulator (what ``client.chat.completions.stream`` runs) turns our chunks into the
     message the whole response holds."""
