@@ -201,9 +201,10 @@ class Engine:
     reasoning and tool-call parsers cut the text at them (``</think>``, ``<tool_call>``). ``graphs``: the workers run
     graph-shaped steps (``graph_key``) on their static path — set iff their ``graphs`` mode is not ``off``.
     ``guides``: a request with ``SamplingParams.json_schema`` (or ``tool_grammar``) samples only what its grammar
-    allows next, one with ``forced_paths`` starts with one of them (each of its sampled rows gets the allowed tokens'
-    bitmask in ``WorkerStep.masks``); while one constrains nothing drafts or looks ahead — while it waits (for the
-    reasoning's end, tool_choice auto's ``<tool_call>``) drafts stop before the token that ends the wait. ``lookahead``: let the workers launch the same requests' next decode step before returning a graph step's
+    allows next, one with ``forced_paths`` starts with one of them (each of its sampled rows — a verify round's too,
+    each along the drafts before it — gets the allowed tokens' bitmask in ``WorkerStep.masks``); while one constrains
+    no step looks ahead; while it waits (for the reasoning's end, tool_choice auto's ``<tool_call>``) its drafts stop
+    before the token that ends the wait. ``lookahead``: let the workers launch the same requests' next decode step before returning a graph step's
     tokens sampled on the device, and tell them when the next step is that one (``WorkerStep.lookahead`` /
     ``use_ahead``, decided here for all ranks alike; ``workers/runner.py``; off: for A/B measurements).
     ``graph_prefill``: prompt chunks ride graph steps too when the step fits a bucket that a rank's decode steps can
@@ -373,7 +374,7 @@ class Engine:
             self._rebalance()
             # drafts ride only while one request is active (under the span policy they are free then)
             solo = sum(len(s.live_ids()) for s in self.schedulers) == 1
-            k = self.speculative_tokens if solo and not self._constraining() else 0
+            k = self.speculative_tokens if solo else 0
             plans = [s.schedule(max_drafts=k) for s in self.schedulers]
             steps = self._worker_steps(plans, k)
         self._launched = None          # set again below if this step launches its successor ahead
@@ -402,7 +403,7 @@ class Engine:
             events = []
             for sch, plan, res in zip(self.schedulers, plans, results):
                 self._count_drafts(plan, res)
-                for rid, drafts in res.drafts.items():       # a waiting guide's drafts stop before it constrains
+                for rid, drafts in res.drafts.items():       # a waiting guide's drafts stop before its wait ends
                     if drafts and (guide := self._guides.get(rid)) is not None:
                         res.drafts[rid] = drafts[:guide.free_drafts(res.sampled.get(rid, ()), drafts)]
                 events += [out for ev in sch.update(plan, res.sampled, res.drafts) if ev.req_id in self._streams
@@ -483,16 +484,18 @@ class Engine:
                 for p, f in zip(plans, forget)]
 
     def _masks(self, plan: StepPlan) -> StepMasks | None:
-        """The allowed-token bitmask of each guided row of ``plan`` that samples (``cluster/guided.py``), built when the
-        runner samples (after launching the forward) or as the step is pickled for another process; None: no row."""
-        guides = [(s.req_id, g) for s in plan.seqs if s.sample and (g := self._guides.get(s.req_id)) and g.active]
+        """The allowed-token bitmasks of each guided request of ``plan`` that samples — its row's, or its verify rows'
+        (``Guide.masks`` along its drafts) — built when the runner samples (after launching the forward) or as the
+        step is pickled for another process (``cluster/guided.py``); None: no guided row."""
+        guides = [(s.req_id, g, s.token_ids[len(s.token_ids) - s.num_drafts:]) for s in plan.seqs
+                  if s.sample and (g := self._guides.get(s.req_id)) and g.active]
         if not guides:
             return None
-        return StepMasks(lambda: ((rid, m) for rid, g in guides if (m := g.mask()) is not None))
+        return StepMasks(lambda: ((rid, g.masks(drafts)) for rid, g, drafts in guides))
 
     def _constraining(self) -> bool:
-        """Whether some request's guide constrains its next token (one that still waits — for the reasoning's end, say
-        — lets drafts ride, stopped before the token that ends its wait, and steps launch ahead)."""
+        """Whether some request's guide constrains its next token (no step launches ahead then; one that still waits —
+        for the reasoning's end, say — lets steps launch ahead)."""
         return any(g.active for g in self._guides.values())
 
     def _may_look_ahead(self, graph, plans: list[StepPlan]) -> bool:

@@ -9,8 +9,10 @@ stop tokens, so the output ends there. Special tokens (``<think>``, tool-call ma
 
 A prompt that opens the reasoning block (the chat template's generation prompt ends in ``<think>``) is not
 constrained until the model closes it (``</think>``): the schema applies to the answer, not to the reasoning.
-While a guide constrains, its request takes no speculative drafts and no look-ahead (the next mask needs this step's
-token on the host); while it waits, drafts stop before the token that would end the wait (``free_drafts``).
+While a guide constrains, its request takes no look-ahead (the next mask needs this step's token on the host); its
+drafts ride, each verify row masked with what may follow the drafts before it (``masks``), so the verified output is
+what guided plain decoding gives; while it waits, drafts stop before the token that would end the wait
+(``free_drafts``).
 ``Prefix`` is the same for an output that must start with one of given token sequences (``tool_choice`` required or
 named: the call's marker, a function's name, then its first argument's key or the call's end), dropped once one is out.
 
@@ -127,6 +129,11 @@ def tool_grammar(tools: Sequence[dict], ids: dict[str, int], name: str | None = 
                       r"KEY: /[^\x00-\x06]+/"]) + "\n"
 
 
+def _allows(words: np.ndarray, t: int) -> bool:
+    """Whether mask ``words`` (int32, token t at bit t % 32 of word t // 32) allows token ``t``."""
+    return 0 <= t < 32 * len(words) and bool((int(words[t // 32]) >> (t % 32)) & 1)
+
+
 def _check_strict(name: str, params: dict) -> None:
     """ValueError unless a strict function's parameters list its arguments under top-level ``properties`` (what GLM's
     call format writes, key by key) and its ``$ref``s name its own ``$defs`` / ``definitions``."""
@@ -221,19 +228,22 @@ class _Gated:
         return not self.waits and not self.done
 
     def free_drafts(self, committed: Sequence[int], drafts: Sequence[int]) -> int:
-        """How many of ``drafts`` (proposed after ``committed``, which the guide has not taken yet) come before it would
-        constrain: a verify round samples every position without a mask, so the drafts stop before the token that
-        ends the wait — that token may still come as the round's last, sampled one, after which nothing more does."""
+        """How many of ``drafts`` (proposed after ``committed``, which the guide has not taken yet) may ride: all where
+        it constrains (``masks`` gives each verify row its own); while it waits, those before the token that would end
+        the wait (the rows after it would need masks of a state the guide is not in yet) — that token may still come
+        as the round's last, sampled one."""
         waits = list(self.waits)
         for t in committed:
             if waits:
                 waits = [] if t == self.starts_on else waits[1:] if t == waits[0] else waits
+        if not waits:                           # it constrains: each verify row gets its mask (``masks``)
+            return len(drafts)
         for n, t in enumerate(drafts):
-            if not waits or t == self.starts_on or (t == waits[0] and len(waits) == 1):
+            if t == self.starts_on or (t == waits[0] and len(waits) == 1):
                 return n
             if t == waits[0]:
                 waits.pop(0)
-        return len(drafts) if waits else 0
+        return len(drafts)
 
     def accept(self, ids: Sequence[int]) -> None:
         for t in ids:
@@ -266,6 +276,22 @@ class Guide(_Gated):
         self.matcher.fill_next_token_bitmask(words)
         return words[0].numpy()
 
+    def masks(self, drafts: Sequence[int] = ()) -> list[np.ndarray | None]:
+        """The masks of a verify round's rows: row i's allows what may follow the first i ``drafts``; past a draft the
+        grammar does not allow (verification rejects it there and drops the rows after) or the output's end, None. The
+        matcher is rolled back: the guide's state is as it was."""
+        out, taken = [self.mask()], 0
+        for d in drafts:
+            if out[-1] is None or not _allows(out[-1], d) or not self.matcher.accept_token(d):
+                break
+            taken += 1
+            if self.matcher.is_terminated():
+                break
+            out.append(self.mask())
+        if taken:
+            self.matcher.rollback(taken)
+        return out + [None] * (len(drafts) + 1 - len(out))
+
     def _take(self, t: int) -> None:
         if not self.matcher.is_terminated() and not self.matcher.accept_token(t):
             self.rejected += 1
@@ -291,10 +317,21 @@ class Prefix(_Gated):
         return self.wait_for is None and not self.node
 
     def mask(self) -> np.ndarray | None:
-        if self.wait_for is not None or self.done:
-            return None
+        return None if self.wait_for is not None or self.done else self._mask_of(self.node)
+
+    def masks(self, drafts: Sequence[int] = ()) -> list[np.ndarray | None]:
+        """As ``Guide.masks``: the trie walked along the drafts, left where it was."""
+        out, node = [self.mask()], self.node
+        for d in drafts:
+            if out[-1] is None or d not in node:
+                break
+            node = node[d]
+            out.append(self._mask_of(node) if node else None)          # a path out: free from there
+        return out + [None] * (len(drafts) + 1 - len(out))
+
+    def _mask_of(self, node: dict) -> np.ndarray:
         words = np.zeros(-(-self.vocab_size // 32), dtype=np.uint32)
-        for t in self.node:
+        for t in node:
             words[t // 32] |= np.uint32(1) << np.uint32(t % 32)
         return words.view(np.int32)
 

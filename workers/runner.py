@@ -350,15 +350,16 @@ class ModelRunner:
         """Sample the plain rows, verify the drafting ones; ``bucket``: the step's logits, one row per row of ``hidden``
         (a group's graph step: ``bucket_logits``), else the lm_head runs here on the rows that sample."""
         result = StepResult(step.step_id)
+        # built now: the forward is launched, the device runs it meanwhile; {req_id: a mask per sampled row, or None}
+        masks = step.masks.rows() if step.masks is not None else {}
         plain = [i for i, s in enumerate(step.seqs) if s.sample and not s.num_drafts]
         if plain:
             seqs = [step.seqs[i] for i in plain]
             states = [self._state(s) for s in seqs]
             last = [batch.seq_rows[i][0] + batch.seq_rows[i][1] - 1 for i in plain]
             logits = _take_rows(bucket, last) if bucket is not None else self.model.logits(_take_rows(hidden, last))
-            if step.masks is not None:                # built now: the forward is launched, the device runs it meanwhile
-                masks = step.masks.rows()
-                logits = allow_only(logits, [masks.get(s.req_id) for s in seqs])
+            if masks:
+                logits = allow_only(logits, [masks[s.req_id][0] if s.req_id in masks else None for s in seqs])
             out = sample(logits, [st.params for st in states], self._counts(states), [s.num_generated for s in seqs])
             for i, (s, st) in enumerate(zip(seqs, states)):
                 self._commit(result, s, st, [out.token_ids[i]],
@@ -369,6 +370,8 @@ class ModelRunner:
                 r0, n = batch.seq_rows[i]
                 verified = slice(r0 + n - 1 - s.num_drafts, r0 + n)
                 logits = bucket[verified] if bucket is not None else self.model.logits(hidden[verified])   # [k+1, V]
+                if s.req_id in masks:                    # a guided request: each row what may follow its drafts
+                    logits = allow_only(logits, masks[s.req_id])
                 drafts = s.token_ids[-s.num_drafts:]
                 tokens = verify(logits, drafts, st.draft_probs, st.params, self._history_counts(st), s.num_generated)
                 lps = token_logprobs(logits, tokens, st.params.logprobs or 0) if st.params.logprobs is not None \

@@ -38,9 +38,10 @@ class SampleOutput:
 
 
 class StepMasks:
-    """The bitmasks (for ``allow_only``) of a step's guided rows, ``{req_id: int32 words}``, built on first use: by the
-    runner at sampling, after it launched the step's forward — so the host builds them while the device runs it — or,
-    for a step sent to another process, as the step is pickled. ``build``: returns (req_id, words) pairs."""
+    """The bitmasks (for ``allow_only``) of a step's guided requests, ``{req_id: [int32 words or None per sampled
+    row]}`` (a verify round has a row per draft and one more), built on first use: by the runner at sampling, after it
+    launched the step's forward — so the host builds them while the device runs it — or, for a step sent to another
+    process, as the step is pickled. ``build``: returns (req_id, row masks) pairs."""
 
     __slots__ = ("_build", "_rows")
 

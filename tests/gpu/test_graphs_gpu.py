@@ -13,6 +13,8 @@ Run on a lent H200: ``PYTHONPATH=. python -m pytest -q tests/gpu/test_graphs_gpu
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -290,11 +292,11 @@ def test_structured_output_on_graph_steps(k):
     assert out["greedy"][2] == "stop", out["greedy"]
 
 
-def test_a_waiting_guide_on_graph_steps_equals_plain():
+def test_a_guided_request_drafting_on_graph_steps_equals_plain():
     """A guide that waits (for a token the free output holds early) on the GPU path (fp32, CUDA graphs): with MTP
     drafts (graph drafting, stopped before the token that ends the wait) and with look-ahead (a step launched over that
     token dropped), the tokens of an engine that does neither, and a value that follows the schema after the
-    trigger."""
+    trigger; guided from the start (greedy, and drawn with a seed), its drafts verified on masked rows, the same."""
     pytest.importorskip("xgrammar")
     from cluster.config import EngineConfig
     from cluster.local import build_local_engine
@@ -311,3 +313,9 @@ def test_a_waiting_guide_on_graph_steps_equals_plain():
         eng, _ = engine(**kw)
         assert _outputs(eng, {"r": (prompt, params)})["r"] == want, kw
         assert eng.stats[stat] > 0 and eng.stats["graph_steps"] > 0, (kw, eng.stats)
+    # guided from the first token, drafting all along: each verify row masked along its drafts
+    for held in (replace(params, guide_after=()), replace(params, guide_after=(), temperature=0.8, seed=4)):
+        want = _outputs(plain, {"r": (prompt, held)})["r"]
+        eng, _ = engine(speculative_tokens=2)
+        assert _outputs(eng, {"r": (prompt, held)})["r"] == want, held
+        assert eng.stats["drafts_accepted"] > 0 and eng.stats["graph_steps"] > 0, eng.stats

@@ -219,16 +219,41 @@ def test_a_tool_grammar_named_or_not_parallel_makes_one_call_and_auto_waits_for_
 
 
 def test_drafts_stop_before_the_token_that_ends_a_guides_wait(tok, guides):
-    """A verify round samples without masks: a waiting guide keeps the drafts before the token that would end its
-    wait (counting what the step committed first), none once it constrains; a wait of two tokens passes the first."""
+    """A waiting guide keeps the drafts before the token that would end its wait (counting what the step committed
+    first; the rows after would need masks of a state it is not in yet); a wait of two tokens passes the first; once it
+    constrains every draft rides (each verify row gets its mask)."""
     a, b, x = 100, 200, 7
     g = guides.guide(SCHEMA, [], after=(a, b))
     assert g.free_drafts([], [x, x, x]) == 3
     assert g.free_drafts([], [x, a, x, b, x]) == 3               # a passes; the drafts stop before b
     assert g.free_drafts([a], [x, b, x]) == 1                    # a committed in this step
-    assert g.free_drafts([a, b], [x]) == 0                        # the step ended the wait: no drafts
+    assert g.free_drafts([a, b], [x, x]) == 2                     # the step ended the wait: masks from here
     g.accept([a, b])
-    assert g.active and g.free_drafts([], [x]) == 0
+    assert g.active and g.free_drafts([], [x]) == 1
+
+
+def test_a_guides_masks_along_drafts_follow_them_and_leave_it_as_it_was(tok, guides, marks):
+    """Row i's mask allows what may follow the first i drafts; past a draft the grammar refuses, None (verification
+    rejects there); the guide's state afterwards is what it was (the matcher rolled back, the trie not walked)."""
+    g = guides.guide(SCHEMA, tok.encode("hi"))
+    drafts = tok.encode('{"a": 1')
+    before = allowed(g)
+    rows = g.masks(drafts)
+    assert len(rows) == len(drafts) + 1 and all(m is not None for m in rows)
+    for i, m in enumerate(rows):
+        ref = guides.guide(SCHEMA, tok.encode("hi"))
+        ref.accept(drafts[:i])
+        assert (m == ref.mask()).all(), i
+    assert allowed(g) == before
+    bad = tok.encode('{"a": "x"')                                 # a string where the schema wants an integer
+    quote = next(i for i, t in enumerate(bad) if i > 3 and '"' in tok.decode([t]))      # the value's opening quote
+    rows = g.masks(bad)
+    assert all(m is not None for m in rows[:quote + 1]) and all(m is None for m in rows[quote + 1:])
+    call = marks["<tool_call>"]
+    p = guides.prefix([(call, *tok.encode("add"), marks["<arg_key>"])], [])
+    rows = p.masks([call, *tok.encode("add"), marks["<arg_key>"], 5])
+    assert [m is None for m in rows] == [False] * (len(tok.encode("add")) + 2) + [True, True]   # free once out
+    assert allowed(p) == {call} and not p.done
 
 
 def test_a_strict_string_argument_keeps_its_pattern_lengths_and_enum(tok, guides, marks):
