@@ -224,7 +224,7 @@ class _Gated:
 
     @property
     def active(self) -> bool:
-        """Whether the next token is constrained (its row needs a mask: no drafts, nothing launched ahead)."""
+        """Whether the next token is constrained (its rows need masks; nothing is launched ahead)."""
         return not self.waits and not self.done
 
     def free_drafts(self, committed: Sequence[int], drafts: Sequence[int]) -> int:
