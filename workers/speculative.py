@@ -43,8 +43,9 @@ def verify(logits: torch.Tensor, drafts: Sequence[int], draft_probs: torch.Tenso
 
     Every position is decided at once on the device and read back once: position i's target token (greedy and
     seeded: what ``sample`` gives plain decoding there), or its acceptance test and the replacement drawn from its
-    residual (unseeded; each position's own generator gives the uniform, then the replacement), and the bonus token
-    after k acceptances; the host keeps those up to the first rejection."""
+    residual (unseeded: a uniform and a replacement each), and the bonus token after k acceptances; the host keeps
+    those up to the first rejection. A guided request's rows come masked (each with what may follow the drafts
+    before it), so what is kept is what guided plain decoding allows."""
     k = len(drafts)
     assert logits.shape[0] == k + 1
     assert draft_probs is None or params.seed is None, "a seeded request's drafts are verified by their tokens"
