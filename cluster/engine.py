@@ -202,9 +202,10 @@ class Engine:
     graph-shaped steps (``graph_key``) on their static path — set iff their ``graphs`` mode is not ``off``.
     ``guides``: a request with ``SamplingParams.json_schema`` (or ``tool_grammar``) samples only what its grammar
     allows next, one with ``forced_paths`` starts with one of them (each of its sampled rows — a verify round's too,
-    each along the drafts before it — gets the allowed tokens' bitmask in ``WorkerStep.masks``); while one constrains
-    no step looks ahead; while it waits (for the reasoning's end, tool_choice auto's ``<tool_call>``) its drafts stop
-    before the token that ends the wait. ``lookahead``: let the workers launch the same requests' next decode step before returning a graph step's
+    each along the drafts before it — gets the allowed tokens' bitmask in ``WorkerStep.masks``; a step launched ahead
+    samples once the next step brings them); while it waits (for the reasoning's end, tool_choice auto's
+    ``<tool_call>``) its drafts stop before the token that ends the wait, and a step launched ahead over that token is
+    dropped. ``lookahead``: let the workers launch the same requests' next decode step before returning a graph step's
     tokens sampled on the device, and tell them when the next step is that one (``WorkerStep.lookahead`` /
     ``use_ahead``, decided here for all ranks alike; ``workers/runner.py``; off: for A/B measurements).
     ``graph_prefill``: prompt chunks ride graph steps too when the step fits a bucket that a rank's decode steps can
@@ -493,11 +494,6 @@ class Engine:
             return None
         return StepMasks(lambda: ((rid, g.masks(drafts)) for rid, g, drafts in guides))
 
-    def _constraining(self) -> bool:
-        """Whether some request's guide constrains its next token (no step launches ahead then; one that still waits —
-        for the reasoning's end, say — lets steps launch ahead)."""
-        return any(g.active for g in self._guides.values())
-
     def _may_look_ahead(self, graph, plans: list[StepPlan]) -> bool:
         """Whether the workers may launch this graph step's successor ahead: every row samples one token on the
         device (greedy or drawn, with logprobs, penalties or not; no speculation), and the next step will be these
@@ -505,7 +501,7 @@ class Engine:
         position is in its blocks (the schedulers hold one position of slack), and some request goes on. Requests
         that end meanwhile (by length, a stop token or string, an abort) leave the next step without their rows: it
         is still the launched one (``_advanced``)."""
-        if not (self.lookahead and graph is not None and self.speculative_tokens == 0) or self._constraining() \
+        if not (self.lookahead and graph is not None and self.speculative_tokens == 0) \
                 or any(sch.num_waiting for sch in self.schedulers):
             return False
         bs, goes_on = self.config.block_size, False

@@ -87,12 +87,14 @@ class StepResult:
 class _Ahead:
     """A decode step launched before the engine asked for it: the requests of ``seqs`` one position on, fed the
     tokens sampled on the device. ``tokens``: its own sampled tokens, on the device; ``logprobs``: theirs, where
-    asked."""
+    asked — or, where its rows need structured output's masks (which need the tokens it was fed, on the host),
+    ``pending``: its logits and token counts, sampled once the engine's step brings the masks."""
 
     key: tuple[int, int, bool]
     seqs: tuple[ScheduledSeq, ...]
-    tokens: torch.Tensor
+    tokens: torch.Tensor | None
     logprobs: RowLogprobs | None
+    pending: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
     def rows_of(self, step: WorkerStep, requests: dict) -> list[int] | None:
         """Where the engine's step's rows are among this one's, or None when it is not this step: the same graph key,
@@ -275,7 +277,14 @@ class ModelRunner:
                            ) -> StepResult:
         """A graph step sampled on the device (the launched look-ahead if it is this step — its ``rows`` —, else staged
         and replayed now), the next one launched ahead if the engine allows, then this step's tokens read back."""
-        if ahead is not None:
+        if ahead is not None and ahead.pending is not None:    # sampled now, with this step's masks
+            raw, counts = ahead.pending
+            if len(rows) < len(ahead.seqs):            # requests ended since it was launched: their rows go
+                index = to_device(rows, torch.long, self.device)
+                raw, counts = raw[index], None if counts is None else counts[index]
+            tokens, logprobs = self._sample_rows(step, step.seqs, raw, counts)
+            self.ahead_stats["used"] += 1
+        elif ahead is not None:
             tokens, logprobs = ahead.tokens, ahead.logprobs
             if len(rows) < len(ahead.seqs):            # requests ended since it was launched: their rows go
                 tokens = tokens[to_device(rows, torch.long, self.device)]
@@ -300,10 +309,11 @@ class ModelRunner:
             self._commit(result, s, st, [t], [(lp, tuple(top or ()))])
         return result
 
-    def _replay_on_device(self, step: WorkerStep, seqs: tuple[ScheduledSeq, ...],
-                          fed: torch.Tensor | None = None) -> tuple[torch.Tensor, RowLogprobs | None]:
+    def _replay_on_device(self, step: WorkerStep, seqs: tuple[ScheduledSeq, ...], fed: torch.Tensor | None = None,
+                          pending: bool = False) -> tuple:
         """Stage ``seqs`` (their ids replaced by ``fed`` on the device when given), replay the step's graph, and
-        return each request's token on the device [len(seqs)] and the logprobs asked for (as ``sample`` gives them)."""
+        return each request's token on the device [len(seqs)] and the logprobs asked for (as ``sample`` gives them) —
+        or, ``pending``, the (logits, token counts) to sample them from later (``_Ahead.pending``)."""
         batch = self.graphs.stage(seqs, *step.graph[:2])
         if fed is not None:
             self.graphs.ids[:len(seqs)].copy_(fed)       # after the staged ids, in stream order
@@ -314,9 +324,18 @@ class ModelRunner:
             return torch.empty(0, dtype=torch.long, device=hidden.device), None
         last = [r0 + n - 1 for r0, n in batch.seq_rows]
         raw = _take_rows(bucket, last) if bucket is not None else self.model.logits(_take_rows(hidden, last))
-        states = [self.requests[s.req_id] for s in seqs]
-        params = [st.params for st in states]
-        tokens = sample_on_device(raw, params, [s.num_generated for s in seqs], self._counts(states, fed))
+        counts = self._counts([self.requests[s.req_id] for s in seqs], fed)
+        return (raw, counts) if pending else self._sample_rows(step, seqs, raw, counts)
+
+    def _sample_rows(self, step: WorkerStep, seqs, raw: torch.Tensor, counts: torch.Tensor | None
+                     ) -> tuple[torch.Tensor, RowLogprobs | None]:
+        """The rows' tokens on the device and the logprobs asked for, from their logits ``raw`` — masked where the
+        step's guided rows have masks (built now: the forward is launched, the device runs it meanwhile)."""
+        if step.masks is not None:
+            masks = step.masks.rows()
+            raw = allow_only(raw, [masks[s.req_id][0] if s.req_id in masks else None for s in seqs])
+        params = [self.requests[s.req_id].params for s in seqs]
+        tokens = sample_on_device(raw, params, [s.num_generated for s in seqs], counts)
         return tokens, row_logprobs(raw, params, tokens)
 
     def _history_counts(self, st: _RequestState) -> torch.Tensor | None:
@@ -340,10 +359,13 @@ class ModelRunner:
         return torch.stack(rows)
 
     def _launch_ahead(self, step: WorkerStep, tokens: torch.Tensor) -> _Ahead:
-        """Stage and launch the same requests' next decode step, fed ``tokens`` (on the device)."""
+        """Stage and launch the same requests' next decode step, fed ``tokens`` (on the device); where this step's rows
+        have masks, the next one's will too, so its sampling waits for them (``_Ahead.pending``)."""
         seqs = tuple(replace(s, token_ids=(0,), start_pos=s.start_pos + 1, num_generated=s.num_generated + 1)
                      for s in step.seqs)
         self.ahead_stats["launched"] += 1
+        if step.masks is not None:
+            return _Ahead(step.graph, seqs, None, None, self._replay_on_device(step, seqs, tokens, pending=True))
         return _Ahead(step.graph, seqs, *self._replay_on_device(step, seqs, tokens))
 
     def _sample(self, step: WorkerStep, hidden: torch.Tensor, batch, bucket: torch.Tensor | None = None) -> StepResult:

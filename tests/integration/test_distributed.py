@@ -320,8 +320,9 @@ def test_static_span_verify_steps_equal_plain(ray_session, text_ckpt):
 
 def test_structured_output_in_a_worker_group_equals_single_process(text_ckpt):
     """Guided rows in a 2-rank group — one alone (span steps: its owner samples it; with MTP drafts too, its verify
-    rows masked along them) and three at once (dp: each rank its own) — sample what the single-process engine samples:
-    each rank's step carries its own rows' masks."""
+    rows masked along them) and three at once (dp: each rank its own), and on graph-shaped steps launched ahead (each
+    rank's sampling deferred to its next step's masks) — sample what the single-process engine samples: each rank's
+    step carries its own rows' masks."""
     import json
 
     pytest.importorskip("xgrammar")
@@ -338,9 +339,9 @@ def test_structured_output_in_a_worker_group_equals_single_process(text_ckpt):
     several = {f"g{i}": (p, SamplingParams(max_tokens=60, temperature=0.7 * i, seed=i, json_schema=schema))
                for i, p in enumerate(prompts)}
 
-    def engine_on(executor, cfg, n, k=0):
+    def engine_on(executor, cfg, n, k=0, graphs=False):
         sched = scheduler_config(cfg, mc, tok, NUM_BLOCKS)
-        return Engine(executor, sched, num_ranks=n, guides=guides(tok, mc, sched), speculative_tokens=k)
+        return Engine(executor, sched, num_ranks=n, guides=guides(tok, mc, sched), speculative_tokens=k, graphs=graphs)
     cfg1 = engine_config(text_ckpt, 1)
     plain = engine_on(LocalExecutor(ModelRunner(load_model(text_ckpt, dtype=torch.float32, progress=False),
                                                 NUM_BLOCKS, 16, torch.float32)), cfg1, 1)
@@ -359,5 +360,13 @@ def test_structured_output_in_a_worker_group_equals_single_process(text_ckpt):
         engine = engine_on(group, cfg, 2, k=3)
         assert run(engine, solo) == want[0]
         assert engine.stats["drafts_accepted"] > 0, engine.stats
+    finally:
+        group.shutdown()
+    cfg = engine_config(text_ckpt, 2, "tp", "ipc", cuda_graphs="eager")       # graph-shaped steps, launched ahead
+    group = ProcessWorkerGroup(cfg, NUM_BLOCKS)
+    try:
+        engine = engine_on(group, cfg, 2, graphs=True)
+        assert [run(engine, solo), run(engine, several)] == want
+        assert engine.stats["ahead_steps"] > 0, engine.stats
     finally:
         group.shutdown()
