@@ -85,7 +85,7 @@ def main() -> None:
         for rep in range(-1, args.repeats):                  # -1: warm (kernels, graphs, the schema's compile)
             for mode in MODES:
                 Engine._masks = eager_masks if mode == MODES[3] else lazy_masks
-                engine.lookahead = mode == MODES[0]
+                engine.lookahead = mode != MODES[1]              # guided steps look ahead as served
                 ms, n = run(engine, rows, 8 if rep < 0 else args.tokens, SCHEMA if "guided" in mode else None, vocab)
                 if rep < 0:
                     continue
