@@ -9,10 +9,10 @@ stop tokens, so the output ends there. Special tokens (``<think>``, tool-call ma
 
 A prompt that opens the reasoning block (the chat template's generation prompt ends in ``<think>``) is not
 constrained until the model closes it (``</think>``): the schema applies to the answer, not to the reasoning.
-While a guide constrains, its request takes no look-ahead (the next mask needs this step's token on the host); its
-drafts ride, each verify row masked with what may follow the drafts before it (``masks``), so the verified output is
-what guided plain decoding gives; while it waits, drafts stop before the token that would end the wait
-(``free_drafts``).
+While a guide constrains, its request's drafts ride, each verify row masked with what may follow the drafts before it
+(``masks``), so the verified output is what guided plain decoding gives, and a step launched ahead samples only once
+the next step brings its masks (they need the token it was fed, on the host); while it waits, drafts stop before the
+token that would end the wait (``free_drafts``).
 ``Prefix`` is the same for an output that must start with one of given token sequences (``tool_choice`` required or
 named: the call's marker, a function's name, then its first argument's key or the call's end), dropped once one is out.
 
@@ -224,7 +224,7 @@ class _Gated:
 
     @property
     def active(self) -> bool:
-        """Whether the next token is constrained (its rows need masks; nothing is launched ahead)."""
+        """Whether the next token is constrained (its rows need masks)."""
         return not self.waits and not self.done
 
     def free_drafts(self, committed: Sequence[int], drafts: Sequence[int]) -> int:
