@@ -81,6 +81,8 @@ def schema_of(response_format: dict | None) -> str | None:
     raise ValueError(f"response_format.type must be 'text', 'json_object' or 'json_schema', not {kind!r}")
 
 
+MAX_WHITESPACE = 32   # a run of whitespace between a JSON value's tokens (indented output fits; a model stuck on spaces
+                      # cannot fill max_tokens with them)
 _RAW = r"/[^\x00-\x06]*/"       # a raw value: any text (the markers' stand-ins, \x01-\x06, are not text here)
 
 
@@ -385,7 +387,8 @@ class Guides:
 
     @functools.lru_cache(maxsize=64)
     def _compiled(self, schema: str):
-        return _built(lambda: self._compiler.compile_json_schema(schema), "json_schema: ")
+        return _built(lambda: self._compiler.compile_json_schema(schema, max_whitespace_cnt=MAX_WHITESPACE),
+                      "json_schema: ")
 
     @functools.lru_cache(maxsize=64)
     def _compiled_tools(self, source: str):

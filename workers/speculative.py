@@ -186,10 +186,12 @@ class MtpDrafter:
 
 
 def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], n: int) -> list[tuple[float, tuple]]:
-    """Logprob of each emitted token (row i emits tokens[i]) and the top n, from the raw logits [R, V]."""
+    """Logprob of each emitted token (row i emits tokens[i]) and the top n, from the raw logits [R, V] — a guided
+    request's masked: what its mask ruled out (-inf) is no alternative, so fewer than n then."""
     lp = F.log_softmax(logits.float(), dim=-1)
     out = []
     for i, t in enumerate(tokens):
         top = lp[i].topk(n) if n else None
-        out.append((float(lp[i, t]), tuple(zip(top.indices.tolist(), top.values.tolist())) if top is not None else ()))
+        pairs = zip(top.indices.tolist(), top.values.tolist()) if top is not None else ()
+        out.append((float(lp[i, t]), tuple((j, v) for j, v in pairs if v != float("-inf"))))
     return out

@@ -482,10 +482,11 @@ def test_a_guided_rows_logprobs_leave_out_what_the_grammar_ruled_out_and_stop_st
     engine, tok = _local()
     prompt = tok.encode_chat([{"role": "user", "content": "A person as JSON."}], enable_thinking=False)
     params = SamplingParams(max_tokens=200, temperature=0.0, json_schema=json.dumps(PERSON), logprobs=5)
-    out = run_engine(engine, {"r": (prompt, params)}, logprobs=True)["r"]
-    tops = [top for _, _, top in out]
-    assert all(math.isfinite(lp) for _, lp, _ in out) and all(math.isfinite(v) for top in tops for _, v in top)
-    assert any(len(top) < 5 for top in tops)                 # where fewer than five tokens were allowed
+    for eng in (engine, _local(speculative_tokens=3)[0]):             # plain rows, and verify rows
+        out = run_engine(eng, {"r": (prompt, params)}, logprobs=True)["r"]
+        tops = [top for _, _, top in out]
+        assert all(math.isfinite(lp) for _, lp, _ in out) and all(math.isfinite(v) for top in tops for _, v in top)
+        assert any(len(top) < 5 for top in tops)             # where fewer than five tokens were allowed
     want = _outputs(engine, {"r": (prompt, replace(params, logprobs=None))})["r"]
     cut = _outputs(engine, {"r": (prompt, replace(params, logprobs=None, stop=('"', "\n")))})["r"]
     assert cut == want and want[2] == "stop" and _is_person(json.loads(want[1]))

@@ -298,3 +298,17 @@ def test_a_strict_schema_the_call_format_cannot_hold_is_refused_naming_it(marks,
     with pytest.raises(ValueError, match="function 'f'") as e:
         tool_grammar([{"type": "function", "function": {"name": "f", "strict": True, "parameters": params}}], marks)
     assert message in str(e.value) and "<[" not in str(e.value), str(e.value)        # no grammar source in it
+
+
+def test_a_json_values_whitespace_runs_are_bounded(tok, guides):
+    """Between a value's tokens whitespace may run to ``MAX_WHITESPACE`` characters, no further: a model stuck on
+    spaces cannot fill its max_tokens with them."""
+    from cluster.guided import MAX_WHITESPACE
+
+    g = guides.guide(SCHEMA, [])
+    space = tok.encode(" ")[0]
+    g.accept(tok.encode("{"))
+    for _ in range(MAX_WHITESPACE):
+        assert space in allowed(g)
+        g.accept([space])
+    assert space not in allowed(g) and tok.encode('"')[0] in allowed(g) and g.rejected == 0
