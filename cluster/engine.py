@@ -538,15 +538,15 @@ class Engine:
                     events.append(TokenEvent(ev.req_id, [], "", num_prompt_tokens=st.prompt_len,
                                              num_output_tokens=st.num_output))
                 events[-1].text += held
-            held = False
+            by_grammar = False                  # a guide chose this token: no stop string cuts it
             if (guide := self._guides.get(ev.req_id)) is not None:
-                held = guide.active
+                by_grammar = guide.active
                 guide.accept(tok)
                 if guide.done:                  # a forced prefix that is out: the request is free again
                     del self._guides[ev.req_id]
-                elif not held and guide.active:  # its wait ended: a step launched ahead sampled its row unmasked
+                elif not by_grammar and guide.active:   # its wait ended: a step launched ahead sampled it unmasked
                     self._launched = None
-            text, stopped = st.text(tok, last, held)
+            text, stopped = st.text(tok, last, by_grammar)
             st.num_output += len(tok)
             if not events or tok[0] in self.special_ids:
                 events.append(TokenEvent(ev.req_id, [], "", num_prompt_tokens=st.prompt_len))
