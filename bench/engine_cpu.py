@@ -54,7 +54,9 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results/engine_cpu.md")
     a = ap.parse_args()
     torch.set_num_threads(2)
-    plain, tok = build_local_engine(EngineConfig(model=a.model, device="cpu", kv_cache_tokens=65536), progress=False)
+    # the prompts repeat: without prefix caching each one's prefill is measured (bench/prefix_cache.py measures reuse)
+    plain, tok = build_local_engine(EngineConfig(model=a.model, device="cpu", kv_cache_tokens=65536,
+                                                 prefix_caching=False), progress=False)
     run(plain, tok, 1, 8, "warmup")
     rows = [run(plain, tok, n, a.max_tokens, "plain") for n in (1, 4, 16)]
     solo_plain = [run(plain, tok, 1, a.max_tokens, f"p{i}") for i in range(4)]
@@ -62,7 +64,7 @@ def main() -> None:
     spec_rows = []
     for k in [int(x) for x in a.spec.split(",")]:
         spec, _ = build_local_engine(EngineConfig(model=a.model, device="cpu", kv_cache_tokens=65536,
-                                                  speculative_tokens=k), progress=False)
+                                                  speculative_tokens=k, prefix_caching=False), progress=False)
         ts = sum(run(spec, tok, 1, a.max_tokens, f"s{k}-{i}")["tok_s"] for i in range(4)) / 4
         spec_rows.append((k, ts, spec.spec_metrics()))
     lines = ["| concurrency | tokens | seconds | tokens/s | mean TTFT (ms) |", "|---|---|---|---|---|"]

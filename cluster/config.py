@@ -28,6 +28,8 @@ class EngineConfig:
     max_num_seqs: int = 64              # requests running at once in the replica (each rank its share)
     max_num_batched_tokens: int = 512   # tokens one rank's step takes at most
     max_waiting: int = 256              # queue bound (the replica's): beyond it requests are refused (HTTP 429)
+    prefix_caching: bool = True         # a prompt's leading full blocks reuse the KV an earlier request left (same
+                                        # tokens from position 0, on the same rank); false: every prompt is computed
     num_workers: int = 1                # N worker ranks (1, 2, 4, 8)
     moe: str = "tp"                     # tp | ep
     comm: str = "torch"                 # torch | ipc

@@ -44,6 +44,12 @@ class Metrics:
         Gauge("glmserve_kv_usage", "fraction of KV blocks in use", registry=r).set_function(engine.kv_usage)
         Gauge("glmserve_kv_free_blocks", "free KV blocks (all ranks)", registry=r).set_function(
             engine.num_free_blocks)
+        Gauge("glmserve_prefix_cache_queried_tokens", "prompt tokens looked up in the prefix cache", registry=r
+              ).set_function(lambda: engine.prefix_cache_tokens()[0])
+        Gauge("glmserve_prefix_cache_hit_tokens", "of which their KV was found cached (not computed)", registry=r
+              ).set_function(lambda: engine.prefix_cache_tokens()[1])
+        Gauge("glmserve_prefix_cache_blocks", "KV blocks registered under a cached prefix (all ranks)", registry=r
+              ).set_function(lambda: sum(s.pool.num_cached for s in engine.schedulers))
         Gauge("glmserve_tokens_per_second", "generated tokens/s over the last 10 s", registry=r).set_function(
             self.tokens_per_second)
         Gauge("glmserve_preemptions", "requests preempted so far", registry=r).set_function(
@@ -102,7 +108,13 @@ def stats_line(before: tuple[float, dict] | None, now: float, info: dict) -> str
     return (f"prompt {(s['prompt_tokens'] - b['prompt_tokens']) / dt:.1f} tokens/s, generation "
             f"{(s['generated_tokens'] - b['generated_tokens']) / dt:.1f} tokens/s, {info['running']} running, "
             f"{info['waiting']} waiting, KV {100 * info['kv_usage']:.1f} % used, "
-            f"{s['preemptions'] - b['preemptions']} preempted")
+            f"{s['preemptions'] - b['preemptions']} preempted"
+            + _hit_rate(s.get("prefix_queried", 0) - b.get("prefix_queried", 0),
+                        s.get("prefix_hits", 0) - b.get("prefix_hits", 0)))
+
+
+def _hit_rate(queried: int, hits: int) -> str:
+    return f", prefix cache hit {100 * hits / queried:.1f} %" if queried > 0 else ""
 
 
 def _replica_id() -> str:
@@ -181,8 +193,10 @@ class Coordinator:
         return self.metrics.text()
 
     async def info(self) -> dict:
+        stats = dict(self.engine.stats)
+        stats["prefix_queried"], stats["prefix_hits"] = self.engine.prefix_cache_tokens()
         return {"max_model_len": self.sched_config.max_model_len, "vocab_size": self.sched_config.vocab_size,
-                "num_workers": self.cfg.num_workers, "stats": dict(self.engine.stats), "warmup": self.engine.warmed,
+                "num_workers": self.cfg.num_workers, "stats": stats, "warmup": self.engine.warmed,
                 "free_blocks": self.engine.num_free_blocks(), "kv_usage": self.engine.kv_usage(),
                 "running": sum(s.num_running for s in self.engine.schedulers),
                 "waiting": sum(s.num_waiting for s in self.engine.schedulers)}

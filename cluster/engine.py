@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
 from cluster.detok import IncrementalDetokenizer, StopStringMatcher
-from scheduler.request import FinishReason, SamplingParams
+from scheduler.request import FinishReason, Request, SamplingParams
 from scheduler.scheduler import (
     AdmissionError,
     RequestEvent,
@@ -160,6 +160,7 @@ class TokenEvent:
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    num_cached_tokens: int = 0           # prompt tokens whose KV was found cached (prefix caching)
     served_by: str = ""                  # the coordinator replica (set at the Serve edge)
 
 
@@ -170,6 +171,14 @@ class _Stream:
     stops: StopStringMatcher
     breaks: frozenset[int] = frozenset()   # SamplingParams.text_breaks
     num_output: int = 0
+    request: Request | None = None         # the scheduler's record (its prompt's cached tokens)
+
+    def event(self, req_id: str, finished: bool = False, reason: str | None = None,
+              error: str | None = None) -> TokenEvent:
+        """An event of this request with no tokens yet, carrying its counts."""
+        return TokenEvent(req_id, [], "", finished, reason, error, num_prompt_tokens=self.prompt_len,
+                          num_output_tokens=self.num_output,
+                          num_cached_tokens=self.request.num_cached_tokens if self.request else 0)
 
     def text(self, ids: Sequence[int], last: bool, held: bool = False) -> tuple[str, bool]:
         """(the text that ``ids`` finalise, whether a stop string ended it); ``last``: the request's final ids — the
@@ -244,6 +253,12 @@ class Engine:
                       "span_steps": 0, "graph_steps": 0, "ahead_steps": 0, "failed_steps": 0, "draft_rounds": 0,
                       "drafts_proposed": 0, "drafts_accepted": 0, "step_seconds": 0.0, "worker_busy_seconds": 0.0}
         self.accepted_at = [0] * (self.speculative_tokens + 1)   # rounds whose draft i was accepted
+        for sch in self.schedulers:
+            sch.prefix_queried = sch.prefix_hits = 0
+
+    def prefix_cache_tokens(self) -> tuple[int, int]:
+        """(prompt tokens looked up in the prefix cache, of which found cached) since the stats started."""
+        return sum(s.prefix_queried for s in self.schedulers), sum(s.prefix_hits for s in self.schedulers)
 
     @property
     def scheduler(self) -> Scheduler:
@@ -261,12 +276,15 @@ class Engine:
             if sum(s.num_running + s.num_waiting for s in self.schedulers) >= self._admits:
                 raise AdmissionError("queue_full", "queue", f"the engine is full ({self.config.max_num_seqs} running "
                                      f"+ {self.config.max_waiting} waiting requests); retry later")
-            rank = place_request({r: s.kv_load for r, s in enumerate(self.schedulers)})
-            self.schedulers[rank].add_request(req_id, list(prompt_ids), params)
+            ids = list(prompt_ids)
+            # the rank its blocks add the least KV load to: the least loaded, less the blocks it holds cached
+            hit = (lambda s: s.cached_blocks(ids)) if len(self.schedulers) > 1 else (lambda s: 0)
+            rank = place_request({r: s.kv_load - hit(s) for r, s in enumerate(self.schedulers)})
+            req = self.schedulers[rank].add_request(req_id, ids, params)
             self._rank_of[req_id] = rank
-            detok = IncrementalDetokenizer(self.decode, list(prompt_ids)) if self.decode else None
+            detok = IncrementalDetokenizer(self.decode, ids) if self.decode else None
             self._streams[req_id] = _Stream(len(prompt_ids), detok, StopStringMatcher(params.stop),
-                                            frozenset(params.text_breaks))
+                                            frozenset(params.text_breaks), request=req)
             self._unsent[req_id] = NewRequest(req_id, tuple(prompt_ids), params)
             if guide is not None:
                 self._guides[req_id] = guide
@@ -390,6 +408,8 @@ class Engine:
             traceback.print_exc()
             self.stats["failed_steps"] += 1
             with self._lock:
+                for sch in self.schedulers:      # what the failed step wrote is unknown: no prefix is trusted
+                    sch.clear_prefix_cache()
                 ids = [s.req_id for p in plans for s in p.seqs]
                 return [self._end(ev) for r, sch in enumerate(self.schedulers)
                         for ev in sch.fail([i for i in ids if self._rank_of.get(i) == r],
@@ -517,6 +537,8 @@ class Engine:
         with self._lock:
             events = [self._end(ev) for sch in self.schedulers
                       for ev in sch.fail(sch.live_ids(), msg)]
+            for sch in self.schedulers:          # the rebuilt workers' KV holds no prefix
+                sch.clear_prefix_cache()
             self._forget = [[] for _ in self.schedulers]     # the rebuilt workers start empty
             self._unsent.clear()
         self.executor.recover()
@@ -535,8 +557,7 @@ class Engine:
                 # the front end gives the text on either side of this marker to different fields: what a stop string's
                 # possible start held back goes out before it (with the next text it went to the wrong side)
                 if not events:
-                    events.append(TokenEvent(ev.req_id, [], "", num_prompt_tokens=st.prompt_len,
-                                             num_output_tokens=st.num_output))
+                    events.append(st.event(ev.req_id))
                 events[-1].text += held
             by_grammar = False                  # a guide chose this token: no stop string cuts it
             if (guide := self._guides.get(ev.req_id)) is not None:
@@ -549,7 +570,7 @@ class Engine:
             text, stopped = st.text(tok, last, by_grammar)
             st.num_output += len(tok)
             if not events or tok[0] in self.special_ids:
-                events.append(TokenEvent(ev.req_id, [], "", num_prompt_tokens=st.prompt_len))
+                events.append(st.event(ev.req_id))
             out = events[-1]
             out.token_ids += tok
             out.text += text
@@ -565,8 +586,8 @@ class Engine:
 
     def _end(self, ev: RequestEvent) -> TokenEvent:
         st = self._streams.get(ev.req_id)
-        out = TokenEvent(ev.req_id, [], "", True, ev.finish_reason, ev.error,
-                         num_prompt_tokens=st.prompt_len if st else 0, num_output_tokens=st.num_output if st else 0)
+        out = st.event(ev.req_id, True, ev.finish_reason, ev.error) if st else \
+            TokenEvent(ev.req_id, [], "", True, ev.finish_reason, ev.error)
         self._close(ev.req_id)
         return out
 

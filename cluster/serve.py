@@ -187,6 +187,7 @@ class _Formatter:
         decode = (lambda ids: ingress.tokenizer.decode(ids)) if ingress.tokenizer else str
         self.tools = [ToolCalls(tool_ids, decode, string_args) for _ in range(n)]
         self.created = int(time.time())
+        self.cached = 0                             # the prompt's tokens found in the prefix cache (the first choice's)
         self.fingerprint = ""
         self.object = "chat.completion" if chat else "text_completion"
 
@@ -231,6 +232,7 @@ class _Formatter:
         async for i, ev in merged:
             self._error(ev)
             self.fingerprint = ev.served_by
+            self._count_cached(i, ev)
             if self.reasoning[i].takes(ev):
                 thoughts[i] += ev.text
             else:
@@ -256,9 +258,14 @@ class _Formatter:
         return {"id": self.rid, "object": self.object, "created": self.created, "model": self.ing.model_name,
                 "system_fingerprint": self.fingerprint, "choices": choices, "usage": self._usage(completion, n)}
 
+    def _count_cached(self, choice: int, ev) -> None:
+        if choice == 0:            # the n choices share the prompt (the later ones find the first's blocks cached)
+            self.cached = max(self.cached, ev.num_cached_tokens)
+
     def _usage(self, completion: int, n: int) -> dict:
         return {"prompt_tokens": self.num_prompt, "completion_tokens": completion,
-                "total_tokens": self.num_prompt + completion}
+                "total_tokens": self.num_prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": self.cached}}
 
     def _chunk(self, choices: list, usage: dict | None = None) -> str:
         body = {"id": self.rid, "object": self.object + ".chunk" if self.chat else self.object,
@@ -277,6 +284,7 @@ class _Formatter:
                     break
                 completion += len(ev.token_ids)
                 self.fingerprint = ev.served_by
+                self._count_cached(i, ev)
                 if self.chat:
                     thought = self.reasoning[i].takes(ev)
                     text, calls = ("", []) if thought else self.tools[i].feed(ev)
@@ -536,6 +544,11 @@ def build_app(args: dict | None = None):
     args = dict(args or {})
     scaling = {k: args.pop(k) for k in ("num_replicas", "autoscaling_config") if k in args}
     cfg = EngineConfig.from_dict(args)
+    if cfg.prefix_caching:     # several replicas: a prompt goes where its prefix is cached (cluster/routing.py)
+        from ray.serve.config import RequestRouterConfig
+
+        scaling["request_router_config"] = RequestRouterConfig(
+            request_router_class="cluster.routing.PrefixAffinityRouter")
     coord = serve.deployment(Coordinator, name="Coordinator", ray_actor_options={"num_cpus": 0},
                              max_ongoing_requests=4096, health_check_period_s=10,
                              health_check_timeout_s=60, **scaling).bind(cfg.to_dict())

@@ -152,7 +152,8 @@ class Request:
     """Mutable state of one request, owned by the scheduler.
 
     `num_computed_tokens` counts the tokens of `all_ids` whose KV is in the cache; `block_ids` is the
-    block table covering them. Preemption resets both; `output_ids` survive and are recomputed.
+    block table covering them (its leading blocks may be shared with other requests: a cached prefix).
+    Preemption resets both; `output_ids` survive and are recomputed.
     """
 
     req_id: str
@@ -167,6 +168,9 @@ class Request:
     error: str | None = None
     num_preemptions: int = 0
     draft_ids: list[int] = field(default_factory=list)  # proposed after the last step; verified next
+    # prefix caching: the nodes of the leading blocks cached under this request's tokens (BlockPool.register / match)
+    cached_nodes: list[int] = field(default_factory=list)
+    num_cached_tokens: int = 0  # prompt tokens whose KV its first prefill found cached (the usage report's)
 
     @property
     def all_ids(self) -> list[int]:

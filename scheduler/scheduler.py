@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, replace
 
-from scheduler.block_pool import BlockPool
+from scheduler.block_pool import ROOT, BlockPool
 from scheduler.request import FinishReason, Request, RequestStatus, SamplingParams
 
 
@@ -29,6 +29,7 @@ class SchedulerConfig:
     max_num_seqs: int = 64  # requests running (holding KV) at once
     max_num_batched_tokens: int = 256  # per-step token budget (chunked prefill)
     max_waiting: int = 256  # queue limit: beyond it add_request refuses (back-pressure)
+    prefix_caching: bool = False  # a prompt's leading full blocks reuse the KV of any earlier request with those tokens
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "eos_token_ids", tuple(self.eos_token_ids))
@@ -120,6 +121,8 @@ class Scheduler:
         self._live: dict[str, Request] = {}  # waiting + running
         self._next_arrival = 0
         self._next_step = 0
+        self.prefix_queried = 0  # prompt tokens looked up in the prefix cache at a request's first prefill
+        self.prefix_hits = 0     # of which found cached
 
     # ---- queries -------------------------------------------------------------------------
 
@@ -152,6 +155,10 @@ class Scheduler:
     def kv_load(self) -> int:
         """Blocks held plus blocks the waiting prompts will need: the placement signal."""
         return self.pool.num_used + sum(self.pool.blocks_needed(r.num_tokens) for r in self._waiting)
+
+    def cached_blocks(self, ids: list[int]) -> int:
+        """How many of ``ids``'s leading blocks this rank holds cached (0 without prefix caching)."""
+        return len(self.pool.match(ids)) if self.config.prefix_caching else 0
 
     def get(self, req_id: str) -> Request | None:
         """The live (waiting or running) request, or None once it has ended."""
@@ -292,6 +299,7 @@ class Scheduler:
         self._running.pop()
         self.pool.free(req.block_ids)
         req.block_ids = []
+        req.cached_nodes = []
         req.num_computed_tokens = 0
         req.status = RequestStatus.WAITING
         req.num_preemptions += 1
@@ -322,12 +330,23 @@ class Scheduler:
         return seqs
 
     def _try_prefill(self, req: Request, budget: int) -> ScheduledSeq | None:
-        num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+        # a request starting (or starting over) takes the cached blocks of its prefix: its prefill begins after them
+        hits = self.pool.match(req.all_ids) if self.config.prefix_caching and not req.block_ids else []
+        start = max(req.num_computed_tokens, len(hits) * self.pool.block_size)
+        num_new = min(req.num_tokens - start, budget)
         if num_new <= 0:
             return None
-        need = self._blocks_to_add(req, num_new)
-        if not self.pool.can_allocate(need):
+        need = self.pool.blocks_needed(start + num_new) - len(req.block_ids) - len(hits)
+        if not self.pool.can_allocate(need + self.pool.idle_among(hits)):
             return None
+        if not req.block_ids and self.config.prefix_caching:
+            self.pool.take(hits)
+            req.block_ids, req.num_computed_tokens = list(hits), start
+            req.cached_nodes = [self.pool.node(b) for b in hits]
+            if req.num_preemptions == 0:         # the prompt's first prefill: what the usage report counts
+                req.num_cached_tokens = start
+                self.prefix_queried += len(req.prompt_ids)
+                self.prefix_hits += start
         req.block_ids += self.pool.allocate(need)
         return self._make_seq(req, num_new)
 
@@ -380,6 +399,7 @@ class Scheduler:
             req.num_computed_tokens = seq.end_pos
             req.draft_ids = []
             if not seq.sample:
+                self._cache_blocks(req)
                 continue
             tokens = sampled.get(seq.req_id)
             assert tokens, f"{seq.req_id} was scheduled to sample but no token came back"
@@ -388,6 +408,7 @@ class Scheduler:
             accepted = min(len(tokens) - 1, seq.num_drafts)
             req.num_computed_tokens = seq.end_pos - seq.num_drafts + accepted
             new_ids, reason = self._append_tokens(req, tokens)
+            self._cache_blocks(req)
             if reason is not None:
                 self._end(req, RequestStatus.FINISHED, reason)
             else:
@@ -395,6 +416,27 @@ class Scheduler:
                 req.draft_ids = list((drafts or {}).get(seq.req_id, ()))
             events.append(RequestEvent(req.req_id, tuple(new_ids), reason is not None, reason))
         return events
+
+    def _cache_blocks(self, req: Request) -> None:
+        """Register the request's full blocks whose KV is complete and whose next token is known (every full block
+        before ``num_computed_tokens``: the token at it is in ``all_ids``)."""
+        if not self.config.prefix_caching:
+            return
+        bs, first = self.pool.block_size, len(req.cached_nodes)
+        full = min(req.num_computed_tokens, req.num_tokens - 1) // bs
+        if full <= first:
+            return
+        ids = req.ids(first * bs, full * bs + 1)
+        node = req.cached_nodes[-1] if req.cached_nodes else ROOT
+        for i in range(full - first):
+            node = self.pool.register(req.block_ids[first + i], node, tuple(ids[i * bs:(i + 1) * bs + 1]))
+            req.cached_nodes.append(node)
+
+    def clear_prefix_cache(self) -> None:
+        """Forget the cached prefixes (the workers' KV cannot be trusted any more: a failed step or group)."""
+        self.pool.clear_cache()
+        for req in self._running:
+            req.cached_nodes = []
 
     def _release_surplus(self, req: Request) -> None:
         """Free blocks that only held rejected drafts (the accounting side of the rollback); the slack stays."""

@@ -192,6 +192,26 @@ def test_prompt_chunks_in_graph_steps_equal_without(text_ckpt, k):
         assert on.spec_metrics() == off.spec_metrics()
 
 
+@pytest.mark.parametrize("k", [0, 3])
+def test_cached_prompt_tails_in_graph_steps_equal_without(text_ckpt, k):
+    """Prefix caching: prompts whose cached blocks leave a tail of 1..3 tokens start mid-context in replayed graph
+    steps; the tokens (and with speculation the acceptance) of an engine without graphs or the cache."""
+    from tests.integration.test_graphs import run_arrivals
+
+    m = model(text_ckpt, "float32")
+    base = torch.randint(40, m.config.vocab_size, (80,), generator=torch.Generator().manual_seed(5)).tolist()
+    greedy = SamplingParams(max_tokens=10, temperature=0.0)
+    arrivals = {0: {"a": (base, SamplingParams(max_tokens=30, temperature=0.0))}, 4: {"b": (base[:65], greedy)},
+                7: {"c": (base[:51], greedy), "d": (base[:33] + [50, 51], greedy)}}
+    on = make_engine(m, True, k, blocks=NUM_BLOCKS, caching=True)
+    got = run_arrivals(on, arrivals)
+    off = make_engine(m, False, k, blocks=NUM_BLOCKS)
+    assert got == run_arrivals(off, arrivals)
+    assert on.scheduler.prefix_hits == 64 + 48 + 32 and on.stats["graph_steps"] > 0
+    if k:
+        assert on.spec_metrics() == off.spec_metrics()
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_pieces_replay_is_bit_identical_to_uncaptured(text_ckpt, dtype):
     """Ragged steps (prompt chunks after contexts of 0–1500 tokens beside decode rows; 42–1305 rows: buckets 64 …

@@ -28,14 +28,14 @@ def model(text_ckpt):
 
 
 def make_engine(model, graphs: bool, k: int = 0, blocks: int = NUM_BLOCKS, budget: int = 256,
-                pieces: bool = False) -> Engine:
+                pieces: bool = False, caching: bool = False) -> Engine:
     device = next(model.parameters()).device
     runner = ModelRunner(model, blocks, BLOCK, torch.float32, device, speculative=k > 0,
                          graphs="capture" if graphs else "off",
                          pieces=(budget, device.type == "cuda") if pieces else None)
     cfg = SchedulerConfig(num_blocks=blocks, block_size=BLOCK, max_model_len=1024,
                           vocab_size=model.config.vocab_size, eos_token_ids=(), max_num_batched_tokens=budget,
-                          max_num_seqs=min(64, budget))
+                          max_num_seqs=min(64, budget), prefix_caching=caching)
     return Engine(LocalExecutor(runner), cfg, speculative_tokens=k, graphs=graphs)
 
 
@@ -299,6 +299,27 @@ def test_prompt_chunks_ride_graph_steps(model, k):
         for cache in ("kv", "index_k"):
             a, b = (getattr(e.executor.runner.cache, cache)[mtp][:NUM_BLOCKS * BLOCK] for e in (engine, spec))
             torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_cached_prompts_tails_ride_graph_steps(model, k):
+    """Prefix caching: prompts whose cached blocks leave a tail of 1..3 tokens (a new request's first rows start
+    mid-context) ride the decoders' graph steps: the tokens of an eager engine without the cache."""
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(5)
+    base = torch.randint(40, vocab, (80,), generator=g).tolist()
+    greedy = SamplingParams(max_tokens=10, temperature=0.0)
+    arrivals = {0: {"a": (base, SamplingParams(max_tokens=30, temperature=0.0))},
+                4: {"b": (base[:64] + base[64:65], greedy)},          # 4 blocks cached (a's), one token to compute
+                7: {"c": (base[:48] + base[48:51], greedy), "d": (base[:33] + [50, 51], greedy)}}
+    engine = make_engine(model, graphs=True, k=k, caching=True)
+    staged = []
+    stage = engine.executor.runner.graphs.stage
+    engine.executor.runner.graphs.stage = lambda seqs, *a: staged.append(seqs) or stage(seqs, *a)
+    assert run_arrivals(engine, arrivals) == run_arrivals(make_engine(model, graphs=False, k=k), arrivals)
+    firsts = {s.req_id: s for seqs in staged for s in seqs if s.req_id in "bcd" and s.num_generated == 0}
+    assert {r: s.start_pos for r, s in firsts.items()} == {"b": 64, "c": 48, "d": 32}, firsts
+    assert engine.scheduler.prefix_hits == 64 + 48 + 32
 
 
 @pytest.mark.parametrize("k", [0, 3])

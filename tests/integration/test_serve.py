@@ -97,6 +97,22 @@ def test_completion_stream_equals_whole_and_usage(client, text_ckpt):
     assert chunks[-1].usage.completion_tokens == 12 and chunks[-1].usage.total_tokens == whole.usage.total_tokens
 
 
+def test_a_repeated_prompt_reports_its_cached_tokens(client, base_url):
+    """Prefix caching (on by default): the second request finds the first's blocks; its usage says how many tokens, a
+    stream's too, and /metrics counts them."""
+    prompt = "Once upon a time, in a quiet village by the sea, there lived a fisherman and his wife, who " * 2
+    hits = metric(base_url, "glmserve_prefix_cache_hit_tokens")
+    first = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0)
+    again = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0 and again.choices[0].text == first.choices[0].text
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert 0 < cached < again.usage.prompt_tokens and cached % 16 == 0, again.usage
+    stream = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert stream[-1].usage.prompt_tokens_details.cached_tokens == cached
+    assert metric(base_url, "glmserve_prefix_cache_hit_tokens") >= hits + 2 * cached
+
+
 def test_chat_stream_equals_whole(client):
     msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Tell me a story."}]
     whole = client.chat.completions.create(model=MODEL, messages=msgs, max_completion_tokens=10, temperature=0)
@@ -522,7 +538,7 @@ def test_tool_choice_required_or_named_starts_with_that_call(serve_session, text
     assert status == 400 and err["error"]["param"] == "tool_choice" and "--tool-parser" in err["error"]["message"]
 
 
-def test_two_replicas_both_serve(serve_session, text_ckpt):
+def test_two_replicas_both_serve_and_prompts_go_where_their_prefix_is(serve_session, text_ckpt):
     from ray import serve
 
     from cluster.serve import build_app
@@ -539,6 +555,25 @@ def test_two_replicas_both_serve(serve_session, text_ckpt):
 
         served_by = {r.system_fingerprint for r in asyncio.run(many())}
         assert len(served_by) == 2, served_by
+
+        # prefix affinity (cluster/routing.py): a long prompt again goes to the replica that holds its prefix cached
+        docs = [f"Document {k}: " + "the quick brown fox jumps over the lazy dog, and then it runs away. " * 30
+                for k in range(4)]
+
+        async def rounds():
+            client2 = openai.AsyncOpenAI(base_url=serve_session + "/two/v1", api_key="none", max_retries=0, timeout=120)
+
+            async def each(prompts):        # a client of this event loop's
+                return await asyncio.gather(*[client2.completions.create(model=MODEL, prompt=p, max_tokens=2)
+                                              for p in prompts])
+
+            first = [(await each([d]))[0] for d in docs]            # one at a time: each where Serve sends it
+            return first, [await each(docs), await each(docs)]      # then all four at once, twice
+
+        first, repeats = asyncio.run(rounds())
+        for again in repeats:
+            assert [r.system_fingerprint for r in again] == [r.system_fingerprint for r in first]
+            assert all(r.usage.prompt_tokens_details.cached_tokens >= 256 for r in again), [r.usage for r in again]
     finally:
         serve.delete("two")
 

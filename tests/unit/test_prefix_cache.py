@@ -1,0 +1,279 @@
+"""Prefix caching: the block pool's cached prefixes (exact keys, the next token, idle blocks and their eviction) and the
+scheduler over a fake paged-KV model that records, for every position, the token after it (as the MTP layer's KV
+does): a shared block written twice, a stale block, or a cached block whose next token differs shows in the output."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from cluster.engine import Engine
+from scheduler import BlockPool, SamplingParams, Scheduler, SchedulerConfig, StepPlan
+from scheduler.block_pool import ROOT
+from tests.conftest import RecordingExecutor
+from tests.unit.test_scheduler import VOCAB, expected_output, next_token, prompt
+
+
+def _key(ids: list[int], b: int, bs: int) -> tuple[int, ...]:
+    return tuple(ids[b * bs:(b + 1) * bs + 1])
+
+
+def _register(pool: BlockPool, blocks: list[int], ids: list[int]) -> list[int]:
+    node, nodes = ROOT, []
+    for i, b in enumerate(blocks):
+        node = pool.register(b, node, _key(ids, i, pool.block_size))
+        nodes.append(node)
+    return nodes
+
+
+# ---- the block pool -----------------------------------------------------------------------
+
+
+def test_match_walks_exact_chains_and_needs_the_next_token():
+    pool = BlockPool(8, 4)
+    ids = list(range(10, 23))                       # 13 tokens: 3 full blocks, the token after each known
+    blocks = pool.allocate(4)
+    _register(pool, blocks[:3], ids)
+    assert pool.match(ids) == blocks[:3]
+    assert pool.match(ids[:12]) == blocks[:2]       # the token after block 2 is not there: it cannot be reused
+    assert pool.match(ids[:13] + [99]) == blocks[:3]
+    assert pool.match(ids[:8] + [99] + ids[9:]) == blocks[:1]     # block 1's next token differs
+    assert pool.match(ids[:5] + [99] + ids[6:]) == blocks[:1]     # inside block 1
+    assert pool.match([99] + ids[1:]) == []
+    assert pool.match(ids[4:]) == []                # the same tokens at other positions are another prefix
+    assert pool.num_cached == 3
+
+
+def test_released_cached_blocks_idle_counted_free_and_are_evicted_tail_first():
+    pool = BlockPool(4, 2)
+    ids = [5, 6, 7, 8, 9, 1, 2]
+    blocks = pool.allocate(4)
+    _register(pool, blocks[:3], ids)
+    pool.free(blocks)
+    assert pool.num_free == 4 and pool.num_used == 0 and pool.num_cached == 3
+    assert pool.match(ids) == blocks[:3]
+    got = pool.allocate(1)                          # the never-cached block goes first
+    assert got == [blocks[3]] and pool.match(ids) == blocks[:3]
+    got = pool.allocate(1)                          # then the least recently released: the chain's tail
+    assert got == [blocks[2]] and pool.match(ids) == blocks[:2] and pool.num_cached == 2
+    hits = pool.match(ids)
+    assert pool.idle_among(hits) == 2
+    pool.take(hits)                                 # held again: no longer free, no longer evictable
+    assert pool.num_free == 0 and pool.idle_among(hits) == 0
+    pool.take(hits[:1])                             # a second holder
+    pool.free(hits[:1])
+    assert pool.num_free == 0
+    pool.free(hits)
+    assert pool.num_free == 2 and pool.match(ids) == blocks[:2]
+    with pytest.raises(AssertionError, match="double free"):
+        pool.free(hits[:1])
+
+
+def test_a_key_cached_twice_keeps_the_first_block_and_clear_forgets_everything():
+    pool = BlockPool(6, 2)
+    ids = [3, 4, 5, 6, 7]
+    first, second = pool.allocate(2), pool.allocate(2)
+    nodes = _register(pool, first, ids)
+    assert _register(pool, second, ids) == nodes    # the same nodes: the duplicate stays uncached
+    assert pool.num_cached == 2
+    pool.free(second)
+    assert pool.num_free == 4 and pool.match(ids) == first
+    pool.clear_cache()                              # held blocks stay held, their prefix forgotten
+    assert pool.match(ids) == [] and pool.num_cached == 0 and pool.num_free == 4
+    pool.free(first)
+    assert pool.num_free == 6
+
+
+# ---- the scheduler over a fake model ----------------------------------------------------
+
+
+class NextTokenModel:
+    """The scheduler tests' fake model, also keeping with every position the token after it (the last fed row's is the
+    sampled token), as the MTP layer's cache does. Writing a cached block, or reading a position whose kept next
+    token is not the context's, fails."""
+
+    def __init__(self, sched: Scheduler) -> None:
+        self.sched = sched
+        self.bs = sched.config.block_size
+        self.kv: dict[int, int] = {}
+        self.after: dict[int, int] = {}
+
+    def _slot(self, block_ids, pos: int) -> int:
+        return block_ids[pos // self.bs] * self.bs + pos % self.bs
+
+    def execute(self, plan: StepPlan) -> dict[str, list[int]]:
+        sampled = {}
+        for seq in plan.seqs:
+            req = self.sched.get(seq.req_id)
+            for i, tok in enumerate(seq.token_ids):
+                slot = self._slot(seq.block_ids, seq.start_pos + i)
+                assert not self.sched.pool.is_cached(slot // self.bs), f"{seq.req_id} writes cached block {slot}"
+                self.kv[slot] = tok
+            context = [self.kv[self._slot(seq.block_ids, p)] for p in range(seq.end_pos)]
+            for p in range(seq.start_pos):       # every position before: the token after it as it was computed
+                assert self.after[self._slot(seq.block_ids, p)] == context[p + 1], (seq.req_id, p)
+            for i in range(len(seq.token_ids) - 1):
+                self.after[self._slot(seq.block_ids, seq.start_pos + i)] = seq.token_ids[i + 1]
+            last = self._slot(seq.block_ids, seq.end_pos - 1)
+            if seq.sample:
+                sampled[seq.req_id] = [next_token(context)]
+                self.after[last] = sampled[seq.req_id][0]
+            else:
+                self.after[last] = req.all_ids[seq.end_pos]
+        return sampled
+
+
+def _make(num_blocks=64, block_size=4, slack=0, **kw) -> Scheduler:
+    kw.setdefault("vocab_size", VOCAB)
+    kw.setdefault("max_num_batched_tokens", 32)
+    kw.setdefault("max_num_seqs", 8)
+    return Scheduler(SchedulerConfig(num_blocks=num_blocks, block_size=block_size, prefix_caching=True, **kw), slack)
+
+
+def _drive(sched: Scheduler, arrivals: dict[int, list], max_steps: int = 10_000):
+    model, outputs, plans = NextTokenModel(sched), {}, []
+    arrivals = dict(arrivals)
+    for step in range(max_steps):
+        for req_id, ids, params in arrivals.pop(step, []):
+            sched.add_request(req_id, ids, params)
+        if not sched.has_unfinished() and not arrivals:
+            break
+        plan = sched.schedule()
+        written = [b for s in plan.seqs for b in s.block_ids[s.start_pos // sched.config.block_size:]]
+        assert len(written) == len(set(written)), "two seqs write one block"
+        plans.append(plan)
+        for ev in sched.update(plan, model.execute(plan)):
+            outputs.setdefault(ev.req_id, []).extend(ev.new_token_ids)
+    else:
+        raise AssertionError("did not finish")
+    assert sched.pool.num_free == sched.pool.num_blocks, "blocks leaked"
+    return outputs, plans
+
+
+def test_a_repeated_prompt_computes_only_its_uncached_tail():
+    sched = _make()
+    ids = prompt(19, 1)
+    outputs, plans = _drive(sched, {0: [("a", ids, SamplingParams(max_tokens=5))],
+                                    10: [("b", ids, SamplingParams(max_tokens=5)),
+                                         ("c", ids[:9] + [0] + ids[10:], SamplingParams(max_tokens=5))]})
+    assert outputs["a"] == outputs["b"] == expected_output(ids, 5)
+    assert outputs["c"] == expected_output(ids[:9] + [0] + ids[10:], 5)
+    b_first = next(s for p in plans for s in p.seqs if s.req_id == "b")
+    c_first = next(s for p in plans for s in p.seqs if s.req_id == "c")
+    assert b_first.start_pos == 16 and b_first.token_ids == tuple(ids[16:])   # blocks 0..3 cached
+    assert c_first.start_pos == 8                    # block 2 holds the changed token
+    assert sched.prefix_queried == 3 * 19 and sched.prefix_hits == 16 + 8
+
+
+def test_a_preempted_request_restarts_after_its_own_cached_blocks():
+    sched = _make(num_blocks=6, block_size=4, max_num_seqs=2, max_num_batched_tokens=64)
+    young_ids = prompt(8, 3)
+    outputs, plans = _drive(sched, {0: [("old", prompt(4, 2), SamplingParams(max_tokens=7))],
+                                    1: [("young", young_ids, SamplingParams(max_tokens=6))]})
+    assert outputs["young"] == expected_output(young_ids, 6)
+    at = next(i for i, p in enumerate(plans) if "young" in p.preempted)
+    restart = next(s for p in plans[at + 1:] for s in p.seqs if s.req_id == "young")
+    assert restart.start_pos == 12 and restart.num_generated == 5     # its prompt and 4 outputs were cached
+    assert sched.prefix_queried == 4 + 8 and sched.prefix_hits == 0   # counted at a prompt's first prefill only
+
+
+@pytest.mark.parametrize("slack", [0, 1])
+def test_random_shared_prefix_workloads_never_corrupt_or_leak(slack):
+    """Random arrivals of prompts that share prefixes of random lengths, on small pools (preemption, eviction)."""
+    rng = random.Random(7)
+    hits = 0
+    for trial in range(8):
+        nb, bs = rng.randrange(8, 24), rng.choice([1, 2, 4])
+        sched = _make(num_blocks=nb, block_size=bs, slack=slack, max_num_batched_tokens=rng.randrange(4, 12),
+                      max_num_seqs=4)
+        bases = [prompt(nb * bs, 1000 * trial + j) for j in range(3)]
+        arrivals: dict[int, list] = {}
+        specs = {}
+        for i in range(14):
+            max_tokens = rng.randrange(1, 8)
+            n = rng.randrange(1, max(2, nb * bs - max_tokens))
+            shared = rng.randrange(0, n + 1)
+            ids = rng.choice(bases)[:shared] + prompt(n - shared, 100 * trial + i)
+            specs[f"r{i}"] = (ids, max_tokens)
+            arrivals.setdefault(rng.randrange(30), []).append((f"r{i}", ids, SamplingParams(max_tokens=max_tokens)))
+        outputs, _ = _drive(sched, arrivals)
+        for rid, (ids, max_tokens) in specs.items():
+            assert outputs[rid] == expected_output(ids, max_tokens), (trial, rid)
+        hits += sched.prefix_hits
+    assert hits > 0
+
+
+def test_rejected_drafts_leave_no_cached_block():
+    """A verify step writes drafts past the accepted tokens: only blocks before ``num_computed_tokens`` are cached."""
+    sched = _make(block_size=2)
+    model = NextTokenModel(sched)
+    ids = prompt(3, 4)
+    sched.add_request("a", ids, SamplingParams(max_tokens=10))
+    plan = sched.schedule()
+    sched.update(plan, model.execute(plan), {"a": [1, 2, 3]})
+    plan = sched.schedule(max_drafts=3)
+    seq = plan.seqs[0]
+    assert seq.num_drafts == 3 and seq.end_pos == 7
+    model.execute(plan)
+    sched.update(plan, {"a": [next_token(ids + [model.kv[model._slot(seq.block_ids, 3)]])]})   # all rejected
+    req = sched.get("a")
+    # blocks 0 and 1 (positions 2, 3: the token after them is the one just sampled); not the drafts' blocks 2 and 3
+    assert req.num_computed_tokens == 4 and len(req.cached_nodes) == 2 and len(req.block_ids) == 2
+    assert sched.pool.num_cached == 2 and not any(sched.pool.is_cached(b) for b in seq.block_ids[2:])
+
+
+def test_off_by_default_in_the_scheduler_and_clear_forgets():
+    plain = Scheduler(SchedulerConfig(num_blocks=16, block_size=2, vocab_size=VOCAB))
+    _drive(plain, {0: [("a", prompt(9, 5), SamplingParams(max_tokens=3))]})
+    assert plain.pool.num_cached == 0 and plain.prefix_queried == 0
+    sched = _make(num_blocks=16, block_size=2)
+    _drive(sched, {0: [("a", prompt(9, 5), SamplingParams(max_tokens=3))]})
+    assert sched.pool.num_cached == 5                # 11 tokens computed: 5 blocks, each with the token after it
+    sched.clear_prefix_cache()
+    assert sched.pool.num_cached == 0 and sched.pool.match(prompt(9, 5)) == []
+
+
+# ---- the engine: placement and the counts ------------------------------------------------
+
+
+def _engine(ranks: int) -> Engine:
+    cfg = SchedulerConfig(num_blocks=64, block_size=4, max_model_len=128, vocab_size=64, max_num_seqs=8,
+                          max_num_batched_tokens=64, prefix_caching=True)
+    return Engine(RecordingExecutor(), cfg, num_ranks=ranks)
+
+
+def _finish(engine: Engine) -> list:
+    events = []
+    for _ in range(100):
+        events += engine.step()
+        if not engine.has_unfinished():
+            return events
+    raise AssertionError("did not finish")
+
+
+def test_a_request_goes_to_the_rank_that_holds_its_prefix_and_reports_its_cached_tokens():
+    engine = _engine(2)
+    system = list(range(2, 30))                     # 28 tokens: a shared system prompt
+    engine.add_request(system + [40, 41], SamplingParams(max_tokens=2), "first")     # rank 0 (least loaded)
+    engine.add_request([50, 51, 52], SamplingParams(max_tokens=2), "other")          # rank 1
+    assert engine._rank_of == {"first": 0, "other": 1}
+    _finish(engine)
+    engine.add_request([60] * 6, SamplingParams(max_tokens=30, ignore_eos=True), "busy")
+    assert engine._rank_of["busy"] == 0             # both idle: the lowest rank; 2 blocks of load there now
+    engine.add_request(system + [42, 43, 44], SamplingParams(max_tokens=2), "second")
+    assert engine._rank_of["second"] == 0           # the 6 blocks it would not add outweigh the load
+    events = _finish(engine)
+    second = [e for e in events if e.req_id == "second"]
+    # blocks 0..5; block 6 (positions 24..27) was cached with the token after it, 40, where this prompt has 42
+    assert second[-1].num_cached_tokens == 24 and second[-1].num_prompt_tokens == 31
+    assert engine.prefix_cache_tokens() == (30 + 3 + 6 + 31, 24)
+
+
+def test_a_failed_group_forgets_every_cached_prefix():
+    engine = _engine(1)
+    engine.add_request(list(range(2, 20)), SamplingParams(max_tokens=2), "a")
+    _finish(engine)
+    assert engine.scheduler.pool.num_cached == 4
+    engine._fail_all("test")
+    assert engine.scheduler.pool.num_cached == 0
