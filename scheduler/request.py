@@ -171,6 +171,7 @@ class Request:
     # prefix caching: the nodes of the leading blocks cached under this request's tokens (BlockPool.register / match)
     cached_nodes: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0  # prompt tokens whose KV its first prefill found cached (the usage report's)
+    hit_blocks: int = 0  # while it waits: its leading blocks cached on its rank when it began to wait there
 
     @property
     def all_ids(self) -> list[int]:

@@ -153,8 +153,10 @@ class Scheduler:
 
     @property
     def kv_load(self) -> int:
-        """Blocks held plus blocks the waiting prompts will need: the placement signal."""
-        return self.pool.num_used + sum(self.pool.blocks_needed(r.num_tokens) for r in self._waiting)
+        """Blocks held plus the blocks the waiting prompts will add (less those they will find cached): the placement
+        signal."""
+        return self.pool.num_used + sum(max(0, self.pool.blocks_needed(r.num_tokens) - r.hit_blocks)
+                                        for r in self._waiting)
 
     def cached_blocks(self, ids: list[int]) -> int:
         """How many of ``ids``'s leading blocks this rank holds cached (0 without prefix caching)."""
@@ -175,6 +177,7 @@ class Scheduler:
         """``req`` waits here, the youngest (its arrival numbered in this scheduler's order)."""
         req.arrival = self._next_arrival
         self._next_arrival += 1
+        req.hit_blocks = self.cached_blocks(req.all_ids)
         self._waiting.append(req)
         self._live[req.req_id] = req
         return req
@@ -219,9 +222,14 @@ class Scheduler:
 
     def stalled(self) -> Request | None:
         """The oldest waiting request when the free blocks cannot hold its tokens and the next one (a preempted request,
-        or a prompt behind running requests that grew): here it waits for others to end; None otherwise."""
+        or a prompt behind running requests that grew), counting the blocks it would take cached: here it waits for
+        others to end; None otherwise."""
         head = self._waiting[0] if self._waiting else None
-        return head if head and self.pool.blocks_needed(head.num_tokens + 1) > self.pool.num_free else None
+        if head is None:
+            return None
+        hits = self.pool.match(head.all_ids) if self.config.prefix_caching else []
+        need = self.pool.blocks_needed(head.num_tokens + 1) - len(hits) + self.pool.idle_among(hits)
+        return head if need > self.pool.num_free else None
 
     def release_waiting(self) -> Request | None:
         """Hand over the oldest waiting request (it holds no KV: never started, or preempted) for another rank to
@@ -300,6 +308,7 @@ class Scheduler:
         self.pool.free(req.block_ids)
         req.block_ids = []
         req.cached_nodes = []
+        req.hit_blocks = self.cached_blocks(req.all_ids)      # its own blocks, now idle, mostly
         req.num_computed_tokens = 0
         req.status = RequestStatus.WAITING
         req.num_preemptions += 1
@@ -330,6 +339,8 @@ class Scheduler:
         return seqs
 
     def _try_prefill(self, req: Request, budget: int) -> ScheduledSeq | None:
+        if budget <= 0:
+            return None
         # a request starting (or starting over) takes the cached blocks of its prefix: its prefill begins after them
         hits = self.pool.match(req.all_ids) if self.config.prefix_caching and not req.block_ids else []
         start = max(req.num_computed_tokens, len(hits) * self.pool.block_size)

@@ -557,7 +557,8 @@ def test_two_replicas_both_serve_and_prompts_go_where_their_prefix_is(serve_sess
         assert len(served_by) == 2, served_by
 
         # prefix affinity (cluster/routing.py): a long prompt again goes to the replica that holds its prefix cached
-        docs = [f"Document {k}: " + "the quick brown fox jumps over the lazy dog, and then it runs away. " * 30
+        # (~270 tokens each: all four fit one replica's 128 blocks, so none is evicted whichever way they split)
+        docs = [f"Document {k}: " + "the quick brown fox jumps over the lazy dog, and then it runs away. " * 12
                 for k in range(4)]
 
         async def rounds():
@@ -573,7 +574,8 @@ def test_two_replicas_both_serve_and_prompts_go_where_their_prefix_is(serve_sess
         first, repeats = asyncio.run(rounds())
         for again in repeats:
             assert [r.system_fingerprint for r in again] == [r.system_fingerprint for r in first]
-            assert all(r.usage.prompt_tokens_details.cached_tokens >= 256 for r in again), [r.usage for r in again]
+            assert all(r.usage.prompt_tokens_details.cached_tokens >= r.usage.prompt_tokens - 32 for r in again), \
+                [r.usage for r in again]
     finally:
         serve.delete("two")
 

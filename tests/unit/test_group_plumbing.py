@@ -236,6 +236,10 @@ def test_stats_line_reads_rates_between_two_readings_and_stays_quiet_when_idle()
     idle = info(300, 90)
     assert stats_line((2.0, idle["stats"]), 12.0, idle) is None              # no requests, nothing changed
     assert stats_line((2.0, idle["stats"]), 12.0, info(300, 95)) is not None   # the last tokens of a finished one
+    cached = info(500, 95, running=1)
+    cached["stats"].update(prefix_queried=400, prefix_hits=150)             # prefix caching: the interval's hit rate
+    before = {**idle["stats"], "prefix_queried": 100, "prefix_hits": 0}
+    assert stats_line((2.0, before), 12.0, cached).endswith(", 0 preempted, prefix cache hit 50.0 %")
 
 
 def test_the_coordinator_logs_its_stats_line_while_requests_come(caplog):

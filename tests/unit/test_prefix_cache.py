@@ -277,3 +277,36 @@ def test_a_failed_group_forgets_every_cached_prefix():
     assert engine.scheduler.pool.num_cached == 4
     engine._fail_all("test")
     assert engine.scheduler.pool.num_cached == 0
+
+
+def test_a_request_placed_by_its_prefix_is_not_moved_away_as_stalled():
+    """The rank's free blocks hold what the request adds beyond its cached blocks: it starts there (not moved, as a
+    request stalled for blocks is, to a rank where its whole prompt would be computed). From session 40's QA pass."""
+    cfg = SchedulerConfig(num_blocks=16, block_size=4, max_model_len=64, vocab_size=100, max_num_seqs=8,
+                          max_num_batched_tokens=64, prefix_caching=True)
+    rec = RecordingExecutor()
+    engine = Engine(rec, cfg, num_ranks=2)
+    system = list(range(10, 46))                    # 9 blocks, cached on rank 0 by the first request
+    engine.add_request(system + [50], SamplingParams(max_tokens=20, ignore_eos=True), "a")
+    engine.step()
+    engine.add_request(list(range(60, 72)), SamplingParams(max_tokens=20, ignore_eos=True), "f")   # rank 1
+    engine.step()
+    engine.add_request(system + [51, 52], SamplingParams(max_tokens=2, ignore_eos=True), "b")
+    assert engine._rank_of["b"] == 0 and engine.schedulers[0].pool.num_free < 10     # it would not fit uncached
+    engine.step()
+    first = [(r, s) for r, st in enumerate(rec.steps[-1]) for s in st.seqs if s.req_id == "b"]
+    assert [(r, s.start_pos) for r, s in first] == [(0, 32)] and engine.stats["moves"] == 0
+
+
+def test_waiting_requests_weigh_what_they_add_beyond_their_cached_blocks():
+    """Two requests sharing a prefix cached on rank 0 arrive together: both go there (the first's prompt counts as
+    the one block it adds, not as ten). From session 40's QA pass."""
+    engine = _engine(2)
+    system = list(range(10, 46))
+    engine.add_request(system + [50], SamplingParams(max_tokens=1, ignore_eos=True), "warm")
+    _finish(engine)
+    engine.add_request(system + [50, 1], SamplingParams(max_tokens=4, ignore_eos=True), "u1")
+    engine.add_request(system + [50, 2], SamplingParams(max_tokens=4, ignore_eos=True), "u2")
+    assert engine._rank_of == {"u1": 0, "u2": 0}
+    _finish(engine)
+    assert engine.prefix_cache_tokens()[1] == 2 * 36
