@@ -10,6 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from cluster.guided import is_raw_string, schema_of
 from scheduler.request import SamplingParams
 
+MAX_LOGIT_BIAS = 300     # tokens one request may bias (OpenAI's bound)
+
 
 class ApiError(Exception):
     """An error returned to the client as ``{"error": {...}}`` with an HTTP status."""
@@ -51,7 +53,7 @@ class _Sampling(BaseModel):
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(default=1.0, gt=0.0)
     ignore_eos: bool = False
-    # {} / null only: the sampler takes no per-request bias.
+    # {"token id": bias in [-100, 100]}: added to the logits before sampling (-100 bans the token, +100 all but forces it)
     logit_bias: dict[str, float] | None = None
     # {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": {...}}}: the output
     # is held to the schema token by token (cluster/guided.py)
@@ -84,8 +86,26 @@ class _Sampling(BaseModel):
                               seed=None if self.seed is None else self.seed + seed_offset,
                               presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                               repetition_penalty=self.repetition_penalty, stop=stop, ignore_eos=self.ignore_eos,
-                              logprobs=logprobs, text_breaks=text_breaks,
+                              logprobs=logprobs, text_breaks=text_breaks, logit_bias=self.bias_pairs(),
                               json_schema=schema_of(self.response_format), **(tool_guidance or {}))
+
+    def bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """``logit_bias`` as (id, bias) pairs; a key that is no token id, or a bias out of [-100, 100], is a 400."""
+        pairs = []
+        for key, value in (self.logit_bias or {}).items():
+            try:
+                tok = int(key)
+            except ValueError:
+                raise ApiError(400, f"logit_bias keys must be token ids, got {key!r}", "logit_bias") from None
+            if tok < 0 or str(tok) != key:
+                raise ApiError(400, f"logit_bias keys must be token ids, got {key!r}", "logit_bias")
+            if not -100 <= value <= 100:
+                raise ApiError(400, f"logit_bias values must be in [-100, 100], got {value} for token {tok}",
+                               "logit_bias")
+            pairs.append((tok, float(value)))
+        if len(pairs) > MAX_LOGIT_BIAS:
+            raise ApiError(400, f"logit_bias takes at most {MAX_LOGIT_BIAS} tokens, got {len(pairs)}", "logit_bias")
+        return tuple(pairs)
 
     @property
     def include_usage(self) -> bool:
@@ -94,8 +114,7 @@ class _Sampling(BaseModel):
     def check_supported(self) -> None:
         """Refuse (400, naming the field) what the engine would otherwise ignore; the no-op values clients send by
         default pass, so that they keep working."""
-        if self.logit_bias:
-            raise ApiError(400, "logit_bias is not supported", "logit_bias")
+        self.bias_pairs()
         try:
             schema = schema_of(self.response_format)
         except (ValueError, RuntimeError) as e:
@@ -274,6 +293,42 @@ class ChatCompletionRequest(_Sampling):
                 d["role"] = "system"
             out.append(d)
         return out
+
+
+class TokenizeRequest(BaseModel):
+    """``POST /tokenize`` (vLLM's): a completion's ``prompt`` or a chat's ``messages`` (with its ``tools`` and template
+    arguments) as the ids the server would feed the model."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    model: str
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    add_generation_prompt: bool = True
+    tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def check_supported(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise ApiError(400, "tokenize takes a prompt or messages, one of the two", "prompt")
+
+    def chat(self) -> ChatCompletionRequest:
+        """The messages as a chat completion's (validated as one: a bad message is the same 400)."""
+        body = {"model": self.model, "messages": self.messages, "add_generation_prompt": self.add_generation_prompt}
+        body.update({k: getattr(self, k) for k in ("tools", "chat_template_kwargs") if getattr(self, k) is not None})
+        chat = ChatCompletionRequest.model_validate(body)
+        chat.check_supported()
+        return chat
+
+
+class DetokenizeRequest(BaseModel):
+    """``POST /detokenize`` (vLLM's): token ids back to text (special tokens kept)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    model: str
+    tokens: list[int]
+
+    def check_supported(self) -> None:
+        pass
 
 
 def validation_error(exc) -> ApiError:

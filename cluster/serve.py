@@ -28,7 +28,8 @@ from starlette.exceptions import HTTPException
 from cluster.config import EngineConfig
 from cluster.guided import check_tool_grammar, tool_grammar
 from cluster.parsers import TOOL_MARKERS, ReasoningSplit, ToolCalls
-from cluster.protocol import ApiError, ChatCompletionRequest, CompletionRequest, validation_error
+from cluster.protocol import (ApiError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
+                              validation_error)
 from scheduler.scheduler import AdmissionError
 
 app = FastAPI(title="glmserve", docs_url=None, redoc_url=None)
@@ -420,6 +421,38 @@ class OpenAIIngress:
     @app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
         body = await self._parse(request, ChatCompletionRequest)
+        ids = await self._chat_ids(body)
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        if body.top_logprobs and not body.logprobs:
+            raise ApiError(400, "top_logprobs requires logprobs=true", "top_logprobs")
+        if body.max_completion_tokens is not None:
+            body.max_tokens = body.max_completion_tokens
+        return await self._respond(request, body, ids, logprobs, chat=True)
+
+    @app.post("/tokenize")
+    async def tokenize(self, request: Request) -> dict:
+        """The ids a completion's prompt or a chat's messages become (vLLM's endpoint): clients count their context."""
+        body = await self._parse(request, TokenizeRequest)
+        if body.messages is not None:
+            try:
+                chat = body.chat()
+            except ValidationError as e:
+                raise validation_error(e) from None
+            ids = await self._chat_ids(chat)
+        else:
+            ids = await _encode(self._tokenizer(), body.prompt, self.max_prompt_chars, "prompt")
+        return {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids}
+
+    @app.post("/detokenize")
+    async def detokenize(self, request: Request) -> dict:
+        body = await self._parse(request, DetokenizeRequest)
+        bad = next((t for t in body.tokens if not 0 <= t < self.model_config.vocab_size), None)
+        if bad is not None:
+            raise ApiError(400, f"token id {bad} is outside [0, vocab_size={self.model_config.vocab_size})", "tokens")
+        return {"prompt": self._tokenizer().decode(body.tokens, skip_special_tokens=False)}
+
+    async def _chat_ids(self, body: ChatCompletionRequest) -> list[int]:
+        """The chat's prompt ids: its messages (and tools, template arguments) through the chat template."""
         kwargs = dict(body.chat_template_kwargs or {})
         if body.tools:
             kwargs["tools"] = body.tools
@@ -430,13 +463,7 @@ class OpenAIIngress:
                                         add_generation_prompt=body.add_generation_prompt, **kwargs)
         except ValueError as e:
             raise ApiError(400, str(e), "messages") from None
-        ids = await _encode(tok, prompt, self.max_prompt_chars, "messages")
-        logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        if body.top_logprobs and not body.logprobs:
-            raise ApiError(400, "top_logprobs requires logprobs=true", "top_logprobs")
-        if body.max_completion_tokens is not None:
-            body.max_tokens = body.max_completion_tokens
-        return await self._respond(request, body, ids, logprobs, chat=True)
+        return await _encode(tok, prompt, self.max_prompt_chars, "messages")
 
     # ---- shared machinery ----------------------------------------------------------------------
     async def _parse(self, request: Request, model):

@@ -68,6 +68,8 @@ class SamplingParams:
     text_breaks: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; 0: the chosen token's; n: chosen + top n
+    # (token id, bias) pairs added to the logits before sampling (OpenAI's logit_bias; -100 bans, +100 forces)
+    logit_bias: tuple[tuple[int, float], ...] = ()
     # structured output: the JSON schema (its JSON text) the output must match, token by token (cluster/guided.py)
     json_schema: str | None = None
     # token sequences the output must start with one of (after the reasoning): tool_choice required / named
@@ -85,6 +87,8 @@ class SamplingParams:
         object.__setattr__(self, "text_breaks", tuple(self.text_breaks))
         object.__setattr__(self, "forced_paths", tuple(tuple(p) for p in self.forced_paths))
         object.__setattr__(self, "guide_after", tuple(self.guide_after))
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+        object.__setattr__(self, "logit_bias", tuple(sorted((tok, value) for tok, value in bias)))
         _check_int("max_tokens", self.max_tokens)
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
@@ -112,6 +116,14 @@ class SamplingParams:
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs)
             _check_range("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        for tok, value in self.logit_bias:
+            _check_int("logit_bias", tok)
+            if tok < 0:
+                raise ValueError(f"logit_bias ids must be >= 0, got {tok}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+                raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {value!r} for id {tok}")
+        if len({tok for tok, _ in self.logit_bias}) != len(self.logit_bias):
+            raise ValueError("logit_bias names an id twice")
         if self.json_schema is not None:
             try:
                 json.loads(self.json_schema)

@@ -141,27 +141,33 @@ def probs_for_rows(logits: Tensor, params: list[SamplingParams], counts: Tensor 
 
 
 def apply_penalties(logits: Tensor, params: list[SamplingParams], counts: Tensor | None) -> Tensor:
-    """Repetition (prompt + generated ids), presence and frequency (generated ids only) penalties.
+    """Repetition (prompt + generated ids), presence and frequency (generated ids only) penalties, then the rows'
+    logit biases.
 
     logits: [B, V] fp32; counts: [B, 2, V] (every id of the row's history, its generated ids); returns a new [B, V]
-    tensor (the input is left untouched), or the input when no row has penalties.
+    tensor (the input is left untouched), or the input when no row has penalties or biases.
     repetition: logit / pen where logit > 0, else logit * pen (HF / vLLM).
     presence / frequency: logit - presence * [count > 0] - frequency * count (OpenAI / vLLM).
+    logit_bias: logit + bias at each named id (OpenAI; a masked -inf stays -inf).
     """
-    if not any(has_penalties(p) for p in params):
-        return logits
-    assert counts is not None, "rows with penalties need their token counts"
-    # few launches: on the GPU each op here costs more host time than device time (one copy of the values, and the
-    # kinds of penalty no row asks for skipped on the host)
-    values = to_device([[p.repetition_penalty, p.presence_penalty, p.frequency_penalty] for p in params], torch.float32,
-                       logits.device)  # [B, 3]
-    rep, presence, frequency = values[:, 0:1], values[:, 1:2], values[:, 2:3]  # [B, 1] each
     out = logits
-    if any(p.repetition_penalty != 1.0 for p in params):
-        out = torch.where(counts[:, 0] > 0, torch.where(logits > 0, logits / rep, logits * rep), logits)
-    if any(p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 for p in params):
-        generated = counts[:, 1]  # [B, V] int32
-        out = out - torch.where(generated > 0, presence + frequency * generated, 0.0)
+    if any(has_penalties(p) for p in params):
+        assert counts is not None, "rows with penalties need their token counts"
+        # few launches: on the GPU each op here costs more host time than device time (one copy of the values, and
+        # the kinds of penalty no row asks for skipped on the host)
+        values = to_device([[p.repetition_penalty, p.presence_penalty, p.frequency_penalty] for p in params],
+                           torch.float32, logits.device)  # [B, 3]
+        rep, presence, frequency = values[:, 0:1], values[:, 1:2], values[:, 2:3]  # [B, 1] each
+        if any(p.repetition_penalty != 1.0 for p in params):
+            out = torch.where(counts[:, 0] > 0, torch.where(logits > 0, logits / rep, logits * rep), logits)
+        if any(p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 for p in params):
+            generated = counts[:, 1]  # [B, V] int32
+            out = out - torch.where(generated > 0, presence + frequency * generated, 0.0)
+    if any(p.logit_bias for p in params):
+        where = [(i, tok, value) for i, p in enumerate(params) for tok, value in p.logit_bias]
+        index = to_device([[i for i, _, _ in where], [tok for _, tok, _ in where]], torch.long, logits.device)
+        bias = to_device([value for _, _, value in where], torch.float32, logits.device)
+        out = out.index_put((index[0], index[1]), bias, accumulate=True)    # a new tensor: the input stays
     return out
 
 

@@ -150,6 +150,27 @@ def test_seeded_sampling_repeats(model):
     assert other["s"] != alone_tokens
 
 
+def test_logit_bias_bans_a_token_in_its_own_row_only(model, alone):
+    """-100 on every token the request chose unbiased: none comes back (greedy and seeded draws); the other requests of
+    the batch are untouched (the bias is per row); an id past the vocabulary is refused naming logit_bias."""
+    reqs = mixed_requests()
+    ids, params = reqs["r3"]
+    ban = {t: -100.0 for t in alone["r3"]}
+    batch = dict(reqs)
+    batch["r3"] = (ids, replace(params, logit_bias=ban))
+    drawn = SamplingParams(max_tokens=12, temperature=1.0, seed=7)
+    free = run(make_engine(model), {"s": (ids, drawn)})["s"]
+    batch["s"] = (ids, replace(drawn, logit_bias={t: -100.0 for t in free}))
+    got = run(make_engine(model), batch)
+    assert not set(got["r3"]) & set(ban) and not set(got["s"]) & set(free)
+    assert {r: t for r, t in got.items() if r not in ("r3", "s")} == {r: t for r, t in alone.items() if r != "r3"}
+    boosted = run(make_engine(model), {"b": (ids, replace(params, logit_bias={77: 100.0}))})["b"]
+    assert boosted == [77] * len(boosted)
+    with pytest.raises(AdmissionError) as e:
+        make_engine(model).add_request(ids, replace(params, logit_bias={1024: 1.0}))
+    assert e.value.field == "logit_bias"
+
+
 @pytest.mark.parametrize("bad,reason", [([], "empty_prompt"), ([5, 2000], "bad_token"),
                                         (list(range(2, 1000)), "too_long")])
 def test_refused_prompt_has_reason_and_others_continue(model, alone, bad, reason):

@@ -302,6 +302,25 @@ def test_prompt_chunks_ride_graph_steps(model, k):
 
 
 @pytest.mark.parametrize("k", [0, 3])
+def test_logit_bias_on_graph_steps_and_verify_rows_equals_eager(model, k):
+    """A biased request's graph steps (looking ahead) and verify rows give the eager plain engine's tokens: the bias
+    applies where the step samples, and verification applies it to every position."""
+    vocab = model.config.vocab_size
+    reqs = requests(3, vocab, max_tokens=16, seed=9)
+    plain = run(make_engine(model, graphs=False), reqs)
+    for i, rid in enumerate(reqs):      # ban the plain answer's 2nd token, favour a token it never chose
+        ids, params = reqs[rid]
+        bias = {plain[rid][1]: -100.0, next(t for t in range(40, vocab) if t not in plain[rid]): 3.0 + i}
+        reqs[rid] = (ids, SamplingParams(max_tokens=16, temperature=0.0, logit_bias=bias))
+    want = run(make_engine(model, graphs=False), reqs)
+    assert want != plain
+    assert run(make_engine(model, graphs=True), reqs) == want
+    solo = {"r0": reqs["r0"]}
+    spec = make_engine(model, graphs=True, k=k)
+    assert run(spec, solo) == {"r0": want["r0"]} and (k == 0 or spec.spec_metrics()["rounds"] > 0)
+
+
+@pytest.mark.parametrize("k", [0, 3])
 def test_cached_prompts_tails_ride_graph_steps(model, k):
     """Prefix caching: prompts whose cached blocks leave a tail of 1..3 tokens (a new request's first rows start
     mid-context) ride the decoders' graph steps: the tokens of an eager engine without the cache."""

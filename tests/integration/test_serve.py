@@ -113,6 +113,30 @@ def test_a_repeated_prompt_reports_its_cached_tokens(client, base_url):
     assert metric(base_url, "glmserve_prefix_cache_hit_tokens") >= hits + 2 * cached
 
 
+def test_tokenize_and_detokenize_give_the_ids_a_request_is_fed(client, base_url):
+    """vLLM's /tokenize (a prompt, or messages through the chat template) counts what the usage reports; /detokenize
+    turns ids back; bad bodies are 400s naming the field, another model a 404."""
+    prompt = "The old man said that the"
+    status, tok = post(base_url, "/tokenize", {"model": MODEL, "prompt": prompt})
+    used = client.completions.create(model=MODEL, prompt=prompt, max_tokens=1).usage.prompt_tokens
+    assert status == 200 and tok["count"] == len(tok["tokens"]) == used and tok["max_model_len"] > used
+    status, back = post(base_url, "/detokenize", {"model": MODEL, "tokens": tok["tokens"]})
+    assert status == 200 and back["prompt"] == prompt
+    msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"}]
+    status, chat = post(base_url, "/tokenize", {"model": MODEL, "messages": msgs})
+    used = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=1).usage.prompt_tokens
+    assert status == 200 and chat["count"] == used
+    status, bare = post(base_url, "/tokenize", {"model": MODEL, "messages": msgs, "add_generation_prompt": False})
+    assert status == 200 and bare["tokens"] == chat["tokens"][:bare["count"]] and bare["count"] < chat["count"]
+    for path, body, param in (("/tokenize", {"prompt": "a", "messages": msgs}, "prompt"), ("/tokenize", {}, "prompt"),
+                              ("/tokenize", {"messages": [{"role": "wizard", "content": "x"}]}, "messages"),
+                              ("/detokenize", {"tokens": [10 ** 9]}, "tokens"), ("/detokenize", {}, "tokens")):
+        status, err = post(base_url, path, {"model": MODEL, **body})
+        assert status == 400 and (err["error"]["param"] or "").startswith(param), (path, body, err)
+    status, err = post(base_url, "/detokenize", {"model": "gpt-4", "tokens": [1]})
+    assert status == 404 and err["error"]["code"] == "model_not_found"
+
+
 def test_chat_stream_equals_whole(client):
     msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Tell me a story."}]
     whole = client.chat.completions.create(model=MODEL, messages=msgs, max_completion_tokens=10, temperature=0)
@@ -241,9 +265,8 @@ _TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
 
 
 @pytest.mark.parametrize("path,field,value,default", [
-    ("/v1/completions", "logit_bias", {"5": 10}, {}), ("/v1/completions", "suffix", " end", None),
+    ("/v1/completions", "suffix", " end", None),
     ("/v1/completions", "best_of", 2, 1), ("/v1/completions", "echo", True, False),     # echo with logprobs
-    ("/v1/chat/completions", "logit_bias", {"5": 10}, None),
 ])
 def test_unsupported_parameters_are_refused_not_ignored(base_url, path, field, value, default):
     """A value the engine cannot honour is a 400 naming the field; the no-op value clients send by default passes."""
@@ -253,6 +276,18 @@ def test_unsupported_parameters_are_refused_not_ignored(base_url, path, field, v
     assert status == 400 and err["error"]["param"] == field and "not supported" in err["error"]["message"], err
     status, out = post(base_url, path, {"model": MODEL, "max_tokens": 2, **body, field: default})
     assert status == 200, out
+
+
+def test_logit_bias_forces_tokens_and_bad_ids_are_refused(client, base_url):
+    """OpenAI's logit_bias over HTTP: +100 all but forces a token; an id past the vocabulary, or a key that is no id,
+    is a 400 naming logit_bias (banning: tests/integration/test_engine.py)."""
+    ask = dict(model=MODEL, prompt="The old man said that the", max_tokens=6, temperature=0, logprobs=1)
+    forced = client.completions.create(**ask, logit_bias={"42": 100})
+    tokens = forced.choices[0].logprobs.tokens
+    assert tokens == [tokens[0]] * 6 and tokens != client.completions.create(**ask).choices[0].logprobs.tokens
+    for bias in ({"999999": 5}, {"abc": 5}):
+        status, err = post(base_url, "/v1/completions", {**ask, "logit_bias": bias})
+        assert status == 400 and err["error"]["param"] == "logit_bias", err
 
 
 def test_response_format_json_schema_over_http(client, base_url):

@@ -383,12 +383,10 @@ def test_a_burst_of_huge_prompts_does_not_hold_up_a_short_one():
 
 
 @pytest.mark.parametrize("model,body,param", [
-    (CompletionRequest, {"logit_bias": {"5": 10}}, "logit_bias"),
     (CompletionRequest, {"suffix": "end"}, "suffix"),
     (CompletionRequest, {"best_of": 3}, "best_of"),
     (CompletionRequest, {"best_of": 2, "n": 3}, "best_of"),
     (CompletionRequest, {"echo": True, "logprobs": 1}, "echo"),
-    (ChatCompletionRequest, {"logit_bias": {"5": -100}}, "logit_bias"),
 ])
 def test_unsupported_values_are_refused_naming_the_field(model, body, param):
     from cluster.protocol import ApiError
@@ -397,6 +395,22 @@ def test_unsupported_values_are_refused_naming_the_field(model, body, param):
     with pytest.raises(ApiError) as e:
         model.model_validate({"model": "m", **prompt, **body}).check_supported()
     assert (e.value.status, e.value.param) == (400, param) and "not supported" in e.value.message
+
+
+@pytest.mark.parametrize("bias,words", [({"x5": 10}, "token ids"), ({"-5": 10}, "token ids"), ({" 5": 1}, "token ids"),
+                                        ({"5": 101}, "[-100, 100]"), ({"5": -100.5}, "[-100, 100]"),
+                                        ({str(i): 1 for i in range(301)}, "at most 300")])
+def test_a_bad_logit_bias_is_refused_naming_the_field(bias, words):
+    from cluster.protocol import ApiError
+
+    for model, prompt in ((CompletionRequest, {"prompt": "p"}),
+                          (ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi"}]})):
+        with pytest.raises(ApiError) as e:
+            model.model_validate({"model": "m", **prompt, "logit_bias": bias}).check_supported()
+        assert (e.value.status, e.value.param) == (400, "logit_bias") and words in e.value.message
+    ok = CompletionRequest.model_validate({"model": "m", "prompt": "p", "logit_bias": {"5": -100, "7": 2.5}})
+    ok.check_supported()
+    assert ok.sampling_params(4, None).logit_bias == ((5, -100.0), (7, 2.5))
 
 
 @pytest.mark.parametrize("response_format,message", [

@@ -169,6 +169,24 @@ def test_penalties_hand_computed():
     assert logits[0, 0].item() == 2.0  # input untouched
 
 
+def test_logit_bias_adds_after_the_penalties_per_row_and_keeps_masked_ids_out():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 1.0, -2.0, 0.0, 3.0, 1.0],
+                           [0.0, 0.0, 0.0, float("-inf"), 0.0, 0.0, 0.0, 0.0]])
+    params = [SamplingParams(temperature=0.0, presence_penalty=0.5, logit_bias={6: -100, 4: 2.5}),
+              SamplingParams(temperature=0.0, logit_bias={3: 100, 1: 1.0})]
+    out = apply_penalties(logits, params, _counts(logits, [[2, 4], []], [0, 0]))
+    expected = logits.clone()
+    expected[0, [2, 4]] -= 0.5                          # the penalty first ...
+    expected[0, 6] += -100
+    expected[0, 4] += 2.5                               # ... then the bias, on its own row only
+    expected[1, 1] += 1.0                               # a masked (-inf) id stays out whatever its bias
+    assert torch.equal(out, expected) and out[1, 3].item() == float("-inf")
+    assert logits[0, 6].item() == 3.0                   # the input untouched
+    assert _sample(logits, params, [[2, 4], []], [0, 0]).token_ids == [0, 1]    # 6 banned; 3 masked, not forced
+    assert probs_for_rows(logits[:1], [SamplingParams(logit_bias={5: 100})])[0, 5].item() == 1.0 and \
+        apply_penalties(logits, [SamplingParams()] * 2, None) is logits
+
+
 def test_penalties_are_per_row_and_steer_greedy():
     logits = torch.tensor([[5.0, 4.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]] * 2)
     params = [SamplingParams(temperature=0.0, presence_penalty=2.0), SamplingParams(temperature=0.0)]
