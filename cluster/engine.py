@@ -278,8 +278,8 @@ class Engine:
                                      f"+ {self.config.max_waiting} waiting requests); retry later")
             ids = list(prompt_ids)
             # the rank its blocks add the least KV load to: the least loaded, less the blocks it holds cached
-            hit = (lambda s: s.cached_blocks(ids)) if len(self.schedulers) > 1 else (lambda s: 0)
-            rank = place_request({r: s.kv_load - hit(s) for r, s in enumerate(self.schedulers)})
+            rank = place_request({r: s.kv_load - (s.cached_blocks(ids) if len(self.schedulers) > 1 else 0)
+                                  for r, s in enumerate(self.schedulers)})
             req = self.schedulers[rank].add_request(req_id, ids, params)
             self._rank_of[req_id] = rank
             detok = IncrementalDetokenizer(self.decode, ids) if self.decode else None

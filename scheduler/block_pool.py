@@ -132,8 +132,7 @@ class BlockPool:
         held = self._block_of.get(key)
         if held is not None:
             return self._node_of[held]
-        if block_id in self._key_of:         # cached under another prefix (a stale parent): keep that
-            return self._node_of[block_id]
+        assert block_id not in self._key_of, f"block {block_id} is cached already"
         self._block_of[key], self._key_of[block_id] = block_id, key
         self._node_of[block_id] = node = self._next_node
         self._next_node += 1
