@@ -517,7 +517,14 @@ class OpenAIIngress:
             raise ApiError(400, str(e)) from None
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         streams = [self._open(ids, p, f"{rid}-{i}") for i, p in enumerate(params)]
-        first = await asyncio.gather(*[s.__anext__() for s in streams], return_exceptions=True)
+        if len(streams) > 1 and self.cfg.prefix_caching and len(ids) > self.cfg.block_size:
+            # the other choices start once the first has its first token: they find its prompt's blocks cached (each
+            # would compute the whole prompt beside it otherwise)
+            first = await asyncio.gather(streams[0].__anext__(), return_exceptions=True)
+            if not isinstance(first[0], BaseException):
+                first += await asyncio.gather(*[s.__anext__() for s in streams[1:]], return_exceptions=True)
+        else:
+            first = await asyncio.gather(*[s.__anext__() for s in streams], return_exceptions=True)
         for s, f in zip(streams, first):
             if isinstance(f, BaseException):
                 await asyncio.gather(*[x.aclose() for x in streams], return_exceptions=True)

@@ -113,6 +113,17 @@ def test_a_repeated_prompt_reports_its_cached_tokens(client, base_url):
     assert metric(base_url, "glmserve_prefix_cache_hit_tokens") >= hits + 2 * cached
 
 
+def test_n_choices_after_the_first_find_its_prompt_cached(client, base_url):
+    """n > 1: the other choices start once the first has its first token, so they reuse its prompt's blocks instead of
+    each computing the prompt beside it."""
+    prompt = "In a hole in the ground there lived a hobbit, not a nasty, dirty, wet hole, filled with the ends of " * 3
+    hits = metric(base_url, "glmserve_prefix_cache_hit_tokens")
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, n=3, temperature=0)
+    assert len(out.choices) == 3 and out.usage.prompt_tokens_details.cached_tokens == 0     # the first's: a new prompt
+    full = (out.usage.prompt_tokens - 1) // 16 * 16
+    assert metric(base_url, "glmserve_prefix_cache_hit_tokens") - hits >= 2 * full > 0
+
+
 def test_tokenize_and_detokenize_give_the_ids_a_request_is_fed(client, base_url):
     """vLLM's /tokenize (a prompt, or messages through the chat template) counts what the usage reports; /detokenize
     turns ids back; bad bodies are 400s naming the field, another model a 404."""
