@@ -119,7 +119,7 @@ def cmd_make_checkpoint(a: argparse.Namespace) -> int:
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
-    from cluster.serve import run_server
+    from cluster.server import run_server
 
     return run_server(_engine_config(a), host=a.host, port=a.port, drain_timeout_s=a.drain_timeout,
                       stats_interval_s=a.stats_interval)

@@ -1,7 +1,7 @@
 """The Ray Serve application: an OpenAI-compatible FastAPI ingress in front of the coordinator.
 
     serve run cluster.serve:build_app model=/path/to/ckpt num_workers=8
-    glmserve serve                      # the same, with a local Ray started for you
+    glmserve serve                      # the same, with a local Ray started for you (cluster/server.py)
 
 ``build_app(args)`` is the Serve import path; ``args`` are ``EngineConfig`` fields (unknown keys are an
 error naming them). Coordinator replicas (each with its own N workers) scale with ``num_replicas`` or
@@ -30,6 +30,7 @@ from cluster.guided import check_tool_grammar, tool_grammar
 from cluster.parsers import TOOL_MARKERS, ReasoningSplit, ToolCalls
 from cluster.protocol import (ApiError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
                               validation_error)
+from cluster.responses import ResponseEvents, ResponsesRequest, response_object, responses_param
 from scheduler.scheduler import AdmissionError
 
 app = FastAPI(title="glmserve", docs_url=None, redoc_url=None)
@@ -144,6 +145,15 @@ def _admission_error(e: AdmissionError) -> ApiError:
                     code="context_length_exceeded" if e.reason in ("too_long", "kv_capacity") else None)
 
 
+async def _closing(events: AsyncIterator[str], merged) -> AsyncIterator[str]:
+    """``events``, then the choices' streams closed (a client gone mid-stream: its request is aborted)."""
+    try:
+        async for out in events:
+            yield out
+    finally:
+        await merged.aclose()
+
+
 async def _merge(streams: list[AsyncIterator], first: list) -> AsyncIterator[tuple[int, Any]]:
     """Interleave n streams' events as (choice index, event), starting with their first events."""
     queue: asyncio.Queue = asyncio.Queue()
@@ -189,6 +199,7 @@ class _Formatter:
         self.tools = [ToolCalls(tool_ids, decode, string_args) for _ in range(n)]
         self.created = int(time.time())
         self.cached = 0                             # the prompt's tokens found in the prefix cache (the first choice's)
+        self.reasoning_tokens = 0                   # output tokens the reasoning parser gave to reasoning_content
         self.fingerprint = ""
         self.object = "chat.completion" if chat else "text_completion"
 
@@ -236,6 +247,7 @@ class _Formatter:
             self._count_cached(i, ev)
             if self.reasoning[i].takes(ev):
                 thoughts[i] += ev.text
+                self.reasoning_tokens += len(ev.token_ids)
             else:
                 texts[i] += self.tools[i].feed(ev)[0]
             completion += len(ev.token_ids)
@@ -266,48 +278,56 @@ class _Formatter:
     def _usage(self, completion: int, n: int) -> dict:
         return {"prompt_tokens": self.num_prompt, "completion_tokens": completion,
                 "total_tokens": self.num_prompt + completion,
-                "prompt_tokens_details": {"cached_tokens": self.cached}}
+                "prompt_tokens_details": {"cached_tokens": self.cached},
+                "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens}}
 
-    def _chunk(self, choices: list, usage: dict | None = None) -> str:
+    def _chunk(self, choices: list, usage: dict | None = None) -> dict:
         body = {"id": self.rid, "object": self.object + ".chunk" if self.chat else self.object,
                 "created": self.created, "model": self.ing.model_name, "system_fingerprint": self.fingerprint,
                 "choices": choices}
         if usage is not None:
             body["usage"] = usage
-        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+        return body
+
+    async def chunks(self, merged) -> AsyncIterator[dict]:
+        """The stream's chunks: each event's choice delta (an error's body ends them), then one with no choices and
+        the usage."""
+        completion, started = 0, set()
+        async for i, ev in merged:
+            if ev.error:
+                yield self._api_error(ev).body()
+                break
+            completion += len(ev.token_ids)
+            self.fingerprint = ev.served_by
+            self._count_cached(i, ev)
+            if self.chat:
+                thought = self.reasoning[i].takes(ev)
+                self.reasoning_tokens += len(ev.token_ids) if thought else 0
+                text, calls = ("", []) if thought else self.tools[i].feed(ev)
+                delta = {"reasoning_content": ev.text} if thought else {"content": text}
+                if calls:
+                    delta["tool_calls"] = calls
+                if ev.finished and self.tools[i].calls and ev.finish_reason == "stop":
+                    ev.finish_reason = "tool_calls"
+                if i not in started:
+                    delta["role"] = "assistant"
+                    started.add(i)
+                choice = {"index": i, "delta": delta, "logprobs": self._logprobs(ev, i),
+                          "finish_reason": ev.finish_reason if ev.finished else None}
+            else:
+                text = ev.text if i in started else self.echo + ev.text
+                started.add(i)
+                choice = {"index": i, "text": text, "logprobs": self._logprobs(ev, i),
+                          "finish_reason": ev.finish_reason if ev.finished else None}
+            if ev.text or ev.finished or ev.token_ids:
+                yield self._chunk([choice])
+        yield self._chunk([], self._usage(completion, 1))
 
     async def sse(self, merged, include_usage: bool) -> AsyncIterator[str]:
-        completion, started = 0, set()
         try:
-            async for i, ev in merged:
-                if ev.error:
-                    yield f"data: {json.dumps(self._api_error(ev).body())}\n\n"
-                    break
-                completion += len(ev.token_ids)
-                self.fingerprint = ev.served_by
-                self._count_cached(i, ev)
-                if self.chat:
-                    thought = self.reasoning[i].takes(ev)
-                    text, calls = ("", []) if thought else self.tools[i].feed(ev)
-                    delta = {"reasoning_content": ev.text} if thought else {"content": text}
-                    if calls:
-                        delta["tool_calls"] = calls
-                    if ev.finished and self.tools[i].calls and ev.finish_reason == "stop":
-                        ev.finish_reason = "tool_calls"
-                    if i not in started:
-                        delta["role"] = "assistant"
-                        started.add(i)
-                    choice = {"index": i, "delta": delta, "logprobs": self._logprobs(ev, i),
-                              "finish_reason": ev.finish_reason if ev.finished else None}
-                else:
-                    text = ev.text if i in started else self.echo + ev.text
-                    started.add(i)
-                    choice = {"index": i, "text": text, "logprobs": self._logprobs(ev, i),
-                              "finish_reason": ev.finish_reason if ev.finished else None}
-                if ev.text or ev.finished or ev.token_ids:
-                    yield self._chunk([choice])
-            if include_usage:
-                yield self._chunk([], self._usage(completion, 1))
+            async for chunk in self.chunks(merged):
+                if include_usage or chunk.get("choices", True):
+                    yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
             yield "data: [DONE]\n\n"
         finally:
             await merged.aclose()
@@ -429,6 +449,23 @@ class OpenAIIngress:
             body.max_tokens = body.max_completion_tokens
         return await self._respond(request, body, ids, logprobs, chat=True)
 
+    @app.post("/v1/responses")
+    async def responses(self, request: Request):
+        """OpenAI's Responses API on the chat machinery (``cluster/responses.py``): not stored, text and functions."""
+        body = await self._parse(request, ResponsesRequest)
+        chat = body.to_chat()
+        try:
+            fmt, merged = await self._start(chat, await self._chat_ids(chat), None, chat=True)
+        except ApiError as e:
+            raise responses_param(e) from None
+        if body.stream:
+            return StreamingResponse(_closing(ResponseEvents(body, self.model_name).sse(fmt.chunks(merged)), merged),
+                                     media_type="text/event-stream")
+        try:
+            return JSONResponse(response_object(body, await fmt.whole(merged, 1)))
+        finally:
+            await merged.aclose()
+
     @app.post("/tokenize")
     async def tokenize(self, request: Request) -> dict:
         """The ids a completion's prompt or a chat's messages become (vLLM's endpoint): clients count their context."""
@@ -494,6 +531,14 @@ class OpenAIIngress:
 
     async def _respond(self, request: Request, body, ids: list[int], logprobs: int | None, chat: bool,
                        echo: str = ""):
+        fmt, merged = await self._start(body, ids, logprobs, chat, echo)
+        if body.stream:
+            return StreamingResponse(fmt.sse(merged, body.include_usage), media_type="text/event-stream")
+        return JSONResponse(await fmt.whole(merged, body.n))
+
+    async def _start(self, body, ids: list[int], logprobs: int | None, chat: bool, echo: str = ""):
+        """Open the request's choices on the coordinator (their first events come back: an admission error is raised
+        here, before any response starts); returns the formatter and the choices' merged events."""
         max_tokens = body.max_tokens if body.max_tokens is not None else (
             max(1, self.max_model_len - len(ids)) if chat else 16)
         if len(ids) + max_tokens > self.max_model_len:
@@ -534,10 +579,7 @@ class OpenAIIngress:
                 raise ApiError(503, f"the model replica is unavailable: {f}", None, "server_error") from None
         fmt = _Formatter(self, rid, chat, len(ids), logprobs, thinking, body.n, tool_ids, echo,
                          body.string_arguments if tool_ids else None)
-        merged = _merge(streams, first)
-        if body.stream:
-            return StreamingResponse(fmt.sse(merged, body.include_usage), media_type="text/event-stream")
-        return JSONResponse(await fmt.whole(merged, body.n))
+        return fmt, _merge(streams, first)
 
     async def _open(self, ids, params, req_id) -> AsyncIterator:
         gen = self.coord.options(stream=True).generate.remote(ids, params, req_id)
@@ -596,178 +638,3 @@ def build_app(args: dict | None = None):
 # rather than Serve's proxy queueing requests and then dropping them with a plain-text 503 (the ingress held 256
 # before session 18: with the 8×H200 file's 128 + 1024 the 429 was unreachable).
 INGRESS_MAX_ONGOING = 4096
-
-
-def _failure_reason() -> str:
-    """The root cause from a failed deployment's status message (its traceback's last line)."""
-    try:
-        app_status = serve.status().applications["glmserve"]
-        for name, d in app_status.deployments.items():
-            lines = [ln.strip() for ln in (d.message or "").splitlines() if ln.strip()]
-            if lines:
-                return f"  {name}: {lines[-1]}"
-    except Exception:
-        pass
-    return ""
-
-
-def run_server(cfg: EngineConfig, host: str = "127.0.0.1", port: int = 8000, drain_timeout_s: float = 30.0,
-               stats_interval_s: float = 10.0) -> int:
-    """``glmserve serve``: start a local Ray (logical resources on CPU), deploy, print a stats line every
-    ``stats_interval_s`` while requests come (0: never), wait for Ctrl-C / SIGTERM; then drain — new requests get
-    503, those in flight finish, for up to ``drain_timeout_s`` — and shut down."""
-    import os
-    import signal
-    import threading
-
-    if _port_taken(host, port):
-        print(f"glmserve: error: {host}:{port} is in use (another server?): stop it or choose --port", flush=True)
-        return 2
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    import ray
-
-    print(f"glmserve: starting Ray and loading {cfg.model} on {cfg.num_workers} worker(s) ...", flush=True)
-    if cfg.resolved_warmup_tokens():
-        print(f"glmserve: then a warm-up (warmup_tokens {cfg.resolved_warmup_tokens()}: CUDA graphs captured, kernels "
-              "compiled) before the replica takes requests", flush=True)
-    ray.init(num_cpus=max(16, 2 * cfg.num_workers), include_dashboard=False, log_to_driver=False,
-             namespace="glmserve")
-    serve.start(http_options={"host": host, "port": port},
-                logging_config={"enable_access_log": False, "log_level": "WARNING"})
-    t0 = time.time()
-    errors: list[BaseException] = []
-
-    def deploy():
-        try:
-            serve.run(build_app(cfg.to_dict()), name="glmserve", route_prefix="/",
-                      logging_config={"enable_access_log": False, "log_level": "WARNING"})
-        except BaseException as e:  # reported below; the process exits with an error
-            errors.append(e)
-
-    deployer = threading.Thread(target=deploy, daemon=True)
-    deployer.start()
-    last = None
-    while deployer.is_alive():                      # progress while the workers load the checkpoint
-        deployer.join(3)
-        try:
-            app_status = serve.status().applications.get("glmserve")
-            now = None if app_status is None else ", ".join(
-                f"{name} {d.status.value.lower()}" for name, d in app_status.deployments.items())
-        except Exception:
-            now = None
-        if now and now != last:
-            print(f"glmserve: [{time.time() - t0:4.0f} s] {now}", flush=True)
-            last = now
-    if errors:
-        print(f"glmserve: error: the deployment failed: {errors[0]}\n{_failure_reason()}", flush=True)
-        serve.shutdown()
-        ray.shutdown()
-        return 2
-    print(f"glmserve: ready in {time.time() - t0:.0f} s — OpenAI API at http://{host}:{port}/v1 "
-          f"(model {_model_name(cfg)!r}); Ctrl-C to stop", flush=True)
-    stop = _Stop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    stats = _Stats(serve.get_app_handle("glmserve"))
-    while not stop.wait(stats_interval_s if stats_interval_s > 0 else None):
-        stats.report()
-    stop.clear()
-    _drain(stop, drain_timeout_s)
-    serve.shutdown()
-    ray.shutdown()
-    return 0
-
-
-def _port_taken(host: str, port: int) -> bool:
-    """Whether something listens on ``host:port``. Serve's proxy binds with SO_REUSEPORT: a second server on a taken
-    port started, said it was ready, and shared the port with the first (the kernel splits connections between them)."""
-    import errno
-    import socket
-
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            return e.errno == errno.EADDRINUSE
-    return False
-
-
-class _Stop:
-    """``glmserve serve``'s stop flag, set by its SIGINT / SIGTERM handler: an attribute, polled. A
-    ``threading.Event`` takes a lock in ``set()`` that the main thread, which runs every handler, may hold — in
-    ``wait()``, or in the handler itself when two signals come at once (``timeout`` signals the process and its
-    group): the process hung for good."""
-
-    POLL_S = 0.1
-
-    def __init__(self):
-        self.flag = False
-
-    def set(self) -> None:
-        self.flag = True
-
-    def clear(self) -> None:
-        self.flag = False
-
-    def is_set(self) -> bool:
-        return self.flag
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Until set, for at most ``timeout`` seconds (None: no limit); whether it is set."""
-        end = None if timeout is None else time.monotonic() + timeout
-        while not self.flag and (end is None or time.monotonic() < end):
-            time.sleep(self.POLL_S if end is None else max(0.0, min(self.POLL_S, end - time.monotonic())))
-        return self.flag
-
-
-class _Stats:
-    """``glmserve serve``'s periodic line (as vLLM's): prompt and generated tokens a second since the last line,
-    requests running and waiting, KV in use — printed only while something happens."""
-
-    def __init__(self, ingress):
-        self.ingress, self.last = ingress, None
-
-    def report(self) -> None:
-        try:
-            info = self.ingress.info.remote().result(timeout_s=10)
-        except Exception as e:  # noqa: BLE001 — a busy or restarting replica: the next line will tell
-            print(f"glmserve: no stats ({type(e).__name__})", flush=True)
-            return
-        from cluster.coordinator import stats_line
-
-        now = time.monotonic()
-        line = stats_line(self.last, now, info)
-        if line:
-            print(f"glmserve: {line}", flush=True)
-        self.last = (now, info["stats"])
-
-
-def _drain(stop, timeout_s: float) -> None:
-    """Stop taking requests and wait up to ``timeout_s`` for those in flight, or until ``stop`` is set again."""
-    print(f"glmserve: stopping — new requests get 503; waiting up to {timeout_s:.0f} s for the requests in flight "
-          "(Ctrl-C again: stop now) ...", flush=True)
-    deadline = time.time() + timeout_s
-    left = -1
-    try:
-        ingress = serve.get_app_handle("glmserve")
-        while not stop.is_set():
-            left = ingress.drain.remote().result(timeout_s=10)
-            if left == 0 or time.time() >= deadline:
-                break
-            stop.wait(0.5)
-    except Exception as e:  # noqa: BLE001 — the ingress is gone or stuck: shut down anyway
-        print(f"glmserve: could not drain ({type(e).__name__}: {e})", flush=True)
-    if left > 0:                    # each open stream's client gets an error event rather than a cut connection
-        try:
-            ingress = serve.get_app_handle("glmserve")
-            ended = ingress.close_streams.remote().result(timeout_s=10)
-            until = time.time() + 5
-            while ingress.drain.remote().result(timeout_s=10) and time.time() < until and not stop.is_set():
-                stop.wait(0.2)      # the error events on their way out
-        except Exception as e:  # noqa: BLE001 — the ingress is gone or stuck: shut down anyway
-            ended = f"? ({type(e).__name__})"
-        print(f"glmserve: shutting down: {ended} request(s) still in flight ended with an error", flush=True)
-    elif left < 0:                  # stopped again, or the ingress did not answer, before it said
-        print("glmserve: shutting down without waiting (any stream in flight ends with an error)", flush=True)

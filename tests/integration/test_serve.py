@@ -124,6 +124,35 @@ def test_n_choices_after_the_first_find_its_prompt_cached(client, base_url):
     assert metric(base_url, "glmserve_prefix_cache_hit_tokens") - hits >= 2 * full > 0
 
 
+def test_the_responses_api_answers_as_the_chat_does(client, base_url):
+    """/v1/responses through the OpenAI client: the chat's answer as a Response (instructions as the system message),
+    streamed as typed events whose text deltas and final Response agree; what is not served is a 400 naming it."""
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "system", "content": "You are terse."},
+                                                                 {"role": "user", "content": "Tell me a story."}],
+                                          max_tokens=10, temperature=0)
+    ask = dict(model=MODEL, instructions="You are terse.", input="Tell me a story.", max_output_tokens=10,
+               temperature=0)
+    resp = client.responses.create(**ask)
+    done = "incomplete" if chat.choices[0].finish_reason == "length" else "completed"
+    assert resp.output_text == chat.choices[0].message.content and resp.status == done
+    assert (resp.usage.input_tokens, resp.usage.output_tokens) == (chat.usage.prompt_tokens,
+                                                                    chat.usage.completion_tokens)
+    events = list(client.responses.create(**ask, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == f"response.{done}"
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == resp.output_text
+    assert events[-1].response.output_text == resp.output_text
+    cut = client.responses.create(**{**ask, "max_output_tokens": 1})
+    assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
+    assert cut.usage.output_tokens == 1
+    for body, param in (({"previous_response_id": "resp_x"}, "previous_response_id"),
+                        ({"max_output_tokens": 10 ** 6}, "max_output_tokens"),
+                        ({"input": [{"type": "message", "role": "user", "content": [{"type": "input_image"}]}]},
+                         "input[0].content[0]")):
+        status, err = post(base_url, "/v1/responses", {**ask, **body})
+        assert status == 400 and err["error"]["param"] == param, err
+
+
 def test_tokenize_and_detokenize_give_the_ids_a_request_is_fed(client, base_url):
     """vLLM's /tokenize (a prompt, or messages through the chat template) counts what the usage reports; /detokenize
     turns ids back; bad bodies are 400s naming the field, another model a 404."""
@@ -578,6 +607,24 @@ def test_tool_choice_required_or_named_starts_with_that_call(serve_session, text
         status, err = post(serve_session + "/tools", "/v1/chat/completions", {**chat, "extra_body": None, "tools": bad,
                                                                               "tool_choice": "required"})
         assert status == 400 and err["error"]["param"] == "tools" and "'f', argument 'a'" in err["error"]["message"]
+        # the same strict call through /v1/responses (flat function tools): a function_call item, its arguments the
+        # chat's, streamed as argument deltas; the call's output goes back as an input item
+        flat = [{"type": "function", **strict[0]["function"]}]
+        ask = dict(model=MODEL, input="What is the weather in Paris?", tools=flat, tool_choice="required",
+                   max_output_tokens=40, temperature=0, parallel_tool_calls=False, reasoning={"effort": "none"})
+        resp = tc.responses.create(**ask)
+        calls = [i for i in resp.output if i.type == "function_call"]
+        assert len(calls) == 1 and calls[0].name == "get_weather" and resp.status == "completed", resp.output
+        assert calls[0].arguments == out.message.tool_calls[0].function.arguments
+        events = list(tc.responses.create(**ask, stream=True))
+        assert "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta") == \
+            calls[0].arguments and events[-1].type == "response.completed"
+        assert [(i.name, i.arguments) for i in events[-1].response.output if i.type == "function_call"] == \
+            [(calls[0].name, calls[0].arguments)]
+        turn = tc.responses.create(**{**ask, "tool_choice": "auto", "max_output_tokens": 8, "input": [
+            {"role": "user", "content": "What is the weather in Paris?"}, calls[0].model_dump(),
+            {"type": "function_call_output", "call_id": calls[0].call_id, "output": "sunny"}]})
+        assert turn.usage.input_tokens > resp.usage.input_tokens and turn.output
     finally:
         serve.delete("tools")
     status, err = post(base_url, "/v1/chat/completions", {**chat, "extra_body": None, "tool_choice": "required"})

@@ -284,7 +284,7 @@ def test_glmserve_serve_refuses_a_port_in_use(monkeypatch, capsys):
     pytest.importorskip("ray")
     import ray
 
-    from cluster.serve import run_server
+    from cluster.server import run_server
 
     def no_ray(*a, **kw):
         raise AssertionError("started Ray on a port in use")
@@ -307,7 +307,7 @@ def test_glmserve_serves_stop_flag_can_be_set_inside_itself():
     import sys
 
     pytest.importorskip("ray")
-    from cluster.serve import _Stop
+    from cluster.server import _Stop
 
     stop = _Stop()
     codes = {_Stop.set.__code__, _Stop.wait.__code__}

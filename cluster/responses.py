@@ -1,0 +1,328 @@
+"""OpenAI's Responses API (``POST /v1/responses``) over the chat machinery: the request becomes a chat completion's
+(``ResponsesRequest.to_chat``: ``instructions`` and ``input`` items → messages, flat function tools → chat tools,
+``text.format`` → ``response_format``, ``max_output_tokens`` → ``max_completion_tokens``), and the chat's answer or
+its stream of chunks becomes a Response object or its stream of typed events (``response_object``, ``ResponseEvents``).
+
+Not kept on the server: a response is not stored (``store`` is answered false) and ``previous_response_id`` is refused —
+a client sends the whole conversation as ``input`` (reasoning items may be sent back; the chat template drops earlier
+turns' reasoning anyway). Text only: other input or tool types are 400s naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from cluster.protocol import ApiError, ChatCompletionRequest, validation_error
+
+# chat fields → the Responses fields a client sent them as (errors name what the client wrote)
+_PARAMS = {"messages": "input", "max_completion_tokens": "max_output_tokens", "response_format": "text.format",
+           "chat_template_kwargs": "reasoning"}
+
+
+class ResponsesRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
+
+    model: str
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    stream: bool = False
+    text: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    store: bool | None = None
+    previous_response_id: str | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    truncation: Literal["disabled"] | None = None
+    top_logprobs: int | None = None
+    include: list[str] | None = None
+
+    def check_supported(self) -> None:
+        if self.previous_response_id is not None:
+            raise ApiError(400, "previous_response_id is not supported: responses are not stored, send the whole "
+                           "conversation as input", "previous_response_id")
+        if self.top_logprobs:
+            raise ApiError(400, "top_logprobs is not supported on /v1/responses", "top_logprobs")
+        if self.include:
+            raise ApiError(400, f"include is not supported (got {self.include})", "include")
+
+    def to_chat(self) -> ChatCompletionRequest:
+        """The chat completion this request asks for; a field the chat refuses is a 400 naming the Responses field."""
+        body: dict[str, Any] = {"model": self.model, "messages": self._messages(), "stream": self.stream,
+                                "temperature": self.temperature, "top_p": self.top_p,
+                                "parallel_tool_calls": self.parallel_tool_calls}
+        if self.max_output_tokens is not None:
+            body["max_completion_tokens"] = self.max_output_tokens
+        if self.tools:
+            body["tools"] = [_chat_tool(t, i) for i, t in enumerate(self.tools)]
+        if isinstance(self.tool_choice, dict):
+            if self.tool_choice.get("type") != "function" or not isinstance(self.tool_choice.get("name"), str):
+                raise ApiError(400, "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'name': "
+                               "...}", "tool_choice")
+            body["tool_choice"] = {"type": "function", "function": {"name": self.tool_choice["name"]}}
+        elif self.tool_choice is not None:
+            body["tool_choice"] = self.tool_choice
+        if (fmt := (self.text or {}).get("format")) is not None:
+            body["response_format"] = _response_format(fmt)
+        if (self.reasoning or {}).get("effort") in ("none", "minimal"):
+            body["chat_template_kwargs"] = {"enable_thinking": False}
+        try:
+            chat = ChatCompletionRequest.model_validate(body)
+            chat.check_supported()
+            chat.max_tokens = chat.max_completion_tokens      # as the chat endpoint does
+        except ValidationError as e:
+            raise responses_param(validation_error(e)) from None
+        except ApiError as e:
+            raise responses_param(e) from None
+        return chat
+
+    def _messages(self) -> list[dict[str, Any]]:
+        messages = [{"role": "system", "content": self.instructions}] if self.instructions is not None else []
+        items = [{"type": "message", "role": "user", "content": self.input}] if isinstance(self.input, str) \
+            else self.input
+        for i, item in enumerate(items):
+            kind = item.get("type", "message")
+            if kind == "message":
+                if item.get("role") not in ("user", "system", "developer", "assistant"):
+                    raise ApiError(400, f"input[{i}] has role {item.get('role')!r}", f"input[{i}].role")
+                messages.append({"role": item["role"], "content": _text(item.get("content"), i)})
+            elif kind == "function_call":
+                call = {"id": item.get("call_id"), "type": "function",
+                        "function": {"name": item.get("name"), "arguments": item.get("arguments", "")}}
+                last = messages[-1] if messages else None
+                if last is not None and last["role"] == "assistant" and last.get("tool_calls") is not None:
+                    last["tool_calls"].append(call)             # parallel calls: one assistant turn
+                else:
+                    messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            elif kind == "function_call_output":
+                output = item.get("output")
+                messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
+                                 "content": output if isinstance(output, str) else json.dumps(output)})
+            elif kind != "reasoning":                           # earlier reasoning: the template drops it
+                raise ApiError(400, f"input[{i}] has type {kind!r}: message, function_call, function_call_output "
+                               "and reasoning items are supported", f"input[{i}].type")
+        return messages
+
+
+def _text(content: Any, i: int) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ApiError(400, f"input[{i}].content must be a string or a list of text parts", f"input[{i}].content")
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text") \
+                or not isinstance(part.get("text"), str):
+            raise ApiError(400, f"input[{i}].content[{j}] must be a text part (this model takes no images, audio or "
+                           "files)", f"input[{i}].content[{j}]")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _chat_tool(tool: dict, i: int) -> dict:
+    if tool.get("type") != "function" or not isinstance(tool.get("name"), str):
+        raise ApiError(400, f"tools[{i}] must be a function tool with a name (built-in tools are not supported)",
+                       f"tools[{i}]")
+    fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
+    return {"type": "function", "function": fn}
+
+
+def _response_format(fmt: dict) -> dict:
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "json_schema":
+        return {"type": "json_schema", "json_schema": {k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}}
+    if kind in ("json_object", "text"):
+        return {"type": kind}
+    raise ApiError(400, f"text.format must be text, json_object or json_schema, got {fmt!r}", "text.format")
+
+
+def responses_param(e: ApiError) -> ApiError:
+    """A chat field's error renamed to the Responses field the client sent (``messages`` → ``input`` ...)."""
+    if e.param and e.param.startswith("tools["):        # a flat tool: tools[i].parameters, not .function.parameters
+        e.param, e.message = e.param.replace(".function.", "."), e.message.replace(".function.", ".")
+    elif e.param:
+        head, dot, rest = e.param.partition(".")
+        head, sep, index = head.partition("[")
+        if head in _PARAMS:
+            e.param = _PARAMS[head] + sep + index + dot + rest
+            e.message = e.message.replace(f"'{head}", f"'{_PARAMS[head]}")
+    return e
+
+
+# ---- the answer ---------------------------------------------------------------------------------------------------
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+def _usage(chat_usage: dict) -> dict:
+    return {"input_tokens": chat_usage["prompt_tokens"],
+            "input_tokens_details": {"cached_tokens": chat_usage["prompt_tokens_details"]["cached_tokens"]},
+            "output_tokens": chat_usage["completion_tokens"],
+            "output_tokens_details": {"reasoning_tokens":
+                                      chat_usage["completion_tokens_details"]["reasoning_tokens"]},
+            "total_tokens": chat_usage["total_tokens"]}
+
+
+def _reasoning_item(item_id: str, text: str) -> dict:
+    return {"type": "reasoning", "id": item_id, "summary": [], "content": [{"type": "reasoning_text", "text": text}],
+            "status": "completed"}
+
+
+def _message_item(item_id: str, text: str, status: str = "completed") -> dict:
+    content = [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
+
+
+def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str = "completed") -> dict:
+    return {"type": "function_call", "id": item_id, "call_id": call_id, "name": name, "arguments": arguments,
+            "status": status}
+
+
+def envelope(req: ResponsesRequest, rid: str, created: float, model: str, status: str, output: list,
+             usage: dict | None, finish_reason: str | None = None, error: dict | None = None) -> dict:
+    """A Response object: the request's settings, the output items and how it ended."""
+    return {"id": rid, "object": "response", "created_at": created, "status": status, "error": error,
+            "incomplete_details": {"reason": "max_output_tokens"} if finish_reason == "length" else None,
+            "instructions": req.instructions, "max_output_tokens": req.max_output_tokens, "model": model,
+            "output": output, "parallel_tool_calls": req.parallel_tool_calls, "previous_response_id": None,
+            "reasoning": {"effort": (req.reasoning or {}).get("effort"), "summary": None}, "store": False,
+            "temperature": req.temperature, "text": req.text or {"format": {"type": "text"}},
+            "tool_choice": req.tool_choice or "auto", "tools": req.tools or [], "top_p": req.top_p,
+            "truncation": "disabled", "usage": usage, "user": req.user, "metadata": req.metadata or {}}
+
+
+def _status(finish_reason: str | None) -> str:
+    return "incomplete" if finish_reason == "length" else "completed"
+
+
+def response_object(req: ResponsesRequest, chat: dict) -> dict:
+    """The Response for a whole chat completion: its reasoning, text and calls as output items."""
+    choice = chat["choices"][0]
+    msg, output = choice["message"], []
+    if msg.get("reasoning_content"):
+        output.append(_reasoning_item(_id("rs"), msg["reasoning_content"]))
+    if msg.get("content"):
+        output.append(_message_item(_id("msg"), msg["content"]))
+    for call in msg.get("tool_calls") or ():
+        output.append(_call_item(_id("fc"), call["id"], call["function"]["name"], call["function"]["arguments"]))
+    return envelope(req, _id("resp"), chat["created"], chat["model"], _status(choice["finish_reason"]), output,
+                    _usage(chat["usage"]), choice["finish_reason"])
+
+
+class ResponseEvents:
+    """A chat stream's chunks as the Responses API's typed events: an output item opens when its kind of delta first
+    comes (reasoning, text, each call) and closes when another opens or the stream ends; the last event carries the
+    whole Response."""
+
+    def __init__(self, req: ResponsesRequest, model: str):
+        self.req, self.model = req, model
+        self.rid, self.created = _id("resp"), time.time()
+        self.seq = 0
+        self.output: list[dict] = []       # closed items
+        self.open: dict | None = None      # the item being streamed: its kind, id, text so far (and a call's name)
+
+    def _event(self, kind: str, **fields) -> str:
+        self.seq += 1
+        body = {"type": kind, "sequence_number": self.seq - 1, **fields}
+        return f"event: {kind}\ndata: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+    def _response(self, status: str, usage: dict | None = None, finish: str | None = None,
+                  error: dict | None = None) -> dict:
+        return envelope(self.req, self.rid, self.created, self.model, status, list(self.output), usage, finish, error)
+
+    async def sse(self, chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
+        yield self._event("response.created", response=self._response("in_progress"))
+        yield self._event("response.in_progress", response=self._response("in_progress"))
+        finish = None
+        async for chunk in chunks:
+            if "error" in chunk:
+                for out in self._close():
+                    yield out
+                yield self._event("response.failed", response=self._response(
+                    "failed", error={"code": "server_error", "message": chunk["error"]["message"]}))
+                return
+            if not chunk["choices"]:                                # the last chunk: the usage
+                for out in self._close():
+                    yield out
+                usage = _usage(chunk["usage"])
+                status = _status(finish)
+                yield self._event(f"response.{status}", response=self._response(status, usage, finish))
+                return
+            choice = chunk["choices"][0]
+            delta = choice["delta"]
+            finish = choice["finish_reason"] or finish
+            if delta.get("reasoning_content"):
+                for out in self._text("reasoning", delta["reasoning_content"]):
+                    yield out
+            if delta.get("content"):
+                for out in self._text("message", delta["content"]):
+                    yield out
+            for call in delta.get("tool_calls") or ():
+                for out in self._call(call):
+                    yield out
+
+    def _start(self, item: dict) -> list[str]:
+        out = self._close()
+        self.open = {"item": item, "text": ""}
+        out.append(self._event("response.output_item.added", output_index=len(self.output), item=item))
+        if item["type"] == "message":
+            out.append(self._event("response.content_part.added", item_id=item["id"], output_index=len(self.output),
+                                   content_index=0, part={"type": "output_text", "text": "", "annotations": []}))
+        return out
+
+    def _text(self, kind: str, text: str) -> list[str]:
+        out = []
+        if self.open is None or self.open["item"]["type"] != kind:
+            item = _message_item(_id("msg"), "", "in_progress") if kind == "message" else \
+                {"type": "reasoning", "id": _id("rs"), "summary": [], "content": []}
+            out += self._start(item)
+        self.open["text"] += text
+        name = "response.output_text.delta" if kind == "message" else "response.reasoning_text.delta"
+        out.append(self._event(name, item_id=self.open["item"]["id"], output_index=len(self.output), content_index=0,
+                               delta=text))
+        return out
+
+    def _call(self, call: dict) -> list[str]:
+        out = []
+        if "id" in call:                                        # a call's first delta: its id and name
+            out += self._start(_call_item(_id("fc"), call["id"], call["function"]["name"], "", "in_progress"))
+        piece = call["function"].get("arguments", "")
+        if piece:
+            self.open["text"] += piece
+            out.append(self._event("response.function_call_arguments.delta", item_id=self.open["item"]["id"],
+                                   output_index=len(self.output), delta=piece))
+        return out
+
+    def _close(self) -> list[str]:
+        if self.open is None:
+            return []
+        item, text, index = self.open["item"], self.open["text"], len(self.output)
+        self.open = None
+        if item["type"] == "message":
+            done = _message_item(item["id"], text)
+            out = [self._event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
+                               text=text),
+                   self._event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
+                               part=done["content"][0])]
+        elif item["type"] == "reasoning":
+            done = _reasoning_item(item["id"], text)
+            out = [self._event("response.reasoning_text.done", item_id=item["id"], output_index=index,
+                               content_index=0, text=text)]
+        else:
+            done = _call_item(item["id"], item["call_id"], item["name"], text)
+            out = [self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                               name=item["name"], arguments=text)]
+        self.output.append(done)
+        out.append(self._event("response.output_item.done", output_index=index, item=done))
+        return out

@@ -1,0 +1,184 @@
+"""``glmserve serve``: a local Ray and Serve in this process, the app deployed (``cluster.serve.build_app``) with progress
+while the workers load, a stats line while requests come, and on Ctrl-C / SIGTERM a drain before shutting down."""
+
+import time
+
+from ray import serve
+
+from cluster.config import EngineConfig
+from cluster.serve import _model_name, build_app
+
+
+def _failure_reason() -> str:
+    """The root cause from a failed deployment's status message (its traceback's last line)."""
+    try:
+        app_status = serve.status().applications["glmserve"]
+        for name, d in app_status.deployments.items():
+            lines = [ln.strip() for ln in (d.message or "").splitlines() if ln.strip()]
+            if lines:
+                return f"  {name}: {lines[-1]}"
+    except Exception:
+        pass
+    return ""
+
+
+def run_server(cfg: EngineConfig, host: str = "127.0.0.1", port: int = 8000, drain_timeout_s: float = 30.0,
+               stats_interval_s: float = 10.0) -> int:
+    """``glmserve serve``: start a local Ray (logical resources on CPU), deploy, print a stats line every
+    ``stats_interval_s`` while requests come (0: never), wait for Ctrl-C / SIGTERM; then drain — new requests get
+    503, those in flight finish, for up to ``drain_timeout_s`` — and shut down."""
+    import os
+    import signal
+    import threading
+
+    if _port_taken(host, port):
+        print(f"glmserve: error: {host}:{port} is in use (another server?): stop it or choose --port", flush=True)
+        return 2
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+
+    print(f"glmserve: starting Ray and loading {cfg.model} on {cfg.num_workers} worker(s) ...", flush=True)
+    if cfg.resolved_warmup_tokens():
+        print(f"glmserve: then a warm-up (warmup_tokens {cfg.resolved_warmup_tokens()}: CUDA graphs captured, kernels "
+              "compiled) before the replica takes requests", flush=True)
+    ray.init(num_cpus=max(16, 2 * cfg.num_workers), include_dashboard=False, log_to_driver=False,
+             namespace="glmserve")
+    serve.start(http_options={"host": host, "port": port},
+                logging_config={"enable_access_log": False, "log_level": "WARNING"})
+    t0 = time.time()
+    errors: list[BaseException] = []
+
+    def deploy():
+        try:
+            serve.run(build_app(cfg.to_dict()), name="glmserve", route_prefix="/",
+                      logging_config={"enable_access_log": False, "log_level": "WARNING"})
+        except BaseException as e:  # reported below; the process exits with an error
+            errors.append(e)
+
+    deployer = threading.Thread(target=deploy, daemon=True)
+    deployer.start()
+    last = None
+    while deployer.is_alive():                      # progress while the workers load the checkpoint
+        deployer.join(3)
+        try:
+            app_status = serve.status().applications.get("glmserve")
+            now = None if app_status is None else ", ".join(
+                f"{name} {d.status.value.lower()}" for name, d in app_status.deployments.items())
+        except Exception:
+            now = None
+        if now and now != last:
+            print(f"glmserve: [{time.time() - t0:4.0f} s] {now}", flush=True)
+            last = now
+    if errors:
+        print(f"glmserve: error: the deployment failed: {errors[0]}\n{_failure_reason()}", flush=True)
+        serve.shutdown()
+        ray.shutdown()
+        return 2
+    print(f"glmserve: ready in {time.time() - t0:.0f} s — OpenAI API at http://{host}:{port}/v1 "
+          f"(model {_model_name(cfg)!r}); Ctrl-C to stop", flush=True)
+    stop = _Stop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stats = _Stats(serve.get_app_handle("glmserve"))
+    while not stop.wait(stats_interval_s if stats_interval_s > 0 else None):
+        stats.report()
+    stop.clear()
+    _drain(stop, drain_timeout_s)
+    serve.shutdown()
+    ray.shutdown()
+    return 0
+
+
+def _port_taken(host: str, port: int) -> bool:
+    """Whether something listens on ``host:port``. Serve's proxy binds with SO_REUSEPORT: a second server on a taken
+    port started, said it was ready, and shared the port with the first (the kernel splits connections between them)."""
+    import errno
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return e.errno == errno.EADDRINUSE
+    return False
+
+
+class _Stop:
+    """``glmserve serve``'s stop flag, set by its SIGINT / SIGTERM handler: an attribute, polled. A
+    ``threading.Event`` takes a lock in ``set()`` that the main thread, which runs every handler, may hold — in
+    ``wait()``, or in the handler itself when two signals come at once (``timeout`` signals the process and its
+    group): the process hung for good."""
+
+    POLL_S = 0.1
+
+    def __init__(self):
+        self.flag = False
+
+    def set(self) -> None:
+        self.flag = True
+
+    def clear(self) -> None:
+        self.flag = False
+
+    def is_set(self) -> bool:
+        return self.flag
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Until set, for at most ``timeout`` seconds (None: no limit); whether it is set."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while not self.flag and (end is None or time.monotonic() < end):
+            time.sleep(self.POLL_S if end is None else max(0.0, min(self.POLL_S, end - time.monotonic())))
+        return self.flag
+
+
+class _Stats:
+    """``glmserve serve``'s periodic line (as vLLM's): prompt and generated tokens a second since the last line,
+    requests running and waiting, KV in use — printed only while something happens."""
+
+    def __init__(self, ingress):
+        self.ingress, self.last = ingress, None
+
+    def report(self) -> None:
+        try:
+            info = self.ingress.info.remote().result(timeout_s=10)
+        except Exception as e:  # noqa: BLE001 — a busy or restarting replica: the next line will tell
+            print(f"glmserve: no stats ({type(e).__name__})", flush=True)
+            return
+        from cluster.coordinator import stats_line
+
+        now = time.monotonic()
+        line = stats_line(self.last, now, info)
+        if line:
+            print(f"glmserve: {line}", flush=True)
+        self.last = (now, info["stats"])
+
+
+def _drain(stop, timeout_s: float) -> None:
+    """Stop taking requests and wait up to ``timeout_s`` for those in flight, or until ``stop`` is set again."""
+    print(f"glmserve: stopping — new requests get 503; waiting up to {timeout_s:.0f} s for the requests in flight "
+          "(Ctrl-C again: stop now) ...", flush=True)
+    deadline = time.time() + timeout_s
+    left = -1
+    try:
+        ingress = serve.get_app_handle("glmserve")
+        while not stop.is_set():
+            left = ingress.drain.remote().result(timeout_s=10)
+            if left == 0 or time.time() >= deadline:
+                break
+            stop.wait(0.5)
+    except Exception as e:  # noqa: BLE001 — the ingress is gone or stuck: shut down anyway
+        print(f"glmserve: could not drain ({type(e).__name__}: {e})", flush=True)
+    if left > 0:                    # each open stream's client gets an error event rather than a cut connection
+        try:
+            ingress = serve.get_app_handle("glmserve")
+            ended = ingress.close_streams.remote().result(timeout_s=10)
+            until = time.time() + 5
+            while ingress.drain.remote().result(timeout_s=10) and time.time() < until and not stop.is_set():
+                stop.wait(0.2)      # the error events on their way out
+        except Exception as e:  # noqa: BLE001 — the ingress is gone or stuck: shut down anyway
+            ended = f"? ({type(e).__name__})"
+        print(f"glmserve: shutting down: {ended} request(s) still in flight ended with an error", flush=True)
+    elif left < 0:                  # stopped again, or the ingress did not answer, before it said
+        print("glmserve: shutting down without waiting (any stream in flight ends with an error)", flush=True)

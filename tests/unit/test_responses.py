@@ -1,0 +1,164 @@
+"""The Responses API without a server (cluster/responses.py): a request as the chat completion it asks for, a chat
+answer as a Response, and a chat stream's chunks as the typed events (over HTTP: tests/integration/test_serve.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+pytest.importorskip("ray")
+
+from cluster.protocol import ApiError  # noqa: E402
+from cluster.responses import ResponseEvents, ResponsesRequest, response_object  # noqa: E402
+
+WEATHER = {"type": "function", "name": "weather", "description": "the weather", "strict": True,
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+def _req(**body) -> ResponsesRequest:
+    req = ResponsesRequest.model_validate({"model": "m", "input": "hi", **body})
+    req.check_supported()
+    return req
+
+
+def test_a_request_becomes_the_chat_it_asks_for():
+    req = _req(instructions="Be terse.", max_output_tokens=40, temperature=0.5, tools=[WEATHER],
+               tool_choice={"type": "function", "name": "weather"}, parallel_tool_calls=False,
+               reasoning={"effort": "none"},
+               input=[{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Paris"},
+                                                                      {"type": "input_text", "text": " weather?"}]},
+                      {"type": "reasoning", "id": "rs_1", "summary": []},
+                      {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": '{"city": "Paris"}'},
+                      {"type": "function_call", "call_id": "c2", "name": "weather", "arguments": '{"city": "Nice"}'},
+                      {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+                      {"type": "function_call_output", "call_id": "c2", "output": {"sky": "grey"}},
+                      {"role": "user", "content": "and tomorrow?"}])
+    chat = req.to_chat()
+    assert chat.template_messages() == [
+        {"role": "system", "content": "Be terse."}, {"role": "user", "content": "Paris weather?"},
+        {"role": "assistant", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}},
+            {"id": "c2", "type": "function", "function": {"name": "weather", "arguments": {"city": "Nice"}}}]},
+        {"role": "tool", "content": "sunny"}, {"role": "tool", "content": '{"sky": "grey"}'},
+        {"role": "user", "content": "and tomorrow?"}]
+    assert chat.max_completion_tokens == chat.max_tokens == 40 and chat.temperature == 0.5 and not chat.parallel_tool_calls
+    assert chat.tools == [{"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}]
+    assert chat.forced_function == "weather" and chat.chat_template_kwargs == {"enable_thinking": False}
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    fmt = _req(text={"format": {"type": "json_schema", "name": "x", "schema": schema, "strict": True}}).to_chat()
+    assert fmt.response_format == {"type": "json_schema", "json_schema": {"name": "x", "schema": schema,
+                                                                            "strict": True}}
+    assert _req(input="hello").to_chat().template_messages() == [{"role": "user", "content": "hello"}]
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"include": ["reasoning.encrypted_content"]}, "include"),
+    ({"input": [{"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+     "input[0].content[0]"),
+    ({"input": [{"type": "web_search_call"}]}, "input[0].type"),
+    ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0]"),
+    ({"tool_choice": {"type": "file_search"}}, "tool_choice"),
+    ({"text": {"format": {"type": "yaml"}}}, "text.format"),
+    ({"tool_choice": "required"}, "tool_choice"),                    # no tools: the chat's own check
+    ({"tools": [{**WEATHER, "parameters": "x"}]}, "tools[0].parameters"),
+])
+def test_what_cannot_be_served_is_a_400_naming_the_responses_field(body, param):
+    with pytest.raises(ApiError) as e:
+        _req(**body).to_chat()
+    assert e.value.status == 400 and (e.value.param or "").startswith(param), (e.value.param, e.value.message)
+
+
+def test_a_chat_answer_becomes_a_response():
+    chat = {"id": "chatcmpl-1", "created": 7, "model": "m", "choices": [{"index": 0, "finish_reason": "tool_calls",
+            "message": {"role": "assistant", "content": "Checking.", "reasoning_content": "The user wants...",
+                        "tool_calls": [{"id": "call_1", "type": "function",
+                                        "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}]}}],
+            "usage": {"prompt_tokens": 30, "completion_tokens": 12, "total_tokens": 42,
+                      "prompt_tokens_details": {"cached_tokens": 16},
+                      "completion_tokens_details": {"reasoning_tokens": 5}}}
+    out = response_object(_req(tools=[WEATHER], metadata={"k": "v"}), chat)
+    assert out["object"] == "response" and out["status"] == "completed" and out["store"] is False
+    assert [i["type"] for i in out["output"]] == ["reasoning", "message", "function_call"]
+    assert out["output"][0]["content"] == [{"type": "reasoning_text", "text": "The user wants..."}]
+    assert out["output"][1]["content"][0]["text"] == "Checking."
+    assert {k: out["output"][2][k] for k in ("call_id", "name", "arguments")} == {
+        "call_id": "call_1", "name": "weather", "arguments": '{"city": "Paris"}'}
+    assert out["usage"] == {"input_tokens": 30, "input_tokens_details": {"cached_tokens": 16}, "output_tokens": 12,
+                            "output_tokens_details": {"reasoning_tokens": 5}, "total_tokens": 42}
+    assert out["metadata"] == {"k": "v"} and out["tools"] == [WEATHER]
+    chat["choices"][0] = {"index": 0, "finish_reason": "length", "message": {"role": "assistant", "content": "Chec"}}
+    cut = response_object(_req(), chat)
+    assert cut["status"] == "incomplete" and cut["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+def _chunk(delta: dict | None = None, finish=None, usage=None) -> dict:
+    if usage is not None:
+        return {"choices": [], "usage": usage}
+    return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+_USAGE = {"prompt_tokens": 3, "completion_tokens": 9, "total_tokens": 12, "prompt_tokens_details": {"cached_tokens": 0},
+          "completion_tokens_details": {"reasoning_tokens": 2}}
+
+
+def _events(chunks: list[dict]) -> list[dict]:
+    async def feed():
+        for c in chunks:
+            yield c
+
+    async def collect():
+        return [out async for out in ResponseEvents(_req(), "m").sse(feed())]
+
+    events = []
+    for raw in asyncio.run(collect()):
+        head, data = raw.split("\n")[:2]
+        event = json.loads(data.removeprefix("data: "))
+        assert head == f"event: {event['type']}"
+        events.append(event)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    return events
+
+
+def test_a_chat_stream_becomes_the_typed_events():
+    call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"ci'}}
+    events = _events([_chunk({"role": "assistant", "reasoning_content": "Hm"}), _chunk({"reasoning_content": "m."}),
+                      _chunk({"content": "Let me "}), _chunk({"content": "check."}), _chunk({"tool_calls": [call]}),
+                      _chunk({"tool_calls": [{"index": 0, "function": {"arguments": 'ty": "Paris"}'}}]}),
+                      _chunk({"tool_calls": [{**call, "index": 1, "id": "call_2", "function": {
+                          "name": "weather", "arguments": '{"city": "Nice"}'}}]}, "tool_calls"),
+                      _chunk(usage=_USAGE)])
+    kinds = [e["type"] for e in events]
+    assert kinds == ["response.created", "response.in_progress",
+                     "response.output_item.added", "response.reasoning_text.delta", "response.reasoning_text.delta",
+                     "response.reasoning_text.done", "response.output_item.done",
+                     "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+                     "response.output_text.delta", "response.output_text.done", "response.content_part.done",
+                     "response.output_item.done",
+                     "response.output_item.added", "response.function_call_arguments.delta",
+                     "response.function_call_arguments.delta", "response.function_call_arguments.done",
+                     "response.output_item.done",
+                     "response.output_item.added", "response.function_call_arguments.delta",
+                     "response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+    final = events[-1]["response"]
+    assert final["status"] == "completed" and final["usage"]["output_tokens_details"]["reasoning_tokens"] == 2
+    assert [i["type"] for i in final["output"]] == ["reasoning", "message", "function_call", "function_call"]
+    assert final["output"][1]["content"][0]["text"] == "Let me check."
+    assert [(i["call_id"], i["arguments"]) for i in final["output"][2:]] == [
+        ("call_1", '{"city": "Paris"}'), ("call_2", '{"city": "Nice"}')]
+    assert [e["output_index"] for e in events if e["type"] == "response.output_item.done"] == [0, 1, 2, 3]
+    assert [e["item"] for e in events if e["type"] == "response.output_item.done"] == final["output"]
+
+
+def test_a_stream_cut_by_max_output_tokens_is_incomplete_and_an_error_fails_it():
+    events = _events([_chunk({"role": "assistant", "content": "Once"}), _chunk({"content": " upon"}, "length"),
+                      _chunk(usage=_USAGE)])
+    assert events[-1]["type"] == "response.incomplete"
+    assert events[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+    failed = _events([_chunk({"role": "assistant", "content": "Once"}),
+                      {"error": {"message": "the model replica failed", "type": "server_error"}}])
+    assert [e["type"] for e in failed][-2:] == ["response.output_item.done", "response.failed"]
+    assert failed[-1]["response"]["error"]["message"] == "the model replica failed"
