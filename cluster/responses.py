@@ -189,7 +189,7 @@ def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: st
             "status": status}
 
 
-def envelope(req: ResponsesRequest, rid: str, created: float, model: str, status: str, output: list,
+def envelope(req: ResponsesRequest, rid: str, created: int, model: str, status: str, output: list,
              usage: dict | None, finish_reason: str | None = None, error: dict | None = None) -> dict:
     """A Response object: the request's settings, the output items and how it ended."""
     return {"id": rid, "object": "response", "created_at": created, "status": status, "error": error,
@@ -227,7 +227,7 @@ class ResponseEvents:
 
     def __init__(self, req: ResponsesRequest, model: str):
         self.req, self.model = req, model
-        self.rid, self.created = _id("resp"), time.time()
+        self.rid, self.created = _id("resp"), int(time.time())
         self.seq = 0
         self.output: list[dict] = []       # closed items
         self.open: dict | None = None      # the item being streamed: its kind, id, text so far (and a call's name)
