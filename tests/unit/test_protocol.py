@@ -332,8 +332,7 @@ def test_a_context_overflow_names_max_completion_tokens_when_the_client_sent_it(
                                                      field: 100})
         body.max_tokens = body.max_completion_tokens or body.max_tokens     # as chat_completions does
         with pytest.raises(ApiError) as e:
-            asyncio.run(OpenAIIngress._respond(types.SimpleNamespace(max_model_len=64), None, body, [1] * 8, None,
-                                               chat=True))
+            asyncio.run(OpenAIIngress._start(types.SimpleNamespace(max_model_len=64), body, [1] * 8, None, chat=True))
         assert (e.value.status, e.value.param) == (400, field) and f"{field} (100)" in e.value.message
 
 
@@ -624,7 +623,11 @@ def test_the_parsers_markers_reach_the_engine_as_text_breaks(reasoning, tools, b
     body = ChatCompletionRequest.model_validate({
         "model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "n": 2, "stop": "x",
         "tools": [{"type": "function", "function": {"name": "f"}}]})
-    asyncio.run(OpenAIIngress._respond(ingress, None, body, [1, sp["<think>"]], None, chat=True))
+    async def answer():
+        fmt, merged = await OpenAIIngress._start(ingress, body, [1, sp["<think>"]], None, chat=True)
+        await fmt.whole(merged, body.n)
+
+    asyncio.run(answer())
     assert [p.text_breaks for p in sent] == [tuple(sorted(sp[n] for n in breaks))] * 2
 
 
