@@ -1,7 +1,7 @@
 """OpenAI's Responses API (``POST /v1/responses``) over the chat machinery: the request becomes a chat completion's
 (``ResponsesRequest.to_chat``: ``instructions`` and ``input`` items → messages, flat function tools → chat tools,
 ``text.format`` → ``response_format``, ``max_output_tokens`` → ``max_completion_tokens``), and the chat's answer or
-its stream of chunks becomes a Response object or its stream of typed events (``response_object``, ``ResponseEvents``).
+its stream of chunks becomes the stream of typed events, or the Response they end with (``ResponseEvents``).
 
 Not kept on the server: a response is not stored (``store`` is answered false) and ``previous_response_id`` is refused —
 a client sends the whole conversation as ``input`` (reasoning items may be sent back; the chat template drops earlier
@@ -11,25 +11,27 @@ turns' reasoning anyway). Text only: other input or tool types are 400s naming t
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from cluster.protocol import ApiError, ChatCompletionRequest, validation_error
 
 # chat fields → the Responses fields a client sent them as (errors name what the client wrote)
-_PARAMS = {"messages": "input", "max_completion_tokens": "max_output_tokens", "response_format": "text.format",
+_PARAMS = {"max_completion_tokens": "max_output_tokens", "response_format": "text.format",
            "chat_template_kwargs": "reasoning"}
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 
 class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
 
     model: str
-    input: str | list[dict[str, Any]]
+    input: Any
     instructions: str | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
@@ -47,8 +49,30 @@ class ResponsesRequest(BaseModel):
     truncation: Literal["disabled"] | None = None
     top_logprobs: int | None = None
     include: list[str] | None = None
+    background: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data):
+        # the spec makes the optional fields nullable: a null is the default
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None or k not in cls.model_fields or k == "input"}
+        return data
+
+    @field_validator("input")
+    @classmethod
+    def _input(cls, v):
+        if isinstance(v, str) or (isinstance(v, list) and all(isinstance(item, dict) for item in v)):
+            return v
+        raise ValueError("input must be a string or a list of input items (objects)")
 
     def check_supported(self) -> None:
+        if self.background:
+            raise ApiError(400, "background is not supported: responses are answered (or streamed) at once",
+                           "background")
+        if (effort := (self.reasoning or {}).get("effort")) is not None and effort not in EFFORTS:
+            raise ApiError(400, f"reasoning.effort must be one of {list(EFFORTS)}, got {effort!r}",
+                           "reasoning.effort")
         if self.previous_response_id is not None:
             raise ApiError(400, "previous_response_id is not supported: responses are not stored, send the whole "
                            "conversation as input", "previous_response_id")
@@ -107,25 +131,26 @@ class ResponsesRequest(BaseModel):
                     messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
             elif kind == "function_call_output":
                 output = item.get("output")
-                messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
-                                 "content": output if isinstance(output, str) else json.dumps(output)})
+                text = _text(output, i, "output") if isinstance(output, list) else \
+                    output if isinstance(output, str) else json.dumps(output)
+                messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": text})
             elif kind != "reasoning":                           # earlier reasoning: the template drops it
                 raise ApiError(400, f"input[{i}] has type {kind!r}: message, function_call, function_call_output "
                                "and reasoning items are supported", f"input[{i}].type")
         return messages
 
 
-def _text(content: Any, i: int) -> str:
+def _text(content: Any, i: int, field: str = "content") -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise ApiError(400, f"input[{i}].content must be a string or a list of text parts", f"input[{i}].content")
+        raise ApiError(400, f"input[{i}].{field} must be a string or a list of text parts", f"input[{i}].{field}")
     texts = []
     for j, part in enumerate(content):
         if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text") \
                 or not isinstance(part.get("text"), str):
-            raise ApiError(400, f"input[{i}].content[{j}] must be a text part (this model takes no images, audio or "
-                           "files)", f"input[{i}].content[{j}]")
+            raise ApiError(400, f"input[{i}].{field}[{j}] must be a text part (this model takes no images, audio or "
+                           "files)", f"input[{i}].{field}[{j}]")
         texts.append(part["text"])
     return "".join(texts)
 
@@ -151,12 +176,16 @@ def responses_param(e: ApiError) -> ApiError:
     """A chat field's error renamed to the Responses field the client sent (``messages`` → ``input`` ...)."""
     if e.param and e.param.startswith("tools["):        # a flat tool: tools[i].parameters, not .function.parameters
         e.param, e.message = e.param.replace(".function.", "."), e.message.replace(".function.", ".")
+    elif e.param and e.param.startswith("messages"):     # the chat's messages are the input items (and instructions),
+        e.param = "input"                                # not one for one: the input as a whole
+        e.message = re.sub(r"'messages[^']*'", "'input'", e.message)
     elif e.param:
         head, dot, rest = e.param.partition(".")
         head, sep, index = head.partition("[")
         if head in _PARAMS:
             e.param = _PARAMS[head] + sep + index + dot + rest
-            e.message = e.message.replace(f"'{head}", f"'{_PARAMS[head]}")
+    for chat, ours in _PARAMS.items():
+        e.message = e.message.replace(chat, ours)
     return e
 
 
@@ -174,13 +203,14 @@ def _usage(chat_usage: dict) -> dict:
             "total_tokens": chat_usage["total_tokens"]}
 
 
-def _reasoning_item(item_id: str, text: str) -> dict:
+def _reasoning_item(item_id: str, text: str, status: str = "completed") -> dict:
     return {"type": "reasoning", "id": item_id, "summary": [], "content": [{"type": "reasoning_text", "text": text}],
-            "status": "completed"}
+            "status": status}
 
 
 def _message_item(item_id: str, text: str, status: str = "completed") -> dict:
-    content = [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []
+    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status != "in_progress" \
+        else []
     return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
 
 
@@ -202,62 +232,62 @@ def envelope(req: ResponsesRequest, rid: str, created: int, model: str, status: 
             "truncation": "disabled", "usage": usage, "user": req.user, "metadata": req.metadata or {}}
 
 
-def _status(finish_reason: str | None) -> str:
-    return "incomplete" if finish_reason == "length" else "completed"
-
-
-def response_object(req: ResponsesRequest, chat: dict) -> dict:
-    """The Response for a whole chat completion: its reasoning, text and calls as output items."""
-    choice = chat["choices"][0]
-    msg, output = choice["message"], []
-    if msg.get("reasoning_content"):
-        output.append(_reasoning_item(_id("rs"), msg["reasoning_content"]))
-    if msg.get("content"):
-        output.append(_message_item(_id("msg"), msg["content"]))
-    for call in msg.get("tool_calls") or ():
-        output.append(_call_item(_id("fc"), call["id"], call["function"]["name"], call["function"]["arguments"]))
-    return envelope(req, _id("resp"), chat["created"], chat["model"], _status(choice["finish_reason"]), output,
-                    _usage(chat["usage"]), choice["finish_reason"])
-
-
 class ResponseEvents:
     """A chat stream's chunks as the Responses API's typed events: an output item opens when its kind of delta first
-    comes (reasoning, text, each call) and closes when another opens or the stream ends; the last event carries the
-    whole Response."""
+    comes (reasoning, each call, text) and closes when another opens or the stream ends — in the order the model wrote
+    them; the last event carries the whole Response (``whole`` answers with it: one path for both). Within one chunk a
+    call's pieces come before the text after it: the engine starts an event at each special token (a call's markers),
+    so a chunk's text never precedes its call pieces."""
 
     def __init__(self, req: ResponsesRequest, model: str):
         self.req, self.model = req, model
         self.rid, self.created = _id("resp"), int(time.time())
         self.seq = 0
         self.output: list[dict] = []       # closed items
-        self.open: dict | None = None      # the item being streamed: its kind, id, text so far (and a call's name)
+        self.open: dict | None = None      # the item being streamed: the item, its text so far (and a call's index)
+        self.failure: ApiError | None = None   # how the stream failed, if it did
 
-    def _event(self, kind: str, **fields) -> str:
+    def _event(self, kind: str, **fields) -> dict:
         self.seq += 1
-        body = {"type": kind, "sequence_number": self.seq - 1, **fields}
-        return f"event: {kind}\ndata: {json.dumps(body, ensure_ascii=False)}\n\n"
+        return {"type": kind, "sequence_number": self.seq - 1, **fields}
 
     def _response(self, status: str, usage: dict | None = None, finish: str | None = None,
                   error: dict | None = None) -> dict:
         return envelope(self.req, self.rid, self.created, self.model, status, list(self.output), usage, finish, error)
 
     async def sse(self, chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
+        async for event in self.events(chunks):
+            yield f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+
+    async def whole(self, chunks: AsyncIterator[dict]) -> dict:
+        """The Response the stream ends with (a failed one raises its error: a 500 / 503 body)."""
+        last = None
+        async for event in self.events(chunks):
+            last = event
+        if last["type"] == "response.failed":
+            raise self.failure
+        return last["response"]
+
+    async def events(self, chunks: AsyncIterator[dict]) -> AsyncIterator[dict]:
         yield self._event("response.created", response=self._response("in_progress"))
         yield self._event("response.in_progress", response=self._response("in_progress"))
         finish = None
         async for chunk in chunks:
             if "error" in chunk:
-                for out in self._close():
+                for out in self._close("incomplete"):
                     yield out
+                err = chunk["error"]
+                self.failure = ApiError(503 if "shut down" in err["message"] else 500, err["message"], None,
+                                        err.get("type") or "server_error")
                 yield self._event("response.failed", response=self._response(
-                    "failed", error={"code": "server_error", "message": chunk["error"]["message"]}))
+                    "failed", error={"code": "server_error", "message": err["message"]}))
                 return
             if not chunk["choices"]:                                # the last chunk: the usage
-                for out in self._close():
+                status = "incomplete" if finish == "length" else "completed"
+                for out in self._close(status):
                     yield out
-                usage = _usage(chunk["usage"])
-                status = _status(finish)
-                yield self._event(f"response.{status}", response=self._response(status, usage, finish))
+                yield self._event(f"response.{status}", response=self._response(status, _usage(chunk["usage"]),
+                                                                                 finish))
                 return
             choice = chunk["choices"][0]
             delta = choice["delta"]
@@ -265,38 +295,42 @@ class ResponseEvents:
             if delta.get("reasoning_content"):
                 for out in self._text("reasoning", delta["reasoning_content"]):
                     yield out
-            if delta.get("content"):
-                for out in self._text("message", delta["content"]):
-                    yield out
             for call in delta.get("tool_calls") or ():
                 for out in self._call(call):
                     yield out
+            if delta.get("content"):
+                for out in self._text("message", delta["content"]):
+                    yield out
 
-    def _start(self, item: dict) -> list[str]:
+    def _start(self, item: dict, index: int | None = None) -> list[dict]:
         out = self._close()
-        self.open = {"item": item, "text": ""}
+        self.open = {"item": item, "text": "", "index": index}
         out.append(self._event("response.output_item.added", output_index=len(self.output), item=item))
         if item["type"] == "message":
             out.append(self._event("response.content_part.added", item_id=item["id"], output_index=len(self.output),
-                                   content_index=0, part={"type": "output_text", "text": "", "annotations": []}))
+                                   content_index=0, part={"type": "output_text", "text": "", "annotations": [],
+                                                          "logprobs": []}))
         return out
 
-    def _text(self, kind: str, text: str) -> list[str]:
+    def _text(self, kind: str, text: str) -> list[dict]:
         out = []
         if self.open is None or self.open["item"]["type"] != kind:
             item = _message_item(_id("msg"), "", "in_progress") if kind == "message" else \
-                {"type": "reasoning", "id": _id("rs"), "summary": [], "content": []}
+                {"type": "reasoning", "id": _id("rs"), "summary": [], "content": [], "status": "in_progress"}
             out += self._start(item)
         self.open["text"] += text
+        extra = {"logprobs": []} if kind == "message" else {}
         name = "response.output_text.delta" if kind == "message" else "response.reasoning_text.delta"
         out.append(self._event(name, item_id=self.open["item"]["id"], output_index=len(self.output), content_index=0,
-                               delta=text))
+                               delta=text, **extra))
         return out
 
-    def _call(self, call: dict) -> list[str]:
+    def _call(self, call: dict) -> list[dict]:
         out = []
         if "id" in call:                                        # a call's first delta: its id and name
-            out += self._start(_call_item(_id("fc"), call["id"], call["function"]["name"], "", "in_progress"))
+            out += self._start(_call_item(_id("fc"), call["id"], call["function"]["name"], "", "in_progress"),
+                               call["index"])
+        assert self.open is not None and self.open["index"] == call["index"], "a call's piece without its call"
         piece = call["function"].get("arguments", "")
         if piece:
             self.open["text"] += piece
@@ -304,23 +338,23 @@ class ResponseEvents:
                                    output_index=len(self.output), delta=piece))
         return out
 
-    def _close(self) -> list[str]:
+    def _close(self, status: str = "completed") -> list[dict]:
         if self.open is None:
             return []
         item, text, index = self.open["item"], self.open["text"], len(self.output)
         self.open = None
         if item["type"] == "message":
-            done = _message_item(item["id"], text)
+            done = _message_item(item["id"], text, status)
             out = [self._event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
-                               text=text),
+                               text=text, logprobs=[]),
                    self._event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
                                part=done["content"][0])]
         elif item["type"] == "reasoning":
-            done = _reasoning_item(item["id"], text)
+            done = _reasoning_item(item["id"], text, status)
             out = [self._event("response.reasoning_text.done", item_id=item["id"], output_index=index,
                                content_index=0, text=text)]
         else:
-            done = _call_item(item["id"], item["call_id"], item["name"], text)
+            done = _call_item(item["id"], item["call_id"], item["name"], text, status)
             out = [self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
                                name=item["name"], arguments=text)]
         self.output.append(done)

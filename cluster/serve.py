@@ -30,7 +30,7 @@ from cluster.guided import check_tool_grammar, tool_grammar
 from cluster.parsers import TOOL_MARKERS, ReasoningSplit, ToolCalls
 from cluster.protocol import (ApiError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
                               validation_error)
-from cluster.responses import ResponseEvents, ResponsesRequest, response_object, responses_param
+from cluster.responses import ResponseEvents, ResponsesRequest, responses_param
 from scheduler.scheduler import AdmissionError
 
 app = FastAPI(title="glmserve", docs_url=None, redoc_url=None)
@@ -458,11 +458,11 @@ class OpenAIIngress:
             fmt, merged = await self._start(chat, await self._chat_ids(chat), None, chat=True)
         except ApiError as e:
             raise responses_param(e) from None
+        events = ResponseEvents(body, self.model_name)
         if body.stream:
-            return StreamingResponse(_closing(ResponseEvents(body, self.model_name).sse(fmt.chunks(merged)), merged),
-                                     media_type="text/event-stream")
+            return StreamingResponse(_closing(events.sse(fmt.chunks(merged)), merged), media_type="text/event-stream")
         try:
-            return JSONResponse(response_object(body, await fmt.whole(merged, 1)))
+            return JSONResponse(await events.whole(fmt.chunks(merged)))
         finally:
             await merged.aclose()
 

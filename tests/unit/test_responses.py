@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("ray")
 
 from cluster.protocol import ApiError  # noqa: E402
-from cluster.responses import ResponseEvents, ResponsesRequest, response_object  # noqa: E402
+from cluster.responses import ResponseEvents, ResponsesRequest  # noqa: E402
 
 WEATHER = {"type": "function", "name": "weather", "description": "the weather", "strict": True,
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -51,6 +51,22 @@ def test_a_request_becomes_the_chat_it_asks_for():
     assert fmt.response_format == {"type": "json_schema", "json_schema": {"name": "x", "schema": schema,
                                                                             "strict": True}}
     assert _req(input="hello").to_chat().template_messages() == [{"role": "user", "content": "hello"}]
+    parts = _req(input=[{"type": "function_call_output", "call_id": "c", "output": [
+        {"type": "input_text", "text": "sun"}, {"type": "input_text", "text": "ny"}]}]).to_chat()
+    assert parts.template_messages() == [{"role": "tool", "content": "sunny"}]
+
+
+def test_nulls_are_the_defaults_and_a_bad_input_is_named():
+    from pydantic import ValidationError
+
+    from cluster.protocol import validation_error
+
+    req = _req(temperature=None, top_p=None, parallel_tool_calls=None, stream=None, tool_choice=None)
+    assert (req.temperature, req.top_p, req.parallel_tool_calls, req.stream) == (1.0, 1.0, True, False)
+    for bad in (5, [1, 2], None):
+        with pytest.raises(ValidationError) as e:
+            ResponsesRequest.model_validate({"model": "m", "input": bad})
+        assert validation_error(e.value).param == "input"
 
 
 @pytest.mark.parametrize("body,param", [
@@ -65,34 +81,20 @@ def test_a_request_becomes_the_chat_it_asks_for():
     ({"text": {"format": {"type": "yaml"}}}, "text.format"),
     ({"tool_choice": "required"}, "tool_choice"),                    # no tools: the chat's own check
     ({"tools": [{**WEATHER, "parameters": "x"}]}, "tools[0].parameters"),
+    ({"background": True}, "background"),
+    ({"reasoning": {"effort": "maximal"}}, "reasoning.effort"),
+    ({"instructions": "x", "input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{no"}]},
+     "input"),
 ])
 def test_what_cannot_be_served_is_a_400_naming_the_responses_field(body, param):
+    if param == "input":                 # the chat's messages[1] is input[0] here: the input as a whole is named
+        with pytest.raises(ApiError) as e:
+            _req(**body).to_chat()
+        assert (e.value.status, e.value.param) == (400, "input") and "messages" not in e.value.message
+        return
     with pytest.raises(ApiError) as e:
         _req(**body).to_chat()
     assert e.value.status == 400 and (e.value.param or "").startswith(param), (e.value.param, e.value.message)
-
-
-def test_a_chat_answer_becomes_a_response():
-    chat = {"id": "chatcmpl-1", "created": 7, "model": "m", "choices": [{"index": 0, "finish_reason": "tool_calls",
-            "message": {"role": "assistant", "content": "Checking.", "reasoning_content": "The user wants...",
-                        "tool_calls": [{"id": "call_1", "type": "function",
-                                        "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}]}}],
-            "usage": {"prompt_tokens": 30, "completion_tokens": 12, "total_tokens": 42,
-                      "prompt_tokens_details": {"cached_tokens": 16},
-                      "completion_tokens_details": {"reasoning_tokens": 5}}}
-    out = response_object(_req(tools=[WEATHER], metadata={"k": "v"}), chat)
-    assert out["object"] == "response" and out["status"] == "completed" and out["store"] is False
-    assert [i["type"] for i in out["output"]] == ["reasoning", "message", "function_call"]
-    assert out["output"][0]["content"] == [{"type": "reasoning_text", "text": "The user wants..."}]
-    assert out["output"][1]["content"][0]["text"] == "Checking."
-    assert {k: out["output"][2][k] for k in ("call_id", "name", "arguments")} == {
-        "call_id": "call_1", "name": "weather", "arguments": '{"city": "Paris"}'}
-    assert out["usage"] == {"input_tokens": 30, "input_tokens_details": {"cached_tokens": 16}, "output_tokens": 12,
-                            "output_tokens_details": {"reasoning_tokens": 5}, "total_tokens": 42}
-    assert out["metadata"] == {"k": "v"} and out["tools"] == [WEATHER]
-    chat["choices"][0] = {"index": 0, "finish_reason": "length", "message": {"role": "assistant", "content": "Chec"}}
-    cut = response_object(_req(), chat)
-    assert cut["status"] == "incomplete" and cut["incomplete_details"] == {"reason": "max_output_tokens"}
 
 
 def _chunk(delta: dict | None = None, finish=None, usage=None) -> dict:
@@ -105,13 +107,14 @@ _USAGE = {"prompt_tokens": 3, "completion_tokens": 9, "total_tokens": 12, "promp
           "completion_tokens_details": {"reasoning_tokens": 2}}
 
 
-def _events(chunks: list[dict]) -> list[dict]:
-    async def feed():
-        for c in chunks:
-            yield c
+async def _feed(chunks):
+    for c in chunks:
+        yield c
 
+
+def _events(chunks: list[dict]) -> list[dict]:
     async def collect():
-        return [out async for out in ResponseEvents(_req(), "m").sse(feed())]
+        return [out async for out in ResponseEvents(_req(), "m").sse(_feed(chunks))]
 
     events = []
     for raw in asyncio.run(collect()):
@@ -123,9 +126,9 @@ def _events(chunks: list[dict]) -> list[dict]:
     return events
 
 
-def test_a_chat_stream_becomes_the_typed_events():
+def test_a_chat_stream_becomes_the_typed_events_and_the_whole_response():
     call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"ci'}}
-    events = _events([_chunk({"role": "assistant", "reasoning_content": "Hm"}), _chunk({"reasoning_content": "m."}),
+    events = _events(chunks := [_chunk({"role": "assistant", "reasoning_content": "Hm"}), _chunk({"reasoning_content": "m."}),
                       _chunk({"content": "Let me "}), _chunk({"content": "check."}), _chunk({"tool_calls": [call]}),
                       _chunk({"tool_calls": [{"index": 0, "function": {"arguments": 'ty": "Paris"}'}}]}),
                       _chunk({"tool_calls": [{**call, "index": 1, "id": "call_2", "function": {
@@ -151,6 +154,31 @@ def test_a_chat_stream_becomes_the_typed_events():
         ("call_1", '{"city": "Paris"}'), ("call_2", '{"city": "Nice"}')]
     assert [e["output_index"] for e in events if e["type"] == "response.output_item.done"] == [0, 1, 2, 3]
     assert [e["item"] for e in events if e["type"] == "response.output_item.done"] == final["output"]
+    whole = asyncio.run(ResponseEvents(_req(), "m").whole(_feed(chunks)))      # the answer not streamed: the same
+    assert [{k: v for k, v in i.items() if k != "id"} for i in whole["output"]] == \
+        [{k: v for k, v in i.items() if k != "id"} for i in final["output"]]
+    assert whole["usage"] == final["usage"] and whole["status"] == "completed"
+
+
+def test_a_chunk_with_a_calls_last_piece_and_the_text_after_it_keeps_them_apart():
+    """A speculative step commits several tokens: one chunk can end a call and start the text after it (from session
+    40's QA pass: the text went first, closing the call with its arguments cut)."""
+    call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "now", "arguments": '{"tz": "UTC"'}}
+    events = _events([_chunk({"role": "assistant", "tool_calls": [call]}),
+                      _chunk({"content": " It is noon.", "tool_calls": [{"index": 0, "function": {"arguments": "}"}}]},
+                             "stop"),
+                      _chunk(usage=_USAGE)])
+    final = events[-1]["response"]
+    assert [(i["type"], i.get("arguments"), i.get("content")) for i in final["output"]] == [
+        ("function_call", '{"tz": "UTC"}', None),
+        ("message", None, [{"type": "output_text", "text": " It is noon.", "annotations": [], "logprobs": []}])]
+
+
+def test_the_items_an_answer_ends_in_the_middle_of_are_incomplete():
+    events = _events([_chunk({"role": "assistant", "reasoning_content": "Hm"}), _chunk({"content": "Once"}, "length"),
+                      _chunk(usage=_USAGE)])
+    final = events[-1]["response"]
+    assert [(i["type"], i["status"]) for i in final["output"]] == [("reasoning", "completed"), ("message", "incomplete")]
 
 
 def test_a_stream_cut_by_max_output_tokens_is_incomplete_and_an_error_fails_it():
