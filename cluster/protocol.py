@@ -13,6 +13,15 @@ from scheduler.request import SamplingParams
 MAX_LOGIT_BIAS = 300     # tokens one request may bias (OpenAI's bound)
 
 
+def nulls_as_defaults(model: type[BaseModel], data: Any) -> Any:
+    """A body's nulls for optional fields dropped (their defaults apply): the OpenAI schema makes those fields nullable
+    and clients serialise unset ones as null."""
+    if isinstance(data, dict):
+        return {k: v for k, v in data.items()
+                if v is not None or k not in model.model_fields or model.model_fields[k].is_required()}
+    return data
+
+
 class ApiError(Exception):
     """An error returned to the client as ``{"error": {...}}`` with an HTTP status."""
 
@@ -62,11 +71,7 @@ class _Sampling(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _null_is_default(cls, data):
-        # The OpenAI schema makes the optional fields nullable and clients serialise unset ones as null.
-        if isinstance(data, dict):
-            return {k: v for k, v in data.items()
-                    if v is not None or k not in cls.model_fields or cls.model_fields[k].is_required()}
-        return data
+        return nulls_as_defaults(cls, data)
 
     @field_validator("stop")
     @classmethod

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from cluster.protocol import ApiError, ChatCompletionRequest, validation_error
+from cluster.protocol import ApiError, ChatCompletionRequest, nulls_as_defaults, validation_error
 
 # chat fields → the Responses fields a client sent them as (errors name what the client wrote)
 _PARAMS = {"max_completion_tokens": "max_output_tokens", "response_format": "text.format",
@@ -54,10 +54,7 @@ class ResponsesRequest(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _null_is_default(cls, data):
-        # the spec makes the optional fields nullable: a null is the default
-        if isinstance(data, dict):
-            return {k: v for k, v in data.items() if v is not None or k not in cls.model_fields or k == "input"}
-        return data
+        return nulls_as_defaults(cls, data)
 
     @field_validator("input")
     @classmethod
