@@ -13,13 +13,17 @@ from scheduler.request import SamplingParams
 MAX_LOGIT_BIAS = 300     # tokens one request may bias (OpenAI's bound)
 
 
-def nulls_as_defaults(model: type[BaseModel], data: Any) -> Any:
-    """A body's nulls for optional fields dropped (their defaults apply): the OpenAI schema makes those fields nullable
-    and clients serialise unset ones as null."""
-    if isinstance(data, dict):
-        return {k: v for k, v in data.items()
-                if v is not None or k not in model.model_fields or model.model_fields[k].is_required()}
-    return data
+class OpenAIBody(BaseModel):
+    """A request body: a null optional field is its default (the OpenAI schema makes those fields nullable and clients
+    serialise unset ones as null)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data):
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items()
+                    if v is not None or k not in cls.model_fields or cls.model_fields[k].is_required()}
+        return data
 
 
 class ApiError(Exception):
@@ -41,7 +45,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _Sampling(BaseModel):
+class _Sampling(OpenAIBody):
     """Fields shared by both endpoints. Unknown fields are ignored (OpenAI clients send extras). Types are strict, as
     OpenAI's: ``"5"``, ``5.0`` or ``true`` is not an integer, token ids are not booleans or floats."""
 
@@ -67,11 +71,6 @@ class _Sampling(BaseModel):
     # {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": {...}}}: the output
     # is held to the schema token by token (cluster/guided.py)
     response_format: dict[str, Any] | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_default(cls, data):
-        return nulls_as_defaults(cls, data)
 
     @field_validator("stop")
     @classmethod

@@ -17,9 +17,9 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator
 
-from cluster.protocol import ApiError, ChatCompletionRequest, nulls_as_defaults, validation_error
+from cluster.protocol import ApiError, ChatCompletionRequest, OpenAIBody, validation_error
 
 # chat fields → the Responses fields a client sent them as (errors name what the client wrote)
 _PARAMS = {"max_completion_tokens": "max_output_tokens", "response_format": "text.format",
@@ -27,7 +27,7 @@ _PARAMS = {"max_completion_tokens": "max_output_tokens", "response_format": "tex
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 
-class ResponsesRequest(BaseModel):
+class ResponsesRequest(OpenAIBody):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
 
     model: str
@@ -50,11 +50,6 @@ class ResponsesRequest(BaseModel):
     top_logprobs: int | None = None
     include: list[str] | None = None
     background: bool | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_default(cls, data):
-        return nulls_as_defaults(cls, data)
 
     @field_validator("input")
     @classmethod
