@@ -34,6 +34,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
     p.add_argument("--max-waiting", type=int, default=256,
                    help="requests that may wait for a slot; beyond it the server answers 429 (default: 256)")
+    p.add_argument("--max-waiting-tokens", type=int, default=0,
+                   help="prompt tokens the queued requests may still have to compute; a request past it is answered "
+                        "429 unless nothing waits (default: 0, no bound)")
     p.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
                    help="compute every prompt whole (default: reuse the KV of an earlier request's same leading "
                         "tokens)")
@@ -62,6 +65,7 @@ def _engine_config(a: argparse.Namespace):
                         kernels=a.kernels, prefill_activations=a.prefill_activations, kv_cache_tokens=a.kv_cache_tokens,
                         max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs,
                         max_num_batched_tokens=a.max_num_batched_tokens, max_waiting=a.max_waiting,
+                        max_waiting_tokens=a.max_waiting_tokens,
                         prefix_caching=a.prefix_caching, num_workers=a.num_workers, moe=a.moe, comm=a.comm, speculative_tokens=a.speculative_tokens,
                         load_format=a.load_format, step_channel=a.step_channel, warmup_tokens=a.warmup_tokens,
                         reasoning_parser=a.reasoning_parser, tool_parser=a.tool_parser)

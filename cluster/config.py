@@ -28,6 +28,8 @@ class EngineConfig:
     max_num_seqs: int = 64              # requests running at once in the replica (each rank its share)
     max_num_batched_tokens: int = 512   # tokens one rank's step takes at most
     max_waiting: int = 256              # queue bound (the replica's): beyond it requests are refused (HTTP 429)
+    max_waiting_tokens: int = 0         # queue bound in prompt tokens still to compute (the replica's; 0: none):
+                                        # beyond it requests are refused (HTTP 429); an idle queue takes any prompt
     prefix_caching: bool = True         # a prompt's leading full blocks reuse the KV an earlier request left (same
                                         # tokens from position 0, on the same rank); false: every prompt is computed
     num_workers: int = 1                # N worker ranks (1, 2, 4, 8)
@@ -64,6 +66,7 @@ class EngineConfig:
             "max_num_seqs": self.max_num_seqs >= 1,
             "max_num_batched_tokens": self.max_num_batched_tokens >= self.max_num_seqs,
             "max_waiting": self.max_waiting >= 0,
+            "max_waiting_tokens": self.max_waiting_tokens >= 0,
             "num_workers": self.num_workers in (1, 2, 4, 8),
             "moe": self.moe in ("tp", "ep"),
             "comm": self.comm in ("torch", "ipc"),

@@ -39,6 +39,8 @@ class Metrics:
         self.tokens = Counter("glmserve_generated_tokens", "tokens generated", registry=r)
         Gauge("glmserve_queue_depth", "requests waiting", registry=r).set_function(
             lambda: sum(s.num_waiting for s in engine.schedulers))
+        Gauge("glmserve_queued_prompt_tokens", "prompt tokens still to compute before first tokens", registry=r
+              ).set_function(engine.queued_tokens)
         Gauge("glmserve_running_requests", "requests holding KV", registry=r).set_function(
             lambda: sum(s.num_running for s in engine.schedulers))
         Gauge("glmserve_kv_usage", "fraction of KV blocks in use", registry=r).set_function(engine.kv_usage)

@@ -278,8 +278,10 @@ class Engine:
                                      f"+ {self.config.max_waiting} waiting requests); retry later")
             ids = list(prompt_ids)
             # the rank its blocks add the least KV load to: the least loaded, less the blocks it holds cached
-            rank = place_request({r: s.kv_load - (s.cached_blocks(ids) if len(self.schedulers) > 1 else 0)
+            hits = [s.cached_blocks(ids) for s in self.schedulers]
+            rank = place_request({r: s.kv_load - (hits[r] if len(self.schedulers) > 1 else 0)
                                   for r, s in enumerate(self.schedulers)})
+            self._check_queued_tokens(len(ids) - hits[rank] * self.config.block_size)
             req = self.schedulers[rank].add_request(req_id, ids, params)
             self._rank_of[req_id] = rank
             detok = IncrementalDetokenizer(self.decode, ids) if self.decode else None
@@ -290,6 +292,15 @@ class Engine:
                 self._guides[req_id] = guide
             self.stats["prompt_tokens"] += len(prompt_ids)
         return req_id
+
+    def _check_queued_tokens(self, new: int) -> None:
+        """``max_waiting_tokens``: refuse a prompt whose ``new`` uncached tokens would take the prompt tokens queued in
+        the replica past the bound (its time to first token would be theirs too); an idle queue takes any prompt."""
+        bound = self.config.max_waiting_tokens
+        queued = sum(s.queued_tokens for s in self.schedulers) if bound else 0   # the caller holds the lock
+        if queued and queued + new > bound:
+            raise AdmissionError("queue_full", "queue", f"the engine's queue holds {queued} prompt tokens still to "
+                                 f"compute; {new} more would pass max_waiting_tokens ({bound}); retry later")
 
     def _guide(self, prompt_ids: Sequence[int], params: SamplingParams) -> Guide | Prefix | None:
         if params.json_schema is None and params.tool_grammar is None and not params.forced_paths:
@@ -327,6 +338,11 @@ class Engine:
 
     def num_free_blocks(self) -> int:
         return sum(s.pool.num_free for s in self.schedulers)
+
+    def queued_tokens(self) -> int:
+        """Prompt tokens the requests without a first token still have to compute (``max_waiting_tokens``'s count)."""
+        with self._lock:
+            return sum(s.queued_tokens for s in self.schedulers)
 
     # ---- start-up ----------------------------------------------------------------------------
     def warm_up(self, tokens: int, report: Callable[[str], None] | None = None) -> dict:

@@ -31,7 +31,8 @@ def scheduler_config(cfg: EngineConfig, model_config, tokenizer, num_blocks: int
                            max_model_len=max_model_len(cfg, model_config, num_blocks),
                            vocab_size=model_config.vocab_size, eos_token_ids=tuple(sorted(eos)),
                            max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
-                           max_waiting=cfg.max_waiting, prefix_caching=cfg.prefix_caching)
+                           max_waiting=cfg.max_waiting, max_waiting_tokens=cfg.max_waiting_tokens,
+                           prefix_caching=cfg.prefix_caching)
 
 
 def guides(tokenizer, model_config, sched: SchedulerConfig) -> Guides | None:

@@ -225,6 +225,9 @@ class ChatCompletionRequest(_Sampling):
     # false: at most one call (held so where a strict function's arguments are)
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    # OpenAI's (GLM-5.2's template takes max too): none / minimal turn thinking off (enable_thinking false), the others
+    # reach the chat template as its reasoning_effort argument; chat_template_kwargs set by the client win
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     # vLLM's: a final assistant message left open (prefill) that the model continues, without a new generation prompt
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -265,6 +268,18 @@ class ChatCompletionRequest(_Sampling):
         if self.tool_choice != "required" and name not in names:
             raise ApiError(400, f"tool_choice must be 'none', 'auto', 'required' or {{'type': 'function', 'function': "
                            f"{{'name': one of {names}}}}}, not {self.tool_choice!r}", "tool_choice")
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """What the chat template is called with besides the messages: the client's ``chat_template_kwargs``, the tools,
+        and ``reasoning_effort`` as the template takes it."""
+        kwargs = dict(self.chat_template_kwargs or {})
+        if self.reasoning_effort in ("none", "minimal"):
+            kwargs.setdefault("enable_thinking", False)
+        elif self.reasoning_effort is not None:
+            kwargs.setdefault("reasoning_effort", self.reasoning_effort)
+        if self.tools:
+            kwargs["tools"] = self.tools
+        return kwargs
 
     @property
     def forced_function(self) -> str | None:
@@ -310,6 +325,7 @@ class TokenizeRequest(BaseModel):
     add_generation_prompt: bool = True
     tools: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: str | None = None            # checked as the chat's
 
     def check_supported(self) -> None:
         if (self.prompt is None) == (self.messages is None):
@@ -318,7 +334,8 @@ class TokenizeRequest(BaseModel):
     def chat(self) -> ChatCompletionRequest:
         """The messages as a chat completion's (validated as one: a bad message is the same 400)."""
         body = {"model": self.model, "messages": self.messages, "add_generation_prompt": self.add_generation_prompt}
-        body.update({k: getattr(self, k) for k in ("tools", "chat_template_kwargs") if getattr(self, k) is not None})
+        body.update({k: getattr(self, k) for k in ("tools", "chat_template_kwargs", "reasoning_effort")
+                     if getattr(self, k) is not None})
         chat = ChatCompletionRequest.model_validate(body)
         chat.check_supported()
         return chat

@@ -23,8 +23,8 @@ from cluster.protocol import ApiError, ChatCompletionRequest, OpenAIBody, valida
 
 # chat fields → the Responses fields a client sent them as (errors name what the client wrote)
 _PARAMS = {"max_completion_tokens": "max_output_tokens", "response_format": "text.format",
-           "chat_template_kwargs": "reasoning"}
-EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+           "reasoning_effort": "reasoning.effort"}
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")     # the chat's reasoning_effort
 
 
 class ResponsesRequest(OpenAIBody):
@@ -91,8 +91,8 @@ class ResponsesRequest(OpenAIBody):
             body["tool_choice"] = self.tool_choice
         if (fmt := (self.text or {}).get("format")) is not None:
             body["response_format"] = _response_format(fmt)
-        if (self.reasoning or {}).get("effort") in ("none", "minimal"):
-            body["chat_template_kwargs"] = {"enable_thinking": False}
+        if (effort := (self.reasoning or {}).get("effort")) is not None:
+            body["reasoning_effort"] = effort
         try:
             chat = ChatCompletionRequest.model_validate(body)
             chat.check_supported()

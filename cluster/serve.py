@@ -490,14 +490,11 @@ class OpenAIIngress:
 
     async def _chat_ids(self, body: ChatCompletionRequest) -> list[int]:
         """The chat's prompt ids: its messages (and tools, template arguments) through the chat template."""
-        kwargs = dict(body.chat_template_kwargs or {})
-        if body.tools:
-            kwargs["tools"] = body.tools
         tok = self._tokenizer()
         messages = body.template_messages()
         try:
             prompt = await _beside_loop(sum(len(str(m)) for m in messages), tok.apply_chat_template, messages,
-                                        add_generation_prompt=body.add_generation_prompt, **kwargs)
+                                        add_generation_prompt=body.add_generation_prompt, **body.template_kwargs())
         except ValueError as e:
             raise ApiError(400, str(e), "messages") from None
         return await _encode(tok, prompt, self.max_prompt_chars, "messages")

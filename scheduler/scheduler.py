@@ -29,6 +29,7 @@ class SchedulerConfig:
     max_num_seqs: int = 64  # requests running (holding KV) at once
     max_num_batched_tokens: int = 256  # per-step token budget (chunked prefill)
     max_waiting: int = 256  # queue limit: beyond it add_request refuses (back-pressure)
+    max_waiting_tokens: int = 0  # the engine's bound on queued prompt tokens still to compute (0: none)
     prefix_caching: bool = False  # a prompt's leading full blocks reuse the KV of any earlier request with those tokens
 
     def __post_init__(self) -> None:
@@ -41,8 +42,9 @@ class SchedulerConfig:
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
                 f"({self.max_num_seqs}) so every running request can decode each step"
             )
-        if self.max_waiting < 0:
-            raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
+        for name in ("max_waiting", "max_waiting_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for tok in self.eos_token_ids:
             if not 0 <= tok < self.vocab_size:
                 raise ValueError(f"eos_token_ids must be in [0, vocab_size={self.vocab_size}), got {tok}")
@@ -157,6 +159,14 @@ class Scheduler:
         signal."""
         return self.pool.num_used + sum(max(0, self.pool.blocks_needed(r.num_tokens) - r.hit_blocks)
                                         for r in self._waiting)
+
+    @property
+    def queued_tokens(self) -> int:
+        """Prompt tokens the requests without a first token yet still have to compute here: the waiting ones' beyond
+        the blocks they found cached, the prefilling ones' rest (a preempted request's outputs count: recomputed)."""
+        bs = self.pool.block_size
+        return sum(max(0, r.num_tokens - r.hit_blocks * bs) for r in self._waiting) + sum(
+            r.num_tokens - r.num_computed_tokens for r in self._running if r.status is RequestStatus.PREFILLING)
 
     def cached_blocks(self, ids: list[int]) -> int:
         """How many of ``ids``'s leading blocks this rank holds cached (0 without prefix caching)."""
@@ -333,6 +343,8 @@ class Scheduler:
             budget -= len(seq.token_ids)
         while self._waiting and len(self._running) < self.config.max_num_seqs:
             req = self._waiting[0]
+            if self._waits_for_a_prefill(req):
+                break  # as for a full cache: no overtaking (those behind would have waited for its chunk anyway)
             seq = self._try_prefill(req, budget)
             if seq is None:
                 break
@@ -342,6 +354,19 @@ class Scheduler:
             seqs.append(seq)
             budget -= len(seq.token_ids)
         return seqs
+
+    def _waits_for_a_prefill(self, req: Request) -> bool:
+        """Whether a request in prefill here is computing blocks of ``req``'s prefix that are not cached yet, a quarter
+        or more of what ``req`` would compute: they enter the cache as that request's chunks end, and ``req`` starts
+        then and takes them instead of computing them a second time (prompts that arrive together and share a long
+        system prompt). A short shared head (a chat template's) is not worth the wait."""
+        prefilling = [r for r in self._running if r.status is RequestStatus.PREFILLING]
+        if not self.config.prefix_caching or req.block_ids or not prefilling:
+            return False
+        bs, ids = self.pool.block_size, req.all_ids
+        hits = len(self.pool.match(ids))
+        pending = max((_common_prefix(ids, r.all_ids) - 1) // bs for r in prefilling) - hits
+        return pending > 0 and 4 * pending * bs >= len(ids) - hits * bs
 
     def _try_prefill(self, req: Request, budget: int) -> ScheduledSeq | None:
         if budget <= 0:
@@ -518,3 +543,15 @@ class Scheduler:
         req.finish_reason = reason
         req.error = error
         del self._live[req.req_id]
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """The length of the longest common prefix of ``a`` and ``b`` (compared in growing slices: C speed, and a prompt
+    that parts early costs a short compare)."""
+    n, lo, step = min(len(a), len(b)), 0, 64
+    while lo < n:
+        hi = min(lo + step, n)
+        if a[lo:hi] != b[lo:hi]:
+            return next(i for i in range(lo, hi) if a[i] != b[i])
+        lo, step = hi, 2 * step
+    return n

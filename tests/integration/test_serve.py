@@ -466,6 +466,8 @@ def test_step_time_metrics(client, base_url):
     assert steps >= 4 and step_s >= busy_s > 0
     graph, ahead = metric(base_url, "glmserve_graph_steps"), metric(base_url, "glmserve_ahead_steps")
     assert 0 <= ahead <= graph <= steps
+    text = urllib.request.urlopen(base_url + "/metrics", timeout=30).read().decode()
+    assert "\nglmserve_queued_prompt_tokens " in text               # max_waiting_tokens's count (0 with nothing queued)
 
 
 def test_disconnect_frees_kv(base_url):
@@ -571,7 +573,7 @@ def test_tool_choice_required_or_named_starts_with_that_call(serve_session, text
              {"type": "function", "function": {"name": "add", "parameters": {}}}]
     chat = {"model": MODEL, "max_tokens": 12, "temperature": 0, "tools": tools,      # no thinking: the call comes first
             "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
-            "extra_body": {"chat_template_kwargs": {"enable_thinking": False}}}
+            "reasoning_effort": "none"}                  # thinking off: the template closes the thought
     serve.run(build_app({"model": str(text_ckpt), "served_model_name": MODEL, "device": "cpu",
                          "kv_cache_tokens": 2048, "tool_parser": "glm"}),
               name="tools", route_prefix="/tools", logging_config={"enable_access_log": False, "log_level": "WARNING"})

@@ -54,6 +54,34 @@ def test_max_num_seqs_and_max_waiting_bound_the_replica(ranks):
     assert sum(running) + sum(waiting) == 6
 
 
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_max_waiting_tokens_bounds_the_prompt_tokens_queued_in_the_replica(ranks):
+    """Prompt tokens still to compute (waiting prompts past their cached blocks, prefilling ones' rest), over every
+    rank: a request that would pass the bound is a queue_full naming it; an idle queue takes any prompt."""
+    cfg = SchedulerConfig(num_blocks=64, block_size=16, max_model_len=512, vocab_size=64, max_num_seqs=4,
+                          max_num_batched_tokens=64, max_waiting=8, max_waiting_tokens=100, prefix_caching=True)
+    engine = Engine(RecordingExecutor(), cfg, num_ranks=ranks)
+    params = SamplingParams(max_tokens=2, ignore_eos=True)
+    big = [5] * 150
+    engine.add_request(big, params, "big")                        # past the bound, but nothing waits
+    with pytest.raises(AdmissionError) as err:
+        engine.add_request([1, 2], params, "small")
+    assert err.value.reason == "queue_full" and "max_waiting_tokens (100)" in str(err.value)
+    engine.step()                                                 # 64 of big's tokens computed: 86 queued
+    assert sum(s.queued_tokens for s in engine.schedulers) == 86
+    engine.add_request([1] * 14, params, "fits")                  # 86 + 14 = 100
+    with pytest.raises(AdmissionError):
+        engine.add_request([2], params, "over")
+    while engine.has_unfinished():
+        engine.step()
+    engine.add_request([3] * 90, params, "a")
+    engine.add_request(big[:-1] + [6], params, "again")           # big's 9 cached blocks: 6 tokens to compute
+    assert sum(s.queued_tokens for s in engine.schedulers) == 96
+    while engine.has_unfinished():
+        for ev in engine.step():
+            assert ev.error is None
+
+
 def test_warm_up_captures_only_buckets_a_rank_can_fill():
     assert [k[0] for k, _ in warm_keys(1, True, 0, [1], seqs_per_rank=4)] == [1, 2, 4]
     assert [k[0] for k, _ in warm_keys(1, True, 3, [1], seqs_per_rank=1)] == [1, 2, 4]   # a solo verify's 1 + 3 rows

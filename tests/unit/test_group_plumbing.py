@@ -97,7 +97,7 @@ def test_a_closed_step_channel_fails_the_step_fast():
                                          ("prefill_activations", "int8"), ("prefill_activations", "fp8"),
                                          ("warmup_tokens", -1), ("warmup_tokens", 1.5),
                                          ("max_model_len", 32769),          # past the KV slots (32768): refused
-                                         ("lm_head_split", "yes"),
+                                         ("lm_head_split", "yes"), ("max_waiting_tokens", -1),
                                          # types as a YAML file gives them: a quoted number, null, a float, a boolean
                                          ("kv_cache_tokens", "16384"), ("max_waiting", None), ("step_timeout_s", "60"),
                                          ("speculative_tokens", 2.5), ("num_workers", 8.0), ("max_num_seqs", True),
@@ -122,9 +122,10 @@ def test_serve_flags_reach_the_engine_config():
     assert _engine_config(p.parse_args(["--prefill-activations", "fp8"])).prefill_activations == "fp8"
     assert _engine_config(p.parse_args(["--warmup-tokens", "0"])).warmup_tokens == 0
     cfg = _engine_config(p.parse_args(["--tool-parser", "glm", "--reasoning-parser", "glm", "--served-model-name",
-                                       "tiny-x", "--max-model-len", "512", "--max-waiting", "8"]))
-    assert (cfg.tool_parser, cfg.reasoning_parser, cfg.served_model_name, cfg.max_model_len, cfg.max_waiting) == \
-        ("glm", "glm", "tiny-x", 512, 8)
+                                       "tiny-x", "--max-model-len", "512", "--max-waiting", "8",
+                                       "--max-waiting-tokens", "65536"]))
+    assert (cfg.tool_parser, cfg.reasoning_parser, cfg.served_model_name, cfg.max_model_len, cfg.max_waiting,
+            cfg.max_waiting_tokens) == ("glm", "glm", "tiny-x", 512, 8, 65536)
     assert _engine_config(p.parse_args([])) == EngineConfig()     # every flag's default is the config's
 
 

@@ -178,6 +178,43 @@ def test_a_preempted_request_restarts_after_its_own_cached_blocks():
     assert sched.prefix_queried == 4 + 8 and sched.prefix_hits == 0   # counted at a prompt's first prefill only
 
 
+def _first_seq(plans, req_id):
+    return next((i, s) for i, p in enumerate(plans) for s in p.seqs if s.req_id == req_id)
+
+
+def test_prompts_arriving_together_compute_their_shared_prefix_once():
+    """A burst sharing a system prompt: the first computes it, the others wait for its blocks and compute their tails."""
+    sched = _make(num_blocks=64, block_size=4, max_num_batched_tokens=64)   # room for all four in one step
+    system = prompt(40, 1)
+    ids = {f"r{i}": system + prompt(3, 10 + i) for i in range(4)}
+    outputs, plans = _drive(sched, {0: [(r, p, SamplingParams(max_tokens=3)) for r, p in ids.items()]})
+    for r, p in ids.items():
+        assert outputs[r] == expected_output(p, 3)
+    for r in ("r1", "r2", "r3"):   # the step after r0's; block 9's next token (40) is theirs: computed again
+        assert _first_seq(plans, r)[0] == 1 and _first_seq(plans, r)[1].start_pos == 36, r
+    prefill = sum(len(s.token_ids) for p in plans for s in p.seqs if s.end_pos <= 43 and s.num_generated == 0)
+    assert prefill == 43 + 3 * 7
+    assert sched.prefix_hits == 3 * 36
+
+
+def test_a_short_shared_head_is_not_waited_for_and_an_abort_ends_the_wait():
+    sched = _make(num_blocks=64, block_size=4, max_num_batched_tokens=64)
+    head = prompt(5, 2)
+    sched.add_request("a", head + prompt(30, 3), SamplingParams(max_tokens=2))
+    sched.add_request("b", head + prompt(30, 4), SamplingParams(max_tokens=2))   # one shared block of 8: not worth it
+    assert {s.req_id for s in sched.schedule().seqs} == {"a", "b"}
+
+    sched = _make(num_blocks=64, block_size=4, max_num_batched_tokens=64)
+    long = prompt(40, 5)
+    sched.add_request("a", long + [1], SamplingParams(max_tokens=2))
+    sched.add_request("b", long + [2], SamplingParams(max_tokens=2))
+    sched.add_request("c", prompt(4, 6), SamplingParams(max_tokens=2))             # behind b: no overtaking
+    assert [s.req_id for s in sched.schedule().seqs] == ["a"]
+    sched.abort("a")
+    plan = sched.schedule()   # a's KV never completed: b computes it all
+    assert [(s.req_id, s.start_pos) for s in plan.seqs] == [("b", 0), ("c", 0)]
+
+
 @pytest.mark.parametrize("slack", [0, 1])
 def test_random_shared_prefix_workloads_never_corrupt_or_leak(slack):
     """Random arrivals of prompts that share prefixes of random lengths, on small pools (preemption, eviction)."""

@@ -232,6 +232,31 @@ def test_chat_template_kwargs_cannot_set_the_templates_own_arguments(kwargs):
     assert err.param == "chat_template_kwargs" and next(iter(kwargs)) in err.message
 
 
+def test_reasoning_effort_reaches_the_chat_template():
+    """none / minimal turn thinking off; the others are the template's reasoning_effort; the client's own template
+    arguments win; another value is a 400 naming the field; the tiny template renders each (it ignores the effort)."""
+    from pydantic import ValidationError
+
+    from cluster.config import DEFAULT_MODEL
+    from models.tokenizer import Tokenizer
+
+    def chat(**body):
+        return ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                                     **body})
+    assert chat().template_kwargs() == {}
+    assert chat(reasoning_effort="minimal").template_kwargs() == {"enable_thinking": False}
+    assert chat(reasoning_effort="max").template_kwargs() == {"reasoning_effort": "max"}
+    assert chat(reasoning_effort="none", chat_template_kwargs={"enable_thinking": True}).template_kwargs() == \
+        {"enable_thinking": True}
+    with pytest.raises(ValidationError) as e:
+        chat(reasoning_effort="extreme")
+    assert validation_error(e.value).param == "reasoning_effort"
+    tok = Tokenizer.from_dir(DEFAULT_MODEL)
+    off, high, plain = (tok.apply_chat_template(chat(**b).template_messages(), **chat(**b).template_kwargs())
+                        for b in ({"reasoning_effort": "none"}, {"reasoning_effort": "high"}, {}))
+    assert off.endswith("</think>") and high == plain and not plain.endswith("</think>")
+
+
 def test_null_optional_fields_mean_the_default():
     nulls = dict.fromkeys(("temperature", "top_p", "n", "presence_penalty", "frequency_penalty", "stream", "top_k",
                            "min_p", "repetition_penalty", "ignore_eos", "seed", "stop", "max_tokens"))

@@ -45,7 +45,7 @@ def test_a_request_becomes_the_chat_it_asks_for():
         {"role": "user", "content": "and tomorrow?"}]
     assert chat.max_completion_tokens == chat.max_tokens == 40 and chat.temperature == 0.5 and not chat.parallel_tool_calls
     assert chat.tools == [{"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}]
-    assert chat.forced_function == "weather" and chat.chat_template_kwargs == {"enable_thinking": False}
+    assert chat.forced_function == "weather" and chat.template_kwargs()["enable_thinking"] is False
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     fmt = _req(text={"format": {"type": "json_schema", "name": "x", "schema": schema, "strict": True}}).to_chat()
     assert fmt.response_format == {"type": "json_schema", "json_schema": {"name": "x", "schema": schema,
