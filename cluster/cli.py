@@ -40,6 +40,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
                    help="compute every prompt whole (default: reuse the KV of an earlier request's same leading "
                         "tokens)")
+    p.add_argument("--host-kv-cache-tokens", type=int, default=0,
+                   help="host-memory KV slots per worker that keep cached prefixes evicted from the device, copied "
+                        "back when a prompt reuses them (default: 0, none)")
     p.add_argument("--num-workers", type=int, default=1, choices=[1, 2, 4, 8])
     p.add_argument("--moe", default="tp", choices=["tp", "ep"])
     p.add_argument("--comm", default="torch", choices=["torch", "ipc"])
@@ -66,7 +69,8 @@ def _engine_config(a: argparse.Namespace):
                         max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs,
                         max_num_batched_tokens=a.max_num_batched_tokens, max_waiting=a.max_waiting,
                         max_waiting_tokens=a.max_waiting_tokens,
-                        prefix_caching=a.prefix_caching, num_workers=a.num_workers, moe=a.moe, comm=a.comm, speculative_tokens=a.speculative_tokens,
+                        prefix_caching=a.prefix_caching, host_kv_cache_tokens=a.host_kv_cache_tokens,
+                        num_workers=a.num_workers, moe=a.moe, comm=a.comm, speculative_tokens=a.speculative_tokens,
                         load_format=a.load_format, step_channel=a.step_channel, warmup_tokens=a.warmup_tokens,
                         reasoning_parser=a.reasoning_parser, tool_parser=a.tool_parser)
 

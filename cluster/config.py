@@ -32,6 +32,8 @@ class EngineConfig:
                                         # beyond it requests are refused (HTTP 429); an idle queue takes any prompt
     prefix_caching: bool = True         # a prompt's leading full blocks reuse the KV an earlier request left (same
                                         # tokens from position 0, on the same rank); false: every prompt is computed
+    host_kv_cache_tokens: int = 0       # host-memory KV slots per worker that keep cached prefixes evicted from the
+                                        # device (copied there as they are cached, back when a prompt reuses them)
     num_workers: int = 1                # N worker ranks (1, 2, 4, 8)
     moe: str = "tp"                     # tp | ep
     comm: str = "torch"                 # torch | ipc
@@ -67,6 +69,8 @@ class EngineConfig:
             "max_num_batched_tokens": self.max_num_batched_tokens >= self.max_num_seqs,
             "max_waiting": self.max_waiting >= 0,
             "max_waiting_tokens": self.max_waiting_tokens >= 0,
+            "host_kv_cache_tokens": self.host_kv_cache_tokens >= 0 and (self.prefix_caching or
+                                                                        not self.host_kv_cache_tokens),
             "num_workers": self.num_workers in (1, 2, 4, 8),
             "moe": self.moe in ("tp", "ep"),
             "comm": self.comm in ("torch", "ipc"),
@@ -108,6 +112,12 @@ class EngineConfig:
     def num_blocks(self) -> int:
         """KV blocks per worker: the whole blocks in ``kv_cache_tokens``."""
         return self.kv_cache_tokens // self.block_size
+
+    @property
+    def host_blocks(self) -> int:
+        """Host-memory blocks per worker (the prefix cache's second tier): the whole blocks in
+        ``host_kv_cache_tokens``."""
+        return self.host_kv_cache_tokens // self.block_size
 
     def graphs_mode(self) -> str:
         """The runner's ``graphs``: ``capture`` (auto, on a GPU with the Triton kernels; in a worker group the

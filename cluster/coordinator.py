@@ -52,6 +52,10 @@ class Metrics:
               ).set_function(lambda: engine.prefix_cache_tokens()[1])
         Gauge("glmserve_prefix_cache_blocks", "KV blocks registered under a cached prefix (all ranks)", registry=r
               ).set_function(lambda: sum(s.pool.num_cached for s in engine.schedulers))
+        Gauge("glmserve_prefix_cache_host_blocks", "host-memory blocks holding a cached prefix (all ranks)", registry=r
+              ).set_function(lambda: sum(s.pool.num_host_cached for s in engine.schedulers))
+        Gauge("glmserve_prefix_cache_host_loads", "cached blocks copied back from host memory", registry=r
+              ).set_function(lambda: sum(s.host_loads for s in engine.schedulers))
         Gauge("glmserve_tokens_per_second", "generated tokens/s over the last 10 s", registry=r).set_function(
             self.tokens_per_second)
         Gauge("glmserve_preemptions", "requests preempted so far", registry=r).set_function(

@@ -517,7 +517,8 @@ class Engine:
         lookahead = self._may_look_ahead(graph, plans)
         return [WorkerStep(p.step_id, p.seqs, tuple(self._unsent.pop(s.req_id) for s in p.seqs
                                                     if s.req_id in self._unsent), tuple(f), shape, num_drafts, graph,
-                           draft_graph, lookahead, use_ahead, masks=self._masks(p))
+                           draft_graph, lookahead, use_ahead, masks=self._masks(p), kv_saves=p.kv_saves,
+                           kv_loads=p.kv_loads)
                 for p, f in zip(plans, forget)]
 
     def _masks(self, plan: StepPlan) -> StepMasks | None:

@@ -32,7 +32,7 @@ def scheduler_config(cfg: EngineConfig, model_config, tokenizer, num_blocks: int
                            vocab_size=model_config.vocab_size, eos_token_ids=tuple(sorted(eos)),
                            max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
                            max_waiting=cfg.max_waiting, max_waiting_tokens=cfg.max_waiting_tokens,
-                           prefix_caching=cfg.prefix_caching)
+                           prefix_caching=cfg.prefix_caching, host_blocks=cfg.host_blocks)
 
 
 def guides(tokenizer, model_config, sched: SchedulerConfig) -> Guides | None:
@@ -55,7 +55,7 @@ def build_local_engine(cfg: EngineConfig, progress: bool = True) -> tuple[Engine
     runner = ModelRunner(model, cfg.num_blocks, cfg.block_size, cfg.resolved_dtype(), device,
                          speculative=cfg.speculative_tokens > 0, graphs=cfg.graphs_mode(),
                          pieces=(cfg.max_num_batched_tokens, cfg.graphs_mode() == "capture")
-                         if cfg.pieces() else None)
+                         if cfg.pieces() else None, host_blocks=cfg.host_blocks)
     decode = (lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer else None
     engine = Engine(LocalExecutor(runner), sched, decode, speculative_tokens=cfg.speculative_tokens,
                     graphs=cfg.graphs_mode() != "off", special_ids=tokenizer.special_ids if tokenizer else (),

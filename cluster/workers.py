@@ -39,7 +39,7 @@ def worker_specs(cfg: EngineConfig, num_blocks: int) -> list[WorkerSpec]:
     return [WorkerSpec(model=cfg.model, rank=r, world_size=cfg.num_workers, moe=cfg.moe, comm=cfg.comm,
                        device=device, dtype=str(cfg.resolved_dtype()).removeprefix("torch."), kernels=cfg.kernels,
                        kernel_overrides=tuple(sorted(cfg.kernel_overrides().items())),
-                       num_blocks=num_blocks, block_size=cfg.block_size, max_rows=max_rows,
+                       num_blocks=num_blocks, block_size=cfg.block_size, host_blocks=cfg.host_blocks, max_rows=max_rows,
                        timeout_s=min(cfg.step_timeout_s, 30.0), speculative=cfg.speculative_tokens > 0,
                        graphs=cfg.graphs_mode(), pieces=cfg.pieces(), lm_head_split=cfg.lm_head_split,
                        load_format=cfg.load_format)

@@ -37,6 +37,65 @@ class KVCache:
         return per * torch.empty((), dtype=dtype).element_size()
 
 
+class HostKV:
+    """Host memory for cached prefix blocks (the block pool's host tier, ``scheduler/block_pool.py``): the device
+    cache's tensors, ``num_blocks`` blocks of ``block_size`` slots each. A step's copies (``WorkerStep.kv_saves`` /
+    ``kv_loads``) move whole blocks, every layer's, in one gather and one copy a tensor. On a GPU neither waits for
+    it: a save gathers on the device into pinned buffers (an asynchronous copy, behind the steps already queued) and
+    is written into place on the host at the next copy, once its event has passed (a load that reads a slot still in
+    flight waits for it); a load gathers on the host and copies in asynchronously."""
+
+    def __init__(self, cache: KVCache, num_blocks: int, block_size: int):
+        self.device, self.block_size = cache.kv[0].device, block_size
+        self.pin = self.device.type == "cuda"
+        self.tensors = [(dev, torch.empty(num_blocks * block_size, dev.shape[1], dtype=dev.dtype))
+                        for dev in (*cache.kv, *(t for t in cache.index_k if t is not None))]
+        self._saving: tuple | None = None     # (event, host rows, slots, buffers): a save not yet in place
+
+    def _rows(self, blocks: Sequence[int], device: torch.device | str) -> torch.Tensor:
+        b = torch.as_tensor(blocks, dtype=torch.long, device=device)
+        return (b[:, None] * self.block_size + torch.arange(self.block_size, device=device)).flatten()
+
+    def save(self, moves: Sequence[tuple[int, int]]) -> None:
+        """(device block, host block) pairs: device → host."""
+        self.settle()
+        if not moves:
+            return
+        blocks, slots = zip(*moves)
+        src = self._rows(blocks, self.device)
+        bufs = []
+        for dev, _ in self.tensors:
+            rows = dev.index_select(0, src)
+            bufs.append(torch.empty(rows.shape, dtype=rows.dtype, pin_memory=self.pin))
+            bufs[-1].copy_(rows, non_blocking=self.pin)
+        event = torch.cuda.Event() if self.pin else None
+        if event is not None:
+            event.record()
+        self._saving = (event, self._rows(slots, "cpu"), set(slots), bufs)
+
+    def settle(self) -> None:
+        """Put the last save's blocks in place (waiting for its copies, if still in flight)."""
+        if self._saving is not None:
+            event, dst, _, bufs = self._saving
+            if event is not None:
+                event.synchronize()
+            for (_, host), buf in zip(self.tensors, bufs):
+                host.index_copy_(0, dst, buf)
+            self._saving = None
+
+    def load(self, moves: Sequence[tuple[int, int]]) -> None:
+        """(host block, device block) pairs: host → device."""
+        if not moves:
+            return
+        slots, blocks = zip(*moves)
+        if self._saving is not None and not self._saving[2].isdisjoint(slots):
+            self.settle()
+        src, dst = self._rows(slots, "cpu"), self._rows(blocks, self.device)
+        for dev, host in self.tensors:
+            rows = host.index_select(0, src)
+            dev.index_copy_(0, dst, rows.pin_memory().to(self.device, non_blocking=True) if self.pin else rows)
+
+
 @dataclass
 class Batch:
     """Where the step's N rows sit: rows of request i are ``seq_rows[i] = (first, count)``.

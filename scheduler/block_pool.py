@@ -10,38 +10,65 @@ state and the next token's embedding), so a block is valid for a prefix only whe
 
 A block no request holds but whose prefix is cached waits in an LRU of its own (counted free): ``allocate`` takes the
 never-cached free blocks first, then evicts the least recently released cached ones.
+
+Host memory (``host_blocks`` > 0): a second tier of cached blocks. A block is copied there when it is registered
+(write-through: ``saves``), so evicting it from the device forgets nothing while the host holds its copy; a prefix
+found on the host is taken into a fresh device block (``loads``). The host slots are an LRU of their own (taking a
+prefix refreshes it). A node — a cached prefix block — lives while either tier holds it. The workers run a step's
+saves, then its loads, then its forward: a block saved after its last use and evicted in the same plan is read before
+it is written, and a host slot is never both loaded and overwritten in one plan (slots are reused only on
+registration, between plans).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Sequence
 
 ROOT = 0   # the parent node of a prompt's first block
 
 
+@dataclass(slots=True)
+class _Node:
+    """A cached prefix block: its key, and its copies (a device block, a host slot; one at least)."""
+
+    key: tuple
+    block: int | None
+    slot: int | None = None
+
+
 class BlockPool:
-    """A fixed pool of `num_blocks` KV blocks of `block_size` tokens each, counted by holders.
+    """A fixed pool of `num_blocks` KV blocks of `block_size` tokens each, counted by holders; and `host_blocks` slots
+    of host memory that keep cached prefixes past their eviction from the device.
 
     Callers check `can_allocate` before `allocate`; running out or releasing a block nobody holds is a scheduler bug
     and trips an assert.
     """
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, host_blocks: int = 0) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if host_blocks < 0:
+            raise ValueError(f"host_blocks must be >= 0, got {host_blocks}")
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.host_blocks = host_blocks
         # A stack popped from the end hands out 0, 1, 2, ... first and reuses recently freed blocks.
         self._free_ids: list[int] = list(range(num_blocks - 1, -1, -1))
         self._refs = [0] * num_blocks                          # holders of each block
         self._idle: OrderedDict[int, None] = OrderedDict()    # cached blocks nobody holds, least recently released first
-        self._block_of: dict[tuple, int] = {}                 # key -> the block that holds its KV
-        self._key_of: dict[int, tuple] = {}                   # registered block -> its key
-        self._node_of: dict[int, int] = {}                    # registered block -> its node (its children's parent)
+        self._nodes: dict[int, _Node] = {}                    # node -> its key and copies
+        self._node_of_key: dict[tuple, int] = {}
+        self._node_of_block: dict[int, int] = {}              # registered device block -> its node
         self._next_node = ROOT + 1
+        self._host_free: list[int] = list(range(host_blocks - 1, -1, -1))
+        self._host_lru: OrderedDict[int, None] = OrderedDict()   # slots in use, least recently used first
+        self._node_of_slot: dict[int, int] = {}
+        self.saves: list[tuple[int, int]] = []    # (block, slot): device → host, before the next step's loads
+        self.loads: list[tuple[int, int]] = []    # (slot, block): host → device, before the next step's forward
 
     @property
     def num_free(self) -> int:
@@ -54,8 +81,13 @@ class BlockPool:
 
     @property
     def num_cached(self) -> int:
-        """Blocks registered under a prefix (held or idle)."""
-        return len(self._key_of)
+        """Device blocks registered under a prefix (held or idle)."""
+        return len(self._node_of_block)
+
+    @property
+    def num_host_cached(self) -> int:
+        """Host slots holding a cached prefix block."""
+        return len(self._node_of_slot)
 
     def blocks_needed(self, num_tokens: int) -> int:
         """Blocks that hold `num_tokens` tokens."""
@@ -73,7 +105,7 @@ class BlockPool:
                 b = self._free_ids.pop()
             else:                                   # evict the least recently released cached block
                 b, _ = self._idle.popitem(last=False)
-                self._forget(b)
+                self._drop_block(b)
             self._refs[b] = 1
             ids.append(b)
         return ids
@@ -87,7 +119,7 @@ class BlockPool:
             assert self._refs[b] > 0, f"double free of block {b}"
             self._refs[b] -= 1
             if self._refs[b] == 0:
-                if b in self._key_of:
+                if b in self._node_of_block:
                     self._idle[b] = None
                 else:
                     self._free_ids.append(b)
@@ -95,58 +127,113 @@ class BlockPool:
     # ---- prefix caching ----------------------------------------------------------------------
 
     def match(self, ids: Sequence[int]) -> list[int]:
-        """The cached blocks that hold the KV of ``ids``'s leading full blocks, as far as they go (each with the token
-        after it in ``ids``, so the last token is never covered: a request always computes one row to sample from)."""
-        bs, blocks, node = self.block_size, [], ROOT
+        """The nodes of ``ids``'s leading full blocks cached on the device or the host, as far as they go (each with the
+        token after it in ``ids``, so the last token is never covered: a request always computes one row to sample
+        from)."""
+        bs, nodes, node = self.block_size, [], ROOT
         for end in range(bs, len(ids), bs):
-            b = self._block_of.get((node, tuple(ids[end - bs:end + 1])))
-            if b is None:
+            node = self._node_of_key.get((node, tuple(ids[end - bs:end + 1])))
+            if node is None:
                 break
-            blocks.append(b)
-            node = self._node_of[b]
-        return blocks
+            nodes.append(node)
+        return nodes
 
-    def idle_among(self, block_ids: Sequence[int]) -> int:
-        """How many of these cached blocks nobody holds (taking them uses up that many free blocks)."""
-        return sum(self._refs[b] == 0 for b in block_ids)
+    def cost(self, nodes: Sequence[int]) -> int:
+        """The free blocks taking these nodes uses up: their idle device blocks, and a fresh one for each that only the
+        host holds."""
+        return sum(n.block is None or self._refs[n.block] == 0 for n in map(self._nodes.__getitem__, nodes))
 
-    def take(self, block_ids: Sequence[int]) -> None:
-        """Hold blocks ``match`` found (their KV is reused)."""
-        for b in block_ids:
-            if self._refs[b] == 0:
-                del self._idle[b]
-            self._refs[b] += 1
+    def take(self, nodes: Sequence[int]) -> list[int]:
+        """Hold the blocks of nodes ``match`` found (their KV is reused): a node only the host holds gets a fresh device
+        block, loaded before the next step (``loads``). Returns the blocks, in order; the caller checked ``cost``."""
+        held = [self._nodes[n] for n in nodes]
+        for node in held:                    # first: the fresh blocks below must not evict these
+            if node.block is not None:
+                if self._refs[node.block] == 0:
+                    del self._idle[node.block]
+                self._refs[node.block] += 1
+            if node.slot is not None:
+                self._host_lru.move_to_end(node.slot)
+        for n, node in zip(nodes, held):
+            if node.block is None:
+                node.block = self.allocate(1)[0]
+                self._node_of_block[node.block] = n
+                self.loads.append((node.slot, node.block))
+        return [node.block for node in held]
 
     def is_cached(self, block_id: int) -> bool:
-        return block_id in self._key_of
+        return block_id in self._node_of_block
 
     def node(self, block_id: int) -> int:
-        return self._node_of[block_id]
+        return self._node_of_block[block_id]
+
+    def block(self, node: int) -> int | None:
+        """The device block of a cached node (None: only the host holds it)."""
+        return self._nodes[node].block
 
     def register(self, block_id: int, parent: int, tokens: tuple[int, ...]) -> int:
         """Cache a held block whose KV is complete: ``tokens`` are its ``block_size`` tokens and the next one, after the
-        prefix ``parent`` names. Returns the node the next block's key names: this block's, or that of the block
-        already cached under the same key (this one then stays uncached, freed as usual)."""
+        prefix ``parent`` names; with a host tier it is copied there (``saves``). Returns the node the next block's key
+        names: this block's, or that of the block already cached under the same key (this one then stays uncached,
+        freed as usual — unless only the host held that key: then this block is its device copy)."""
         assert len(tokens) == self.block_size + 1 and self._refs[block_id] > 0, (block_id, len(tokens))
         key = (parent, tokens)
-        held = self._block_of.get(key)
-        if held is not None:
-            return self._node_of[held]
-        assert block_id not in self._key_of, f"block {block_id} is cached already"
-        self._block_of[key], self._key_of[block_id] = block_id, key
-        self._node_of[block_id] = node = self._next_node
-        self._next_node += 1
-        return node
+        n = self._node_of_key.get(key)
+        if n is not None:
+            node = self._nodes[n]
+            if node.block is None:
+                assert block_id not in self._node_of_block, f"block {block_id} is cached already"
+                node.block, self._node_of_block[block_id] = block_id, n
+            return n
+        assert block_id not in self._node_of_block, f"block {block_id} is cached already"
+        n, self._next_node = self._next_node, self._next_node + 1
+        node = self._nodes[n] = _Node(key, block_id)
+        self._node_of_key[key], self._node_of_block[block_id] = n, n
+        if self.host_blocks:
+            node.slot = self._host_slot()
+            self._node_of_slot[node.slot] = n
+            self.saves.append((block_id, node.slot))
+        return n
+
+    def drain(self) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
+        """The copies the next step runs first: (saves, loads), handed over once."""
+        out = tuple(self.saves), tuple(self.loads)
+        self.saves, self.loads = [], []
+        return out
 
     def clear_cache(self) -> None:
-        """Forget every cached prefix (the workers' KV is gone, after a failure): idle blocks become free, held ones are
-        freed as usual when released."""
+        """Forget every cached prefix, on both tiers (the workers' KV is gone, after a failure): idle blocks become free,
+        held ones are freed as usual when released."""
         self._free_ids.extend(self._idle)
         self._idle.clear()
-        self._block_of.clear()
-        self._key_of.clear()
-        self._node_of.clear()
+        self._nodes.clear()
+        self._node_of_key.clear()
+        self._node_of_block.clear()
+        self._host_free = list(range(self.host_blocks - 1, -1, -1))
+        self._host_lru.clear()
+        self._node_of_slot.clear()
+        self.saves, self.loads = [], []
 
-    def _forget(self, b: int) -> None:
-        del self._block_of[self._key_of.pop(b)]
-        del self._node_of[b]
+    def _host_slot(self) -> int:
+        """A host slot for a new copy: a free one, else the least recently used one's (that node loses its copy)."""
+        if self._host_free:
+            slot = self._host_free.pop()
+        else:
+            slot, _ = self._host_lru.popitem(last=False)
+            n = self._node_of_slot.pop(slot)
+            self._nodes[n].slot = None
+            self._forget_if_gone(n)
+        self._host_lru[slot] = None
+        return slot
+
+    def _drop_block(self, b: int) -> None:
+        """An idle cached block is evicted from the device: its node keeps the host's copy, if any."""
+        n = self._node_of_block.pop(b)
+        self._nodes[n].block = None
+        self._forget_if_gone(n)
+
+    def _forget_if_gone(self, n: int) -> None:
+        node = self._nodes[n]
+        if node.block is None and node.slot is None:
+            del self._node_of_key[node.key]
+            del self._nodes[n]

@@ -31,6 +31,7 @@ class SchedulerConfig:
     max_waiting: int = 256  # queue limit: beyond it add_request refuses (back-pressure)
     max_waiting_tokens: int = 0  # the engine's bound on queued prompt tokens still to compute (0: none)
     prefix_caching: bool = False  # a prompt's leading full blocks reuse the KV of any earlier request with those tokens
+    host_blocks: int = 0  # with prefix caching: host-memory blocks that keep cached prefixes evicted from the device
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "eos_token_ids", tuple(self.eos_token_ids))
@@ -42,7 +43,7 @@ class SchedulerConfig:
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
                 f"({self.max_num_seqs}) so every running request can decode each step"
             )
-        for name in ("max_waiting", "max_waiting_tokens"):
+        for name in ("max_waiting", "max_waiting_tokens", "host_blocks"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for tok in self.eos_token_ids:
@@ -86,6 +87,8 @@ class StepPlan:
     step_id: int
     seqs: tuple[ScheduledSeq, ...]
     preempted: tuple[str, ...]  # req_ids preempted while planning (blocks freed; will recompute)
+    kv_saves: tuple[tuple[int, int], ...] = ()  # (block, host slot): cached blocks copied to host memory first
+    kv_loads: tuple[tuple[int, int], ...] = ()  # (host slot, block): cached prefixes copied back, before the forward
 
     @property
     def num_tokens(self) -> int:
@@ -117,7 +120,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, slack: int = 0) -> None:
         self.config = config
         self.slack = slack
-        self.pool = BlockPool(config.num_blocks, config.block_size)
+        self.pool = BlockPool(config.num_blocks, config.block_size, config.host_blocks if config.prefix_caching else 0)
         self._waiting: deque[Request] = deque()  # sorted by arrival
         self._running: list[Request] = []  # sorted by arrival; PREFILLING or DECODING, hold blocks
         self._live: dict[str, Request] = {}  # waiting + running
@@ -125,6 +128,7 @@ class Scheduler:
         self._next_step = 0
         self.prefix_queried = 0  # prompt tokens looked up in the prefix cache at a request's first prefill
         self.prefix_hits = 0     # of which found cached
+        self.host_loads = 0      # cached blocks copied back from host memory (the prefix cache's second tier)
 
     # ---- queries -------------------------------------------------------------------------
 
@@ -243,7 +247,7 @@ class Scheduler:
         if head is None:
             return None
         hits = self.pool.match(head.all_ids) if self.config.prefix_caching else []
-        need = self.pool.blocks_needed(head.num_tokens + 1) - len(hits) + self.pool.idle_among(hits)
+        need = self.pool.blocks_needed(head.num_tokens + 1) - len(hits) + self.pool.cost(hits)
         return head if need > self.pool.num_free else None
 
     def release_waiting(self) -> Request | None:
@@ -273,7 +277,9 @@ class Scheduler:
         seqs += self._schedule_prefills(budget)
         if self.slack and not self._waiting:
             seqs = [self._with_slack(s) for s in seqs]
-        plan = StepPlan(self._next_step, tuple(seqs), tuple(preempted))
+        copies = self.pool.drain() if seqs else ((), ())      # an empty plan may not run: they wait for one that does
+        self.host_loads += len(copies[1])
+        plan = StepPlan(self._next_step, tuple(seqs), tuple(preempted), *copies)
         self._next_step += 1
         return plan
 
@@ -378,12 +384,11 @@ class Scheduler:
         if num_new <= 0:
             return None
         need = self.pool.blocks_needed(start + num_new) - len(req.block_ids) - len(hits)
-        if not self.pool.can_allocate(need + self.pool.idle_among(hits)):
+        if not self.pool.can_allocate(need + self.pool.cost(hits)):
             return None
         if not req.block_ids and self.config.prefix_caching:
-            self.pool.take(hits)
-            req.block_ids, req.num_computed_tokens = list(hits), start
-            req.cached_nodes = [self.pool.node(b) for b in hits]
+            req.block_ids, req.num_computed_tokens = self.pool.take(hits), start
+            req.cached_nodes = list(hits)
             if req.num_preemptions == 0:         # the prompt's first prefill: what the usage report counts
                 req.num_cached_tokens = start
                 self.prefix_queried += len(req.prompt_ids)

@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from models.cache import KVCache, build_batch
+from models.cache import HostKV, KVCache, build_batch
 from models.glm5 import GlmForCausalLM
 from scheduler.request import SamplingParams
 from scheduler.scheduler import ScheduledSeq
@@ -65,6 +65,8 @@ class WorkerStep:
                                          # drafting graphs after it for these draft counts (0: the extend alone);
                                          # without ``graph``: the per-layer pieces (``workers/pieces.py``)
     masks: StepMasks | None = None     # the tokens each guided row may sample (structured output, ``cluster/guided.py``)
+    kv_saves: tuple[tuple[int, int], ...] = ()   # (block, host block): cached blocks to host memory, first
+    kv_loads: tuple[tuple[int, int], ...] = ()   # (host block, block): cached prefixes back, before the forward
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,7 @@ class ModelRunner:
                  device: str | torch.device = "cpu", in_group: bool = False, world_size: int = 1,
                  stage: Callable[[StepShape | None, int, bool], None] | None = None, speculative: bool = False,
                  max_drafting: int = 8, graphs: str = "off", select: Callable | None = None,
-                 pieces: tuple[int, bool] | None = None):
+                 pieces: tuple[int, bool] | None = None, host_blocks: int = 0):
         self.model, self.block_size, self.device = model, block_size, torch.device(device)
         self.in_group, self.world_size = in_group, world_size
         self.stage = stage or (lambda shape, n, static=False: None)
@@ -165,6 +167,7 @@ class ModelRunner:
         scratch = MAX_DRAFTS + 1
         pad_slot = num_slots + max_drafting * scratch       # written by the graphs' pad rows, read by no one
         self.cache = KVCache(model.config, pad_slot + 1, dtype, device)
+        self.host = HostKV(self.cache, host_blocks, block_size) if host_blocks else None   # the prefix cache's 2nd tier
         if graphs not in ("off", "eager", "capture"):
             raise ValueError(f"graphs must be 'off', 'eager' or 'capture', got {graphs!r}")
         self.graphs = None if graphs == "off" else DecodeGraphs(
@@ -201,6 +204,10 @@ class ModelRunner:
                 if has_penalties(nr.params) else None
             self.requests[nr.req_id] = _RequestState(nr.params, len(nr.prompt_ids),
                                                      [*nr.prompt_ids, *nr.output_ids], counts)
+        if step.kv_saves or step.kv_loads:             # saves first: a saved block may be a load's destination
+            assert self.host is not None and not (step.use_ahead and step.kv_loads), "host copies this runner can't run"
+            self.host.save(step.kv_saves)
+            self.host.load(step.kv_loads)
         ahead, self._ahead = self._ahead, None           # used by this step, or dropped
         if step.warm is not None:
             self._warm(step)

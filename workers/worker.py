@@ -207,6 +207,7 @@ class WorkerSpec:
     kernel_overrides: tuple[tuple[str, str], ...] = ()    # (op, backend): ``EngineConfig.kernel_overrides``
     num_blocks: int = 2048
     block_size: int = 16
+    host_blocks: int = 0        # host memory for cached prefixes evicted from the device (the prefix cache's tier 2)
     max_rows: int = 4096        # bound on any step's bucket (total rows)
     timeout_s: float = 30.0     # bound on every comm phase
     setup_timeout_s: float = 300.0
@@ -252,7 +253,7 @@ class Worker:
                                   in_group=spec.world_size > 1, world_size=spec.world_size, stage=self._stage,
                                   speculative=spec.speculative, graphs=self._graphs_mode(), select=self._select,
                                   pieces=(spec.max_rows // spec.world_size, spec.graphs == "capture")
-                                  if spec.pieces else None)
+                                  if spec.pieces else None, host_blocks=spec.host_blocks)
 
     def enter_thread(self) -> None:
         """Set this thread's torch state for the rank — the current CUDA device is per host thread, and so is

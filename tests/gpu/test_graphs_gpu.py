@@ -212,6 +212,20 @@ def test_cached_prompt_tails_in_graph_steps_equal_without(text_ckpt, k):
         assert on.spec_metrics() == off.spec_metrics()
 
 
+@pytest.mark.parametrize("k", [0, 3])
+def test_prefixes_from_the_host_tier_in_captured_steps_equal_without(text_ckpt, k):
+    """The host tier on the GPU (saves gathered into pinned buffers behind the queued steps, loads copied in
+    asynchronously) under captured graph steps and look-ahead: the tokens of an engine without graphs or the cache."""
+    from tests.integration.test_graphs import host_tier_arrivals, run_arrivals
+
+    m = model(text_ckpt, "float32")
+    arrivals = host_tier_arrivals(m.config.vocab_size)
+    on = make_engine(m, True, k, blocks=24, caching=True, host=96)
+    assert run_arrivals(on, arrivals) == run_arrivals(make_engine(m, False, k, blocks=24), arrivals)
+    assert on.scheduler.host_loads > 0 and on.executor.runner.graphs.captured
+    assert k or on.stats["ahead_steps"] > 0
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_pieces_replay_is_bit_identical_to_uncaptured(text_ckpt, dtype):
     """Ragged steps (prompt chunks after contexts of 0–1500 tokens beside decode rows; 42–1305 rows: buckets 64 …

@@ -229,6 +229,27 @@ def test_plain_process_group_without_ray(tiny_ckpt, tiny_config, reference):
         group.shutdown()
 
 
+def test_a_group_reuses_prefixes_from_host_memory(tiny_ckpt, tiny_config, reference):
+    """Each rank's host tier (the runner's copies between its device cache and host memory, sent in the steps): the
+    requests again, after long prompts evicted them from 8 device blocks a rank, find their prefixes on the host and
+    give the single process's tokens."""
+    from cluster.workers import ProcessWorkerGroup
+
+    cfg = EngineConfig(model=str(tiny_ckpt), device="cpu", dtype="float32", num_workers=2, moe="ep", comm="ipc",
+                       kv_cache_tokens=8 * 16, max_num_batched_tokens=128, host_kv_cache_tokens=64 * 16)
+    group = ProcessWorkerGroup(cfg, 8)
+    try:
+        engine = Engine(group, scheduler_config(cfg, tiny_config, None, 8), num_ranks=2)
+        assert run(engine, requests()) == reference[0]
+        long = SamplingParams(max_tokens=4, temperature=0.0)
+        run(engine, {"fill0": (list(range(2, 122)), long), "fill1": (list(range(200, 320)), long)})
+        again = run(engine, {f"again-{rid}": req for rid, req in requests().items()})
+        assert {rid.removeprefix("again-"): out for rid, out in again.items()} == reference[0]
+        assert sum(s.host_loads for s in engine.schedulers) > 0 and engine.num_free_blocks() == 2 * 8
+    finally:
+        group.shutdown()
+
+
 def test_speculative_trained_model_8_ranks_equals_plain(ray_session, text_ckpt):
     """The trained tiny model (its MTP head agrees with the target, so drafts are accepted): greedy output
     with k = 7 drafts riding in the 8-rank span equals single-process plain decode for 20 prompts."""

@@ -28,14 +28,14 @@ def model(text_ckpt):
 
 
 def make_engine(model, graphs: bool, k: int = 0, blocks: int = NUM_BLOCKS, budget: int = 256,
-                pieces: bool = False, caching: bool = False) -> Engine:
+                pieces: bool = False, caching: bool = False, host: int = 0) -> Engine:
     device = next(model.parameters()).device
     runner = ModelRunner(model, blocks, BLOCK, torch.float32, device, speculative=k > 0,
                          graphs="capture" if graphs else "off",
-                         pieces=(budget, device.type == "cuda") if pieces else None)
+                         pieces=(budget, device.type == "cuda") if pieces else None, host_blocks=host)
     cfg = SchedulerConfig(num_blocks=blocks, block_size=BLOCK, max_model_len=1024,
                           vocab_size=model.config.vocab_size, eos_token_ids=(), max_num_batched_tokens=budget,
-                          max_num_seqs=min(64, budget), prefix_caching=caching)
+                          max_num_seqs=min(64, budget), prefix_caching=caching, host_blocks=host)
     return Engine(LocalExecutor(runner), cfg, speculative_tokens=k, graphs=graphs)
 
 
@@ -339,6 +339,27 @@ def test_cached_prompts_tails_ride_graph_steps(model, k):
     firsts = {s.req_id: s for seqs in staged for s in seqs if s.req_id in "bcd" and s.num_generated == 0}
     assert {r: s.start_pos for r, s in firsts.items()} == {"b": 64, "c": 48, "d": 32}, firsts
     assert engine.scheduler.prefix_hits == 64 + 48 + 32
+
+
+def host_tier_arrivals(vocab: int) -> dict[int, dict]:
+    """Two conversations and a long prompt that, on 24 blocks, evict each other's prefixes from the device while others
+    decode (graph steps, launched ahead): their next turns take them back from the host tier."""
+    g = torch.Generator().manual_seed(11)
+    a, b, filler = (torch.randint(40, vocab, (n,), generator=g).tolist() for n in (120, 100, 200))
+    greedy = SamplingParams(max_tokens=16, temperature=0.0)
+    return {0: {"a1": (a, greedy)}, 3: {"b1": (b, greedy)}, 30: {"f": (filler, greedy)},
+            50: {"a2": (a + [77, 78, 79], greedy)}, 52: {"b2": (b[:97] + [81], greedy)},
+            80: {"f2": (filler[:150], greedy)}, 100: {"a3": (a + [77, 78], greedy), "b3": (b + [5], greedy)}}
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_prefixes_from_the_host_tier_ride_graph_steps(model, k):
+    """The host tier under graph steps and look-ahead: the tokens of an eager engine without the cache."""
+    arrivals = host_tier_arrivals(model.config.vocab_size)
+    engine = make_engine(model, graphs=True, k=k, blocks=24, caching=True, host=96)
+    assert run_arrivals(engine, arrivals) == run_arrivals(make_engine(model, graphs=False, k=k, blocks=24), arrivals)
+    assert engine.scheduler.host_loads > 0 and engine.stats["graph_steps"] > 0
+    assert k or engine.stats["ahead_steps"] > 0
 
 
 @pytest.mark.parametrize("k", [0, 3])

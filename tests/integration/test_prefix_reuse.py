@@ -22,10 +22,11 @@ def model(text_ckpt):
     return load_model(text_ckpt, dtype=torch.float32, progress=False)
 
 
-def make_engine(model, caching: bool, k: int = 0, budget: int = 512) -> Engine:
-    runner = ModelRunner(model, BLOCKS, BS, torch.float32, speculative=k > 0)
-    cfg = SchedulerConfig(num_blocks=BLOCKS, block_size=BS, max_model_len=1536, vocab_size=model.config.vocab_size,
-                          eos_token_ids=(), max_num_seqs=8, max_num_batched_tokens=budget, prefix_caching=caching)
+def make_engine(model, caching: bool, k: int = 0, budget: int = 512, blocks: int = BLOCKS, host: int = 0) -> Engine:
+    runner = ModelRunner(model, blocks, BS, torch.float32, speculative=k > 0, host_blocks=host)
+    cfg = SchedulerConfig(num_blocks=blocks, block_size=BS, max_model_len=min(1536, blocks * BS),
+                          vocab_size=model.config.vocab_size, eos_token_ids=(), max_num_seqs=8,
+                          max_num_batched_tokens=budget, prefix_caching=caching, host_blocks=host)
     return Engine(LocalExecutor(runner), cfg, speculative_tokens=k)
 
 
@@ -91,3 +92,25 @@ def test_drafts_read_the_cached_mtp_kv(model):
         assert tokens[cached] == tokens[plain] and len(tokens[plain]) == 24
         assert cached.accepted_at == plain.accepted_at and cached.stats["drafts_accepted"] > 0, \
             (cached.accepted_at, plain.accepted_at)
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_prefixes_evicted_to_host_memory_come_back_with_the_same_tokens(model, k):
+    """A device pool of 16 blocks and a host tier of 64: each prompt evicts the last one's blocks from the device, and
+    the next turns of a conversation take them back from the host (the main layers', the indexer's and the MTP
+    layer's KV): the tokens — and under speculation the drafts' acceptance — equal an engine's without the cache, and
+    more of the prompts is found cached than on the device alone."""
+    greedy = SamplingParams(max_tokens=12, temperature=0.0)
+    vocab = model.config.vocab_size
+    host, device = make_engine(model, True, k=k, blocks=16, host=64), make_engine(model, True, k=k, blocks=16)
+    plain = make_engine(model, False, k=k, blocks=16)
+    talk = conversation(vocab)
+    other = ids(200, 7, vocab)                      # 13 blocks: with the prompts' own, more than the device holds
+    for i, p in enumerate([talk[0], other, talk[2], other[:100] + ids(30, 8, vocab), talk[1], talk[4]]):
+        want = run_engine(plain, {"r": (p, greedy)})
+        assert run_engine(host, {"r": (p, greedy)}) == run_engine(device, {"r": (p, greedy)}) == want, f"prompt {i}"
+    loads, hits = host.scheduler.host_loads, host.prefix_cache_tokens()[1]
+    print("host loads", loads, "hits with / without the host tier", hits, device.prefix_cache_tokens()[1])
+    assert loads > 0 and hits >= device.prefix_cache_tokens()[1] + loads * BS
+    assert host.accepted_at == device.accepted_at == plain.accepted_at
+    assert host.num_free_blocks() == device.num_free_blocks() == plain.num_free_blocks() == 16

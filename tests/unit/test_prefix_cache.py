@@ -30,19 +30,24 @@ def _register(pool: BlockPool, blocks: list[int], ids: list[int]) -> list[int]:
 # ---- the block pool -----------------------------------------------------------------------
 
 
+def _blocks(pool: BlockPool, ids: list[int]) -> list[int | None]:
+    """The device blocks of ``ids``'s cached prefix (None where only the host holds one)."""
+    return [pool.block(n) for n in pool.match(ids)]
+
+
 def test_match_walks_exact_chains_and_needs_the_next_token():
     pool = BlockPool(8, 4)
     ids = list(range(10, 23))                       # 13 tokens: 3 full blocks, the token after each known
     blocks = pool.allocate(4)
-    _register(pool, blocks[:3], ids)
-    assert pool.match(ids) == blocks[:3]
-    assert pool.match(ids[:12]) == blocks[:2]       # the token after block 2 is not there: it cannot be reused
-    assert pool.match(ids[:13] + [99]) == blocks[:3]
-    assert pool.match(ids[:8] + [99] + ids[9:]) == blocks[:1]     # block 1's next token differs
-    assert pool.match(ids[:5] + [99] + ids[6:]) == blocks[:1]     # inside block 1
+    nodes = _register(pool, blocks[:3], ids)
+    assert pool.match(ids) == nodes and _blocks(pool, ids) == blocks[:3]
+    assert _blocks(pool, ids[:12]) == blocks[:2]    # the token after block 2 is not there: it cannot be reused
+    assert _blocks(pool, ids[:13] + [99]) == blocks[:3]
+    assert _blocks(pool, ids[:8] + [99] + ids[9:]) == blocks[:1]     # block 1's next token differs
+    assert _blocks(pool, ids[:5] + [99] + ids[6:]) == blocks[:1]     # inside block 1
     assert pool.match([99] + ids[1:]) == []
     assert pool.match(ids[4:]) == []                # the same tokens at other positions are another prefix
-    assert pool.num_cached == 3
+    assert pool.num_cached == 3 and pool.drain() == ((), ())        # no host tier: nothing to copy
 
 
 def test_released_cached_blocks_idle_counted_free_and_are_evicted_tail_first():
@@ -52,22 +57,22 @@ def test_released_cached_blocks_idle_counted_free_and_are_evicted_tail_first():
     _register(pool, blocks[:3], ids)
     pool.free(blocks)
     assert pool.num_free == 4 and pool.num_used == 0 and pool.num_cached == 3
-    assert pool.match(ids) == blocks[:3]
+    assert _blocks(pool, ids) == blocks[:3]
     got = pool.allocate(1)                          # the never-cached block goes first
-    assert got == [blocks[3]] and pool.match(ids) == blocks[:3]
+    assert got == [blocks[3]] and _blocks(pool, ids) == blocks[:3]
     got = pool.allocate(1)                          # then the least recently released: the chain's tail
-    assert got == [blocks[2]] and pool.match(ids) == blocks[:2] and pool.num_cached == 2
+    assert got == [blocks[2]] and _blocks(pool, ids) == blocks[:2] and pool.num_cached == 2
     hits = pool.match(ids)
-    assert pool.idle_among(hits) == 2
-    pool.take(hits)                                 # held again: no longer free, no longer evictable
-    assert pool.num_free == 0 and pool.idle_among(hits) == 0
+    assert pool.cost(hits) == 2
+    assert pool.take(hits) == blocks[:2]            # held again: no longer free, no longer evictable
+    assert pool.num_free == 0 and pool.cost(hits) == 0
     pool.take(hits[:1])                             # a second holder
-    pool.free(hits[:1])
+    pool.free(blocks[:1])
     assert pool.num_free == 0
-    pool.free(hits)
-    assert pool.num_free == 2 and pool.match(ids) == blocks[:2]
+    pool.free(blocks[:2])
+    assert pool.num_free == 2 and _blocks(pool, ids) == blocks[:2]
     with pytest.raises(AssertionError, match="double free"):
-        pool.free(hits[:1])
+        pool.free(blocks[:1])
 
 
 def test_a_key_cached_twice_keeps_the_first_block_and_clear_forgets_everything():
@@ -78,11 +83,78 @@ def test_a_key_cached_twice_keeps_the_first_block_and_clear_forgets_everything()
     assert _register(pool, second, ids) == nodes    # the same nodes: the duplicate stays uncached
     assert pool.num_cached == 2
     pool.free(second)
-    assert pool.num_free == 4 and pool.match(ids) == first
+    assert pool.num_free == 4 and _blocks(pool, ids) == first
     pool.clear_cache()                              # held blocks stay held, their prefix forgotten
     assert pool.match(ids) == [] and pool.num_cached == 0 and pool.num_free == 4
     pool.free(first)
     assert pool.num_free == 6
+
+
+def test_the_host_tier_keeps_evicted_prefixes_and_loads_them_back():
+    """Registration copies a block to the host (write-through); a device eviction leaves the node on the host; taking
+    it allocates a fresh device block loaded from its slot; the host's own LRU forgets nodes no tier holds."""
+    pool = BlockPool(3, 2, host_blocks=2)
+    ids = [5, 6, 7, 8, 9]
+    blocks = pool.allocate(3)
+    nodes = _register(pool, blocks[:2], ids)
+    saves, loads = pool.drain()
+    assert saves == ((blocks[0], 0), (blocks[1], 1)) and loads == () and pool.drain() == ((), ())
+    pool.free(blocks)
+    pool.allocate(3)                                # evicts both cached blocks from the device
+    assert pool.num_cached == 0 and pool.num_host_cached == 2 and _blocks(pool, ids) == [None, None]
+    assert pool.cost(nodes) == 2 and not pool.can_allocate(pool.cost(nodes))
+    pool.free([0, 1, 2])
+    got = pool.take(nodes)
+    assert pool.drain() == ((), ((0, got[0]), (1, got[1])))       # host slot → device block, in the prefix's order
+    assert _blocks(pool, ids) == got and pool.num_cached == 2 and pool.num_free == 1
+    other = [1, 2, 3, 4, 9]                         # a third host copy evicts the least recently used slot
+    b = pool.allocate(1)
+    pool.register(b[0], ROOT, tuple(other[:3]))
+    assert pool.drain()[0] == ((b[0], 0),)          # slot 0 (ids' first block) was the least recently used
+    assert _blocks(pool, ids) == got                # its device copy still holds the node
+    pool.free(got)
+    pool.free(b)
+    pool.allocate(3)                                # device evictions: ids' first block is now in no tier
+    assert pool.match(ids) == [] and pool.num_host_cached == 2
+    pool.clear_cache()
+    assert pool.num_host_cached == 0 and pool.match(other) == []
+
+
+def test_a_block_registered_where_only_the_host_held_its_key_becomes_its_device_copy():
+    pool = BlockPool(2, 2, host_blocks=2)
+    ids = [5, 6, 7]
+    b = pool.allocate(1)
+    n = pool.register(b[0], ROOT, tuple(ids))
+    pool.free(b)
+    pool.allocate(2)                                # evicted from the device
+    pool.free([0, 1])
+    c = pool.allocate(1)                            # computed again by a request that did not look it up
+    assert pool.register(c[0], ROOT, tuple(ids)) == n and pool.block(n) == c[0]
+    assert pool.drain() == (((b[0], 0),), ())       # no second host copy
+
+
+def test_host_kv_moves_whole_blocks_of_every_layer():
+    """HostKV: a save then a load round-trips every cache tensor's block (the MTP layer's and the indexer's too); a load
+    reading a slot the save still holds back (written into place at the next copy) gets it."""
+    import torch
+
+    from cluster.config import DEFAULT_MODEL
+    from models.cache import HostKV, KVCache
+    from models.config import ModelConfig
+
+    cfg = ModelConfig.from_json(f"{DEFAULT_MODEL}/config.json")
+    cache = KVCache(cfg, 8 * 4, torch.float32)
+    for t in (*cache.kv, *(t for t in cache.index_k if t is not None)):
+        t.copy_(torch.randn_like(t))
+    before = [t.clone() for t in cache.kv] + [t.clone() for t in cache.index_k if t is not None]
+    host = HostKV(cache, 4, 4)
+    assert len(host.tensors) == len(before) == cfg.num_cache_layers + sum(map(cfg.has_indexer,
+                                                                             range(cfg.num_cache_layers)))
+    host.save([(5, 2), (1, 0)])                     # device blocks 5 and 1 → host blocks 2 and 0
+    host.load([(2, 3), (0, 6)])                     # and back into blocks 3 and 6 (the save not yet in place)
+    for (dev, _), old in zip(host.tensors, before):
+        assert torch.equal(dev[12:16], old[20:24]) and torch.equal(dev[24:28], old[4:8])
+        assert torch.equal(dev[:12], old[:12]) and torch.equal(dev[16:24], old[16:24])   # nothing else written
 
 
 # ---- the scheduler over a fake model ----------------------------------------------------
@@ -91,18 +163,30 @@ def test_a_key_cached_twice_keeps_the_first_block_and_clear_forgets_everything()
 class NextTokenModel:
     """The scheduler tests' fake model, also keeping with every position the token after it (the last fed row's is the
     sampled token), as the MTP layer's cache does. Writing a cached block, or reading a position whose kept next
-    token is not the context's, fails."""
+    token is not the context's, fails. A plan's host copies run first, as the runner's do: saves, then loads."""
 
     def __init__(self, sched: Scheduler) -> None:
         self.sched = sched
         self.bs = sched.config.block_size
         self.kv: dict[int, int] = {}
         self.after: dict[int, int] = {}
+        self.host: dict[int, list[tuple]] = {}      # host slot -> its block's (kv, after) per offset
+        self.loaded = 0
+
+    def copy(self, plan: StepPlan) -> None:
+        for block, slot in plan.kv_saves:
+            self.host[slot] = [(self.kv.get(block * self.bs + i), self.after.get(block * self.bs + i))
+                               for i in range(self.bs)]
+        for slot, block in plan.kv_loads:
+            for i, (kv, after) in enumerate(self.host[slot]):
+                self.kv[block * self.bs + i], self.after[block * self.bs + i] = kv, after
+            self.loaded += 1
 
     def _slot(self, block_ids, pos: int) -> int:
         return block_ids[pos // self.bs] * self.bs + pos % self.bs
 
     def execute(self, plan: StepPlan) -> dict[str, list[int]]:
+        self.copy(plan)
         sampled = {}
         for seq in plan.seqs:
             req = self.sched.get(seq.req_id)
@@ -215,15 +299,16 @@ def test_a_short_shared_head_is_not_waited_for_and_an_abort_ends_the_wait():
     assert [(s.req_id, s.start_pos) for s in plan.seqs] == [("b", 0), ("c", 0)]
 
 
-@pytest.mark.parametrize("slack", [0, 1])
-def test_random_shared_prefix_workloads_never_corrupt_or_leak(slack):
-    """Random arrivals of prompts that share prefixes of random lengths, on small pools (preemption, eviction)."""
+@pytest.mark.parametrize("slack,host", [(0, 0), (1, 0), (0, 6), (1, 40)])
+def test_random_shared_prefix_workloads_never_corrupt_or_leak(slack, host):
+    """Random arrivals of prompts that share prefixes of random lengths, on small pools (preemption, eviction; with a
+    host tier smaller or larger than the device's, its copies and loads)."""
     rng = random.Random(7)
-    hits = 0
+    hits = loads = 0
     for trial in range(8):
         nb, bs = rng.randrange(8, 24), rng.choice([1, 2, 4])
         sched = _make(num_blocks=nb, block_size=bs, slack=slack, max_num_batched_tokens=rng.randrange(4, 12),
-                      max_num_seqs=4)
+                      max_num_seqs=4, host_blocks=host)
         bases = [prompt(nb * bs, 1000 * trial + j) for j in range(3)]
         arrivals: dict[int, list] = {}
         specs = {}
@@ -234,11 +319,38 @@ def test_random_shared_prefix_workloads_never_corrupt_or_leak(slack):
             ids = rng.choice(bases)[:shared] + prompt(n - shared, 100 * trial + i)
             specs[f"r{i}"] = (ids, max_tokens)
             arrivals.setdefault(rng.randrange(30), []).append((f"r{i}", ids, SamplingParams(max_tokens=max_tokens)))
-        outputs, _ = _drive(sched, arrivals)
+        outputs, plans = _drive(sched, arrivals)
         for rid, (ids, max_tokens) in specs.items():
             assert outputs[rid] == expected_output(ids, max_tokens), (trial, rid)
         hits += sched.prefix_hits
-    assert hits > 0
+        loads += sum(len(p.kv_loads) for p in plans)
+    assert hits > 0 and (loads > 0) == (host > 0)
+
+
+def test_a_block_saved_and_reused_in_one_plan_is_saved_before_it_is_loaded_into():
+    """q's blocks are registered (saves pending) as q ends; the next plan evicts one of them for c's load: the save must
+    read it first, or q's host copy holds c's KV and q's next reuse reads it (the fake model's check fails)."""
+    sched = _make(num_blocks=4, block_size=2, max_num_batched_tokens=64, host_blocks=8)
+    p, q = prompt(5, 1), prompt(7, 2)
+    outputs, plans = _drive(sched, {0: [("p", p, SamplingParams(max_tokens=1))],
+                                    3: [("q", q, SamplingParams(max_tokens=1))],     # evicts p's blocks; ends at once
+                                    4: [("c", p, SamplingParams(max_tokens=1))],     # p's blocks back, into q's
+                                    8: [("q2", q, SamplingParams(max_tokens=2))]})
+    at, _ = _first_seq(plans, "c")
+    assert {b for b, _ in plans[at].kv_saves} & {b for _, b in plans[at].kv_loads}, "the case is not reached"
+    assert outputs["q2"] == expected_output(q, 2) and len(_first_seq(plans, "q2")[1].token_ids) == 1
+
+
+def test_a_prefix_evicted_from_the_device_comes_back_from_the_host():
+    sched = _make(num_blocks=8, block_size=4, max_num_batched_tokens=64, host_blocks=16)
+    ids, other = prompt(17, 1), prompt(28, 2)
+    outputs, plans = _drive(sched, {0: [("a", ids, SamplingParams(max_tokens=2))],
+                                    5: [("b", other, SamplingParams(max_tokens=2))],   # takes every device block
+                                    10: [("c", ids, SamplingParams(max_tokens=3))]})
+    assert outputs["c"] == expected_output(ids, 3)
+    at, seq = _first_seq(plans, "c")
+    assert seq.start_pos == 16 and len(plans[at].kv_loads) == 4      # a's 4 blocks, loaded back; its tail computed
+    assert [b for _, b in plans[at].kv_loads] == list(seq.block_ids[:4])
 
 
 def test_rejected_drafts_leave_no_cached_block():
