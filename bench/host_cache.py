@@ -14,27 +14,13 @@ nowhere (computed again). Engines: host tier + device, device only, no prefix ca
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import tempfile
-import time
-from pathlib import Path
 
-from cluster.config import DEFAULT_MODEL, EngineConfig
+from bench.prefix_cache import until_first_token, model_path, report, warm_up
+from cluster.config import EngineConfig
 from cluster.local import build_local_engine
 from scheduler.request import SamplingParams
-
-
-def _first_token(engine, rid: str) -> tuple[float, list[int]]:
-    t0, first, out = time.perf_counter(), None, []
-    while engine.has_unfinished():
-        for ev in engine.step():
-            if ev.error:
-                raise RuntimeError(ev.error)
-            if ev.token_ids and first is None:
-                first = time.perf_counter() - t0
-            out += ev.token_ids
-    return first, out
 
 
 def run(engine, args, vocab: int, tag: str) -> list[dict]:
@@ -46,9 +32,10 @@ def run(engine, args, vocab: int, tag: str) -> list[dict]:
         for s, prompt in enumerate(prompts):
             prompt += [rng.randrange(40, vocab) for _ in range(args.turn)]
             engine.add_request(prompt, params, f"{tag}-{turn}-{s}")
-            ttft, out = _first_token(engine, f"{tag}-{turn}-{s}")
-            prompt += out
-            rows.append({"round": turn, "session": s, "prompt": len(prompt) - len(out), "ttft_ms": 1e3 * ttft})
+            first, out = until_first_token(engine, {f"{tag}-{turn}-{s}"})
+            prompt += out[f"{tag}-{turn}-{s}"]
+            rows.append({"round": turn, "session": s, "prompt": len(prompt) - args.answer,
+                         "ttft_ms": 1e3 * first[f"{tag}-{turn}-{s}"]})
         print(f"{tag}: round {turn} done", flush=True)
     return rows
 
@@ -69,12 +56,7 @@ def main() -> None:
     args = ap.parse_args()
     kinds = {"none": (False, 0), "device": (True, 0), "host": (True, args.host)}
     with tempfile.TemporaryDirectory() as tmp:
-        model, fmt = DEFAULT_MODEL, "auto"
-        if args.slice:
-            from bench.cluster_slice import slice_config
-
-            (Path(tmp) / "config.json").write_text(json.dumps(slice_config(4, False)))
-            model, fmt = tmp, "dummy"
+        model, fmt = model_path(args.slice, tmp)
         engines = {}
         for kind, (caching, host) in kinds.items():
             print(f"building the engine ({kind}) ...", flush=True)
@@ -85,12 +67,7 @@ def main() -> None:
     vocab = engines["host"].scheduler.config.vocab_size
     results = {}
     for kind, engine in engines.items():
-        for i, n in enumerate((args.system + args.turn, args.turn + args.answer + 17, args.turn + 1)):
-            warm = [random.Random(9 + i).randrange(40, vocab) for _ in range(n)]      # kernels compile before timing
-            engine.add_request(warm, SamplingParams(max_tokens=2), f"{kind}-warm{i}")
-            _first_token(engine, f"{kind}-warm{i}")
-        engine._reset_stats()
-        engine.scheduler.host_loads = 0
+        warm_up(engine, (args.system + args.turn, args.turn + args.answer + 17, args.turn + 1), vocab, kind)
         rows = run(engine, args, vocab, kind)
         results[kind] = {"rows": rows, "prefix_cache_tokens": engine.prefix_cache_tokens(),
                          "host_loads": engine.scheduler.host_loads}
@@ -108,11 +85,7 @@ def main() -> None:
     lines += ["", "Prompt tokens looked up / found cached: " + ", ".join(
         f"{k} {v['prefix_cache_tokens']}" for k, v in results.items() if k != "none")
         + f"; blocks loaded from the host: {results['host']['host_loads']}."]
-    table = "\n".join(lines)
-    print(table)
-    if args.out:
-        Path(args.out).write_text(table + "\n")
-        Path(args.out).with_suffix(".json").write_text(json.dumps(results, indent=1))
+    report(lines, results, args.out)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from cluster.local import build_local_engine
 from scheduler.request import SamplingParams
 
 
-def _until_first_token(engine, rids: set[str]) -> tuple[dict[str, float], dict[str, list[int]]]:
+def until_first_token(engine, rids: set[str]) -> tuple[dict[str, float], dict[str, list[int]]]:
     """Step until every request in ``rids`` ends: each one's time to its first token, and its tokens."""
     t0, first, out = time.perf_counter(), {}, {r: [] for r in rids}
     while engine.has_unfinished():
@@ -41,13 +41,40 @@ def _until_first_token(engine, rids: set[str]) -> tuple[dict[str, float], dict[s
     return first, out
 
 
+def model_path(slice_: bool, tmp: str) -> tuple[str, str]:
+    """(model, load_format): the embedded tiny model, or the GLM-5.2-width slice's config with random weights."""
+    if not slice_:
+        return DEFAULT_MODEL, "auto"
+    from bench.cluster_slice import slice_config
+
+    (Path(tmp) / "config.json").write_text(json.dumps(slice_config(4, False)))
+    return tmp, "dummy"
+
+
+def warm_up(engine, lengths: tuple[int, ...], vocab: int, tag: str) -> None:
+    """Prompts of these lengths first (the step shapes the timed ones take compile), then the stats start over."""
+    for i, n in enumerate(lengths):
+        warm = [random.Random(9 + i).randrange(40, vocab) for _ in range(n)]
+        engine.add_request(warm, SamplingParams(max_tokens=2), f"{tag}-warm{i}")
+        until_first_token(engine, {f"{tag}-warm{i}"})
+    engine._reset_stats()
+
+
+def report(lines: list[str], results: dict, out: str | None) -> None:
+    table = "\n".join(lines)
+    print(table)
+    if out:
+        Path(out).write_text(table + "\n")
+        Path(out).with_suffix(".json").write_text(json.dumps(results, indent=1))
+
+
 def agent(engine, system: list[int], turns: int, turn_len: int, answer: int, vocab: int, tag: str) -> list[dict]:
     rng, prompt, rows = random.Random(1), list(system), []
     params = SamplingParams(max_tokens=answer, temperature=0.0, ignore_eos=True)
     for t in range(turns):
         prompt += [rng.randrange(40, vocab) for _ in range(turn_len)]
         engine.add_request(prompt, params, f"{tag}-agent-{t}")
-        first, out = _until_first_token(engine, {f"{tag}-agent-{t}"})
+        first, out = until_first_token(engine, {f"{tag}-agent-{t}"})
         _, hits = engine.prefix_cache_tokens()
         rows.append({"turn": t, "prompt": len(prompt), "ttft_ms": 1e3 * first[f"{tag}-agent-{t}"], "hits": hits})
         prompt += out[f"{tag}-agent-{t}"]
@@ -61,7 +88,7 @@ def burst(engine, system: list[int], n: int, turn_len: int, vocab: int, tag: str
     for i in range(n):
         engine.add_request(system + [rng.randrange(40, vocab) for _ in range(turn_len)], params, f"{tag}-burst-{i}")
         rids.add(f"{tag}-burst-{i}")
-    first, _ = _until_first_token(engine, rids)
+    first, _ = until_first_token(engine, rids)
     return {"requests": n, "prompt": len(system) + turn_len, "mean_ttft_ms": 1e3 * sum(first.values()) / n,
             "last_ttft_ms": 1e3 * max(first.values())}
 
@@ -79,12 +106,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="a markdown file for the table (and FILE.json beside it)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        model, fmt = DEFAULT_MODEL, "auto"
-        if args.slice:
-            from bench.cluster_slice import slice_config
-
-            (Path(tmp) / "config.json").write_text(json.dumps(slice_config(4, False)))
-            model, fmt = tmp, "dummy"
+        model, fmt = model_path(args.slice, tmp)
         need = args.system + args.turns * (args.turn + args.answer) + 1024
         engines = {}
         for caching in (True, False):
@@ -98,13 +120,8 @@ def main() -> None:
     results = {}
     for caching, engine in engines.items():
         tag = "cached" if caching else "plain"
-        for i, n in enumerate((args.system + args.turn, args.turn + args.answer + 17, args.turn + 1)):
-            # both alike: the kernels compile (a prompt as long as the first turn's, a turn's, a cached turn's tail)
-            # before timing
-            warm = [random.Random(9 + i).randrange(40, vocab) for _ in range(n)]
-            engine.add_request(warm, SamplingParams(max_tokens=2), f"{tag}-warm{i}")
-            _until_first_token(engine, {f"{tag}-warm{i}"})
-        engine._reset_stats()
+        # both alike: the kernels compile (a prompt as long as the first turn's, a turn's, a cached turn's tail)
+        warm_up(engine, (args.system + args.turn, args.turn + args.answer + 17, args.turn + 1), vocab, tag)
         print(f"{tag}: agent ...", flush=True)
         rows = agent(engine, system, args.turns, args.turn, args.answer, vocab, tag)
         print(f"{tag}: burst ...", flush=True)
@@ -133,11 +150,7 @@ def main() -> None:
               f"cached vs {cp['mean_ttft_ms']:.1f} without ({cp['mean_ttft_ms'] / cc['mean_ttft_ms']:.2f}×); the last "
               f"{cc['last_ttft_ms']:.1f} vs {cp['last_ttft_ms']:.1f} ms.",
               f"Prompt tokens looked up / found cached: {results['cached']['prefix_cache_tokens']}."]
-    table = "\n".join(lines)
-    print(table)
-    if args.out:
-        Path(args.out).write_text(table + "\n")
-        Path(args.out).with_suffix(".json").write_text(json.dumps(results, indent=1))
+    report(lines, results, args.out)
 
 
 if __name__ == "__main__":

@@ -254,7 +254,7 @@ class Engine:
                       "drafts_proposed": 0, "drafts_accepted": 0, "step_seconds": 0.0, "worker_busy_seconds": 0.0}
         self.accepted_at = [0] * (self.speculative_tokens + 1)   # rounds whose draft i was accepted
         for sch in self.schedulers:
-            sch.prefix_queried = sch.prefix_hits = 0
+            sch.prefix_queried = sch.prefix_hits = sch.host_loads = 0
 
     def prefix_cache_tokens(self) -> tuple[int, int]:
         """(prompt tokens looked up in the prefix cache, of which found cached) since the stats started."""

@@ -53,8 +53,11 @@ class HostKV:
         self._saving: tuple | None = None     # (event, host rows, slots, buffers): a save not yet in place
 
     def _rows(self, blocks: Sequence[int], device: torch.device | str) -> torch.Tensor:
-        b = torch.as_tensor(blocks, dtype=torch.long, device=device)
-        return (b[:, None] * self.block_size + torch.arange(self.block_size, device=device)).flatten()
+        """The cache rows of these blocks, on ``device`` (to a GPU through a pinned copy: a pageable one would wait
+        for the steps queued before it)."""
+        b = torch.as_tensor(blocks, dtype=torch.long)
+        rows = (b[:, None] * self.block_size + torch.arange(self.block_size)).flatten()
+        return rows.pin_memory().to(device, non_blocking=True) if torch.device(device).type == "cuda" else rows
 
     def save(self, moves: Sequence[tuple[int, int]]) -> None:
         """(device block, host block) pairs: device → host."""
