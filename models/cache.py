@@ -65,6 +65,7 @@ class HostKV:
         if not moves:
             return
         blocks, slots = zip(*moves)
+        assert len(set(slots)) == len(slots), "a host block saved twice in one step"
         src = self._rows(blocks, self.device)
         bufs = []
         for dev, _ in self.tensors:

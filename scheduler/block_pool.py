@@ -12,12 +12,12 @@ A block no request holds but whose prefix is cached waits in an LRU of its own (
 never-cached free blocks first, then evicts the least recently released cached ones.
 
 Host memory (``host_blocks`` > 0): a second tier of cached blocks. A block is copied there when it is registered
-(write-through: ``saves``), so evicting it from the device forgets nothing while the host holds its copy; a prefix
-found on the host is taken into a fresh device block (``loads``). The host slots are an LRU of their own (taking a
-prefix refreshes it). A node — a cached prefix block — lives while either tier holds it. The workers run a step's
-saves, then its loads, then its forward: a block saved after its last use and evicted in the same plan is read before
-it is written, and a host slot is never both loaded and overwritten in one plan (slots are reused only on
-registration, between plans).
+(write-through: ``drain``'s saves), so evicting it from the device forgets nothing while the host holds its copy; a
+prefix found on the host is taken into a fresh device block (``loads``). The host slots are an LRU of their own
+(taking a prefix refreshes it). A node — a cached prefix block — lives while either tier holds it. The workers run a
+step's saves, then its loads, then its forward: a block saved after its last use and evicted in the same plan is
+read before it is written, and a host slot is never both loaded and overwritten in one plan (slots are reused only
+on registration, between plans; a slot reused within one plan's saves keeps the last).
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ class BlockPool:
         self._host_free: list[int] = list(range(host_blocks - 1, -1, -1))
         self._host_lru: OrderedDict[int, None] = OrderedDict()   # slots in use, least recently used first
         self._node_of_slot: dict[int, int] = {}
-        self.saves: list[tuple[int, int]] = []    # (block, slot): device → host, before the next step's loads
+        self._saves: dict[int, int] = {}          # slot -> block: device → host, before the next step's loads (a
+                                                  # slot taken again in one plan: the last save only)
         self.loads: list[tuple[int, int]] = []    # (slot, block): host → device, before the next step's forward
 
     @property
@@ -173,7 +174,7 @@ class BlockPool:
 
     def register(self, block_id: int, parent: int, tokens: tuple[int, ...]) -> int:
         """Cache a held block whose KV is complete: ``tokens`` are its ``block_size`` tokens and the next one, after the
-        prefix ``parent`` names; with a host tier it is copied there (``saves``). Returns the node the next block's key
+        prefix ``parent`` names; with a host tier it is copied there (a save). Returns the node the next block's key
         names: this block's, or that of the block already cached under the same key (this one then stays uncached,
         freed as usual — unless only the host held that key: then this block is its device copy)."""
         assert len(tokens) == self.block_size + 1 and self._refs[block_id] > 0, (block_id, len(tokens))
@@ -192,13 +193,13 @@ class BlockPool:
         if self.host_blocks:
             node.slot = self._host_slot()
             self._node_of_slot[node.slot] = n
-            self.saves.append((block_id, node.slot))
+            self._saves[node.slot] = block_id
         return n
 
     def drain(self) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
         """The copies the next step runs first: (saves, loads), handed over once."""
-        out = tuple(self.saves), tuple(self.loads)
-        self.saves, self.loads = [], []
+        out = tuple((b, slot) for slot, b in self._saves.items()), tuple(self.loads)
+        self._saves, self.loads = {}, []
         return out
 
     def clear_cache(self) -> None:
@@ -212,7 +213,7 @@ class BlockPool:
         self._host_free = list(range(self.host_blocks - 1, -1, -1))
         self._host_lru.clear()
         self._node_of_slot.clear()
-        self.saves, self.loads = [], []
+        self._saves, self.loads = {}, []
 
     def _host_slot(self) -> int:
         """A host slot for a new copy: a free one, else the least recently used one's (that node loses its copy)."""

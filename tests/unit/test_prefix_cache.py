@@ -120,6 +120,19 @@ def test_the_host_tier_keeps_evicted_prefixes_and_loads_them_back():
     assert pool.num_host_cached == 0 and pool.match(other) == []
 
 
+def test_a_host_slot_taken_again_in_one_plan_is_saved_once_with_its_last_block():
+    """A host tier smaller than one step's registrations hands its LRU slot out again: only the last save stays (two
+    saves to one slot in one copy would leave either block's rows there)."""
+    pool = BlockPool(8, 2, host_blocks=1)
+    ids = list(range(10, 17))
+    blocks = pool.allocate(3)
+    nodes = _register(pool, blocks, ids)
+    assert pool.drain() == (((blocks[2], 0),), ()) and pool.num_host_cached == 1
+    pool.free(blocks)
+    pool.allocate(8)                                # the device evicts all three: the first two are gone
+    assert pool.match(ids) == [] and pool.num_host_cached == 1 and nodes[2] not in pool.match(ids)
+
+
 def test_a_block_registered_where_only_the_host_held_its_key_becomes_its_device_copy():
     pool = BlockPool(2, 2, host_blocks=2)
     ids = [5, 6, 7]
