@@ -36,7 +36,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="requests that may wait for a slot; beyond it the server answers 429 (default: 256)")
     p.add_argument("--max-waiting-tokens", type=int, default=0,
                    help="prompt tokens the queued requests may still have to compute; a request past it is answered "
-                        "429 unless nothing waits (default: 0, no bound)")
+                        "429 (0 or at least max_model_len; default: 0, no bound)")
     p.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
                    help="compute every prompt whole (default: reuse the KV of an earlier request's same leading "
                         "tokens)")

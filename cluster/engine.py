@@ -295,10 +295,11 @@ class Engine:
 
     def _check_queued_tokens(self, new: int) -> None:
         """``max_waiting_tokens``: refuse a prompt whose ``new`` uncached tokens would take the prompt tokens queued in
-        the replica past the bound (its time to first token would be theirs too); an idle queue takes any prompt."""
+        the replica past the bound (its time to first token would be theirs too). The bound is at least
+        ``max_model_len``: an idle queue takes any prompt."""
         bound = self.config.max_waiting_tokens
         queued = sum(s.queued_tokens for s in self.schedulers) if bound else 0   # the caller holds the lock
-        if queued and queued + new > bound:
+        if queued + new > bound > 0:
             raise AdmissionError("queue_full", "queue", f"the engine's queue holds {queued} prompt tokens still to "
                                  f"compute; {new} more would pass max_waiting_tokens ({bound}); retry later")
 

@@ -46,6 +46,9 @@ class SchedulerConfig:
         for name in ("max_waiting", "max_waiting_tokens", "host_blocks"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if 0 < self.max_waiting_tokens < self.max_model_len:
+            raise ValueError(f"max_waiting_tokens ({self.max_waiting_tokens}) must be 0 or at least max_model_len "
+                             f"({self.max_model_len}): a longer prompt could never be admitted")
         for tok in self.eos_token_ids:
             if not 0 <= tok < self.vocab_size:
                 raise ValueError(f"eos_token_ids must be in [0, vocab_size={self.vocab_size}), got {tok}")
@@ -483,6 +486,8 @@ class Scheduler:
         self.pool.clear_cache()
         for req in self._running:
             req.cached_nodes = []
+        for req in self._waiting:     # their whole prompts to compute now (KV load, queued tokens)
+            req.hit_blocks = 0
 
     def _release_surplus(self, req: Request) -> None:
         """Free blocks that only held rejected drafts (the accounting side of the rollback); the slack stays."""

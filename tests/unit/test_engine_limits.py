@@ -57,19 +57,19 @@ def test_max_num_seqs_and_max_waiting_bound_the_replica(ranks):
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_max_waiting_tokens_bounds_the_prompt_tokens_queued_in_the_replica(ranks):
     """Prompt tokens still to compute (waiting prompts past their cached blocks, prefilling ones' rest), over every
-    rank: a request that would pass the bound is a queue_full naming it; an idle queue takes any prompt."""
-    cfg = SchedulerConfig(num_blocks=64, block_size=16, max_model_len=512, vocab_size=64, max_num_seqs=4,
-                          max_num_batched_tokens=64, max_waiting=8, max_waiting_tokens=100, prefix_caching=True)
+    rank: a request that would pass the bound is a queue_full naming it; the bound is at least max_model_len."""
+    cfg = SchedulerConfig(num_blocks=64, block_size=16, max_model_len=160, vocab_size=64, max_num_seqs=4,
+                          max_num_batched_tokens=64, max_waiting=8, max_waiting_tokens=160, prefix_caching=True)
     engine = Engine(RecordingExecutor(), cfg, num_ranks=ranks)
     params = SamplingParams(max_tokens=2, ignore_eos=True)
     big = [5] * 150
-    engine.add_request(big, params, "big")                        # past the bound, but nothing waits
+    engine.add_request(big, params, "big")
     with pytest.raises(AdmissionError) as err:
-        engine.add_request([1, 2], params, "small")
-    assert err.value.reason == "queue_full" and "max_waiting_tokens (100)" in str(err.value)
+        engine.add_request([1] * 11, params, "small")
+    assert err.value.reason == "queue_full" and "max_waiting_tokens (160)" in str(err.value)
     engine.step()                                                 # 64 of big's tokens computed: 86 queued
     assert sum(s.queued_tokens for s in engine.schedulers) == 86
-    engine.add_request([1] * 14, params, "fits")                  # 86 + 14 = 100
+    engine.add_request([1] * 74, params, "fits")                  # 86 + 74 = 160
     with pytest.raises(AdmissionError):
         engine.add_request([2], params, "over")
     while engine.has_unfinished():
@@ -77,9 +77,14 @@ def test_max_waiting_tokens_bounds_the_prompt_tokens_queued_in_the_replica(ranks
     engine.add_request([3] * 90, params, "a")
     engine.add_request(big[:-1] + [6], params, "again")           # big's 9 cached blocks: 6 tokens to compute
     assert sum(s.queued_tokens for s in engine.schedulers) == 96
+    for s in engine.schedulers:                                   # a failed step: nothing is cached any more
+        s.clear_prefix_cache()
+    assert sum(s.queued_tokens for s in engine.schedulers) == 90 + 150
     while engine.has_unfinished():
         for ev in engine.step():
             assert ev.error is None
+    with pytest.raises(ValueError, match=r"max_waiting_tokens \(100\) must be 0 or at least max_model_len \(160\)"):
+        SchedulerConfig(num_blocks=64, max_model_len=160, max_waiting_tokens=100)
 
 
 def test_warm_up_captures_only_buckets_a_rank_can_fill():
