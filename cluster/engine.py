@@ -278,9 +278,9 @@ class Engine:
                                      f"+ {self.config.max_waiting} waiting requests); retry later")
             ids = list(prompt_ids)
             # the rank its blocks add the least KV load to: the least loaded, less the blocks it holds cached
-            hits = [s.cached_blocks(ids) for s in self.schedulers]
-            rank = place_request({r: s.kv_load - (hits[r] if len(self.schedulers) > 1 else 0)
-                                  for r, s in enumerate(self.schedulers)})
+            hits = [s.cached_blocks(ids) if len(self.schedulers) > 1 or self.config.max_waiting_tokens else 0
+                    for s in self.schedulers]
+            rank = place_request({r: s.kv_load - hits[r] for r, s in enumerate(self.schedulers)})
             self._check_queued_tokens(len(ids) - hits[rank] * self.config.block_size)
             req = self.schedulers[rank].add_request(req_id, ids, params)
             self._rank_of[req_id] = rank
