@@ -13,7 +13,7 @@ never-cached free blocks first, then evicts the least recently released cached o
 
 Host memory (``host_blocks`` > 0): a second tier of cached blocks. A block is copied there when it is registered
 (write-through: ``drain``'s saves), so evicting it from the device forgets nothing while the host holds its copy; a
-prefix found on the host is taken into a fresh device block (``loads``). The host slots are an LRU of their own
+prefix found on the host is taken into a fresh device block (a load). The host slots are an LRU of their own
 (taking a prefix refreshes it). A node — a cached prefix block — lives while either tier holds it. The workers run a
 step's saves, then its loads, then its forward: a block saved after its last use and evicted in the same plan is
 read before it is written, and a host slot is never both loaded and overwritten in one plan (slots are reused only
@@ -69,7 +69,7 @@ class BlockPool:
         self._node_of_slot: dict[int, int] = {}
         self._saves: dict[int, int] = {}          # slot -> block: device → host, before the next step's loads (a
                                                   # slot taken again in one plan: the last save only)
-        self.loads: list[tuple[int, int]] = []    # (slot, block): host → device, before the next step's forward
+        self._loads: list[tuple[int, int]] = []    # (slot, block): host → device, before the next step's forward
 
     @property
     def num_free(self) -> int:
@@ -146,7 +146,7 @@ class BlockPool:
 
     def take(self, nodes: Sequence[int]) -> list[int]:
         """Hold the blocks of nodes ``match`` found (their KV is reused): a node only the host holds gets a fresh device
-        block, loaded before the next step (``loads``). Returns the blocks, in order; the caller checked ``cost``."""
+        block, loaded before the next step (a load). Returns the blocks, in order; the caller checked ``cost``."""
         held = [self._nodes[n] for n in nodes]
         for node in held:                    # first: the fresh blocks below must not evict these
             if node.block is not None:
@@ -159,7 +159,7 @@ class BlockPool:
             if node.block is None:
                 node.block = self.allocate(1)[0]
                 self._node_of_block[node.block] = n
-                self.loads.append((node.slot, node.block))
+                self._loads.append((node.slot, node.block))
         return [node.block for node in held]
 
     def is_cached(self, block_id: int) -> bool:
@@ -198,8 +198,8 @@ class BlockPool:
 
     def drain(self) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
         """The copies the next step runs first: (saves, loads), handed over once."""
-        out = tuple((b, slot) for slot, b in self._saves.items()), tuple(self.loads)
-        self._saves, self.loads = {}, []
+        out = tuple((b, slot) for slot, b in self._saves.items()), tuple(self._loads)
+        self._saves, self._loads = {}, []
         return out
 
     def clear_cache(self) -> None:
@@ -213,7 +213,7 @@ class BlockPool:
         self._host_free = list(range(self.host_blocks - 1, -1, -1))
         self._host_lru.clear()
         self._node_of_slot.clear()
-        self._saves, self.loads = {}, []
+        self._saves, self._loads = {}, []
 
     def _host_slot(self) -> int:
         """A host slot for a new copy: a free one, else the least recently used one's (that node loses its copy)."""
