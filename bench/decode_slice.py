@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from glmkernels import ops
+from glmkernels.reference import kv_fp8_pack
 from glmkernels.triton_utils import pdl_mode
 from models.cache import KVCache, build_batch
 from models.config import ModelConfig
@@ -38,6 +39,7 @@ from scheduler.shapes import graph_width, next_pow2
 from workers.graphs import DecodeGraphs, capture_graph
 
 DEV, BF16 = "cuda", torch.bfloat16
+KV_FP8 = False          # --kv-cache-dtype fp8: MLA's cache rows packed (656 bytes a row instead of 1152)
 BLOCK = 64                     # KV block size of the bench's paged cache
 SLICE = {"architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa", "vocab_size": 154880,
          "hidden_size": 6144, "intermediate_size": 12288, "moe_intermediate_size": 2048, "num_hidden_layers": 4,
@@ -104,7 +106,8 @@ def step_bytes(model: GlmForCausalLM, cfg: ModelConfig, hit: list[int], rows: in
     total += sum(hit) * per_expert
     K = min(cfg.index_topk, ctx + 1)
     n_full = sum(cfg.has_indexer(layer) for layer in range(cfg.num_hidden_layers))
-    total += rows * cfg.num_hidden_layers * K * cfg.kv_cache_dim * 2 + rows * n_full * (ctx + 1) * cfg.index_head_dim * 2
+    row = KVCache.row_bytes(cfg, BF16) if KV_FP8 else cfg.kv_cache_dim * 2
+    total += rows * cfg.num_hidden_layers * K * row + rows * n_full * (ctx + 1) * cfg.index_head_dim * 2
     return total
 
 
@@ -291,8 +294,8 @@ def _ms(v: float | None) -> str:
 def write_report(results, hf, read_bw, out: Path) -> None:
     cols = {impl: cases for impl, cases in hf.items() if "error" not in cases}
     lines = [f"# Decode step on a GLM-5.2-width slice ({torch.cuda.get_device_name()}, torch {torch.__version__})",
-             "", "1 dense + 3 MoE layers (indexer full,full,full,shared), FP8 block weights, bf16 activations and "
-             "KV, index_topk 2048; step = forward + lm_head (vocab 154880). Floor = bytes read / "
+             "", "1 dense + 3 MoE layers (indexer full,full,full,shared), FP8 block weights, bf16 activations, "
+             f"{'FP8 (packed rows of 656 bytes)' if KV_FP8 else 'bf16'} KV, index_topk 2048; step = forward + lm_head (vocab 154880). Floor = bytes read / "
              f"{read_bw / 1e12:.2f} TB/s (measured read stream). 'shard' = MoE and dense MLP at 1/8 width "
              "(one rank of 8, tp). 'rank of dp 8' = that shard as one rank of an 8-rank step with 1, 8, 16 or 32 rows "
              "a rank: "
@@ -378,7 +381,10 @@ def main() -> None:
     ap.add_argument("--no-shard", action="store_true", help="the full slice only (as --slices full)")
     ap.add_argument("--slices", nargs="+", choices=["full", "shard", "dp"], default=["full", "shard", "dp"],
                     help="which slices to time: full width, the tp shard, the shard as a rank of dp 8")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
     args = ap.parse_args()
+    global KV_FP8
+    KV_FP8 = args.kv_cache_dtype == "fp8"
     slices = ["full"] if args.no_shard else args.slices
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -387,9 +393,14 @@ def main() -> None:
     del a
     cfg = ModelConfig.from_dict(dict(SLICE))
     results: list[dict] = []
-    cache = KVCache(cfg, 8 * (32768 + BLOCK) + BLOCK, BF16, DEV)      # + a block for the pad slot
+    cache = KVCache(cfg, 8 * (32768 + BLOCK) + BLOCK, BF16, DEV, fp8=KV_FP8)     # + a block for the pad slot
     for t in cache.kv + [k for k in cache.index_k if k is not None]:
-        t.normal_()
+        if t.dtype != torch.uint8:
+            t.normal_()
+            continue
+        for i in range(0, t.shape[0], 65536):                                # packed rows of random values
+            n = min(65536, t.shape[0] - i)
+            t[i:i + n] = kv_fp8_pack(torch.randn(n, cfg.kv_cache_dim, device=DEV, dtype=BF16), cfg.kv_lora_rank)
     if "full" in slices:
         model = build_model(cfg, MoeShard())
         bench_model(model, cfg, cache, "full", [4096, 32768], [1, 8], args.modes, read_bw, results)

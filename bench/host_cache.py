@@ -2,7 +2,7 @@
 memory and without, side by side in one run.
 
     PYTHONPATH=. python bench/host_cache.py [--out bench/results/host_cache_cpu.md]          # CPU, the tiny model
-    PYTHONPATH=. python bench/host_cache.py --slice --device cuda --system 8192 --kv 65536    # the GLM-5.2-width slice
+    PYTHONPATH=. python bench/host_cache.py --slice --device cuda --system 8192 --kv 24576 --chunk 8192   # the GLM-5.2-width slice
 
 ``--sessions`` conversations (each its own system prompt, then turns of ``--turn`` new tokens and ``--answer`` answer
 tokens) take turns round-robin, one request at a time; the device's KV (``--kv`` slots) holds about two sessions'

@@ -26,6 +26,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="fp8: prefill chunks quantize activations per 128 columns and run FP8 GEMMs (GPU; faster "
                         "time to first token, ~2-3 %% relative error per linear against bf16 activations)")
     p.add_argument("--kv-cache-tokens", type=int, default=32768)
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
+                   help="fp8: MLA's cache rows as FlashMLA packs them (e4m3 latent with a scale a 128 values, the "
+                        "rope key in dtype): ~1.7x the tokens in the same memory (default: auto, the model's dtype)")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="prompt + max_tokens limit (default: min(max_position_embeddings, the KV slots in whole "
                         "blocks))")
@@ -66,7 +69,7 @@ def _engine_config(a: argparse.Namespace):
 
     return EngineConfig(model=a.model, served_model_name=a.served_model_name, device=a.device, dtype=a.dtype,
                         kernels=a.kernels, prefill_activations=a.prefill_activations, kv_cache_tokens=a.kv_cache_tokens,
-                        max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs,
+                        kv_cache_dtype=a.kv_cache_dtype, max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs,
                         max_num_batched_tokens=a.max_num_batched_tokens, max_waiting=a.max_waiting,
                         max_waiting_tokens=a.max_waiting_tokens,
                         prefix_caching=a.prefix_caching, host_kv_cache_tokens=a.host_kv_cache_tokens,

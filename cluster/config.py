@@ -24,6 +24,8 @@ class EngineConfig:
     prefill_activations: str = "bf16"   # bf16: W8A16 prefill | fp8: FP8 rows × FP8 weights (GPU, kernels auto)
     block_size: int = 16
     kv_cache_tokens: int = 32768        # KV slots per worker
+    kv_cache_dtype: str = "auto"        # auto: the model's dtype | fp8: MLA rows as FlashMLA packs them (e4m3 latent,
+                                        # a scale a 128 values, rope key in dtype): 656 bytes a layer instead of 1152
     max_model_len: int | None = None    # default: min(max_position_embeddings, the KV slots in whole blocks)
     max_num_seqs: int = 64              # requests running at once in the replica (each rank its share)
     max_num_batched_tokens: int = 512   # tokens one rank's step takes at most
@@ -65,6 +67,7 @@ class EngineConfig:
             "load_format": self.load_format in ("auto", "dummy"),
             "block_size": self.block_size >= 1,
             "kv_cache_tokens": self.kv_cache_tokens >= self.block_size,
+            "kv_cache_dtype": self.kv_cache_dtype in ("auto", "fp8"),
             "max_num_seqs": self.max_num_seqs >= 1,
             "max_num_batched_tokens": self.max_num_batched_tokens >= self.max_num_seqs,
             "max_waiting": self.max_waiting >= 0,

@@ -55,7 +55,7 @@ def build_local_engine(cfg: EngineConfig, progress: bool = True) -> tuple[Engine
     runner = ModelRunner(model, cfg.num_blocks, cfg.block_size, cfg.resolved_dtype(), device,
                          speculative=cfg.speculative_tokens > 0, graphs=cfg.graphs_mode(),
                          pieces=(cfg.max_num_batched_tokens, cfg.graphs_mode() == "capture")
-                         if cfg.pieces() else None, host_blocks=cfg.host_blocks)
+                         if cfg.pieces() else None, host_blocks=cfg.host_blocks, kv_fp8=cfg.kv_cache_dtype == "fp8")
     decode = (lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer else None
     engine = Engine(LocalExecutor(runner), sched, decode, speculative_tokens=cfg.speculative_tokens,
                     graphs=cfg.graphs_mode() != "off", special_ids=tokenizer.special_ids if tokenizer else (),

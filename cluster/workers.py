@@ -40,6 +40,7 @@ def worker_specs(cfg: EngineConfig, num_blocks: int) -> list[WorkerSpec]:
                        device=device, dtype=str(cfg.resolved_dtype()).removeprefix("torch."), kernels=cfg.kernels,
                        kernel_overrides=tuple(sorted(cfg.kernel_overrides().items())),
                        num_blocks=num_blocks, block_size=cfg.block_size, host_blocks=cfg.host_blocks, max_rows=max_rows,
+                       kv_fp8=cfg.kv_cache_dtype == "fp8",
                        timeout_s=min(cfg.step_timeout_s, 30.0), speculative=cfg.speculative_tokens > 0,
                        graphs=cfg.graphs_mode(), pieces=cfg.pieces(), lm_head_split=cfg.lm_head_split,
                        load_format=cfg.load_format)

@@ -95,7 +95,8 @@ def norm_rope_store(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
                     slots: torch.Tensor, also: tuple[CacheRows, ...] = ()) -> None:
     """Cache one key row per step row: ``cache[slots] = y``, y = x [N, D] with columns ``[0, n_norm)``
     normalized (RMSNorm; LayerNorm when ``bias`` is given) and then columns ``[rope_at, rope_at + dr)``
-    rotated (cos/sin [N, dr/2]). MLA: (latent RMSNorm | rope key) = n_norm 512, rope_at 512; the indexer:
+    rotated (cos/sin [N, dr/2]). MLA: (latent RMSNorm | rope key) = n_norm 512, rope_at 512 (a uint8 cache holds
+    packed FP8 rows, ``kv_fp8_pack``: the latent is the first n_norm columns); the indexer:
     a LayerNorm'd key whose first dr columns are roped = n_norm 128, rope_at 0. ``also``: the same for further
     sets of rows with the same angles and slots (the indexer's keys, q_a's RMSNorm: one launch on the GPU)."""
     for r in (CacheRows(x, weight, bias, eps, n_norm, rope_at, interleaved, cache), *also):
@@ -106,7 +107,7 @@ def norm_rope_store(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
             at, dr = r.rope_at, 2 * cos.shape[-1]
             y = torch.cat([y[:, :at], rope(y[:, at:at + dr], cos, sin, r.interleaved), y[:, at + dr:]], dim=-1)
         if r.at_slots:
-            r.cache[slots] = y.to(r.cache.dtype)
+            r.cache[slots] = kv_fp8_pack(y, r.n_norm) if r.cache.dtype == torch.uint8 else y.to(r.cache.dtype)
         else:
             r.cache[:y.shape[0]] = y.to(r.cache.dtype)
 
@@ -181,6 +182,57 @@ def linear_f32(x: torch.Tensor, weight: torch.Tensor, rounded: bool = False, sca
 def linear_group(x: torch.Tensor, *weights: tuple) -> tuple[torch.Tensor, ...]:
     """Several projections of one input: ``linear(x, *w)`` for each w = (weight, scale_inv or None)."""
     return tuple(linear(x, *w) for w in weights)
+
+
+# ---- FP8 KV cache rows (kv_cache_dtype fp8) ----------------------------------------------------------
+KV_GROUP = 128          # latent values a KV row's scale covers (fewer where kv_lora_rank is smaller: the tiny model)
+
+
+def kv_fp8_layout(rkv: int, dr: int, dtype: torch.dtype) -> tuple[int, int, int]:
+    """(group, rope key's byte offset, row bytes) of a packed FP8 KV row, FlashMLA's layout: the latent's ``rkv``
+    values in e4m3 (bytes [0, rkv)), one fp32 power-of-two scale per ``group`` of them, the rope key's ``dr`` values
+    in the activation dtype; the row padded to 16 bytes (656 at GLM-5's 512 + 64, bf16)."""
+    group = min(KV_GROUP, rkv)
+    if rkv % group or group & (group - 1) or rkv < 16:
+        raise ValueError(f"kv_cache_dtype fp8 needs a kv_lora_rank that is a multiple of {KV_GROUP} or a power of two "
+                         f"(≥ 16), got {rkv}")
+    rope_at = rkv + 4 * (rkv // group)
+    size = rope_at + dr * torch.empty((), dtype=dtype).element_size()
+    return group, rope_at, -(-size // 16) * 16
+
+
+def kv_fp8_scale(amax: torch.Tensor) -> torch.Tensor:
+    """The power-of-two scale 2^e of a group whose largest magnitude is ``amax`` (fp32): the least e with
+    amax / 2^e ≤ 448, from amax's bits (448 = 1.75 · 2^8), so that no rounding enters it and scaling by it (or by
+    1 / it) is exact — the Triton store takes the same integer steps."""
+    bits = amax.float().view(torch.int32)
+    e = ((bits >> 23) - 135 + ((bits & 0x7FFFFF) > 0x600000).int()).clamp(min=-126)
+    return ((e + 127) << 23).int().view(torch.float32)
+
+
+def kv_fp8_pack(y: torch.Tensor, rkv: int) -> torch.Tensor:
+    """Rows y [N, rkv + dr] (latent | rope key, activation dtype) → packed FP8 rows [N, row bytes] uint8: each group
+    of the latent scaled by 1 / its scale (exact) and rounded to e4m3 (to nearest even; |·| ≤ 448, no saturation)."""
+    N, dr = y.shape[0], y.shape[1] - rkv
+    group, rope_at, size = kv_fp8_layout(rkv, dr, y.dtype)
+    lat = y[:, :rkv].float().view(N, rkv // group, group)
+    scale = kv_fp8_scale(lat.abs().amax(-1))                                           # [N, groups]
+    out = torch.zeros(N, size, dtype=torch.uint8, device=y.device)
+    out[:, :rkv] = (lat / scale[..., None]).to(FP8_DTYPE).view(N, rkv).view(torch.uint8)
+    out[:, rkv:rope_at] = scale.view(torch.uint8)
+    rope = y[:, rkv:].contiguous().view(torch.uint8)
+    out[:, rope_at:rope_at + rope.shape[1]] = rope
+    return out
+
+
+def kv_fp8_unpack(rows: torch.Tensor, rkv: int, dr: int, dtype: torch.dtype) -> torch.Tensor:
+    """Packed rows [..., row bytes] → [..., rkv + dr] in ``dtype``: the latent e4m3 · scale (exact in fp32, then
+    cast), the rope key as stored."""
+    group, rope_at, _ = kv_fp8_layout(rkv, dr, dtype)
+    q = rows[..., :rkv].contiguous().view(FP8_DTYPE).float().unflatten(-1, (rkv // group, group))
+    scale = rows[..., rkv:rope_at].contiguous().view(torch.float32)
+    rope = rows[..., rope_at:rope_at + dr * torch.empty((), dtype=dtype).element_size()].contiguous().view(dtype)
+    return torch.cat([(q * scale[..., None]).flatten(-2).to(dtype), rope], dim=-1)
 
 
 # ---- DSA lightning indexer ---------------------------------------------------------------------
@@ -313,8 +365,9 @@ def mla_sparse_attention(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: to
     """Attention in the latent space over each row's selected cache slots.
 
     q_lat: [N, nh, rkv] (q_nope absorbed through W_UK), q_rope: [N, nh, dr], kv_cache: [num_slots, rkv+dr]
-    (latent | rope key), topk_slots: [N, K] (-1 = not selected). score = (q_lat·c + q_rope·k_rope)·scale,
-    softmax in fp32 (probs rounded to the activation dtype, as HF), output o_lat = Σ p·c: [N, nh, rkv].
+    (latent | rope key; or uint8 [num_slots, row bytes], packed FP8 rows: ``kv_fp8_unpack``), topk_slots: [N, K]
+    (-1 = not selected). score = (q_lat·c + q_rope·k_rope)·scale, softmax in fp32 (probs rounded to the activation
+    dtype, as HF), output o_lat = Σ p·c: [N, nh, rkv].
     ``trim``: some rows select fewer than K keys (their -1s last) — the Triton kernel's hint; unused here.
     """
     N, nh, rkv = q_lat.shape
@@ -323,6 +376,8 @@ def mla_sparse_attention(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: to
         sl = slice(r, r + row_chunk)
         idx = topk_slots[sl]
         kv = kv_cache[idx.clamp(min=0)]                                         # [n, K, rkv+dr]
+        if kv.dtype == torch.uint8:                                             # packed FP8 rows
+            kv = kv_fp8_unpack(kv, rkv, q_rope.shape[-1], q_lat.dtype)
         lat, kr = kv[..., :rkv], kv[..., rkv:]
         score = (torch.einsum("nhc,nkc->nhk", q_lat[sl], lat)
                  + torch.einsum("nhr,nkr->nhk", q_rope[sl], kr)) * scale

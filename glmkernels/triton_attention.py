@@ -42,7 +42,8 @@ TRIM_BLOCK: tl.constexpr = tl.constexpr(256)    # selected slots a step of the a
 def _mla_split_kernel(ql_ptr, qr_ptr, kv_ptr, idx_ptr, o_ptr, lse_ptr, nh, K, keys_per_split, scale_log2,
                       stride_ql_n, stride_ql_h, stride_qr_n, stride_qr_h, stride_kv, stride_idx,
                       RKV: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
-                      PREC: tl.constexpr, PDL: tl.constexpr, TRIM: tl.constexpr):
+                      PREC: tl.constexpr, PDL: tl.constexpr, TRIM: tl.constexpr, FP8: tl.constexpr = False,
+                      GROUP: tl.constexpr = 128, ROPE_AT: tl.constexpr = 0):
     pdl_wait(PDL)
     n = tl.program_id(0)
     hb = tl.program_id(1)
@@ -73,8 +74,11 @@ def _mla_split_kernel(ql_ptr, qr_ptr, kv_ptr, idx_ptr, o_ptr, lse_ptr, nh, K, ke
         slot = tl.load(idx_ptr + n * stride_idx + kk, mask=kk < k_end, other=-1)
         sel = slot >= 0
         base = kv_ptr + tl.maximum(slot, 0).to(tl.int64)[:, None] * stride_kv
-        lat = tl.load(base + c[None, :], mask=sel[:, None], other=0.0)                        # [BK, RKV]
-        kr = tl.load(base + RKV + r[None, :], mask=sel[:, None], other=0.0)                   # [BK, DR]
+        if FP8:     # packed rows (bytes): e4m3 latent, a power-of-two scale a GROUP, the rope key in q's dtype
+            lat, kr = _fp8_rows(base, sel, c, r, ql.dtype, RKV, BLOCK_K, GROUP, ROPE_AT)
+        else:
+            lat = tl.load(base + c[None, :], mask=sel[:, None], other=0.0)                    # [BK, RKV]
+            kr = tl.load(base + RKV + r[None, :], mask=sel[:, None], other=0.0)               # [BK, DR]
         s = tl.dot(ql, tl.trans(lat), input_precision=PREC) + tl.dot(qr, tl.trans(kr), input_precision=PREC)
         s = tl.where(sel[None, :], s * scale_log2, float("-inf"))                            # [BH, BK]
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -87,6 +91,20 @@ def _mla_split_kernel(ql_ptr, qr_ptr, kv_ptr, idx_ptr, o_ptr, lse_ptr, nh, K, ke
     lse = tl.where(l_i > 0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), float("-inf"))                            # log2 domain
     tl.store(lse_ptr + row, lse, mask=hmask)
     tl.store(o_ptr + row[:, None] * RKV + c[None, :], acc / tl.maximum(l_i, 1e-30)[:, None], mask=hmask[:, None])
+
+
+@triton.jit
+def _fp8_rows(base, sel, c, r, dt: tl.constexpr, RKV: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
+              ROPE_AT: tl.constexpr):
+    """Packed FP8 cache rows at byte pointers ``base`` [BK, 1] → (latent [BK, RKV], rope key [BK, DR]) in ``dt``:
+    e4m3 · scale is exact in fp32, so the rows equal ``reference.kv_fp8_unpack``'s bit for bit."""
+    g = tl.arange(0, RKV // GROUP)
+    lat = tl.load(base.to(tl.pointer_type(tl.float8e4nv)) + c[None, :], mask=sel[:, None], other=0.0)
+    scale = tl.load((base + RKV).to(tl.pointer_type(tl.float32)) + g[None, :], mask=sel[:, None], other=0.0)
+    lat = tl.reshape(tl.reshape(lat.to(tl.float32), (BLOCK_K, RKV // GROUP, GROUP)) * scale[:, :, None],
+                     (BLOCK_K, RKV))
+    kr = tl.load((base + ROPE_AT).to(tl.pointer_type(dt)) + r[None, :], mask=sel[:, None], other=0.0)
+    return lat.to(dt), kr
 
 
 @triton.jit
@@ -110,7 +128,7 @@ def mla_sparse_attention(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: to
                          topk_slots: torch.Tensor, scale: float, row_chunk: int = 256, trim: bool = False
                          ) -> torch.Tensor:
     """q_lat: [N, nh, rkv] and q_rope: [N, nh, dr] (last dim contiguous), kv_cache: [slots, rkv+dr] (rows
-    contiguous), topk_slots: [N, K] (-1 = not selected) → o_lat [N, nh, rkv] in q_lat's dtype.
+    contiguous; uint8: packed FP8 rows, ``reference.kv_fp8_layout``), topk_slots: [N, K] (-1 = not selected) → o_lat [N, nh, rkv] in q_lat's dtype.
     rkv and dr must be powers of two (512, 64). Graph-capturable. ``row_chunk`` is the reference's knob; ``trim``
     (the caller knows that some rows select fewer than K keys, their -1s last): see ``_mla``."""
     N, rkv = q_lat.shape[0], q_lat.shape[-1]
@@ -120,6 +138,14 @@ def mla_sparse_attention(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: to
             or kv_cache.stride(-1) != 1 or N == 0 or K == 0:
         return reference.mla_sparse_attention(q_lat, q_rope, kv_cache, topk_slots, scale, row_chunk)
     return _mla(q_lat, q_rope, kv_cache, topk_slots.contiguous(), scale, *mla_tile(N), trim=trim)
+
+
+def _fp8_args(kv_cache: torch.Tensor, rkv: int, dr: int, dtype: torch.dtype) -> dict:
+    """The split kernel's constexprs for the cache's row format."""
+    if kv_cache.dtype != torch.uint8:
+        return {}
+    group, rope_at, _ = reference.kv_fp8_layout(rkv, dr, dtype)
+    return {"FP8": True, "GROUP": group, "ROPE_AT": rope_at}
 
 
 def mla_tile(N: int) -> tuple:
@@ -171,7 +197,8 @@ def _mla(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, topk
         q_lat, q_rope, kv_cache, topk_slots, o_part, lse, nh, K, keys_per_split, scale * LOG2E,
         q_lat.stride(0), q_lat.stride(1), q_rope.stride(0), q_rope.stride(1), kv_cache.stride(0),
         topk_slots.stride(0), RKV=rkv, DR=dr, BLOCK_H=block_h, BLOCK_K=block_k,
-        PREC=dot_precision(q_lat.dtype), TRIM=trim, num_warps=warps, num_stages=stages, **pdl_launch())
+        PREC=dot_precision(q_lat.dtype), TRIM=trim, **_fp8_args(kv_cache, rkv, dr, q_lat.dtype), num_warps=warps,
+        num_stages=stages, **pdl_launch())
     out = torch.empty(N, nh, rkv, dtype=q_lat.dtype, device=q_lat.device)
     _mla_combine_kernel[(N * nh,)](o_part, lse, out, NUM_SPLITS=splits, SPLITS_P2=next_pow2(splits), RKV=rkv,
                                    num_warps=4, **pdl_launch())

@@ -143,10 +143,13 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: boo
 @triton.jit
 def _norm_rope_store_row(n, x_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, cache_ptr, slot_ptr, D, n_norm, rope_at, stride_x,
                          stride_c, num_slots, eps, LAYER: tl.constexpr, HALF: tl.constexpr, ROPE: tl.constexpr,
-                         INTERLEAVED: tl.constexpr, AT_SLOT: tl.constexpr, BLOCK_D: tl.constexpr):
+                         INTERLEAVED: tl.constexpr, AT_SLOT: tl.constexpr, BLOCK_D: tl.constexpr,
+                         FP8: tl.constexpr = False, GROUP: tl.constexpr = 128, ROPE_OFF: tl.constexpr = 0):
     """Row n: the norm's statistics over [0, n_norm), every column normalized where it must be and rounded
     where the reference rounds (the norm's output, each rope product and sum), the roped pairs gathered from
-    x directly (de-interleaved on store, as ``rope``), the row stored at its slot (``AT_SLOT``; else row n)."""
+    x directly (de-interleaved on store, as ``rope``), the row stored at its slot (``AT_SLOT``; else row n).
+    ``FP8``: the cache holds packed rows (bytes, ``reference.kv_fp8_pack``): [0, n_norm) normalized is the latent,
+    the rope key (from n_norm) goes to byte ``ROPE_OFF`` in x's dtype."""
     cols = tl.arange(0, BLOCK_D)
     x = tl.load(x_ptr + n * stride_x + cols, mask=cols < D, other=0.0)
     dt = x.dtype
@@ -165,8 +168,13 @@ def _norm_rope_store_row(n, x_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, cache_ptr, sl
         slot = n.to(tl.int64)
     out = cache_ptr + slot * stride_c
     y = _normed(x, cols, n_norm, mean, rstd, w_ptr, b_ptr, LAYER)
-    in_rope = (cols >= rope_at) & (cols < rope_at + 2 * HALF) if ROPE else cols < 0
-    tl.store(out + cols, y.to(cache_ptr.dtype.element_ty), mask=(cols < D) & ~in_rope)
+    if FP8:
+        _store_fp8_latent(out, y, n_norm, BLOCK_D, GROUP)
+        rope_out = (out + ROPE_OFF).to(tl.pointer_type(dt))
+    else:
+        in_rope = (cols >= rope_at) & (cols < rope_at + 2 * HALF) if ROPE else cols < 0
+        tl.store(out + cols, y.to(cache_ptr.dtype.element_ty), mask=(cols < D) & ~in_rope)
+        rope_out = out + rope_at
     if ROPE:
         i = tl.arange(0, HALF)
         ia = rope_at + (2 * i if INTERLEAVED else i)
@@ -174,8 +182,37 @@ def _norm_rope_store_row(n, x_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, cache_ptr, sl
         a = _normed(tl.load(x_ptr + n * stride_x + ia), ia, n_norm, mean, rstd, w_ptr, b_ptr, LAYER).to(tl.float32)
         b = _normed(tl.load(x_ptr + n * stride_x + ib), ib, n_norm, mean, rstd, w_ptr, b_ptr, LAYER).to(tl.float32)
         lo, hi = rope_pair(a, b, tl.load(cos_ptr + n * HALF + i), tl.load(sin_ptr + n * HALF + i), dt)
-        tl.store(out + rope_at + i, lo.to(cache_ptr.dtype.element_ty))
-        tl.store(out + rope_at + HALF + i, hi.to(cache_ptr.dtype.element_ty))
+        tl.store(rope_out + i, lo.to(rope_out.dtype.element_ty))
+        tl.store(rope_out + HALF + i, hi.to(rope_out.dtype.element_ty))
+
+
+@triton.jit
+def _e4m3_grid(v):
+    """fp32 v (|v| ≤ 448) rounded to the nearest e4m3 value, ties to even, still fp32 — so the cast after it is
+    exact (the interpreter's cast loses a rounding's carry: 125.9 → 64): normal values keep 3 mantissa bits
+    (integer rounding of the bits, a carry into the exponent included), below 2^-6 multiples of 2^-9 (e4m3's
+    subnormals; adding and taking away 1.5 · 2^14 rounds there)."""
+    bits = v.to(tl.int32, bitcast=True)
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)
+    return tl.where(tl.abs(v) < 0.015625, (v + 24576.0) - 24576.0, normal)
+
+
+@triton.jit
+def _store_fp8_latent(out, y, n_latent, BLOCK_D: tl.constexpr, GROUP: tl.constexpr):
+    """Row y [BLOCK_D]'s first ``n_latent`` columns as e4m3 at byte pointer ``out``, each GROUP of them over its
+    power-of-two scale (stored as fp32 after them): ``reference.kv_fp8_scale``'s integer steps on amax's bits."""
+    NG: tl.constexpr = BLOCK_D // GROUP
+    cols = tl.arange(0, BLOCK_D)
+    m = cols < n_latent
+    yf = tl.reshape(tl.where(m, y.to(tl.float32), 0.0), (NG, GROUP))
+    bits = tl.max(tl.abs(yf), axis=1).to(tl.int32, bitcast=True)
+    e = tl.maximum((bits >> 23) - 135 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32), -126)
+    inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
+    q = tl.reshape(yf * inv[:, None], (BLOCK_D,))                                  # |q| ≤ 448, exact
+    tl.store(out.to(tl.pointer_type(tl.float8e4nv)) + cols, _e4m3_grid(q).to(tl.float8e4nv), mask=m)
+    g = tl.arange(0, NG)
+    tl.store((out + n_latent).to(tl.pointer_type(tl.float32)) + g, ((e + 127) << 23).to(tl.float32, bitcast=True),
+             mask=g * GROUP < n_latent)
 
 
 @triton.jit
@@ -190,13 +227,15 @@ def _norm_rope_store_kernel(cos_ptr, sin_ptr, slot_ptr,
                             LAYER2: tl.constexpr, ROPE2: tl.constexpr, INTERLEAVED2: tl.constexpr,
                             AT_SLOT2: tl.constexpr, BLOCK_D2: tl.constexpr,
                             LAYER3: tl.constexpr, ROPE3: tl.constexpr, INTERLEAVED3: tl.constexpr,
-                            AT_SLOT3: tl.constexpr, BLOCK_D3: tl.constexpr, PDL: tl.constexpr):
+                            AT_SLOT3: tl.constexpr, BLOCK_D3: tl.constexpr, PDL: tl.constexpr,
+                            FP8: tl.constexpr = False, GROUP: tl.constexpr = 128, ROPE_OFF: tl.constexpr = 0):
     """Program (n, j) caches row n of row set j (a grid of (N, sets): the first, ``also``'s in order)."""
     pdl_wait(PDL)
     n = tl.program_id(0)
     if tl.program_id(1) == 0:
         _norm_rope_store_row(n, x_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, cache_ptr, slot_ptr, D, n_norm, rope_at,
-                             stride_x, stride_c, num_slots, eps, LAYER, HALF, ROPE, INTERLEAVED, AT_SLOT, BLOCK_D)
+                             stride_x, stride_c, num_slots, eps, LAYER, HALF, ROPE, INTERLEAVED, AT_SLOT, BLOCK_D,
+                             FP8, GROUP, ROPE_OFF)
     elif tl.program_id(1) == 1:
         _norm_rope_store_row(n, x2_ptr, w2_ptr, b2_ptr, cos_ptr, sin_ptr, cache2_ptr, slot_ptr, D2, n_norm2,
                              rope_at2, stride_x2, stride_c2, num_slots2, eps2, LAYER2, HALF, ROPE2, INTERLEAVED2,
@@ -230,7 +269,7 @@ def norm_rope_store(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     sets = [reference.CacheRows(x, weight, bias, eps, n_norm, rope_at, interleaved, cache), *also]
     half = cos.shape[-1]
     if (len(sets) > 3 or half & (half - 1) or cos.dtype != x.dtype
-            or not all(_storable(r) and r.x.shape[0] == x.shape[0] for r in sets)):
+            or not all(_storable(r, j == 0) and r.x.shape[0] == x.shape[0] for j, r in enumerate(sets))):
         return reference.norm_rope_store(x, weight, bias, eps, n_norm, cos, sin, rope_at, interleaved, cache, slots,
                                          also)
     args, consts = zip(*(_row_set_args(r) for r in sets + sets[:1] * (3 - len(sets))))   # unused sets: the first
@@ -238,12 +277,23 @@ def norm_rope_store(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
         _norm_rope_store_kernel[(x.shape[0], len(sets))](
             cos.contiguous(), sin.contiguous(), slots, *args[0], *args[1], *args[2], HALF=half,
             **{f"{k}{j or ''}": v for j, c in zip((0, 2, 3), consts) for k, v in c.items()}, num_warps=4,
-            **pdl_launch())
+            **_fp8_args(sets[0]), **pdl_launch())
 
 
-def _storable(r: reference.CacheRows) -> bool:
+def _storable(r: reference.CacheRows, first: bool) -> bool:
+    """A row set the kernel stores (packed FP8 rows: the first set's, MLA's latent | rope key, only)."""
+    fp8 = r.cache.dtype == torch.uint8
     return (r.x.dim() == 2 and r.x.stride(-1) == 1 and r.cache.stride(-1) == 1 and r.weight.dtype == r.x.dtype
-            and (r.bias is None or r.bias.dtype == r.x.dtype) and (r.at_slots or r.cache.dtype == r.x.dtype))
+            and (r.bias is None or r.bias.dtype == r.x.dtype) and (r.at_slots or r.cache.dtype == r.x.dtype)
+            and (not fp8 or first and r.at_slots and r.rope_at == r.n_norm and r.x.shape[1] > r.n_norm))
+
+
+def _fp8_args(r: reference.CacheRows) -> dict:
+    """The kernel's constexprs for a set of packed FP8 rows (none for others)."""
+    if r.cache.dtype != torch.uint8:
+        return {}
+    group, rope_at, _ = reference.kv_fp8_layout(r.n_norm, r.x.shape[1] - r.n_norm, r.x.dtype)
+    return {"FP8": True, "GROUP": group, "ROPE_OFF": rope_at}
 
 
 def _row_set_args(r: reference.CacheRows) -> tuple[tuple, dict]:

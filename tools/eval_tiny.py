@@ -31,14 +31,14 @@ from models.cache import KVCache, contiguous_batch
 from models.glm5 import GlmForCausalLM
 from models.loader import load_model
 from models.tokenizer import Tokenizer
-from tools.train_tiny import MODEL_DIR, load_tokens, set_index_topk, step_batch
+from tools.train_tiny import EOS_ID, MODEL_DIR, load_tokens, set_index_topk, step_batch
 
 
 @torch.no_grad()
-def score_windows(model: GlmForCausalLM, windows: torch.Tensor) -> dict[str, float]:
+def score_windows(model: GlmForCausalLM, windows: torch.Tensor, kv_fp8: bool = False) -> dict[str, float]:
     """windows: [B, S+2] → summed main CE, MTP agreement/accuracy counts and the number of positions."""
     B, S = windows.shape[0], windows.shape[1] - 2
-    batch, cache = step_batch(B, S), KVCache(model.config, B * S, torch.float32)
+    batch, cache = step_batch(B, S), KVCache(model.config, B * S, torch.float32, fp8=kv_fp8)
     hidden = model(windows[:, :S].reshape(-1), batch, cache)                        # [B*S, H]
     logits = model.logits(hidden)                                                   # [B*S, V]
     ce = F.cross_entropy(logits, windows[:, 1:S + 1].reshape(-1), reduction="sum")
@@ -52,16 +52,24 @@ def score_windows(model: GlmForCausalLM, windows: torch.Tensor) -> dict[str, flo
 
 
 def evaluate(model: GlmForCausalLM, tokens: np.ndarray, num_windows: int, seq_len: int,
-             batch_size: int = 8) -> dict[str, float]:
+             batch_size: int = 8, kv_fp8: bool = False) -> dict[str, float]:
     starts = np.linspace(0, len(tokens) - seq_len - 2, num_windows).astype(np.int64)
     windows = torch.from_numpy(np.stack([tokens[s:s + seq_len + 2] for s in starts]).astype(np.int64))
     totals: dict[str, float] = {}
     for i in range(0, num_windows, batch_size):
-        for k, v in score_windows(model, windows[i:i + batch_size]).items():
+        for k, v in score_windows(model, windows[i:i + batch_size], kv_fp8).items():
             totals[k] = totals.get(k, 0) + v
     return {"perplexity": math.exp(totals["ce"] / totals["n"]), "main_top1": totals["main_hit"] / totals["n"],
             "mtp_agreement": totals["agree"] / totals["n_mtp"], "mtp_top1": totals["mtp_hit"] / totals["n_mtp"],
             "tokens": totals["n"]}
+
+
+def text_tokens(path: Path, model_dir: Path) -> np.ndarray:
+    """A text file's token ids as ``load_tokens`` makes the held-out split's: blocks at blank lines, each ended by
+    <|endoftext|>."""
+    tok = Tokenizer.from_dir(model_dir)
+    blocks = [b for b in path.read_text(encoding="utf-8").split("\n\n") if b.strip()]
+    return np.array([t for b in blocks for t in tok.encode(b) + [EOS_ID]], dtype=np.int64)
 
 
 @torch.no_grad()
@@ -91,18 +99,29 @@ def main() -> None:
     p.add_argument("--prompt", default="The old man said")
     p.add_argument("--max-new", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--text", type=Path, default=None,
+                   help="evaluate on this text file (blocks split at blank lines) instead of the held-out split")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
+                   help="fp8: the cache's MLA rows packed in FP8 (kv_cache_dtype fp8); the perplexity with the "
+                        "model's dtype is printed beside it")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     print("$ python -m tools.eval_tiny " + shlex.join(sys.argv[1:]))
 
     model = load_model(args.model, dtype=torch.float32, progress=False)
     cfg = model.config
-    tokens = load_tokens("heldout")
-    sparse = evaluate(model, tokens, args.windows, args.seq_len)
+    tokens = load_tokens("heldout") if args.text is None else text_tokens(args.text, args.model)
+    fp8 = args.kv_cache_dtype == "fp8"
+    sparse = evaluate(model, tokens, args.windows, args.seq_len, kv_fp8=fp8)
+    if fp8:
+        plain = evaluate(model, tokens, args.windows, args.seq_len)
+        print(f"FP8 KV cache: perplexity {sparse['perplexity']:.3f} (model dtype: {plain['perplexity']:.3f}, "
+              f"{sparse['perplexity'] / plain['perplexity'] - 1:+.2%}); top-1 {sparse['main_top1']:.4f} "
+              f"({plain['main_top1']:.4f}); MTP agreement {sparse['mtp_agreement']:.4f} ({plain['mtp_agreement']:.4f})")
     set_index_topk(model, args.seq_len)
-    dense = evaluate(model, tokens, args.windows, args.seq_len)
+    dense = evaluate(model, tokens, args.windows, args.seq_len, kv_fp8=fp8)
     set_index_topk(model, cfg.index_topk)
-    print(f"held-out: {args.windows} windows x {args.seq_len} tokens = {sparse['tokens']:,} predictions")
+    print(f"{'held-out' if args.text is None else args.text}: {args.windows} windows x {args.seq_len} tokens = {sparse['tokens']:,} predictions")
     print(f"  main head perplexity      {sparse['perplexity']:8.2f}  (index_topk {cfg.index_topk}; "
           f"dense attention: {dense['perplexity']:.2f})")
     print(f"  main head top-1 accuracy  {sparse['main_top1']:8.3f}")

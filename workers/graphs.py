@@ -167,7 +167,7 @@ class DraftGraphs:
         self.model, self.graphs, self.select, self.world_size = model, graphs, select, world_size
         self.scratch_base, self.scratch_len = scratch_base, scratch_len
         rows, hidden = GRAPH_BUCKETS[-1], model.config.hidden_size
-        dtype = graphs.cache.kv[0].dtype
+        dtype = graphs.cache.dtype
         self.hidden = torch.zeros(rows, hidden, dtype=dtype, device=device)        # the step's output rows
         self._meta = torch.zeros(1 + rows + 2 * scratch_len, dtype=torch.long, device=device)
         self.row = self._meta[:1]                                  # the drafting row within the bucket

@@ -73,7 +73,7 @@ class PieceGraphs:
         self.draft_rows = draft_rows
         self.max_rows = piece_rows(min(max_rows, PIECE_BUCKETS[-1]))
         T, H, nh = self.max_rows, cfg.hidden_size, cfg.num_attention_heads
-        dtype = cache.kv[0].dtype
+        dtype = cache.dtype
 
         def buf(*shape, dt=dtype):
             return torch.zeros(*shape, dtype=dt, device=device)

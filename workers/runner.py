@@ -159,14 +159,14 @@ class ModelRunner:
                  device: str | torch.device = "cpu", in_group: bool = False, world_size: int = 1,
                  stage: Callable[[StepShape | None, int, bool], None] | None = None, speculative: bool = False,
                  max_drafting: int = 8, graphs: str = "off", select: Callable | None = None,
-                 pieces: tuple[int, bool] | None = None, host_blocks: int = 0):
+                 pieces: tuple[int, bool] | None = None, host_blocks: int = 0, kv_fp8: bool = False):
         self.model, self.block_size, self.device = model, block_size, torch.device(device)
         self.in_group, self.world_size = in_group, world_size
         self.stage = stage or (lambda shape, n, static=False: None)
         num_slots = num_blocks * block_size
         scratch = MAX_DRAFTS + 1
         pad_slot = num_slots + max_drafting * scratch       # written by the graphs' pad rows, read by no one
-        self.cache = KVCache(model.config, pad_slot + 1, dtype, device)
+        self.cache = KVCache(model.config, pad_slot + 1, dtype, device, fp8=kv_fp8)
         self.host = HostKV(self.cache, host_blocks, block_size) if host_blocks else None   # the prefix cache's 2nd tier
         if graphs not in ("off", "eager", "capture"):
             raise ValueError(f"graphs must be 'off', 'eager' or 'capture', got {graphs!r}")

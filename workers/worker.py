@@ -208,6 +208,7 @@ class WorkerSpec:
     num_blocks: int = 2048
     block_size: int = 16
     host_blocks: int = 0        # host memory for cached prefixes evicted from the device (the prefix cache's tier 2)
+    kv_fp8: bool = False        # MLA's cache rows packed in FP8 (``models/cache.py``)
     max_rows: int = 4096        # bound on any step's bucket (total rows)
     timeout_s: float = 30.0     # bound on every comm phase
     setup_timeout_s: float = 300.0
@@ -253,7 +254,7 @@ class Worker:
                                   in_group=spec.world_size > 1, world_size=spec.world_size, stage=self._stage,
                                   speculative=spec.speculative, graphs=self._graphs_mode(), select=self._select,
                                   pieces=(spec.max_rows // spec.world_size, spec.graphs == "capture")
-                                  if spec.pieces else None, host_blocks=spec.host_blocks)
+                                  if spec.pieces else None, host_blocks=spec.host_blocks, kv_fp8=spec.kv_fp8)
 
     def enter_thread(self) -> None:
         """Set this thread's torch state for the rank — the current CUDA device is per host thread, and so is
@@ -292,7 +293,7 @@ class Worker:
         span-vs-dp gate. Returns (the gathered bucket, this rank's summed output rows)."""
         self.step_comm.stage(shape, h.shape[0])
         mlp = self.runner.model.model.layers[layer].mlp
-        rows = self.step_comm.all_gather(h.to(self.runner.cache.kv[0].dtype))
+        rows = self.step_comm.all_gather(h.to(self.runner.cache.dtype))
         return rows, self.step_comm.reduce_scatter(mlp(rows))
 
     def poison_comm_buffers(self) -> None:

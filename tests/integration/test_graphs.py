@@ -28,11 +28,11 @@ def model(text_ckpt):
 
 
 def make_engine(model, graphs: bool, k: int = 0, blocks: int = NUM_BLOCKS, budget: int = 256,
-                pieces: bool = False, caching: bool = False, host: int = 0) -> Engine:
+                pieces: bool = False, caching: bool = False, host: int = 0, kv_fp8: bool = False) -> Engine:
     device = next(model.parameters()).device
     runner = ModelRunner(model, blocks, BLOCK, torch.float32, device, speculative=k > 0,
                          graphs="capture" if graphs else "off",
-                         pieces=(budget, device.type == "cuda") if pieces else None, host_blocks=host)
+                         pieces=(budget, device.type == "cuda") if pieces else None, host_blocks=host, kv_fp8=kv_fp8)
     cfg = SchedulerConfig(num_blocks=blocks, block_size=BLOCK, max_model_len=1024,
                           vocab_size=model.config.vocab_size, eos_token_ids=(), max_num_batched_tokens=budget,
                           max_num_seqs=min(64, budget), prefix_caching=caching, host_blocks=host)
@@ -352,12 +352,14 @@ def host_tier_arrivals(vocab: int) -> dict[int, dict]:
             80: {"f2": (filler[:150], greedy)}, 100: {"a3": (a + [77, 78], greedy), "b3": (b + [5], greedy)}}
 
 
-@pytest.mark.parametrize("k", [0, 3])
-def test_prefixes_from_the_host_tier_ride_graph_steps(model, k):
-    """The host tier under graph steps and look-ahead: the tokens of an eager engine without the cache."""
+@pytest.mark.parametrize("k,fp8", [(0, False), (3, False), (0, True), (3, True)])
+def test_prefixes_from_the_host_tier_ride_graph_steps(model, k, fp8):
+    """The host tier under graph steps and look-ahead: the tokens of an eager engine without the cache. ``fp8``: both
+    with the FP8 KV cache, prompt chunks on the per-layer pieces."""
     arrivals = host_tier_arrivals(model.config.vocab_size)
-    engine = make_engine(model, graphs=True, k=k, blocks=24, caching=True, host=96)
-    assert run_arrivals(engine, arrivals) == run_arrivals(make_engine(model, graphs=False, k=k, blocks=24), arrivals)
+    engine = make_engine(model, graphs=True, k=k, blocks=24, caching=True, host=96, kv_fp8=fp8, pieces=fp8)
+    assert run_arrivals(engine, arrivals) == run_arrivals(make_engine(model, graphs=False, k=k, blocks=24,
+                                                                      kv_fp8=fp8), arrivals)
     assert engine.scheduler.host_loads > 0 and engine.stats["graph_steps"] > 0
     assert k or engine.stats["ahead_steps"] > 0
 

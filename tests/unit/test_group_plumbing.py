@@ -98,7 +98,7 @@ def test_a_closed_step_channel_fails_the_step_fast():
                                          ("warmup_tokens", -1), ("warmup_tokens", 1.5),
                                          ("max_model_len", 32769),          # past the KV slots (32768): refused
                                          ("lm_head_split", "yes"), ("max_waiting_tokens", -1),
-                                         ("host_kv_cache_tokens", -16),
+                                         ("host_kv_cache_tokens", -16), ("kv_cache_dtype", "fp8_e5m2"),
                                          # types as a YAML file gives them: a quoted number, null, a float, a boolean
                                          ("kv_cache_tokens", "16384"), ("max_waiting", None), ("step_timeout_s", "60"),
                                          ("speculative_tokens", 2.5), ("num_workers", 8.0), ("max_num_seqs", True),
@@ -118,6 +118,8 @@ def test_a_host_tier_needs_prefix_caching():
 
     cfg = EngineConfig(device="cpu", num_workers=2, host_kv_cache_tokens=4096)
     assert [s.host_blocks for s in worker_specs(cfg, cfg.num_blocks)] == [256, 256]     # every rank's own tier
+    cfg = EngineConfig(device="cpu", num_workers=2, kv_cache_dtype="fp8")
+    assert [s.kv_fp8 for s in worker_specs(cfg, cfg.num_blocks)] == [True, True]
 
 
 def test_serve_flags_reach_the_engine_config():
@@ -134,9 +136,11 @@ def test_serve_flags_reach_the_engine_config():
     assert _engine_config(p.parse_args(["--warmup-tokens", "0"])).warmup_tokens == 0
     cfg = _engine_config(p.parse_args(["--tool-parser", "glm", "--reasoning-parser", "glm", "--served-model-name",
                                        "tiny-x", "--max-model-len", "512", "--max-waiting", "8",
-                                       "--max-waiting-tokens", "65536", "--host-kv-cache-tokens", "8192"]))
+                                       "--max-waiting-tokens", "65536", "--host-kv-cache-tokens", "8192",
+                                       "--kv-cache-dtype", "fp8"]))
     assert (cfg.tool_parser, cfg.reasoning_parser, cfg.served_model_name, cfg.max_model_len, cfg.max_waiting,
-            cfg.max_waiting_tokens, cfg.host_kv_cache_tokens) == ("glm", "glm", "tiny-x", 512, 8, 65536, 8192)
+            cfg.max_waiting_tokens, cfg.host_kv_cache_tokens, cfg.kv_cache_dtype) == (
+        "glm", "glm", "tiny-x", 512, 8, 65536, 8192, "fp8")
     assert _engine_config(p.parse_args([])) == EngineConfig()     # every flag's default is the config's
 
 

@@ -1,0 +1,86 @@
+"""The FP8 KV cache (``kv_cache_dtype: fp8``) on a CUDA GPU at GLM-5's widths in bf16: the Triton store packs every
+byte as the reference does (the GPU's own e4m3 cast, which the interpreter cannot check), the attention on packed rows
+equals it on their values bit for bit, and an engine's tokens with captured graphs, pieces, look-ahead and the host
+tier equal its eager tokens.
+
+Run on a lent H200: ``PYTHONPATH=. python -m pytest -q tests/gpu/test_kv_fp8_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+pytest.importorskip("triton")
+
+from glmkernels import ops, reference
+from glmkernels.reference import CacheRows, kv_fp8_layout, kv_fp8_pack, kv_fp8_unpack
+
+DEV = "cuda"
+BF16 = torch.bfloat16
+RKV, DR = 512, 64
+
+
+def gen(seed):
+    return torch.Generator(device=DEV).manual_seed(seed)
+
+
+@pytest.mark.parametrize("N", [1, 8, 300])
+def test_store_packs_the_rows_the_reference_packs(N):
+    """MLA's rows with the indexer's keys and q_a's RMSNorm in one launch (the model's call): the packed rows' bytes
+    (all but the padding) equal the reference's — scales, the GPU's e4m3 rounding and the roped key."""
+    g = gen(N)
+    ckv = torch.randn(N, RKV + DR, device=DEV, generator=g).to(BF16) * 4
+    w = (1 + 0.3 * torch.randn(RKV, device=DEV, generator=g)).to(BF16)
+    k = torch.randn(N, 128, device=DEV, generator=g).to(BF16)
+    w_k, b_k = torch.ones(128, device=DEV, dtype=BF16), torch.zeros(128, device=DEV, dtype=BF16)
+    q_a = torch.randn(N, 2048, device=DEV, generator=g).to(BF16)
+    w_q = torch.ones(2048, device=DEV, dtype=BF16)
+    cos, sin = (torch.randn(N, DR // 2, device=DEV, generator=g).to(BF16) for _ in range(2))
+    slots = torch.randperm(4 * N, device=DEV, generator=g)[:N]
+    _, rope_at, size = kv_fp8_layout(RKV, DR, BF16)
+    outs = []
+    for store in (ops.impl("norm_rope_store", "triton"), reference.norm_rope_store):
+        cache = torch.zeros(4 * N, size, dtype=torch.uint8, device=DEV)
+        keys, q_out = torch.zeros(4 * N, 128, dtype=BF16, device=DEV), torch.empty_like(q_a)
+        store(ckv, w, None, 1e-6, RKV, cos, sin, RKV, True, cache, slots,
+              also=(CacheRows(k, w_k, b_k, 1e-6, 128, 0, False, keys),
+                    CacheRows(q_a, w_q, None, 1e-6, 2048, None, False, q_out, at_slots=False)))
+        outs.append(cache[:, :rope_at + 2 * DR])
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("N,K", [(1, 2048), (8, 2048), (64, 2048), (300, 512)])
+def test_attention_on_packed_rows_equals_it_on_their_values(N, K):
+    g = gen(N)
+    nh, slots = 64, 50_000
+    q_lat = torch.randn(N, nh, RKV, device=DEV, generator=g).to(BF16)
+    q_rope = torch.randn(N, nh, DR, device=DEV, generator=g).to(BF16)
+    packed = kv_fp8_pack(torch.randn(slots, RKV + DR, device=DEV, generator=g).to(BF16), RKV)
+    plain = kv_fp8_unpack(packed, RKV, DR, BF16)
+    sel = torch.stack([torch.randperm(slots, device=DEV, generator=g)[:K] for _ in range(N)])
+    sel[N // 2, K // 3:] = -1
+    att = ops.impl("mla_sparse_attention", "triton")
+    got = att(q_lat, q_rope, packed, sel, 0.1, trim=True)
+    assert torch.equal(got, att(q_lat, q_rope, plain, sel, 0.1, trim=True))
+    ref = reference.mla_sparse_attention(q_lat.float(), q_rope.float(), plain.float(), sel, 0.1)
+    assert ((got.double() - ref.double()).norm() / ref.double().norm()).item() < 1e-2
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_engine_graphs_with_the_fp8_cache_equal_eager(k):
+    """Captured graph steps, pieces, look-ahead and the host tier, all on packed rows: the eager engine's tokens."""
+    from cluster.config import DEFAULT_MODEL
+    from models.loader import load_model
+    from tests.integration.test_graphs import host_tier_arrivals, make_engine, run_arrivals
+
+    ops.configure("auto", DEV)
+    m = load_model(DEFAULT_MODEL, dtype=torch.float32, device=DEV, progress=False)
+    arrivals = host_tier_arrivals(m.config.vocab_size)
+    on = make_engine(m, True, k, blocks=24, caching=True, host=96, kv_fp8=True, pieces=True)
+    assert on.executor.runner.cache.kv[0].dtype == torch.uint8
+    assert run_arrivals(on, arrivals) == run_arrivals(make_engine(m, False, k, blocks=24, kv_fp8=True), arrivals)
+    assert on.scheduler.host_loads > 0 and on.executor.runner.graphs.captured
