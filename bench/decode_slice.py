@@ -39,7 +39,7 @@ from scheduler.shapes import graph_width, next_pow2
 from workers.graphs import DecodeGraphs, capture_graph
 
 DEV, BF16 = "cuda", torch.bfloat16
-KV_FP8 = False          # --kv-cache-dtype fp8: MLA's cache rows packed (656 bytes a row instead of 1152)
+KV_FP8 = False          # --kv-cache-dtype fp8: cache rows packed (MLA's 656 bytes instead of 1152, keys' 144 for 256)
 BLOCK = 64                     # KV block size of the bench's paged cache
 SLICE = {"architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa", "vocab_size": 154880,
          "hidden_size": 6144, "intermediate_size": 12288, "moe_intermediate_size": 2048, "num_hidden_layers": 4,
@@ -106,8 +106,9 @@ def step_bytes(model: GlmForCausalLM, cfg: ModelConfig, hit: list[int], rows: in
     total += sum(hit) * per_expert
     K = min(cfg.index_topk, ctx + 1)
     n_full = sum(cfg.has_indexer(layer) for layer in range(cfg.num_hidden_layers))
-    row = KVCache.row_bytes(cfg, BF16) if KV_FP8 else cfg.kv_cache_dim * 2
-    total += rows * cfg.num_hidden_layers * K * row + rows * n_full * (ctx + 1) * cfg.index_head_dim * 2
+    row, key = ((KVCache.row_bytes(cfg, BF16), KVCache.key_bytes(cfg, BF16)) if KV_FP8
+                else (cfg.kv_cache_dim * 2, cfg.index_head_dim * 2))
+    total += rows * cfg.num_hidden_layers * K * row + rows * n_full * (ctx + 1) * key
     return total
 
 
@@ -295,7 +296,7 @@ def write_report(results, hf, read_bw, out: Path) -> None:
     cols = {impl: cases for impl, cases in hf.items() if "error" not in cases}
     lines = [f"# Decode step on a GLM-5.2-width slice ({torch.cuda.get_device_name()}, torch {torch.__version__})",
              "", "1 dense + 3 MoE layers (indexer full,full,full,shared), FP8 block weights, bf16 activations, "
-             f"{'FP8 (packed rows of 656 bytes)' if KV_FP8 else 'bf16'} KV, index_topk 2048; step = forward + lm_head (vocab 154880). Floor = bytes read / "
+             f"{'FP8 (packed rows: MLA 656 bytes, indexer keys 144)' if KV_FP8 else 'bf16'} KV, index_topk 2048; step = forward + lm_head (vocab 154880). Floor = bytes read / "
              f"{read_bw / 1e12:.2f} TB/s (measured read stream). 'shard' = MoE and dense MLP at 1/8 width "
              "(one rank of 8, tp). 'rank of dp 8' = that shard as one rank of an 8-rank step with 1, 8, 16 or 32 rows "
              "a rank: "
@@ -398,9 +399,11 @@ def main() -> None:
         if t.dtype != torch.uint8:
             t.normal_()
             continue
+        width, packed = ((cfg.kv_cache_dim, cfg.kv_lora_rank) if any(t is kv for kv in cache.kv)
+                         else (cfg.index_head_dim, cfg.index_head_dim))
         for i in range(0, t.shape[0], 65536):                                # packed rows of random values
             n = min(65536, t.shape[0] - i)
-            t[i:i + n] = kv_fp8_pack(torch.randn(n, cfg.kv_cache_dim, device=DEV, dtype=BF16), cfg.kv_lora_rank)
+            t[i:i + n] = kv_fp8_pack(torch.randn(n, width, device=DEV, dtype=BF16), packed)
     if "full" in slices:
         model = build_model(cfg, MoeShard())
         bench_model(model, cfg, cache, "full", [4096, 32768], [1, 8], args.modes, read_bw, results)

@@ -268,6 +268,13 @@ def ragged_slots(seq_rows: list[tuple[int, int]], seq_slots: list[torch.Tensor],
     return RaggedSlots(all_slots, meta[0], meta[1], bases, lens)
 
 
+def index_keys(k_cache: torch.Tensor, slots: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The indexer's keys of ``slots`` [...] → [..., idd] (a uint8 cache: packed FP8 rows, unpacked into q's
+    dtype; idd = q's last dim)."""
+    rows = k_cache[slots]
+    return kv_fp8_unpack(rows, q.shape[-1], 0, q.dtype) if rows.dtype == torch.uint8 else rows
+
+
 @ops.register("indexer_topk")
 def indexer_topk(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tensor,
                  seq_rows: list[tuple[int, int]], seq_slots: list[torch.Tensor], positions: torch.Tensor,
@@ -291,7 +298,7 @@ def indexer_topk(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Ten
             visible = key_pos[None, :] <= positions[r0:r0 + nr, None]           # [S, T]
             out[r0:r0 + nr, :T] = torch.where(visible, slots[None, :], -1)
             continue
-        keys = k_cache[slots].float()                                           # [T, idd]
+        keys = index_keys(k_cache, slots, q).float()                            # [T, idd]
         slab = max(1, INDEXER_SCORE_BYTES // (ih * T * 4))                     # rows whose [S, ih, T] fits
         for a in range(r0, r0 + nr, slab):
             b = min(a + slab, r0 + nr)
@@ -322,7 +329,7 @@ def indexer_topk_paged(q: torch.Tensor, head_weights: torch.Tensor, k_cache: tor
     W = block_table.shape[1] * block_size
     slots = paged_slots(block_table, block_size, W)                              # [N, W]
     visible = torch.arange(W, device=q.device)[None, :] <= positions[:, None]
-    keys = k_cache[slots].float()                                               # [N, W, idd]
+    keys = index_keys(k_cache, slots, q).float()                                # [N, W, idd]
     s = torch.einsum("nhd,ntd->nht", q.float(), keys) * scale
     score = torch.einsum("nh,nht->nt", head_weights.float(), F.relu(s)).masked_fill(~visible, float("-inf"))
     val, idx = score.topk(min(topk, W), dim=-1, sorted=False)

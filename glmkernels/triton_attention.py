@@ -94,17 +94,24 @@ def _mla_split_kernel(ql_ptr, qr_ptr, kv_ptr, idx_ptr, o_ptr, lse_ptr, nh, K, ke
 
 
 @triton.jit
-def _fp8_rows(base, sel, c, r, dt: tl.constexpr, RKV: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
-              ROPE_AT: tl.constexpr):
-    """Packed FP8 cache rows at byte pointers ``base`` [BK, 1] → (latent [BK, RKV], rope key [BK, DR]) in ``dt``:
-    e4m3 · scale is exact in fp32, so the rows equal ``reference.kv_fp8_unpack``'s bit for bit."""
+def fp8_packed(base, sel, c, dt: tl.constexpr, RKV: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr):
+    """The packed values of FP8 cache rows at byte pointers ``base`` [BK, 1] (``reference.kv_fp8_layout``; ``sel``
+    [BK] the rows to load, c = arange(RKV)) → [BK, RKV] in ``dt``: e4m3 · scale is exact in fp32, so they equal
+    ``reference.kv_fp8_unpack``'s bit for bit."""
     g = tl.arange(0, RKV // GROUP)
     lat = tl.load(base.to(tl.pointer_type(tl.float8e4nv)) + c[None, :], mask=sel[:, None], other=0.0)
     scale = tl.load((base + RKV).to(tl.pointer_type(tl.float32)) + g[None, :], mask=sel[:, None], other=0.0)
     lat = tl.reshape(tl.reshape(lat.to(tl.float32), (BLOCK_K, RKV // GROUP, GROUP)) * scale[:, :, None],
                      (BLOCK_K, RKV))
+    return lat.to(dt)
+
+
+@triton.jit
+def _fp8_rows(base, sel, c, r, dt: tl.constexpr, RKV: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
+              ROPE_AT: tl.constexpr):
+    """Packed MLA rows → (latent [BK, RKV], rope key [BK, DR]) in ``dt`` (the rope key stored in it)."""
     kr = tl.load((base + ROPE_AT).to(tl.pointer_type(dt)) + r[None, :], mask=sel[:, None], other=0.0)
-    return lat.to(dt), kr
+    return fp8_packed(base, sel, c, dt, RKV, BLOCK_K, GROUP), kr
 
 
 @triton.jit
@@ -128,7 +135,8 @@ def mla_sparse_attention(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: to
                          topk_slots: torch.Tensor, scale: float, row_chunk: int = 256, trim: bool = False
                          ) -> torch.Tensor:
     """q_lat: [N, nh, rkv] and q_rope: [N, nh, dr] (last dim contiguous), kv_cache: [slots, rkv+dr] (rows
-    contiguous; uint8: packed FP8 rows, ``reference.kv_fp8_layout``), topk_slots: [N, K] (-1 = not selected) → o_lat [N, nh, rkv] in q_lat's dtype.
+    contiguous; uint8: packed FP8 rows, ``reference.kv_fp8_layout``), topk_slots: [N, K] (-1 = not selected)
+    → o_lat [N, nh, rkv] in q_lat's dtype.
     rkv and dr must be powers of two (512, 64). Graph-capturable. ``row_chunk`` is the reference's knob; ``trim``
     (the caller knows that some rows select fewer than K keys, their -1s last): see ``_mla``."""
     N, rkv = q_lat.shape[0], q_lat.shape[-1]
@@ -210,10 +218,11 @@ def _index_score_kernel(q_ptr, w_ptr, k_ptr, table_ptr, base_ptr, len_ptr, pos_p
                         state_ptr, T_max, K, scale, stride_qn, stride_qh, stride_k, stride_table, BS: tl.constexpr,
                         RAGGED: tl.constexpr, IH: tl.constexpr, IDD: tl.constexpr, BLOCK_T: tl.constexpr,
                         PREC: tl.constexpr, SELECT: tl.constexpr, SHIFT: tl.constexpr, BITS: tl.constexpr,
-                        PDL: tl.constexpr):
+                        PDL: tl.constexpr, FP8: tl.constexpr, GROUP: tl.constexpr):
     """Row n's key t sits in slot table[base + t // BS] * BS + t % BS: ragged (BS = 1), a flat slot list with
     base = base[n] and length len[n]; paged, row n of a block table (base = n · stride_table, length T_max).
-    SELECT: also the wide select's first pass over the row's scores (``_radix_count`` on digit SHIFT, BITS)."""
+    SELECT: also the wide select's first pass over the row's scores (``_radix_count`` on digit SHIFT, BITS).
+    FP8: the keys are packed rows (bytes), read in q's dtype."""
     pdl_wait(PDL)
     n = tl.program_id(0)
     t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -231,7 +240,10 @@ def _index_score_kernel(q_ptr, w_ptr, k_ptr, table_ptr, base_ptr, len_ptr, pos_p
         d = tl.arange(0, IDD)
         hh = tl.arange(0, IH)
         q = tl.load(q_ptr + n * stride_qn + hh[:, None] * stride_qh + d[None, :])                # [IH, IDD]
-        k = tl.load(k_ptr + slot[:, None] * stride_k + d[None, :], mask=visible[:, None], other=0.0)
+        if FP8:
+            k = fp8_packed(k_ptr + slot[:, None] * stride_k, visible, d, q.dtype, IDD, BLOCK_T, GROUP)
+        else:
+            k = tl.load(k_ptr + slot[:, None] * stride_k + d[None, :], mask=visible[:, None], other=0.0)
         s = tl.dot(k, tl.trans(q.to(k.dtype)), input_precision=PREC)                            # [BT, IH]
         w = tl.load(w_ptr + n * IH + hh)
         score = tl.sum(tl.maximum(s * scale, 0.0) * w[None, :], axis=1)
@@ -241,6 +253,14 @@ def _index_score_kernel(q_ptr, w_ptr, k_ptr, table_ptr, base_ptr, len_ptr, pos_p
     tl.store(score_ptr + n * T_max + t, score, mask=t < T_max)
     if SELECT:
         _radix_count(_order_key(score), t < T_max, hist_ptr, count_ptr, state_ptr, n, K, 0, SHIFT, BITS)
+
+
+def _key_args(k_cache: torch.Tensor, q: torch.Tensor) -> dict:
+    """The scoring kernels' constexprs for the key cache's format (uint8: packed FP8 rows, read in q's dtype)."""
+    if k_cache.dtype != torch.uint8:
+        return {"PREC": dot_precision(k_cache.dtype), "FP8": False, "GROUP": 1}
+    group = reference.kv_fp8_layout(q.shape[-1], 0, q.dtype)[0]
+    return {"PREC": dot_precision(q.dtype), "FP8": True, "GROUP": group}
 
 
 def _score(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tensor, table: torch.Tensor,
@@ -258,8 +278,8 @@ def _score(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tensor, t
         length if ragged else table, positions, score, ws.hist[0] if ws else table, ws.count[0] if ws else table,
         ws.state if ws else table, T_max, select_k, scale, q.stride(0), q.stride(1), k_cache.stride(0),
         table.stride(0), BS=block_size, RAGGED=ragged, IH=ih, IDD=idd, BLOCK_T=block_t,
-        PREC=dot_precision(k_cache.dtype), SELECT=bool(select_k), SHIFT=SELECT_DIGITS[0][0],
-        BITS=SELECT_DIGITS[0][1], num_warps=4, **pdl_launch())
+        SELECT=bool(select_k), SHIFT=SELECT_DIGITS[0][0], BITS=SELECT_DIGITS[0][1], **_key_args(k_cache, q),
+        num_warps=4, **pdl_launch())
     return score
 
 
@@ -272,7 +292,8 @@ SCORE_ROWS = (8, 64, 1024, 4)      # (rows a program, keys a step, keys a progra
 @triton.jit
 def _index_score_rows_kernel(q_ptr, w_ptr, k_ptr, slots_ptr, blk_ptr, pos_ptr, score_ptr, T_max, scale, stride_qn,
                              stride_qh, stride_k, IH: tl.constexpr, IDD: tl.constexpr, BLOCK_M: tl.constexpr,
-                             BLOCK_T: tl.constexpr, KEYS: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
+                             BLOCK_T: tl.constexpr, KEYS: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
+                             FP8: tl.constexpr, GROUP: tl.constexpr):
     """Block b = (first row, rows ≤ BLOCK_M, base, length): rows of one request, whose key t sits in slot
     slots[base + t] and is visible to row n iff t < length and t ≤ pos[n]."""
     pdl_wait(PDL)
@@ -293,7 +314,10 @@ def _index_score_rows_kernel(q_ptr, w_ptr, k_ptr, slots_ptr, blk_ptr, pos_ptr, s
         if tl.program_id(1) * KEYS + step <= last:
             key_ok = t <= last
             slot = tl.load(slots_ptr + base + t, mask=key_ok, other=0)
-            k = tl.load(k_ptr + slot[:, None] * stride_k + d[None, :], mask=key_ok[:, None], other=0.0)  # [BT, IDD]
+            if FP8:
+                k = fp8_packed(k_ptr + slot[:, None] * stride_k, key_ok, d, q.dtype, IDD, BLOCK_T, GROUP)
+            else:
+                k = tl.load(k_ptr + slot[:, None] * stride_k + d[None, :], mask=key_ok[:, None], other=0.0)
             s = tl.dot(q.to(k.dtype), tl.trans(k), input_precision=PREC)                          # [BM·IH, BT]
             score = tl.sum(tl.reshape(tl.maximum(s * scale, 0.0) * w[:, None], (BLOCK_M, IH, BLOCK_T)), axis=1)
             score = tl.where((t[None, :] < length) & (t[None, :] <= pos[:, None]), score, float("-inf"))
@@ -321,7 +345,7 @@ def _score_rows(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tens
     _index_score_rows_kernel[(meta.shape[0], triton.cdiv(T_max, keys))](
         q, head_weights.float().contiguous(), k_cache, r.slots, meta, positions, score, T_max, scale, q.stride(0),
         q.stride(1), k_cache.stride(0), IH=ih, IDD=idd, BLOCK_M=block_m, BLOCK_T=block_t, KEYS=keys,
-        PREC=dot_precision(k_cache.dtype), num_warps=warps, **pdl_launch())
+        **_key_args(k_cache, q), num_warps=warps, **pdl_launch())
     return score
 
 

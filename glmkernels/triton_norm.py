@@ -144,12 +144,13 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: boo
 def _norm_rope_store_row(n, x_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, cache_ptr, slot_ptr, D, n_norm, rope_at, stride_x,
                          stride_c, num_slots, eps, LAYER: tl.constexpr, HALF: tl.constexpr, ROPE: tl.constexpr,
                          INTERLEAVED: tl.constexpr, AT_SLOT: tl.constexpr, BLOCK_D: tl.constexpr,
-                         FP8: tl.constexpr = False, GROUP: tl.constexpr = 128, ROPE_OFF: tl.constexpr = 0):
+                         FP8: tl.constexpr, GROUP: tl.constexpr, ROPE_OFF: tl.constexpr):
     """Row n: the norm's statistics over [0, n_norm), every column normalized where it must be and rounded
     where the reference rounds (the norm's output, each rope product and sum), the roped pairs gathered from
     x directly (de-interleaved on store, as ``rope``), the row stored at its slot (``AT_SLOT``; else row n).
-    ``FP8``: the cache holds packed rows (bytes, ``reference.kv_fp8_pack``): [0, n_norm) normalized is the latent,
-    the rope key (from n_norm) goes to byte ``ROPE_OFF`` in x's dtype."""
+    ``FP8``: the cache holds packed rows (bytes, ``reference.kv_fp8_pack`` of the first n_norm columns): 1 — MLA's,
+    the rope key after them (from n_norm) to byte ``ROPE_OFF`` in x's dtype; 2 — the indexer's, the whole row
+    (n_norm = D, its roped columns among them) packed."""
     cols = tl.arange(0, BLOCK_D)
     x = tl.load(x_ptr + n * stride_x + cols, mask=cols < D, other=0.0)
     dt = x.dtype
@@ -168,22 +169,35 @@ def _norm_rope_store_row(n, x_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, cache_ptr, sl
         slot = n.to(tl.int64)
     out = cache_ptr + slot * stride_c
     y = _normed(x, cols, n_norm, mean, rstd, w_ptr, b_ptr, LAYER)
-    if FP8:
+    if FP8 == 2:                         # the roped columns in place (gathered per column), then the row packed
+        if ROPE:
+            j = cols - rope_at
+            in_rope = (j >= 0) & (j < 2 * HALF)
+            i = tl.where(in_rope, j % HALF, 0)
+            ia = rope_at + (2 * i if INTERLEAVED else i)
+            ib = ia + (1 if INTERLEAVED else HALF)
+            a = _normed(tl.load(x_ptr + n * stride_x + ia), ia, n_norm, mean, rstd, w_ptr, b_ptr, LAYER)
+            b = _normed(tl.load(x_ptr + n * stride_x + ib), ib, n_norm, mean, rstd, w_ptr, b_ptr, LAYER)
+            lo, hi = rope_pair(a, b, tl.load(cos_ptr + n * HALF + i), tl.load(sin_ptr + n * HALF + i), dt)
+            y = tl.where(in_rope, tl.where(j < HALF, lo, hi), y)
         _store_fp8_latent(out, y, n_norm, BLOCK_D, GROUP)
-        rope_out = (out + ROPE_OFF).to(tl.pointer_type(dt))
     else:
-        in_rope = (cols >= rope_at) & (cols < rope_at + 2 * HALF) if ROPE else cols < 0
-        tl.store(out + cols, y.to(cache_ptr.dtype.element_ty), mask=(cols < D) & ~in_rope)
-        rope_out = out + rope_at
-    if ROPE:
-        i = tl.arange(0, HALF)
-        ia = rope_at + (2 * i if INTERLEAVED else i)
-        ib = ia + (1 if INTERLEAVED else HALF)
-        a = _normed(tl.load(x_ptr + n * stride_x + ia), ia, n_norm, mean, rstd, w_ptr, b_ptr, LAYER).to(tl.float32)
-        b = _normed(tl.load(x_ptr + n * stride_x + ib), ib, n_norm, mean, rstd, w_ptr, b_ptr, LAYER).to(tl.float32)
-        lo, hi = rope_pair(a, b, tl.load(cos_ptr + n * HALF + i), tl.load(sin_ptr + n * HALF + i), dt)
-        tl.store(rope_out + i, lo.to(rope_out.dtype.element_ty))
-        tl.store(rope_out + HALF + i, hi.to(rope_out.dtype.element_ty))
+        if FP8 == 1:
+            _store_fp8_latent(out, y, n_norm, BLOCK_D, GROUP)
+            rope_out = (out + ROPE_OFF).to(tl.pointer_type(dt))
+        else:
+            in_rope = (cols >= rope_at) & (cols < rope_at + 2 * HALF) if ROPE else cols < 0
+            tl.store(out + cols, y.to(cache_ptr.dtype.element_ty), mask=(cols < D) & ~in_rope)
+            rope_out = out + rope_at
+        if ROPE:
+            i = tl.arange(0, HALF)
+            ia = rope_at + (2 * i if INTERLEAVED else i)
+            ib = ia + (1 if INTERLEAVED else HALF)
+            a = _normed(tl.load(x_ptr + n * stride_x + ia), ia, n_norm, mean, rstd, w_ptr, b_ptr, LAYER)
+            b = _normed(tl.load(x_ptr + n * stride_x + ib), ib, n_norm, mean, rstd, w_ptr, b_ptr, LAYER)
+            lo, hi = rope_pair(a, b, tl.load(cos_ptr + n * HALF + i), tl.load(sin_ptr + n * HALF + i), dt)
+            tl.store(rope_out + i, lo.to(rope_out.dtype.element_ty))
+            tl.store(rope_out + HALF + i, hi.to(rope_out.dtype.element_ty))
 
 
 @triton.jit
@@ -228,7 +242,9 @@ def _norm_rope_store_kernel(cos_ptr, sin_ptr, slot_ptr,
                             AT_SLOT2: tl.constexpr, BLOCK_D2: tl.constexpr,
                             LAYER3: tl.constexpr, ROPE3: tl.constexpr, INTERLEAVED3: tl.constexpr,
                             AT_SLOT3: tl.constexpr, BLOCK_D3: tl.constexpr, PDL: tl.constexpr,
-                            FP8: tl.constexpr = False, GROUP: tl.constexpr = 128, ROPE_OFF: tl.constexpr = 0):
+                            FP8: tl.constexpr, GROUP: tl.constexpr, ROPE_OFF: tl.constexpr,
+                            FP82: tl.constexpr, GROUP2: tl.constexpr, ROPE_OFF2: tl.constexpr,
+                            FP83: tl.constexpr, GROUP3: tl.constexpr, ROPE_OFF3: tl.constexpr):
     """Program (n, j) caches row n of row set j (a grid of (N, sets): the first, ``also``'s in order)."""
     pdl_wait(PDL)
     n = tl.program_id(0)
@@ -239,11 +255,11 @@ def _norm_rope_store_kernel(cos_ptr, sin_ptr, slot_ptr,
     elif tl.program_id(1) == 1:
         _norm_rope_store_row(n, x2_ptr, w2_ptr, b2_ptr, cos_ptr, sin_ptr, cache2_ptr, slot_ptr, D2, n_norm2,
                              rope_at2, stride_x2, stride_c2, num_slots2, eps2, LAYER2, HALF, ROPE2, INTERLEAVED2,
-                             AT_SLOT2, BLOCK_D2)
+                             AT_SLOT2, BLOCK_D2, FP82, GROUP2, ROPE_OFF2)
     else:
         _norm_rope_store_row(n, x3_ptr, w3_ptr, b3_ptr, cos_ptr, sin_ptr, cache3_ptr, slot_ptr, D3, n_norm3,
                              rope_at3, stride_x3, stride_c3, num_slots3, eps3, LAYER3, HALF, ROPE3, INTERLEAVED3,
-                             AT_SLOT3, BLOCK_D3)
+                             AT_SLOT3, BLOCK_D3, FP83, GROUP3, ROPE_OFF3)
 
 
 @triton.jit
@@ -269,7 +285,7 @@ def norm_rope_store(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     sets = [reference.CacheRows(x, weight, bias, eps, n_norm, rope_at, interleaved, cache), *also]
     half = cos.shape[-1]
     if (len(sets) > 3 or half & (half - 1) or cos.dtype != x.dtype
-            or not all(_storable(r, j == 0) and r.x.shape[0] == x.shape[0] for j, r in enumerate(sets))):
+            or not all(_storable(r) and r.x.shape[0] == x.shape[0] for r in sets)):
         return reference.norm_rope_store(x, weight, bias, eps, n_norm, cos, sin, rope_at, interleaved, cache, slots,
                                          also)
     args, consts = zip(*(_row_set_args(r) for r in sets + sets[:1] * (3 - len(sets))))   # unused sets: the first
@@ -277,23 +293,32 @@ def norm_rope_store(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
         _norm_rope_store_kernel[(x.shape[0], len(sets))](
             cos.contiguous(), sin.contiguous(), slots, *args[0], *args[1], *args[2], HALF=half,
             **{f"{k}{j or ''}": v for j, c in zip((0, 2, 3), consts) for k, v in c.items()}, num_warps=4,
-            **_fp8_args(sets[0]), **pdl_launch())
+            **pdl_launch())
 
 
-def _storable(r: reference.CacheRows, first: bool) -> bool:
-    """A row set the kernel stores (packed FP8 rows: the first set's, MLA's latent | rope key, only)."""
-    fp8 = r.cache.dtype == torch.uint8
+def _storable(r: reference.CacheRows) -> bool:
     return (r.x.dim() == 2 and r.x.stride(-1) == 1 and r.cache.stride(-1) == 1 and r.weight.dtype == r.x.dtype
             and (r.bias is None or r.bias.dtype == r.x.dtype) and (r.at_slots or r.cache.dtype == r.x.dtype)
-            and (not fp8 or first and r.at_slots and r.rope_at == r.n_norm and r.x.shape[1] > r.n_norm))
+            and (r.cache.dtype != torch.uint8 or r.at_slots and _fp8_mode(r) > 0))
+
+
+def _fp8_mode(r: reference.CacheRows) -> int:
+    """A row set's packing (``_norm_rope_store_row``'s FP8): 0 none, 1 MLA's (rope key after the packed latent),
+    2 the whole row packed (the indexer's), -1 a uint8 cache the kernel cannot fill."""
+    if r.cache.dtype != torch.uint8:
+        return 0
+    if r.n_norm == r.x.shape[1]:
+        return 2
+    return 1 if r.rope_at == r.n_norm else -1
 
 
 def _fp8_args(r: reference.CacheRows) -> dict:
-    """The kernel's constexprs for a set of packed FP8 rows (none for others)."""
-    if r.cache.dtype != torch.uint8:
-        return {}
+    """A row set's packing constexprs."""
+    mode = _fp8_mode(r)
+    if mode <= 0:
+        return {"FP8": 0, "GROUP": 1, "ROPE_OFF": 0}
     group, rope_at, _ = reference.kv_fp8_layout(r.n_norm, r.x.shape[1] - r.n_norm, r.x.dtype)
-    return {"FP8": True, "GROUP": group, "ROPE_OFF": rope_at}
+    return {"FP8": mode, "GROUP": group, "ROPE_OFF": rope_at}
 
 
 def _row_set_args(r: reference.CacheRows) -> tuple[tuple, dict]:
@@ -301,7 +326,7 @@ def _row_set_args(r: reference.CacheRows) -> tuple[tuple, dict]:
     return ((r.x, r.weight, r.weight if r.bias is None else r.bias, r.cache, r.x.shape[1], r.n_norm, r.rope_at or 0,
              r.x.stride(0), r.cache.stride(0), r.cache.shape[0], r.eps),
             {"LAYER": r.bias is not None, "ROPE": r.rope_at is not None, "INTERLEAVED": r.interleaved,
-             "AT_SLOT": r.at_slots, "BLOCK_D": next_pow2(r.x.shape[1])})
+             "AT_SLOT": r.at_slots, "BLOCK_D": next_pow2(r.x.shape[1]), **_fp8_args(r)})
 
 
 @triton.jit

@@ -23,17 +23,19 @@ from models.config import ModelConfig
 class KVCache:
     """Per-layer slot tensors; layer ``num_hidden_layers`` is the MTP layer's own cache. ``fp8``: each MLA row packed
     as FlashMLA does (``reference.kv_fp8_layout``: the latent in e4m3 with a power-of-two scale a 128 values, the rope
-    key in ``dtype``; 656 bytes at GLM-5's width instead of 1152), a uint8 tensor the kernels unpack as they read;
-    the indexer's keys stay in ``dtype``."""
+    key in ``dtype``; 656 bytes at GLM-5's width instead of 1152) and each indexer key as DeepSeek-V3.2 keeps it (e4m3
+    and its scale: 144 bytes instead of 256), uint8 tensors the kernels unpack as they read."""
 
     def __init__(self, config: ModelConfig, num_slots: int, dtype: torch.dtype, device: str | torch.device = "cpu",
                  fp8: bool = False):
         self.num_slots, self.dtype, self.fp8 = num_slots, dtype, fp8     # dtype: the activations' (and keys')
         L = config.num_cache_layers
-        width = KVCache.row_bytes(config, dtype) if fp8 else config.kv_cache_dim
-        self.kv = [torch.zeros(num_slots, width, dtype=torch.uint8 if fp8 else dtype, device=device) for _ in range(L)]
-        self.index_k = [torch.zeros(num_slots, config.index_head_dim, dtype=dtype, device=device)
-                        if config.has_indexer(layer) else None for layer in range(L)]
+        width, key = (KVCache.row_bytes(config, dtype), KVCache.key_bytes(config, dtype)) if fp8 else (
+            config.kv_cache_dim, config.index_head_dim)
+        store = torch.uint8 if fp8 else dtype
+        self.kv = [torch.zeros(num_slots, width, dtype=store, device=device) for _ in range(L)]
+        self.index_k = [torch.zeros(num_slots, key, dtype=store, device=device) if config.has_indexer(layer) else None
+                        for layer in range(L)]
 
     @staticmethod
     def row_bytes(config: ModelConfig, dtype: torch.dtype) -> int:
@@ -41,12 +43,18 @@ class KVCache:
         return kv_fp8_layout(config.kv_lora_rank, config.qk_rope_head_dim, dtype)[2]
 
     @staticmethod
+    def key_bytes(config: ModelConfig, dtype: torch.dtype) -> int:
+        """A packed FP8 indexer key's bytes."""
+        return kv_fp8_layout(config.index_head_dim, 0, dtype)[2]
+
+    @staticmethod
     def bytes_per_slot(config: ModelConfig, dtype: torch.dtype, fp8: bool = False) -> int:
         """One token's bytes over every layer (its MLA rows and indexer keys)."""
         size = torch.empty((), dtype=dtype).element_size()
         n_idx = sum(config.has_indexer(layer) for layer in range(config.num_cache_layers))
-        mla = KVCache.row_bytes(config, dtype) if fp8 else config.kv_cache_dim * size
-        return mla * config.num_cache_layers + config.index_head_dim * n_idx * size
+        if fp8:
+            return KVCache.row_bytes(config, dtype) * config.num_cache_layers + KVCache.key_bytes(config, dtype) * n_idx
+        return (config.kv_cache_dim * config.num_cache_layers + config.index_head_dim * n_idx) * size
 
 
 class HostKV:

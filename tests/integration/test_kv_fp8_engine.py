@@ -1,8 +1,8 @@
 """The FP8 KV cache (``kv_cache_dtype: fp8``) in the engine, on the trained tiny model: its tokens equal an engine
-whose cache holds the model's dtype but whose MLA rows are rounded as the packed rows hold them (the store rounds them
-through ``kv_fp8_pack`` / ``kv_fp8_unpack``) — bit for bit, through chunked prefill, batching, prefix caching with a
-host tier, speculation (the MTP layer's rows are packed too) and seeded sampling. So the only difference FP8 makes is
-the latent's rounding, whose cost `python -m tools.eval_tiny --kv-cache-dtype fp8` measures."""
+whose cache holds the model's dtype but whose MLA rows and indexer keys are rounded as the packed rows hold them (the
+store rounds them through ``kv_fp8_pack`` / ``kv_fp8_unpack``) — bit for bit, through chunked prefill, batching,
+prefix caching with a host tier, speculation (the MTP layer's rows are packed too) and seeded sampling. So the only
+difference FP8 makes is that rounding, whose cost `python -m tools.eval_tiny --kv-cache-dtype fp8` measures."""
 
 from __future__ import annotations
 
@@ -34,14 +34,17 @@ def make_engine(model, fp8: bool, k: int, budget: int, blocks: int = 24, host: i
     return Engine(LocalExecutor(runner), cfg, speculative_tokens=k)
 
 
-def rounded_store(rkv: int):
-    """``norm_rope_store`` whose MLA rows (the first set, into a cache of rkv + dr columns) are then rounded as a
-    packed FP8 row holds them."""
+def rounded_store(rkv: int, idd: int):
+    """``norm_rope_store`` whose MLA rows (the first set, into a cache of rkv + dr columns) and indexer keys (a set
+    into a cache of idd columns) are then rounded as packed FP8 rows hold them."""
     def store(x, weight, bias, eps, n_norm, cos, sin, rope_at, interleaved, cache, slots, also=()):
         reference.norm_rope_store(x, weight, bias, eps, n_norm, cos, sin, rope_at, interleaved, cache, slots, also)
         assert n_norm == rope_at == rkv and cache.dtype == torch.float32
-        rows = cache[slots]
-        cache[slots] = kv_fp8_unpack(kv_fp8_pack(rows, rkv), rkv, rows.shape[1] - rkv, rows.dtype)
+        keys = [r.cache for r in also if r.at_slots]
+        assert all(k.shape[1] == idd for k in keys)
+        for c, n in [(cache, rkv)] + [(k, idd) for k in keys]:
+            rows = c[slots]
+            c[slots] = kv_fp8_unpack(kv_fp8_pack(rows, n), n, rows.shape[1] - n, rows.dtype)
     return store
 
 
@@ -63,7 +66,8 @@ def test_fp8_cache_tokens_equal_the_rounded_cache(model, monkeypatch, k, budget)
     for store in ("fp8", "rounded", "plain"):
         with monkeypatch.context() as m:
             if store == "rounded":
-                m.setitem(ops._active, "norm_rope_store", rounded_store(model.config.kv_lora_rank))
+                m.setitem(ops._active, "norm_rope_store", rounded_store(model.config.kv_lora_rank,
+                                                                         model.config.index_head_dim))
             engine = make_engine(model, store == "fp8", k, budget)
             run = lambda reqs: run_engine(engine, reqs, logprobs=True)       # noqa: E731
             got = [run({"a": (ps[0], greedy)}),                              # one, then a batch that reuses it
@@ -82,3 +86,4 @@ def test_fp8_cache_is_a_quarter_of_fp32s(model):
     plain, fp8 = (make_engine(model, f, 0, 64).executor.runner.cache for f in (False, True))
     assert plain.kv[0].dtype == torch.float32 and fp8.kv[0].dtype == torch.uint8
     assert fp8.kv[0].shape[1] == 208 and plain.kv[0].shape[1] * 4 == 384     # 64 e4m3 + 4 + 32 fp32, padded: 208
+    assert fp8.index_k[0].shape[1] == 80 and plain.index_k[0].shape[1] * 4 == 256     # 64 e4m3 + 4, padded: 80
