@@ -27,8 +27,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                         "time to first token, ~2-3 %% relative error per linear against bf16 activations)")
     p.add_argument("--kv-cache-tokens", type=int, default=32768)
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
-                   help="fp8: MLA's cache rows as FlashMLA packs them (e4m3 latent with a scale a 128 values, the "
-                        "rope key in dtype): ~1.7x the tokens in the same memory (default: auto, the model's dtype)")
+                   help="fp8: the cache's rows packed in FP8 as FlashMLA and DeepSeek-V3.2 pack them (e4m3 with a "
+                        "scale a 128 values; MLA's rope key in dtype): ~1.75x the tokens in the same memory (default: "
+                        "auto, the model's dtype)")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="prompt + max_tokens limit (default: min(max_position_embeddings, the KV slots in whole "
                         "blocks))")

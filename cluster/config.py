@@ -25,7 +25,8 @@ class EngineConfig:
     block_size: int = 16
     kv_cache_tokens: int = 32768        # KV slots per worker
     kv_cache_dtype: str = "auto"        # auto: the model's dtype | fp8: MLA rows as FlashMLA packs them (e4m3 latent,
-                                        # a scale a 128 values, rope key in dtype): 656 bytes a layer instead of 1152
+                                        # a scale a 128 values, rope key in dtype: 656 bytes a layer for 1152), the
+                                        # indexer's keys as DeepSeek-V3.2 (e4m3 and a scale: 144 bytes for 256)
     max_model_len: int | None = None    # default: min(max_position_embeddings, the KV slots in whole blocks)
     max_num_seqs: int = 64              # requests running at once in the replica (each rank its share)
     max_num_batched_tokens: int = 512   # tokens one rank's step takes at most
