@@ -43,7 +43,11 @@ def alternate(plain, packed) -> dict[str, float]:
         t["bf16"].append(time_us(plain))
         for way in ("reshape", "gather"):
             att.FP8_SCALES = way
-            t[way].append(time_us(packed))
+            try:
+                t[way].append(time_us(packed))
+            except Exception as e:  # noqa: BLE001 — a variant that does not compile at this tile (shared memory)
+                print(f"{way}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                t[way].append(float("inf"))
     att.FP8_SCALES = "reshape"
     return {k: min(v) for k, v in t.items()}
 
@@ -104,7 +108,8 @@ def main() -> None:
         q_lat = torch.randn(N, NH, RKV, device=DEV, generator=g).to(BF16)
         q_rope = torch.randn(N, NH, DR, device=DEV, generator=g).to(BF16)
         sel = torch.randint(0, args.slots, (N, K), device=DEV, generator=g)
-        same = torch.equal(att(q_lat, q_rope, packed, sel, 0.1), att(q_lat, q_rope, plain, sel, 0.1))
+        same = (att(q_lat, q_rope, packed, sel, 0.1).float() - att(q_lat, q_rope, plain, sel, 0.1).float()).abs().max()
+        same = f"{same.item():.2g}"
         t = alternate(lambda: att(q_lat, q_rope, plain, sel, 0.1), lambda: att(q_lat, q_rope, packed, sel, 0.1))
         bf, f8 = t["bf16"], min(t["reshape"], t["gather"])
         rows.append({"rows": N, "bf16_us": bf, "fp8_us": f8, "fp8_reshape_us": t["reshape"],
@@ -114,9 +119,9 @@ def main() -> None:
     lines = [f"MLA sparse attention, {torch.cuda.get_device_name()}: {NH} heads, {K} selected of {args.slots:,} slots a "
              "row, bf16 queries; the cache's rows bf16 (1152 bytes) or packed FP8 (656; its scales loaded by a "
              "reshape or a gather, `FP8_SCALES`). Median µs of 50 launches, the best of 3 alternated rounds; GB/s = "
-             "the gathered rows' bytes / time (FP8: the faster); 'equal': the FP8 kernel's output == the bf16 "
-             "kernel's on the unpacked rows, bit for bit.", "",
-             "| rows | bf16 (µs) | FP8 reshape (µs) | FP8 gather (µs) | FP8 / bf16 | bf16 GB/s | FP8 GB/s | equal |",
+             "the gathered rows' bytes / time (FP8: the faster); max |Δ|: between the FP8 kernel's output and the bf16 "
+             "kernel's on the unpacked rows (two compiled kernels: an MMA order apart).", "",
+             "| rows | bf16 (µs) | FP8 reshape (µs) | FP8 gather (µs) | FP8 / bf16 | bf16 GB/s | FP8 GB/s | max |Δ| |",
              "|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         lines.append(f"| {r['rows']} | {r['bf16_us']:.1f} | {r['fp8_reshape_us']:.1f} | {r['fp8_gather_us']:.1f} | "

@@ -1,6 +1,7 @@
 """The FP8 KV cache (``kv_cache_dtype: fp8``) on a CUDA GPU at GLM-5's widths in bf16: the Triton store packs every
-byte as the reference does (the GPU's own e4m3 cast, which the interpreter cannot check), the attention and the
-indexer's scores on packed rows equal them on their values bit for bit, and an engine's tokens with captured graphs, pieces, look-ahead and the host
+byte as it would store them in bf16 and ``kv_fp8_pack`` packs them (the GPU's own e4m3 cast, which the interpreter
+cannot check), the attention (to a rounding: two compiled kernels) and the indexer's scores (bit for bit) on packed
+rows equal them on their values, and an engine's tokens with captured graphs, pieces, look-ahead and the host
 tier equal its eager tokens.
 
 Run on a lent H200: ``PYTHONPATH=. python -m pytest -q tests/gpu/test_kv_fp8_gpu.py``.
@@ -29,32 +30,33 @@ def gen(seed):
 
 
 @pytest.mark.parametrize("N", [1, 8, 300])
-def test_store_packs_the_rows_the_reference_packs(N):
+def test_store_packs_the_rows_it_would_store_in_bf16(N):
     """MLA's rows with the indexer's keys and q_a's RMSNorm in one launch (the model's call): the packed rows' bytes
-    (all but the padding) equal the reference's — scales, the GPU's e4m3 rounding and the roped key."""
+    (all but the padding) are ``kv_fp8_pack`` of the rows the same kernel stores into bf16 caches — scales, the GPU's
+    e4m3 rounding and the roped values. (Against the torch composition the norm's bf16 rows differ by a rounding at
+    places, as ``test_kernels_gpu.py::test_norm_rope_store_bf16`` allows.)"""
     g = gen(N)
     ckv = torch.randn(N, RKV + DR, device=DEV, generator=g).to(BF16) * 4
     w = (1 + 0.3 * torch.randn(RKV, device=DEV, generator=g)).to(BF16)
     k = torch.randn(N, 128, device=DEV, generator=g).to(BF16)
-    w_k, b_k = torch.ones(128, device=DEV, dtype=BF16), torch.zeros(128, device=DEV, dtype=BF16)
+    w_k, b_k = (1 + 0.1 * torch.randn(128, device=DEV, generator=g)).to(BF16), torch.zeros(128, device=DEV, dtype=BF16)
     q_a = torch.randn(N, 2048, device=DEV, generator=g).to(BF16)
     w_q = torch.ones(2048, device=DEV, dtype=BF16)
     cos, sin = (torch.randn(N, DR // 2, device=DEV, generator=g).to(BF16) for _ in range(2))
     slots = torch.randperm(4 * N, device=DEV, generator=g)[:N]
     _, rope_at, size = kv_fp8_layout(RKV, DR, BF16)
-    outs = []
-    for store in (ops.impl("norm_rope_store", "triton"), reference.norm_rope_store):
-        cache = torch.zeros(4 * N, size, dtype=torch.uint8, device=DEV)
-        keys, q_out = torch.zeros(4 * N, 144, dtype=torch.uint8, device=DEV), torch.empty_like(q_a)
+    store = ops.impl("norm_rope_store", "triton")
+    caches = []
+    for fp8 in (True, False):
+        cache = torch.zeros(4 * N, size if fp8 else RKV + DR, dtype=torch.uint8 if fp8 else BF16, device=DEV)
+        keys = torch.zeros(4 * N, 144 if fp8 else 128, dtype=torch.uint8 if fp8 else BF16, device=DEV)
         store(ckv, w, None, 1e-6, RKV, cos, sin, RKV, True, cache, slots,
               also=(CacheRows(k, w_k, b_k, 1e-6, 128, 0, False, keys),
-                    CacheRows(q_a, w_q, None, 1e-6, 2048, None, False, q_out, at_slots=False)))
-        outs.append((cache[:, :rope_at + 2 * DR], kv_fp8_unpack(keys, 128, 0, BF16).float()))
-    assert torch.equal(outs[0][0], outs[1][0])
-    # the keys: the kernel's LayerNorm in bf16 may part from torch's by a rounding, and a packed value with it
-    diff = (outs[0][1] - outs[1][1]).abs()
-    print("indexer keys: values differing", (diff > 0).float().mean().item())
-    assert (diff > 0).float().mean() < 0.01 and diff.max() <= outs[1][1].abs().max() / 8
+                    CacheRows(q_a, w_q, None, 1e-6, 2048, None, False, torch.empty_like(q_a), at_slots=False)))
+        caches.append((cache[slots], keys[slots]))
+    (packed, packed_keys), (rows, keys) = caches
+    assert torch.equal(packed[:, :rope_at + 2 * DR], kv_fp8_pack(rows, RKV)[:, :rope_at + 2 * DR])
+    assert torch.equal(packed_keys[:, :132], kv_fp8_pack(keys, 128)[:, :132])
 
 
 @pytest.mark.parametrize("N,K", [(1, 2048), (8, 2048), (64, 2048), (300, 512)])
@@ -69,7 +71,11 @@ def test_attention_on_packed_rows_equals_it_on_their_values(N, K):
     sel[N // 2, K // 3:] = -1
     att = ops.impl("mla_sparse_attention", "triton")
     got = att(q_lat, q_rope, packed, sel, 0.1, trim=True)
-    assert torch.equal(got, att(q_lat, q_rope, plain, sel, 0.1, trim=True))
+    want = att(q_lat, q_rope, plain, sel, 0.1, trim=True)
+    # the same values, but two compiled kernels: the MMA's accumulation order may differ, so an output's last bf16 bit
+    diff = (got.float() - want.float()).abs()
+    print("attention: outputs differing", (diff > 0).float().mean().item(), "max", diff.max().item())
+    assert (diff <= want.float().abs() * 2 ** -7 + 1e-6).all() and (diff > 0).float().mean() < 0.05
     ref = reference.mla_sparse_attention(q_lat.float(), q_rope.float(), plain.float(), sel, 0.1)
     assert ((got.double() - ref.double()).norm() / ref.double().norm()).item() < 1e-2
 
