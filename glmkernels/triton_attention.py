@@ -113,6 +113,15 @@ def fp8_packed(base, sel, c, dt: tl.constexpr, RKV: tl.constexpr, BLOCK_K: tl.co
 
 
 @triton.jit
+def _fp8_keys(rows, sel, d, dt: tl.constexpr, IDD: tl.constexpr):
+    """Packed keys of one scale each at byte pointers ``rows`` [BT] → (their e4m3 values in ``dt`` [BT, IDD], exact;
+    the scales [BT]): a dot of the values times the scale equals the dot of the unpacked keys — a power of two
+    scales every product and partial sum exactly."""
+    k = tl.load(rows.to(tl.pointer_type(tl.float8e4nv))[:, None] + d[None, :], mask=sel[:, None], other=0.0).to(dt)
+    return k, tl.load((rows + IDD).to(tl.pointer_type(tl.float32)), mask=sel, other=0.0)
+
+
+@triton.jit
 def _fp8_rows(base, sel, c, r, dt: tl.constexpr, RKV: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
               ROPE_AT: tl.constexpr, GATHER: tl.constexpr):
     """Packed MLA rows → (latent [BK, RKV], rope key [BK, DR]) in ``dt`` (the rope key stored in it)."""
@@ -246,11 +255,15 @@ def _index_score_kernel(q_ptr, w_ptr, k_ptr, table_ptr, base_ptr, len_ptr, pos_p
         d = tl.arange(0, IDD)
         hh = tl.arange(0, IH)
         q = tl.load(q_ptr + n * stride_qn + hh[:, None] * stride_qh + d[None, :])                # [IH, IDD]
-        if FP8:
-            k = fp8_packed(k_ptr + slot[:, None] * stride_k, visible, d, q.dtype, IDD, BLOCK_T, GROUP, GATHER)
+        if FP8 and GROUP == IDD:         # one scale a key (a power of two): the dot of the e4m3 values, then scaled
+            k, key_scale = _fp8_keys(k_ptr + slot * stride_k, visible, d, q.dtype, IDD)
+            s = tl.dot(k, tl.trans(q), input_precision=PREC) * key_scale[:, None]                # [BT, IH]
         else:
-            k = tl.load(k_ptr + slot[:, None] * stride_k + d[None, :], mask=visible[:, None], other=0.0)
-        s = tl.dot(k, tl.trans(q.to(k.dtype)), input_precision=PREC)                            # [BT, IH]
+            if FP8:
+                k = fp8_packed(k_ptr + slot[:, None] * stride_k, visible, d, q.dtype, IDD, BLOCK_T, GROUP, GATHER)
+            else:
+                k = tl.load(k_ptr + slot[:, None] * stride_k + d[None, :], mask=visible[:, None], other=0.0)
+            s = tl.dot(k, tl.trans(q.to(k.dtype)), input_precision=PREC)                        # [BT, IH]
         w = tl.load(w_ptr + n * IH + hh)
         score = tl.sum(tl.maximum(s * scale, 0.0) * w[None, :], axis=1)
         score = tl.where(visible, score, float("-inf"))
@@ -320,11 +333,15 @@ def _index_score_rows_kernel(q_ptr, w_ptr, k_ptr, slots_ptr, blk_ptr, pos_ptr, s
         if tl.program_id(1) * KEYS + step <= last:
             key_ok = t <= last
             slot = tl.load(slots_ptr + base + t, mask=key_ok, other=0)
-            if FP8:
-                k = fp8_packed(k_ptr + slot[:, None] * stride_k, key_ok, d, q.dtype, IDD, BLOCK_T, GROUP, GATHER)
+            if FP8 and GROUP == IDD:     # one scale a key: the dot of the e4m3 values, then scaled (exactly)
+                k, key_scale = _fp8_keys(k_ptr + slot * stride_k, key_ok, d, q.dtype, IDD)
+                s = tl.dot(q, tl.trans(k), input_precision=PREC) * key_scale[None, :]           # [BM·IH, BT]
             else:
-                k = tl.load(k_ptr + slot[:, None] * stride_k + d[None, :], mask=key_ok[:, None], other=0.0)
-            s = tl.dot(q.to(k.dtype), tl.trans(k), input_precision=PREC)                          # [BM·IH, BT]
+                if FP8:
+                    k = fp8_packed(k_ptr + slot[:, None] * stride_k, key_ok, d, q.dtype, IDD, BLOCK_T, GROUP, GATHER)
+                else:
+                    k = tl.load(k_ptr + slot[:, None] * stride_k + d[None, :], mask=key_ok[:, None], other=0.0)
+                s = tl.dot(q.to(k.dtype), tl.trans(k), input_precision=PREC)                      # [BM·IH, BT]
             score = tl.sum(tl.reshape(tl.maximum(s * scale, 0.0) * w[:, None], (BLOCK_M, IH, BLOCK_T)), axis=1)
             score = tl.where((t[None, :] < length) & (t[None, :] <= pos[:, None]), score, float("-inf"))
         else:                              # past every row's position: no loads, no dot
