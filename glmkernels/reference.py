@@ -188,13 +188,14 @@ def linear_group(x: torch.Tensor, *weights: tuple) -> tuple[torch.Tensor, ...]:
 KV_GROUP = 128          # latent values a KV row's scale covers (fewer where kv_lora_rank is smaller: the tiny model)
 
 
-def kv_fp8_layout(rkv: int, dr: int, dtype: torch.dtype) -> tuple[int, int, int]:
+def kv_fp8_layout(rkv: int, dr: int, dtype: torch.dtype, field: str = "kv_lora_rank") -> tuple[int, int, int]:
     """(group, rope key's byte offset, row bytes) of a packed FP8 KV row, FlashMLA's layout: the latent's ``rkv``
     values in e4m3 (bytes [0, rkv)), one fp32 power-of-two scale per ``group`` of them, the rope key's ``dr`` values
-    in the activation dtype; the row padded to 16 bytes (656 at GLM-5's 512 + 64, bf16)."""
+    in the activation dtype; the row padded to 16 bytes (656 at GLM-5's 512 + 64, bf16). An indexer key: rkv = its
+    width (``field`` names the config field for the error), dr = 0 (144 bytes at 128)."""
     group = min(KV_GROUP, rkv)
-    if rkv % group or group & (group - 1) or rkv < 16:
-        raise ValueError(f"kv_cache_dtype fp8 needs a kv_lora_rank that is a multiple of {KV_GROUP} or a power of two "
+    if rkv < 16 or rkv % group or group & (group - 1):
+        raise ValueError(f"kv_cache_dtype fp8 needs a {field} that is a multiple of {KV_GROUP} or a power of two "
                          f"(≥ 16), got {rkv}")
     rope_at = rkv + 4 * (rkv // group)
     size = rope_at + dr * torch.empty((), dtype=dtype).element_size()
@@ -212,7 +213,9 @@ def kv_fp8_scale(amax: torch.Tensor) -> torch.Tensor:
 
 def kv_fp8_pack(y: torch.Tensor, rkv: int) -> torch.Tensor:
     """Rows y [N, rkv + dr] (latent | rope key, activation dtype) → packed FP8 rows [N, row bytes] uint8: each group
-    of the latent scaled by 1 / its scale (exact) and rounded to e4m3 (to nearest even; |·| ≤ 448, no saturation)."""
+    of the latent scaled by 1 / its scale (exact) and rounded to e4m3 (to nearest even; |·| ≤ 448, no saturation).
+    A group whose largest value is within an e4m3 step of the dtype's largest comes back as inf from its rounding up
+    (fp16 from 63488, bf16 / fp32 from ~3.3e38: not a normalized latent's)."""
     N, dr = y.shape[0], y.shape[1] - rkv
     group, rope_at, size = kv_fp8_layout(rkv, dr, y.dtype)
     lat = y[:, :rkv].float().view(N, rkv // group, group)

@@ -205,10 +205,11 @@ def _e4m3_grid(v):
     """fp32 v (|v| ≤ 448) rounded to the nearest e4m3 value, ties to even, still fp32 — so the cast after it is
     exact (the interpreter's cast loses a rounding's carry: 125.9 → 64): normal values keep 3 mantissa bits
     (integer rounding of the bits, a carry into the exponent included), below 2^-6 multiples of 2^-9 (e4m3's
-    subnormals; adding and taking away 1.5 · 2^14 rounds there)."""
+    subnormals; adding and taking away 1.5 · 2^14 rounds the magnitude there)."""
     bits = v.to(tl.int32, bitcast=True)
     normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)
-    return tl.where(tl.abs(v) < 0.015625, (v + 24576.0) - 24576.0, normal)
+    small = (tl.abs(v) + 24576.0) - 24576.0
+    return tl.where(tl.abs(v) < 0.015625, tl.where(bits < 0, -small, small), normal)     # a sign kept at zero too
 
 
 @triton.jit

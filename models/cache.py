@@ -45,7 +45,7 @@ class KVCache:
     @staticmethod
     def key_bytes(config: ModelConfig, dtype: torch.dtype) -> int:
         """A packed FP8 indexer key's bytes."""
-        return kv_fp8_layout(config.index_head_dim, 0, dtype)[2]
+        return kv_fp8_layout(config.index_head_dim, 0, dtype, "index_head_dim")[2]
 
     @staticmethod
     def bytes_per_slot(config: ModelConfig, dtype: torch.dtype, fp8: bool = False) -> int:

@@ -28,6 +28,10 @@ def test_layout_is_flashmlas_at_glm5_width():
     assert kv_fp8_layout(64, 32, torch.float32) == (64, 68, 208)          # the tiny model's, padded to 16 bytes
     with pytest.raises(ValueError, match="kv_lora_rank"):
         kv_fp8_layout(192, 64, torch.bfloat16)
+    with pytest.raises(ValueError, match="index_head_dim that is a multiple of 128 or a power of two"):
+        kv_fp8_layout(96, 0, torch.bfloat16, "index_head_dim")
+    with pytest.raises(ValueError, match="got 0"):
+        kv_fp8_layout(0, 0, torch.bfloat16)
 
 
 def test_scales_are_the_least_powers_of_two_that_fit():
@@ -69,6 +73,7 @@ def test_triton_store_packs_the_rows_the_reference_packs(tk, dtype, monkeypatch)
     used = rope_at + dr * torch.empty((), dtype=dtype).element_size()
     for interleaved in (True, False):
         ckv = (torch.randn(N, rkv + dr, generator=g) * 3).to(dtype)
+        ckv[1, :64] = -1e-9                        # negative values that round to zero: -0 bytes (0x80), as torch's
         w = (1 + 0.5 * torch.randn(rkv, generator=g)).to(dtype)
         k = torch.randn(N, 32, generator=g).to(dtype)
         w_k, b_k = (1 + 0.1 * torch.randn(32, generator=g)).to(dtype), (0.1 * torch.randn(32, generator=g)).to(dtype)
