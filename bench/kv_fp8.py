@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 
+from bench.decode_slice import time_ms
 from glmkernels import ops
 from glmkernels.reference import kv_fp8_pack, kv_fp8_unpack
 
@@ -22,17 +22,7 @@ RKV, DR, NH, K = 512, 64, 64, 2048
 
 
 def time_us(fn, iters: int = 50) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(times)
+    return time_ms(fn, iters) * 1e3
 
 
 def alternate(plain, packed, ways=("reshape", "gather")) -> dict[str, float]:
