@@ -22,7 +22,7 @@ import torch
 from bench.kernels_micro import rand_fp8
 from bench.tune_decode_kernels import timed
 from glmkernels import reference
-from glmkernels import triton_attention as ta
+from glmkernels import triton_absorb as tb, triton_attention as ta
 
 DEV, BF16 = "cuda", torch.bfloat16
 NH, RKV, DR, DN, DV, K = 64, 512, 64, 192, 256, 2048
@@ -105,15 +105,15 @@ def absorb_expand_rows(N: int, kv_bs: list) -> list[tuple[str, list, str]]:
         return lambda i, c: kernel(args[0], kv_bs[i], *args[1:], *c)
     rows_cfg = list(itertools.product((64, 128), (2, 4, 8)))
     several = [] if N == 1 else [         # several rows: the kernels that read each weight tile once for all
-        (f"absorb rows N={N}", sweep(f"absorb rows N={N}", rows_cfg, run_rows(ta._absorb_rows, q_nope), want_a,
-                                     len(kv_bs), rows_label), rows_label(ta.ABSORB_ROWS_TILE)),
-        (f"expand rows N={N}", sweep(f"expand rows N={N}", rows_cfg, run_rows(ta._expand_rows, o_lat, DN), want_e,
-                                     len(kv_bs), rows_label), rows_label(ta.EXPAND_ROWS_TILE))]
+        (f"absorb rows N={N}", sweep(f"absorb rows N={N}", rows_cfg, run_rows(tb._absorb_rows, q_nope), want_a,
+                                     len(kv_bs), rows_label), rows_label(tb.ABSORB_ROWS_TILE)),
+        (f"expand rows N={N}", sweep(f"expand rows N={N}", rows_cfg, run_rows(tb._expand_rows, o_lat, DN), want_e,
+                                     len(kv_bs), rows_label), rows_label(tb.EXPAND_ROWS_TILE))]
     return several + [
-        (f"absorb per row N={N}", sweep(f"absorb per row N={N}", absorb, run_rows(ta._absorb, q_nope), want_a,
-                                        len(kv_bs), label), label(ta.absorb_tile(RKV))),
-        (f"expand per row N={N}", sweep(f"expand per row N={N}", expand, run_rows(ta._expand, o_lat, DN), want_e,
-                                        len(kv_bs), label), label(ta.expand_tile(N)))]
+        (f"absorb per row N={N}", sweep(f"absorb per row N={N}", absorb, run_rows(tb._absorb, q_nope), want_a,
+                                        len(kv_bs), label), label(tb.absorb_tile(RKV))),
+        (f"expand per row N={N}", sweep(f"expand per row N={N}", expand, run_rows(tb._expand, o_lat, DN), want_e,
+                                        len(kv_bs), label), label(tb.expand_tile(N)))]
 
 
 def main() -> None:

@@ -175,7 +175,7 @@ def test_graph_steps_keep_the_moe_within_its_capturable_rows():
     — and the Triton MoE runs that many rows on its fused launches, which a graph can hold (the grouped ones sync
     with the host); a span step is held to as many rows (the device comm's regions are that deep)."""
     from glmkernels.gluon_rows import MOE_MAX_ROWS
-    from glmkernels.triton_attention import ABSORB_MAX_ROWS
+    from glmkernels.triton_absorb import ABSORB_MAX_ROWS
     from glmkernels.triton_moe import FUSED_MAX_ROWS
 
     assert FUSED_MAX_ROWS >= GRAPH_MOE_ROWS == 256 and MOE_MAX_ROWS >= GRAPH_MOE_ROWS

@@ -15,11 +15,12 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 def tk():
     """The Triton kernel modules, reloaded so their kernels are interpreted in this process (test_triton_kernels.py,
     test_triton_moe.py: the modules that check the interpreter is on)."""
+    import glmkernels.triton_absorb as absorb
     import glmkernels.triton_attention as att
     import glmkernels.triton_linear as lin
     import glmkernels.triton_moe as moe
     import glmkernels.triton_norm as norm
     import glmkernels.triton_router as router
     import glmkernels.triton_w8a8 as w8a8
-    mods = [importlib.reload(m) for m in (norm, lin, moe, att, router, w8a8)]     # w8a8 imports lin and moe
-    return dict(zip(("norm", "lin", "moe", "att", "router", "w8a8"), mods))
+    mods = [importlib.reload(m) for m in (norm, lin, moe, att, absorb, router, w8a8)]   # w8a8 imports lin and moe
+    return dict(zip(("norm", "lin", "moe", "att", "absorb", "router", "w8a8"), mods))

@@ -518,11 +518,11 @@ def test_mla_absorb_expand(tk):
         o_lat = torch.randn(4, nh, rkv, generator=g).to(dtype)
         for rows in (4, 2, 1):                 # several rows: one read of the weight for all; one row: FMA
             q, o_lat = q[:rows], o_lat[:rows]
-            assert rel(tk["att"].mla_absorb(q, kv_b), reference.mla_absorb(q.float(), kv_b)) < tol
-            assert rel(tk["att"].mla_expand(o_lat, kv_b, dn), reference.mla_expand(o_lat.float(), kv_b, dn)) < tol
+            assert rel(tk["absorb"].mla_absorb(q, kv_b), reference.mla_absorb(q.float(), kv_b)) < tol
+            assert rel(tk["absorb"].mla_expand(o_lat, kv_b, dn), reference.mla_expand(o_lat.float(), kv_b, dn)) < tol
             for block_c in (64, 128):          # the several-row kernels at one row too, and 64-wide steps
-                a = tk["att"]._absorb_rows(q, kv_b, block_c, 4)
-                e = tk["att"]._expand_rows(o_lat, kv_b, dn, block_c, 4)
+                a = tk["absorb"]._absorb_rows(q, kv_b, block_c, 4)
+                e = tk["absorb"]._expand_rows(o_lat, kv_b, dn, block_c, 4)
                 assert rel(a, reference.mla_absorb(q.float(), kv_b)) < tol
                 assert rel(e, reference.mla_expand(o_lat.float(), kv_b, dn)) < tol
 
@@ -542,15 +542,15 @@ def test_mla_absorb_rope(tk, interleaved):
         for rows in (4, 2, 1):
             c, s = cos[:rows], sin[:rows]
             want = reference.rope(q[:rows, :, dn:], c.view(rows, 1, half), s.view(rows, 1, half), interleaved)
-            q_lat, q_rope = tk["att"].mla_absorb_rope(q[:rows], kv_b, dn, c, s, interleaved)
+            q_lat, q_rope = tk["absorb"].mla_absorb_rope(q[:rows], kv_b, dn, c, s, interleaved)
             assert rel(q_lat, reference.mla_absorb(q[:rows, :, :dn].float(), kv_b)) < tol
             assert torch.equal(q_rope, want)
             out = torch.full_like(want, float("nan"))
-            tk["att"]._absorb_rows(q[:rows, :, :dn], kv_b, 64, 4, rope=(c, s, out, interleaved))
+            tk["absorb"]._absorb_rows(q[:rows, :, :dn], kv_b, 64, 4, rope=(c, s, out, interleaved))
             assert torch.equal(out, want)
     dense = Linear(rkv, nh * (dn + dv))
     dense.weight.data.copy_(torch.randn(dense.weight.shape, generator=g))
-    q_lat, q_rope = tk["att"].mla_absorb_rope(q[:1].float(), dense, dn, cos[:1].float(), sin[:1].float(), interleaved)
+    q_lat, q_rope = tk["absorb"].mla_absorb_rope(q[:1].float(), dense, dn, cos[:1].float(), sin[:1].float(), interleaved)
     assert torch.equal(q_lat, reference.mla_absorb(q[:1, :, :dn].float(), dense))
     assert torch.equal(q_rope, reference.rope(q[:1, :, dn:].float(), cos[:1].float().view(1, 1, half),
                                               sin[:1].float().view(1, 1, half), interleaved))
