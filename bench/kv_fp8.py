@@ -25,21 +25,13 @@ def time_us(fn, iters: int = 50) -> float:
     return time_ms(fn, iters) * 1e3
 
 
-def alternate(plain, packed, ways=("reshape", "gather")) -> dict[str, float]:
-    """Best-of-3 medians of the bf16 launch and the packed one with each way of loading the scales, alternated."""
-    from glmkernels import triton_attention as att
-    t: dict[str, list[float]] = {"bf16": [], **{w: [] for w in ways}}
+def alternate(plain, packed) -> tuple[float, float]:
+    """Best-of-3 medians of the bf16 launch and the packed one, alternated."""
+    t: dict[str, list[float]] = {"bf16": [], "fp8": []}
     for _ in range(3):
         t["bf16"].append(time_us(plain))
-        for way in ways:
-            att.FP8_SCALES = way
-            try:
-                t[way].append(time_us(packed))
-            except Exception as e:  # noqa: BLE001 — a variant that does not compile at this tile (shared memory)
-                print(f"{way}: {type(e).__name__}: {str(e)[:120]}", flush=True)
-                t[way].append(float("inf"))
-    att.FP8_SCALES = "reshape"
-    return {k: min(v) for k, v in t.items()}
+        t["fp8"].append(time_us(packed))
+    return min(t["bf16"]), min(t["fp8"])
 
 
 def score_rows(args, g: torch.Generator) -> list[str]:
@@ -67,8 +59,7 @@ def score_rows(args, g: torch.Generator) -> list[str]:
         def run(c):
             return att._score(q, w, c, table, None, None, pos, ctx, bs, idd ** -0.5, select_k=2048)
         same = torch.equal(run(packed), run(plain))
-        t = alternate(lambda: run(plain), lambda: run(packed), ways=("reshape",))     # one scale a key: no reshape
-        bf, f8 = t["bf16"], t["reshape"]
+        bf, f8 = alternate(lambda: run(plain), lambda: run(packed))
         lines.append(f"| {rows} | {ctx} | {bf:.1f} | {f8:.1f} | {f8 / bf:.2f}× | "
                      f"{rows * ctx * 256 / bf / 1e3:.0f} | {rows * ctx * 144 / f8 / 1e3:.0f} | {same} |")
         print(lines[-1], flush=True)
@@ -99,24 +90,21 @@ def main() -> None:
         q_lat = torch.randn(N, NH, RKV, device=DEV, generator=g).to(BF16)
         q_rope = torch.randn(N, NH, DR, device=DEV, generator=g).to(BF16)
         sel = torch.randint(0, args.slots, (N, K), device=DEV, generator=g)
-        same = (att(q_lat, q_rope, packed, sel, 0.1).float() - att(q_lat, q_rope, plain, sel, 0.1).float()).abs().max()
-        same = f"{same.item():.2g}"
-        t = alternate(lambda: att(q_lat, q_rope, plain, sel, 0.1), lambda: att(q_lat, q_rope, packed, sel, 0.1))
-        bf, f8 = t["bf16"], min(t["reshape"], t["gather"])
-        rows.append({"rows": N, "bf16_us": bf, "fp8_us": f8, "fp8_reshape_us": t["reshape"],
-                     "fp8_gather_us": t["gather"], "equal": same,
+        diff = (att(q_lat, q_rope, packed, sel, 0.1).float() - att(q_lat, q_rope, plain, sel, 0.1).float()).abs()
+        same = f"{diff.max().item():.2g}"
+        bf, f8 = alternate(lambda: att(q_lat, q_rope, plain, sel, 0.1), lambda: att(q_lat, q_rope, packed, sel, 0.1))
+        rows.append({"rows": N, "bf16_us": bf, "fp8_us": f8, "equal": same,
                      "bf16_GBps": N * K * 1152 / bf / 1e3, "fp8_GBps": N * K * 656 / f8 / 1e3})
         print(rows[-1], flush=True)
     lines = [f"MLA sparse attention, {torch.cuda.get_device_name()}: {NH} heads, {K} selected of {args.slots:,} slots a "
-             "row, bf16 queries; the cache's rows bf16 (1152 bytes) or packed FP8 (656; its scales loaded by a "
-             "reshape or a gather, `FP8_SCALES`). Median µs of 50 launches, the best of 3 alternated rounds; GB/s = "
-             "the gathered rows' bytes / time (FP8: the faster); max |Δ|: between the FP8 kernel's output and the bf16 "
-             "kernel's on the unpacked rows (two compiled kernels: an MMA order apart).", "",
-             "| rows | bf16 (µs) | FP8 reshape (µs) | FP8 gather (µs) | FP8 / bf16 | bf16 GB/s | FP8 GB/s | max |Δ| |",
-             "|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "row, bf16 queries; the cache's rows bf16 (1152 bytes) or packed FP8 (656). Median µs of 50 launches, the "
+             "best of 3 alternated rounds; GB/s = the gathered rows' bytes / time; max |Δ|: between the FP8 kernel's "
+             "output and the bf16 kernel's on the unpacked rows (two compiled kernels: an MMA order apart).", "",
+             "| rows | bf16 (µs) | FP8 (µs) | FP8 / bf16 | bf16 GB/s | FP8 GB/s | max |Δ| |",
+             "|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
-        lines.append(f"| {r['rows']} | {r['bf16_us']:.1f} | {r['fp8_reshape_us']:.1f} | {r['fp8_gather_us']:.1f} | "
-                     f"{r['fp8_us'] / r['bf16_us']:.2f}× | {r['bf16_GBps']:.0f} | {r['fp8_GBps']:.0f} | {r['equal']} |")
+        lines.append(f"| {r['rows']} | {r['bf16_us']:.1f} | {r['fp8_us']:.1f} | {r['fp8_us'] / r['bf16_us']:.2f}× | "
+                     f"{r['bf16_GBps']:.0f} | {r['fp8_GBps']:.0f} | {r['equal']} |")
     lines += score_rows(args, g)
     print("\n".join(lines))
     if args.out:

@@ -7,6 +7,7 @@ nh heads, rkv latent rank, dr rope dims, T keys of one request, K selected keys,
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -188,17 +189,18 @@ def linear_group(x: torch.Tensor, *weights: tuple) -> tuple[torch.Tensor, ...]:
 KV_GROUP = 128          # latent values a KV row's scale covers (fewer where kv_lora_rank is smaller: the tiny model)
 
 
+@functools.cache
 def kv_fp8_layout(rkv: int, dr: int, dtype: torch.dtype, field: str = "kv_lora_rank") -> tuple[int, int, int]:
     """(group, rope key's byte offset, row bytes) of a packed FP8 KV row, FlashMLA's layout: the latent's ``rkv``
     values in e4m3 (bytes [0, rkv)), one fp32 power-of-two scale per ``group`` of them, the rope key's ``dr`` values
     in the activation dtype; the row padded to 16 bytes (656 at GLM-5's 512 + 64, bf16). An indexer key: rkv = its
-    width (``field`` names the config field for the error), dr = 0 (144 bytes at 128)."""
+    width (``field`` names the config field for the error), dr = 0 (144 bytes at 128). Cached: launches ask."""
     group = min(KV_GROUP, rkv)
     if rkv < 16 or rkv % group or group & (group - 1):
         raise ValueError(f"kv_cache_dtype fp8 needs a {field} that is a multiple of {KV_GROUP} or a power of two "
                          f"(≥ 16), got {rkv}")
     rope_at = rkv + 4 * (rkv // group)
-    size = rope_at + dr * torch.empty((), dtype=dtype).element_size()
+    size = rope_at + dr * dtype.itemsize
     return group, rope_at, -(-size // 16) * 16
 
 
@@ -234,7 +236,7 @@ def kv_fp8_unpack(rows: torch.Tensor, rkv: int, dr: int, dtype: torch.dtype) -> 
     group, rope_at, _ = kv_fp8_layout(rkv, dr, dtype)
     q = rows[..., :rkv].contiguous().view(FP8_DTYPE).float().unflatten(-1, (rkv // group, group))
     scale = rows[..., rkv:rope_at].contiguous().view(torch.float32)
-    rope = rows[..., rope_at:rope_at + dr * torch.empty((), dtype=dtype).element_size()].contiguous().view(dtype)
+    rope = rows[..., rope_at:rope_at + dr * dtype.itemsize].contiguous().view(dtype)
     return torch.cat([(q * scale[..., None]).flatten(-2).to(dtype), rope], dim=-1)
 
 

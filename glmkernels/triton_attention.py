@@ -33,7 +33,6 @@ from glmkernels.triton_utils import dot_precision, next_pow2, num_sms, on_cuda, 
 
 LOG2E = 1.4426950408889634
 TRIM_BLOCK: tl.constexpr = tl.constexpr(256)    # selected slots a step of the attention's scan for its last key
-FP8_SCALES = "reshape"      # how packed rows' scales are loaded (``fp8_packed``): reshape | gather — bench/kv_fp8.py
 
 
 @triton.jit
@@ -41,7 +40,7 @@ def _mla_split_kernel(ql_ptr, qr_ptr, kv_ptr, idx_ptr, o_ptr, lse_ptr, nh, K, ke
                       stride_ql_n, stride_ql_h, stride_qr_n, stride_qr_h, stride_kv, stride_idx,
                       RKV: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
                       PREC: tl.constexpr, PDL: tl.constexpr, TRIM: tl.constexpr, FP8: tl.constexpr = False,
-                      GROUP: tl.constexpr = 128, ROPE_AT: tl.constexpr = 0, GATHER: tl.constexpr = False):
+                      GROUP: tl.constexpr = 128, ROPE_AT: tl.constexpr = 0):
     pdl_wait(PDL)
     n = tl.program_id(0)
     hb = tl.program_id(1)
@@ -73,7 +72,7 @@ def _mla_split_kernel(ql_ptr, qr_ptr, kv_ptr, idx_ptr, o_ptr, lse_ptr, nh, K, ke
         sel = slot >= 0
         base = kv_ptr + tl.maximum(slot, 0).to(tl.int64)[:, None] * stride_kv
         if FP8:     # packed rows (bytes): e4m3 latent, a power-of-two scale a GROUP, the rope key in q's dtype
-            lat, kr = _fp8_rows(base, sel, c, r, ql.dtype, RKV, BLOCK_K, GROUP, ROPE_AT, GATHER)
+            lat, kr = _fp8_rows(base, sel, c, r, ql.dtype, RKV, BLOCK_K, GROUP, ROPE_AT)
         else:
             lat = tl.load(base + c[None, :], mask=sel[:, None], other=0.0)                    # [BK, RKV]
             kr = tl.load(base + RKV + r[None, :], mask=sel[:, None], other=0.0)               # [BK, DR]
@@ -92,20 +91,16 @@ def _mla_split_kernel(ql_ptr, qr_ptr, kv_ptr, idx_ptr, o_ptr, lse_ptr, nh, K, ke
 
 
 @triton.jit
-def fp8_packed(base, sel, c, dt: tl.constexpr, RKV: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
-               GATHER: tl.constexpr):
+def fp8_packed(base, sel, c, dt: tl.constexpr, RKV: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr):
     """The packed values of FP8 cache rows at byte pointers ``base`` [BK, 1] (``reference.kv_fp8_layout``; ``sel``
     [BK] the rows to load, c = arange(RKV)) → [BK, RKV] in ``dt``: e4m3 · scale is exact in fp32, so they equal
-    ``reference.kv_fp8_unpack``'s bit for bit. The scales: a [BK, groups] load broadcast through a reshape, or
-    (``GATHER``) loaded for every value (the same few addresses: one cache line a row)."""
+    ``reference.kv_fp8_unpack``'s bit for bit. The scales: a [BK, groups] load broadcast through a reshape (loading
+    one a value was 2–3× slower on the H200, and past shared memory at 64 heads a program: session 42)."""
     lat = tl.load(base.to(tl.pointer_type(tl.float8e4nv)) + c[None, :], mask=sel[:, None], other=0.0)
-    scales = (base + RKV).to(tl.pointer_type(tl.float32))
-    if GATHER:
-        lat = lat.to(tl.float32) * tl.load(scales + (c // GROUP)[None, :], mask=sel[:, None], other=0.0)
-    else:
-        scale = tl.load(scales + tl.arange(0, RKV // GROUP)[None, :], mask=sel[:, None], other=0.0)
-        lat = tl.reshape(tl.reshape(lat.to(tl.float32), (BLOCK_K, RKV // GROUP, GROUP)) * scale[:, :, None],
-                         (BLOCK_K, RKV))
+    scale = tl.load((base + RKV).to(tl.pointer_type(tl.float32)) + tl.arange(0, RKV // GROUP)[None, :],
+                    mask=sel[:, None], other=0.0)
+    lat = tl.reshape(tl.reshape(lat.to(tl.float32), (BLOCK_K, RKV // GROUP, GROUP)) * scale[:, :, None],
+                     (BLOCK_K, RKV))
     return lat.to(dt)
 
 
@@ -120,10 +115,10 @@ def _fp8_keys(rows, sel, d, dt: tl.constexpr, IDD: tl.constexpr):
 
 @triton.jit
 def _fp8_rows(base, sel, c, r, dt: tl.constexpr, RKV: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
-              ROPE_AT: tl.constexpr, GATHER: tl.constexpr):
+              ROPE_AT: tl.constexpr):
     """Packed MLA rows → (latent [BK, RKV], rope key [BK, DR]) in ``dt`` (the rope key stored in it)."""
     kr = tl.load((base + ROPE_AT).to(tl.pointer_type(dt)) + r[None, :], mask=sel[:, None], other=0.0)
-    return fp8_packed(base, sel, c, dt, RKV, BLOCK_K, GROUP, GATHER), kr
+    return fp8_packed(base, sel, c, dt, RKV, BLOCK_K, GROUP), kr
 
 
 @triton.jit
@@ -165,7 +160,7 @@ def _fp8_args(kv_cache: torch.Tensor, rkv: int, dr: int, dtype: torch.dtype) -> 
     if kv_cache.dtype != torch.uint8:
         return {}
     group, rope_at, _ = reference.kv_fp8_layout(rkv, dr, dtype)
-    return {"FP8": True, "GROUP": group, "ROPE_AT": rope_at, "GATHER": FP8_SCALES == "gather"}
+    return {"FP8": True, "GROUP": group, "ROPE_AT": rope_at}
 
 
 def mla_tile(N: int) -> tuple:
@@ -230,7 +225,7 @@ def _index_score_kernel(q_ptr, w_ptr, k_ptr, table_ptr, base_ptr, len_ptr, pos_p
                         state_ptr, T_max, K, scale, stride_qn, stride_qh, stride_k, stride_table, BS: tl.constexpr,
                         RAGGED: tl.constexpr, IH: tl.constexpr, IDD: tl.constexpr, BLOCK_T: tl.constexpr,
                         PREC: tl.constexpr, SELECT: tl.constexpr, SHIFT: tl.constexpr, BITS: tl.constexpr,
-                        PDL: tl.constexpr, FP8: tl.constexpr, GROUP: tl.constexpr, GATHER: tl.constexpr):
+                        PDL: tl.constexpr, FP8: tl.constexpr, GROUP: tl.constexpr):
     """Row n's key t sits in slot table[base + t // BS] * BS + t % BS: ragged (BS = 1), a flat slot list with
     base = base[n] and length len[n]; paged, row n of a block table (base = n · stride_table, length T_max).
     SELECT: also the wide select's first pass over the row's scores (``_radix_count`` on digit SHIFT, BITS).
@@ -257,7 +252,7 @@ def _index_score_kernel(q_ptr, w_ptr, k_ptr, table_ptr, base_ptr, len_ptr, pos_p
             s = tl.dot(k, tl.trans(q), input_precision=PREC) * key_scale[:, None]                # [BT, IH]
         else:
             if FP8:
-                k = fp8_packed(k_ptr + slot[:, None] * stride_k, visible, d, q.dtype, IDD, BLOCK_T, GROUP, GATHER)
+                k = fp8_packed(k_ptr + slot[:, None] * stride_k, visible, d, q.dtype, IDD, BLOCK_T, GROUP)
             else:
                 k = tl.load(k_ptr + slot[:, None] * stride_k + d[None, :], mask=visible[:, None], other=0.0)
             s = tl.dot(k, tl.trans(q.to(k.dtype)), input_precision=PREC)                        # [BT, IH]
@@ -274,9 +269,9 @@ def _index_score_kernel(q_ptr, w_ptr, k_ptr, table_ptr, base_ptr, len_ptr, pos_p
 def _key_args(k_cache: torch.Tensor, q: torch.Tensor) -> dict:
     """The scoring kernels' constexprs for the key cache's format (uint8: packed FP8 rows, read in q's dtype)."""
     if k_cache.dtype != torch.uint8:
-        return {"PREC": dot_precision(k_cache.dtype), "FP8": False, "GROUP": 1, "GATHER": False}
+        return {"PREC": dot_precision(k_cache.dtype), "FP8": False, "GROUP": 1}
     group = reference.kv_fp8_layout(q.shape[-1], 0, q.dtype)[0]
-    return {"PREC": dot_precision(q.dtype), "FP8": True, "GROUP": group, "GATHER": FP8_SCALES == "gather"}
+    return {"PREC": dot_precision(q.dtype), "FP8": True, "GROUP": group}
 
 
 def _score(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tensor, table: torch.Tensor,
@@ -309,7 +304,7 @@ SCORE_ROWS = (8, 64, 1024, 4)      # (rows a program, keys a step, keys a progra
 def _index_score_rows_kernel(q_ptr, w_ptr, k_ptr, slots_ptr, blk_ptr, pos_ptr, score_ptr, T_max, scale, stride_qn,
                              stride_qh, stride_k, IH: tl.constexpr, IDD: tl.constexpr, BLOCK_M: tl.constexpr,
                              BLOCK_T: tl.constexpr, KEYS: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
-                             FP8: tl.constexpr, GROUP: tl.constexpr, GATHER: tl.constexpr):
+                             FP8: tl.constexpr, GROUP: tl.constexpr):
     """Block b = (first row, rows ≤ BLOCK_M, base, length): rows of one request, whose key t sits in slot
     slots[base + t] and is visible to row n iff t < length and t ≤ pos[n]."""
     pdl_wait(PDL)
@@ -335,7 +330,7 @@ def _index_score_rows_kernel(q_ptr, w_ptr, k_ptr, slots_ptr, blk_ptr, pos_ptr, s
                 s = tl.dot(q, tl.trans(k), input_precision=PREC) * key_scale[None, :]           # [BM·IH, BT]
             else:
                 if FP8:
-                    k = fp8_packed(k_ptr + slot[:, None] * stride_k, key_ok, d, q.dtype, IDD, BLOCK_T, GROUP, GATHER)
+                    k = fp8_packed(k_ptr + slot[:, None] * stride_k, key_ok, d, q.dtype, IDD, BLOCK_T, GROUP)
                 else:
                     k = tl.load(k_ptr + slot[:, None] * stride_k + d[None, :], mask=key_ok[:, None], other=0.0)
                 s = tl.dot(q.to(k.dtype), tl.trans(k), input_precision=PREC)                      # [BM·IH, BT]

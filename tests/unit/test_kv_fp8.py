@@ -99,12 +99,10 @@ def test_triton_store_packs_the_rows_the_reference_packs(tk, dtype, monkeypatch)
         assert torch.equal(keys[0][[1, 2, 3, 4, 6, 7, 8, 10]], keys[1][[1, 2, 3, 4, 6, 7, 8, 10]])
 
 
-@pytest.mark.parametrize("scales", ["reshape", "gather"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_triton_attention_on_packed_rows_equals_it_on_their_values(tk, dtype, scales, monkeypatch):
+def test_triton_attention_on_packed_rows_equals_it_on_their_values(tk, dtype):
     """The split kernel reading packed rows == the same kernel on the rows unpacked (bit for bit: the dequantized
     values are exact), and both near the reference on the packed cache."""
-    monkeypatch.setattr(tk["att"], "FP8_SCALES", scales)
     g = torch.Generator().manual_seed(4)
     N, nh, rkv, dr, slots, K = 3, 4, 256, 32, 300, 150
     q_lat = torch.randn(N, nh, rkv, generator=g).to(dtype)
@@ -142,15 +140,14 @@ def test_cache_sizes():
     assert FP8_DTYPE == torch.float8_e4m3fn
 
 
-@pytest.mark.parametrize("scales", ["reshape", "gather"])
-def test_indexer_scores_on_packed_keys_equal_them_on_their_values(tk, scales, monkeypatch):
+@pytest.mark.parametrize("idd", [32, 256])         # one scale a key (dotted, then scaled); two (unpacked first)
+def test_indexer_scores_on_packed_keys_equal_them_on_their_values(tk, idd):
     """The scoring kernels (paged with the select's first pass, ragged one-row, prefill rows) on packed keys == on
     the keys unpacked, bit for bit; the selections equal; the reference selects the same from both caches."""
     from models.cache import build_batch
 
-    monkeypatch.setattr(tk["att"], "FP8_SCALES", scales)
     g = torch.Generator().manual_seed(8)
-    ih, idd, bs, blocks, topk = 16, 32, 4, 40, 24
+    ih, bs, blocks, topk = 16, 4, 40, 24
     packed = kv_fp8_pack(torch.randn(blocks * bs, idd, generator=g), idd)
     plain = kv_fp8_unpack(packed, idd, 0, torch.float32)
     att = tk["att"]
