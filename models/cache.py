@@ -28,7 +28,7 @@ class KVCache:
 
     def __init__(self, config: ModelConfig, num_slots: int, dtype: torch.dtype, device: str | torch.device = "cpu",
                  fp8: bool = False):
-        self.num_slots, self.dtype, self.fp8 = num_slots, dtype, fp8     # dtype: the activations' (and keys')
+        self.num_slots, self.dtype = num_slots, dtype          # dtype: the activations' (and unpacked rows')
         L = config.num_cache_layers
         width, key = (KVCache.row_bytes(config, dtype), KVCache.key_bytes(config, dtype)) if fp8 else (
             config.kv_cache_dim, config.index_head_dim)
