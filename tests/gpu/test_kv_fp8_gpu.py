@@ -19,14 +19,9 @@ pytest.importorskip("triton")
 
 from glmkernels import ops, reference
 from glmkernels.reference import CacheRows, kv_fp8_layout, kv_fp8_pack, kv_fp8_unpack
+from tests.gpu.test_kernels_gpu import BF16, DEV, gen      # the kernel tests' device, dtype and generator
 
-DEV = "cuda"
-BF16 = torch.bfloat16
 RKV, DR = 512, 64
-
-
-def gen(seed):
-    return torch.Generator(device=DEV).manual_seed(seed)
 
 
 @pytest.mark.parametrize("N", [1, 8, 300])
