@@ -54,6 +54,15 @@ def serve(engine, reqs: dict, vocab: int) -> dict:
             "steps": len(walls), "captured": captured(engine) - before}
 
 
+def free_gib(device: str) -> list[float] | None:
+    """[free, total] GiB of the GPU (None on CPU)."""
+    if device != "cuda":
+        return None
+    import torch
+
+    return [round(x / 2**30, 2) for x in torch.cuda.mem_get_info()]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--warmup-tokens", type=int, default=4096)
@@ -66,6 +75,9 @@ def main() -> None:
                     "buckets they can fill")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--cuda-graphs", default="auto")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.0, help="size the KV pool to memory (else "
+                    "16384 tokens); the report gives the device's free memory after the warm-up and after the traffic")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
     ap.add_argument("--tiny", action="store_true", help="the embedded tiny model's widths (a CPU plumbing check)")
     ap.add_argument("--out", default=None, help="a JSON-lines file to append the result to")
     args = ap.parse_args()
@@ -75,12 +87,16 @@ def main() -> None:
             model_cfg[key] //= args.mlp_shard
         (Path(tmp) / "config.json").write_text(json.dumps(model_cfg))
         cfg = EngineConfig(model=tmp, load_format="dummy", device=args.device, speculative_tokens=args.spec,
-                           kv_cache_tokens=16384, max_num_batched_tokens=2048, max_num_seqs=args.max_num_seqs,
+                           kv_cache_tokens=16384, gpu_memory_utilization=args.gpu_memory_utilization,
+                           kv_cache_dtype=args.kv_cache_dtype,
+                           max_num_batched_tokens=2048, max_num_seqs=args.max_num_seqs,
                            cuda_graphs=args.cuda_graphs, warmup_tokens=args.warmup_tokens)
         t0 = time.perf_counter()
         engine, _ = build_local_engine(cfg, progress=True)
         build_s = time.perf_counter() - t0
         warmed = captured(engine)
+        memory = {"kv_tokens": engine.schedulers[0].config.num_blocks * cfg.block_size,
+                  "max_model_len": engine.schedulers[0].config.max_model_len, "after_warmup": free_gib(args.device)}
     vocab = model_cfg["vocab_size"]
     greedy = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
     drawn = SamplingParams(max_tokens=args.tokens, temperature=1.0, top_p=0.95, ignore_eos=True)
@@ -88,7 +104,14 @@ def main() -> None:
     passes = []
     for p in range(2):
         passes.append([serve(engine, {f"{rid}-{p}": r for rid, r in reqs.items()}, vocab) for reqs in traffic])
-    row = {"warmup_tokens": args.warmup_tokens, "depth": args.depth, "mlp_shard": args.mlp_shard, "spec": args.spec,
+    memory["after_traffic"] = free_gib(args.device)
+    if args.device == "cuda":
+        import torch
+
+        memory["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    row = {"warmup_tokens": args.warmup_tokens, "gpu_memory_utilization": args.gpu_memory_utilization,
+           "kv_cache_dtype": args.kv_cache_dtype,
+           "memory": memory, "depth": args.depth, "mlp_shard": args.mlp_shard, "spec": args.spec,
            "build_s": build_s,
            "max_num_seqs": args.max_num_seqs,
            "warmup": engine.warmed, "graphs_warmed": warmed, "passes": passes, "graphs_after": captured(engine)}
@@ -96,6 +119,8 @@ def main() -> None:
         for r in results:
             print(f"pass {p}: ttft ms {', '.join(f'{v:.0f}' for v in r['ttft_ms'].values())}; longest step "
                   f"{r['max_step_ms']:.0f} ms, median {r['median_step_ms']:.2f} ms; {r['captured']} graphs captured")
+    print(f"KV pool {memory['kv_tokens']} tokens, max_model_len {memory['max_model_len']}; device memory free "
+          f"(GiB, of total) after the warm-up {memory['after_warmup']}, after the traffic {memory['after_traffic']}")
     print(json.dumps(row))
     if args.out:
         with open(args.out, "a") as f:

@@ -26,6 +26,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="fp8: prefill chunks quantize activations per 128 columns and run FP8 GEMMs (GPU; faster "
                         "time to first token, ~2-3 %% relative error per linear against bf16 activations)")
     p.add_argument("--kv-cache-tokens", type=int, default=32768)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.0,
+                   help="size the KV cache to memory instead of --kv-cache-tokens: weights, comm buffers and KV take "
+                        "this fraction of each worker's device (e.g. 0.9; on CPU, of the host's memory)")
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
                    help="fp8: the cache's rows packed in FP8 as FlashMLA and DeepSeek-V3.2 pack them (e4m3 with a "
                         "scale a 128 values; MLA's rope key in dtype): ~1.75x the tokens in the same memory (default: "
@@ -70,6 +73,7 @@ def _engine_config(a: argparse.Namespace):
 
     return EngineConfig(model=a.model, served_model_name=a.served_model_name, device=a.device, dtype=a.dtype,
                         kernels=a.kernels, prefill_activations=a.prefill_activations, kv_cache_tokens=a.kv_cache_tokens,
+                        gpu_memory_utilization=a.gpu_memory_utilization,
                         kv_cache_dtype=a.kv_cache_dtype, max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs,
                         max_num_batched_tokens=a.max_num_batched_tokens, max_waiting=a.max_waiting,
                         max_waiting_tokens=a.max_waiting_tokens,

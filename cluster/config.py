@@ -23,7 +23,11 @@ class EngineConfig:
     kernels: str = "auto"               # auto | reference
     prefill_activations: str = "bf16"   # bf16: W8A16 prefill | fp8: FP8 rows × FP8 weights (GPU, kernels auto)
     block_size: int = 16
-    kv_cache_tokens: int = 32768        # KV slots per worker
+    kv_cache_tokens: int = 32768        # KV slots per worker (unless gpu_memory_utilization sizes them)
+    gpu_memory_utilization: float = 0.0  # > 0: the KV slots are sized to memory at start instead: weights, comm
+                                        # buffers and KV cache take this fraction of each worker's device (as SGLang's
+                                        # mem_fraction_static; on CPU, of the host), the rest stays for activations
+                                        # and graphs; 0: kv_cache_tokens
     kv_cache_dtype: str = "auto"        # auto: the model's dtype | fp8: MLA rows as FlashMLA packs them (e4m3 latent,
                                         # a scale a 128 values, rope key in dtype: 656 bytes a layer for 1152), the
                                         # indexer's keys as DeepSeek-V3.2 (e4m3 and a scale: 144 bytes for 256)
@@ -69,6 +73,7 @@ class EngineConfig:
             "block_size": self.block_size >= 1,
             "kv_cache_tokens": self.kv_cache_tokens >= self.block_size,
             "kv_cache_dtype": self.kv_cache_dtype in ("auto", "fp8"),
+            "gpu_memory_utilization": 0.0 <= self.gpu_memory_utilization < 1.0,
             "max_num_seqs": self.max_num_seqs >= 1,
             "max_num_batched_tokens": self.max_num_batched_tokens >= self.max_num_seqs,
             "max_waiting": self.max_waiting >= 0,
@@ -95,11 +100,19 @@ class EngineConfig:
             raise ValueError("engine config field 'prefill_activations' is 'fp8', which needs the Triton kernels on a "
                              f"CUDA device (kernels: auto, device: cuda or auto); got kernels {self.kernels!r}, "
                              f"device {self.device!r}")
-        if self.max_model_len is not None and self.max_model_len > self.num_blocks * self.block_size:
-            # a request lives on one rank: beyond its KV every long one (a chat's default max_tokens) would be refused
+        if not self.gpu_memory_utilization:
+            self.check_pool(self.num_blocks)
+
+    def check_pool(self, num_blocks: int) -> None:
+        """A request lives on one rank: past a worker's KV blocks every long one (a chat's default max_tokens) would
+        be refused. Checked at once for ``kv_cache_tokens``, once the workers are up when memory sizes the pool."""
+        if self.max_model_len is not None and self.max_model_len > num_blocks * self.block_size:
+            source = (f"gpu_memory_utilization {self.gpu_memory_utilization} leaves room for" if
+                      self.gpu_memory_utilization else "kv_cache_tokens in whole blocks:")
+            fix = "raise gpu_memory_utilization" if self.gpu_memory_utilization else "raise kv_cache_tokens"
             raise ValueError(f"engine config field 'max_model_len' ({self.max_model_len}) is more than a worker's KV "
-                             f"cache holds ({self.num_blocks * self.block_size} tokens, kv_cache_tokens in whole "
-                             "blocks): raise kv_cache_tokens or lower max_model_len")
+                             f"cache holds ({source} {num_blocks * self.block_size} tokens): {fix} or lower "
+                             "max_model_len")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EngineConfig:
@@ -114,8 +127,9 @@ class EngineConfig:
 
     @property
     def num_blocks(self) -> int:
-        """KV blocks per worker: the whole blocks in ``kv_cache_tokens``."""
-        return self.kv_cache_tokens // self.block_size
+        """KV blocks per worker: the whole blocks in ``kv_cache_tokens``; 0 when ``gpu_memory_utilization`` sizes them
+        (each worker at start: ``workers/memory.py``; the group reports the number)."""
+        return 0 if self.gpu_memory_utilization else self.kv_cache_tokens // self.block_size
 
     @property
     def host_blocks(self) -> int:
@@ -137,13 +151,16 @@ class EngineConfig:
         them too; run eagerly with ``cuda_graphs: eager`` (as the decode path's static shapes are)."""
         return self.piece_graphs and self.graphs_mode() != "off"
 
-    def resolved_warmup_tokens(self) -> int:
-        """``warmup_tokens``, its default resolved: every context a request can reach (``max_model_len``, which
-        is at most ``kv_cache_tokens``) where decode steps are captured as CUDA graphs — a capture or a kernel
-        compile met while serving stalls every request in the step — else 0 (nothing to capture)."""
+    def resolved_warmup_tokens(self, max_model_len: int | None = None) -> int:
+        """``warmup_tokens``, its default resolved: every context a request can reach (the scheduler's
+        ``max_model_len`` where given, else the configured one or the KV slots) where decode steps are captured as
+        CUDA graphs — a capture or a kernel compile met while serving stalls every request in the step — else 0
+        (nothing to capture)."""
         if self.warmup_tokens is not None:
             return self.warmup_tokens
-        return (self.max_model_len or self.kv_cache_tokens) if self.graphs_mode() == "capture" else 0
+        if self.graphs_mode() != "capture":
+            return 0
+        return max_model_len or self.max_model_len or self.kv_cache_tokens
 
     def kernel_overrides(self) -> dict[str, str]:
         """``ops.configure``'s per-op overrides: ``prefill_activations: fp8`` runs the FP8 linears and experts of

@@ -16,7 +16,7 @@ from typing import AsyncIterator
 
 from cluster.config import EngineConfig
 from cluster.engine import AsyncEngine, Engine, TokenEvent
-from cluster.local import guides, load_tokenizer, report, scheduler_config
+from cluster.local import guides, load_tokenizer, report, report_pool, scheduler_config
 from scheduler.request import FinishReason, SamplingParams
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -142,8 +142,14 @@ class Coordinator:
         model_config = ModelConfig.from_json(cfg.model)
         tokenizer = load_tokenizer(cfg.model)
         self.group = self._build_group(cfg, cfg.num_blocks)
+        try:
+            cfg.check_pool(self.group.num_blocks)     # a pool sized to memory is known only now
+        except ValueError:
+            self.group.shutdown()
+            raise
+        report_pool(cfg, model_config, self.group.num_blocks)
         decode = (lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer else None
-        self.sched_config = scheduler_config(cfg, model_config, tokenizer, cfg.num_blocks)
+        self.sched_config = scheduler_config(cfg, model_config, tokenizer, self.group.num_blocks)
         self.engine = Engine(self.group, self.sched_config, decode, num_ranks=cfg.num_workers,
                              speculative_tokens=cfg.speculative_tokens, graphs=cfg.graphs_mode() != "off",
                              special_ids=tokenizer.special_ids if tokenizer else (),
@@ -156,7 +162,7 @@ class Coordinator:
 
     def _warm_up(self, cfg: EngineConfig) -> None:
         """The engine's start-up warm-up (before the replica takes requests); a failure fails the replica's start."""
-        tokens = cfg.resolved_warmup_tokens()
+        tokens = cfg.resolved_warmup_tokens(self.sched_config.max_model_len)
         if not tokens:
             return
         try:

@@ -42,8 +42,12 @@ def guides(tokenizer, model_config, sched: SchedulerConfig) -> Guides | None:
 
 def build_local_engine(cfg: EngineConfig, progress: bool = True) -> tuple[Engine, object]:
     """Load the model and tokenizer; returns (engine, tokenizer)."""
+    import torch
+
     from glmkernels import ops
+    from models.cache import KVCache
     from models.loader import load_model
+    from workers.memory import fit_kv_blocks
     from workers.runner import ModelRunner
 
     device = cfg.resolved_device()
@@ -51,8 +55,15 @@ def build_local_engine(cfg: EngineConfig, progress: bool = True) -> tuple[Engine
     model = load_model(cfg.model, dtype=cfg.resolved_dtype(), device=device, progress=progress,
                        load_format=cfg.load_format)
     tokenizer = load_tokenizer(cfg.model)
-    sched = scheduler_config(cfg, model.config, tokenizer, cfg.num_blocks)
-    runner = ModelRunner(model, cfg.num_blocks, cfg.block_size, cfg.resolved_dtype(), device,
+    num_blocks = cfg.num_blocks or fit_kv_blocks(
+        model.config, cfg.block_size, cfg.resolved_dtype(), cfg.kv_cache_dtype == "fp8", torch.device(device),
+        cfg.gpu_memory_utilization, ModelRunner.extra_slots(),
+        KVCache.bytes_per_slot(model.config, cfg.resolved_dtype(), cfg.kv_cache_dtype == "fp8") * cfg.host_kv_cache_tokens)
+    cfg.check_pool(num_blocks)
+    if progress:
+        report_pool(cfg, model.config, num_blocks)
+    sched = scheduler_config(cfg, model.config, tokenizer, num_blocks)
+    runner = ModelRunner(model, num_blocks, cfg.block_size, cfg.resolved_dtype(), device,
                          speculative=cfg.speculative_tokens > 0, graphs=cfg.graphs_mode(),
                          pieces=(cfg.max_num_batched_tokens, cfg.graphs_mode() == "capture")
                          if cfg.pieces() else None, host_blocks=cfg.host_blocks, kv_fp8=cfg.kv_cache_dtype == "fp8")
@@ -60,9 +71,20 @@ def build_local_engine(cfg: EngineConfig, progress: bool = True) -> tuple[Engine
     engine = Engine(LocalExecutor(runner), sched, decode, speculative_tokens=cfg.speculative_tokens,
                     graphs=cfg.graphs_mode() != "off", special_ids=tokenizer.special_ids if tokenizer else (),
                     guides=guides(tokenizer, model.config, sched))
-    if cfg.resolved_warmup_tokens():
-        engine.warm_up(cfg.resolved_warmup_tokens(), report if progress else None)
+    if cfg.resolved_warmup_tokens(sched.max_model_len):
+        engine.warm_up(cfg.resolved_warmup_tokens(sched.max_model_len), report if progress else None)
     return engine, tokenizer
+
+
+def report_pool(cfg: EngineConfig, model_config, num_blocks: int) -> None:
+    """Start-up: the KV pool a worker holds, and where its size came from."""
+    from models.cache import KVCache
+
+    slot = KVCache.bytes_per_slot(model_config, cfg.resolved_dtype(), cfg.kv_cache_dtype == "fp8")
+    source = (f"sized to gpu_memory_utilization {cfg.gpu_memory_utilization}" if cfg.gpu_memory_utilization else
+              "kv_cache_tokens")
+    report(f"KV cache: {num_blocks * cfg.block_size} tokens a worker ({num_blocks} blocks, "
+           f"{num_blocks * cfg.block_size * slot / 2**30:.2f} GiB at {slot / 1024:.1f} KiB a token; {source})")
 
 
 def report(line: str) -> None:

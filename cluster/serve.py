@@ -363,17 +363,26 @@ class OpenAIIngress:
         self.think_start, self.think_end = specials.get("<think>"), specials.get("</think>")
         self.tool_ids = {n: specials[n] for n in TOOL_MARKERS} if all(n in specials for n in TOOL_MARKERS) else None
         self.model_config = ModelConfig.from_json(self.cfg.model)
-        self.max_model_len = max_model_len(self.cfg, self.model_config, self.cfg.num_blocks)  # the scheduler's
         # No token holds more bytes than the vocabulary's longest and no character is less than a byte (byte-level
         # BPE drops none), so a longer text cannot fit the context whatever it tokenizes to.
         tok = self.tokenizer
-        longest = max(len(tok.token_bytes(i)) for i in range(tok.vocab_size)) if tok else 0
-        self.max_prompt_chars = self.max_model_len * longest
+        self.longest_token = max(len(tok.token_bytes(i)) for i in range(tok.vocab_size)) if tok else 0
+        self.max_model_len = self.max_prompt_chars = None      # the scheduler's: ``_limits``
+        if self.cfg.num_blocks or self.cfg.max_model_len:      # else the pool is sized to memory: the coordinator's
+            self._set_limits(max_model_len(self.cfg, self.model_config, self.cfg.num_blocks))
         self.draining = False           # shutting down: new requests are refused, those in flight finish
         self.ready = False              # the coordinator answered once: its model is loaded (see ``health``)
         self.in_flight = 0              # streams open to the coordinator
         self.open_ids: set[str] = set()  # their request ids
         self.closing = False            # the drain's time ran out: the streams still open end with an error
+
+    def _set_limits(self, context: int) -> None:
+        self.max_model_len, self.max_prompt_chars = context, context * self.longest_token
+
+    async def _limits(self) -> None:
+        """The context length, where the coordinator's workers sized their KV pool to memory: asked once."""
+        if self.max_model_len is None:
+            self._set_limits((await self.coord.info.remote())["max_model_len"])
 
     async def info(self) -> dict:
         """The coordinator's counters (one replica's, as Serve routes it): ``glmserve serve``'s stats line."""
@@ -408,6 +417,7 @@ class OpenAIIngress:
 
     @app.get("/v1/models")
     async def models(self) -> dict:
+        await self._limits()
         return {"object": "list", "data": [self._card()]}
 
     @app.get("/v1/models/{model_id:path}")          # :path — a served name may hold a slash (org/model)
@@ -415,6 +425,7 @@ class OpenAIIngress:
         if model_id != self.model_name:
             raise ApiError(404, f"the model {model_id!r} does not exist; this server serves {self.model_name!r}",
                            "model", code="model_not_found")
+        await self._limits()
         return self._card()
 
     def _card(self) -> dict:
@@ -519,6 +530,7 @@ class OpenAIIngress:
             raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {self.model_name!r}",
                            "model", code="model_not_found")
         body.check_supported()
+        await self._limits()
         return body
 
     def _tokenizer(self):

@@ -40,7 +40,9 @@ def run_server(cfg: EngineConfig, host: str = "127.0.0.1", port: int = 8000, dra
 
     print(f"glmserve: starting Ray and loading {cfg.model} on {cfg.num_workers} worker(s) ...", flush=True)
     if cfg.resolved_warmup_tokens():
-        print(f"glmserve: then a warm-up (warmup_tokens {cfg.resolved_warmup_tokens()}: CUDA graphs captured, kernels "
+        tokens = ("the KV pool's" if cfg.gpu_memory_utilization and cfg.warmup_tokens is None and
+                  not cfg.max_model_len else cfg.resolved_warmup_tokens())
+        print(f"glmserve: then a warm-up (warmup_tokens {tokens}: CUDA graphs captured, kernels "
               "compiled) before the replica takes requests", flush=True)
     ray.init(num_cpus=max(16, 2 * cfg.num_workers), include_dashboard=False, log_to_driver=False,
              namespace="glmserve")

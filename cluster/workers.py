@@ -34,12 +34,13 @@ from workers.worker import Worker, WorkerSpec
 
 
 def worker_specs(cfg: EngineConfig, num_blocks: int) -> list[WorkerSpec]:
+    """Every rank's spec; ``num_blocks`` 0: the ranks size their KV pool to memory (``gpu_memory_utilization``)."""
     device = cfg.resolved_device()
     max_rows = cfg.num_workers * _next_pow2(cfg.max_num_batched_tokens)
     return [WorkerSpec(model=cfg.model, rank=r, world_size=cfg.num_workers, moe=cfg.moe, comm=cfg.comm,
                        device=device, dtype=str(cfg.resolved_dtype()).removeprefix("torch."), kernels=cfg.kernels,
                        kernel_overrides=tuple(sorted(cfg.kernel_overrides().items())),
-                       num_blocks=num_blocks, block_size=cfg.block_size, host_blocks=cfg.host_blocks, max_rows=max_rows,
+                       num_blocks=num_blocks, memory_fraction=cfg.gpu_memory_utilization, block_size=cfg.block_size, host_blocks=cfg.host_blocks, max_rows=max_rows,
                        kv_fp8=cfg.kv_cache_dtype == "fp8",
                        timeout_s=min(cfg.step_timeout_s, 30.0), speculative=cfg.speculative_tokens > 0,
                        graphs=cfg.graphs_mode(), pieces=cfg.pieces(), lm_head_split=cfg.lm_head_split,
@@ -90,7 +91,8 @@ class _WorkerActor:
         self.worker = worker_cls(spec, RayRendezvous(board, spec.world_size, prefix))
 
     def ready(self) -> int:
-        return self.worker.spec.rank
+        """Setup is done: the KV blocks this rank holds."""
+        return self.worker.num_blocks
 
     def open_channel(self, token: bytes) -> tuple[str, int]:
         """Listen for the driver's step connection (the first that presents ``token``) on a thread that
@@ -175,6 +177,7 @@ class _ConnGroup:
     (None while it lives)."""
 
     conns: list[mp_connection.Connection]
+    num_blocks: int         # each rank's KV blocks (0 before a first setup sized them to memory)
 
     def _dead(self, rank: int) -> str | None:
         return None
@@ -204,6 +207,14 @@ class _ConnGroup:
                 missing = [r for r in range(len(self.conns)) if r not in out]
                 raise GroupFailure(f"{what}: rank(s) {missing} did not answer within {timeout_s:.0f} s")
         return [out[r] for r in range(len(self.conns))]
+
+    def _sized(self, blocks: list[int]) -> None:
+        """The ranks' KV blocks after setup: the pool sized to memory the first time (the ranks agree), held at that
+        size when the group is rebuilt (``recover``)."""
+        if len(set(blocks)) != 1 or (self.num_blocks and blocks[0] != self.num_blocks):
+            raise GroupFailure(f"setup: the ranks hold different KV pools ({blocks} blocks; asked for "
+                               f"{self.num_blocks or 'a pool sized to memory'})")
+        self.num_blocks = blocks[0]
 
     def _send_all(self, steps: list, what: str) -> None:
         for rank, (conn, step) in enumerate(zip(self.conns, steps)):
@@ -270,7 +281,7 @@ class RayWorkerGroup(_ConnGroup):
         self.actors = [cls.remote(spec, self._board, prefix, self.worker_cls)
                        for spec in worker_specs(self.cfg, self.num_blocks)]
         try:
-            self._wait([a.ready.remote() for a in self.actors], self.setup_timeout_s, "setup")
+            self._sized(self._wait([a.ready.remote() for a in self.actors], self.setup_timeout_s, "setup"))
             if self.cfg.step_channel == "socket":
                 token = os.urandom(32)
                 addresses = self._wait([a.open_channel.remote(token) for a in self.actors], 30.0, "setup")
@@ -350,7 +361,7 @@ def _root_cause(e: BaseException) -> str:
 def _process_main(spec: WorkerSpec, board: Any, prefix: str, conn) -> None:
     try:
         worker = Worker(spec, DictRendezvous(board, spec.world_size, prefix))
-        conn.send(("ok", spec.rank))
+        conn.send(("ok", worker.num_blocks))
     except BaseException as e:
         conn.send(("error", f"{type(e).__name__}: {e}"))
         return
@@ -391,7 +402,7 @@ class ProcessWorkerGroup(_ConnGroup):
             self.conns.append(parent)
             self.procs.append(p)
         try:
-            self._collect(self.setup_timeout_s, "setup")
+            self._sized(self._collect(self.setup_timeout_s, "setup"))
         except GroupFailure:
             self._kill()
             raise

@@ -165,7 +165,7 @@ class ModelRunner:
         self.stage = stage or (lambda shape, n, static=False: None)
         num_slots = num_blocks * block_size
         scratch = MAX_DRAFTS + 1
-        pad_slot = num_slots + max_drafting * scratch       # written by the graphs' pad rows, read by no one
+        pad_slot = num_slots + self.extra_slots(max_drafting) - 1     # written by the graphs' pad rows, read by no one
         self.cache = KVCache(model.config, pad_slot + 1, dtype, device, fp8=kv_fp8)
         self.host = HostKV(self.cache, host_blocks, block_size) if host_blocks else None   # the prefix cache's 2nd tier
         if graphs not in ("off", "eager", "capture"):
@@ -188,6 +188,11 @@ class ModelRunner:
             if self.graphs is not None and self.drafter.share_index:
                 self.draft_graphs = DraftGraphs(model, self.graphs, num_slots, scratch, world_size,
                                                 select or (lambda shape, real=None: None), self.device)
+
+    @staticmethod
+    def extra_slots(max_drafting: int = 8) -> int:
+        """The cache's slots past the pool's: the drafts' scratch rows and the pad rows' slot."""
+        return max_drafting * (MAX_DRAFTS + 1) + 1
 
     def reset(self) -> None:
         """Forget every request (after a group failure the scheduler starts over; KV is overwritten)."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from glmkernels import ops
+from models.cache import KVCache
 from scheduler.shapes import GRAPH_BUCKETS, StepShape, graph_rows
 from workers.comm import Comm, Rendezvous, make_comm, ordered_sum
 from workers.rowmap import Dp, RowMap, Span
@@ -205,7 +206,8 @@ class WorkerSpec:
     dtype: str = "float32"
     kernels: str = "auto"
     kernel_overrides: tuple[tuple[str, str], ...] = ()    # (op, backend): ``EngineConfig.kernel_overrides``
-    num_blocks: int = 2048
+    num_blocks: int = 2048      # 0: as many as memory_fraction leaves room for (``workers/memory.py``)
+    memory_fraction: float = 0.0  # ``gpu_memory_utilization``, where it sizes the pool
     block_size: int = 16
     host_blocks: int = 0        # host memory for cached prefixes evicted from the device (the prefix cache's tier 2)
     kv_fp8: bool = False        # MLA's cache rows packed in FP8 (``models/cache.py``)
@@ -250,11 +252,26 @@ class Worker:
         self.step_comm = StepComm(self.comm, spec.rank, spec.world_size, device, spec.lm_head_split)
         if spec.world_size > 1:
             model.set_comm(self.step_comm)
-        self.runner = ModelRunner(model, spec.num_blocks, spec.block_size, dtype, device,
+        self.num_blocks = spec.num_blocks or self._fit_blocks(model.config, dtype, rendezvous)
+        self.runner = ModelRunner(model, self.num_blocks, spec.block_size, dtype, device,
                                   in_group=spec.world_size > 1, world_size=spec.world_size, stage=self._stage,
                                   speculative=spec.speculative, graphs=self._graphs_mode(), select=self._select,
                                   pieces=(spec.max_rows // spec.world_size, spec.graphs == "capture")
                                   if spec.pieces else None, host_blocks=spec.host_blocks, kv_fp8=spec.kv_fp8)
+
+    def _fit_blocks(self, config, dtype: torch.dtype, rendezvous: Rendezvous) -> int:
+        """The group's KV blocks sized to memory: weights and comm buffers are in place on every rank (the comm
+        setup met them all), the runner's cache not yet."""
+        from workers.memory import fit_kv_blocks
+
+        spec = self.spec
+        host = KVCache.bytes_per_slot(config, dtype, spec.kv_fp8) * spec.host_blocks * spec.block_size
+        try:
+            return fit_kv_blocks(config, spec.block_size, dtype, spec.kv_fp8, self.device, spec.memory_fraction,
+                                 ModelRunner.extra_slots(), host, rendezvous, spec.rank, spec.setup_timeout_s)
+        except BaseException as e:
+            rendezvous.fail(spec.rank, f"{type(e).__name__}: {e}")
+            raise
 
     def enter_thread(self) -> None:
         """Set this thread's torch state for the rank — the current CUDA device is per host thread, and so is
