@@ -46,6 +46,8 @@ class Metrics:
         Gauge("glmserve_kv_usage", "fraction of KV blocks in use", registry=r).set_function(engine.kv_usage)
         Gauge("glmserve_kv_free_blocks", "free KV blocks (all ranks)", registry=r).set_function(
             engine.num_free_blocks)
+        Gauge("glmserve_kv_cache_tokens", "KV slots a worker holds (kv_cache_tokens, or as memory sized them)",
+              registry=r).set(engine.schedulers[0].config.num_blocks * engine.schedulers[0].config.block_size)
         Gauge("glmserve_prefix_cache_queried_tokens", "prompt tokens looked up in the prefix cache", registry=r
               ).set_function(lambda: engine.prefix_cache_tokens()[0])
         Gauge("glmserve_prefix_cache_hit_tokens", "of which their KV was found cached (not computed)", registry=r

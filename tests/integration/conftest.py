@@ -10,6 +10,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SERVE_PORT = 18123
+# What the session's Ray workers take a host's memory to be (free, total GiB) where an engine sizes its KV pool to memory
+# (gpu_memory_utilization; workers/memory.py): 0.5 of it leaves 1.5 MiB for the KV. Other engines never read it.
+RAY_DEVICE_MEMORY = (2.0015, 4.0)
 
 
 @pytest.fixture(scope="session")
@@ -17,7 +20,8 @@ def ray_session():
     ray = pytest.importorskip("ray")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     ray.init(num_cpus=32, num_gpus=8, include_dashboard=False, log_to_driver=False, namespace="glmserve-tests",
-             runtime_env={"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"]}})
+             runtime_env={"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"],
+                                       "GLMSERVE_DEVICE_MEMORY": ",".join(map(str, RAY_DEVICE_MEMORY))}})
     yield ray
     try:
         from ray import serve

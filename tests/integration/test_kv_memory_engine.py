@@ -128,3 +128,38 @@ def test_coordinator_takes_its_group_pool(fake_host, tiny_ckpt, tiny_config):
     with pytest.raises(ValueError, match=r"'max_model_len' \(\d+\) is more than a worker's KV cache holds"):
         coord_cls(config(tiny_ckpt, 2, comm="ipc", max_model_len=blocks * BS + 1).to_dict())
     assert len(coord_cls.procs) == 2 and not any(p.is_alive() for p in coord_cls.procs)
+
+
+@pytest.mark.ray
+def test_a_sized_replica_serves_its_pool_context(serve_session, text_ckpt):
+    """Served with ``gpu_memory_utilization`` (the session's Ray workers see a host of ``RAY_DEVICE_MEMORY``): the
+    ingress gives and checks the context the coordinator's pool holds, which it learns from the coordinator."""
+    import json
+    import urllib.request
+
+    from ray import serve
+
+    from cluster.serve import build_app
+    from models.config import ModelConfig
+    from tests.integration.conftest import RAY_DEVICE_MEMORY
+    from tests.integration.test_serve import MODEL, metric, post
+
+    mc = ModelConfig.from_json(text_ckpt)
+    slot = KVCache.bytes_per_slot(mc, torch.float32)
+    free, total = RAY_DEVICE_MEMORY
+    blocks = (int(free * GiB - 0.5 * total * GiB) - ModelRunner.extra_slots() * slot) // (BS * slot)
+    context = min(mc.max_position_embeddings, blocks * BS)
+    assert 0 < context < mc.max_position_embeddings          # the pool, not the positions, bounds it
+    serve.run(build_app({"model": str(text_ckpt), "served_model_name": MODEL, "device": "cpu",
+                         "gpu_memory_utilization": 0.5}),
+              name="sized", route_prefix="/sized", logging_config={"enable_access_log": False, "log_level": "WARNING"})
+    try:
+        url = serve_session + "/sized"
+        status, err = post(url, "/v1/completions", {"model": MODEL, "prompt": [5] * context, "max_tokens": 1})
+        assert status == 400 and f"context length {context}" in err["error"]["message"], err
+        models = json.loads(urllib.request.urlopen(url + "/v1/models", timeout=30).read())
+        assert models["data"][0]["max_model_len"] == context and metric(url, "glmserve_kv_cache_tokens") == blocks * BS
+        status, out = post(url, "/v1/completions", {"model": MODEL, "prompt": "The old man", "max_tokens": 4})
+        assert status == 200 and out["usage"]["completion_tokens"] == 4, out
+    finally:
+        serve.delete("sized")
