@@ -140,7 +140,7 @@ class Coordinator:
     def __init__(self, engine_config: dict):
         from models.config import ModelConfig
 
-        self.cfg = cfg = EngineConfig.from_dict(engine_config)
+        self.cfg = cfg = self._resolve(EngineConfig.from_dict(engine_config))
         model_config = ModelConfig.from_json(cfg.model)
         tokenizer = load_tokenizer(cfg.model)
         self.group = self._build_group(cfg, cfg.num_blocks)
@@ -172,6 +172,12 @@ class Coordinator:
         except BaseException:
             self.group.shutdown()
             raise
+
+    @staticmethod
+    def _resolve(cfg: EngineConfig) -> EngineConfig:
+        from cluster.workers import resolve_device
+
+        return resolve_device(cfg)
 
     @staticmethod
     def _build_group(cfg: EngineConfig, num_blocks: int):

@@ -53,6 +53,31 @@ def _next_pow2(n: int) -> int:
 
 
 # ---- Ray ------------------------------------------------------------------------------------------
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def resolve_device(cfg: EngineConfig, timeout_s: float = 120.0, probe=_has_cuda) -> EngineConfig:
+    """``device: auto`` decided where a Ray group's workers run, not in the replica that builds the group: that one asks
+    Ray for no GPU, so it may sit on a node without any (a KubeRay head) or see none (``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO
+    =1``, Ray's old behaviour), and resolving ``auto`` there put a GPU cluster's workers on the CPU. On a cluster with
+    GPU resources a one-GPU task looks for CUDA instead (a CPU host's logical GPUs — tests, CPU runs — have none)."""
+    import ray
+
+    if cfg.device != "auto" or not ray.is_initialized():
+        return cfg
+    if ray.cluster_resources().get("GPU", 0) < 1:
+        return replace(cfg, device="cpu")
+    try:
+        found = ray.get(ray.remote(num_gpus=1, num_cpus=0)(probe).remote(), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        raise GroupFailure(f"setup: device auto: no GPU of the cluster was free within {timeout_s:.0f} s to tell "
+                           "whether its GPUs are CUDA devices; set device: cuda or cpu") from None
+    return replace(cfg, device="cuda" if found else "cpu")
+
+
 class RayRendezvous(Rendezvous):
     """Rendezvous over a small Ray actor (a key/value board), for one group generation."""
 

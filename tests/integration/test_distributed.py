@@ -135,6 +135,20 @@ def test_setup_failure_fails_fast(ray_session, tiny_ckpt):
     assert time.monotonic() - t0 < 120
 
 
+def _finds_cuda() -> bool:
+    return True
+
+
+def test_device_auto_is_decided_where_the_workers_run(ray_session):
+    """``device: auto`` in a replica (which may sit on a node without GPUs) asks a one-GPU task: the session's logical
+    GPUs are no CUDA devices, so CPU; a task that finds CUDA makes it cuda. An explicit device is kept."""
+    from cluster.workers import resolve_device
+
+    assert resolve_device(EngineConfig(device="auto")).device == "cpu"
+    assert resolve_device(EngineConfig(device="auto"), probe=_finds_cuda).device == "cuda"
+    assert resolve_device(EngineConfig(device="cpu"), probe=_finds_cuda).device == "cpu"
+
+
 def test_coordinator_warms_up_before_it_serves(ray_session, text_ckpt):
     """A replica's ``Coordinator`` with ``warmup_tokens`` (the static graph path run eagerly on CPU) warms its worker
     group up in its constructor: ``info()`` reports the warm steps and fresh stats, and a request served after it
