@@ -78,6 +78,7 @@ def main() -> None:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.0, help="size the KV pool to memory (else "
                     "16384 tokens); the report gives the device's free memory after the warm-up and after the traffic")
     ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048, help="a prefill chunk's rows at most")
     ap.add_argument("--tiny", action="store_true", help="the embedded tiny model's widths (a CPU plumbing check)")
     ap.add_argument("--out", default=None, help="a JSON-lines file to append the result to")
     args = ap.parse_args()
@@ -89,7 +90,7 @@ def main() -> None:
         cfg = EngineConfig(model=tmp, load_format="dummy", device=args.device, speculative_tokens=args.spec,
                            kv_cache_tokens=16384, gpu_memory_utilization=args.gpu_memory_utilization,
                            kv_cache_dtype=args.kv_cache_dtype,
-                           max_num_batched_tokens=2048, max_num_seqs=args.max_num_seqs,
+                           max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
                            cuda_graphs=args.cuda_graphs, warmup_tokens=args.warmup_tokens)
         t0 = time.perf_counter()
         engine, _ = build_local_engine(cfg, progress=True)
@@ -111,6 +112,7 @@ def main() -> None:
         memory["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
     row = {"warmup_tokens": args.warmup_tokens, "gpu_memory_utilization": args.gpu_memory_utilization,
            "kv_cache_dtype": args.kv_cache_dtype,
+           "max_num_batched_tokens": args.max_num_batched_tokens,
            "memory": memory, "depth": args.depth, "mlp_shard": args.mlp_shard, "spec": args.spec,
            "build_s": build_s,
            "max_num_seqs": args.max_num_seqs,
