@@ -95,7 +95,9 @@ class EngineConfig:
         }
         for name, ok in checks.items():
             if not ok:
-                raise ValueError(f"engine config field '{name}' has an invalid value {getattr(self, name)!r}")
+                hint = {"gpu_memory_utilization": ": it takes a fraction in [0, 1) (0: kv_cache_tokens sizes the pool)"}
+                raise ValueError(f"engine config field '{name}' has an invalid value {getattr(self, name)!r}"
+                                 f"{hint.get(name, '')}")
         if self.prefill_activations == "fp8" and (self.kernels != "auto" or self.device == "cpu"):
             raise ValueError("engine config field 'prefill_activations' is 'fp8', which needs the Triton kernels on a "
                              f"CUDA device (kernels: auto, device: cuda or auto); got kernels {self.kernels!r}, "

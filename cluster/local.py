@@ -58,7 +58,8 @@ def build_local_engine(cfg: EngineConfig, progress: bool = True) -> tuple[Engine
     num_blocks = cfg.num_blocks or fit_kv_blocks(
         model.config, cfg.block_size, cfg.resolved_dtype(), cfg.kv_cache_dtype == "fp8", torch.device(device),
         cfg.gpu_memory_utilization, ModelRunner.extra_slots(),
-        KVCache.bytes_per_slot(model.config, cfg.resolved_dtype(), cfg.kv_cache_dtype == "fp8") * cfg.host_kv_cache_tokens)
+        KVCache.bytes_per_slot(model.config, cfg.resolved_dtype(), cfg.kv_cache_dtype == "fp8") * cfg.host_blocks
+        * cfg.block_size)
     cfg.check_pool(num_blocks)
     if progress:
         report_pool(cfg, model.config, num_blocks)

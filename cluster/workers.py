@@ -70,9 +70,11 @@ def resolve_device(cfg: EngineConfig, timeout_s: float = 120.0, probe=_has_cuda)
         return cfg
     if ray.cluster_resources().get("GPU", 0) < 1:
         return replace(cfg, device="cpu")
+    ref = ray.remote(num_gpus=1, num_cpus=0)(probe).remote()
     try:
-        found = ray.get(ray.remote(num_gpus=1, num_cpus=0)(probe).remote(), timeout=timeout_s)
+        found = ray.get(ref, timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
+        ray.cancel(ref, force=True)
         raise GroupFailure(f"setup: device auto: no GPU of the cluster was free within {timeout_s:.0f} s to tell "
                            "whether its GPUs are CUDA devices; set device: cuda or cpu") from None
     return replace(cfg, device="cuda" if found else "cpu")

@@ -14,29 +14,48 @@ import torch
 from cluster.config import EngineConfig
 from models.cache import KVCache
 from workers.comm import DictRendezvous
-from workers.memory import GiB, device_memory, fit_kv_blocks, pool_blocks
+from workers.memory import GiB, Share, _cgroup_limit, device_memory, fit_kv_blocks, pool_blocks
 
 CPU = torch.device("cpu")
 
 
 def test_pool_blocks_split_a_device_and_take_the_smallest_rank():
-    """Ranks on one device split its budget; every rank takes the smallest rank's pool; the fixed extra slots come
-    off each rank's share first."""
+    """Ranks on one device split its budget, less what each draws from it besides its pool (a CPU rank's host tier);
+    every rank takes the smallest rank's pool; the fixed extra slots come off each rank's share first."""
     slot, bs = 1000, 16
     block = slot * bs
-    assert pool_blocks([(100 * block, "a")], slot, bs, 0, 0.9) == 100
-    assert pool_blocks([(100 * block + 5 * slot, "a")], slot, bs, 5, 0.9) == 100
-    assert pool_blocks([(100 * block + 5 * slot - 1, "a")], slot, bs, 5, 0.9) == 99
-    assert pool_blocks([(100 * block, "a"), (100 * block, "a")], slot, bs, 0, 0.9) == 50   # one device, two ranks
-    assert pool_blocks([(100 * block, "a"), (100 * block, "b")], slot, bs, 0, 0.9) == 100  # a device each
+
+    def pool(*shares, extra=0):
+        return pool_blocks([Share(*s) for s in shares], slot, bs, extra, 0.9)
+
+    assert pool((100 * block, "a")) == 100
+    assert pool((100 * block + 5 * slot, "a"), extra=5) == 100
+    assert pool((100 * block + 5 * slot - 1, "a"), extra=5) == 99
+    assert pool((100 * block, "a"), (100 * block, "a")) == 50                 # one device, two ranks
+    assert pool((100 * block, "a"), (100 * block, "b")) == 100                # a device each
     # the third rank's device holds the least: 90 blocks on "c"; "a" is shared by two: 120 / 2 = 60 each
-    assert pool_blocks([(120 * block, "a"), (120 * block, "a"), (90 * block, "c")], slot, bs, 0, 0.9) == 60
+    assert pool((120 * block, "a"), (120 * block, "a"), (90 * block, "c")) == 60
+    # two ranks on a host, each with a host tier of 10 blocks' bytes: (100 - 2 * 10) / 2 each
+    assert pool((100 * block, "h", 10 * block), (100 * block, "h", 10 * block)) == 40
 
 
 def test_no_room_for_a_block_names_the_field():
     with pytest.raises(ValueError, match=r"'gpu_memory_utilization' \(0.8\) leaves no room for the KV cache.*rank 1's"
                                          r" device has -0.50 GiB"):
-        pool_blocks([(GiB, "a"), (-GiB // 2, "b")], 1000, 16, 0, 0.8)
+        pool_blocks([Share(GiB, "a"), Share(-GiB // 2, "b")], 1000, 16, 0, 0.8)
+    # a small budget that holds a block but not the fixed slots as well: the message gives both, in MiB
+    with pytest.raises(ValueError, match=r"has 0.29 MiB for it \(shared by 1 rank\(s\)\), and a rank's cache needs "
+                                         r"0.38 MiB of fixed slots and 0.06 MiB a block of 16 tokens"):
+        pool_blocks([Share(300_000, "a")], 4000, 16, 100, 0.5)
+
+
+def test_cgroup_limit_bounds_the_host(tmp_path):
+    assert _cgroup_limit(str(tmp_path)) is None                             # no cgroup files: no limit
+    (tmp_path / "memory.max").write_text("max\n")
+    (tmp_path / "memory.current").write_text("123\n")
+    assert _cgroup_limit(str(tmp_path)) is None
+    (tmp_path / "memory.max").write_text(f"{8 * GiB}\n")
+    assert _cgroup_limit(str(tmp_path)) == (8 * GiB, 123)
 
 
 def test_device_memory_reads_the_host_or_the_override(monkeypatch):
@@ -45,14 +64,15 @@ def test_device_memory_reads_the_host_or_the_override(monkeypatch):
     assert 0 < free <= total                                      # /proc/meminfo: MemAvailable, MemTotal
     monkeypatch.setenv("GLMSERVE_DEVICE_MEMORY", "1.5,4")
     assert device_memory(CPU) == (3 * GiB // 2, 4 * GiB)
-    monkeypatch.setenv("GLMSERVE_DEVICE_MEMORY", "lots")
-    with pytest.raises(ValueError, match="GLMSERVE_DEVICE_MEMORY must be 'FREE,TOTAL' in GiB, got 'lots'"):
-        device_memory(CPU)
+    for bad in ("lots", "4.01,0.02", "-1,4", "0,0"):
+        monkeypatch.setenv("GLMSERVE_DEVICE_MEMORY", bad)
+        with pytest.raises(ValueError, match=f"GLMSERVE_DEVICE_MEMORY must be 'FREE,TOTAL' in GiB.*got '{bad}'"):
+            device_memory(CPU)
 
 
 def test_ranks_agree_through_the_rendezvous(monkeypatch, tiny_config):
-    """Three ranks on one host, each measuring 3 - (1 - 0.5) * 4 = 1 GiB free for the KV (less a host tier of its
-    own, which a CPU device draws from the same memory): each allocates a third of what the host can give, all alike."""
+    """Three ranks on one host, each measuring 3 - (1 - 0.5) * 4 = 1 GiB free for the KV, less a host tier each (which
+    a CPU device draws from the same memory): each allocates a third of what is left, all alike."""
     monkeypatch.setenv("GLMSERVE_DEVICE_MEMORY", "3,4")
     slot = KVCache.bytes_per_slot(tiny_config, torch.float32)
     host = 1 << 20
@@ -67,7 +87,7 @@ def test_ranks_agree_through_the_rendezvous(monkeypatch, tiny_config):
         t.start()
     for t in threads:
         t.join()
-    want = ((GiB - host) // 3 - 9 * slot) // (16 * slot)
+    want = ((GiB - 3 * host) // 3 - 9 * slot) // (16 * slot)
     assert out == {0: want, 1: want, 2: want} and want > 0
     # FP8 rows hold more tokens in the same memory
     assert fit_kv_blocks(tiny_config, 16, torch.float32, True, CPU, 0.5, 9) > 3 * want
@@ -86,7 +106,8 @@ def test_config_sizes_the_pool_at_start():
     with pytest.raises(ValueError, match=r"kv_cache_tokens in whole blocks: 64 tokens\): raise kv_cache_tokens"):
         EngineConfig(kv_cache_tokens=64, max_model_len=65)
     for bad in (1.0, -0.1, 1.5):
-        with pytest.raises(ValueError, match=f"field 'gpu_memory_utilization' has an invalid value {bad}"):
+        with pytest.raises(ValueError, match=rf"field 'gpu_memory_utilization' has an invalid value {bad}: it takes a "
+                                             r"fraction in \[0, 1\)"):
             EngineConfig(gpu_memory_utilization=bad)
     graphs = EngineConfig(gpu_memory_utilization=0.9, device="cuda")
     assert graphs.resolved_warmup_tokens(5000) == 5000            # the sized pool's context, given at start
