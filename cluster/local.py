@@ -45,7 +45,6 @@ def build_local_engine(cfg: EngineConfig, progress: bool = True) -> tuple[Engine
     import torch
 
     from glmkernels import ops
-    from models.cache import KVCache
     from models.loader import load_model
     from workers.memory import fit_kv_blocks
     from workers.runner import ModelRunner
@@ -57,9 +56,7 @@ def build_local_engine(cfg: EngineConfig, progress: bool = True) -> tuple[Engine
     tokenizer = load_tokenizer(cfg.model)
     num_blocks = cfg.num_blocks or fit_kv_blocks(
         model.config, cfg.block_size, cfg.resolved_dtype(), cfg.kv_cache_dtype == "fp8", torch.device(device),
-        cfg.gpu_memory_utilization, ModelRunner.extra_slots(),
-        KVCache.bytes_per_slot(model.config, cfg.resolved_dtype(), cfg.kv_cache_dtype == "fp8") * cfg.host_blocks
-        * cfg.block_size)
+        cfg.gpu_memory_utilization, ModelRunner.extra_slots(), cfg.host_blocks * cfg.block_size)
     cfg.check_pool(num_blocks)
     if progress:
         report_pool(cfg, model.config, num_blocks)

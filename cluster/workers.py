@@ -40,7 +40,8 @@ def worker_specs(cfg: EngineConfig, num_blocks: int) -> list[WorkerSpec]:
     return [WorkerSpec(model=cfg.model, rank=r, world_size=cfg.num_workers, moe=cfg.moe, comm=cfg.comm,
                        device=device, dtype=str(cfg.resolved_dtype()).removeprefix("torch."), kernels=cfg.kernels,
                        kernel_overrides=tuple(sorted(cfg.kernel_overrides().items())),
-                       num_blocks=num_blocks, memory_fraction=cfg.gpu_memory_utilization, block_size=cfg.block_size, host_blocks=cfg.host_blocks, max_rows=max_rows,
+                       num_blocks=num_blocks, memory_fraction=cfg.gpu_memory_utilization, block_size=cfg.block_size,
+                       host_blocks=cfg.host_blocks, max_rows=max_rows,
                        kv_fp8=cfg.kv_cache_dtype == "fp8",
                        timeout_s=min(cfg.step_timeout_s, 30.0), speculative=cfg.speculative_tokens > 0,
                        graphs=cfg.graphs_mode(), pieces=cfg.pieces(), lm_head_split=cfg.lm_head_split,
@@ -60,10 +61,11 @@ def _has_cuda() -> bool:
 
 
 def resolve_device(cfg: EngineConfig, timeout_s: float = 120.0, probe=_has_cuda) -> EngineConfig:
-    """``device: auto`` decided where a Ray group's workers run, not in the replica that builds the group: that one asks
-    Ray for no GPU, so it may sit on a node without any (a KubeRay head) or see none (``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO
-    =1``, Ray's old behaviour), and resolving ``auto`` there put a GPU cluster's workers on the CPU. On a cluster with
-    GPU resources a one-GPU task looks for CUDA instead (a CPU host's logical GPUs — tests, CPU runs — have none)."""
+    """``device: auto`` decided where a Ray group's workers run, not in the replica that builds the group: that one
+    asks Ray for no GPU, so it may sit on a node without any (a KubeRay head) or see none (Ray's old behaviour, back
+    with ``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1``), and resolving ``auto`` there put a GPU cluster's workers on the
+    CPU. On a cluster with GPU resources a one-GPU task looks for CUDA instead (a CPU host's logical GPUs — tests, CPU
+    runs — have none)."""
     import ray
 
     if cfg.device != "auto" or not ray.is_initialized():

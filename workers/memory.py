@@ -86,17 +86,18 @@ class Share(NamedTuple):
 
 
 def fit_kv_blocks(config: ModelConfig, block_size: int, dtype: torch.dtype, fp8: bool, device: torch.device,
-                  fraction: float, extra_slots: int, host_bytes: int = 0, rendezvous: Rendezvous | None = None,
+                  fraction: float, extra_slots: int, host_slots: int = 0, rendezvous: Rendezvous | None = None,
                   rank: int = 0, timeout_s: float = 60.0) -> int:
     """The KV blocks this worker (and, through ``rendezvous``, every rank of its group) allocates. ``extra_slots``:
-    the cache's slots past the pool (drafts' scratch, the pad slot); ``host_bytes``: the host tier's size, which a CPU
+    the cache's slots past the pool (drafts' scratch, the pad slot); ``host_slots``: the host tier's, which a CPU
     device draws from the same memory. Every rank measures before any allocates (each waits for all shares)."""
-    share = Share(kv_budget(device, fraction), device_key(device), host_bytes if device.type == "cpu" else 0)
+    slot = KVCache.bytes_per_slot(config, dtype, fp8)
+    share = Share(kv_budget(device, fraction), device_key(device), slot * host_slots if device.type == "cpu" else 0)
     shares = [share]
     if rendezvous is not None and rendezvous.world_size > 1:
         rendezvous.publish(f"kv-memory/{rank}", tuple(share))
         shares = [Share(*rendezvous.wait(f"kv-memory/{r}", timeout_s)) for r in range(rendezvous.world_size)]
-    return pool_blocks(shares, KVCache.bytes_per_slot(config, dtype, fp8), block_size, extra_slots, fraction)
+    return pool_blocks(shares, slot, block_size, extra_slots, fraction)
 
 
 def pool_blocks(shares: list[Share], slot_bytes: int, block_size: int, extra_slots: int, fraction: float) -> int:

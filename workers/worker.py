@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import torch
 
 from glmkernels import ops
-from models.cache import KVCache
 from scheduler.shapes import GRAPH_BUCKETS, StepShape, graph_rows
 from workers.comm import Comm, Rendezvous, make_comm, ordered_sum
 from workers.rowmap import Dp, RowMap, Span
@@ -265,10 +264,10 @@ class Worker:
         from workers.memory import fit_kv_blocks
 
         spec = self.spec
-        host = KVCache.bytes_per_slot(config, dtype, spec.kv_fp8) * spec.host_blocks * spec.block_size
         try:
             return fit_kv_blocks(config, spec.block_size, dtype, spec.kv_fp8, self.device, spec.memory_fraction,
-                                 ModelRunner.extra_slots(), host, rendezvous, spec.rank, spec.setup_timeout_s)
+                                 ModelRunner.extra_slots(), spec.host_blocks * spec.block_size, rendezvous, spec.rank,
+                                 spec.setup_timeout_s)
         except BaseException as e:
             rendezvous.fail(spec.rank, f"{type(e).__name__}: {e}")
             raise

@@ -10,8 +10,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SERVE_PORT = 18123
-# What the session's Ray workers take a host's memory to be (free, total GiB) where an engine sizes its KV pool to memory
-# (gpu_memory_utilization; workers/memory.py): 0.5 of it leaves 1.5 MiB for the KV. Other engines never read it.
+# What the session's Ray workers take a host's memory to be (free, total GiB) where an engine sizes its KV pool to
+# memory (gpu_memory_utilization; workers/memory.py): 0.5 of it leaves 1.5 MiB for the KV. Other engines never read it.
 RAY_DEVICE_MEMORY = (2.0015, 4.0)
 
 

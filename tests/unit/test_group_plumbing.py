@@ -159,7 +159,7 @@ def test_deploy_files_are_engine_configs_and_kuberay_inlines_the_gpu_one():
                                     if k not in ("num_replicas", "autoscaling_config")})
     assert kuberay["applications"] == gpu["applications"]
     cfg = EngineConfig.from_dict(gpu["applications"][0]["args"])
-    assert cfg.num_blocks == 0 and cfg.resolved_warmup_tokens(202752) == 202752   # the pool sized at start; all contexts
+    assert cfg.num_blocks == 0 and cfg.resolved_warmup_tokens(202752) == 202752   # pool sized at start; all contexts
 
 
 def test_systemd_unit_serves_the_gpu_files_engine_and_drains():
@@ -179,8 +179,8 @@ def test_systemd_unit_serves_the_gpu_files_engine_and_drains():
     a = parser().parse_args(argv[1:])
     gpu = yaml.safe_load((deploy / "glm5-8xh200.yaml").read_text())["applications"][0]["args"]
     cfg = _engine_config(a).to_dict()
-    same = ("model", "served_model_name", "device", "dtype", "num_workers", "comm", "gpu_memory_utilization", "max_num_seqs",
-            "max_num_batched_tokens", "max_waiting", "reasoning_parser", "tool_parser")
+    same = ("model", "served_model_name", "device", "dtype", "num_workers", "comm", "gpu_memory_utilization",
+            "max_num_seqs", "max_num_batched_tokens", "max_waiting", "reasoning_parser", "tool_parser")
     assert {k: cfg[k] for k in same} == {k: gpu[k] for k in same}
     assert unit["KillMode"] == "mixed" and int(unit["TimeoutStopSec"]) >= a.drain_timeout + 30
 

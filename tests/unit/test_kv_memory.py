@@ -75,7 +75,7 @@ def test_ranks_agree_through_the_rendezvous(monkeypatch, tiny_config):
     a CPU device draws from the same memory): each allocates a third of what is left, all alike."""
     monkeypatch.setenv("GLMSERVE_DEVICE_MEMORY", "3,4")
     slot = KVCache.bytes_per_slot(tiny_config, torch.float32)
-    host = 1 << 20
+    host = 64                                   # host-tier slots a rank
     board, out = {}, {}
 
     def rank(r):
@@ -87,7 +87,7 @@ def test_ranks_agree_through_the_rendezvous(monkeypatch, tiny_config):
         t.start()
     for t in threads:
         t.join()
-    want = ((GiB - 3 * host) // 3 - 9 * slot) // (16 * slot)
+    want = ((GiB - 3 * host * slot) // 3 - 9 * slot) // (16 * slot)
     assert out == {0: want, 1: want, 2: want} and want > 0
     # FP8 rows hold more tokens in the same memory
     assert fit_kv_blocks(tiny_config, 16, torch.float32, True, CPU, 0.5, 9) > 3 * want
