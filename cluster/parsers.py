@@ -58,6 +58,7 @@ class _Call:
     args: dict = field(default_factory=dict)
     string: IncrementalDetokenizer | None = None      # a string value's text, streamed as it comes
     raw: list[int] = field(default_factory=list)      # every id after <tool_call>: the text if it never gets a name
+    text: str = ""                     # its arguments as streamed: the whole response's (a repeated key twice too)
 
 
 class ToolCalls:
@@ -69,7 +70,7 @@ class ToolCalls:
     Streamed, a call's name and id go out at its first argument (or its end), then its arguments as JSON pieces — a
     string value as its text comes — that add up to the whole response's ``arguments``. A call the output's end cuts
     (``max_tokens``) ends there, its last value as far as it got (finish_reason ``length`` says so); cut before its
-    name was complete, it is content, as the model wrote it."""
+    name was complete, or ended with no name at all, it is content, as the model wrote it."""
 
     def __init__(self, ids: dict[str, int] | None, decode, strings: dict[str, set[str]] | None = None):
         self.ids, self.decode, self.strings = ids, decode, strings or {}   # ids None: no parsing, all is content
@@ -77,6 +78,7 @@ class ToolCalls:
         self.call: _Call | None = None
         self.calls: list[dict] = []
         self.held = ""                   # whitespace after a call: content only if more text follows
+        self.spilt = ""                  # a call that ended with no name: content before this event's text
 
     def feed(self, ev) -> tuple[str, list[dict]]:
         """(content text of this event, its ``tool_calls`` deltas)."""
@@ -103,14 +105,15 @@ class ToolCalls:
                 self.call = None
             else:
                 deltas += self._end()
+        text, self.spilt = self.spilt + text, ""
         if self.calls and self.call is None and text:    # the newline a model writes after its calls is no content
             text, self.held = (self.held + text, "") if (self.held + text).strip() else ("", self.held + text)
         return text, _merged(deltas)
 
     def _edge(self, marker: str) -> list[dict]:
         c, out = self.call, []
-        if c.part == "name":
-            out += self._named()
+        if c.part == "name" and not self._named(out):
+            return out
         if c.part == "value" and marker != "</arg_value>":     # a value left open ends at the next marker
             out += self._value()
         if marker == "<arg_key>":
@@ -147,25 +150,31 @@ class ToolCalls:
         c.part, c.key, c.string = "between", None, None
         return self._args(piece)
 
-    def _named(self) -> list[dict]:
+    def _named(self, out: list[dict]) -> bool:
+        """The name is read: its delta goes out — or, with no name, the call was none: its text is content."""
         c = self.call
         c.name, c.part = self.decode(c.ids).strip(), "between"
-        return [{"index": c.index, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}}]
+        if not c.name:
+            self.spilt += self._text([self.ids["<tool_call>"], *c.raw])
+            self.call = None
+            return False
+        out.append({"index": c.index, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}})
+        return True
 
     def _end(self) -> list[dict]:
         """The open call ends (its close, the next call's start, or the output's end)."""
         c, out = self.call, []
-        if c.part == "name":
-            out += self._named()
+        if c.part == "name" and not self._named(out):
+            return out
         if c.part == "value":
             out += self._value()
         out += self._args("}" if c.args else "{}")
-        self.calls.append({"id": c.id, "type": "function",
-                           "function": {"name": c.name, "arguments": json.dumps(c.args, ensure_ascii=False)}})
+        self.calls.append({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.text}})
         self.call = None
         return out
 
     def _args(self, piece: str) -> list[dict]:
+        self.call.text += piece
         return [{"index": self.call.index, "function": {"arguments": piece}}] if piece else []
 
     def _text(self, ids: list[int]) -> str:

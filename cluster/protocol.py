@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from cluster.guided import is_raw_string, schema_of
+from cluster.parsers import TOOL_MARKERS
 from scheduler.request import SamplingParams
 
 MAX_LOGIT_BIAS = 300     # tokens one request may bias (OpenAI's bound)
@@ -252,6 +254,9 @@ class ChatCompletionRequest(_Sampling):
                     not isinstance(fn.get("name"), str) or not fn["name"]:
                 raise ApiError(400, f"tools[{i}] must be a function tool: {{'type': 'function', 'function': "
                                "{'name': ..., 'parameters': {...}}}", f"tools[{i}]")
+            if any(m in fn["name"] for m in TOOL_MARKERS) or fn["name"] != fn["name"].strip():
+                raise ApiError(400, f"tools[{i}].function.name {fn['name']!r} holds a tool-call marker or surrounding "
+                               "whitespace, which a call could not name", f"tools[{i}].function.name")
             if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
                 raise ApiError(400, f"tools[{i}].function.strict must be a boolean", f"tools[{i}].function.strict")
             if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
@@ -352,6 +357,9 @@ class DetokenizeRequest(BaseModel):
         pass
 
 
+_UNION_BRANCH = re.compile(r"(str|int|float|bool|none|[a-z-]+\[.*\])")
+
+
 def validation_error(exc) -> ApiError:
     """A pydantic / FastAPI validation error → 400 naming the first offending field."""
     errors = exc.errors()
@@ -359,7 +367,8 @@ def validation_error(exc) -> ApiError:
         return ApiError(400, "invalid request body")
     e = errors[0]
     loc = [str(x) for x in e.get("loc", ()) if x not in ("body",)]
-    param = ".".join(loc) or None
+    branch = next((i for i, x in enumerate(loc) if _UNION_BRANCH.fullmatch(x)), len(loc))
+    param = ".".join(loc[:branch]) or None       # a union's branch ("str", "literal[...]") is no part of the name
     if e.get("type") == "json_invalid":
         return ApiError(400, f"malformed JSON body: {e.get('msg')}", None)
     msg = e.get("msg", "invalid value")

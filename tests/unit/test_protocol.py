@@ -11,7 +11,7 @@ pytest.importorskip("ray")
 
 from cluster.engine import TokenEvent  # noqa: E402
 from cluster.parsers import TOOL_MARKERS
-from cluster.protocol import ChatCompletionRequest, CompletionRequest, validation_error  # noqa: E402
+from cluster.protocol import ApiError, ChatCompletionRequest, CompletionRequest, validation_error  # noqa: E402
 from cluster.serve import _admission_error, _Formatter  # noqa: E402
 from scheduler.scheduler import AdmissionError  # noqa: E402
 from tests.conftest import streamed_calls
@@ -671,3 +671,38 @@ def test_continue_final_message_needs_a_final_assistant_message_and_no_generatio
     ChatCompletionRequest.model_validate({**req.model_dump(exclude_none=True), "add_generation_prompt": False,
                                           "messages": [{"role": "user", "content": "hi"},
                                                        {"role": "assistant", "content": "Once"}]}).check_supported()
+
+
+def test_a_call_with_no_name_is_content_and_a_repeated_key_streams_as_whole():
+    """A ``<tool_call>`` that ends before any name (here at the next ``<tool_call>``) was no call: its text is content,
+    whole and streamed, and no call named "" goes out. A key the model repeats: the streamed pieces are the whole
+    response's arguments, to the letter (the last value wins when parsed)."""
+    evs, ingress, tool_ids = _tool_events(args=(("city", "Paris"), ("city", "Rome")))
+    start = next(i for i, e in enumerate(evs) if e.token_ids == [tool_ids["<tool_call>"]])
+    evs.insert(start, TokenEvent("r", [tool_ids["<tool_call>"]], ""))
+    choice, chunks = _whole_and_stream(evs, ingress, tool_ids, {"get_weather": {"city"}})
+    assert choice["message"]["content"] == "Let me check.<tool_call>" and choice["finish_reason"] == "tool_calls"
+    assert "".join(c["delta"].get("content") or "" for c in chunks) == "Let me check.<tool_call>"
+    assert streamed_calls(chunks) == _whole_calls(choice) == [
+        {"name": "get_weather", "arguments": '{"city": "Paris", "city": "Rome"}'}]
+    assert json.loads(_whole_calls(choice)[0]["arguments"]) == {"city": "Rome"}
+
+
+@pytest.mark.parametrize("name", ["<tool_call>", "get<arg_key>x", " padded", "tab\t"])
+def test_a_tool_name_no_call_could_name_is_refused(name):
+    req = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                                "tools": [{"type": "function", "function": {"name": name}}]})
+    with pytest.raises(ApiError) as e:
+        req.check_supported()
+    assert e.value.status == 400 and e.value.param == "tools[0].function.name" and "tool-call marker" in e.value.message
+
+
+@pytest.mark.parametrize("body,param", [({"tool_choice": "always"}, "tool_choice"), ({"stop": 5}, "stop"),
+                                        ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content")])
+def test_a_union_fields_error_names_the_field_not_its_branch(body, param):
+    """Pydantic puts the union member it tried last in the location ("tool_choice.literal['none',…]", "stop.str")."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as e:
+        ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}], **body})
+    assert validation_error(e.value).param == param
