@@ -55,7 +55,6 @@ class _Call:
     ids: list[int] = field(default_factory=list)      # the name's, a key's or a JSON value's ids so far
     name: str | None = None            # set (and streamed) at its first argument or its end
     key: str | None = None
-    args: dict = field(default_factory=dict)
     string: IncrementalDetokenizer | None = None      # a string value's text, streamed as it comes
     raw: list[int] = field(default_factory=list)      # every id after <tool_call>: the text if it never gets a name
     text: str = ""                     # its arguments as streamed: the whole response's (a repeated key twice too)
@@ -123,9 +122,8 @@ class ToolCalls:
         elif marker == "<arg_value>" and c.key is not None:
             c.part, c.ids = "value", []
             c.string = IncrementalDetokenizer(self.decode) if c.key in self.strings.get(c.name, ()) else None
-            out += self._args(("{" if not c.args else ", ") + json.dumps(c.key, ensure_ascii=False) + ": "
+            out += self._args(("{" if not c.text else ", ") + json.dumps(c.key, ensure_ascii=False) + ": "
                               + ('"' if c.string else ""))
-            c.args[c.key] = None                          # its place in the order (a repeated key keeps the first)
         elif marker == "</arg_value>" and c.part == "value":
             out += self._value()
         return out
@@ -143,10 +141,8 @@ class ToolCalls:
         c = self.call
         if c.string is not None:
             piece = _escaped(c.string.flush()) + '"'
-            c.args[c.key] = c.string.text
         else:
-            c.args[c.key] = json_or_text(self.decode(c.ids))
-            piece = json.dumps(c.args[c.key], ensure_ascii=False)
+            piece = json.dumps(json_or_text(self.decode(c.ids)), ensure_ascii=False)
         c.part, c.key, c.string = "between", None, None
         return self._args(piece)
 
@@ -168,7 +164,7 @@ class ToolCalls:
             return out
         if c.part == "value":
             out += self._value()
-        out += self._args("}" if c.args else "{}")
+        out += self._args("}" if c.text else "{}")
         self.calls.append({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.text}})
         self.call = None
         return out
