@@ -304,7 +304,8 @@ class _Formatter:
                 thought = self.reasoning[i].takes(ev)
                 self.reasoning_tokens += len(ev.token_ids) if thought else 0
                 text, calls = ("", []) if thought else self.tools[i].feed(ev)
-                delta = {"reasoning_content": ev.text} if thought else {"content": text}
+                # a tool call's delta holds no content (OpenAI's: the client reads it as a call, not text)
+                delta = {"reasoning_content": ev.text} if thought else {"content": text} if text or not calls else {}
                 if calls:
                     delta["tool_calls"] = calls
                 if ev.finished and self.tools[i].calls and ev.finish_reason == "stop":
@@ -343,6 +344,7 @@ def _join_logprobs(parts: list, chat: bool) -> dict:
     return out
 
 
+_TURNS = ("<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")   # the role tokens that start a turn
 HEALTH_PROBE_S = 2.0    # /health before the model first answered: how long it asks the coordinator before a 503
 
 
@@ -361,6 +363,7 @@ class OpenAIIngress:
         self.tokenizer = load_tokenizer(self.cfg.model)
         specials = self.tokenizer.special_ids_by_token() if self.tokenizer else {}
         self.think_start, self.think_end = specials.get("<think>"), specials.get("</think>")
+        self.turn_ids = {specials[t] for t in _TURNS if t in specials}
         self.tool_ids = {n: specials[n] for n in TOOL_MARKERS} if all(n in specials for n in TOOL_MARKERS) else None
         self.model_config = ModelConfig.from_json(self.cfg.model)
         # No token holds more bytes than the vocabulary's longest and no character is less than a byte (byte-level
@@ -375,6 +378,16 @@ class OpenAIIngress:
         self.in_flight = 0              # streams open to the coordinator
         self.open_ids: set[str] = set()  # their request ids
         self.closing = False            # the drain's time ran out: the streams still open end with an error
+
+    def _thinking(self, ids: list[int]) -> bool:
+        """Whether the prompt leaves the model inside a thought: its last turn opens ``<think>`` and does not close it
+        (a generation prompt with thinking on, or a ``continue_final_message`` that ends mid-thought)."""
+        for t in reversed(ids):
+            if t == self.think_start:
+                return True
+            if t == self.think_end or t in self.turn_ids:
+                return False
+        return False
 
     def _set_limits(self, context: int) -> None:
         self.max_model_len, self.max_prompt_chars = context, context * self.longest_token
@@ -557,7 +570,7 @@ class OpenAIIngress:
             raise ApiError(400, f"prompt ({len(ids)} tokens) + {limit} ({max_tokens}) exceeds the context "
                            f"length {self.max_model_len}", limit if fits else "messages" if chat else "prompt",
                            code="context_length_exceeded")
-        thinking = chat and self.cfg.reasoning_parser == "glm" and bool(ids) and ids[-1] == self.think_start
+        thinking = chat and self.cfg.reasoning_parser == "glm" and self._thinking(ids)
         tool_ids = self.tool_ids if chat and body.parses_tool_calls and self.cfg.tool_parser == "glm" else None
         # the markers where the parsers below split the text into fields (SamplingParams.text_breaks)
         breaks = {self.think_end} if thinking and self.think_end is not None else set()

@@ -109,6 +109,7 @@ def test_glm_tool_calls_whole_and_stream():
     assert streamed_calls(chunks) == _whole_calls(choice) and chunks[-1]["finish_reason"] == "tool_calls"
     pieces = [d["function"]["arguments"] for c in chunks for d in c["delta"].get("tool_calls", [])]
     assert len(pieces) > 4 and '{"city": "' in pieces, pieces      # the header, then the value's text as it came
+    assert not any("content" in c["delta"] for c in chunks if "tool_calls" in c["delta"])   # a call's delta: no text
 
 
 def test_whitespace_after_the_calls_is_no_content():
@@ -643,8 +644,9 @@ def test_the_parsers_markers_reach_the_engine_as_text_breaks(reasoning, tools, b
 
     ingress = types.SimpleNamespace(
         max_model_len=64, think_start=sp["<think>"], think_end=sp["</think>"], tokenizer=tok, model_name="m",
-        tool_ids={n: sp[n] for n in TOOL_MARKERS}, _open=opened,
+        tool_ids={n: sp[n] for n in TOOL_MARKERS}, _open=opened, turn_ids=set(),
         cfg=EngineConfig(reasoning_parser="glm" if reasoning else "none", tool_parser="glm" if tools else "none"))
+    ingress._thinking = lambda ids: OpenAIIngress._thinking(ingress, ids)
     body = ChatCompletionRequest.model_validate({
         "model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "n": 2, "stop": "x",
         "tools": [{"type": "function", "function": {"name": "f"}}]})
@@ -706,3 +708,31 @@ def test_a_union_fields_error_names_the_field_not_its_branch(body, param):
     with pytest.raises(ValidationError) as e:
         ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}], **body})
     assert validation_error(e.value).param == param
+
+
+@pytest.mark.parametrize("turns,kwargs,thinking", [
+    ([{"role": "user", "content": "hi"}], {}, True),                                            # thinking on
+    ([{"role": "user", "content": "hi"}], {"enable_thinking": False}, False),                   # off: "</think>"
+    ([{"role": "user", "content": "<think>"}], {"enable_thinking": False}, False),              # a user's marker
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "<think>So far"}],    # continued mid-thought
+     {"add_generation_prompt": False}, True),
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once upon"}],        # continued answer
+     {"add_generation_prompt": False}, False),
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once upon",          # after a thought
+                                          "reasoning_content": "A story."}], {"add_generation_prompt": False}, False),
+])
+def test_the_reasoning_split_starts_in_a_thought_the_prompt_leaves_open(turns, kwargs, thinking):
+    """The chat's reasoning split starts inside a thought when the prompt's last turn opened ``<think>`` and did not
+    close it: a generation prompt with thinking on, or a ``continue_final_message`` that stops mid-thought."""
+    import types
+
+    from cluster.config import DEFAULT_MODEL
+    from cluster.serve import _TURNS, OpenAIIngress
+    from models.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(DEFAULT_MODEL)
+    sp = tok.special_ids_by_token()
+    ingress = types.SimpleNamespace(think_start=sp["<think>"], think_end=sp["</think>"],
+                                    turn_ids={sp[t] for t in _TURNS})
+    ids = tok.encode(tok.apply_chat_template(turns, **{"add_generation_prompt": True, **kwargs}))
+    assert OpenAIIngress._thinking(ingress, ids) is thinking
