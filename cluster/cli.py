@@ -50,6 +50,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host-kv-cache-tokens", type=int, default=0,
                    help="host-memory KV slots per worker that keep cached prefixes evicted from the device, copied "
                         "back when a prompt reuses them (default: 0, none)")
+    p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
+                   help="priority: requests go by their 'priority' field (lower first, then arrival; one that outranks "
+                        "running requests takes the worst one's place, which is recomputed later); default: fcfs")
     p.add_argument("--num-workers", type=int, default=1, choices=[1, 2, 4, 8])
     p.add_argument("--moe", default="tp", choices=["tp", "ep"])
     p.add_argument("--comm", default="torch", choices=["torch", "ipc"])
@@ -78,6 +81,7 @@ def _engine_config(a: argparse.Namespace):
                         max_num_batched_tokens=a.max_num_batched_tokens, max_waiting=a.max_waiting,
                         max_waiting_tokens=a.max_waiting_tokens,
                         prefix_caching=a.prefix_caching, host_kv_cache_tokens=a.host_kv_cache_tokens,
+                        scheduling_policy=a.scheduling_policy,
                         num_workers=a.num_workers, moe=a.moe, comm=a.comm, speculative_tokens=a.speculative_tokens,
                         load_format=a.load_format, step_channel=a.step_channel, warmup_tokens=a.warmup_tokens,
                         reasoning_parser=a.reasoning_parser, tool_parser=a.tool_parser)

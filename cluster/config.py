@@ -41,6 +41,8 @@ class EngineConfig:
                                         # tokens from position 0, on the same rank); false: every prompt is computed
     host_kv_cache_tokens: int = 0       # host-memory KV slots per worker that keep cached prefixes evicted from the
                                         # device (copied there as they are cached, back when a prompt reuses them)
+    scheduling_policy: str = "fcfs"     # fcfs: by arrival | priority: by the request's priority (lower first), then
+                                        # arrival; a request that outranks running ones takes the worst one's place
     num_workers: int = 1                # N worker ranks (1, 2, 4, 8)
     moe: str = "tp"                     # tp | ep
     comm: str = "torch"                 # torch | ipc
@@ -78,6 +80,7 @@ class EngineConfig:
             "max_num_batched_tokens": self.max_num_batched_tokens >= self.max_num_seqs,
             "max_waiting": self.max_waiting >= 0,
             "max_waiting_tokens": self.max_waiting_tokens >= 0,
+            "scheduling_policy": self.scheduling_policy in ("fcfs", "priority"),
             "host_kv_cache_tokens": self.host_kv_cache_tokens >= 0 and (self.prefix_caching or
                                                                         not self.host_kv_cache_tokens),
             "num_workers": self.num_workers in (1, 2, 4, 8),

@@ -32,7 +32,8 @@ def scheduler_config(cfg: EngineConfig, model_config, tokenizer, num_blocks: int
                            vocab_size=model_config.vocab_size, eos_token_ids=tuple(sorted(eos)),
                            max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
                            max_waiting=cfg.max_waiting, max_waiting_tokens=cfg.max_waiting_tokens,
-                           prefix_caching=cfg.prefix_caching, host_blocks=cfg.host_blocks)
+                           prefix_caching=cfg.prefix_caching, host_blocks=cfg.host_blocks,
+                           policy=cfg.scheduling_policy)
 
 
 def guides(tokenizer, model_config, sched: SchedulerConfig) -> Guides | None:

@@ -73,6 +73,8 @@ class _Sampling(OpenAIBody):
     # {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": {...}}}: the output
     # is held to the schema token by token (cluster/guided.py)
     response_format: dict[str, Any] | None = None
+    # vLLM's: with scheduling_policy priority, lower goes first (then by arrival); else it must be 0
+    priority: int = Field(default=0, ge=-2**31, le=2**31 - 1)
 
     @field_validator("stop")
     @classmethod
@@ -93,7 +95,8 @@ class _Sampling(OpenAIBody):
                               presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                               repetition_penalty=self.repetition_penalty, stop=stop, ignore_eos=self.ignore_eos,
                               logprobs=logprobs, text_breaks=text_breaks, logit_bias=self.bias_pairs(),
-                              json_schema=schema_of(self.response_format), **(tool_guidance or {}))
+                              json_schema=schema_of(self.response_format), priority=self.priority,
+                              **(tool_guidance or {}))
 
     def bias_pairs(self) -> tuple[tuple[int, float], ...]:
         """``logit_bias`` as (id, bias) pairs; a key that is no token id, or a bias out of [-100, 100], is a 400."""

@@ -543,6 +543,9 @@ class OpenAIIngress:
             raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {self.model_name!r}",
                            "model", code="model_not_found")
         body.check_supported()
+        if getattr(body, "priority", 0) and self.cfg.scheduling_policy != "priority":
+            raise ApiError(400, f"priority {body.priority} needs the server's priority scheduling (--scheduling-policy "
+                           "priority); under fcfs every request's priority is 0", "priority")
         await self._limits()
         return body
 

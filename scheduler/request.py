@@ -79,6 +79,8 @@ class SamplingParams:
     # tokens the output passes, in order, before json_schema / tool_grammar applies (after the reasoning): tool_choice
     # auto's <tool_call>, where the model opens a call of its own accord
     guide_after: tuple[int, ...] = ()
+    # the scheduling policy ``priority``'s order: lower first, then by arrival (vLLM's); under fcfs it must be 0
+    priority: int = 0
 
     def __post_init__(self) -> None:
         # Lists arrive from JSON bodies; store tuples so the params stay hashable and immutable.
@@ -102,6 +104,7 @@ class SamplingParams:
         _check_range("min_p", self.min_p, 0.0, 1.0)
         if self.seed is not None:
             _check_int("seed", self.seed)
+        _check_int("priority", self.priority)
         if self.repetition_penalty <= 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         _check_range("presence_penalty", self.presence_penalty, -2.0, 2.0)
@@ -171,7 +174,7 @@ class Request:
     req_id: str
     prompt_ids: list[int]
     params: SamplingParams
-    arrival: int  # monotonic counter: FCFS order and preemption victim order
+    arrival: int  # monotonic counter: FCFS order and preemption victim order (after priority: ``rank``)
     output_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
@@ -199,6 +202,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def rank(self) -> tuple[int, int]:
+        """The scheduler's order: by priority (lower first; all 0 under FCFS), then by arrival."""
+        return self.params.priority, self.arrival
 
     @property
     def is_finished(self) -> bool:

@@ -1,15 +1,18 @@
-"""The step scheduler: admission, FCFS chunked prefill, decode, preemption by recompute.
+"""The step scheduler: admission, FCFS (or priority) chunked prefill, decode, preemption by recompute.
 
 Pure Python over plain data. One step is `plan = schedule()`, the workers run the plan, then
 `update(plan, sampled)` appends tokens, finishes requests and frees their blocks.
 
-Invariant kept throughout: every running request arrived before every waiting one (admission is
-FCFS without overtaking, and preemption victims are the youngest running requests), so
-"the waiting queue sorted by arrival" is also "the prefill order".
+Requests are ordered by rank, ``(priority, arrival)`` (`Request.rank`; under FCFS every priority is 0, so arrival):
+the waiting queue and the running list are kept sorted by it, prompt chunks go in its order without overtaking, and
+preemption victims are the worst-ranked running requests. Under FCFS every running request ranks before every waiting
+one (a new arrival ranks last, a victim before the queue); under the priority policy a request can arrive that outranks
+running ones, and takes the place of the worst of them when it could not start beside them (`_make_room`).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, replace
 
@@ -32,6 +35,7 @@ class SchedulerConfig:
     max_waiting_tokens: int = 0  # the engine's bound on queued prompt tokens still to compute (0: none)
     prefix_caching: bool = False  # a prompt's leading full blocks reuse the KV of any earlier request with those tokens
     host_blocks: int = 0  # with prefix caching: host-memory blocks that keep cached prefixes evicted from the device
+    policy: str = "fcfs"  # fcfs: by arrival | priority: by SamplingParams.priority (lower first), then arrival
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "eos_token_ids", tuple(self.eos_token_ids))
@@ -52,6 +56,8 @@ class SchedulerConfig:
         for tok in self.eos_token_ids:
             if not 0 <= tok < self.vocab_size:
                 raise ValueError(f"eos_token_ids must be in [0, vocab_size={self.vocab_size}), got {tok}")
+        if self.policy not in ("fcfs", "priority"):
+            raise ValueError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
 
 
 class AdmissionError(ValueError):
@@ -114,7 +120,7 @@ class RequestEvent:
 
 
 class Scheduler:
-    """FCFS scheduler with chunked prefill and preemption by recompute over one `BlockPool`.
+    """FCFS (or priority) scheduler with chunked prefill and preemption by recompute over one `BlockPool`.
 
     ``slack``: KV positions a decoding request holds beyond its step where free blocks allow (never by preemption,
     and not while a prompt waits): the engine's look-ahead launches the next decode step before this one's plan,
@@ -124,8 +130,8 @@ class Scheduler:
         self.config = config
         self.slack = slack
         self.pool = BlockPool(config.num_blocks, config.block_size, config.host_blocks if config.prefix_caching else 0)
-        self._waiting: deque[Request] = deque()  # sorted by arrival
-        self._running: list[Request] = []  # sorted by arrival; PREFILLING or DECODING, hold blocks
+        self._waiting: deque[Request] = deque()  # sorted by rank
+        self._running: list[Request] = []  # sorted by rank; PREFILLING or DECODING, hold blocks
         self._live: dict[str, Request] = {}  # waiting + running
         self._next_arrival = 0
         self._next_step = 0
@@ -191,11 +197,11 @@ class Scheduler:
         return self._enqueue(Request(req_id, list(prompt_ids), params, arrival=-1))
 
     def _enqueue(self, req: Request) -> Request:
-        """``req`` waits here, the youngest (its arrival numbered in this scheduler's order)."""
+        """``req`` waits here, the youngest of its priority (its arrival numbered in this scheduler's order)."""
         req.arrival = self._next_arrival
         self._next_arrival += 1
         req.hit_blocks = self.cached_blocks(req.all_ids)
-        self._waiting.append(req)
+        _insort(self._waiting, req)
         self._live[req.req_id] = req
         return req
 
@@ -203,6 +209,9 @@ class Scheduler:
         cfg = self.config
         if req_id in self._live:
             raise AdmissionError("duplicate", "req_id", f"req_id {req_id!r} is already in flight")
+        if params.priority and cfg.policy != "priority":
+            raise AdmissionError("priority", "priority", f"priority {params.priority} needs the priority scheduling "
+                                 "policy (scheduling_policy: priority); under fcfs every request's priority is 0")
         if len(self._waiting) >= cfg.max_waiting:
             raise AdmissionError(
                 "queue_full", "queue", f"waiting queue is full ({cfg.max_waiting} requests); retry later"
@@ -254,7 +263,7 @@ class Scheduler:
         return head if need > self.pool.num_free else None
 
     def release_waiting(self) -> Request | None:
-        """Hand over the oldest waiting request (it holds no KV: never started, or preempted) for another rank to
+        """Hand over the first waiting request (it holds no KV: never started, or preempted) for another rank to
         ``adopt``; None if none waits."""
         req = self._waiting.popleft() if self._waiting else None
         if req is not None:
@@ -262,22 +271,25 @@ class Scheduler:
         return req
 
     def adopt(self, req: Request) -> None:
-        """Take a request another rank released: it waits here, the youngest (its arrival renumbered)."""
+        """Take a request another rank released: it waits here, the youngest of its priority (arrival renumbered)."""
         assert req.req_id not in self._live and req.status is RequestStatus.WAITING and not req.block_ids
         self._enqueue(req)
 
     # ---- planning ------------------------------------------------------------------------
 
     def schedule(self, max_drafts: int = 0) -> StepPlan:
-        """Plan one step: decodes first, then FCFS prefill chunks under the token budget.
+        """Plan one step: the running requests in rank order (FCFS: the decodes, then the one partial prefill), then
+        the waiting ones in rank order, under the token budget.
 
         A decoding request with proposed drafts feeds up to ``max_drafts`` of them after its last token
         (the caller passes 0 while drafts cannot ride for free, e.g. more than one request is active)."""
         budget = self.config.max_num_batched_tokens
         preempted: list[str] = []
-        seqs = self._schedule_decodes(budget, preempted, max_drafts)
+        self._make_room(preempted)
+        seqs, stopped = self._schedule_running(budget, preempted, max_drafts)
         budget -= sum(len(s.token_ids) for s in seqs)
-        seqs += self._schedule_prefills(budget)
+        if not stopped:
+            seqs += self._schedule_waiting(budget)
         if self.slack and not self._waiting:
             seqs = [self._with_slack(s) for s in seqs]
         copies = self.pool.drain() if seqs else ((), ())      # an empty plan may not run: they wait for one that does
@@ -286,27 +298,72 @@ class Scheduler:
         self._next_step += 1
         return plan
 
-    def _schedule_decodes(self, budget: int, preempted: list[str], max_drafts: int) -> list[ScheduledSeq]:
+    def _make_room(self, preempted: list[str]) -> None:
+        """Priority: while the first waiting request outranks the worst running one and could not start beside it,
+        that one is preempted (as a decode's growth preempts: it waits again, its tokens recomputed when it resumes)."""
+        while self._waiting and self._running and self._waiting[0].rank < self._running[-1].rank \
+                and not self._could_start(self._waiting[0]):
+            victim = self._running[-1]
+            self._preempt(victim)
+            preempted.append(victim.req_id)
+
+    def _could_start(self, req: Request) -> bool:
+        """Whether waiting ``req`` has a running slot, and free blocks for the first chunk of its prompt the budget
+        leaves beside the running decodes (found cached or not) and for those decodes' next blocks."""
+        if len(self._running) >= self.config.max_num_seqs:
+            return False
+        decoding = [r for r in self._running if r.status is RequestStatus.DECODING]
+        hits = self.pool.match(req.all_ids) if self.config.prefix_caching else []
+        start = len(hits) * self.pool.block_size
+        chunk = min(req.num_tokens - start, max(1, self.config.max_num_batched_tokens - len(decoding)))
+        need = self.pool.blocks_needed(start + chunk) - len(hits) + self.pool.cost(hits)
+        grow = sum(self._blocks_to_add(r, r.num_tokens - r.num_computed_tokens) for r in decoding)
+        return self.pool.can_allocate(need + grow)
+
+    def _schedule_running(self, budget: int, preempted: list[str], max_drafts: int) -> tuple[list[ScheduledSeq], bool]:
+        """Each running request in rank order: a decoding one's next token (and drafts) until one finds no budget, a
+        prefilling one's next prompt chunk. A prompt chunk that cannot go stops everything behind it, the waiting
+        requests too (the bool). Under FCFS the one partial prefill is the youngest (a prompt starts only once the one
+        before it is whole): the decodes go first."""
         seqs: list[ScheduledSeq] = []
+        decoding = True                 # decodes may still go
         i = 0
         while i < len(self._running):
             req = self._running[i]
-            if req.status is not RequestStatus.DECODING:
+            if req.status is RequestStatus.PREFILLING:
+                seq = self._prefill_or_preempt(req, budget, preempted)
+                if seq is None:
+                    return seqs, True
+            elif not decoding:
                 i += 1
                 continue
-            # Normally 1 token; more if the caller accepted several tokens without feeding them.
-            num_new = req.num_tokens - req.num_computed_tokens
-            drafts = self._usable_drafts(req, num_new, budget, max_drafts)
-            if num_new + len(drafts) > budget:
-                break
-            if not self._reserve_or_preempt(req, num_new + len(drafts), preempted):
-                break  # req itself was the youngest and got preempted
-            if req.status is not RequestStatus.DECODING:
-                continue  # preempted while reserving for a younger one
-            seqs.append(self._make_seq(req, num_new, drafts))
-            budget -= num_new + len(drafts)
+            else:
+                # Normally 1 token; more if the caller accepted several tokens without feeding them.
+                num_new = req.num_tokens - req.num_computed_tokens
+                drafts = self._usable_drafts(req, num_new, budget, max_drafts)
+                if num_new + len(drafts) > budget:
+                    decoding = False
+                    continue
+                if not self._reserve_or_preempt(req, num_new + len(drafts), preempted):
+                    break  # req itself was the worst-ranked and got preempted
+                if req.status is not RequestStatus.DECODING:
+                    continue  # preempted while reserving for a younger one
+                seq = self._make_seq(req, num_new, drafts)
+            seqs.append(seq)
+            budget -= len(seq.token_ids)
             i += 1
-        return seqs
+        return seqs, False
+
+    def _prefill_or_preempt(self, req: Request, budget: int, preempted: list[str]) -> ScheduledSeq | None:
+        """A prefilling request's next chunk; short of blocks, the running requests ranked after it give theirs up,
+        worst first (never itself: it waits with what it has computed)."""
+        seq = self._try_prefill(req, budget)
+        while seq is None and budget > 0 and self._running[-1] is not req:
+            victim = self._running[-1]
+            self._preempt(victim)
+            preempted.append(victim.req_id)
+            seq = self._try_prefill(req, budget)
+        return seq
 
     def _usable_drafts(self, req: Request, num_new: int, budget: int, max_drafts: int) -> list[int]:
         """Drafts that may ride this step: within the budget, max_tokens and the context length."""
@@ -318,7 +375,7 @@ class Scheduler:
         """Grow req's block table for num_new tokens, preempting the youngest running requests."""
         need = self._blocks_to_add(req, num_new)
         while not self.pool.can_allocate(need):
-            victim = self._running[-1]  # youngest; never one already scheduled (those are older)
+            victim = self._running[-1]  # the worst-ranked; never one already scheduled (those rank before it)
             self._preempt(victim)
             preempted.append(victim.req_id)
             if victim is req:
@@ -336,20 +393,11 @@ class Scheduler:
         req.num_computed_tokens = 0
         req.status = RequestStatus.WAITING
         req.num_preemptions += 1
-        # The youngest running request is older than every waiting one: the front keeps the order.
-        assert not self._waiting or req.arrival < self._waiting[0].arrival
-        self._waiting.appendleft(req)
+        _insort(self._waiting, req)     # FCFS: the front (a running request arrived before every waiting one)
 
-    def _schedule_prefills(self, budget: int) -> list[ScheduledSeq]:
+    def _schedule_waiting(self, budget: int) -> list[ScheduledSeq]:
+        """Waiting requests start in rank order while slots, blocks and budget allow, with no overtaking."""
         seqs: list[ScheduledSeq] = []
-        for req in self._running:  # partial prefills: older than anything waiting
-            if req.status is not RequestStatus.PREFILLING:
-                continue
-            seq = self._try_prefill(req, budget)
-            if seq is None:
-                return seqs  # no overtaking: the head blocks those behind it
-            seqs.append(seq)
-            budget -= len(seq.token_ids)
         while self._waiting and len(self._running) < self.config.max_num_seqs:
             req = self._waiting[0]
             if self._waits_for_a_prefill(req):
@@ -359,7 +407,7 @@ class Scheduler:
                 break
             self._waiting.popleft()
             req.status = RequestStatus.PREFILLING
-            self._running.append(req)
+            _insort(self._running, req)
             seqs.append(seq)
             budget -= len(seq.token_ids)
         return seqs
@@ -553,6 +601,15 @@ class Scheduler:
         req.finish_reason = reason
         req.error = error
         del self._live[req.req_id]
+
+
+def _rank(req: Request) -> tuple[int, int]:
+    return req.rank
+
+
+def _insort(queue, req: Request) -> None:
+    """Put ``req`` into ``queue`` (sorted by rank) after the requests that rank before it or alike."""
+    queue.insert(bisect_right(queue, req.rank, key=_rank), req)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -126,6 +126,39 @@ def test_preempted_request_moves_rank_and_samples_as_alone(model):
     assert engine.stats["preemptions"] >= 1 and engine.stats["moves"] >= 1
 
 
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_priority_request_takes_a_running_ones_place_and_every_output_equals_alone(model, ranks):
+    """The priority policy: a request of priority 0 arrives while requests of priority 1 fill every slot; the latest
+    of them gives its place up at once (preempted), the new one finishes first, and the one preempted resumes — its
+    tokens recomputed, its seeded draws and penalties as they were — so every request's tokens equal its tokens
+    alone."""
+    g = torch.Generator().manual_seed(5)
+    prompt = lambda n: torch.randint(2, 1024, (n,), generator=g).tolist()
+    low = {f"low{i}": (prompt(12 + 9 * i), SamplingParams(max_tokens=24, temperature=0.8, seed=i, priority=1,
+                                                          repetition_penalty=1.2, ignore_eos=True))
+           for i in range(2 * ranks)}
+    vip = {"vip": (prompt(7), SamplingParams(max_tokens=4, temperature=0.0, priority=0, ignore_eos=True))}
+    alone = {rid: run(make_engine(model), {rid: (ids, replace(p, priority=0))})[rid]
+             for rid, (ids, p) in {**low, **vip}.items()}
+    cfg = SchedulerConfig(num_blocks=64, block_size=BLOCK, max_model_len=256, vocab_size=1024, eos_token_ids=(1,),
+                          max_num_seqs=2 * ranks, max_num_batched_tokens=64, policy="priority")
+    executor = _TwoReplicas(model, 64) if ranks == 2 else LocalExecutor(ModelRunner(model, 64, BLOCK, torch.float32))
+    engine = Engine(executor, cfg, num_ranks=ranks, span=False)
+    out, finished = {rid: [] for rid in alone}, []
+    for rid, (ids, params) in low.items():
+        engine.add_request(ids, params, rid)
+    for step in range(10_000):
+        if step == 3:
+            engine.add_request(*vip["vip"], "vip")
+        for ev in engine.step():
+            out[ev.req_id] += ev.token_ids
+            finished += [ev.req_id] if ev.finished else []
+        if len(finished) == len(alone):
+            break
+    assert out == alone and finished[0] == "vip" and engine.stats["preemptions"] >= 1, (finished, engine.stats)
+    assert all(s.pool.num_free == s.pool.num_blocks for s in engine.schedulers)
+
+
 def test_abort_frees_everything(model):
     engine = make_engine(model, num_blocks=64)
     for rid, (ids, _) in mixed_requests(6).items():

@@ -247,6 +247,7 @@ def test_32_concurrent_streams_equal_alone(client, base_url):
     ({"prompt": [], "max_tokens": 3}, "prompt", None),
     ({"prompt": [999999], "max_tokens": 3}, "prompt", None),
     ({"prompt": "hi " * 3000, "max_tokens": 3}, "prompt", "context_length_exceeded"),   # the prompt alone is too long
+    ({"prompt": "hi", "priority": 1}, "priority", None),            # this server schedules FCFS: every priority is 0
 ])
 def test_bad_completion_input_is_400(base_url, client, body, param, code):
     status, err = post(base_url, "/v1/completions", {"model": MODEL, **body})

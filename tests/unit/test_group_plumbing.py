@@ -137,10 +137,10 @@ def test_serve_flags_reach_the_engine_config():
     cfg = _engine_config(p.parse_args(["--tool-parser", "glm", "--reasoning-parser", "glm", "--served-model-name",
                                        "tiny-x", "--max-model-len", "512", "--max-waiting", "8",
                                        "--max-waiting-tokens", "65536", "--host-kv-cache-tokens", "8192",
-                                       "--kv-cache-dtype", "fp8"]))
+                                       "--kv-cache-dtype", "fp8", "--scheduling-policy", "priority"]))
     assert (cfg.tool_parser, cfg.reasoning_parser, cfg.served_model_name, cfg.max_model_len, cfg.max_waiting,
-            cfg.max_waiting_tokens, cfg.host_kv_cache_tokens, cfg.kv_cache_dtype) == (
-        "glm", "glm", "tiny-x", 512, 8, 65536, 8192, "fp8")
+            cfg.max_waiting_tokens, cfg.host_kv_cache_tokens, cfg.kv_cache_dtype, cfg.scheduling_policy) == (
+        "glm", "glm", "tiny-x", 512, 8, 65536, 8192, "fp8", "priority")
     assert _engine_config(p.parse_args([])) == EngineConfig()     # every flag's default is the config's
 
 

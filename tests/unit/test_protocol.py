@@ -736,3 +736,17 @@ def test_the_reasoning_split_starts_in_a_thought_the_prompt_leaves_open(turns, k
                                     turn_ids={sp[t] for t in _TURNS})
     ids = tok.encode(tok.apply_chat_template(turns, **{"add_generation_prompt": True, **kwargs}))
     assert OpenAIIngress._thinking(ingress, ids) is thinking
+
+
+def test_priority_reaches_the_engine_and_the_responses_api_passes_it():
+    from cluster.responses import ResponsesRequest
+
+    chat = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                                 "priority": -3})
+    assert chat.sampling_params(4, None).priority == -3
+    assert CompletionRequest.model_validate({"model": "m", "prompt": "p"}).sampling_params(4, None).priority == 0
+    assert ResponsesRequest.model_validate({"model": "m", "input": "hi", "priority": 7}).to_chat().priority == 7
+    for bad in (1.5, "1", 2**40):
+        with pytest.raises(Exception) as e:
+            CompletionRequest.model_validate({"model": "m", "prompt": "p", "priority": bad})
+        assert validation_error(e.value).param == "priority"
