@@ -172,7 +172,8 @@ def is_raw_string(schema) -> bool:
     if isinstance(values, list) and values:
         return any(isinstance(v, str) for v in values) and all(isinstance(v, str) or v is None for v in values)
     t = schema.get("type")
-    return t == "string" or (isinstance(t, list) and bool(t) and set(t) - {"null"} == {"string"})
+    return t == "string" or (isinstance(t, list) and bool(t) and all(isinstance(x, str) for x in t)
+                             and set(t) - {"null"} == {"string"})
 
 
 def _value(schema, params: dict) -> str:
@@ -188,17 +189,27 @@ def _value(schema, params: dict) -> str:
         if "pattern" in schema:
             if "minLength" in schema or "maxLength" in schema:
                 raise ValueError("pattern with minLength / maxLength on a string argument is not supported")
-            body = str(schema["pattern"]).removeprefix("^").removesuffix("$").replace("/", "\\/")
+            body = _lark_regex(str(schema["pattern"]))
             _built(lambda: _xgrammar().Grammar.from_lark(f"start: /{body}/"), "pattern: ")
             return f"/{body}/"
         lo, hi = schema.get("minLength", 0), schema.get("maxLength")
-        if not isinstance(lo, int) or (hi is not None and not isinstance(hi, int)) or lo < 0 or \
-                (hi is not None and hi < lo):
-            raise ValueError(f"minLength / maxLength must be integers, minLength <= maxLength: {lo}, {hi}")
+        if any(isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**31 for v in (lo, hi) if v is not None) \
+                or (hi is not None and hi < lo):
+            raise ValueError(f"minLength / maxLength must be integers in [0, 2**31), minLength <= maxLength: {lo!r}, "
+                             f"{hi!r}")
         return "RAW" if lo == 0 and hi is None else f"/[^\\x00-\\x06]{{{lo},{'' if hi is None else hi}}}/"
     sub = json.dumps({**schema, **{k: params[k] for k in ("$defs", "definitions") if k in params}})
     check_schema(sub)
     return f"%json {sub}"
+
+
+def _lark_regex(pattern: str) -> str:
+    """A JSON schema ``pattern`` (a whole-string match: its anchors dropped, an escaped ``\\$`` kept) as the body of
+    a Lark ``/.../`` regex (its unescaped slashes escaped)."""
+    body = pattern.removeprefix("^")
+    if body.endswith("$") and (len(body) - len(body[:-1].rstrip("\\")) - 1) % 2 == 0:
+        body = body[:-1]
+    return re.sub(r"(?<!\\)((?:\\\\)*)/", r"\1\\/", body)
 
 
 @functools.lru_cache(maxsize=256)                 # an agent sends the same tools request after request

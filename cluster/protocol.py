@@ -322,7 +322,7 @@ class ChatCompletionRequest(_Sampling):
         return out
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(OpenAIBody):
     """``POST /tokenize`` (vLLM's): a completion's ``prompt`` or a chat's ``messages`` (with its ``tools`` and template
     arguments) as the ids the server would feed the model."""
 
@@ -349,7 +349,7 @@ class TokenizeRequest(BaseModel):
         return chat
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(OpenAIBody):
     """``POST /detokenize`` (vLLM's): token ids back to text (special tokens kept)."""
 
     model_config = ConfigDict(extra="ignore", strict=True)

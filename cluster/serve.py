@@ -13,6 +13,7 @@ error naming them). Coordinator replicas (each with its own N workers) scale wit
 import asyncio
 import functools
 import json
+import re
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -82,6 +83,29 @@ async def _encode(tokenizer, text: str, max_chars: int, param: str) -> list[int]
     return await _beside_loop(len(text), _unicode_encode, tokenizer, text, param)
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")     # JSON's escape of a UTF-16 surrogate: \ud800 ... \udfff
+
+
+def _lone_surrogate(raw) -> str | None:
+    """The path (``messages.0.name``) of the first key or string in a parsed body that holds a lone surrogate (which
+    no UTF-8 text holds: echoed back, it fails the response's encoding), or None."""
+    todo = [("", raw)]
+    while todo:
+        path, v = todo.pop()
+        items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
+        for k, x in items:
+            key = str(k).encode(errors="backslashreplace").decode()       # a key's own surrogate, escaped
+            where = f"{path}.{key}" if path else key
+            for s in (k, x):
+                if isinstance(s, str):
+                    try:
+                        s.encode()
+                    except UnicodeEncodeError:
+                        return where
+            todo.append((where, x))
+    return None
+
+
 def _unicode_encode(tokenizer, text: str, param: str) -> list[int]:
     """``tokenizer.encode(text)`` for a text that is Unicode: JSON's ``"\\ud800"`` escape decodes to a lone surrogate,
     which no UTF-8 tokenizer takes (a TypeError there)."""
@@ -116,7 +140,7 @@ def _tool_guidance(body, tool_ids: dict[str, int] | None, tokenizer) -> dict:
         source = tool_grammar(body.tools, tool_ids, name, parallel=body.parallel_tool_calls and name is None,
                               opened=not forced)
         check_tool_grammar(source)
-    except ValueError as e:
+    except (ValueError, TypeError) as e:         # TypeError: a schema value of a type it may not take
         raise ApiError(400, f"tools: {e}", "tools") from None
     return {"tool_grammar": source, "guide_after": () if forced else (tool_ids["<tool_call>"],)}
 
@@ -290,13 +314,13 @@ class _Formatter:
         return body
 
     async def chunks(self, merged) -> AsyncIterator[dict]:
-        """The stream's chunks: each event's choice delta (an error's body ends them), then one with no choices and
-        the usage."""
+        """The stream's chunks: each event's choice delta, then one with no choices and the usage — or, at an error,
+        its body, last."""
         completion, started = 0, set()
         async for i, ev in merged:
             if ev.error:
                 yield self._api_error(ev).body()
-                break
+                return                  # the error ends the stream: no usage after it
             completion += len(ev.token_ids)
             self.fingerprint = ev.served_by
             self._count_cached(i, ev)
@@ -459,6 +483,8 @@ class OpenAIIngress:
         else:
             ids = list(body.prompt)
             # ids echo as their text; a checkpoint without a tokenizer returns no text at all
+            if body.echo and self.tokenizer:
+                self._check_ids(ids, "prompt")
             text = self.tokenizer.decode(ids) if body.echo and self.tokenizer else ""
         return await self._respond(request, body, ids, body.logprobs, chat=False, echo=text if body.echo else "")
 
@@ -507,10 +533,13 @@ class OpenAIIngress:
     @app.post("/detokenize")
     async def detokenize(self, request: Request) -> dict:
         body = await self._parse(request, DetokenizeRequest)
-        bad = next((t for t in body.tokens if not 0 <= t < self.model_config.vocab_size), None)
-        if bad is not None:
-            raise ApiError(400, f"token id {bad} is outside [0, vocab_size={self.model_config.vocab_size})", "tokens")
+        self._check_ids(body.tokens, "tokens")
         return {"prompt": self._tokenizer().decode(body.tokens, skip_special_tokens=False)}
+
+    def _check_ids(self, ids: list[int], param: str) -> None:
+        bad = next((t for t in ids if not 0 <= t < self.model_config.vocab_size), None)
+        if bad is not None:
+            raise ApiError(400, f"token id {bad} is outside [0, vocab_size={self.model_config.vocab_size})", param)
 
     async def _chat_ids(self, body: ChatCompletionRequest) -> list[int]:
         """The chat's prompt ids: its messages (and tools, template arguments) through the chat template."""
@@ -527,14 +556,17 @@ class OpenAIIngress:
     async def _parse(self, request: Request, model):
         if self.draining:
             raise ApiError(503, "the server is shutting down", None, "server_error", {"Retry-After": "1"})
+        data = await request.body()
         try:
-            raw = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raw = json.loads(data)
+        except ValueError as e:         # JSONDecodeError, UnicodeDecodeError, an integer past Python's 4300 digits
             raise ApiError(400, f"malformed JSON body: {e}") from None
         except RecursionError:          # arrays / objects nested past the parser's depth (~1000)
             raise ApiError(400, "malformed JSON body: nested too deeply") from None
         if not isinstance(raw, dict):
             raise ApiError(400, "the request body must be a JSON object")
+        if _SURROGATE_ESCAPE.search(data) and (where := _lone_surrogate(raw)) is not None:
+            raise ApiError(400, f"{where} holds a lone UTF-16 surrogate, which is not valid Unicode", where)
         try:
             body = model.model_validate(raw)
         except ValidationError as e:
@@ -585,6 +617,9 @@ class OpenAIIngress:
                                            tool_guidance=tools) for i in range(body.n)]
         except ValueError as e:
             raise ApiError(400, str(e)) from None
+        if body.n > (admits := self.cfg.max_num_seqs + self.cfg.max_waiting):
+            raise ApiError(400, f"n ({body.n}) is more choices than the server admits at once (max_num_seqs + "
+                           f"max_waiting = {admits})", "n")
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         streams = [self._open(ids, p, f"{rid}-{i}") for i, p in enumerate(params)]
         if len(streams) > 1 and self.cfg.prefix_caching and len(ids) > self.cfg.block_size:

@@ -447,14 +447,22 @@ def test_malformed_json_is_400(base_url):
 @pytest.mark.parametrize("path,body,param", [
     ("/v1/completions", b'{"model": "tiny-test", "max_tokens": 2, "prompt": "a\\ud800"}', "prompt"),
     ("/v1/chat/completions", b'{"model": "tiny-test", "messages": [{"role": "user", "content": "\\udc00"}]}',
-     "messages"),
+     "messages.0.content"),
     ("/v1/completions", b'{"model": "tiny-test", "prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}", None),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
                               "max_completion_tokens": 10 ** 6}, "max_completion_tokens"),
+    # a lone surrogate in a field the response echoes (user, metadata) or a key: its encoding failed, a 500
+    ("/v1/responses", b'{"model": "tiny-test", "input": "hi", "max_output_tokens": 2, "user": "\ud800"}', "user"),
+    ("/v1/responses", b'{"model": "tiny-test", "input": "hi", "metadata": {"\udbff": "v"}}', "metadata.\\udbff"),
+    ("/v1/chat/completions", b'{"model": "tiny-test", "messages": [{"role": "user", "content": "hi", '
+                             b'"name": "\udc00"}], "stop": ["x"]}', "messages.0.name"),
+    ("/v1/completions", b'{"model": "tiny-test", "prompt": "hi", "foo": ' + b"1" * 4301 + b"}", None),   # > 4300 digits
+    ("/v1/completions", {"model": MODEL, "prompt": [-5], "max_tokens": 2, "echo": True}, "prompt"),     # echoed ids
 ])
 def test_unusual_input_is_a_json_400_naming_the_field(base_url, client, path, body, param):
     """A lone surrogate escape and JSON nested past the parser's depth were 500s with a plain-text body; a context
-    overflow by max_completion_tokens named max_tokens, which the client had not sent."""
+    overflow by max_completion_tokens named max_tokens, which the client had not sent. From session 44's QA pass: a
+    surrogate in an echoed field, a huge integer, echoed ids out of range (500s)."""
     status, err = post(base_url, path, body)
     assert status == 400 and err["error"]["param"] == param and err["error"]["message"], err
     assert client.completions.create(model=MODEL, prompt="ok", max_tokens=2).choices   # still serving
@@ -523,6 +531,9 @@ def test_a_full_engine_answers_429_not_a_proxy_503(serve_session, text_ckpt):
                 assert out["error"]["type"] == "rate_limit_error" and retry == "1", out
             else:
                 assert out["usage"]["completion_tokens"] == 64
+        # more choices than it admits at once: a 400 naming n, not a 429 that a retry never gets past
+        status, err = post(serve_session + "/full", "/v1/completions", {"model": MODEL, "prompt": "Once", "n": 3})
+        assert status == 400 and err["error"]["param"] == "n", err
     finally:
         serve.delete("full")
     for path in ("glm5-8xh200.yaml", "kuberay-rayservice.yaml"):     # the shipped files' engines can say 429
