@@ -57,8 +57,48 @@ def _built(build, what: str = ""):
 
 @functools.lru_cache(maxsize=256)                 # an agent sends the same schema request after request
 def check_schema(schema: str) -> None:
-    """Raise ValueError naming the problem if ``schema`` (JSON text) is not a JSON schema the grammar supports."""
+    """Raise ValueError naming the problem if ``schema`` (JSON text) is not a JSON schema the grammar supports: one
+    xgrammar refuses, or one using a keyword it would pass over unheld (``_unheld``)."""
+    try:
+        where = _unheld(json.loads(schema))
+    except RecursionError:
+        raise ValueError("the schema is nested too deeply") from None
+    if where is not None:
+        raise ValueError(f"{where} cannot be held by the grammar (not, uniqueItems, allOf of several schemas and "
+                         "$refs outside the schema are not supported)")
     _built(lambda: _xgrammar().Grammar.from_json_schema(schema))
+
+
+# where a schema holds schemas: keyword -> how (one schema, a list of them, a map of names to them)
+_SUBSCHEMAS = {**dict.fromkeys(("items", "additionalProperties", "additionalItems", "contains", "propertyNames",
+                                "if", "then", "else", "unevaluatedProperties", "unevaluatedItems"), "one"),
+               **dict.fromkeys(("anyOf", "oneOf", "allOf", "prefixItems"), "list"),
+               **dict.fromkeys(("properties", "patternProperties", "$defs", "definitions", "dependentSchemas"), "map")}
+
+
+def _unheld(schema, path: str = "schema") -> str | None:
+    """The path of the first keyword in ``schema`` that xgrammar accepts but does not hold (measured with xgrammar's
+    matcher: output breaking it passes), or None: ``not``, ``uniqueItems: true``, ``allOf`` of several schemas, a
+    ``$ref`` that is not a ``#`` pointer. Enums' and consts' values are data, not walked."""
+    if not isinstance(schema, dict):
+        return None
+    if "not" in schema:
+        return f"{path}.not"
+    if schema.get("uniqueItems") is True:
+        return f"{path}.uniqueItems"
+    if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
+        return f"{path}.allOf"
+    if isinstance(schema.get("$ref"), str) and not schema["$ref"].startswith("#"):
+        return f"{path}.$ref"
+    for key, how in _SUBSCHEMAS.items():
+        sub = schema.get(key)
+        subs = [(key, sub)] if how == "one" else \
+            [(f"{key}.{i}", x) for i, x in enumerate(sub)] if how == "list" and isinstance(sub, list) else \
+            [(f"{key}.{k}", x) for k, x in sub.items()] if how == "map" and isinstance(sub, dict) else []
+        for name, x in subs:
+            if (where := _unheld(x, f"{path}.{name}")) is not None:
+                return where
+    return None
 
 
 def schema_of(response_format: dict | None) -> str | None:

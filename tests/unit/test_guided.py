@@ -84,6 +84,28 @@ def test_a_schema_the_grammar_cannot_follow_is_a_value_error(guides, tok):
         guides.guide('{"type": "objectx"}', tok.encode("hi"))
 
 
+@pytest.mark.parametrize("schema,where", [
+    ({"type": "integer", "not": {"const": 1}}, "schema.not"),
+    ({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}}},
+     "schema.properties.a.uniqueItems"),
+    ({"allOf": [{"type": "integer"}, {"minimum": 5}]}, "schema.allOf"),
+    ({"anyOf": [{"type": "string"}, {"$ref": "https://example.com/s.json"}]}, "schema.anyOf.1.$ref"),
+    ({"type": "object", "$defs": {"q": {"not": {}}}, "properties": {"a": {"$ref": "#/$defs/q"}}}, "schema.$defs.q.not"),
+])
+def test_a_keyword_the_grammar_would_pass_over_is_refused_naming_it(schema, where):
+    """Keywords xgrammar accepts without holding them (output that breaks them passed its matcher, session 44) are
+    refused, not ignored; a property or a const named like one is no keyword."""
+    import json
+
+    from cluster.guided import check_schema
+
+    with pytest.raises(ValueError) as e:
+        check_schema(json.dumps(schema))
+    assert str(e.value).startswith(where + " cannot be held"), e.value
+    check_schema(json.dumps({"type": "object", "properties": {"not": {"type": "integer"}, "b": {"const": {"not": 1}}},
+                             "allOf": [{"required": ["not"]}], "$defs": {"q": {"uniqueItems": False}}}))
+
+
 
 def test_a_vocabulary_that_is_not_byte_level_is_refused(tok):
     """xgrammar reads the vocabulary's strings as GPT-2's byte alphabet: another kind would be misread, so refused."""
