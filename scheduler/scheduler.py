@@ -162,6 +162,10 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self._live)
 
+    def waiting(self) -> list[Request]:
+        """The waiting requests, first to start first."""
+        return list(self._waiting)
+
     def live_ids(self) -> list[str]:
         """Every waiting or running request."""
         return list(self._live)

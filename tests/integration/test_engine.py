@@ -159,6 +159,69 @@ def test_a_priority_request_takes_a_running_ones_place_and_every_output_equals_a
     assert all(s.pool.num_free == s.pool.num_blocks for s in engine.schedulers)
 
 
+def test_a_full_priority_engine_refuses_a_lower_priority_waiting_request_to_admit_a_higher_one(model):
+    """Full (1 running + 2 waiting): an arrival is admitted in place of the latest waiting request of the lowest
+    priority below it that never ran, whose stream raises the 429's AdmissionError as at admission; an arrival that
+    finds none below it (the same priority, or only a request that ran and was preempted) is refused itself."""
+    def prompt(n, seed):
+        return torch.randint(2, 1024, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+    def params(p, n=6):
+        return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, priority=p)
+
+    cfg = SchedulerConfig(num_blocks=64, block_size=BLOCK, max_model_len=256, vocab_size=1024, eos_token_ids=(1,),
+                          max_num_seqs=1, max_num_batched_tokens=64, max_waiting=2, policy="priority")
+    engine = Engine(LocalExecutor(ModelRunner(model, 64, BLOCK, torch.float32)), cfg)
+    out: dict[str, int] = {}
+
+    def step():
+        events = engine.step()
+        for ev in events:
+            out[ev.req_id] = out.get(ev.req_id, 0) + len(ev.token_ids)
+        return events
+
+    engine.add_request(prompt(9, 0), params(2, 30), "r0")
+    step()                                               # r0 runs
+    engine.add_request(prompt(9, 1), params(3), "r1")
+    engine.add_request(prompt(9, 2), params(3), "r2")    # full
+    with pytest.raises(AdmissionError, match="engine is full"):
+        engine.add_request(prompt(5, 7), params(3), "same")
+    engine.add_request(prompt(9, 3), params(1), "vip")   # takes r2's place
+    events = step()                                      # vip preempts r0 (it ran: no longer one to refuse)
+    assert events[0].req_id == "r2" and events[0].finished and events[0].refused.reason == "queue_full"
+    engine.add_request(prompt(9, 4), params(0), "vip2")  # takes r1's place: r0 has output
+    assert [ev.req_id for ev in step() if ev.refused] == ["r1"]
+    with pytest.raises(AdmissionError, match="engine is full"):
+        engine.add_request(prompt(5, 8), params(0), "vip3")
+    for _ in range(1000):
+        if not engine.has_work():
+            break
+        step()
+    assert out == {"r0": 30, "r1": 0, "r2": 0, "vip": 6, "vip2": 6} and engine.scheduler.pool.num_free == 64, out
+
+    async def refused_stream():              # AsyncEngine raises it where an admission error is raised
+        aeng = AsyncEngine(Engine(LocalExecutor(ModelRunner(model, 64, BLOCK, torch.float32)), cfg))
+        got = {}
+
+        async def one(rid, p, n):
+            try:
+                got[rid] = [t async for ev in aeng.generate(prompt(9, len(rid)), params(p, n), rid)
+                            for t in ev.token_ids]
+            except AdmissionError as e:
+                got[rid] = e
+
+        tasks = [asyncio.create_task(one(rid, p, n)) for rid, p, n in (("a", 2, 200), ("b", 3, 4), ("c", 3, 4))]
+        await asyncio.sleep(0)               # each has been added (a runs, b and c wait)
+        tasks.append(asyncio.create_task(one("vip", 1, 4)))
+        await asyncio.gather(*tasks)
+        aeng.shutdown()
+        return got
+
+    got = asyncio.run(refused_stream())
+    assert isinstance(got["c"], AdmissionError) and "higher priority" in str(got["c"]), got
+    assert [len(got[r]) for r in ("a", "b", "vip")] == [200, 4, 4]
+
+
 def test_abort_frees_everything(model):
     engine = make_engine(model, num_blocks=64)
     for rid, (ids, _) in mixed_requests(6).items():
