@@ -542,6 +542,41 @@ def test_a_full_engine_answers_429_not_a_proxy_503(serve_session, text_ckpt):
         assert admitted < INGRESS_MAX_ONGOING, (path, admitted)
 
 
+def test_a_priority_replica_gives_a_queued_lower_priority_request_the_429(serve_session, text_ckpt):
+    """``scheduling_policy: priority``, full at 1 running + 1 waiting: a priority-0 request is admitted in place of the
+    waiting priority-5 one, whose client gets the 429 (its answer had not started) while the running one streams on."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ray import serve
+
+    from cluster.serve import build_app
+
+    serve.run(build_app({"model": str(text_ckpt), "served_model_name": MODEL, "device": "cpu", "kv_cache_tokens": 4096,
+                         "max_num_seqs": 1, "max_waiting": 1, "scheduling_policy": "priority"}),
+              name="prio", route_prefix="/prio", logging_config={"enable_access_log": False, "log_level": "WARNING"})
+    url = serve_session + "/prio"
+    try:
+        long = urllib.request.urlopen(urllib.request.Request(url + "/v1/completions", data=json.dumps({
+            "model": MODEL, "prompt": "Once", "max_tokens": 1000, "ignore_eos": True, "stream": True, "priority": 5,
+        }).encode(), headers={"content-type": "application/json"}), timeout=60)
+        long.readline()                                              # it runs
+        with ThreadPoolExecutor(1) as pool:
+            queued = pool.submit(post, url, "/v1/completions", {"model": MODEL, "prompt": "Twice", "max_tokens": 4,
+                                                                 "priority": 5})
+            deadline = time.time() + 30
+            while metric(url, "glmserve_queue_depth") < 1:           # it waits
+                assert time.time() < deadline
+                time.sleep(0.1)
+            status, out = post(url, "/v1/completions", {"model": MODEL, "prompt": "Now", "max_tokens": 4,
+                                                         "priority": 0})
+            assert status == 200 and out["usage"]["completion_tokens"] == 4, out
+            status, err = queued.result(timeout=60)
+        assert status == 429 and "higher priority" in err["error"]["message"], err
+        long.close()
+    finally:
+        serve.delete("prio")
+
+
 def test_speculative_replica_streams_what_plain_decode_does(serve_session, text_ckpt, client):
     """A replica drafting 3 tokens a step with the trained MTP head (events of several tokens), the reasoning and tool
     parsers on, answers greedy requests — whole and streamed — with the plain replica's text and token counts."""
