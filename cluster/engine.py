@@ -162,7 +162,7 @@ class TokenEvent:
     num_output_tokens: int = 0
     num_cached_tokens: int = 0           # prompt tokens whose KV was found cached (prefix caching)
     served_by: str = ""                  # the coordinator replica (set at the Serve edge)
-    refused: AdmissionError | None = None   # refused after admission, before any output (``Engine._make_way``)
+    refused: AdmissionError | None = None   # refused after admission, before any output (``Engine._displaceable``)
 
 
 @dataclass
@@ -244,7 +244,7 @@ class Engine:
         self._streams: dict[str, _Stream] = {}
         self._unsent: dict[str, NewRequest] = {}      # known to a scheduler, not yet to its worker
         self._forget: list[list[str]] = [[] for _ in range(num_ranks)]  # ended, still held by workers
-        self._refused: list[TokenEvent] = []          # requests ``_make_way`` refused, for the next step to report
+        self._refused: list[TokenEvent] = []          # requests ``_refuse`` refused, for the next step to report
         self._lock = threading.Lock()                 # add/abort (caller's thread) vs step (loop thread)
         self._ids = itertools.count()
         self.warmed: dict | None = None               # what ``warm_up`` did, if it ran
@@ -275,8 +275,9 @@ class Engine:
         with self._lock:
             if req_id in self._rank_of:
                 raise AdmissionError("duplicate", "req_id", f"req_id {req_id!r} is already in flight")
-            if sum(s.num_running + s.num_waiting for s in self.schedulers) >= self._admits \
-                    and not self._make_way(params.priority):
+            full = sum(s.num_running + s.num_waiting for s in self.schedulers) >= self._admits
+            displaced = self._displaceable(params.priority) if full else None
+            if full and displaced is None:
                 raise AdmissionError("queue_full", "queue", f"the engine is full ({self.config.max_num_seqs} running "
                                      f"+ {self.config.max_waiting} waiting requests); retry later")
             ids = list(prompt_ids)
@@ -285,6 +286,9 @@ class Engine:
                     for s in self.schedulers]
             rank = place_request({r: s.kv_load - hits[r] for r, s in enumerate(self.schedulers)})
             self._check_queued_tokens(len(ids) - hits[rank] * self.config.block_size)
+            self.schedulers[rank].check_admission(req_id, ids, params, leaving=int(displaced is not None))
+            if displaced is not None:           # admitted: the request it displaces is refused now
+                self._refuse(*displaced)
             req = self.schedulers[rank].add_request(req_id, ids, params)
             self._rank_of[req_id] = rank
             detok = IncrementalDetokenizer(self.decode, ids) if self.decode else None
@@ -296,24 +300,25 @@ class Engine:
             self.stats["prompt_tokens"] += len(prompt_ids)
         return req_id
 
-    def _make_way(self, priority: int) -> bool:
+    def _displaceable(self, priority: int) -> tuple[int, Request] | None:
         """Priority: a full engine admits a request by refusing, after the fact, the waiting request of the lowest
         priority below it (the latest of them) that has had no output yet and never ran — its client has had no answer
-        yet, and gets the 429 this one would have had (``AsyncEngine.generate`` raises it before any event)."""
+        yet, and gets the 429 this one would have had (``AsyncEngine.generate`` raises it before any event). That one
+        and its rank, or None."""
         if self.config.policy != "priority":
-            return False
+            return None
         waiting = [(r.rank, rank, r) for rank, s in enumerate(self.schedulers) for r in s.waiting()
                    if r.params.priority > priority and not r.output_ids and not r.num_preemptions]
-        if not waiting:
-            return False
-        _, rank, victim = max(waiting, key=lambda w: w[0])
+        return max(waiting, key=lambda w: w[0])[1:] if waiting else None
+
+    def _refuse(self, rank: int, victim: Request) -> None:
+        """Refuse ``victim``, waiting on ``rank``, for a request of a higher priority (``_displaceable``)."""
         ev = self._end(self.schedulers[rank].abort(victim.req_id))
         ev.refused = AdmissionError("queue_full", "queue", f"the engine is full ({self.config.max_num_seqs} running + "
                                     f"{self.config.max_waiting} waiting requests) and a request of a higher priority "
                                     "took this one's place in the queue; retry later")
         ev.error, ev.finish_reason = str(ev.refused), FinishReason.ABORT
         self._refused.append(ev)
-        return True
 
     def _check_queued_tokens(self, new: int) -> None:
         """``max_waiting_tokens``: refuse a prompt whose ``new`` uncached tokens would take the prompt tokens queued in
@@ -428,7 +433,7 @@ class Engine:
 
     # ---- the step loop -----------------------------------------------------------------------
     def step(self) -> list[TokenEvent]:
-        """One step of every rank: its requests' events (first those ``_make_way`` refused since the last step)."""
+        """One step of every rank: its requests' events (first those ``_refuse`` refused since the last step)."""
         with self._lock:
             refused, self._refused = self._refused, []
         return refused + self._step()

@@ -197,7 +197,7 @@ class Scheduler:
 
     def add_request(self, req_id: str, prompt_ids: list[int], params: SamplingParams) -> Request:
         """Queue a request, or raise AdmissionError: refusals happen here, never mid-batch."""
-        self._check_admission(req_id, prompt_ids, params)
+        self.check_admission(req_id, prompt_ids, params)
         return self._enqueue(Request(req_id, list(prompt_ids), params, arrival=-1))
 
     def _enqueue(self, req: Request) -> Request:
@@ -209,14 +209,16 @@ class Scheduler:
         self._live[req.req_id] = req
         return req
 
-    def _check_admission(self, req_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+    def check_admission(self, req_id: str, prompt_ids: list[int], params: SamplingParams, leaving: int = 0) -> None:
+        """Raise the AdmissionError ``add_request`` would raise for this request once ``leaving`` waiting requests have
+        left, if any."""
         cfg = self.config
         if req_id in self._live:
             raise AdmissionError("duplicate", "req_id", f"req_id {req_id!r} is already in flight")
         if params.priority and cfg.policy != "priority":
             raise AdmissionError("priority", "priority", f"priority {params.priority} needs the priority scheduling "
                                  "policy (scheduling_policy: priority); under fcfs every request's priority is 0")
-        if len(self._waiting) >= cfg.max_waiting:
+        if len(self._waiting) - leaving >= cfg.max_waiting:
             raise AdmissionError(
                 "queue_full", "queue", f"waiting queue is full ({cfg.max_waiting} requests); retry later"
             )
@@ -282,18 +284,13 @@ class Scheduler:
     # ---- planning ------------------------------------------------------------------------
 
     def schedule(self, max_drafts: int = 0) -> StepPlan:
-        """Plan one step: the running requests in rank order (FCFS: the decodes, then the one partial prefill), then
-        the waiting ones in rank order, under the token budget.
+        """Plan one step: the running and the waiting requests in rank order (FCFS: the decodes, then the one partial
+        prefill, then the waiting requests), under the token budget.
 
         A decoding request with proposed drafts feeds up to ``max_drafts`` of them after its last token
         (the caller passes 0 while drafts cannot ride for free, e.g. more than one request is active)."""
-        budget = self.config.max_num_batched_tokens
         preempted: list[str] = []
-        self._make_room(preempted)
-        seqs, stopped = self._schedule_running(budget, preempted, max_drafts)
-        budget -= sum(len(s.token_ids) for s in seqs)
-        if not stopped:
-            seqs += self._schedule_waiting(budget)
+        seqs = self._schedule_in_rank_order(self.config.max_num_batched_tokens, preempted, max_drafts)
         if self.slack and not self._waiting:
             seqs = [self._with_slack(s) for s in seqs]
         copies = self.pool.drain() if seqs else ((), ())      # an empty plan may not run: they wait for one that does
@@ -302,46 +299,34 @@ class Scheduler:
         self._next_step += 1
         return plan
 
-    def _make_room(self, preempted: list[str]) -> None:
-        """Priority: while the first waiting request outranks the worst running one and could not start beside it,
-        that one is preempted (as a decode's growth preempts: it waits again, its tokens recomputed when it resumes)."""
-        while self._waiting and self._running and self._waiting[0].rank < self._running[-1].rank \
-                and not self._could_start(self._waiting[0]):
-            victim = self._running[-1]
-            self._preempt(victim)
-            preempted.append(victim.req_id)
-
-    def _could_start(self, req: Request) -> bool:
-        """Whether waiting ``req`` has a running slot, and free blocks for the first chunk of its prompt the budget
-        leaves beside the running decodes (found cached or not) and for those decodes' next blocks."""
-        if len(self._running) >= self.config.max_num_seqs:
-            return False
-        decoding = [r for r in self._running if r.status is RequestStatus.DECODING]
-        hits = self.pool.match(req.all_ids) if self.config.prefix_caching else []
-        start = len(hits) * self.pool.block_size
-        chunk = min(req.num_tokens - start, max(1, self.config.max_num_batched_tokens - len(decoding)))
-        need = self.pool.blocks_needed(start + chunk) - len(hits) + self.pool.cost(hits)
-        grow = sum(self._blocks_to_add(r, r.num_tokens - r.num_computed_tokens) for r in decoding)
-        return self.pool.can_allocate(need + grow)
-
-    def _schedule_running(self, budget: int, preempted: list[str], max_drafts: int) -> tuple[list[ScheduledSeq], bool]:
-        """Each running request in rank order: a decoding one's next token (and drafts) until one finds no budget, a
-        prefilling one's next prompt chunk. A prompt chunk that cannot go stops everything behind it, the waiting
-        requests too (the bool). Under FCFS the one partial prefill is the youngest (a prompt starts only once the one
-        before it is whole): the decodes go first."""
+    def _schedule_in_rank_order(self, budget: int, preempted: list[str], max_drafts: int) -> list[ScheduledSeq]:
+        """The running and the waiting requests merged in rank order. A decoding one feeds its next token (and drafts)
+        until one finds no budget; a prefilling one its next prompt chunk — one that cannot go stops everything behind
+        it; a waiting one starts while slots, blocks and budget allow (``_start_or_preempt``) — one that cannot stops
+        the waiting ones behind it. Under FCFS every running request ranks before every waiting one (a victim of
+        preemption was the worst running) and the one partial prefill is the youngest (a prompt starts only once the
+        one before it is whole): the decodes, the partial prefill, then the waiting requests."""
         seqs: list[ScheduledSeq] = []
-        decoding = True                 # decodes may still go
+        decoding = starting = True      # decodes may still go; waiting requests may still start
         i = 0
-        while i < len(self._running):
-            req = self._running[i]
-            if req.status is RequestStatus.PREFILLING:
-                seq = self._prefill_or_preempt(req, budget, preempted)
+        while i < len(self._running) or (starting and self._waiting):
+            head = self._waiting[0] if starting and self._waiting else None
+            if head is not None and (i == len(self._running) or head.rank < self._running[i].rank):
+                seq = self._start_or_preempt(head, budget, preempted)
                 if seq is None:
-                    return seqs, True
+                    starting = False
+                    continue
+                i += 1                  # it joined the running list at i: it ranks after those before
+            elif self._running[i].status is RequestStatus.PREFILLING:
+                seq = self._prefill_or_preempt(self._running[i], budget, preempted)
+                if seq is None:
+                    return seqs
+                i += 1
             elif not decoding:
                 i += 1
                 continue
             else:
+                req = self._running[i]
                 # Normally 1 token; more if the caller accepted several tokens without feeding them.
                 num_new = req.num_tokens - req.num_computed_tokens
                 drafts = self._usable_drafts(req, num_new, budget, max_drafts)
@@ -349,25 +334,53 @@ class Scheduler:
                     decoding = False
                     continue
                 if not self._reserve_or_preempt(req, num_new + len(drafts), preempted):
-                    break  # req itself was the worst-ranked and got preempted
+                    continue    # req itself was the worst-ranked and got preempted: the running list ends at i
                 if req.status is not RequestStatus.DECODING:
-                    continue  # preempted while reserving for a younger one
+                    continue    # preempted while reserving for a younger one
                 seq = self._make_seq(req, num_new, drafts)
+                i += 1
             seqs.append(seq)
             budget -= len(seq.token_ids)
-            i += 1
-        return seqs, False
+        return seqs
+
+    def _start_or_preempt(self, req: Request, budget: int, preempted: list[str]) -> ScheduledSeq | None:
+        """Start waiting ``req``'s prefill if it has a running slot and blocks for its first chunk; else — where the
+        running requests ranked after it (priority: it arrived later and outranks them) hold enough to give it both
+        — they give theirs up, worst first. None: it waits."""
+        if self._waits_for_a_prefill(req):
+            return None     # as for a full cache: no overtaking (those behind would have waited for its chunk anyway)
+        lower = [r for r in self._running if req.rank < r.rank]
+        room = bool(lower) and self.pool.can_allocate(self._chunk_blocks(req, budget) - _held(lower))
+        if len(self._running) >= self.config.max_num_seqs:
+            if not room:
+                return None
+            self._preempt_worst(preempted)
+        seq = self._try_prefill(req, budget)
+        while seq is None and room and budget > 0 and req.rank < self._running[-1].rank:
+            self._preempt_worst(preempted)
+            seq = self._try_prefill(req, budget)
+        if seq is not None:
+            self._waiting.remove(req)
+            req.status = RequestStatus.PREFILLING
+            _insort(self._running, req)
+        return seq
 
     def _prefill_or_preempt(self, req: Request, budget: int, preempted: list[str]) -> ScheduledSeq | None:
         """A prefilling request's next chunk; short of blocks, the running requests ranked after it give theirs up,
-        worst first (never itself: it waits with what it has computed)."""
+        worst first, where they hold enough (never itself: it waits with what it has computed)."""
         seq = self._try_prefill(req, budget)
-        while seq is None and budget > 0 and self._running[-1] is not req:
-            victim = self._running[-1]
-            self._preempt(victim)
-            preempted.append(victim.req_id)
-            seq = self._try_prefill(req, budget)
+        lower = [r for r in self._running if req.rank < r.rank]
+        if seq is None and budget > 0 and lower and \
+                self.pool.can_allocate(self._chunk_blocks(req, budget) - _held(lower)):
+            while seq is None and self._running[-1] is not req:
+                self._preempt_worst(preempted)
+                seq = self._try_prefill(req, budget)
         return seq
+
+    def _preempt_worst(self, preempted: list[str]) -> None:
+        victim = self._running[-1]
+        self._preempt(victim)
+        preempted.append(victim.req_id)
 
     def _usable_drafts(self, req: Request, num_new: int, budget: int, max_drafts: int) -> list[int]:
         """Drafts that may ride this step: within the budget, max_tokens and the context length."""
@@ -399,23 +412,6 @@ class Scheduler:
         req.num_preemptions += 1
         _insort(self._waiting, req)     # FCFS: the front (a running request arrived before every waiting one)
 
-    def _schedule_waiting(self, budget: int) -> list[ScheduledSeq]:
-        """Waiting requests start in rank order while slots, blocks and budget allow, with no overtaking."""
-        seqs: list[ScheduledSeq] = []
-        while self._waiting and len(self._running) < self.config.max_num_seqs:
-            req = self._waiting[0]
-            if self._waits_for_a_prefill(req):
-                break  # as for a full cache: no overtaking (those behind would have waited for its chunk anyway)
-            seq = self._try_prefill(req, budget)
-            if seq is None:
-                break
-            self._waiting.popleft()
-            req.status = RequestStatus.PREFILLING
-            _insort(self._running, req)
-            seqs.append(seq)
-            budget -= len(seq.token_ids)
-        return seqs
-
     def _waits_for_a_prefill(self, req: Request) -> bool:
         """Whether a request in prefill here is computing blocks of ``req``'s prefix that are not cached yet, a quarter
         or more of what ``req`` would compute: they enter the cache as that request's chunks end, and ``req`` starts
@@ -429,17 +425,25 @@ class Scheduler:
         pending = max((_common_prefix(ids, r.all_ids) - 1) // bs for r in prefilling) - hits
         return pending > 0 and 4 * pending * bs >= len(ids) - hits * bs
 
-    def _try_prefill(self, req: Request, budget: int) -> ScheduledSeq | None:
-        if budget <= 0:
-            return None
+    def _chunk(self, req: Request, budget: int) -> tuple[list[int], int, int, int]:
+        """The next prompt chunk of ``req`` at this budget: (the cached blocks a request starting (over) takes, where
+        the chunk starts, its tokens, the new blocks it needs)."""
         # a request starting (or starting over) takes the cached blocks of its prefix: its prefill begins after them
         hits = self.pool.match(req.all_ids) if self.config.prefix_caching and not req.block_ids else []
         start = max(req.num_computed_tokens, len(hits) * self.pool.block_size)
         num_new = min(req.num_tokens - start, budget)
-        if num_new <= 0:
+        return hits, start, num_new, self.pool.blocks_needed(start + num_new) - len(req.block_ids) - len(hits)
+
+    def _chunk_blocks(self, req: Request, budget: int) -> int:
+        """The free blocks the next chunk of ``req`` takes (the cached ones it reuses included)."""
+        hits, _, _, need = self._chunk(req, budget)
+        return need + self.pool.cost(hits)
+
+    def _try_prefill(self, req: Request, budget: int) -> ScheduledSeq | None:
+        if budget <= 0:
             return None
-        need = self.pool.blocks_needed(start + num_new) - len(req.block_ids) - len(hits)
-        if not self.pool.can_allocate(need + self.pool.cost(hits)):
+        hits, start, num_new, need = self._chunk(req, budget)
+        if num_new <= 0 or not self.pool.can_allocate(need + self.pool.cost(hits)):
             return None
         if not req.block_ids and self.config.prefix_caching:
             req.block_ids, req.num_computed_tokens = self.pool.take(hits), start
@@ -609,6 +613,11 @@ class Scheduler:
 
 def _rank(req: Request) -> tuple[int, int]:
     return req.rank
+
+
+def _held(reqs: list[Request]) -> int:
+    """The blocks ``reqs`` hold (more than their preemption frees where they share cached blocks)."""
+    return sum(len(r.block_ids) for r in reqs)
 
 
 def _insort(queue, req: Request) -> None:

@@ -186,6 +186,9 @@ def test_a_full_priority_engine_refuses_a_lower_priority_waiting_request_to_admi
     engine.add_request(prompt(9, 2), params(3), "r2")    # full
     with pytest.raises(AdmissionError, match="engine is full"):
         engine.add_request(prompt(5, 7), params(3), "same")
+    with pytest.raises(AdmissionError) as e:             # refused for itself: it displaces nobody
+        engine.add_request([5, 2000], params(0), "bad")
+    assert e.value.reason == "bad_token" and engine.scheduler.num_waiting == 2
     engine.add_request(prompt(9, 3), params(1), "vip")   # takes r2's place
     events = step()                                      # vip preempts r0 (it ran: no longer one to refuse)
     assert events[0].req_id == "r2" and events[0].finished and events[0].refused.reason == "queue_full"

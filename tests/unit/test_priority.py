@@ -141,3 +141,33 @@ def test_fcfs_refuses_a_priority():
         make(policy="lifo")
     with pytest.raises(ValueError, match="priority"):
         SamplingParams(priority=1.5)
+
+
+def test_an_arrival_that_outranks_a_running_prefill_takes_the_budget_before_it():
+    """A priority -1 arrival's prompt goes ahead of a priority-5 request's chunked 200-token prefill: its first token
+    comes the step after it arrives, not after that prefill (the requests are walked in rank order, the waiting ones
+    merged with the running)."""
+    sched = make(num_blocks=64, block_size=4, max_num_batched_tokens=8, max_num_seqs=4, policy="priority")
+    sched.add_request("L", prompt(200, 1), SamplingParams(max_tokens=2, priority=5))
+    outputs, plans, done = _drive(sched, FakeModel(64, 4), {1: [("H", prompt(4, 2), SamplingParams(max_tokens=2,
+                                                                                                     priority=-1))]})
+    assert [s.req_id for s in plans[1].seqs] == ["H", "L"] and done["H"] == 2 < done["L"]
+    assert not any(p.preempted for p in plans)                   # a slot and blocks were free: nobody gave way
+
+
+def test_running_requests_give_way_only_where_that_lets_the_arrival_start():
+    """No slot free: the worst-ranked running request is preempted only if the arrival then starts — not where the
+    blocks it needs are held by requests that outrank it."""
+    sched = make(num_blocks=10, block_size=4, max_num_batched_tokens=16, max_num_seqs=2, policy="priority")
+    model = FakeModel(10, 4)
+    sched.add_request("top", prompt(28, 1), SamplingParams(max_tokens=4, priority=0))      # 7 blocks
+    sched.add_request("low", prompt(3, 2), SamplingParams(max_tokens=8, priority=5))
+    for _ in range(2):
+        sched.update(plan := sched.schedule(), model.execute(plan))
+    assert {r.req_id for r in sched._running} == {"top", "low"} and sched.pool.num_free == 2
+    sched.add_request("mid", prompt(16, 3), SamplingParams(max_tokens=2, priority=1))      # needs 4: 2 free + low's 1
+    plan = sched.schedule()
+    assert plan.preempted == () and "mid" not in {s.req_id for s in plan.seqs}
+    sched.update(plan, model.execute(plan))
+    outputs, _, done = _drive(sched, model, {})
+    assert outputs["mid"] == expected_output(prompt(16, 3), 2) and done["top"] < done["mid"]
