@@ -18,6 +18,7 @@ from cluster.config import EngineConfig
 from cluster.engine import AsyncEngine, Engine, TokenEvent
 from cluster.local import guides, load_tokenizer, report, report_pool, scheduler_config
 from scheduler.request import FinishReason, SamplingParams
+from scheduler.scheduler import AdmissionError
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -36,6 +37,8 @@ class Metrics:
         self.itl = Histogram("glmserve_inter_token_latency_seconds", "time between streamed tokens",
                              buckets=ITL_BUCKETS, registry=r)
         self.requests = Counter("glmserve_requests", "finished requests", ["finish_reason"], registry=r)
+        self.refused = Counter("glmserve_refused_requests", "requests refused at admission (queue_full: the 429s; a "
+                               "priority's displaced ones too)", ["reason"], registry=r)
         self.tokens = Counter("glmserve_generated_tokens", "tokens generated", registry=r)
         Gauge("glmserve_queue_depth", "requests waiting", registry=r).set_function(
             lambda: sum(s.num_waiting for s in engine.schedulers))
@@ -204,6 +207,9 @@ class Coordinator:
         except (GeneratorExit, asyncio.CancelledError):
             if not finished:                # the client went away: its request ends here, as an abort
                 self.metrics.requests.labels(FinishReason.ABORT).inc()
+            raise
+        except AdmissionError as e:
+            self.metrics.refused.labels(e.reason).inc()
             raise
 
     async def abort(self, req_id: str) -> None:

@@ -526,6 +526,8 @@ def test_a_full_engine_answers_429_not_a_proxy_503(serve_session, text_ckpt):
             results = list(pool.map(one, range(8)))
         statuses = sorted(r[0] for r in results)
         assert set(statuses) == {200, 429}, statuses
+        assert metric(serve_session + "/full", 'glmserve_refused_requests_total{reason="queue_full"}') == \
+            statuses.count(429)
         for status, out, retry in results:
             if status == 429:
                 assert out["error"]["type"] == "rate_limit_error" and retry == "1", out
@@ -572,6 +574,7 @@ def test_a_priority_replica_gives_a_queued_lower_priority_request_the_429(serve_
             assert status == 200 and out["usage"]["completion_tokens"] == 4, out
             status, err = queued.result(timeout=60)
         assert status == 429 and "higher priority" in err["error"]["message"], err
+        assert metric(url, 'glmserve_refused_requests_total{reason="queue_full"}') == 1
         long.close()
     finally:
         serve.delete("prio")
