@@ -545,12 +545,17 @@ class OpenAIIngress:
         """The chat's prompt ids: its messages (and tools, template arguments) through the chat template."""
         tok = self._tokenizer()
         messages = body.template_messages()
-        try:
-            prompt = await _beside_loop(sum(len(str(m)) for m in messages), tok.apply_chat_template, messages,
+        try:     # a message's text that holds a special token's text is a piece apart, encoded as text
+            pieces = await _beside_loop(sum(len(str(m)) for m in messages), tok.chat_pieces, messages,
                                         add_generation_prompt=body.add_generation_prompt, **body.template_kwargs())
         except ValueError as e:
             raise ApiError(400, str(e), "messages") from None
-        return await _encode(tok, prompt, self.max_prompt_chars, "messages")
+        if len(pieces) == 1:
+            return await _encode(tok, pieces[0][0], self.max_prompt_chars, "messages")
+        size = sum(len(text) for text, _ in pieces)
+        if size > self.max_prompt_chars:
+            await _encode(tok, "".join(text for text, _ in pieces), self.max_prompt_chars, "messages")   # its 400
+        return await _beside_loop(size, tok.encode_pieces, pieces)
 
     # ---- shared machinery ----------------------------------------------------------------------
     async def _parse(self, request: Request, model):

@@ -7,7 +7,9 @@ Renders chat templates the way ``transformers`` does (sandboxed Jinja with
 
 from __future__ import annotations
 
+import copy
 import json
+import re
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -21,6 +23,8 @@ from tokenizers import decoders
 
 # Names a message's reasoning may arrive under; the template reads `reasoning_content`.
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+# a message's text stands in the rendered template as one of these (private-use characters and its index)
+_MARK = re.compile("\ue000([0-9]+)\ue001")
 
 
 class _TemplateError(ValueError):
@@ -105,6 +109,9 @@ class Tokenizer:
         self._template = _compile(self.chat_template) if self.chat_template else None
         self._added_ids = frozenset(added)
         self._byte_level = isinstance(hf.decoder, decoders.ByteLevel)
+        specials = sorted((t.content for t in added.values() if t.special), key=len, reverse=True)
+        self._special_text = re.compile("|".join(map(re.escape, specials)) or "(?!)")
+        self._as_text: HFTokenizer | None = None    # encodes special tokens' text as text (``encode_pieces``)
 
     @classmethod
     def from_dir(cls, path: str | Path) -> Tokenizer:
@@ -175,6 +182,46 @@ class Tokenizer:
             # name as a number) fails inside it, which is bad input, not a server fault.
             raise ValueError(f"the chat template cannot render these messages: {e}") from e
 
+    def chat_pieces(self, messages: list[dict], add_generation_prompt: bool = True,
+                    **kwargs: Any) -> list[tuple[str, bool]]:
+        """The rendered prompt as (text, is_message_text) pieces: the text a user, system or tool message holds is a
+        piece of its own where it holds a special token's text (``<|assistant|>``, ``<tool_call>`` …), so that it is
+        encoded as the text it is (``encode_pieces``) — a pasted file or a tool's output cannot forge a turn or a
+        marker. The assistant's own turns are the model's and stay as the template writes them; so does every message
+        where the template does not write the text verbatim (found by rendering it with a mark in its place)."""
+        prompt = self.apply_chat_template(messages, add_generation_prompt, **kwargs)
+        texts: list[str] = []
+        marked = copy.deepcopy(messages)
+        for m in marked:
+            if not isinstance(m, dict) or m.get("role") == "assistant":
+                continue
+            holders = [(m, "content")] if isinstance(m.get("content"), str) else \
+                [(p, "text") for p in m.get("content") or () if isinstance(p, dict) and isinstance(p.get("text"), str)]
+            for holder, key in holders:
+                if self._special_text.search(holder[key]):
+                    texts.append(holder[key])
+                    holder[key] = f"\ue000{len(texts) - 1}\ue001"
+        if not texts:
+            return [(prompt, False)]
+        pieces = _MARK.split(self.apply_chat_template(marked, add_generation_prompt, **kwargs))
+        if sorted(int(p) for p in pieces[1::2]) == list(range(len(texts))):
+            out = [(texts[int(p)], True) if i % 2 else (p, False) for i, p in enumerate(pieces)]
+            if "".join(p for p, _ in out) == prompt:
+                return [p for p in out if p[0]]
+        return [(prompt, False)]           # the template changed a text it was given: it is written as before
+
+    def encode_pieces(self, pieces: list[tuple[str, bool]]) -> list[int]:
+        """``chat_pieces``'s ids: message text with its special tokens' text as plain text, the template's as its
+        tokens."""
+        if self._as_text is None:
+            self._as_text = HFTokenizer.from_str(self._hf.to_str())
+            self._as_text.encode_special_tokens = True
+        out: list[int] = []
+        for text, literal in pieces:
+            hf = self._as_text if literal else self._hf
+            out += hf.encode_batch([text], add_special_tokens=False)[0].ids
+        return out
+
     def encode_chat(self, messages: list[dict], **kwargs: Any) -> list[int]:
         # The template writes [gMASK]<sop> itself, so no special tokens are added here.
-        return self.encode(self.apply_chat_template(messages, **kwargs), add_special_tokens=False)
+        return self.encode_pieces(self.chat_pieces(messages, **kwargs))
