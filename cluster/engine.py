@@ -173,6 +173,7 @@ class _Stream:
     breaks: frozenset[int] = frozenset()   # SamplingParams.text_breaks
     num_output: int = 0
     request: Request | None = None         # the scheduler's record (its prompt's cached tokens)
+    admitted: int = 0                      # the engine's admission order (ranks number their arrivals apart)
 
     def event(self, req_id: str, finished: bool = False, reason: str | None = None,
               error: str | None = None) -> TokenEvent:
@@ -247,6 +248,7 @@ class Engine:
         self._refused: list[TokenEvent] = []          # requests ``_refuse`` refused, for the next step to report
         self._lock = threading.Lock()                 # add/abort (caller's thread) vs step (loop thread)
         self._ids = itertools.count()
+        self._admitted = itertools.count()
         self.warmed: dict | None = None               # what ``warm_up`` did, if it ran
         self._reset_stats()
 
@@ -293,7 +295,7 @@ class Engine:
             self._rank_of[req_id] = rank
             detok = IncrementalDetokenizer(self.decode, ids) if self.decode else None
             self._streams[req_id] = _Stream(len(prompt_ids), detok, StopStringMatcher(params.stop),
-                                            frozenset(params.text_breaks), request=req)
+                                            frozenset(params.text_breaks), request=req, admitted=next(self._admitted))
             self._unsent[req_id] = NewRequest(req_id, tuple(prompt_ids), params)
             if guide is not None:
                 self._guides[req_id] = guide
@@ -307,7 +309,8 @@ class Engine:
         and its rank, or None."""
         if self.config.policy != "priority":
             return None
-        waiting = [(r.rank, rank, r) for rank, s in enumerate(self.schedulers) for r in s.waiting()
+        waiting = [((r.params.priority, self._streams[r.req_id].admitted), rank, r)
+                   for rank, s in enumerate(self.schedulers) for r in s.waiting()
                    if r.params.priority > priority and not r.output_ids and not r.num_preemptions]
         return max(waiting, key=lambda w: w[0])[1:] if waiting else None
 

@@ -73,7 +73,8 @@ def check_schema(schema: str) -> None:
 _SUBSCHEMAS = {**dict.fromkeys(("items", "additionalProperties", "additionalItems", "contains", "propertyNames",
                                 "if", "then", "else", "unevaluatedProperties", "unevaluatedItems"), "one"),
                **dict.fromkeys(("anyOf", "oneOf", "allOf", "prefixItems"), "list"),
-               **dict.fromkeys(("properties", "patternProperties", "$defs", "definitions", "dependentSchemas"), "map")}
+               **dict.fromkeys(("properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
+                                "dependencies"), "map")}
 
 
 def _unheld(schema, path: str = "schema") -> str | None:
@@ -222,6 +223,8 @@ def _value(schema, params: dict) -> str:
     parameters' ``$defs`` / ``definitions``). ValueError: a schema the grammar cannot follow."""
     if not isinstance(schema, dict):
         return "RAW"
+    if (where := _unheld(schema, "argument")) is not None:
+        raise ValueError(f"{where} cannot be held by the grammar")
     if is_raw_string(schema):
         values = [schema["const"]] if "const" in schema else schema.get("enum")
         if values:
@@ -232,7 +235,8 @@ def _value(schema, params: dict) -> str:
             body = _lark_regex(str(schema["pattern"]))
             _built(lambda: _xgrammar().Grammar.from_lark(f"start: /{body}/"), "pattern: ")
             return f"/{body}/"
-        lo, hi = schema.get("minLength", 0), schema.get("maxLength")
+        lo = schema["minLength"] if schema.get("minLength") is not None else 0      # null: not given
+        hi = schema.get("maxLength")
         if any(isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**31 for v in (lo, hi) if v is not None) \
                 or (hi is not None and hi < lo):
             raise ValueError(f"minLength / maxLength must be integers in [0, 2**31), minLength <= maxLength: {lo!r}, "

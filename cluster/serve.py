@@ -563,7 +563,7 @@ class OpenAIIngress:
             raise ApiError(503, "the server is shutting down", None, "server_error", {"Retry-After": "1"})
         data = await request.body()
         try:
-            raw = json.loads(data)
+            raw = json.loads(data.decode())     # UTF-8, as JSON over HTTP is (json.loads would take UTF-16 / 32 too)
         except ValueError as e:         # JSONDecodeError, UnicodeDecodeError, an integer past Python's 4300 digits
             raise ApiError(400, f"malformed JSON body: {e}") from None
         except RecursionError:          # arrays / objects nested past the parser's depth (~1000)
@@ -625,6 +625,11 @@ class OpenAIIngress:
         if body.n > (admits := self.cfg.max_num_seqs + self.cfg.max_waiting):
             raise ApiError(400, f"n ({body.n}) is more choices than the server admits at once (max_num_seqs + "
                            f"max_waiting = {admits})", "n")
+        queued = self.cfg.max_waiting_tokens       # the choices queue their prompts at once, unless cached one by one
+        if body.n > 1 and queued and body.n * len(ids) > queued and not (self.cfg.prefix_caching
+                                                                        and len(ids) > self.cfg.block_size):
+            raise ApiError(400, f"n ({body.n}) choices of a {len(ids)}-token prompt are more prompt tokens than the "
+                           f"server queues at once (max_waiting_tokens = {queued})", "n")
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         streams = [self._open(ids, p, f"{rid}-{i}") for i, p in enumerate(params)]
         if len(streams) > 1 and self.cfg.prefix_caching and len(ids) > self.cfg.block_size:

@@ -23,8 +23,6 @@ from tokenizers import decoders
 
 # Names a message's reasoning may arrive under; the template reads `reasoning_content`.
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
-# a message's text stands in the rendered template as one of these (private-use characters and its index)
-_MARK = re.compile("\ue000([0-9]+)\ue001")
 
 
 class _TemplateError(ValueError):
@@ -187,23 +185,26 @@ class Tokenizer:
         """The rendered prompt as (text, is_message_text) pieces: the text a user, system or tool message holds is a
         piece of its own where it holds a special token's text (``<|assistant|>``, ``<tool_call>`` …), so that it is
         encoded as the text it is (``encode_pieces``) — a pasted file or a tool's output cannot forge a turn or a
-        marker. The assistant's own turns are the model's and stay as the template writes them; so does every message
-        where the template does not write the text verbatim (found by rendering it with a mark in its place)."""
+        marker. Found by rendering the messages again with a mark in each such text's place (a character the prompt
+        does not hold, around the text's number). The assistant's own turns are the model's and stay as the template
+        writes them; where the template does not write a text verbatim (it cannot be told apart), the prompt is one
+        piece, as before."""
         prompt = self.apply_chat_template(messages, add_generation_prompt, **kwargs)
-        texts: list[str] = []
         marked = copy.deepcopy(messages)
+        holders = []
         for m in marked:
             if not isinstance(m, dict) or m.get("role") == "assistant":
                 continue
-            holders = [(m, "content")] if isinstance(m.get("content"), str) else \
+            holders += [(m, "content")] if isinstance(m.get("content"), str) else \
                 [(p, "text") for p in m.get("content") or () if isinstance(p, dict) and isinstance(p.get("text"), str)]
-            for holder, key in holders:
-                if self._special_text.search(holder[key]):
-                    texts.append(holder[key])
-                    holder[key] = f"\ue000{len(texts) - 1}\ue001"
-        if not texts:
+        holders = [(h, key) for h, key in holders if self._special_text.search(h[key])]
+        mark = next((c for c in map(chr, range(0xE000, 0xF900)) if c not in prompt), None) if holders else None
+        if mark is None:
             return [(prompt, False)]
-        pieces = _MARK.split(self.apply_chat_template(marked, add_generation_prompt, **kwargs))
+        texts = [h[key] for h, key in holders]
+        for i, (h, key) in enumerate(holders):
+            h[key] = f"{mark}{i}{mark}"
+        pieces = re.split(f"{mark}([0-9]+){mark}", self.apply_chat_template(marked, add_generation_prompt, **kwargs))
         if sorted(int(p) for p in pieces[1::2]) == list(range(len(texts))):
             out = [(texts[int(p)], True) if i % 2 else (p, False) for i, p in enumerate(pieces)]
             if "".join(p for p, _ in out) == prompt:
@@ -214,8 +215,9 @@ class Tokenizer:
         """``chat_pieces``'s ids: message text with its special tokens' text as plain text, the template's as its
         tokens."""
         if self._as_text is None:
-            self._as_text = HFTokenizer.from_str(self._hf.to_str())
-            self._as_text.encode_special_tokens = True
+            as_text = HFTokenizer.from_str(self._hf.to_str())
+            as_text.encode_special_tokens = True
+            self._as_text = as_text
         out: list[int] = []
         for text, literal in pieces:
             hf = self._as_text if literal else self._hf

@@ -22,7 +22,7 @@ on registration, between plans; a slot reused within one plan's saves keeps the 
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -97,6 +97,11 @@ class BlockPool:
 
     def can_allocate(self, n: int) -> bool:
         return n <= self.num_free
+
+    def freed_by(self, tables: Sequence[Sequence[int]]) -> int:
+        """The blocks that releasing ``tables`` (block tables) would make free: those no one else holds."""
+        holds = Counter(b for table in tables for b in table)
+        return sum(n == self._refs[b] for b, n in holds.items())
 
     def allocate(self, n: int) -> list[int]:
         assert 0 <= n <= self.num_free, f"allocate({n}) with {self.num_free} free blocks"

@@ -7,7 +7,8 @@ Requests are ordered by rank, ``(priority, arrival)`` (`Request.rank`; under FCF
 the waiting queue and the running list are kept sorted by it, prompt chunks go in its order without overtaking, and
 preemption victims are the worst-ranked running requests. Under FCFS every running request ranks before every waiting
 one (a new arrival ranks last, a victim before the queue); under the priority policy a request can arrive that outranks
-running ones, and takes the place of the worst of them when it could not start beside them (`_make_room`).
+running ones, and takes the place of the worst of them where it could not start beside them (`_start_or_preempt`), its
+prompt chunk before their rows.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ class ScheduledSeq:
 
 @dataclass(frozen=True)
 class StepPlan:
-    """What the workers run this step; decodes come first, then prefill chunks in FCFS order."""
+    """What the workers run this step: its rows in rank order (FCFS: the decodes, then prefill chunks by arrival)."""
 
     step_id: int
     seqs: tuple[ScheduledSeq, ...]
@@ -347,16 +348,16 @@ class Scheduler:
         """Start waiting ``req``'s prefill if it has a running slot and blocks for its first chunk; else — where the
         running requests ranked after it (priority: it arrived later and outranks them) hold enough to give it both
         — they give theirs up, worst first. None: it waits."""
-        if self._waits_for_a_prefill(req):
+        if budget <= 0 or self._waits_for_a_prefill(req):
             return None     # as for a full cache: no overtaking (those behind would have waited for its chunk anyway)
         lower = [r for r in self._running if req.rank < r.rank]
-        room = bool(lower) and self.pool.can_allocate(self._chunk_blocks(req, budget) - _held(lower))
+        room = bool(lower) and self.pool.can_allocate(self._chunk_blocks(req, budget) - self._freed_by(lower))
         if len(self._running) >= self.config.max_num_seqs:
             if not room:
                 return None
             self._preempt_worst(preempted)
         seq = self._try_prefill(req, budget)
-        while seq is None and room and budget > 0 and req.rank < self._running[-1].rank:
+        while seq is None and room and req.rank < self._running[-1].rank:
             self._preempt_worst(preempted)
             seq = self._try_prefill(req, budget)
         if seq is not None:
@@ -371,11 +372,15 @@ class Scheduler:
         seq = self._try_prefill(req, budget)
         lower = [r for r in self._running if req.rank < r.rank]
         if seq is None and budget > 0 and lower and \
-                self.pool.can_allocate(self._chunk_blocks(req, budget) - _held(lower)):
+                self.pool.can_allocate(self._chunk_blocks(req, budget) - self._freed_by(lower)):
             while seq is None and self._running[-1] is not req:
                 self._preempt_worst(preempted)
                 seq = self._try_prefill(req, budget)
         return seq
+
+    def _freed_by(self, reqs: list[Request]) -> int:
+        """The blocks preempting ``reqs`` would free (not those they share with others: a cached prefix)."""
+        return self.pool.freed_by([r.block_ids for r in reqs])
 
     def _preempt_worst(self, preempted: list[str]) -> None:
         victim = self._running[-1]
@@ -389,7 +394,8 @@ class Scheduler:
         return req.draft_ids[: max(room, 0)]
 
     def _reserve_or_preempt(self, req: Request, num_new: int, preempted: list[str]) -> bool:
-        """Grow req's block table for num_new tokens, preempting the youngest running requests."""
+        """Grow req's block table for num_new tokens, preempting the worst-ranked running requests (FCFS: the
+        youngest)."""
         need = self._blocks_to_add(req, num_new)
         while not self.pool.can_allocate(need):
             victim = self._running[-1]  # the worst-ranked; never one already scheduled (those rank before it)
@@ -613,11 +619,6 @@ class Scheduler:
 
 def _rank(req: Request) -> tuple[int, int]:
     return req.rank
-
-
-def _held(reqs: list[Request]) -> int:
-    """The blocks ``reqs`` hold (more than their preemption frees where they share cached blocks)."""
-    return sum(len(r.block_ids) for r in reqs)
 
 
 def _insort(queue, req: Request) -> None:

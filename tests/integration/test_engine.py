@@ -202,6 +202,18 @@ def test_a_full_priority_engine_refuses_a_lower_priority_waiting_request_to_admi
         step()
     assert out == {"r0": 30, "r1": 0, "r2": 0, "vip": 6, "vip2": 6} and engine.scheduler.pool.num_free == 64, out
 
+    # two ranks number their arrivals apart: the latest is the engine's latest admitted
+    engine = Engine(_TwoReplicas(model, 64), replace(cfg, max_num_seqs=2), num_ranks=2, span=False)
+    for rid, p in (("a", 2), ("b", 2)):
+        engine.add_request(prompt(9, len(rid)), params(p, 30), rid)
+    engine.step()
+    for rid in ("w_first", "w_last"):
+        engine.add_request(prompt(9, len(rid)), params(3), rid)
+    engine.add_request(prompt(9, 5), params(0), "vip")
+    assert [ev.req_id for ev in engine.step() if ev.refused] == ["w_last"]
+    while engine.has_work():
+        engine.step()
+
     async def refused_stream():              # AsyncEngine raises it where an admission error is raised
         aeng = AsyncEngine(Engine(LocalExecutor(ModelRunner(model, 64, BLOCK, torch.float32)), cfg))
         got = {}

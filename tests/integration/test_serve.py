@@ -463,6 +463,7 @@ def test_malformed_json_is_400(base_url):
                              b'"name": "\udc00"}], "stop": ["x"]}', "messages.0.name"),
     ("/v1/completions", b'{"model": "tiny-test", "prompt": "hi", "foo": ' + b"1" * 4301 + b"}", None),   # > 4300 digits
     ("/v1/completions", {"model": MODEL, "prompt": [-5], "max_tokens": 2, "echo": True}, "prompt"),     # echoed ids
+    ("/v1/responses", '{"model": "tiny-test", "input": "hi", "user": "\\ud800"}'.encode("utf-16"), None),  # not UTF-8
 ])
 def test_unusual_input_is_a_json_400_naming_the_field(base_url, client, path, body, param):
     """A lone surrogate escape and JSON nested past the parser's depth were 500s with a plain-text body; a context

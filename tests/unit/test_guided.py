@@ -107,6 +107,16 @@ def test_a_keyword_the_grammar_would_pass_over_is_refused_naming_it(schema, wher
 
 
 
+def test_a_strict_string_argument_with_a_keyword_the_grammar_would_pass_over_is_refused():
+    from cluster.guided import _value
+
+    with pytest.raises(ValueError, match="argument.not cannot be held"):
+        _value({"type": "string", "not": {"const": "x"}}, {})
+    for nulls in ({"minLength": None}, {"minLength": None, "maxLength": 5}):     # null: not given
+        assert _value({"type": "string", **nulls}, {}) in ("RAW", "/[^\\x00-\\x06]{0,5}/")
+
+
+
 def test_a_vocabulary_that_is_not_byte_level_is_refused(tok):
     """xgrammar reads the vocabulary's strings as GPT-2's byte alphabet: another kind would be misread, so refused."""
     from cluster.guided import Guides

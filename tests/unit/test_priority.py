@@ -24,7 +24,8 @@ def _drive(sched, model, arrivals, max_steps=5000):
             break
         before = {r.req_id for r in sched._waiting}
         plan = sched.schedule()
-        check_plan(sched, plan)
+        if not sched.config.prefix_caching:     # (a cached prefix's blocks are shared)
+            check_plan(sched, plan)
         started = [sched.get(r) for r in before if sched.get(r).status is not RequestStatus.WAITING]
         assert all(s.rank < w.rank for s in started for w in sched._waiting), (step, started, list(sched._waiting))
         assert [r.rank for r in sched._running] == sorted(r.rank for r in sched._running)
@@ -171,3 +172,35 @@ def test_running_requests_give_way_only_where_that_lets_the_arrival_start():
     sched.update(plan, model.execute(plan))
     outputs, _, done = _drive(sched, model, {})
     assert outputs["mid"] == expected_output(prompt(16, 3), 2) and done["top"] < done["mid"]
+
+
+def test_no_request_gives_way_to_an_arrival_the_budget_or_shared_blocks_keep_out():
+    """Two ways a preemption started nothing (session 44's review): the step's budget spent by a higher-ranked prompt
+    before the arrival's turn; and blocks a lower request shares with a higher one (a cached prefix) counted as if its
+    preemption freed them."""
+    sched = make(num_blocks=64, block_size=4, max_num_batched_tokens=8, max_num_seqs=2, policy="priority")
+    model = FakeModel(64, 4)
+    sched.add_request("L", prompt(4, 1), SamplingParams(max_tokens=30, priority=5))
+    for _ in range(2):
+        sched.update(plan := sched.schedule(), model.execute(plan))
+    sched.add_request("A", prompt(40, 2), SamplingParams(max_tokens=3, priority=0))     # its chunks take the budget
+    sched.update(plan := sched.schedule(), model.execute(plan))
+    sched.add_request("H", prompt(4, 3), SamplingParams(max_tokens=3, priority=1))
+    plan = sched.schedule()
+    assert plan.preempted == () and [s.req_id for s in plan.seqs] == ["A"]
+    sched.update(plan, model.execute(plan))
+    _drive(sched, model, {})
+
+    sched = make(num_blocks=11, block_size=4, max_num_batched_tokens=64, max_num_seqs=4, policy="priority",
+                 prefix_caching=True)
+    model, head = FakeModel(11, 4), prompt(16, 4)                       # 4 blocks of a shared prefix
+    sched.add_request("R", head + [50], SamplingParams(max_tokens=12, priority=0))
+    sched.update(plan := sched.schedule(), model.execute(plan))
+    sched.add_request("L", head + [60], SamplingParams(max_tokens=12, priority=5))   # R's 4 cached blocks and 1
+    sched.update(plan := sched.schedule(), model.execute(plan))
+    sched.add_request("H", prompt(28, 5), SamplingParams(max_tokens=4, priority=1))  # 7 > 4 free + L's own 1
+    plan = sched.schedule()
+    assert plan.preempted == () and [s.req_id for s in plan.seqs] == ["R", "L"]
+    sched.update(plan, model.execute(plan))
+    outputs, _, _ = _drive(sched, model, {})
+    assert outputs["H"] == expected_output(prompt(28, 5), 4)

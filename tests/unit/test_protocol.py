@@ -734,7 +734,7 @@ def test_the_reasoning_split_starts_in_a_thought_the_prompt_leaves_open(turns, k
     sp = tok.special_ids_by_token()
     ingress = types.SimpleNamespace(think_start=sp["<think>"], think_end=sp["</think>"],
                                     turn_ids={sp[t] for t in _TURNS})
-    ids = tok.encode(tok.apply_chat_template(turns, **{"add_generation_prompt": True, **kwargs}))
+    ids = tok.encode_chat(turns, **{"add_generation_prompt": True, **kwargs})
     assert OpenAIIngress._thinking(ingress, ids) is thinking
 
 
@@ -800,3 +800,20 @@ def test_tokenize_takes_null_as_the_default():
     req = TokenizeRequest.model_validate({"model": "m", "prompt": "hi", "add_generation_prompt": None, "tools": None})
     assert req.add_generation_prompt is True
     assert DetokenizeRequest.model_validate({"model": "m", "tokens": [1]}).tokens == [1]
+
+
+def test_n_choices_whose_prompts_cannot_queue_together_are_a_400():
+    """Without prefix caching the n choices queue their prompts at once: past max_waiting_tokens that is a 400 naming
+    n, not a 429 that every retry meets again (session 44's review)."""
+    import types
+
+    from cluster.config import EngineConfig
+    from cluster.protocol import ApiError
+    from cluster.serve import OpenAIIngress
+
+    cfg = EngineConfig(max_waiting_tokens=1024, max_model_len=1024, prefix_caching=False)
+    ingress = types.SimpleNamespace(max_model_len=1024, cfg=cfg, think_start=None, tool_ids=None, tokenizer=None)
+    body = CompletionRequest.model_validate({"model": "m", "prompt": [5] * 600, "max_tokens": 4, "n": 2})
+    with pytest.raises(ApiError) as e:
+        asyncio.run(OpenAIIngress._start(ingress, body, [5] * 600, None, chat=False))
+    assert (e.value.status, e.value.param) == (400, "n"), e.value.message

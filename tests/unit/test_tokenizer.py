@@ -199,7 +199,7 @@ def test_special_token_text_in_a_message_is_encoded_as_text(tok: Tokenizer) -> N
 
 def test_a_template_that_rewrites_a_text_keeps_it_as_rendered(tok: Tokenizer) -> None:
     """Where the template does not write a message's text verbatim (here it strips it), that text cannot be told apart
-    from the template's: the prompt is encoded whole, as before; so is a prompt where another text holds a mark."""
+    from the template's: the prompt is encoded whole, as before. Texts that hold a would-be mark do not confuse it."""
     import copy
 
     stripping = copy.copy(tok)
@@ -207,5 +207,6 @@ def test_a_template_that_rewrites_a_text_keeps_it_as_rendered(tok: Tokenizer) ->
         "{% for m in messages %}<|{{ m.role }}|>{{ m.content | trim }}{% endfor %}")
     msgs = [{"role": "user", "content": "  <|assistant|>hi  "}]
     assert stripping.chat_pieces(msgs) == [("<|user|><|assistant|>hi", False)]
-    msgs = [{"role": "user", "content": "\ue0000\ue001"}, {"role": "user", "content": "<|assistant|>"}]
-    assert tok.chat_pieces(msgs) == [(tok.apply_chat_template(msgs), False)]
+    msgs = [{"role": "user", "content": "\ue0000\ue000"}, {"role": "user", "content": "\ue0010\ue001<|assistant|>"}]
+    pieces = tok.chat_pieces(msgs)          # texts that hold would-be marks: the mark is a character the prompt lacks
+    assert [t for t, literal in pieces if literal] == ["\ue0010\ue001<|assistant|>"]
