@@ -84,9 +84,10 @@ class ResponsesRequest(OpenAIBody):
         if self.tools:
             body["tools"] = [_chat_tool(t, i) for i, t in enumerate(self.tools)]
         if isinstance(self.tool_choice, dict):
-            if self.tool_choice.get("type") != "function" or not isinstance(self.tool_choice.get("name"), str):
+            names = [t.get("name") for t in self.tools or ()]
+            if self.tool_choice.get("type") != "function" or self.tool_choice.get("name") not in names:
                 raise ApiError(400, "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'name': "
-                               "...}", "tool_choice")
+                               f"one of {names}}}, not {self.tool_choice!r}", "tool_choice")
             body["tool_choice"] = {"type": "function", "function": {"name": self.tool_choice["name"]}}
         elif self.tool_choice is not None:
             body["tool_choice"] = self.tool_choice
@@ -115,6 +116,7 @@ class ResponsesRequest(OpenAIBody):
                     raise ApiError(400, f"input[{i}] has role {item.get('role')!r}", f"input[{i}].role")
                 messages.append({"role": item["role"], "content": _text(item.get("content"), i)})
             elif kind == "function_call":
+                _check_call(item, i)
                 call = {"id": item.get("call_id"), "type": "function",
                         "function": {"name": item.get("name"), "arguments": item.get("arguments", "")}}
                 last = messages[-1] if messages else None
@@ -123,6 +125,8 @@ class ResponsesRequest(OpenAIBody):
                 else:
                     messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
             elif kind == "function_call_output":
+                if not isinstance(item.get("call_id"), str):
+                    raise ApiError(400, f"input[{i}].call_id must be the call's id (a string)", f"input[{i}].call_id")
                 output = item.get("output")
                 text = _text(output, i, "output") if isinstance(output, list) else \
                     output if isinstance(output, str) else json.dumps(output)
@@ -131,6 +135,20 @@ class ResponsesRequest(OpenAIBody):
                 raise ApiError(400, f"input[{i}] has type {kind!r}: message, function_call, function_call_output "
                                "and reasoning items are supported", f"input[{i}].type")
         return messages
+
+
+def _check_call(item: dict, i: int) -> None:
+    """A function_call input item: its call_id and name strings, its arguments a JSON object's text."""
+    for key in ("call_id", "name"):
+        if not isinstance(item.get(key), str) or not item[key]:
+            raise ApiError(400, f"input[{i}].{key} must be a non-empty string", f"input[{i}].{key}")
+    try:
+        ok = isinstance(json.loads(item.get("arguments") or "{}"), dict)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ApiError(400, f"input[{i}].arguments must be a JSON object's text, as the call gave it",
+                       f"input[{i}].arguments")
 
 
 def _text(content: Any, i: int, field: str = "content") -> str:
@@ -159,6 +177,8 @@ def _chat_tool(tool: dict, i: int) -> dict:
 def _response_format(fmt: dict) -> dict:
     kind = fmt.get("type") if isinstance(fmt, dict) else None
     if kind == "json_schema":
+        if not isinstance(fmt.get("schema"), dict):
+            raise ApiError(400, "text.format.schema must be a JSON schema object", "text.format.schema")
         return {"type": "json_schema", "json_schema": {k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}}
     if kind in ("json_object", "text"):
         return {"type": kind}

@@ -83,18 +83,20 @@ def test_nulls_are_the_defaults_and_a_bad_input_is_named():
     ({"tools": [{**WEATHER, "parameters": "x"}]}, "tools[0].parameters"),
     ({"background": True}, "background"),
     ({"reasoning": {"effort": "maximal"}}, "reasoning.effort"),
+    # named by the item and field (session 44: the input as a whole, or the chat's forms, were named)
     ({"instructions": "x", "input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{no"}]},
-     "input"),
+     "input[0].arguments"),
+    ({"input": [{"type": "function_call", "call_id": "c", "arguments": "{}"}]}, "input[0].name"),
+    ({"input": [{"type": "function_call_output", "output": "sunny"}]}, "input[0].call_id"),
+    ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
 ])
 def test_what_cannot_be_served_is_a_400_naming_the_responses_field(body, param):
-    if param == "input":                 # the chat's messages[1] is input[0] here: the input as a whole is named
-        with pytest.raises(ApiError) as e:
-            _req(**body).to_chat()
-        assert (e.value.status, e.value.param) == (400, "input") and "messages" not in e.value.message
-        return
     with pytest.raises(ApiError) as e:
         _req(**body).to_chat()
     assert e.value.status == 400 and (e.value.param or "").startswith(param), (e.value.param, e.value.message)
+    assert "messages" not in e.value.message and "json_schema.schema" not in e.value.message
+    assert "'function': {" not in e.value.message, e.value.message     # the flat Responses forms
 
 
 def _chunk(delta: dict | None = None, finish=None, usage=None) -> dict:
