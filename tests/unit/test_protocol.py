@@ -752,38 +752,6 @@ def test_priority_reaches_the_engine_and_the_responses_api_passes_it():
         assert validation_error(e.value).param == "priority"
 
 
-def test_a_tool_schema_whose_type_holds_an_object_is_a_400():
-    """``"type": [{}]`` in a tool's parameter was a TypeError (a 500) in the string-argument check and the strict
-    grammar's build."""
-    from cluster.config import DEFAULT_MODEL
-    from cluster.protocol import ApiError
-    from cluster.serve import _tool_guidance
-    from models.tokenizer import Tokenizer
-
-    tok = Tokenizer.from_dir(DEFAULT_MODEL)
-    sp = tok.special_ids_by_token()
-    tool = {"type": "function", "function": {"name": "f", "strict": True, "parameters": {
-        "type": "object", "properties": {"a": {"type": [{}]}, "b": {"type": ["string", "null"]}}}}}
-    req = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}],
-                                                "tools": [tool], "tool_choice": "required"})
-    assert req.string_arguments == {"f": {"b"}}
-    with pytest.raises(ApiError) as e:
-        _tool_guidance(req, {n: sp[n] for n in TOOL_MARKERS}, tok)
-    assert (e.value.status, e.value.param) == (400, "tools"), e.value.message
-
-
-def test_strict_string_patterns_keep_their_escapes_and_lengths_name_their_bounds():
-    from cluster.guided import _lark_regex, _value
-
-    assert _lark_regex("a/b\\/c") == "a\\/b\\/c"            # an escaped slash stays escaped once
-    assert _lark_regex("^cost\\$") == "cost\\$" and _lark_regex("^a$") == "a"      # a literal dollar stays
-    assert _lark_regex("x\\\\$") == "x\\\\"                  # an escaped backslash, then the anchor
-    assert _value({"type": "string", "pattern": "^a/b\\/c$"}, {}) == "/a\\/b\\/c/"
-    for bad in ({"minLength": True}, {"maxLength": 10**12}, {"minLength": 3, "maxLength": 2}):
-        with pytest.raises(ValueError, match="minLength / maxLength"):
-            _value({"type": "string", **bad}, {})
-
-
 def test_an_error_ends_the_stream_with_no_usage_after_it():
     evs = [TokenEvent("r", [100], "Hi"), TokenEvent("r", [], "", finished=True, finish_reason="abort", error="gone")]
 
