@@ -349,9 +349,8 @@ class Scheduler:
         running requests ranked after it (priority: it arrived later and outranks them) hold enough to give it both
         — they give theirs up, worst first. None: it waits."""
         if budget <= 0 or self._waits_for_a_prefill(req):
-            return None     # as for a full cache: no overtaking (those behind would have waited for its chunk anyway)
-        lower = [r for r in self._running if req.rank < r.rank]
-        room = bool(lower) and self.pool.can_allocate(self._chunk_blocks(req, budget) - self._freed_by(lower))
+            return None     # (a prefill's blocks: those behind would have waited for its chunk anyway)
+        room = self._room_below(req, budget)
         if len(self._running) >= self.config.max_num_seqs:
             if not room:
                 return None
@@ -370,17 +369,18 @@ class Scheduler:
         """A prefilling request's next chunk; short of blocks, the running requests ranked after it give theirs up,
         worst first, where they hold enough (never itself: it waits with what it has computed)."""
         seq = self._try_prefill(req, budget)
-        lower = [r for r in self._running if req.rank < r.rank]
-        if seq is None and budget > 0 and lower and \
-                self.pool.can_allocate(self._chunk_blocks(req, budget) - self._freed_by(lower)):
+        if seq is None and budget > 0 and self._room_below(req, budget):
             while seq is None and self._running[-1] is not req:
                 self._preempt_worst(preempted)
                 seq = self._try_prefill(req, budget)
         return seq
 
-    def _freed_by(self, reqs: list[Request]) -> int:
-        """The blocks preempting ``reqs`` would free (not those they share with others: a cached prefix)."""
-        return self.pool.freed_by([r.block_ids for r in reqs])
+    def _room_below(self, req: Request, budget: int) -> bool:
+        """Whether the running requests ranked after ``req`` hold, with the free blocks, what its next chunk needs
+        (only the blocks their preemption frees: not those shared with others, a cached prefix)."""
+        lower = [r for r in self._running if req.rank < r.rank]
+        return bool(lower) and self.pool.can_allocate(
+            self._chunk_blocks(req, budget) - self.pool.freed_by([r.block_ids for r in lower]))
 
     def _preempt_worst(self, preempted: list[str]) -> None:
         victim = self._running[-1]
@@ -399,8 +399,7 @@ class Scheduler:
         need = self._blocks_to_add(req, num_new)
         while not self.pool.can_allocate(need):
             victim = self._running[-1]  # the worst-ranked; never one already scheduled (those rank before it)
-            self._preempt(victim)
-            preempted.append(victim.req_id)
+            self._preempt_worst(preempted)
             if victim is req:
                 return False
         req.block_ids += self.pool.allocate(need)
