@@ -77,10 +77,14 @@ async def _beside_loop(size: int, fn, *args, **kwargs):
 async def _encode(tokenizer, text: str, max_chars: int, param: str) -> list[int]:
     """Tokenize beside the event loop. A text that cannot fit the context (``max_chars``) is refused first, without
     spending the seconds."""
-    if len(text) > max_chars:
-        raise ApiError(400, f"the prompt is {len(text)} characters: more than the context can hold whatever it "
-                       f"tokenizes to (at most {max_chars})", param, code="context_length_exceeded")
+    _fits(len(text), max_chars, param)
     return await _beside_loop(len(text), _unicode_encode, tokenizer, text, param)
+
+
+def _fits(size: int, max_chars: int, param: str) -> None:
+    if size > max_chars:
+        raise ApiError(400, f"the prompt is {size} characters: more than the context can hold whatever it "
+                       f"tokenizes to (at most {max_chars})", param, code="context_length_exceeded")
 
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")     # JSON's escape of a UTF-16 surrogate: \ud800 ... \udfff
@@ -553,8 +557,7 @@ class OpenAIIngress:
         if len(pieces) == 1:
             return await _encode(tok, pieces[0][0], self.max_prompt_chars, "messages")
         size = sum(len(text) for text, _ in pieces)
-        if size > self.max_prompt_chars:
-            await _encode(tok, "".join(text for text, _ in pieces), self.max_prompt_chars, "messages")   # its 400
+        _fits(size, self.max_prompt_chars, "messages")
         return await _beside_loop(size, tok.encode_pieces, pieces)
 
     # ---- shared machinery ----------------------------------------------------------------------
@@ -563,7 +566,7 @@ class OpenAIIngress:
             raise ApiError(503, "the server is shutting down", None, "server_error", {"Retry-After": "1"})
         data = await request.body()
         try:
-            raw = json.loads(data.decode())     # UTF-8, as JSON over HTTP is (json.loads would take UTF-16 / 32 too)
+            raw = json.loads(data.decode("utf-8-sig"))      # UTF-8, as JSON over HTTP is (json.loads takes UTF-16 too)
         except ValueError as e:         # JSONDecodeError, UnicodeDecodeError, an integer past Python's 4300 digits
             raise ApiError(400, f"malformed JSON body: {e}") from None
         except RecursionError:          # arrays / objects nested past the parser's depth (~1000)
