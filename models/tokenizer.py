@@ -71,6 +71,16 @@ def _token_content(token: str | dict | None) -> str | None:
     return token.get("content") if isinstance(token, dict) else token
 
 
+def _text_holders(messages: list[dict]) -> list[tuple[dict, str]]:
+    """Where the text of each user, system or tool message stands: (the message, "content") or (a text part, "text")."""
+    out: list[tuple[dict, str]] = []
+    for m in messages:
+        if isinstance(m, dict) and m.get("role") != "assistant":
+            out += [(m, "content")] if isinstance(m.get("content"), str) else \
+                [(p, "text") for p in m.get("content") or () if isinstance(p, dict) and isinstance(p.get("text"), str)]
+    return out
+
+
 def _check_content(content: Any, index: int) -> None:
     if content is None or isinstance(content, str):
         return
@@ -190,15 +200,11 @@ class Tokenizer:
         writes them; where the template does not write a text verbatim (it cannot be told apart), the prompt is one
         piece, as before."""
         prompt = self.apply_chat_template(messages, add_generation_prompt, **kwargs)
+        if not any(self._special_text.search(h[key]) for h, key in _text_holders(messages)):
+            return [(prompt, False)]
         marked = copy.deepcopy(messages)
-        holders = []
-        for m in marked:
-            if not isinstance(m, dict) or m.get("role") == "assistant":
-                continue
-            holders += [(m, "content")] if isinstance(m.get("content"), str) else \
-                [(p, "text") for p in m.get("content") or () if isinstance(p, dict) and isinstance(p.get("text"), str)]
-        holders = [(h, key) for h, key in holders if self._special_text.search(h[key])]
-        mark = next((c for c in map(chr, range(0xE000, 0xF900)) if c not in prompt), None) if holders else None
+        holders = [(h, key) for h, key in _text_holders(marked) if self._special_text.search(h[key])]
+        mark = next((c for c in map(chr, range(0xE000, 0xF900)) if c not in prompt), None)
         if mark is None:
             return [(prompt, False)]
         texts = [h[key] for h, key in holders]
