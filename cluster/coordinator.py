@@ -17,6 +17,7 @@ from typing import AsyncIterator
 from cluster.config import EngineConfig
 from cluster.engine import AsyncEngine, Engine, TokenEvent
 from cluster.local import guides, load_tokenizer, report, report_pool, scheduler_config
+from cluster.metrics_hub import app_metrics_hub
 from scheduler.request import FinishReason, SamplingParams
 from scheduler.scheduler import AdmissionError
 
@@ -164,6 +165,7 @@ class Coordinator:
         self.metrics = Metrics(self.engine)
         self.replica_id = _replica_id()
         self._stats_log: asyncio.Task | None = None
+        self._hub = None                # the app's MetricsHub (``check_health``)
 
     def _warm_up(self, cfg: EngineConfig) -> None:
         """The engine's start-up warm-up (before the replica takes requests); a failure fails the replica's start."""
@@ -215,8 +217,9 @@ class Coordinator:
     async def abort(self, req_id: str) -> None:
         self.aengine.abort(req_id)
 
-    async def metrics_text(self) -> str:
-        return self.metrics.text()
+    async def metrics_text(self) -> tuple[str, str]:
+        """(this replica's id, its metrics as Prometheus text)."""
+        return self.replica_id, self.metrics.text()
 
     async def info(self) -> dict:
         stats = dict(self.engine.stats)
@@ -245,6 +248,13 @@ class Coordinator:
     async def check_health(self) -> None:
         if not self.aengine.is_alive():
             raise RuntimeError("the engine loop has stopped")
+        try:                # Serve asks every replica: its metrics reach the app's /metrics whichever one answers it
+            if self._hub is None:
+                self._hub = app_metrics_hub()
+            if self._hub is not None:
+                self._hub.put.remote(self.replica_id, self.metrics.text())
+        except Exception:   # noqa: BLE001 — metrics are not the replica's health
+            self._hub = None
 
     def __del__(self):
         try:

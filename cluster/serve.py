@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException
 
 from cluster.config import EngineConfig
 from cluster.guided import check_tool_grammar, tool_grammar
+from cluster.metrics_hub import app_metrics_hub, merge
 from cluster.parsers import TOOL_MARKERS, ReasoningSplit, ToolCalls
 from cluster.protocol import (ApiError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
                               validation_error)
@@ -374,6 +375,7 @@ def _join_logprobs(parts: list, chat: bool) -> dict:
 
 _TURNS = ("<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")   # the role tokens that start a turn
 HEALTH_PROBE_S = 2.0    # /health before the model first answered: how long it asks the coordinator before a 503
+HUB_TIMEOUT_S = 5.0     # /metrics: how long it waits for the other replicas' metrics
 
 
 # Defined after its helpers: serve.ingress pickles the class by value at decoration time.
@@ -475,8 +477,16 @@ class OpenAIIngress:
 
     @app.get("/metrics")
     async def metrics(self) -> PlainTextResponse:
-        text = await self.coord.metrics_text.remote()
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+        """Every Coordinator replica's metrics, each sample labelled with its ``replica``: the one this call reaches,
+        fresh, and the others' as they left them at their last health check (``cluster/metrics_hub.py``)."""
+        replica, text = await self.coord.metrics_text.remote()
+        texts = {}
+        if (hub := app_metrics_hub()) is not None:
+            try:
+                texts = await asyncio.wait_for(hub.get.remote(), HUB_TIMEOUT_S)
+            except Exception:    # noqa: BLE001 — the others' metrics are lost for this scrape, not the answer
+                texts = {}
+        return PlainTextResponse(merge({**texts, replica: text}), media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/completions")
     async def completions(self, request: Request):

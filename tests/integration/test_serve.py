@@ -60,8 +60,24 @@ def get(base_url, path):
 
 
 def metric(base_url, name) -> float:
+    """A series of /metrics summed over the replicas: ``name``, or ``name{label="value",...}`` (with those labels)."""
+    return sum(metric_series(base_url, name).values())
+
+
+def metric_series(base_url, name) -> dict[str, float]:
+    """The series ``name`` (as ``metric`` takes it) by replica."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     text = urllib.request.urlopen(base_url + "/metrics", timeout=30).read().decode()
-    return float(next((line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")), 0))
+    base, _, labels = name.partition("{")
+    want = dict(pair.split("=", 1) for pair in labels.rstrip("}").split(",") if pair)
+    want = {k: v.strip('"') for k, v in want.items()}
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == base and all(s.labels.get(k) == v for k, v in want.items()):
+                out[s.labels["replica"]] = out.get(s.labels["replica"], 0.0) + s.value
+    return out
 
 
 def test_models_and_health(client, base_url):
@@ -460,7 +476,7 @@ def test_step_time_metrics(client, base_url):
     graph, ahead = metric(base_url, "glmserve_graph_steps"), metric(base_url, "glmserve_ahead_steps")
     assert 0 <= ahead <= graph <= steps
     text = urllib.request.urlopen(base_url + "/metrics", timeout=30).read().decode()
-    assert "\nglmserve_queued_prompt_tokens " in text               # max_waiting_tokens's count (0 with nothing queued)
+    assert "\nglmserve_queued_prompt_tokens{" in text               # max_waiting_tokens's count (0 with nothing queued)
 
 
 def test_disconnect_frees_kv(base_url):
@@ -621,6 +637,13 @@ def test_two_replicas_both_serve_and_prompts_go_where_their_prefix_is(serve_sess
             assert [r.system_fingerprint for r in again] == [r.system_fingerprint for r in first]
             assert all(r.usage.prompt_tokens_details.cached_tokens >= r.usage.prompt_tokens - 32 for r in again), \
                 [r.usage for r in again]
+
+        # one /metrics holds both replicas' series (the other's as of its last health check), labelled by replica
+        deadline = time.time() + 60
+        while set(series := metric_series(serve_session + "/two", "glmserve_requests_total")) \
+                != served_by or sum(series.values()) != 24 + 3 * 4:
+            assert time.time() < deadline, series
+            time.sleep(1)
     finally:
         serve.delete("two")
 
