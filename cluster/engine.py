@@ -437,6 +437,8 @@ class Engine:
     # ---- the step loop -----------------------------------------------------------------------
     def step(self) -> list[TokenEvent]:
         """One step of every rank: its requests' events (first those ``_refuse`` refused since the last step)."""
+        if not self._refused:           # (one added meanwhile goes out with the next step)
+            return self._step()
         with self._lock:
             refused, self._refused = self._refused, []
         return refused + self._step()
