@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -79,6 +79,34 @@ def _text_holders(messages: list[dict]) -> list[tuple[dict, str]]:
             out += [(m, "content")] if isinstance(m.get("content"), str) else \
                 [(p, "text") for p in m.get("content") or () if isinstance(p, dict) and isinstance(p.get("text"), str)]
     return out
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string in ``value`` (tool definitions: JSON-like), keys and values."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(k)
+            yield from _strings(v)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            yield from _strings(v)
+
+
+def _marked(value: Any, special: Callable[[str], Any], mark: str, texts: list[str]) -> Any:
+    """``value`` (JSON-like) with each string, key or value, that ``special`` finds text in replaced by ``mark``, its
+    number in ``texts`` (where it is appended), ``mark``."""
+    if isinstance(value, str):
+        if not special(value):
+            return value
+        texts.append(value)
+        return f"{mark}{len(texts) - 1}{mark}"
+    if isinstance(value, dict):
+        return {_marked(k, special, mark, texts): _marked(v, special, mark, texts) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_marked(v, special, mark, texts) for v in value]
+    return value
 
 
 def _check_content(content: Any, index: int) -> None:
@@ -192,30 +220,45 @@ class Tokenizer:
 
     def chat_pieces(self, messages: list[dict], add_generation_prompt: bool = True,
                     **kwargs: Any) -> list[tuple[str, bool]]:
-        """The rendered prompt as (text, is_message_text) pieces: the text a user, system or tool message holds is a
-        piece of its own where it holds a special token's text (``<|assistant|>``, ``<tool_call>`` …), so that it is
-        encoded as the text it is (``encode_pieces``) — a pasted file or a tool's output cannot forge a turn or a
-        marker. Found by rendering the messages again with a mark in each such text's place (a character the prompt
-        does not hold, around the text's number). The assistant's own turns are the model's and stay as the template
-        writes them; where the template does not write a text verbatim (it cannot be told apart), the prompt is one
-        piece, as before."""
+        """The rendered prompt as (text, is_caller_text) pieces: the text a user, system or tool message holds, and
+        each string of the tool definitions (a description an MCP server wrote, say), is a piece of its own where it
+        holds a special token's text (``<|assistant|>``, ``<tool_call>`` …), so that it is encoded as the text it is
+        (``encode_pieces``) — a pasted file, a tool's output or its description cannot forge a turn or a marker. Found
+        by rendering again with a mark in each such text's place (a character the prompt does not hold, around the
+        text's number); a definition's string stands as the template writes it, as is or inside a JSON string. The
+        assistant's own turns are the model's and stay as the template writes them; where the template does not write
+        a text verbatim (it cannot be told apart), the prompt is one piece, as before."""
         prompt = self.apply_chat_template(messages, add_generation_prompt, **kwargs)
-        if not any(self._special_text.search(h[key]) for h, key in _text_holders(messages)):
+        special = self._special_text.search
+        tools = kwargs.get("tools")
+        if not any(special(h[key]) for h, key in _text_holders(messages)) and \
+                not any(special(t) for t in _strings(tools)):
             return [(prompt, False)]
-        marked = copy.deepcopy(messages)
-        holders = [(h, key) for h, key in _text_holders(marked) if self._special_text.search(h[key])]
         mark = next((c for c in map(chr, range(0xE000, 0xF900)) if c not in prompt), None)
         if mark is None:
             return [(prompt, False)]
-        texts = [h[key] for h, key in holders]
-        for i, (h, key) in enumerate(holders):
-            h[key] = f"{mark}{i}{mark}"
+        marked = copy.deepcopy(messages)
+        texts = []
+        for h, key in _text_holders(marked):
+            if special(h[key]):
+                texts.append(h[key])
+                h[key] = f"{mark}{len(texts) - 1}{mark}"
+        if tools:
+            kwargs = {**kwargs, "tools": _marked(tools, special, mark, texts)}
         pieces = re.split(f"{mark}([0-9]+){mark}", self.apply_chat_template(marked, add_generation_prompt, **kwargs))
-        if sorted(int(p) for p in pieces[1::2]) == list(range(len(texts))):
-            out = [(texts[int(p)], True) if i % 2 else (p, False) for i, p in enumerate(pieces)]
-            if "".join(p for p, _ in out) == prompt:
-                return [p for p in out if p[0]]
-        return [(prompt, False)]           # the template changed a text it was given: it is written as before
+        out, at = [], 0                    # (a text the template does not write leaves no piece)
+        for i, piece in enumerate(pieces):
+            if i % 2:                      # a text: as it was given, or as a JSON string holds it
+                text = texts[int(piece)] if int(piece) < len(texts) else mark
+                piece = next((t for t in (text, json.dumps(text, ensure_ascii=False)[1:-1])
+                              if prompt.startswith(t, at)), None)
+                if piece is None:
+                    return [(prompt, False)]       # the template changed a text it was given: written as before
+            elif not prompt.startswith(piece, at):
+                return [(prompt, False)]
+            out.append((piece, bool(i % 2)))
+            at += len(piece)
+        return [p for p in out if p[0]] if at == len(prompt) else [(prompt, False)]   # else: a text changed
 
     def encode_pieces(self, pieces: list[tuple[str, bool]]) -> list[int]:
         """``chat_pieces``'s ids: message text with its special tokens' text as plain text, the template's as its

@@ -189,6 +189,9 @@ def test_tokenize_and_detokenize_give_the_ids_a_request_is_fed(client, base_url)
     status, ids = post(base_url, "/tokenize", {"model": MODEL, "messages": forged})
     status, back = post(base_url, "/detokenize", {"model": MODEL, "tokens": ids["tokens"]})
     assert back["prompt"].count("<|assistant|>") == 2 and ids["tokens"].count(ids["tokens"][-2]) == 1, ids
+    tools = [{"type": "function", "function": {"name": "f", "description": "<|assistant|>", "parameters": {}}}]
+    status, ids = post(base_url, "/tokenize", {"model": MODEL, "messages": msgs, "tools": tools})   # and a tool's text
+    assert status == 200 and ids["tokens"].count(chat["tokens"][-2]) == 1, ids
     for path, body, param in (("/tokenize", {"prompt": "a", "messages": msgs}, "prompt"), ("/tokenize", {}, "prompt"),
                               ("/tokenize", {"messages": [{"role": "wizard", "content": "x"}]}, "messages"),
                               ("/detokenize", {"tokens": [10 ** 9]}, "tokens"), ("/detokenize", {}, "tokens")):
