@@ -127,6 +127,17 @@ class Executor(Protocol):
     def recover(self) -> None: ...
 
 
+def out_of_memory_hint(e: BaseException, steps: list[WorkerStep]) -> str:
+    """What to change, after an error that says the device ran out of memory (a rank's, passed on as text too)."""
+    if "out of memory" not in str(e).lower():
+        return ""
+    seqs = [s for step in steps for s in step.seqs]
+    what = (f"a step of {max(sum(len(s.token_ids) for s in step.seqs) for step in steps)} tokens a rank (contexts up "
+            f"to {max(s.end_pos for s in seqs)})" if seqs else f"capturing the graph step {steps[0].graph}")
+    return (f" [{what} found too little device memory beside the KV pool: lower gpu_memory_utilization, "
+            f"max_num_batched_tokens or max_num_seqs]")
+
+
 class GroupFailure(RuntimeError):
     """The worker group died or hung: every in-flight request fails, the group is rebuilt."""
 
@@ -393,7 +404,13 @@ class Engine:
                 report(f"warm-up: capturing {len(keys)} graph steps (contexts up to {tokens} tokens) ...")
             for i, (key, drafts) in enumerate(keys):
                 shape = graph_shape(key[0], key[2], len(self.schedulers))
-                self.executor.execute([WorkerStep(-1, (), shape=shape, graph=key, warm=drafts)] * len(self.schedulers))
+                steps = [WorkerStep(-1, (), shape=shape, graph=key, warm=drafts)] * len(self.schedulers)
+                try:
+                    self.executor.execute(steps)
+                except Exception as e:
+                    if hint := out_of_memory_hint(e, steps):
+                        raise RuntimeError(f"warm-up failed: {type(e).__name__}: {e}{hint}") from e
+                    raise
                 if report and (i + 1) % max(1, len(keys) // 4) == 0 and i + 1 < len(keys):
                     report(f"warm-up: {i + 1} of {len(keys)} graph steps in {time.perf_counter() - start:.1f} s")
             if report:
@@ -458,7 +475,7 @@ class Engine:
         try:
             results = self.executor.execute(steps)
         except GroupFailure as e:      # the group is gone: every live request fails, then rebuild
-            return self._fail_all(f"worker group failed: {e}")
+            return self._fail_all(f"worker group failed: {e}{out_of_memory_hint(e, steps)}")
         except Exception as e:         # a failed step fails its requests, never the engine
             traceback.print_exc()
             self.stats["failed_steps"] += 1
@@ -468,7 +485,7 @@ class Engine:
                 ids = [s.req_id for p in plans for s in p.seqs]
                 return [self._end(ev) for r, sch in enumerate(self.schedulers)
                         for ev in sch.fail([i for i in ids if self._rank_of.get(i) == r],
-                                           f"step failed: {type(e).__name__}: {e}")]
+                                           f"step failed: {type(e).__name__}: {e}{out_of_memory_hint(e, steps)}")]
         if steps[0].lookahead:         # the workers launched the next step ahead
             self._launched = (steps[0].graph, plans)
         with self._lock:

@@ -176,3 +176,64 @@ def test_release_and_adopt_move_the_oldest_waiting_request():
     b.adopt(req)
     assert (req.req_id, a.num_waiting, b.num_waiting, a.get("x"), b.get("x") is req) == ("x", 1, 2, None, True)
     assert req.arrival > b.get("z").arrival                               # the youngest where it lands
+
+
+class _OutOfMemory(RecordingExecutor):
+    """Runs out of device memory on a step of more than ``limit`` tokens a rank (as a worker's exception, or as a
+    group's failure that passes a rank's on as text)."""
+
+    def __init__(self, limit: int, group: bool):
+        super().__init__()
+        self.limit, self.group = limit, group
+
+    def execute(self, steps):
+        import torch
+
+        from cluster.engine import GroupFailure
+
+        if any(sum(len(s.token_ids) for s in st.seqs) > self.limit for st in steps):
+            msg = "CUDA out of memory. Tried to allocate 2.00 GiB"
+            raise GroupFailure(f"step: rank 0 failed: OutOfMemoryError: {msg}") if self.group else \
+                torch.OutOfMemoryError(msg)
+        return super().execute(steps)
+
+
+@pytest.mark.parametrize("group", [False, True])
+def test_a_step_out_of_memory_fails_its_requests_naming_the_knobs_and_serving_goes_on(group):
+    """A step the device has no memory for fails its requests with an error that says what to lower; a later request
+    is served (the failure is the step's, not the engine's)."""
+    cfg = SchedulerConfig(num_blocks=64, block_size=16, max_model_len=256, vocab_size=64, max_num_batched_tokens=64)
+    engine = Engine(_OutOfMemory(limit=40, group=group), cfg)
+    engine.add_request(list(range(1, 61)), SamplingParams(max_tokens=4), "long")
+    errors = [ev.error for ev in engine.step() if ev.error]
+    assert len(errors) == 1 and "out of memory" in errors[0] and "a step of 60 tokens a rank (contexts up to 60)" \
+        in errors[0] and "lower gpu_memory_utilization, max_num_batched_tokens or max_num_seqs" in errors[0], errors
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True), "short")
+    out = []
+    while engine.has_unfinished():
+        out += [(ev.token_ids, ev.error) for ev in engine.step()]
+    assert out and all(err is None for _, err in out) and sum(len(t) for t, _ in out) == 3
+
+
+def test_a_warm_up_out_of_memory_names_the_knobs():
+    """A graph capture the device has no memory for stops the warm-up (a replica that cannot warm up cannot serve)
+    with an error that says what to lower; another error passes as it is."""
+    cfg = SchedulerConfig(num_blocks=64, block_size=16, max_model_len=256, vocab_size=64, max_num_batched_tokens=64)
+
+    class Capture(RecordingExecutor):
+        error = None
+
+        def execute(self, steps):
+            if steps[0].warm is not None and steps[0].graph is not None:
+                raise self.error
+            return super().execute(steps)
+
+    import torch
+
+    for error, match in ((torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB"),
+                          r"warm-up failed: OutOfMemoryError: CUDA out of memory.*capturing the graph step \(1, 1, "
+                          r"False\) found too little device memory beside the KV pool: lower gpu_memory_utilization"),
+                         (ValueError("a bad kernel"), "^a bad kernel$")):
+        Capture.error = error
+        with pytest.raises(type(error) if isinstance(error, ValueError) else RuntimeError, match=match):
+            Engine(Capture(), cfg, graphs=True).warm_up(64)
