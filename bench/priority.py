@@ -2,21 +2,27 @@
 policy, side by side in one run, on the same arrivals.
 
     PYTHONPATH=. python bench/priority.py [--out bench/results/session44/priority_cpu.md]      # CPU, the tiny model
+    PYTHONPATH=. python bench/priority.py --slice --device cuda --batch 96 --batch-prompt 2048 --batch-out 256 \
+        --max-num-seqs 32 --chunk 8192 --chat-prompt 512 --chat-out 64 --kv 1048576     # the GLM-5.2-width slice
 
 ``--batch`` batch requests (priority 1: ``--batch-prompt`` prompt tokens, ``--batch-out`` output tokens) arrive at
 once and fill the ``--max-num-seqs`` slots and the queue; then one interactive request (priority 0, a short prompt and
 answer) arrives every ``--every`` steps. Arrivals are counted in engine steps, so both policies see the same ones;
-times are wall-clock. Token ids are synthetic; greedy; EOS ignored.
+times are wall-clock. Token ids are synthetic; greedy; EOS ignored. On a GPU each engine warms up first (CUDA graphs
+of contexts up to ``--warmup-tokens``, as ``serve run`` does), outside the timing.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import random
 import statistics
+import tempfile
 import time
 
-from cluster.config import DEFAULT_MODEL, EngineConfig
+from bench.prefix_cache import model_path
+from cluster.config import EngineConfig
 from cluster.local import build_local_engine
 from scheduler.request import SamplingParams
 
@@ -34,10 +40,11 @@ def workload(args, vocab: int) -> dict[int, list[tuple[str, list[int], SamplingP
     return arrivals
 
 
-def run(args, policy: str) -> dict:
-    cfg = EngineConfig(model=args.model, device="cpu", scheduling_policy=policy, max_num_seqs=args.max_num_seqs,
-                       max_num_batched_tokens=args.chunk, max_waiting=1024, kv_cache_tokens=args.kv,
-                       prefix_caching=False)
+def run(args, policy: str, model: str, load_format: str) -> dict:
+    cfg = EngineConfig(model=model, load_format=load_format, device=args.device, scheduling_policy=policy,
+                       max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.chunk, max_waiting=1024,
+                       kv_cache_tokens=args.kv, prefix_caching=False, warmup_tokens=args.warmup_tokens)
+    print(f"{policy}: building the engine ...", flush=True)
     engine, _ = build_local_engine(cfg, progress=False)
     arrivals = workload(args, engine.schedulers[0].config.vocab_size)
     added, first, done, tokens = {}, {}, {}, 0
@@ -58,7 +65,14 @@ def run(args, policy: str) -> dict:
             if ev.finished:
                 done[ev.req_id] = now
     wall = time.perf_counter() - start
-    out = {"policy": policy, "wall_s": wall, "tokens_per_s": tokens / wall, "preemptions": engine.stats["preemptions"]}
+    preemptions = engine.stats["preemptions"]
+    del engine
+    gc.collect()                          # the engine's pool and graphs, before the next policy's engine is built
+    if args.device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+    out = {"policy": policy, "wall_s": wall, "tokens_per_s": tokens / wall, "preemptions": preemptions}
     for kind in ("chat", "batch"):
         ttft = sorted(1e3 * (first[r] - added[r]) for r in added if r.startswith(kind))
         e2e = sorted(1e3 * (done[r] - added[r]) for r in added if r.startswith(kind))
@@ -70,7 +84,10 @@ def run(args, policy: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--slice", action="store_true", help="the GLM-5.2-width slice, random FP8 weights (a GPU)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--warmup-tokens", type=int, default=None,
+                    help="a GPU's graphs of contexts up to this many (default: the engine's, every context)")
     ap.add_argument("--batch", type=int, default=24)
     ap.add_argument("--batch-prompt", type=int, default=192)
     ap.add_argument("--batch-out", type=int, default=96)
@@ -84,8 +101,11 @@ def main() -> None:
     ap.add_argument("--kv", type=int, default=16384, help="KV slots")
     ap.add_argument("--out", default=None, help="a markdown file for the table")
     args = ap.parse_args()
-    rows = [run(args, policy) for policy in ("fcfs", "priority")]
-    lines = [f"Interactive (priority 0) and batch (priority 1) requests on the CPU, tiny model: {args.batch} batch "
+    with tempfile.TemporaryDirectory() as tmp:
+        model, fmt = model_path(args.slice, tmp)
+        rows = [run(args, policy, model, fmt) for policy in ("fcfs", "priority")]
+    what = "the GLM-5.2-width slice (4 layers, FP8)" if args.slice else "the tiny model"
+    lines = [f"Interactive (priority 0) and batch (priority 1) requests on {args.device}, {what}: {args.batch} batch "
              f"requests ({args.batch_prompt} + {args.batch_out} tokens) at once, then {args.interactive} interactive "
              f"({args.chat_prompt} + {args.chat_out}) one every {args.every} steps; max_num_seqs {args.max_num_seqs}, "
              f"max_num_batched_tokens {args.chunk}. Milliseconds.", "",
