@@ -289,19 +289,23 @@ class Engine:
             if req_id in self._rank_of:
                 raise AdmissionError("duplicate", "req_id", f"req_id {req_id!r} is already in flight")
             full = sum(s.num_running + s.num_waiting for s in self.schedulers) >= self._admits
-            displaced = self._displaceable(params.priority) if full else None
-            if full and displaced is None:
-                raise AdmissionError("queue_full", "queue", f"the engine is full ({self.config.max_num_seqs} running "
-                                     f"+ {self.config.max_waiting} waiting requests); retry later")
             ids = list(prompt_ids)
             # the rank its blocks add the least KV load to: the least loaded, less the blocks it holds cached
             hits = [s.cached_blocks(ids) if len(self.schedulers) > 1 or self.config.max_waiting_tokens else 0
                     for s in self.schedulers]
             rank = place_request({r: s.kv_load - hits[r] for r, s in enumerate(self.schedulers)})
-            self._check_queued_tokens(len(ids) - hits[rank] * self.config.block_size)
-            self.schedulers[rank].check_admission(req_id, ids, params, leaving=int(displaced is not None))
-            if displaced is not None:           # admitted: the request it displaces is refused now
-                self._refuse(*displaced)
+            queued, over = self._queued_tokens_over(len(ids) - hits[rank] * self.config.block_size)
+            displaced = self._displaceable(params.priority, full, over) if full or over else []
+            if displaced is None and full:
+                raise AdmissionError("queue_full", "queue", f"the engine is full ({self.config.max_num_seqs} running "
+                                     f"+ {self.config.max_waiting} waiting requests); retry later")
+            if displaced is None:
+                raise AdmissionError("queue_full", "queue", f"the engine's queue holds {queued} prompt tokens still to "
+                                     f"compute; {len(ids) - hits[rank] * self.config.block_size} more would pass "
+                                     f"max_waiting_tokens ({self.config.max_waiting_tokens}); retry later")
+            self.schedulers[rank].check_admission(req_id, ids, params, leaving=len(displaced))
+            for victim in displaced:            # admitted: the requests it displaces are refused now
+                self._refuse(*victim)
             req = self.schedulers[rank].add_request(req_id, ids, params)
             self._rank_of[req_id] = rank
             detok = IncrementalDetokenizer(self.decode, ids) if self.decode else None
@@ -313,36 +317,44 @@ class Engine:
             self.stats["prompt_tokens"] += len(prompt_ids)
         return req_id
 
-    def _displaceable(self, priority: int) -> tuple[int, Request] | None:
-        """Priority: a full engine admits a request by refusing, after the fact, the waiting request of the lowest
-        priority below it (the latest of them) that has had no output yet and never ran — its client has had no answer
-        yet, and gets the 429 this one would have had (``AsyncEngine.generate`` raises it before any event). That one
-        and its rank, or None."""
+    def _displaceable(self, priority: int, seat: bool, tokens: int) -> list[tuple[int, Request]] | None:
+        """Priority: an engine that has no seat for a request (``seat``), or whose queue has no room for ``tokens`` more
+        of its prompt tokens (past ``max_waiting_tokens``), admits it by refusing, after the fact, waiting requests of a
+        lower priority that have had no output yet and never ran — the lowest priority first, the latest of it first —
+        until a seat and the tokens are free. Their clients have had no answer yet, and get the 429 this one would have
+        had (``AsyncEngine.generate`` raises it before any event). Those requests and their ranks, or None where they
+        cannot free enough."""
         if self.config.policy != "priority":
             return None
-        waiting = [((r.params.priority, self._streams[r.req_id].admitted), rank, r)
-                   for rank, s in enumerate(self.schedulers) for r in s.waiting()
-                   if r.params.priority > priority and not r.output_ids and not r.num_preemptions]
-        return max(waiting, key=lambda w: w[0])[1:] if waiting else None
+        bs, out, freed = self.config.block_size, [], 0
+        for _, rank, r in sorted(((r.params.priority, self._streams[r.req_id].admitted), rank, r)
+                                 for rank, s in enumerate(self.schedulers) for r in s.waiting()
+                                 if r.params.priority > priority and not r.output_ids and not r.num_preemptions)[::-1]:
+            if (not seat or out) and freed >= tokens:
+                break
+            gain = max(0, r.num_tokens - r.hit_blocks * bs)        # its share of the queue's tokens
+            if (seat and not out) or gain:
+                out.append((rank, r))
+                freed += gain
+        return out if (out or not seat) and freed >= tokens else None
 
     def _refuse(self, rank: int, victim: Request) -> None:
         """Refuse ``victim``, waiting on ``rank``, for a request of a higher priority (``_displaceable``)."""
         ev = self._end(self.schedulers[rank].abort(victim.req_id))
+        tokens = f", max_waiting_tokens {self.config.max_waiting_tokens}" if self.config.max_waiting_tokens else ""
         ev.refused = AdmissionError("queue_full", "queue", f"the engine is full ({self.config.max_num_seqs} running + "
-                                    f"{self.config.max_waiting} waiting requests) and a request of a higher priority "
-                                    "took this one's place in the queue; retry later")
+                                    f"{self.config.max_waiting} waiting requests{tokens}) and a request of a higher "
+                                    "priority took this one's place in the queue; retry later")
         ev.error, ev.finish_reason = str(ev.refused), FinishReason.ABORT
         self._refused.append(ev)
 
-    def _check_queued_tokens(self, new: int) -> None:
-        """``max_waiting_tokens``: refuse a prompt whose ``new`` uncached tokens would take the prompt tokens queued in
-        the replica past the bound (its time to first token would be theirs too). The bound is at least
-        ``max_model_len``: an idle queue takes any prompt."""
+    def _queued_tokens_over(self, new: int) -> tuple[int, int]:
+        """``max_waiting_tokens``: (the prompt tokens queued in the replica still to compute, how many of them past
+        the bound ``new`` more would take it; 0: they fit). A prompt past it is refused (its time to first token
+        would be theirs too). The bound is at least ``max_model_len``: an idle queue takes any prompt."""
         bound = self.config.max_waiting_tokens
         queued = sum(s.queued_tokens for s in self.schedulers) if bound else 0   # the caller holds the lock
-        if queued + new > bound > 0:
-            raise AdmissionError("queue_full", "queue", f"the engine's queue holds {queued} prompt tokens still to "
-                                 f"compute; {new} more would pass max_waiting_tokens ({bound}); retry later")
+        return queued, max(0, queued + new - bound) if bound else 0
 
     def _guide(self, prompt_ids: Sequence[int], params: SamplingParams) -> Guide | Prefix | None:
         if params.json_schema is None and params.tool_grammar is None and not params.forced_paths:

@@ -237,3 +237,28 @@ def test_a_warm_up_out_of_memory_names_the_knobs():
         Capture.error = error
         with pytest.raises(type(error) if isinstance(error, ValueError) else RuntimeError, match=match):
             Engine(Capture(), cfg, graphs=True).warm_up(64)
+
+
+def test_a_higher_priority_displaces_queued_prompt_tokens_past_max_waiting_tokens():
+    """Under the priority policy, a prompt past ``max_waiting_tokens`` is admitted by refusing waiting requests of a
+    lower priority that never ran — the lowest priority first — until its tokens fit; none is refused where they
+    cannot free enough, and the arrival is refused as under FCFS."""
+    cfg = SchedulerConfig(num_blocks=64, block_size=16, max_model_len=160, vocab_size=64, max_num_seqs=4,
+                          max_num_batched_tokens=64, max_waiting=8, max_waiting_tokens=160, policy="priority")
+    engine = Engine(RecordingExecutor(), cfg)
+    add = lambda rid, n, p: engine.add_request([1 + len(rid)] * n, SamplingParams(max_tokens=2, priority=p), rid)
+    add("low2", 100, 2)
+    add("low1", 50, 1)
+    add("vip", 60, 0)                               # 210 > 160: low2 (the lowest) goes, low1 (enough) stays
+    assert sorted(r.req_id for s in engine.schedulers for r in s.waiting()) == ["low1", "vip"]
+    with pytest.raises(AdmissionError, match=r"holds 110 prompt tokens still to compute; 100 more would pass "
+                                             r"max_waiting_tokens \(160\)"):
+        add("mid", 100, 1)                          # nothing below priority 1 is left
+    add("vip2", 100, 0)                             # low1's 50 tokens make room
+    with pytest.raises(AdmissionError, match="max_waiting_tokens"):
+        add("x", 10, 0)                             # only its peers are queued
+    refused = [ev for ev in engine.step() if ev.refused]
+    assert [ev.req_id for ev in refused] == ["low2", "low1"] and all(
+        "max_waiting_tokens 160) and a request of a higher priority took" in ev.error for ev in refused)
+    while engine.has_unfinished():
+        engine.step()
