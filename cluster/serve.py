@@ -558,10 +558,10 @@ class OpenAIIngress:
     async def _chat_ids(self, body: ChatCompletionRequest) -> list[int]:
         """The chat's prompt ids: its messages (and tools, template arguments) through the chat template."""
         tok = self._tokenizer()
-        messages = body.template_messages()
-        try:     # a message's text that holds a special token's text is a piece apart, encoded as text
-            pieces = await _beside_loop(sum(len(str(m)) for m in messages), tok.chat_pieces, messages,
-                                        add_generation_prompt=body.add_generation_prompt, **body.template_kwargs())
+        messages, kwargs = body.template_messages(), body.template_kwargs()
+        try:     # a message's (or a tool definition's) text that holds a special token's text is encoded as text
+            pieces = await _beside_loop(len(str(messages)) + len(str(kwargs)), tok.chat_pieces, messages,
+                                        add_generation_prompt=body.add_generation_prompt, **kwargs)
         except ValueError as e:
             raise ApiError(400, str(e), "messages") from None
         if len(pieces) == 1:
