@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import re
+import secrets
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -64,6 +66,7 @@ def _byte_level_alphabet() -> dict[str, int]:
 
 
 _BYTE_OF = _byte_level_alphabet()
+_log = logging.getLogger(__name__)
 
 
 def _token_content(token: str | dict | None) -> str | None:
@@ -71,14 +74,21 @@ def _token_content(token: str | dict | None) -> str | None:
     return token.get("content") if isinstance(token, dict) else token
 
 
-def _text_holders(messages: list[dict]) -> list[tuple[dict, str]]:
-    """Where the text of each user, system or tool message stands: (the message, "content") or (a text part, "text")."""
-    out: list[tuple[dict, str]] = []
+def _text_holders(messages: list[dict]) -> list[list[tuple[dict, str]]]:
+    """Where the text of each user, system or tool message stands, a list a message: (the message, "content") or its
+    text parts' (part, "text")."""
+    out = []
     for m in messages:
         if isinstance(m, dict) and m.get("role") != "assistant":
-            out += [(m, "content")] if isinstance(m.get("content"), str) else \
-                [(p, "text") for p in m.get("content") or () if isinstance(p, dict) and isinstance(p.get("text"), str)]
+            out.append([(m, "content")] if isinstance(m.get("content"), str) else
+                       [(p, "text") for p in m.get("content") or () if isinstance(p, dict) and isinstance(p.get("text"), str)])
     return out
+
+
+def _caller_texts(messages: list[dict], special: Callable[[str], Any]) -> list[tuple[dict, str]]:
+    """The message texts ``chat_pieces`` encodes apart: every text of a message whose text, its parts joined as the
+    template joins them, holds a special token's text (a token split over two parts is one too)."""
+    return [h for holders in _text_holders(messages) if special("".join(p[k] for p, k in holders)) for h in holders]
 
 
 def _strings(value: Any) -> Iterator[str]:
@@ -94,19 +104,57 @@ def _strings(value: Any) -> Iterator[str]:
             yield from _strings(v)
 
 
-def _marked(value: Any, special: Callable[[str], Any], mark: str, texts: list[str]) -> Any:
-    """``value`` (JSON-like) with each string, key or value, that ``special`` finds text in replaced by ``mark``, its
-    number in ``texts`` (where it is appended), ``mark``."""
+def _marked(value: Any, special: Callable[[str], Any], mark: Callable[[str], str]) -> Any:
+    """``value`` (JSON-like) with each string, key or value, that ``special`` finds text in replaced by ``mark(it)``."""
     if isinstance(value, str):
-        if not special(value):
-            return value
-        texts.append(value)
-        return f"{mark}{len(texts) - 1}{mark}"
+        return mark(value) if special(value) else value
     if isinstance(value, dict):
-        return {_marked(k, special, mark, texts): _marked(v, special, mark, texts) for k, v in value.items()}
+        return {_marked(k, special, mark): _marked(v, special, mark) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_marked(v, special, mark, texts) for v in value]
+        return [_marked(v, special, mark) for v in value]
     return value
+
+
+def _free_mark(prompt: str) -> str:
+    """A string ``prompt`` holds neither as is nor as JSON's ``\\u`` escapes: a private-use character where one is
+    free, else eight drawn at random (a prompt cannot hold them all)."""
+    escaped = {int(h, 16) for h in re.findall(r"\\u([0-9a-fA-F]{4})", prompt)}
+    used = set(prompt)
+    free = next((chr(c) for c in range(0xE000, 0xF900) if chr(c) not in used and c not in escaped), None)
+    while free is None:
+        m = "".join(chr(0xE000 + secrets.randbelow(0x1900)) for _ in range(8))
+        free = m if m not in prompt and json.dumps(m)[1:-1] not in prompt else None
+    return free
+
+
+def _text_forms(text: str) -> tuple[str, ...]:
+    """How a template may write a caller's text: as is, or inside a JSON string (``tojson``, either ``ensure_ascii``)."""
+    return tuple(dict.fromkeys((text, json.dumps(text, ensure_ascii=False)[1:-1], json.dumps(text)[1:-1])))
+
+
+def _locate(prompt: str, pieces: list[str], texts: list[str]) -> list[tuple[str, bool]] | None:
+    """``prompt`` cut as ``pieces`` (the marked rendering split at its marks: template text, a text's number, template
+    text, …) say, each text in one of its forms (``_text_forms``), or None where the prompt is not so made. The forms a
+    text may take are followed side by side (a text's own form can be a prefix of its JSON form)."""
+    paths: dict[int, tuple] = {0: ()}          # where in the prompt -> the pieces that reach there, as a chain
+    for i, piece in enumerate(pieces):
+        if i % 2 == 0:
+            forms = (piece,)
+        else:                                   # (a number no text has: the template wrote a mark of its own)
+            forms = _text_forms(texts[int(piece)]) if int(piece) < len(texts) else ()
+        reach: dict[int, tuple] = {}
+        for at, chain in paths.items():
+            for form in forms:
+                if prompt.startswith(form, at):
+                    reach.setdefault(at + len(form), (chain, form, bool(i % 2)))
+        if not reach or len(reach) > 64:
+            return None
+        paths = reach
+    chain, out = paths.get(len(prompt)), []
+    while chain:
+        chain, form, caller = chain
+        out.append((form, caller))
+    return [p for p in reversed(out) if p[0]] if out else None
 
 
 def _check_content(content: Any, index: int) -> None:
@@ -224,41 +272,31 @@ class Tokenizer:
         each string of the tool definitions (a description an MCP server wrote, say), is a piece of its own where it
         holds a special token's text (``<|assistant|>``, ``<tool_call>`` …), so that it is encoded as the text it is
         (``encode_pieces``) — a pasted file, a tool's output or its description cannot forge a turn or a marker. Found
-        by rendering again with a mark in each such text's place (a character the prompt does not hold, around the
-        text's number); a definition's string stands as the template writes it, as is or inside a JSON string. The
-        assistant's own turns are the model's and stay as the template writes them; where the template does not write
-        a text verbatim (it cannot be told apart), the prompt is one piece, as before."""
+        by rendering again with a mark in each such text's place (a string the prompt does not hold, around the text's
+        number); the template may write a text as is or inside a JSON string. The assistant's own turns are the
+        model's and stay as the template writes them. Where the template does not write such a text in one of those
+        forms (it trims it, sorts keys by it …), the text cannot be told apart: the prompt is one piece, as before,
+        and a warning says so."""
         prompt = self.apply_chat_template(messages, add_generation_prompt, **kwargs)
         special = self._special_text.search
         tools = kwargs.get("tools")
-        if not any(special(h[key]) for h, key in _text_holders(messages)) and \
-                not any(special(t) for t in _strings(tools)):
+        if not _caller_texts(messages, special) and not any(special(t) for t in _strings(tools)):
             return [(prompt, False)]
-        mark = next((c for c in map(chr, range(0xE000, 0xF900)) if c not in prompt), None)
-        if mark is None:
-            return [(prompt, False)]
+        mark, numbers = _free_mark(prompt), {}
+        marking = lambda text: f"{mark}{numbers.setdefault(text, len(numbers))}{mark}"   # equal texts, one number
         marked = copy.deepcopy(messages)
-        texts = []
-        for h, key in _text_holders(marked):
-            if special(h[key]):
-                texts.append(h[key])
-                h[key] = f"{mark}{len(texts) - 1}{mark}"
+        for h, key in _caller_texts(marked, special):
+            h[key] = marking(h[key])
         if tools:
-            kwargs = {**kwargs, "tools": _marked(tools, special, mark, texts)}
-        pieces = re.split(f"{mark}([0-9]+){mark}", self.apply_chat_template(marked, add_generation_prompt, **kwargs))
-        out, at = [], 0                    # (a text the template does not write leaves no piece)
-        for i, piece in enumerate(pieces):
-            if i % 2:                      # a text: as it was given, or as a JSON string holds it
-                text = texts[int(piece)] if int(piece) < len(texts) else mark
-                piece = next((t for t in (text, json.dumps(text, ensure_ascii=False)[1:-1])
-                              if prompt.startswith(t, at)), None)
-                if piece is None:
-                    return [(prompt, False)]       # the template changed a text it was given: written as before
-            elif not prompt.startswith(piece, at):
-                return [(prompt, False)]
-            out.append((piece, bool(i % 2)))
-            at += len(piece)
-        return [p for p in out if p[0]] if at == len(prompt) else [(prompt, False)]   # else: a text changed
+            kwargs = {**kwargs, "tools": _marked(tools, special, marking)}
+        at = f"(?:{re.escape(mark)}|{re.escape(json.dumps(mark)[1:-1])})"
+        pieces = re.split(f"{at}([0-9]+){at}", self.apply_chat_template(marked, add_generation_prompt, **kwargs))
+        located = _locate(prompt, pieces, list(numbers))
+        if located is None:
+            _log.warning("the chat template does not write a caller's text as given: special tokens' text in it is "
+                         "encoded as those tokens")
+            return [(prompt, False)]
+        return located
 
     def encode_pieces(self, pieces: list[tuple[str, bool]]) -> list[int]:
         """``chat_pieces``'s ids: message text with its special tokens' text as plain text, the template's as its
