@@ -3,7 +3,7 @@ policy, side by side in one run, on the same arrivals.
 
     PYTHONPATH=. python bench/priority.py [--out bench/results/session44/priority_cpu.md]      # CPU, the tiny model
     PYTHONPATH=. python bench/priority.py --slice --device cuda --batch 96 --batch-prompt 2048 --batch-out 256 \
-        --max-num-seqs 32 --chunk 8192 --chat-prompt 512 --chat-out 64 --kv 1048576     # the GLM-5.2-width slice
+        --max-num-seqs 32 --chunk 8192 --chat-prompt 512 --chat-out 64 --kv 1048576 --warmup-tokens 4096   # a GPU
 
 ``--batch`` batch requests (priority 1: ``--batch-prompt`` prompt tokens, ``--batch-out`` output tokens) arrive at
 once and fill the ``--max-num-seqs`` slots and the queue; then one interactive request (priority 0, a short prompt and
@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import random
 import statistics
 import tempfile
 import time
 
 from bench.prefix_cache import model_path
-from cluster.config import EngineConfig
+from cluster.config import DEFAULT_MODEL, EngineConfig
 from cluster.local import build_local_engine
 from scheduler.request import SamplingParams
 
@@ -76,7 +77,7 @@ def run(args, policy: str, model: str, load_format: str) -> dict:
     for kind in ("chat", "batch"):
         ttft = sorted(1e3 * (first[r] - added[r]) for r in added if r.startswith(kind))
         e2e = sorted(1e3 * (done[r] - added[r]) for r in added if r.startswith(kind))
-        out[kind] = {"ttft_p50": statistics.median(ttft), "ttft_p95": ttft[int(0.95 * (len(ttft) - 1))],
+        out[kind] = {"ttft_p50": statistics.median(ttft), "ttft_p95": ttft[math.ceil(0.95 * len(ttft)) - 1],
                      "ttft_max": ttft[-1], "e2e_p50": statistics.median(e2e), "e2e_max": e2e[-1]}
     print(f"{policy}: {wall:.1f} s, chat TTFT p50 {out['chat']['ttft_p50']:.0f} ms", flush=True)
     return out
@@ -84,8 +85,9 @@ def run(args, policy: str, model: str, load_format: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=DEFAULT_MODEL, help="a model directory (without --slice)")
     ap.add_argument("--slice", action="store_true", help="the GLM-5.2-width slice, random FP8 weights (a GPU)")
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--device", default=None, help="cpu, or cuda (the default with --slice)")
     ap.add_argument("--warmup-tokens", type=int, default=None,
                     help="a GPU's graphs of contexts up to this many (default: the engine's, every context)")
     ap.add_argument("--batch", type=int, default=24)
@@ -101,10 +103,12 @@ def main() -> None:
     ap.add_argument("--kv", type=int, default=16384, help="KV slots")
     ap.add_argument("--out", default=None, help="a markdown file for the table")
     args = ap.parse_args()
+    args.device = args.device or ("cuda" if args.slice else "cpu")
     with tempfile.TemporaryDirectory() as tmp:
-        model, fmt = model_path(args.slice, tmp)
+        model, fmt = model_path(args.slice, tmp) if args.slice else (args.model, "auto")
         rows = [run(args, policy, model, fmt) for policy in ("fcfs", "priority")]
-    what = "the GLM-5.2-width slice (4 layers, FP8)" if args.slice else "the tiny model"
+    what = ("the GLM-5.2-width slice (4 layers, FP8)" if args.slice else
+            "the tiny model" if args.model == DEFAULT_MODEL else args.model)
     lines = [f"Interactive (priority 0) and batch (priority 1) requests on {args.device}, {what}: {args.batch} batch "
              f"requests ({args.batch_prompt} + {args.batch_out} tokens) at once, then {args.interactive} interactive "
              f"({args.chat_prompt} + {args.chat_out}) one every {args.every} steps; max_num_seqs {args.max_num_seqs}, "

@@ -133,9 +133,10 @@ def out_of_memory_hint(e: BaseException, steps: list[WorkerStep]) -> str:
         return ""
     seqs = [s for step in steps for s in step.seqs]
     what = (f"a step of {max(sum(len(s.token_ids) for s in step.seqs) for step in steps)} tokens a rank (contexts up "
-            f"to {max(s.end_pos for s in seqs)})" if seqs else f"capturing the graph step {steps[0].graph}")
-    return (f" [{what} found too little device memory beside the KV pool: lower gpu_memory_utilization, "
-            f"max_num_batched_tokens or max_num_seqs]")
+            f"to {max(s.end_pos for s in seqs)})" if seqs else f"capturing the graph step {steps[0].graph}"
+            if steps[0].graph else "a step")
+    return (f" [{what} found too little device memory beside the KV pool: lower kv_cache_tokens or "
+            f"gpu_memory_utilization (whichever sizes the pool), max_num_batched_tokens or max_num_seqs]")
 
 
 class GroupFailure(RuntimeError):
@@ -341,6 +342,7 @@ class Engine:
     def _refuse(self, rank: int, victim: Request) -> None:
         """Refuse ``victim``, waiting on ``rank``, for a request of a higher priority (``_displaceable``)."""
         ev = self._end(self.schedulers[rank].abort(victim.req_id))
+        self.stats["prompt_tokens"] -= len(victim.prompt_ids)       # counted at its admission; it never ran
         tokens = f", max_waiting_tokens {self.config.max_waiting_tokens}" if self.config.max_waiting_tokens else ""
         ev.refused = AdmissionError("queue_full", "queue", f"the engine is full ({self.config.max_num_seqs} running + "
                                     f"{self.config.max_waiting} waiting requests{tokens}) and a request of a higher "
@@ -416,19 +418,13 @@ class Engine:
                 report(f"warm-up: capturing {len(keys)} graph steps (contexts up to {tokens} tokens) ...")
             for i, (key, drafts) in enumerate(keys):
                 shape = graph_shape(key[0], key[2], len(self.schedulers))
-                steps = [WorkerStep(-1, (), shape=shape, graph=key, warm=drafts)] * len(self.schedulers)
-                try:
-                    self.executor.execute(steps)
-                except Exception as e:
-                    if hint := out_of_memory_hint(e, steps):
-                        raise RuntimeError(f"warm-up failed: {type(e).__name__}: {e}{hint}") from e
-                    raise
+                self._warm_step([WorkerStep(-1, (), shape=shape, graph=key, warm=drafts)] * len(self.schedulers))
                 if report and (i + 1) % max(1, len(keys) // 4) == 0 and i + 1 < len(keys):
                     report(f"warm-up: {i + 1} of {len(keys)} graph steps in {time.perf_counter() - start:.1f} s")
             if report:
                 report(f"warm-up: the other steps' per-layer pieces, where on ({time.perf_counter() - start:.1f} s) ...")
             shape = graph_shape(1, False, len(self.schedulers))      # a warm step without a graph: the pieces
-            self.executor.execute([WorkerStep(-1, (), shape=shape, warm=())] * len(self.schedulers))
+            self._warm_step([WorkerStep(-1, (), shape=shape, warm=())] * len(self.schedulers))
         captured = time.perf_counter()
         # prompts of a prefill chunk at most, decoding within the captured widths; sizes in each of the kernels' row
         # classes (prefill, mid-size past and within 128 rows, the decode tiles' 16 / 32 / 64-row blocks), a multiple
@@ -462,6 +458,14 @@ class Engine:
                    f"{done['capture_s']:.1f} s, prompts of {lengths[-1]}–{lengths[0]} tokens "
                    f"{done['request_s']:.1f} s)")
         return done
+
+    def _warm_step(self, steps: list[WorkerStep]) -> None:
+        try:
+            self.executor.execute(steps)
+        except Exception as e:
+            if hint := out_of_memory_hint(e, steps):
+                raise RuntimeError(f"warm-up failed: {type(e).__name__}: {e}{hint}") from e
+            raise
 
     # ---- the step loop -----------------------------------------------------------------------
     def step(self) -> list[TokenEvent]:

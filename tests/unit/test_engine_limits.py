@@ -207,7 +207,8 @@ def test_a_step_out_of_memory_fails_its_requests_naming_the_knobs_and_serving_go
     engine.add_request(list(range(1, 61)), SamplingParams(max_tokens=4), "long")
     errors = [ev.error for ev in engine.step() if ev.error]
     assert len(errors) == 1 and "out of memory" in errors[0] and "a step of 60 tokens a rank (contexts up to 60)" \
-        in errors[0] and "lower gpu_memory_utilization, max_num_batched_tokens or max_num_seqs" in errors[0], errors
+        in errors[0] and "lower kv_cache_tokens or gpu_memory_utilization (whichever sizes the pool), " \
+        "max_num_batched_tokens or max_num_seqs" in errors[0], errors
     engine.add_request([1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True), "short")
     out = []
     while engine.has_unfinished():
@@ -232,7 +233,8 @@ def test_a_warm_up_out_of_memory_names_the_knobs():
 
     for error, match in ((torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB"),
                           r"warm-up failed: OutOfMemoryError: CUDA out of memory.*capturing the graph step \(1, 1, "
-                          r"False\) found too little device memory beside the KV pool: lower gpu_memory_utilization"),
+                          r"False\) found too little device memory beside the KV pool: lower kv_cache_tokens or "
+                          r"gpu_memory_utilization"),
                          (ValueError("a bad kernel"), "^a bad kernel$")):
         Capture.error = error
         with pytest.raises(type(error) if isinstance(error, ValueError) else RuntimeError, match=match):
@@ -260,5 +262,6 @@ def test_a_higher_priority_displaces_queued_prompt_tokens_past_max_waiting_token
     refused = [ev for ev in engine.step() if ev.refused]
     assert [ev.req_id for ev in refused] == ["low2", "low1"] and all(
         "max_waiting_tokens 160) and a request of a higher priority took" in ev.error for ev in refused)
+    assert engine.stats["prompt_tokens"] == 60 + 100             # the refused prompts' are not counted
     while engine.has_unfinished():
         engine.step()
