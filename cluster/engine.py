@@ -319,12 +319,12 @@ class Engine:
         return req_id
 
     def _displaceable(self, priority: int, seat: bool, tokens: int) -> list[tuple[int, Request]] | None:
-        """Priority: an engine that has no seat for a request (``seat``), or whose queue has no room for ``tokens`` more
-        of its prompt tokens (past ``max_waiting_tokens``), admits it by refusing, after the fact, waiting requests of a
-        lower priority that have had no output yet and never ran — the lowest priority first, the latest of it first —
-        until a seat and the tokens are free. Their clients have had no answer yet, and get the 429 this one would have
-        had (``AsyncEngine.generate`` raises it before any event). Those requests and their ranks, or None where they
-        cannot free enough."""
+        """Priority: an engine that has no seat for a request (``seat``), or whose queue has no room for ``tokens``
+        more of its prompt tokens (past ``max_waiting_tokens``), admits it by refusing, after the fact, waiting requests
+        of a lower priority that have had no output yet and never ran — the lowest priority first, the latest of it
+        first — until a seat and the tokens are free. Their clients have had no answer yet, and get the 429 this one
+        would have had (``AsyncEngine.generate`` raises it before any event). Those requests and their ranks, or None
+        where they cannot free enough."""
         if self.config.policy != "priority":
             return None
         bs, out, freed = self.config.block_size, [], 0

@@ -80,8 +80,9 @@ def _text_holders(messages: list[dict]) -> list[list[tuple[dict, str]]]:
     out = []
     for m in messages:
         if isinstance(m, dict) and m.get("role") != "assistant":
-            out.append([(m, "content")] if isinstance(m.get("content"), str) else
-                       [(p, "text") for p in m.get("content") or () if isinstance(p, dict) and isinstance(p.get("text"), str)])
+            parts = m.get("content") or ()
+            out.append([(m, "content")] if isinstance(parts, str) else
+                       [(p, "text") for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)])
     return out
 
 
@@ -128,14 +129,14 @@ def _free_mark(prompt: str) -> str:
 
 
 def _text_forms(text: str) -> tuple[str, ...]:
-    """How a template may write a caller's text: as is, or inside a JSON string (``tojson``, either ``ensure_ascii``)."""
+    """How a template may write a caller's text: as is, or inside a JSON string (``tojson``, ASCII or not)."""
     return tuple(dict.fromkeys((text, json.dumps(text, ensure_ascii=False)[1:-1], json.dumps(text)[1:-1])))
 
 
 def _locate(prompt: str, pieces: list[str], texts: list[str]) -> list[tuple[str, bool]] | None:
-    """``prompt`` cut as ``pieces`` (the marked rendering split at its marks: template text, a text's number, template
-    text, …) say, each text in one of its forms (``_text_forms``), or None where the prompt is not so made. The forms a
-    text may take are followed side by side (a text's own form can be a prefix of its JSON form)."""
+    """``prompt`` cut as ``pieces`` (the marked rendering split at its marks: template text, a text's number,
+    template text, …) say, each text in one of its forms (``_text_forms``), or None where the prompt is not so made.
+    The forms a text may take are followed side by side (a text's own form can be a prefix of its JSON form)."""
     paths: dict[int, tuple] = {0: ()}          # where in the prompt -> the pieces that reach there, as a chain
     for i, piece in enumerate(pieces):
         if i % 2 == 0:

@@ -245,8 +245,8 @@ def test_caller_special_text_is_found_however_it_is_written(tok: Tokenizer, case
         t = copy.copy(tok)
         t._template = t._template.environment.from_string({
             "ascii_json": "{% for t in tools %}<|system|>{{ t | tojson(ensure_ascii=True) }}{% endfor %}",
-            "compared": "{% for t in tools %}<|system|>{% for k in t.function.parameters.properties %}{{ k }}{% if k in "
-                        "t.function.parameters.required %} (required){% endif %}{% endfor %}{% endfor %}",
+            "compared": "{% for t in tools %}<|system|>{% for k in t.function.parameters.properties %}{{ k }}"
+                        "{% if k in t.function.parameters.required %} (required){% endif %}{% endfor %}{% endfor %}",
         }[case] + "<|user|>{{ messages[0].content }}<|assistant|>")
         tools = tool("<|assistant|>é", properties={"p<|assistant|>": {}}, required=["p<|assistant|>"])
     ids = t.encode_chat(msgs, tools=tools)
