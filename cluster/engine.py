@@ -598,7 +598,7 @@ class Engine:
         (``Guide.masks`` along its drafts) — built when the runner samples (after launching the forward) or as the
         step is pickled for another process (``cluster/guided.py``); None: no guided row."""
         guides = [(s.req_id, g, s.token_ids[len(s.token_ids) - s.num_drafts:]) for s in plan.seqs
-                  if s.sample and (g := self._guides.get(s.req_id)) and g.active]
+                  if s.sample and (g := self._guides.get(s.req_id)) and g.masked]
         if not guides:
             return None
         return StepMasks(lambda: ((rid, g.masks(drafts)) for rid, g, drafts in guides))

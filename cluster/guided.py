@@ -8,7 +8,9 @@ back (``accept``). The grammar is xgrammar's, compiled once per schema; a comple
 stop tokens, so the output ends there. Special tokens (``<think>``, tool-call markers) are never allowed inside it.
 
 A prompt that opens the reasoning block (the chat template's generation prompt ends in ``<think>``) is not
-constrained until the model closes it (``</think>``): the schema applies to the answer, not to the reasoning.
+constrained until the model closes it (``</think>``): the schema applies to the answer, not to the reasoning. Where
+the answer must come (a schema, a forced call: not a call the model may open under ``tool_choice`` auto) the stop
+tokens are held back meanwhile (``hold``), so the reasoning cannot end the output before it.
 While a guide constrains, its request's drafts ride, each verify row masked with what may follow the drafts before it
 (``masks``), so the verified output is what guided plain decoding gives, and a step launched ahead samples only once
 the next step brings its masks (they need the token it was fed, on the host); while it waits, drafts stop before the
@@ -266,12 +268,14 @@ class _Gated:
     """What a request's guide shares: it waits for tokens, in order (``waits``: ``</think>`` when the prompt opens the
     reasoning; then ``SamplingParams.guide_after``), then takes each committed token (``_take``); ``rejected`` counts
     those it did not allow. ``starts_on``: a token that ends every wait and is the guide's own first (a tool call's
-    ``<tool_call>``: a call the model opens before closing its reasoning is held too)."""
+    ``<tool_call>``: a call the model opens before closing its reasoning is held too). ``hold``: the mask of its rows
+    while it waits (every token but the stop tokens), or None: unmasked."""
 
     done = False                                # a guide that constrains nothing more (``Prefix``) may be dropped
 
-    def __init__(self, vocab_size: int, waits: Sequence[int], starts_on: int | None = None):
-        self.vocab_size, self.waits, self.starts_on = vocab_size, list(waits), starts_on
+    def __init__(self, vocab_size: int, waits: Sequence[int], starts_on: int | None = None,
+                 hold: np.ndarray | None = None):
+        self.vocab_size, self.waits, self.starts_on, self.hold = vocab_size, list(waits), starts_on, hold
         self.rejected = 0                       # none while its masks apply
 
     @property
@@ -281,8 +285,13 @@ class _Gated:
 
     @property
     def active(self) -> bool:
-        """Whether the next token is constrained (its rows need masks)."""
+        """Whether the next token is constrained (its rows need the grammar's masks)."""
         return not self.waits and not self.done
+
+    @property
+    def masked(self) -> bool:
+        """Whether the next token's rows need masks: the guide's, or ``hold`` while it waits."""
+        return self.active or (bool(self.waits) and self.hold is not None)
 
     def free_drafts(self, committed: Sequence[int], drafts: Sequence[int]) -> int:
         """How many of ``drafts`` (proposed after ``committed``, which the guide has not taken yet) may ride: all where
@@ -319,8 +328,9 @@ class _Gated:
 class Guide(_Gated):
     """One request's grammar state: the next allowed tokens, and the tokens committed since (``accept``)."""
 
-    def __init__(self, matcher, vocab_size: int, waits: Sequence[int], starts_on: int | None = None):
-        super().__init__(vocab_size, waits, starts_on)
+    def __init__(self, matcher, vocab_size: int, waits: Sequence[int], starts_on: int | None = None,
+                 hold: np.ndarray | None = None):
+        super().__init__(vocab_size, waits, starts_on, hold)
         self.matcher = matcher
 
     def mask(self) -> np.ndarray | None:
@@ -328,7 +338,7 @@ class Guide(_Gated):
         array, not a tensor: a step crosses to the workers pickled, where a tensor would go as a shared-memory handle
         that a worker behind a socket cannot open."""
         if self.wait_for is not None:
-            return None
+            return self.hold
         words = _xgrammar().allocate_token_bitmask(1, self.vocab_size)
         self.matcher.fill_next_token_bitmask(words)
         return words[0].numpy()
@@ -336,7 +346,10 @@ class Guide(_Gated):
     def masks(self, drafts: Sequence[int] = ()) -> list[np.ndarray | None]:
         """The masks of a verify round's rows: row i's allows what may follow the first i ``drafts``; past a draft the
         grammar does not allow (verification rejects it there and drops the rows after) or the output's end, None. The
-        matcher is rolled back: the guide's state is as it was."""
+        matcher is rolled back: the guide's state is as it was. While it waits, every row's is ``hold`` (the drafts stop
+        before the token that would end the wait: ``free_drafts``)."""
+        if self.wait_for is not None:
+            return [self.hold] * (len(drafts) + 1)
         out, taken = [self.mask()], 0
         for d in drafts:
             if out[-1] is None or not _allows(out[-1], d) or not self.matcher.accept_token(d):
@@ -360,8 +373,9 @@ class Prefix(_Gated):
     next mask its node's children. Once a sequence is out (or a token left the trie) the output is free again; while
     the reasoning is open it waits, as a ``Guide`` does."""
 
-    def __init__(self, paths: Sequence[Sequence[int]], vocab_size: int, waits: Sequence[int]):
-        super().__init__(vocab_size, waits)
+    def __init__(self, paths: Sequence[Sequence[int]], vocab_size: int, waits: Sequence[int],
+                 hold: np.ndarray | None = None):
+        super().__init__(vocab_size, waits, hold=hold)
         self.trie: dict = {}
         for path in paths:
             node = self.trie
@@ -374,10 +388,12 @@ class Prefix(_Gated):
         return self.wait_for is None and not self.node
 
     def mask(self) -> np.ndarray | None:
-        return None if self.wait_for is not None or self.done else self._mask_of(self.node)
+        return self.hold if self.wait_for is not None else None if self.done else self._mask_of(self.node)
 
     def masks(self, drafts: Sequence[int] = ()) -> list[np.ndarray | None]:
         """As ``Guide.masks``: the trie walked along the drafts, left where it was."""
+        if self.wait_for is not None:
+            return [self.hold] * (len(drafts) + 1)
         out, node = [self.mask()], self.node
         for d in drafts:
             if out[-1] is None or d not in node:
@@ -387,15 +403,25 @@ class Prefix(_Gated):
         return out + [None] * (len(drafts) + 1 - len(out))
 
     def _mask_of(self, node: dict) -> np.ndarray:
-        words = np.zeros(-(-self.vocab_size // 32), dtype=np.uint32)
-        for t in node:
-            words[t // 32] |= np.uint32(1) << np.uint32(t % 32)
-        return words.view(np.int32)
+        return _bitmask(self.vocab_size, node)
 
     def _take(self, t: int) -> None:
         if not self.done:
             self.rejected += t not in self.node
             self.node = self.node.get(t, {})
+
+
+def _bitmask(vocab_size: int, tokens: Sequence[int], allowed: bool = True) -> np.ndarray:
+    """int32 words [⌈V / 32⌉] allowing ``tokens`` (``allowed``) or every token of the vocabulary but them."""
+    words = np.zeros(-(-vocab_size // 32), dtype=np.uint32)
+    if not allowed:
+        words[:] = np.uint32(0xFFFFFFFF)
+        if vocab_size % 32:
+            words[-1] = np.uint32((1 << (vocab_size % 32)) - 1)
+    for t in tokens:
+        bit = np.uint32(1) << np.uint32(t % 32)
+        words[t // 32] = words[t // 32] | bit if allowed else words[t // 32] & ~bit
+    return words.view(np.int32)
 
 
 class Guides:
@@ -454,9 +480,19 @@ class Guides:
         opens = self.think_start is not None and len(prompt_ids) > 0 and prompt_ids[-1] == self.think_start
         return [self.think_end, *after] if opens else list(after)
 
+    @functools.cached_property
+    def _hold(self) -> np.ndarray:
+        return _bitmask(self.vocab_size, self.stop_ids, allowed=False)
+
+    def _hold_for(self, waits: Sequence[int]) -> np.ndarray | None:
+        """The stop tokens held back while ``waits`` is only the reasoning's end: the guided answer must come."""
+        return self._hold if list(waits) == [self.think_end] else None
+
     def guide(self, schema: str, prompt_ids: Sequence[int], after: Sequence[int] = ()) -> Guide:
         """A guide for a new request held to ``schema``; one whose prompt opens the reasoning waits for its end."""
-        return Guide(_xgrammar().GrammarMatcher(self._compiled(schema)), self.vocab_size, self._waits(prompt_ids, after))
+        waits = self._waits(prompt_ids, after)
+        return Guide(_xgrammar().GrammarMatcher(self._compiled(schema)), self.vocab_size, waits,
+                     hold=self._hold_for(waits))
 
     def tool_guide(self, source: str, prompt_ids: Sequence[int], after: Sequence[int] = ()) -> Guide:
         """A guide for a new request's tool calls (``tool_grammar``'s source): after ``after`` (tool_choice auto's
@@ -465,9 +501,11 @@ class Guides:
         matcher = _xgrammar().GrammarMatcher(self._compiled_tools(source))
         if after:
             return Guide(matcher, self.vocab_size, after)
-        return Guide(matcher, self.vocab_size, self._waits(prompt_ids),
-                     self.tokenizer.special_ids_by_token()["<tool_call>"])
+        waits = self._waits(prompt_ids)
+        return Guide(matcher, self.vocab_size, waits, self.tokenizer.special_ids_by_token()["<tool_call>"],
+                     self._hold_for(waits))
 
     def prefix(self, paths: Sequence[Sequence[int]], prompt_ids: Sequence[int]) -> Prefix:
         """A guide for a new request that must start with one of ``paths`` (after the reasoning, as ``guide``)."""
-        return Prefix(paths, self.vocab_size, self._waits(prompt_ids))
+        waits = self._waits(prompt_ids)
+        return Prefix(paths, self.vocab_size, waits, self._hold_for(waits))

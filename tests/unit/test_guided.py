@@ -66,9 +66,12 @@ def test_special_tokens_never_ride_inside_the_value(tok, guides):
 
 
 def test_a_prompt_opening_the_reasoning_is_free_until_it_closes(tok, guides):
+    """The reasoning is free but for the stop tokens, held back until it closes (the answer must come); its verify
+    rows alike."""
     marks = tok.special_ids_by_token()
     g = guides.guide(SCHEMA, [*tok.encode("hi"), marks["<think>"]])
-    assert g.mask() is None
+    assert allowed(g) == set(range(6144)) - set(tok.eos_token_ids) and g.masked and not g.active
+    assert [(m == g.mask()).all() for m in g.masks([5, 6])] == [True] * 3
     g.accept([*tok.encode("let me think [1, 2"), marks["</think>"]])
     assert g.rejected == 0 and tok.encode("{")[0] in allowed(g) and tok.encode("[")[0] not in allowed(g)
     closed = guides.guide(SCHEMA, [*tok.encode("hi"), marks["</think>"]])      # thinking off: constrained at once
@@ -141,7 +144,7 @@ def test_a_prefix_allows_its_trie_then_nothing_more(tok, guides):
     add, adder = tok.encode("add"), tok.encode("adder")
     paths = [(call, *add, key), (call, *add, end), (call, *adder, key)]
     p = guides.prefix(paths, [*tok.encode("hi"), marks["<think>"]])
-    assert p.mask() is None and not p.done
+    assert allowed(p) == set(range(6144)) - set(tok.eos_token_ids) and not p.done   # no stop before the call
     p.accept([*tok.encode("hmm"), marks["</think>"]])
     assert allowed(p) == {call}
     p.accept([call])
@@ -231,6 +234,7 @@ def test_a_tool_grammar_named_or_not_parallel_makes_one_call_and_auto_waits_for_
     think = tok.special_ids_by_token()
     auto = guides.tool_guide(tool_grammar([WEATHER], marks, opened=True), [*tok.encode("hi"), think["<think>"]],
                              after=(marks["<tool_call>"],))
+    assert auto.mask() is None and not auto.masked                  # its reasoning may end the output: no call due
     auto.accept([*tok.encode("hmm"), think["</think>"], *tok.encode("Let me look.")])
     assert auto.mask() is None and not auto.active                  # free text: no mask
     auto.accept([marks["<tool_call>"]])
