@@ -3,13 +3,18 @@
 ``text.format`` → ``response_format``, ``max_output_tokens`` → ``max_completion_tokens``), and the chat's answer or
 its stream of chunks becomes the stream of typed events, or the Response they end with (``ResponseEvents``).
 
-Not kept on the server: a response is not stored (``store`` is answered false) and ``previous_response_id`` is refused —
-a client sends the whole conversation as ``input`` (reasoning items may be sent back; the chat template drops earlier
-turns' reasoning anyway). Text only: other input or tool types are 400s naming the field.
+Not kept on the server: a response is not stored (``store`` is answered false); ``previous_response_id``,
+``conversation`` and stored ``prompt`` templates are refused — a client sends the whole conversation as ``input``. A
+run of reasoning, assistant message and function_call items is one assistant turn, its reasoning kept (the template
+writes it for the turns after the last user message); ``include: ["reasoning.encrypted_content"]`` gives each reasoning
+item an ``encrypted_content`` that carries its text back (base64, not encrypted: nothing is kept here to decrypt with).
+Text only: other input or tool types are 400s naming the field.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import re
 import time
@@ -25,6 +30,11 @@ from cluster.protocol import ApiError, ChatCompletionRequest, OpenAIBody, valida
 _PARAMS = {"max_completion_tokens": "max_output_tokens", "response_format": "text.format",
            "reasoning_effort": "reasoning.effort"}
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")     # the chat's reasoning_effort
+ENCRYPTED = "reasoning.encrypted_content"       # the ``include`` value that fills reasoning items' encrypted_content
+# ``include`` values that add data to items this server never writes (built-in tools' calls, input images): accepted
+UNWRITTEN = ("file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
+             "message.input_image.image_url", "computer_call_output.output.image_url", "code_interpreter_call.outputs")
+_SEALED = "glmserve-reasoning:"                  # what our encrypted_content starts with
 
 
 class ResponsesRequest(OpenAIBody):
@@ -50,6 +60,9 @@ class ResponsesRequest(OpenAIBody):
     top_logprobs: int | None = None
     include: list[str] | None = None
     background: bool | None = None
+    conversation: Any = None
+    prompt: Any = None
+    max_tool_calls: int | None = None
     priority: int = Field(default=0, ge=-2**31, le=2**31 - 1)      # as the chat's (vLLM's extra field)
 
     @field_validator("input")
@@ -58,6 +71,13 @@ class ResponsesRequest(OpenAIBody):
         if isinstance(v, str) or (isinstance(v, list) and all(isinstance(item, dict) for item in v)):
             return v
         raise ValueError("input must be a string or a list of input items (objects)")
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata(cls, v):
+        if v is not None and (len(v) > 16 or any(len(k) > 64 or len(x) > 512 for k, x in v.items())):
+            raise ValueError("metadata holds at most 16 pairs, keys of at most 64 characters, values of at most 512")
+        return v
 
     def check_supported(self) -> None:
         if self.background:
@@ -71,8 +91,21 @@ class ResponsesRequest(OpenAIBody):
                            "conversation as input", "previous_response_id")
         if self.top_logprobs:
             raise ApiError(400, "top_logprobs is not supported on /v1/responses", "top_logprobs")
-        if self.include:
-            raise ApiError(400, f"include is not supported (got {self.include})", "include")
+        for field in ("conversation", "prompt", "max_tool_calls"):
+            if getattr(self, field) is not None:
+                raise ApiError(400, f"{field} is not supported: " + (
+                    "responses are not stored, send the whole conversation as input" if field == "conversation" else
+                    "stored prompts are not kept here, send instructions and input" if field == "prompt" else
+                    "tool calls are not capped here"), field)
+        for i, value in enumerate(self.include or ()):
+            if value != ENCRYPTED and value not in UNWRITTEN:
+                raise ApiError(400, f"include[{i}] {value!r} is not supported (supported: {[ENCRYPTED, *UNWRITTEN]})",
+                               f"include[{i}]")
+
+    @property
+    def sealed(self) -> bool:
+        """Whether reasoning items carry ``encrypted_content``."""
+        return ENCRYPTED in (self.include or ())
 
     def to_chat(self) -> ChatCompletionRequest:
         """The chat completion this request asks for; a field the chat refuses is a 400 naming the Responses field."""
@@ -106,35 +139,76 @@ class ResponsesRequest(OpenAIBody):
         return chat
 
     def _messages(self) -> list[dict[str, Any]]:
+        """The chat's messages: ``instructions`` a system message; each run of reasoning, assistant message and
+        function_call items one assistant turn (as the model wrote it), the other items one message each."""
         messages = [{"role": "system", "content": self.instructions}] if self.instructions is not None else []
         items = [{"type": "message", "role": "user", "content": self.input}] if isinstance(self.input, str) \
             else self.input
+        turn: dict[str, Any] | None = None      # the assistant turn the items since the last other item build
+        calls: set[str] = set()                 # the call ids the input has given so far
         for i, item in enumerate(items):
             kind = item.get("type", "message")
-            if kind == "message":
-                if item.get("role") not in ("user", "system", "developer", "assistant"):
+            if kind == "reasoning":
+                if turn is None or turn["content"] is not None or turn["tool_calls"]:
+                    turn = _new_turn(messages)  # a reasoning item after the turn's answer starts another turn
+                if text := _reasoning_text(item, i):
+                    turn["reasoning_content"] = turn.get("reasoning_content", "") + text
+            elif kind == "message" and item.get("role") == "assistant":
+                if turn is None or turn["tool_calls"]:
+                    turn = _new_turn(messages)
+                turn["content"] = (turn["content"] or "") + _text(item.get("content"), i)
+            elif kind == "message":
+                if item.get("role") not in ("user", "system", "developer"):
                     raise ApiError(400, f"input[{i}] has role {item.get('role')!r}", f"input[{i}].role")
                 messages.append({"role": item["role"], "content": _text(item.get("content"), i)})
+                turn = None
             elif kind == "function_call":
                 _check_call(item, i)
-                call = {"id": item.get("call_id"), "type": "function",
-                        "function": {"name": item.get("name"), "arguments": item.get("arguments", "")}}
-                last = messages[-1] if messages else None
-                if last is not None and last["role"] == "assistant" and last.get("tool_calls") is not None:
-                    last["tool_calls"].append(call)             # parallel calls: one assistant turn
-                else:
-                    messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                turn = turn or _new_turn(messages)
+                turn["tool_calls"].append({"id": item["call_id"], "type": "function", "function": {
+                    "name": item["name"], "arguments": item.get("arguments") or "{}"}})
+                calls.add(item["call_id"])
             elif kind == "function_call_output":
-                if not isinstance(item.get("call_id"), str):
-                    raise ApiError(400, f"input[{i}].call_id must be the call's id (a string)", f"input[{i}].call_id")
+                if not isinstance(item.get("call_id"), str) or item["call_id"] not in calls:
+                    raise ApiError(400, f"input[{i}].call_id must be the call_id of a function_call item before it, "
+                                   f"got {item.get('call_id')!r}", f"input[{i}].call_id")
                 output = item.get("output")
                 text = _text(output, i, "output") if isinstance(output, list) else \
                     output if isinstance(output, str) else json.dumps(output)
-                messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": text})
-            elif kind != "reasoning":                           # earlier reasoning: the template drops it
+                messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": text})
+                turn = None
+            else:
                 raise ApiError(400, f"input[{i}] has type {kind!r}: message, function_call, function_call_output "
                                "and reasoning items are supported", f"input[{i}].type")
+        for m in messages:                      # a turn without calls is a plain assistant message
+            if m.get("tool_calls") == []:
+                del m["tool_calls"]
         return messages
+
+
+def _new_turn(messages: list[dict]) -> dict:
+    messages.append({"role": "assistant", "content": None, "tool_calls": []})
+    return messages[-1]
+
+
+def _reasoning_text(item: dict, i: int) -> str:
+    """A reasoning item's text: its content's, else its summary's, else what our ``encrypted_content`` carries (another
+    server's is opaque: nothing)."""
+    for key in ("content", "summary"):
+        parts = item.get(key)
+        if parts:
+            if not isinstance(parts, list) or not all(isinstance(p, dict) and isinstance(p.get("text"), str)
+                                                      for p in parts):
+                raise ApiError(400, f"input[{i}].{key} must be a list of text parts", f"input[{i}].{key}")
+            return "".join(p["text"] for p in parts)
+    sealed = item.get("encrypted_content")
+    if isinstance(sealed, str) and sealed.startswith(_SEALED):
+        try:
+            return base64.b64decode(sealed[len(_SEALED):], validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            raise ApiError(400, f"input[{i}].encrypted_content is not one this server wrote",
+                           f"input[{i}].encrypted_content") from None
+    return ""
 
 
 def _check_call(item: dict, i: int) -> None:
@@ -216,8 +290,11 @@ def _usage(chat_usage: dict) -> dict:
             "total_tokens": chat_usage["total_tokens"]}
 
 
-def _reasoning_item(item_id: str, text: str, status: str = "completed") -> dict:
-    return {"type": "reasoning", "id": item_id, "summary": [], "content": [{"type": "reasoning_text", "text": text}],
+def _reasoning_item(item_id: str, text: str, status: str, sealed: bool) -> dict:
+    """A reasoning item; ``sealed``: with ``encrypted_content`` (its text, for ``_reasoning_text`` to read back)."""
+    return {"type": "reasoning", "id": item_id, "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}] if status != "in_progress" else [],
+            "encrypted_content": _SEALED + base64.b64encode(text.encode()).decode() if sealed else None,
             "status": status}
 
 
@@ -239,8 +316,8 @@ def envelope(req: ResponsesRequest, rid: str, created: int, model: str, status: 
             "incomplete_details": {"reason": "max_output_tokens"} if finish_reason == "length" else None,
             "instructions": req.instructions, "max_output_tokens": req.max_output_tokens, "model": model,
             "output": output, "parallel_tool_calls": req.parallel_tool_calls, "previous_response_id": None,
-            "reasoning": {"effort": (req.reasoning or {}).get("effort"), "summary": None}, "store": False,
-            "temperature": req.temperature, "text": req.text or {"format": {"type": "text"}},
+            "reasoning": {"effort": (req.reasoning or {}).get("effort"), "summary": (req.reasoning or {}).get("summary")},
+            "store": False, "temperature": req.temperature, "text": {"format": {"type": "text"}, **(req.text or {})},
             "tool_choice": req.tool_choice or "auto", "tools": req.tools or [], "top_p": req.top_p,
             "truncation": "disabled", "usage": usage, "user": req.user, "metadata": req.metadata or {}}
 
@@ -297,6 +374,9 @@ class ResponseEvents:
                 return
             if not chunk["choices"]:                                # the last chunk: the usage
                 status = "incomplete" if finish == "length" else "completed"
+                if not self.output and self.open is None:            # no text at all: an empty message still
+                    for out in self._start(_message_item(_id("msg"), "", "in_progress")):
+                        yield out
                 for out in self._close(status):
                     yield out
                 yield self._event(f"response.{status}", response=self._response(status, _usage(chunk["usage"]),
@@ -315,21 +395,25 @@ class ResponseEvents:
                 for out in self._text("message", delta["content"]):
                     yield out
 
+    def _reasoning_done(self, item_id: str, text: str, status: str = "completed") -> dict:
+        return _reasoning_item(item_id, text, status, self.req.sealed)
+
     def _start(self, item: dict, index: int | None = None) -> list[dict]:
         out = self._close()
         self.open = {"item": item, "text": "", "index": index}
         out.append(self._event("response.output_item.added", output_index=len(self.output), item=item))
-        if item["type"] == "message":
+        if item["type"] != "function_call":
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []} \
+                if item["type"] == "message" else {"type": "reasoning_text", "text": ""}
             out.append(self._event("response.content_part.added", item_id=item["id"], output_index=len(self.output),
-                                   content_index=0, part={"type": "output_text", "text": "", "annotations": [],
-                                                          "logprobs": []}))
+                                   content_index=0, part=part))
         return out
 
     def _text(self, kind: str, text: str) -> list[dict]:
         out = []
         if self.open is None or self.open["item"]["type"] != kind:
             item = _message_item(_id("msg"), "", "in_progress") if kind == "message" else \
-                {"type": "reasoning", "id": _id("rs"), "summary": [], "content": [], "status": "in_progress"}
+                self._reasoning_done(_id("rs"), "", "in_progress")
             out += self._start(item)
         self.open["text"] += text
         extra = {"logprobs": []} if kind == "message" else {}
@@ -363,9 +447,11 @@ class ResponseEvents:
                    self._event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
                                part=done["content"][0])]
         elif item["type"] == "reasoning":
-            done = _reasoning_item(item["id"], text, status)
+            done = self._reasoning_done(item["id"], text, status)
             out = [self._event("response.reasoning_text.done", item_id=item["id"], output_index=index,
-                               content_index=0, text=text)]
+                               content_index=0, text=text),
+                   self._event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
+                               part=done["content"][0])]
         else:
             done = _call_item(item["id"], item["call_id"], item["name"], text, status)
             out = [self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,

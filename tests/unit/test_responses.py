@@ -51,9 +51,46 @@ def test_a_request_becomes_the_chat_it_asks_for():
     assert fmt.response_format == {"type": "json_schema", "json_schema": {"name": "x", "schema": schema,
                                                                             "strict": True}}
     assert _req(input="hello").to_chat().template_messages() == [{"role": "user", "content": "hello"}]
-    parts = _req(input=[{"type": "function_call_output", "call_id": "c", "output": [
+    call = {"type": "function_call", "call_id": "c", "name": "weather"}          # no arguments: {}
+    parts = _req(input=[call, {"type": "function_call_output", "call_id": "c", "output": [
         {"type": "input_text", "text": "sun"}, {"type": "input_text", "text": "ny"}]}]).to_chat()
-    assert parts.template_messages() == [{"role": "tool", "content": "sunny"}]
+    assert parts.template_messages() == [{"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "weather", "arguments": {}}}]},
+        {"role": "tool", "content": "sunny"}]
+
+
+def test_an_assistant_turns_items_are_one_turn_with_its_reasoning():
+    """A run of reasoning, assistant message and function_call items (one turn of the model's, as a response gave
+    them) is one assistant message: its reasoning kept — from the item's content, its summary, or the
+    ``encrypted_content`` this server wrote — its text and its calls; a reasoning item after the answer starts
+    another turn. (Session 45's QA: the reasoning was dropped and a message + call were two turns.)"""
+    from cluster.responses import ResponseEvents
+
+    sealed = ResponseEvents(_req(include=["reasoning.encrypted_content"]), "m")
+    item = sealed._reasoning_done("rs_9", "I recall.")
+    assert item["encrypted_content"] and item["content"][0]["text"] == "I recall."
+    assert ResponseEvents(_req(), "m")._reasoning_done("rs_9", "x")["encrypted_content"] is None
+    call = {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": '{"city": "Paris"}'}
+    req = _req(input=[
+        {"role": "user", "content": "Paris?"},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "Look it"}]},
+        {"type": "reasoning", "id": "rs_2", "summary": [{"type": "summary_text", "text": " up."}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]}, call,
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+        {"type": "reasoning", "id": "rs_3", "summary": [], "encrypted_content": item["encrypted_content"]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Sunny."}]},
+        {"type": "reasoning", "id": "rs_4", "summary": [], "encrypted_content": "gAAAA-someone-elses"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Bye."}]}])
+    assert req.to_chat().template_messages() == [
+        {"role": "user", "content": "Paris?"},
+        {"role": "assistant", "content": "Checking.", "reasoning_content": "Look it up.", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "content": "sunny"},
+        {"role": "assistant", "content": "Sunny.", "reasoning_content": "I recall."},
+        {"role": "assistant", "content": "Bye."}]
+    with pytest.raises(ApiError) as e:
+        _req(input=[{"type": "reasoning", "encrypted_content": "glmserve-reasoning:%%"}]).to_chat()
+    assert e.value.param == "input[0].encrypted_content"
 
 
 def test_nulls_are_the_defaults_and_a_bad_input_is_named():
@@ -71,7 +108,11 @@ def test_nulls_are_the_defaults_and_a_bad_input_is_named():
 
 @pytest.mark.parametrize("body,param", [
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
-    ({"include": ["reasoning.encrypted_content"]}, "include"),
+    ({"include": ["reasoning.encrypted_content", "message.output_text.logprobs"]}, "include[1]"),
+    ({"conversation": "conv_1"}, "conversation"),
+    ({"prompt": {"id": "pmpt_1"}}, "prompt"),
+    ({"max_tool_calls": 3}, "max_tool_calls"),
+    ({"input": [{"type": "function_call_output", "call_id": "c9", "output": "x"}]}, "input[0].call_id"),
     ({"input": [{"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input[0].content[0]"),
     ({"input": [{"type": "web_search_call"}]}, "input[0].type"),
@@ -138,8 +179,9 @@ def test_a_chat_stream_becomes_the_typed_events_and_the_whole_response():
                       _chunk(usage=_USAGE)])
     kinds = [e["type"] for e in events]
     assert kinds == ["response.created", "response.in_progress",
-                     "response.output_item.added", "response.reasoning_text.delta", "response.reasoning_text.delta",
-                     "response.reasoning_text.done", "response.output_item.done",
+                     "response.output_item.added", "response.content_part.added", "response.reasoning_text.delta",
+                     "response.reasoning_text.delta", "response.reasoning_text.done", "response.content_part.done",
+                     "response.output_item.done",
                      "response.output_item.added", "response.content_part.added", "response.output_text.delta",
                      "response.output_text.delta", "response.output_text.done", "response.content_part.done",
                      "response.output_item.done",
@@ -155,6 +197,8 @@ def test_a_chat_stream_becomes_the_typed_events_and_the_whole_response():
     assert [(i["call_id"], i["arguments"]) for i in final["output"][2:]] == [
         ("call_1", '{"city": "Paris"}'), ("call_2", '{"city": "Nice"}')]
     assert [e["output_index"] for e in events if e["type"] == "response.output_item.done"] == [0, 1, 2, 3]
+    assert [e["part"]["type"] for e in events if e["type"] == "response.content_part.done"] == \
+        ["reasoning_text", "output_text"] and final["output"][0]["content"][0]["text"] == "Hmm."
     assert [e["item"] for e in events if e["type"] == "response.output_item.done"] == final["output"]
     whole = asyncio.run(ResponseEvents(_req(), "m").whole(_feed(chunks)))      # the answer not streamed: the same
     assert [{k: v for k, v in i.items() if k != "id"} for i in whole["output"]] == \
@@ -192,3 +236,23 @@ def test_a_stream_cut_by_max_output_tokens_is_incomplete_and_an_error_fails_it()
                       {"error": {"message": "the model replica failed", "type": "server_error"}}])
     assert [e["type"] for e in failed][-2:] == ["response.output_item.done", "response.failed"]
     assert failed[-1]["response"]["error"]["message"] == "the model replica failed"
+
+
+def test_an_answer_without_text_is_an_empty_message_and_the_settings_echo_as_sent():
+    """No text at all (an immediate stop): one empty message item, as OpenAI's; ``text`` echoes its ``format`` (the
+    default) beside ``verbosity``; ``reasoning.summary`` as sent (session 45's QA)."""
+    from cluster.responses import ResponseEvents
+
+    req = _req(text={"verbosity": "low"}, reasoning={"effort": "low", "summary": "auto"})
+    whole = asyncio.run(ResponseEvents(req, "m").whole(_feed([_chunk({"role": "assistant"}, "stop"),
+                                                              _chunk(usage=_USAGE)])))
+    assert [(i["type"], i["content"][0]["text"], i["status"]) for i in whole["output"]] == [
+        ("message", "", "completed")]
+    assert whole["text"] == {"format": {"type": "text"}, "verbosity": "low"}
+    assert whole["reasoning"] == {"effort": "low", "summary": "auto"}
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="metadata holds at most 16 pairs"):      # OpenAI's bounds
+        _req(metadata={str(i): "v" for i in range(17)})
+    with pytest.raises(ValidationError, match="metadata holds"):
+        _req(metadata={"k": "v" * 513})
