@@ -648,9 +648,9 @@ class Engine:
                 if not events:
                     events.append(st.event(ev.req_id))
                 events[-1].text += held
-            by_grammar = False                  # a guide chose this token: no stop string cuts it
+            by_grammar = False                  # a guide chose this token (or held the stops): no stop string cuts it
             if (guide := self._guides.get(ev.req_id)) is not None:
-                by_grammar = guide.active
+                by_grammar = guide.masked
                 guide.accept(tok)
                 if guide.done:                  # a forced prefix that is out: the request is free again
                     del self._guides[ev.req_id]

@@ -83,6 +83,9 @@ class ResponsesRequest(OpenAIBody):
         if self.background:
             raise ApiError(400, "background is not supported: responses are answered (or streamed) at once",
                            "background")
+        if (summary := (self.reasoning or {}).get("summary")) not in (None, "auto", "concise", "detailed"):
+            raise ApiError(400, f"reasoning.summary must be auto, concise or detailed, got {summary!r} (no summary is "
+                           "written: the reasoning's own text is in each reasoning item)", "reasoning.summary")
         if (effort := (self.reasoning or {}).get("effort")) is not None and effort not in EFFORTS:
             raise ApiError(400, f"reasoning.effort must be one of {list(EFFORTS)}, got {effort!r}",
                            "reasoning.effort")
@@ -153,9 +156,8 @@ class ResponsesRequest(OpenAIBody):
                     turn = _new_turn(messages)  # a reasoning item after the turn's answer starts another turn
                 if text := _reasoning_text(item, i):
                     turn["reasoning_content"] = turn.get("reasoning_content", "") + text
-            elif kind == "message" and item.get("role") == "assistant":
-                if turn is None or turn["tool_calls"]:
-                    turn = _new_turn(messages)
+            elif kind == "message" and item.get("role") == "assistant":     # (text after a call: the chat's order)
+                turn = turn or _new_turn(messages)
                 turn["content"] = (turn["content"] or "") + _text(item.get("content"), i)
             elif kind == "message":
                 if item.get("role") not in ("user", "system", "developer"):
@@ -180,10 +182,14 @@ class ResponsesRequest(OpenAIBody):
             else:
                 raise ApiError(400, f"input[{i}] has type {kind!r}: message, function_call, function_call_output "
                                "and reasoning items are supported", f"input[{i}].type")
-        for m in messages:                      # a turn without calls is a plain assistant message
-            if m.get("tool_calls") == []:
+        out = []
+        for m in messages:                      # a turn without calls is a plain assistant message; one of reasoning
+            if m.get("tool_calls") == []:       # alone (or of another server's opaque item) is none
                 del m["tool_calls"]
-        return messages
+                if m["content"] is None:
+                    continue
+            out.append(m)
+        return out
 
 
 def _new_turn(messages: list[dict]) -> dict:
@@ -294,7 +300,8 @@ def _reasoning_item(item_id: str, text: str, status: str, sealed: bool) -> dict:
     """A reasoning item; ``sealed``: with ``encrypted_content`` (its text, for ``_reasoning_text`` to read back)."""
     return {"type": "reasoning", "id": item_id, "summary": [],
             "content": [{"type": "reasoning_text", "text": text}] if status != "in_progress" else [],
-            "encrypted_content": _SEALED + base64.b64encode(text.encode()).decode() if sealed else None,
+            "encrypted_content": _SEALED + base64.b64encode(text.encode()).decode()
+            if sealed and status != "in_progress" else None,
             "status": status}
 
 

@@ -622,9 +622,9 @@ class OpenAIIngress:
             limit = "max_completion_tokens" if chat and body.max_completion_tokens is not None else "max_tokens"
             asked = f" + {limit} ({max_tokens})" if body.max_tokens is not None else "" if chat else \
                 f" + the default max_tokens ({max_tokens})"
-            raise ApiError(400, f"prompt ({len(ids)} tokens){asked} exceeds the context length "
-                           f"{self.max_model_len}", limit if fits else "messages" if chat else "prompt",
-                           code="context_length_exceeded")
+            what = "leaves no room for an answer in" if not asked and len(ids) <= self.max_model_len else "exceeds"
+            raise ApiError(400, f"prompt ({len(ids)} tokens){asked} {what} the context length {self.max_model_len}",
+                           limit if fits else "messages" if chat else "prompt", code="context_length_exceeded")
         thinking = chat and self.cfg.reasoning_parser == "glm" and self._thinking(ids)
         tool_ids = self.tool_ids if chat and body.parses_tool_calls and self.cfg.tool_parser == "glm" else None
         # the markers where the parsers below split the text into fields (SamplingParams.text_breaks)

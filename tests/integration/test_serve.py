@@ -557,6 +557,12 @@ def test_tool_choice_required_or_named_starts_with_that_call(serve_session, text
             streamed = [c.choices[0].delta for c in tc.chat.completions.create(tool_choice=choice, stream=True, **chat)
                         if c.choices and c.choices[0].delta.tool_calls]
             assert streamed[0].tool_calls[0].function.name == out.message.tool_calls[0].function.name
+        # thinking on: no stop token or stop string ends the answer before its call (the tiny model never closes its
+        # reasoning, so it thinks to max_tokens; before session 45 a stop ended it "completed" without a call)
+        thinking = {**chat, "reasoning_effort": None, "stop": [" ", "e"], "max_tokens": 24}
+        out = tc.chat.completions.create(tool_choice="required", **thinking).choices[0]
+        assert out.finish_reason in ("length", "tool_calls") and (out.finish_reason == "tool_calls") == bool(
+            out.message.tool_calls), out
         # a strict function: its arguments follow its schema (the call is whole, then the answer stops), streamed too
         strict = [{"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": {
             "type": "object", "required": ["city", "days"], "additionalProperties": False,

@@ -70,6 +70,7 @@ def test_an_assistant_turns_items_are_one_turn_with_its_reasoning():
     item = sealed._reasoning_done("rs_9", "I recall.")
     assert item["encrypted_content"] and item["content"][0]["text"] == "I recall."
     assert ResponseEvents(_req(), "m")._reasoning_done("rs_9", "x")["encrypted_content"] is None
+    assert sealed._reasoning_done("rs_9", "", "in_progress")["encrypted_content"] is None
     call = {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": '{"city": "Paris"}'}
     req = _req(input=[
         {"role": "user", "content": "Paris?"},
@@ -80,14 +81,24 @@ def test_an_assistant_turns_items_are_one_turn_with_its_reasoning():
         {"type": "reasoning", "id": "rs_3", "summary": [], "encrypted_content": item["encrypted_content"]},
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Sunny."}]},
         {"type": "reasoning", "id": "rs_4", "summary": [], "encrypted_content": "gAAAA-someone-elses"},
-        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Bye."}]}])
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Bye."}]},
+        {"role": "user", "content": "Again?"},
+        {"type": "reasoning", "id": "rs_5", "summary": [], "encrypted_content": "gAAAA-opaque"},  # alone: no turn
+        {"role": "user", "content": "Well?"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "a"}]},
+        {**call, "call_id": "c2"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "b"}]},
+        {**call, "call_id": "c3"}])
+    weather = {"type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}}
     assert req.to_chat().template_messages() == [
         {"role": "user", "content": "Paris?"},
-        {"role": "assistant", "content": "Checking.", "reasoning_content": "Look it up.", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "assistant", "content": "Checking.", "reasoning_content": "Look it up.",
+         "tool_calls": [{"id": "c1", **weather}]},
         {"role": "tool", "content": "sunny"},
         {"role": "assistant", "content": "Sunny.", "reasoning_content": "I recall."},
-        {"role": "assistant", "content": "Bye."}]
+        {"role": "assistant", "content": "Bye."}, {"role": "user", "content": "Again?"},
+        {"role": "user", "content": "Well?"},
+        {"role": "assistant", "content": "ab", "tool_calls": [{"id": "c2", **weather}, {"id": "c3", **weather}]}]
     with pytest.raises(ApiError) as e:
         _req(input=[{"type": "reasoning", "encrypted_content": "glmserve-reasoning:%%"}]).to_chat()
     assert e.value.param == "input[0].encrypted_content"
@@ -124,6 +135,7 @@ def test_nulls_are_the_defaults_and_a_bad_input_is_named():
     ({"tools": [{**WEATHER, "parameters": "x"}]}, "tools[0].parameters"),
     ({"background": True}, "background"),
     ({"reasoning": {"effort": "maximal"}}, "reasoning.effort"),
+    ({"reasoning": {"summary": "bogus"}}, "reasoning.summary"),
     # named by the item and field (session 44: the input as a whole, or the chat's forms, were named)
     ({"instructions": "x", "input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{no"}]},
      "input[0].arguments"),
