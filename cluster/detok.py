@@ -78,16 +78,18 @@ class StopStringMatcher:
         self._max_hold = max((len(s) for s in self._stops), default=1) - 1
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None      # the stop string that ended the text
 
     def feed(self, delta: str) -> tuple[str, bool]:
         """Returns (text safe to emit now, stopped). On a stop, the text ends just before the stop string."""
         if self.stopped:
             return "", True
         buf = self._held + delta
-        cut = self._earliest_stop(buf)
-        if cut is not None:
+        hit = self._earliest_stop(buf)
+        if hit is not None:
             self._held = ""
             self.stopped = True
+            cut, self.matched = hit
             return buf[:cut], True
         hold = self._partial_stop_len(buf)
         self._held = buf[len(buf) - hold:] if hold else ""
@@ -98,10 +100,10 @@ class StopStringMatcher:
         held, self._held = self._held, ""
         return "" if self.stopped else held
 
-    def _earliest_stop(self, buf: str) -> int | None:
-        """Index where the first stop string in ``buf`` starts, or None."""
-        hits = [i for i in (buf.find(s) for s in self._stops) if i >= 0]
-        return min(hits) if hits else None
+    def _earliest_stop(self, buf: str) -> tuple[int, str] | None:
+        """(index where the first stop string in ``buf`` starts, that string), or None."""
+        hits = [(i, s) for i, s in ((buf.find(s), s) for s in self._stops) if i >= 0]
+        return min(hits, key=lambda h: h[0]) if hits else None
 
     def _partial_stop_len(self, buf: str) -> int:
         """Length of the longest suffix of ``buf`` that is a proper prefix of some stop string."""

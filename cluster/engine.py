@@ -175,6 +175,7 @@ class TokenEvent:
     num_cached_tokens: int = 0           # prompt tokens whose KV was found cached (prefix caching)
     served_by: str = ""                  # the coordinator replica (set at the Serve edge)
     refused: AdmissionError | None = None   # refused after admission, before any output (``Engine._displaceable``)
+    stop_str: str | None = None          # the stop string that ended it (vLLM's ``stop_reason``)
 
 
 @dataclass
@@ -669,6 +670,7 @@ class Engine:
                 if not ev.finished:
                     self.schedulers[self._rank_of[ev.req_id]].finish(ev.req_id, FinishReason.STOP)
                 out.finished, out.finish_reason = True, FinishReason.STOP if stopped else ev.finish_reason
+                out.stop_str = st.stops.matched if stopped else None
                 self._close(ev.req_id)
                 break
         return events

@@ -32,6 +32,8 @@ from cluster.metrics_hub import app_metrics_hub, merge
 from cluster.parsers import TOOL_MARKERS, ReasoningSplit, ToolCalls
 from cluster.protocol import (ApiError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
                               validation_error)
+from cluster.anthropic import CountTokensRequest, MessageEvents, MessagesRequest, messages_param
+from cluster.anthropic import error_response as anthropic_error
 from cluster.responses import ResponseEvents, ResponsesRequest, responses_param
 from scheduler.scheduler import AdmissionError
 
@@ -270,6 +272,7 @@ class _Formatter:
 
     async def whole(self, merged, n: int) -> dict:
         texts, thoughts, reasons, lps, completion = [self.echo] * n, [""] * n, [None] * n, [[] for _ in range(n)], 0
+        stops: list[str | None] = [None] * n
         async for i, ev in merged:
             self._error(ev)
             self.fingerprint = ev.served_by
@@ -282,7 +285,7 @@ class _Formatter:
             completion += len(ev.token_ids)
             lps[i].append(self._logprobs(ev, i))
             if ev.finished:
-                reasons[i] = ev.finish_reason
+                reasons[i], stops[i] = ev.finish_reason, ev.stop_str
         choices = []
         for i in range(n):
             lp = _join_logprobs(lps[i], self.chat) if self.logprobs is not None else None
@@ -294,9 +297,11 @@ class _Formatter:
                     msg["tool_calls"] = self.tools[i].calls
                     msg["content"] = texts[i] or None
                     reasons[i] = "tool_calls" if reasons[i] == "stop" else reasons[i]
-                choices.append({"index": i, "message": msg, "logprobs": lp, "finish_reason": reasons[i]})
+                choices.append({"index": i, "message": msg, "logprobs": lp, "finish_reason": reasons[i],
+                                "stop_reason": stops[i]})
             else:
-                choices.append({"index": i, "text": texts[i], "logprobs": lp, "finish_reason": reasons[i]})
+                choices.append({"index": i, "text": texts[i], "logprobs": lp, "finish_reason": reasons[i],
+                                "stop_reason": stops[i]})
         return {"id": self.rid, "object": self.object, "created": self.created, "model": self.ing.model_name,
                 "system_fingerprint": self.fingerprint, "choices": choices, "usage": self._usage(completion, n)}
 
@@ -349,6 +354,8 @@ class _Formatter:
                 started.add(i)
                 choice = {"index": i, "text": text, "logprobs": self._logprobs(ev, i),
                           "finish_reason": ev.finish_reason if ev.finished else None}
+            if ev.finished:             # vLLM's field: the stop string that ended the choice, if one did
+                choice["stop_reason"] = ev.stop_str
             if ev.text or ev.finished or ev.token_ids:
                 yield self._chunk([choice])
         yield self._chunk([], self._usage(completion, 1))
@@ -512,6 +519,40 @@ class OpenAIIngress:
         if body.max_completion_tokens is not None:
             body.max_tokens = body.max_completion_tokens
         return await self._respond(request, body, ids, logprobs, chat=True)
+
+    @app.post("/v1/messages")
+    async def messages(self, request: Request):
+        """Anthropic's Messages API on the chat machinery (``cluster/anthropic.py``): Claude Code's endpoint."""
+        try:
+            body = await self._parse(request, MessagesRequest)
+            chat = body.to_chat()
+            try:
+                fmt, merged = await self._start(chat, await self._chat_ids(chat), None, chat=True)
+            except ApiError as e:
+                raise messages_param(e) from None
+        except ApiError as e:
+            return anthropic_error(e)
+        events = MessageEvents(body, self.model_name, fmt.num_prompt)
+        if body.stream:
+            return StreamingResponse(_closing(events.sse(fmt.chunks(merged)), merged), media_type="text/event-stream")
+        try:
+            return JSONResponse(await events.whole(fmt.chunks(merged)))
+        except ApiError as e:
+            return anthropic_error(e)
+        finally:
+            await merged.aclose()
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(self, request: Request):
+        """The prompt tokens a Messages request would take (Anthropic's endpoint)."""
+        try:
+            body = await self._parse(request, CountTokensRequest)
+            try:
+                return {"input_tokens": len(await self._chat_ids(body.to_chat()))}
+            except ApiError as e:
+                raise messages_param(e) from None
+        except ApiError as e:
+            return anthropic_error(e)
 
     @app.post("/v1/responses")
     async def responses(self, request: Request):

@@ -1,0 +1,135 @@
+"""Anthropic's Messages API without a server (cluster/anthropic.py): a request as the chat completion it asks for, and
+a chat stream's chunks as Anthropic's events and message (over HTTP: tests/integration/test_serve.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+pytest.importorskip("ray")
+
+from cluster.anthropic import MessageEvents, MessagesRequest  # noqa: E402
+from cluster.protocol import ApiError  # noqa: E402
+from tests.unit.test_responses import _USAGE, _chunk, _feed  # noqa: E402
+
+WEATHER = {"name": "weather", "description": "the weather",
+           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+def _req(**body) -> MessagesRequest:
+    req = MessagesRequest.model_validate({"model": "m", "max_tokens": 64,
+                                          "messages": [{"role": "user", "content": "hi"}], **body})
+    req.check_supported()
+    return req
+
+
+def test_a_request_becomes_the_chat_it_asks_for():
+    """Claude Code's shapes: system blocks, a user's text, an assistant turn's thinking + text + tool_use blocks (one
+    turn), the user's tool_result blocks (tool messages) then text; tools' input_schema; tool_choice; thinking off."""
+    req = _req(system=[{"type": "text", "text": "Be terse."}, {"type": "text", "text": " Use tools."}],
+               tools=[WEATHER], tool_choice={"type": "any", "disable_parallel_tool_use": True},
+               thinking={"type": "disabled"}, stop_sequences=["END"], temperature=0.5, top_k=5, messages=[
+                   {"role": "user", "content": [{"type": "text", "text": "Paris?"}]},
+                   {"role": "assistant", "content": [
+                       {"type": "thinking", "thinking": "Look it up.", "signature": "sig"},
+                       {"type": "text", "text": "Checking."},
+                       {"type": "tool_use", "id": "tu_1", "name": "weather", "input": {"city": "Paris"}}]},
+                   {"role": "user", "content": [
+                       {"type": "tool_result", "tool_use_id": "tu_1", "content": [{"type": "text", "text": "sunny"}]},
+                       {"type": "text", "text": "And Nice?"}]}])
+    chat = req.to_chat()
+    assert chat.template_messages() == [
+        {"role": "system", "content": "Be terse. Use tools."}, {"role": "user", "content": "Paris?"},
+        {"role": "assistant", "content": "Checking.", "reasoning_content": "Look it up.", "tool_calls": [
+            {"id": "tu_1", "type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "content": "sunny"}, {"role": "user", "content": "And Nice?"}]
+    assert chat.tools == [{"type": "function", "function": {"name": "weather", "parameters": WEATHER["input_schema"],
+                                                            "description": "the weather"}}]
+    assert chat.tool_choice == "required" and not chat.parallel_tool_calls and chat.stop == ["END"]
+    assert chat.max_tokens == 64 and chat.temperature == 0.5 and chat.top_k == 5
+    assert chat.template_kwargs()["enable_thinking"] is False
+    named = _req(tools=[WEATHER], tool_choice={"type": "tool", "name": "weather"}).to_chat()
+    assert named.forced_function == "weather"
+    prefill = _req(messages=[{"role": "user", "content": "Say"}, {"role": "assistant", "content": "Hello"}]).to_chat()
+    assert prefill.continue_final_message and not prefill.add_generation_prompt
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages[0].content[0]"),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "x", "content": "r"}]}]},
+     "messages[0].content[0].tool_use_id"),
+    ({"messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": "x"}]}]},
+     "messages[0].content[0]"),
+    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0]"),
+    ({"tools": [{**WEATHER, "input_schema": "x"}]}, "tools[0].input_schema"),
+    ({"thinking": {"type": "sometimes"}}, "thinking.type"),
+    ({"tool_choice": {"type": "all"}}, "tool_choice.type"),
+    ({"tool_choice": {"type": "any"}}, "tool_choice"),                   # no tools: the chat's own check
+    ({"stop_sequences": ["a", "b", "c", "d", "e"]}, "stop_sequences"),
+    ({"system": [{"type": "image"}]}, "system"),
+])
+def test_what_cannot_be_served_is_a_400_naming_the_messages_field(body, param):
+    with pytest.raises(ApiError) as e:
+        _req(**body).to_chat()
+    assert e.value.status == 400 and (e.value.param or "").startswith(param), (e.value.param, e.value.message)
+    assert "function" not in (e.value.param or "") and "max_completion_tokens" not in e.value.message
+
+
+def _events(chunks: list[dict]) -> list[dict]:
+    async def collect():
+        return [out async for out in MessageEvents(_req(), "m", 3).sse(_feed(chunks))]
+
+    events = []
+    for raw in asyncio.run(collect()):
+        head, data = raw.split("\n")[:2]
+        event = json.loads(data.removeprefix("data: "))
+        assert head == f"event: {event['type']}"
+        events.append(event)
+    return events
+
+
+def test_a_chat_stream_becomes_anthropics_events_and_the_whole_message():
+    call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"ci'}}
+    chunks = [_chunk({"role": "assistant", "reasoning_content": "Hm"}), _chunk({"reasoning_content": "m."}),
+              _chunk({"content": "Let me check."}), _chunk({"tool_calls": [call]}),
+              _chunk({"tool_calls": [{"index": 0, "function": {"arguments": 'ty": "Paris"}'}}]}, "tool_calls"),
+              _chunk(usage=_USAGE)]
+    events = _events(chunks)
+    assert [(e["type"], e.get("index"), (e.get("delta") or e.get("content_block") or {}).get("type")) for e in events] \
+        == [("message_start", None, None),
+            ("content_block_start", 0, "thinking"), ("content_block_delta", 0, "thinking_delta"),
+            ("content_block_delta", 0, "thinking_delta"), ("content_block_stop", 0, None),
+            ("content_block_start", 1, "text"), ("content_block_delta", 1, "text_delta"),
+            ("content_block_stop", 1, None),
+            ("content_block_start", 2, "tool_use"), ("content_block_delta", 2, "input_json_delta"),
+            ("content_block_delta", 2, "input_json_delta"), ("content_block_stop", 2, None),
+            ("message_delta", None, None), ("message_stop", None, None)]
+    assert events[0]["message"]["usage"]["input_tokens"] == 3 and events[0]["message"]["content"] == []
+    assert events[-2]["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
+    assert events[-2]["usage"]["output_tokens"] == 9
+    whole = asyncio.run(MessageEvents(_req(), "m", 3).whole(_feed(chunks)))
+    assert whole["content"] == [{"type": "thinking", "thinking": "Hmm.", "signature": ""},
+                                {"type": "text", "text": "Let me check."},
+                                {"type": "tool_use", "id": "call_1", "name": "weather", "input": {"city": "Paris"}}]
+    assert whole["stop_reason"] == "tool_use" and whole["usage"]["cache_read_input_tokens"] == 0
+
+
+@pytest.mark.parametrize("finish,stop,reason", [("stop", None, "end_turn"), ("stop", "END", "stop_sequence"),
+                                                ("length", None, "max_tokens")])
+def test_how_a_message_ends(finish, stop, reason):
+    last = _chunk({"content": "b"}, finish)
+    last["choices"][0]["stop_reason"] = stop
+    whole = asyncio.run(MessageEvents(_req(), "m", 3).whole(_feed([_chunk({"content": "a"}), last,
+                                                                   _chunk(usage=_USAGE)])))
+    assert (whole["stop_reason"], whole["stop_sequence"], whole["content"]) == (
+        reason, stop, [{"type": "text", "text": "ab"}])
+
+
+def test_an_error_mid_stream_is_an_error_event_and_fails_the_whole_message():
+    chunks = [_chunk({"content": "a"}), {"error": {"message": "worker group failed", "type": "server_error"}}]
+    assert [e["type"] for e in _events(chunks)][-2:] == ["content_block_stop", "error"]
+    with pytest.raises(ApiError, match="worker group failed"):
+        asyncio.run(MessageEvents(_req(), "m", 3).whole(_feed(chunks)))
