@@ -5,10 +5,14 @@ The request becomes a chat completion's (``MessagesRequest.to_chat``): ``system`
 ``tool_result`` blocks tool messages, its text one user message; an assistant message's ``thinking``, text and
 ``tool_use`` blocks one assistant turn (its reasoning, content and calls) — a last assistant message is a prefill the
 answer continues; ``tools``' ``input_schema`` the chat tools' ``parameters``; ``tool_choice`` auto / any / tool / none
-→ auto / required / a named function / none; ``thinking`` disabled → ``reasoning_effort: none`` (else the chat
-template's default: GLM thinks); ``stop_sequences`` → ``stop``. The chat's stream of chunks becomes Anthropic's events
-(``MessageEvents``): ``message_start``, then per thinking, text or tool_use block ``content_block_start`` / ``_delta``
-/ ``_stop``, then ``message_delta`` (the stop reason, the usage) and ``message_stop`` — or the message they end with.
+→ auto / required / a named function / none; ``thinking`` enabled (or adaptive) → the chat template's thinking, else
+``reasoning_effort: none`` (Anthropic's default: no thinking unless asked); ``stop_sequences`` → ``stop``. A
+``max_tokens`` past what the context leaves is cut to it (``stop_reason: model_context_window_exceeded`` where the
+answer fills it, as Anthropic's newer models answer); a prompt that fills it is Anthropic's "prompt is too long".
+The chat's stream of chunks becomes Anthropic's events (``MessageEvents``): ``message_start``, then per thinking, text
+or tool_use block ``content_block_start`` / ``_delta`` / ``_stop``, then ``message_delta`` (the stop reason, the
+usage: ``input_tokens`` those not read from the prefix cache, as Anthropic counts) and ``message_stop`` — or the
+message they end with.
 Errors are Anthropic's bodies (``{"type": "error", "error": {"type", "message"}}``). Text only: images and documents
 are 400s naming the block; server tools too. Thinking blocks carry an empty ``signature``: nothing signs them here.
 """
@@ -31,6 +35,7 @@ _PARAMS = {"max_completion_tokens": "max_tokens", "stop": "stop_sequences", "rea
 _ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "request_too_large",
                 429: "rate_limit_error", 503: "overloaded_error"}
 _STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}
+THINKING = ("enabled", "adaptive", "between_tools")     # thinking types that think (the chat template's thinking)
 
 
 class MessagesRequest(OpenAIBody):
@@ -53,12 +58,15 @@ class MessagesRequest(OpenAIBody):
 
     def check_supported(self) -> None:
         """Refuse (400, naming the field) what the chat machinery cannot do as asked."""
-        kind = (self.thinking or {}).get("type", "enabled")
-        if kind not in ("enabled", "disabled"):
-            raise ApiError(400, f"thinking.type must be enabled or disabled, got {kind!r}", "thinking.type")
+        kind = (self.thinking or {}).get("type", "disabled")
+        if kind not in (*THINKING, "disabled"):
+            raise ApiError(400, f"thinking.type must be one of {[*THINKING, 'disabled']}, got {kind!r}",
+                           "thinking.type")
         choice = (self.tool_choice or {}).get("type", "auto")
         if choice not in ("auto", "any", "tool", "none"):
             raise ApiError(400, f"tool_choice.type must be auto, any, tool or none, got {choice!r}", "tool_choice.type")
+        if choice in ("any", "tool") and kind in THINKING:       # as Anthropic: a forced call comes first
+            raise ApiError(400, "thinking may not be enabled when tool_choice forces tool use", "tool_choice")
 
     def to_chat(self) -> ChatCompletionRequest:
         """The chat completion this request asks for; a field the chat refuses is a 400 naming the Messages field."""
@@ -80,7 +88,7 @@ class MessagesRequest(OpenAIBody):
             body["tool_choice"] = {"any": "required"}.get(kind, kind)
         if choice.get("disable_parallel_tool_use"):
             body["parallel_tool_calls"] = False
-        if (self.thinking or {}).get("type") == "disabled":
+        if (self.thinking or {}).get("type") not in THINKING:
             body["reasoning_effort"] = "none"
         try:
             chat = ChatCompletionRequest.model_validate(body)
@@ -202,8 +210,9 @@ class MessageEvents:
     (thinking, text, each tool_use) and closes when another opens or the stream ends, in the order the model wrote
     them; ``whole`` gives the message they make instead."""
 
-    def __init__(self, req: MessagesRequest, model: str, input_tokens: int):
-        self.req, self.input_tokens = req, input_tokens
+    def __init__(self, req: MessagesRequest, model: str, input_tokens: int, clamped: bool = False):
+        """``clamped``: ``max_tokens`` was cut to what the context leaves (an answer cut there filled the window)."""
+        self.req, self.input_tokens, self.clamped = req, input_tokens, clamped
         self.message = {"id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant", "model": model,
                         "content": [], "stop_reason": None, "stop_sequence": None,
                         "usage": {"input_tokens": input_tokens, "output_tokens": 0}}
@@ -242,12 +251,12 @@ class MessageEvents:
             if not chunk["choices"]:        # the last chunk: the usage
                 for out in self._close():
                     yield out
-                usage = chunk["usage"]
-                self.message["usage"] = {"input_tokens": usage["prompt_tokens"],
+                usage, cached = chunk["usage"], chunk["usage"]["prompt_tokens_details"]["cached_tokens"]
+                self.message["usage"] = {"input_tokens": usage["prompt_tokens"] - cached,    # Anthropic's: uncached
                                          "output_tokens": usage["completion_tokens"],
-                                         "cache_read_input_tokens": usage["prompt_tokens_details"]["cached_tokens"],
-                                         "cache_creation_input_tokens": None}
-                self.message["stop_reason"] = "stop_sequence" if stop else _STOP_REASONS.get(finish, "end_turn")
+                                         "cache_read_input_tokens": cached, "cache_creation_input_tokens": None}
+                self.message["stop_reason"] = "stop_sequence" if stop else "model_context_window_exceeded" \
+                    if finish == "length" and self.clamped else _STOP_REASONS.get(finish, "end_turn")
                 self.message["stop_sequence"] = stop
                 yield self._event("message_delta", delta={"stop_reason": self.message["stop_reason"],
                                                           "stop_sequence": stop}, usage=self.message["usage"])
@@ -269,7 +278,7 @@ class MessageEvents:
     def _start(self, block: dict) -> list[dict]:
         out = self._close()
         self.open = {"block": block, "json": ""}
-        out.append(self._event("content_block_start", index=len(self.message["content"]), content_block=block))
+        out.append(self._event("content_block_start", index=len(self.message["content"]), content_block=dict(block)))
         return out
 
     def _text(self, kind: str, text: str) -> list[dict]:

@@ -527,12 +527,18 @@ class OpenAIIngress:
             body = await self._parse(request, MessagesRequest)
             chat = body.to_chat()
             try:
-                fmt, merged = await self._start(chat, await self._chat_ids(chat), None, chat=True)
+                ids = await self._chat_ids(chat)
+                if len(ids) >= self.max_model_len:
+                    raise ApiError(400, f"prompt is too long: {len(ids)} tokens > {self.max_model_len - 1} maximum",
+                                   "messages", code="context_length_exceeded")
+                clamped = len(ids) + chat.max_tokens > self.max_model_len      # Anthropic's newer models: not a 400
+                chat.max_tokens = min(chat.max_tokens, self.max_model_len - len(ids))
+                fmt, merged = await self._start(chat, ids, None, chat=True)
             except ApiError as e:
                 raise messages_param(e) from None
         except ApiError as e:
             return anthropic_error(e)
-        events = MessageEvents(body, self.model_name, fmt.num_prompt)
+        events = MessageEvents(body, self.model_name, fmt.num_prompt, clamped)
         if body.stream:
             return StreamingResponse(_closing(events.sse(fmt.chunks(merged)), merged), media_type="text/event-stream")
         try:

@@ -49,11 +49,11 @@ def test_a_message_is_the_chats_answer_whole_and_streamed(url):
            "messages": [{"role": "user", "content": "Hello there"}]}
     chat = {"model": MODEL, "max_tokens": 16, "temperature": 0,
             "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hello there"}]}
-    for thinking, field, kind in (({}, "reasoning_content", "thinking"),
-                                  ({"thinking": {"type": "disabled"}}, "content", "text")):
+    for thinking, field, kind in (({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "reasoning_content",
+                                   "thinking"), ({}, "content", "text")):      # Anthropic's default: no thinking
         status, msg = post(url, "/v1/messages", {**ask, **thinking})
         status_chat, ref = post(url, "/v1/chat/completions", {**chat, **(
-            {"reasoning_effort": "none"} if thinking else {})})
+            {} if thinking else {"reasoning_effort": "none"})})
         assert status == status_chat == 200, msg
         stop = {"length": "max_tokens", "stop": "end_turn"}[ref["choices"][0]["finish_reason"]]
         assert msg["type"] == "message" and msg["role"] == "assistant" and msg["stop_reason"] == stop
@@ -88,17 +88,33 @@ def test_a_named_tool_is_a_tool_use_block_and_its_result_goes_back(url):
         *ask["messages"], {"role": "assistant", "content": msg["content"]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": "sunny"}]}]}
     status, out = post(url, "/v1/messages", follow)
-    assert status == 200 and out["usage"]["input_tokens"] > msg["usage"]["input_tokens"], out
+    prompt = lambda m: m["usage"]["input_tokens"] + m["usage"]["cache_read_input_tokens"]
+    assert status == 200 and prompt(out) > prompt(msg) and out["usage"]["cache_read_input_tokens"] > 0, out
 
 
 @pytest.mark.parametrize("body,status,kind", [
     ({"model": "claude-sonnet-4-5"}, 404, "not_found_error"),
     ({"max_tokens": None}, 400, "invalid_request_error"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400, "invalid_request_error"),
-    ({"max_tokens": 10 ** 6}, 400, "invalid_request_error"),
+    ({"messages": [{"role": "user", "content": "word " * 5000}]}, 400, "invalid_request_error"),
 ])
 def test_errors_are_anthropics(url, body, status, kind):
     ask = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}], **body}
     got, err = post(url, "/v1/messages", {k: v for k, v in ask.items() if v is not None})
     assert got == status and err["type"] == "error" and err["error"]["type"] == kind, err
     assert err["error"]["message"] and "max_completion_tokens" not in err["error"]["message"]
+    if "word" in json.dumps(body):
+        assert err["error"]["message"].startswith("prompt is too long: "), err      # the text Claude Code reads
+
+
+def test_max_tokens_past_the_context_is_cut_to_it(url):
+    """Claude Code asks for max_tokens 32000 whatever the context: cut to what the prompt leaves (not a 400), an answer
+    that fills the window ends model_context_window_exceeded."""
+    ask = {"model": MODEL, "max_tokens": 32000, "temperature": 0,
+           "messages": [{"role": "user", "content": "word " * 1500}]}
+    status, msg = post(url, "/v1/messages", ask)
+    assert status == 200, msg
+    used = msg["usage"]["input_tokens"] + msg["usage"]["cache_read_input_tokens"] + msg["usage"]["output_tokens"]
+    context = json.loads(urllib.request.urlopen(url + "/v1/models", timeout=30).read())["data"][0]["max_model_len"]
+    assert msg["stop_reason"] == "end_turn" or (msg["stop_reason"] == "model_context_window_exceeded" and
+                                                used == context), (msg, context)

@@ -115,17 +115,38 @@ def test_a_chat_stream_becomes_anthropics_events_and_the_whole_message():
                                 {"type": "text", "text": "Let me check."},
                                 {"type": "tool_use", "id": "call_1", "name": "weather", "input": {"city": "Paris"}}]
     assert whole["stop_reason"] == "tool_use" and whole["usage"]["cache_read_input_tokens"] == 0
+    # a client builds each block from its start event and its deltas (session 45's QA: the first piece came twice)
+    for i, block in enumerate(whole["content"][:2]):
+        kind = block["type"]
+        start = next(e["content_block"] for e in events if e["type"] == "content_block_start" and e["index"] == i)
+        assert start[kind] + "".join(e["delta"][kind] for e in events if e["type"] == "content_block_delta"
+                                     and e["index"] == i) == block[kind]
 
 
-@pytest.mark.parametrize("finish,stop,reason", [("stop", None, "end_turn"), ("stop", "END", "stop_sequence"),
-                                                ("length", None, "max_tokens")])
-def test_how_a_message_ends(finish, stop, reason):
+@pytest.mark.parametrize("finish,stop,clamped,reason", [
+    ("stop", None, False, "end_turn"), ("stop", "END", False, "stop_sequence"), ("length", None, False, "max_tokens"),
+    ("length", None, True, "model_context_window_exceeded"), ("stop", None, True, "end_turn")])
+def test_how_a_message_ends(finish, stop, clamped, reason):
+    """The chat's finish as Anthropic's stop_reason: an answer cut where a max_tokens cut to the context left it filled
+    the window; usage counts the prompt's cached tokens apart from its input_tokens, as Anthropic does."""
     last = _chunk({"content": "b"}, finish)
     last["choices"][0]["stop_reason"] = stop
-    whole = asyncio.run(MessageEvents(_req(), "m", 3).whole(_feed([_chunk({"content": "a"}), last,
-                                                                   _chunk(usage=_USAGE)])))
+    usage = {**_USAGE, "prompt_tokens_details": {"cached_tokens": 2}}
+    whole = asyncio.run(MessageEvents(_req(), "m", 3, clamped).whole(_feed([_chunk({"content": "a"}), last,
+                                                                            _chunk(usage=usage)])))
     assert (whole["stop_reason"], whole["stop_sequence"], whole["content"]) == (
         reason, stop, [{"type": "text", "text": "ab"}])
+    assert (whole["usage"]["input_tokens"], whole["usage"]["cache_read_input_tokens"]) == (1, 2)
+
+
+def test_thinking_only_where_asked():
+    """Anthropic's default is no thinking: GLM's template is told so unless ``thinking`` is enabled (or adaptive); a
+    forced tool with thinking on is Anthropic's 400."""
+    assert _req().to_chat().template_kwargs()["enable_thinking"] is False
+    for kind in ("enabled", "adaptive"):
+        assert "enable_thinking" not in _req(thinking={"type": kind, "budget_tokens": 1024}).to_chat().template_kwargs()
+    with pytest.raises(ApiError, match="thinking may not be enabled when tool_choice forces tool use"):
+        _req(thinking={"type": "enabled"}, tools=[WEATHER], tool_choice={"type": "any"})
 
 
 def test_an_error_mid_stream_is_an_error_event_and_fails_the_whole_message():
