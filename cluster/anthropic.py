@@ -83,6 +83,10 @@ class MessagesRequest(OpenAIBody):
         choice = self.tool_choice or {}
         kind = choice.get("type", "auto")
         if kind == "tool":
+            names = [t.get("name") for t in self.tools or ()]
+            if choice.get("name") not in names:
+                raise ApiError(400, f"tool_choice.name must be one of the tools' names {names}, got "
+                               f"{choice.get('name')!r}", "tool_choice.name")
             body["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
         elif self.tools or kind != "auto":
             body["tool_choice"] = {"any": "required"}.get(kind, kind)
@@ -126,8 +130,8 @@ class MessagesRequest(OpenAIBody):
                 elif b.get("type") == "text" and isinstance(b.get("text"), str):
                     text.append(b["text"])
                 else:
-                    raise ApiError(400, f"{where}.content[{j}] has type {b.get('type')!r}: a user message takes text "
-                                   "and tool_result blocks (this model reads no images or documents)",
+                    raise ApiError(400, f"{where}.content[{j}] (type {b.get('type')!r}) must be a text block with its "
+                                   "text or a tool_result block (this model reads no images or documents)",
                                    f"{where}.content[{j}]")
             if text or not any(b.get("type") == "tool_result" for b in blocks):
                 out.append({"role": "user", "content": "".join(text)})
@@ -195,6 +199,8 @@ def messages_param(e: ApiError) -> ApiError:
         e.param = _PARAMS.get(head, head) + dot + rest
     for chat, ours in _PARAMS.items():
         e.message = e.message.replace(f"'{chat}'", f"'{ours}'").replace(f"{chat} (", f"{ours} (")
+    if e.param and e.param.startswith("tool_choice"):       # the chat's word for Anthropic's choice
+        e.message = e.message.replace("'required'", "'any'")
     return e
 
 

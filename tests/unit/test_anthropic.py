@@ -68,6 +68,7 @@ def test_a_request_becomes_the_chat_it_asks_for():
     ({"thinking": {"type": "sometimes"}}, "thinking.type"),
     ({"tool_choice": {"type": "all"}}, "tool_choice.type"),
     ({"tool_choice": {"type": "any"}}, "tool_choice"),                   # no tools: the chat's own check
+    ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice.name"),
     ({"stop_sequences": ["a", "b", "c", "d", "e"]}, "stop_sequences"),
     ({"system": [{"type": "image"}]}, "system"),
 ])
@@ -76,6 +77,7 @@ def test_what_cannot_be_served_is_a_400_naming_the_messages_field(body, param):
         _req(**body).to_chat()
     assert e.value.status == 400 and (e.value.param or "").startswith(param), (e.value.param, e.value.message)
     assert "function" not in (e.value.param or "") and "max_completion_tokens" not in e.value.message
+    assert "required" not in e.value.message and "'function'" not in e.value.message       # the chat's words
 
 
 def _events(chunks: list[dict]) -> list[dict]:
