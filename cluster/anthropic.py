@@ -25,9 +25,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi.responses import JSONResponse
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field
 
-from cluster.protocol import ApiError, ChatCompletionRequest, OpenAIBody, validation_error
+from cluster.protocol import ApiError, ChatCompletionRequest, OpenAIBody, chat_request, delta_pieces
 
 # chat fields → the Messages fields a client sent them as (errors name what the client wrote)
 _PARAMS = {"max_completion_tokens": "max_tokens", "stop": "stop_sequences", "reasoning_effort": "thinking",
@@ -94,15 +94,7 @@ class MessagesRequest(OpenAIBody):
             body["parallel_tool_calls"] = False
         if (self.thinking or {}).get("type") not in THINKING:
             body["reasoning_effort"] = "none"
-        try:
-            chat = ChatCompletionRequest.model_validate(body)
-            chat.check_supported()
-            chat.max_tokens = chat.max_completion_tokens
-        except ValidationError as e:
-            raise messages_param(validation_error(e)) from None
-        except ApiError as e:
-            raise messages_param(e) from None
-        return chat
+        return chat_request(body, messages_param)
 
     def _messages(self) -> list[dict[str, Any]]:
         out = [{"role": "system", "content": _text(self.system, "system")}] if self.system is not None else []
@@ -270,15 +262,9 @@ class MessageEvents:
                 return
             choice = chunk["choices"][0]
             finish, stop = choice["finish_reason"] or finish, choice.get("stop_reason") or stop
-            delta = choice["delta"]
-            if delta.get("reasoning_content"):
-                for out in self._text("thinking", delta["reasoning_content"]):
-                    yield out
-            for call in delta.get("tool_calls") or ():
-                for out in self._call(call):
-                    yield out
-            if delta.get("content"):
-                for out in self._text("text", delta["content"]):
+            for kind, piece in delta_pieces(choice["delta"]):
+                for out in self._call(piece) if kind == "call" else self._text(
+                        "thinking" if kind == "reasoning" else "text", piece):
                     yield out
 
     def _start(self, block: dict) -> list[dict]:

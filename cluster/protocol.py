@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from cluster.guided import is_raw_string, schema_of
 from cluster.parsers import TOOL_MARKERS
@@ -361,6 +362,29 @@ class DetokenizeRequest(OpenAIBody):
 
 
 _UNION_BRANCH = re.compile(r"(str|int|float|bool|none|[a-z-]+\[.*\])")
+
+
+def chat_request(body: dict, rename: Callable[[ApiError], ApiError]) -> ChatCompletionRequest:
+    """The chat completion ``body`` (another API's request, converted) asks for, checked as the chat endpoint checks
+    its own; an error is renamed by ``rename`` to the field the client sent."""
+    try:
+        chat = ChatCompletionRequest.model_validate(body)
+        chat.check_supported()
+        chat.max_tokens = chat.max_completion_tokens      # as the chat endpoint does
+    except ValidationError as e:
+        raise rename(validation_error(e)) from None
+    except ApiError as e:
+        raise rename(e) from None
+    return chat
+
+
+def delta_pieces(delta: dict) -> list[tuple[str, Any]]:
+    """A chat chunk's delta as ("reasoning", text), ("call", a tool call's delta) and ("text", text) pieces, in the
+    order the model wrote them: within one chunk a call's pieces come before the text after it (the engine starts an
+    event at each special token, a call's markers among them, so a chunk's text never precedes its call pieces)."""
+    out = [("reasoning", delta["reasoning_content"])] if delta.get("reasoning_content") else []
+    out += [("call", call) for call in delta.get("tool_calls") or ()]
+    return out + ([("text", delta["content"])] if delta.get("content") else [])
 
 
 def validation_error(exc) -> ApiError:

@@ -22,9 +22,9 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
-from cluster.protocol import ApiError, ChatCompletionRequest, OpenAIBody, validation_error
+from cluster.protocol import ApiError, ChatCompletionRequest, OpenAIBody, chat_request, delta_pieces
 
 # chat fields → the Responses fields a client sent them as (errors name what the client wrote)
 _PARAMS = {"max_completion_tokens": "max_output_tokens", "response_format": "text.format",
@@ -131,15 +131,7 @@ class ResponsesRequest(OpenAIBody):
             body["response_format"] = _response_format(fmt)
         if (effort := (self.reasoning or {}).get("effort")) is not None:
             body["reasoning_effort"] = effort
-        try:
-            chat = ChatCompletionRequest.model_validate(body)
-            chat.check_supported()
-            chat.max_tokens = chat.max_completion_tokens      # as the chat endpoint does
-        except ValidationError as e:
-            raise responses_param(validation_error(e)) from None
-        except ApiError as e:
-            raise responses_param(e) from None
-        return chat
+        return chat_request(body, responses_param)
 
     def _messages(self) -> list[dict[str, Any]]:
         """The chat's messages: ``instructions`` a system message; each run of reasoning, assistant message and
@@ -323,7 +315,7 @@ def envelope(req: ResponsesRequest, rid: str, created: int, model: str, status: 
             "incomplete_details": {"reason": "max_output_tokens"} if finish_reason == "length" else None,
             "instructions": req.instructions, "max_output_tokens": req.max_output_tokens, "model": model,
             "output": output, "parallel_tool_calls": req.parallel_tool_calls, "previous_response_id": None,
-            "reasoning": {"effort": (req.reasoning or {}).get("effort"), "summary": (req.reasoning or {}).get("summary")},
+            "reasoning": {k: (req.reasoning or {}).get(k) for k in ("effort", "summary")},
             "store": False, "temperature": req.temperature, "text": {"format": {"type": "text"}, **(req.text or {})},
             "tool_choice": req.tool_choice or "auto", "tools": req.tools or [], "top_p": req.top_p,
             "truncation": "disabled", "usage": usage, "user": req.user, "metadata": req.metadata or {}}
@@ -390,16 +382,10 @@ class ResponseEvents:
                                                                                  finish))
                 return
             choice = chunk["choices"][0]
-            delta = choice["delta"]
             finish = choice["finish_reason"] or finish
-            if delta.get("reasoning_content"):
-                for out in self._text("reasoning", delta["reasoning_content"]):
-                    yield out
-            for call in delta.get("tool_calls") or ():
-                for out in self._call(call):
-                    yield out
-            if delta.get("content"):
-                for out in self._text("message", delta["content"]):
+            for kind, piece in delta_pieces(choice["delta"]):
+                for out in self._call(piece) if kind == "call" else self._text(
+                        "reasoning" if kind == "reasoning" else "message", piece):
                     yield out
 
     def _reasoning_done(self, item_id: str, text: str, status: str = "completed") -> dict:

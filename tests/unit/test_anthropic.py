@@ -4,7 +4,6 @@ a chat stream's chunks as Anthropic's events and message (over HTTP: tests/integ
 from __future__ import annotations
 
 import asyncio
-import json
 
 import pytest
 
@@ -12,7 +11,7 @@ pytest.importorskip("ray")
 
 from cluster.anthropic import MessageEvents, MessagesRequest  # noqa: E402
 from cluster.protocol import ApiError  # noqa: E402
-from tests.unit.test_responses import _USAGE, _chunk, _feed  # noqa: E402
+from tests.unit.test_responses import _USAGE, _chunk, _feed, sse_events  # noqa: E402
 
 WEATHER = {"name": "weather", "description": "the weather",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -81,16 +80,7 @@ def test_what_cannot_be_served_is_a_400_naming_the_messages_field(body, param):
 
 
 def _events(chunks: list[dict]) -> list[dict]:
-    async def collect():
-        return [out async for out in MessageEvents(_req(), "m", 3).sse(_feed(chunks))]
-
-    events = []
-    for raw in asyncio.run(collect()):
-        head, data = raw.split("\n")[:2]
-        event = json.loads(data.removeprefix("data: "))
-        assert head == f"event: {event['type']}"
-        events.append(event)
-    return events
+    return sse_events(MessageEvents(_req(), "m", 3), chunks)
 
 
 def test_a_chat_stream_becomes_anthropics_events_and_the_whole_message():

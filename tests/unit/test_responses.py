@@ -167,9 +167,11 @@ async def _feed(chunks):
         yield c
 
 
-def _events(chunks: list[dict]) -> list[dict]:
+def sse_events(converter, chunks: list[dict]) -> list[dict]:
+    """The events ``converter`` (``ResponseEvents``, ``anthropic.MessageEvents``) streams for ``chunks``, each SSE
+    block's ``event:`` line checked against its type."""
     async def collect():
-        return [out async for out in ResponseEvents(_req(), "m").sse(_feed(chunks))]
+        return [out async for out in converter.sse(_feed(chunks))]
 
     events = []
     for raw in asyncio.run(collect()):
@@ -177,6 +179,11 @@ def _events(chunks: list[dict]) -> list[dict]:
         event = json.loads(data.removeprefix("data: "))
         assert head == f"event: {event['type']}"
         events.append(event)
+    return events
+
+
+def _events(chunks: list[dict]) -> list[dict]:
+    events = sse_events(ResponseEvents(_req(), "m"), chunks)
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     return events
 
