@@ -26,14 +26,14 @@ from ray import serve
 from ray.exceptions import RayTaskError
 from starlette.exceptions import HTTPException
 
+from cluster.anthropic import CountTokensRequest, MessageEvents, MessagesRequest, messages_param
+from cluster.anthropic import error_response as anthropic_error
 from cluster.config import EngineConfig
 from cluster.guided import check_tool_grammar, tool_grammar
 from cluster.metrics_hub import app_metrics_hub, merge
 from cluster.parsers import TOOL_MARKERS, ReasoningSplit, ToolCalls
 from cluster.protocol import (ApiError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
                               validation_error)
-from cluster.anthropic import CountTokensRequest, MessageEvents, MessagesRequest, messages_param
-from cluster.anthropic import error_response as anthropic_error
 from cluster.responses import ResponseEvents, ResponsesRequest, responses_param
 from scheduler.scheduler import AdmissionError
 
