@@ -452,13 +452,22 @@ class Engine:
         self._launched = None
         self._reset_stats()
         done = {"graph_steps": len(keys), "capture_s": captured - start, "request_s": time.perf_counter() - captured,
-                "prompt_lengths": lengths}
+                "prompt_lengths": lengths, "gpu_free": self._gpu_free()}
         self.warmed = done
         if report:
             report(f"warm-up: done in {time.perf_counter() - start:.1f} s ({len(keys)} graph steps "
                    f"{done['capture_s']:.1f} s, prompts of {lengths[-1]}–{lengths[0]} tokens "
                    f"{done['request_s']:.1f} s)")
+            if done["gpu_free"]:
+                free, total = done["gpu_free"]
+                report(f"warm-up: {free / 2**30:.1f} of {total / 2**30:.1f} GiB still free on the fullest GPU after its "
+                       f"largest steps (PyTorch keeps what a step reserved: the headroom left at the peak)")
         return done
+
+    def _gpu_free(self) -> tuple[int, int] | None:
+        """(free, total) bytes of the GPU with the least free of the ranks', or None on CPU workers."""
+        results = self.executor.execute([WorkerStep(-1, (), memory=True)] * len(self.schedulers))
+        return min((r.memory for r in results if r.memory), default=None)
 
     def _warm_step(self, steps: list[WorkerStep]) -> None:
         try:

@@ -20,6 +20,7 @@ from scheduler.request import SamplingParams
 from scheduler.scheduler import ScheduledSeq
 from scheduler.shapes import GRAPH_BUCKETS, StepShape, next_pow2
 from workers.graphs import DecodeGraphs, DraftGraphs
+from workers.memory import device_memory
 from workers.pieces import PieceGraphs
 from workers.sampler import (
     RowLogprobs,
@@ -67,6 +68,7 @@ class WorkerStep:
     masks: StepMasks | None = None     # the tokens each guided row may sample (structured output, ``cluster/guided.py``)
     kv_saves: tuple[tuple[int, int], ...] = ()   # (block, host block): cached blocks to host memory, first
     kv_loads: tuple[tuple[int, int], ...] = ()   # (host block, block): cached prefixes back, before the forward
+    memory: bool = False               # no rows: report the device's free and total bytes (after the warm-up)
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ class StepResult:
     drafts: dict[str, list[int]] = field(default_factory=dict)              # proposals to verify next step
     busy_ms: float = 0.0     # this rank's wall time in the step (forward, logits, sampling, drafting)
     draft_ms: float = 0.0    # of which the MTP passes (extend + proposals)
+    memory: tuple[int, int] | None = None   # a GPU's (free, total) bytes, where the step asked (``WorkerStep.memory``)
 
 
 @dataclass
@@ -214,6 +217,8 @@ class ModelRunner:
             self.host.save(step.kv_saves)
             self.host.load(step.kv_loads)
         ahead, self._ahead = self._ahead, None           # used by this step, or dropped
+        if step.memory:
+            return StepResult(step.step_id, memory=device_memory(self.device) if self.device.type == "cuda" else None)
         if step.warm is not None:
             self._warm(step)
             return StepResult(step.step_id, busy_ms=(time.perf_counter() - start) * 1e3)

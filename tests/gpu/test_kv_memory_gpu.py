@@ -54,6 +54,8 @@ def test_one_process_pool_fills_the_fraction(tiny_ckpt):
     reqs = requests(mc.vocab_size)
     assert run_engine(engine, reqs) == run_engine(plain, reqs)
     assert engine.stats["graph_steps"] > 0
+    free, total = engine.warmed["gpu_free"]           # the warm-up's report: what its largest steps left free
+    assert total == torch.cuda.mem_get_info()[1] and 0 < free < total - pool
 
 
 def test_ranks_on_one_gpu_split_it(tiny_ckpt):

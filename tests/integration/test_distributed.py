@@ -169,6 +169,7 @@ def test_coordinator_warms_up_before_it_serves(ray_session, text_ckpt):
             info = asyncio.run(coord.info())
             if warm:
                 assert info["warmup"]["graph_steps"] == len(warm_keys(1, True, 0, graph_widths(3)))
+                assert info["warmup"]["gpu_free"] is None       # asked of the group's worker: a CPU has no GPU's
             else:
                 assert info["warmup"] is None
             assert info["stats"]["steps"] == 0 and info["free_blocks"] == NUM_BLOCKS
