@@ -191,7 +191,7 @@ class Coordinator:
         return RayWorkerGroup(cfg, num_blocks)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, req_id: str) -> AsyncIterator[TokenEvent]:
-        """Stream the request's events; an AdmissionError surfaces before the first event."""
+        """Stream the request's events; a refused request's one event carries its AdmissionError (``refused``)."""
         arrival = last = time.monotonic()
         first, finished = True, False
         if self._stats_log is None and self.cfg.log_stats_interval_s > 0:      # a context of its own: not this request's
@@ -210,9 +210,9 @@ class Coordinator:
             if not finished:                # the client went away: its request ends here, as an abort
                 self.metrics.requests.labels(FinishReason.ABORT).inc()
             raise
-        except AdmissionError as e:
-            self.metrics.refused.labels(e.reason).inc()
-            raise
+        except AdmissionError as e:     # an answer (400 / 429), not a failure: an event, where a raise would have Serve
+            self.metrics.refused.labels(e.reason).inc()      # log each refusal as an ERROR with its traceback
+            yield TokenEvent(req_id, [], "", True, FinishReason.ABORT, error=str(e), refused=e)
 
     async def abort(self, req_id: str) -> None:
         self.aengine.abort(req_id)

@@ -721,12 +721,14 @@ class OpenAIIngress:
         try:
             try:
                 async for ev in gen:
+                    if ev.refused is not None and not started:
+                        raise ev.refused        # ``_respond`` answers it: 400 / 429
                     started, finished = True, ev.finished
                     if finished and ev.finish_reason == "abort" and self.closing and not ev.error:
                         ev.error = "the server shut down before the request finished"
                     yield ev
             except Exception as e:
-                if not started:             # ``_respond`` answers it (an AdmissionError: 400 / 429)
+                if not started:             # ``_respond`` answers it (the replica unavailable: 503)
                     raise
                 from cluster.engine import TokenEvent
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,13 @@ from tests.integration.conftest import REPO
 from tests.integration.test_serve import MODEL, metric, post
 
 pytestmark = pytest.mark.ray
+
+
+def coordinator_logs():
+    """The Coordinator replicas' Serve logs of this Ray session."""
+    import ray
+
+    return Path(ray._private.worker._global_node.get_logs_dir_path()).glob("serve/replica_*Coordinator*.log")
 
 
 def test_context_limit_is_the_schedulers_with_odd_kv_cache_tokens(serve_session, text_ckpt):
@@ -77,6 +85,9 @@ def test_a_full_engine_answers_429_not_a_proxy_503(serve_session, text_ckpt):
         # more choices than it admits at once: a 400 naming n, not a 429 that a retry never gets past
         status, err = post(serve_session + "/full", "/v1/completions", {"model": MODEL, "prompt": "Once", "n": 3})
         assert status == 400 and err["error"]["param"] == "n", err
+        # a refusal is an answer, not a failure: the replica logs no error (Serve logged each raise with its traceback)
+        logs = list(coordinator_logs())
+        assert logs and not [p.name for p in logs if "AdmissionError" in p.read_text(errors="replace")]
     finally:
         serve.delete("full")
     for path in ("glm5-8xh200.yaml", "kuberay-rayservice.yaml"):     # the shipped files' engines can say 429
