@@ -356,8 +356,9 @@ class _Formatter:
                           "finish_reason": ev.finish_reason if ev.finished else None}
             if ev.finished:             # vLLM's field: the stop string that ended the choice, if one did
                 choice["stop_reason"] = ev.stop_str
-            if ev.text or ev.finished or ev.token_ids:
-                yield self._chunk([choice])
+            if ev.finished or choice["logprobs"] is not None or (any(choice["delta"].values()) if self.chat else
+                                                                 ev.text or ev.token_ids):
+                yield self._chunk([choice])     # (a chat's tokens that say nothing yet — a call's name — wait)
         yield self._chunk([], self._usage(completion, 1))
 
     async def sse(self, merged, include_usage: bool) -> AsyncIterator[str]:

@@ -70,8 +70,9 @@ def test_reasoning_split_whole_and_stream():
         return [c async for c in _Formatter(_FakeIngress(), "c", True, 5, None, thinking=True).sse(_events(evs), False)]
 
     chunks = asyncio.run(collect())
-    assert '"reasoning_content": "Let me think."' in chunks[0] and '"content": "Answer."' in chunks[2]
-    assert chunks[-1] == "data: [DONE]\n\n"
+    # the </think> token says nothing: no chunk of its own (an empty delta only where logprobs ride on it)
+    assert '"reasoning_content": "Let me think."' in chunks[0] and '"content": "Answer."' in chunks[1]
+    assert chunks[-1] == "data: [DONE]\n\n" and len(chunks) == 3
 
 
 def _tool_events(args=(("city", "Paris"), ("days", "3")), close: bool = True, after: str = ""):
