@@ -62,6 +62,14 @@ class MessagesRequest(OpenAIBody):
         if kind not in (*THINKING, "disabled"):
             raise ApiError(400, f"thinking.type must be one of {[*THINKING, 'disabled']}, got {kind!r}",
                            "thinking.type")
+        if kind == "enabled":                   # as Anthropic's: a budget of at least 1024 tokens, below max_tokens
+            budget = self.thinking.get("budget_tokens")
+            if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1024:
+                raise ApiError(400, f"thinking.budget_tokens must be an integer >= 1024, got {budget!r}",
+                               "thinking.budget_tokens")
+            if budget >= self.max_tokens:
+                raise ApiError(400, f"max_tokens ({self.max_tokens}) must be greater than thinking.budget_tokens "
+                               f"({budget})", "max_tokens")
         choice = (self.tool_choice or {}).get("type", "auto")
         if choice not in ("auto", "any", "tool", "none"):
             raise ApiError(400, f"tool_choice.type must be auto, any, tool or none, got {choice!r}", "tool_choice.type")

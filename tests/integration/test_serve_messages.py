@@ -49,7 +49,7 @@ def test_a_message_is_the_chats_answer_whole_and_streamed(url):
            "messages": [{"role": "user", "content": "Hello there"}]}
     chat = {"model": MODEL, "max_tokens": 16, "temperature": 0,
             "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hello there"}]}
-    for thinking, field, kind in (({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "reasoning_content",
+    for thinking, field, kind in (({"thinking": {"type": "adaptive"}}, "reasoning_content",
                                    "thinking"), ({}, "content", "text")):      # Anthropic's default: no thinking
         status, msg = post(url, "/v1/messages", {**ask, **thinking})
         status_chat, ref = post(url, "/v1/chat/completions", {**chat, **(

@@ -136,9 +136,23 @@ def test_thinking_only_where_asked():
     forced tool with thinking on is Anthropic's 400."""
     assert _req().to_chat().template_kwargs()["enable_thinking"] is False
     for kind in ("enabled", "adaptive"):
-        assert "enable_thinking" not in _req(thinking={"type": kind, "budget_tokens": 1024}).to_chat().template_kwargs()
+        assert "enable_thinking" not in _req(thinking={"type": kind, "budget_tokens": 1024},
+                                             max_tokens=2048).to_chat().template_kwargs()
     with pytest.raises(ApiError, match="thinking may not be enabled when tool_choice forces tool use"):
-        _req(thinking={"type": "enabled"}, tools=[WEATHER], tool_choice={"type": "any"})
+        _req(thinking={"type": "enabled", "budget_tokens": 1024}, max_tokens=2048, tools=[WEATHER],
+             tool_choice={"type": "any"})
+
+
+@pytest.mark.parametrize("budget,max_tokens,param", [(None, 2048, "thinking.budget_tokens"),
+                                                     (1023, 2048, "thinking.budget_tokens"),
+                                                     ("2000", 4096, "thinking.budget_tokens"),
+                                                     (1024, 1024, "max_tokens"), (4096, 2048, "max_tokens")])
+def test_an_enabled_thinking_budget_is_checked_as_anthropic_checks_it(budget, max_tokens, param):
+    """``thinking: enabled`` takes a budget of at least 1024 tokens, below ``max_tokens`` (Anthropic's 400s)."""
+    with pytest.raises(ApiError) as e:
+        _req(thinking={"type": "enabled", **({} if budget is None else {"budget_tokens": budget})},
+             max_tokens=max_tokens)
+    assert e.value.param == param, e.value
 
 
 def test_an_error_mid_stream_is_an_error_event_and_fails_the_whole_message():
