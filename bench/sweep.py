@@ -1,7 +1,8 @@
 """Throughput against latency at fixed concurrency, as InferenceX and the recipes measure serving engines: ``c``
 clients, each sending its next request as soon as its last one ends, ``--requests-per-client`` requests each, prompts
 of ``--isl`` tokens and answers of ``--osl`` (greedy, EOS ignored, random token ids, prefix caching off). One engine
-serves every concurrency in turn (warmed up once), in this process as a coordinator drives it (no HTTP, no Ray).
+serves every concurrency in turn (warmed up once, then ``max(c)`` prompts run untimed: the prefill steps' shapes compile
+and capture), in this process as a coordinator drives it (no HTTP, no Ray).
 
     PYTHONPATH=. python bench/sweep.py [--concurrency 1 4 16] [--out bench/results/sweep_cpu.md]     # CPU, the tiny model
     PYTHONPATH=. python bench/sweep.py --slice --isl 1024 --osl 256 --concurrency 1 4 8 16 32 64 \
@@ -126,7 +127,7 @@ def main() -> None:
         print("building the engine ...", flush=True)
         engine, _ = build_local_engine(cfg, progress=False)
         vocab = engine.schedulers[0].config.vocab_size
-        run_level(engine, 1, 2, args.isl, args.osl, vocab, seed=99)          # compiles what the first step needs
+        run_level(engine, top, top, args.isl, 2, vocab, seed=99)      # untimed: the prefill chunks' shapes compile
         rows = []
         for c in args.concurrency:
             rows.append(run_level(engine, c, c * args.requests_per_client, args.isl, args.osl, vocab, seed=c))

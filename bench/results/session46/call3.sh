@@ -1,8 +1,6 @@
 #!/bin/bash
-# session 46, call 3: the fixed-concurrency sweep (bench/sweep.py) on the GLM-5.2-width slice, one GPU
-set -x
-export PYTHONPATH=. NCCL_NVLS_ENABLE=0
-nvidia-smi --query-gpu=name,memory.used --format=csv
-python -c "import safetensors; print('safetensors', safetensors.__version__)"
-timeout 420 python bench/sweep.py --slice --isl 1024 --osl 256 --concurrency 1 4 8 16 32 64 --requests-per-client 3 \
-    --chunk 8192 --warmup-tokens 2048 --out $OUT 2>&1 | grep -v '^loading' | tail -20
+# session 46, call 3 (H100): the three tests of tests/gpu/test_graphs_gpu.py that call 1's 170 s limit cut off
+pip install -q --no-deps --target /tmp/xg .wheels/*.whl 2>&1 | tail -1; export PYTHONPATH=/tmp/xg:. NCCL_NVLS_ENABLE=0
+nvidia-smi --query-gpu=name --format=csv,noheader
+timeout 230 python -m pytest -q tests/gpu/test_graphs_gpu.py -k "structured_output or guided_request" 2>&1 | tail -8 \
+    | tee $OUT/graphs_guided.txt
