@@ -4,7 +4,7 @@ of ``--isl`` tokens and answers of ``--osl`` (greedy, EOS ignored, random token 
 serves every concurrency in turn (warmed up once, then ``max(c)`` prompts run untimed: the prefill steps' shapes compile
 and capture), in this process as a coordinator drives it (no HTTP, no Ray).
 
-    PYTHONPATH=. python bench/sweep.py [--concurrency 1 4 16] [--out bench/results/sweep_cpu.md]     # CPU, the tiny model
+    PYTHONPATH=. python bench/sweep.py [--concurrency 1 4 16] [--out DIR]                # CPU, the tiny model
     PYTHONPATH=. python bench/sweep.py --slice --isl 1024 --osl 256 --concurrency 1 4 8 16 32 64 \
         --warmup-tokens 2048 --out DIR                                                               # a GPU
 

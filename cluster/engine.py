@@ -460,8 +460,8 @@ class Engine:
                    f"{done['request_s']:.1f} s)")
             if done["gpu_free"]:
                 free, total = done["gpu_free"]
-                report(f"warm-up: {free / 2**30:.1f} of {total / 2**30:.1f} GiB still free on the fullest GPU after its "
-                       f"largest steps (PyTorch keeps what a step reserved: the headroom left at the peak)")
+                report(f"warm-up: {free / 2**30:.1f} of {total / 2**30:.1f} GiB still free on the fullest GPU after "
+                       f"its largest steps (PyTorch keeps what a step reserved: the headroom left at the peak)")
         return done
 
     def _gpu_free(self) -> tuple[int, int] | None:
