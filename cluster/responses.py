@@ -281,7 +281,10 @@ def _id(prefix: str) -> str:
 
 def _usage(chat_usage: dict) -> dict:
     return {"input_tokens": chat_usage["prompt_tokens"],
-            "input_tokens_details": {"cached_tokens": chat_usage["prompt_tokens_details"]["cached_tokens"]},
+            # nothing is written to a cache on request (prefix caching keeps blocks as it goes): 0, as the Messages
+            # API's cache_creation_input_tokens (the openai SDK's type requires the field)
+            "input_tokens_details": {"cached_tokens": chat_usage["prompt_tokens_details"]["cached_tokens"],
+                                     "cache_write_tokens": 0},
             "output_tokens": chat_usage["completion_tokens"],
             "output_tokens_details": {"reasoning_tokens":
                                       chat_usage["completion_tokens_details"]["reasoning_tokens"]},

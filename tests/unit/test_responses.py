@@ -223,6 +223,10 @@ def test_a_chat_stream_becomes_the_typed_events_and_the_whole_response():
     assert [{k: v for k, v in i.items() if k != "id"} for i in whole["output"]] == \
         [{k: v for k, v in i.items() if k != "id"} for i in final["output"]]
     assert whole["usage"] == final["usage"] and whole["status"] == "completed"
+    responses = pytest.importorskip("openai.types.responses")
+    for body in (whole, final):                 # the SDK's own types hold them (required fields, value types)
+        typed = responses.Response.model_validate(body)
+        assert typed.usage.input_tokens_details.cache_write_tokens == 0 and typed.output[3].call_id == "call_2"
 
 
 def test_a_chunk_with_a_calls_last_piece_and_the_text_after_it_keeps_them_apart():
