@@ -31,7 +31,7 @@ from cluster.protocol import ApiError, ChatCompletionRequest, OpenAIBody, chat_r
 
 # chat fields → the Messages fields a client sent them as (errors name what the client wrote)
 _PARAMS = {"max_completion_tokens": "max_tokens", "stop": "stop_sequences", "reasoning_effort": "thinking",
-           "parallel_tool_calls": "tool_choice"}
+           "parallel_tool_calls": "tool_choice", "thinking_token_budget": "thinking.budget_tokens"}
 _ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "request_too_large",
                 429: "rate_limit_error", 503: "overloaded_error"}
 _STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}
@@ -102,6 +102,8 @@ class MessagesRequest(OpenAIBody):
             body["parallel_tool_calls"] = False
         if (self.thinking or {}).get("type") not in THINKING:
             body["reasoning_effort"] = "none"
+        elif self.thinking.get("type") == "enabled":    # the budget is held: </think> comes by then
+            body["thinking_token_budget"] = self.thinking["budget_tokens"]
         return chat_request(body, messages_param)
 
     def _messages(self) -> list[dict[str, Any]]:

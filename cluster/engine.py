@@ -47,7 +47,7 @@ from workers.runner import NewRequest, StepResult, TokenLogprobs, WorkerStep
 from workers.sampler import StepMasks
 
 if TYPE_CHECKING:
-    from cluster.guided import Guide, Guides, Prefix
+    from cluster.guided import Budget, Guide, Guides, Prefix
 
 __all__ = ["AdmissionError", "AsyncEngine", "Engine", "GroupFailure", "LocalExecutor", "TokenEvent"]
 
@@ -242,7 +242,8 @@ class Engine:
                  special_ids: Collection[int] = (), guides: Guides | None = None):
         self.executor, self.config, self.decode, self.span = executor, config, decode, span
         self.guides = guides                          # structured output (cluster/guided.py); None: refused
-        self._guides: dict[str, Guide | Prefix] = {}  # the requests with a json_schema, tool_grammar or forced_paths
+        self._guides: dict[str, Guide | Prefix | Budget] = {}   # requests with a json_schema, tool_grammar, forced_paths
+                                                                # or thinking_budget
         self.special_ids = frozenset(special_ids)
         self.graphs, self.lookahead, self.graph_prefill = graphs, lookahead, graph_prefill
         self._launched: tuple[tuple[int, int, bool], list[StepPlan]] | None = None   # (graph, plans) launched ahead
@@ -359,24 +360,28 @@ class Engine:
         queued = sum(s.queued_tokens for s in self.schedulers) if bound else 0   # the caller holds the lock
         return queued, max(0, queued + new - bound) if bound else 0
 
-    def _guide(self, prompt_ids: Sequence[int], params: SamplingParams) -> Guide | Prefix | None:
-        if params.json_schema is None and params.tool_grammar is None and not params.forced_paths:
+    def _guide(self, prompt_ids: Sequence[int], params: SamplingParams) -> Guide | Prefix | Budget | None:
+        budget = params.thinking_budget
+        if params.json_schema is None and params.tool_grammar is None and not params.forced_paths and budget is None:
             return None
         field = "response_format" if params.json_schema is not None else "tools" if params.tool_grammar else \
-            "tool_choice"
+            "tool_choice" if params.forced_paths else "thinking_token_budget"
         if self.guides is None:
-            raise AdmissionError("unsupported", field,
-                                 "structured output needs the model's tokenizer, which this model directory lacks")
+            what = "a thinking budget" if field == "thinking_token_budget" else "structured output"
+            raise AdmissionError("unsupported", field, f"{what} needs the model's tokenizer, which this model "
+                                 "directory lacks")
         if max((t for p in (*params.forced_paths, params.guide_after) for t in p), default=0) >= self.guides.vocab_size:
             raise AdmissionError("invalid", field, "forced_paths / guide_after hold an id past the vocabulary")
         if params.forced_paths:
-            return self.guides.prefix(params.forced_paths, prompt_ids)
+            return self.guides.prefix(params.forced_paths, prompt_ids, budget)
         try:
             if params.tool_grammar is not None:
-                return self.guides.tool_guide(params.tool_grammar, prompt_ids, params.guide_after)
-            return self.guides.guide(params.json_schema, prompt_ids, params.guide_after)
+                return self.guides.tool_guide(params.tool_grammar, prompt_ids, params.guide_after, budget)
+            if params.json_schema is not None:
+                return self.guides.guide(params.json_schema, prompt_ids, params.guide_after, budget)
         except (ValueError, RuntimeError) as e:
             raise AdmissionError("invalid", field, str(e)) from None
+        return self.guides.budget(prompt_ids, budget)
 
     def abort(self, req_id: str) -> TokenEvent | None:
         with self._lock:
@@ -664,8 +669,8 @@ class Engine:
                 guide.accept(tok)
                 if guide.done:                  # a forced prefix that is out: the request is free again
                     del self._guides[ev.req_id]
-                elif not by_grammar and guide.active:   # its wait ended: a step launched ahead sampled it unmasked
-                    self._launched = None
+                elif not by_grammar and guide.masked:   # its wait ended or its budget is spent: a step launched
+                    self._launched = None               # ahead sampled the next token unmasked
             text, stopped = st.text(tok, last, by_grammar)
             st.num_output += len(tok)
             if not events or tok[0] in self.special_ids:

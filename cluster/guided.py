@@ -15,6 +15,9 @@ While a guide constrains, its request's drafts ride, each verify row masked with
 (``masks``), so the verified output is what guided plain decoding gives, and a step launched ahead samples only once
 the next step brings its masks (they need the token it was fed, on the host); while it waits, drafts stop before the
 token that would end the wait (``free_drafts``).
+A reasoning budget (``SamplingParams.thinking_budget``, vLLM's ``thinking_token_budget``) is counted while the guide
+waits for ``</think>``: once the reasoning has taken its budget the next row allows ``</think>`` alone (``Budget`` where
+nothing else guides the request); drafts stop a token short of it, so no verify row past the first needs the mask.
 ``Prefix`` is the same for an output that must start with one of given token sequences (``tool_choice`` required or
 named: the call's marker, a function's name, then its first argument's key or the call's end), dropped once one is out.
 
@@ -269,14 +272,22 @@ class _Gated:
     reasoning; then ``SamplingParams.guide_after``), then takes each committed token (``_take``); ``rejected`` counts
     those it did not allow. ``starts_on``: a token that ends every wait and is the guide's own first (a tool call's
     ``<tool_call>``: a call the model opens before closing its reasoning is held too). ``hold``: the mask of its rows
-    while it waits (every token but the stop tokens), or None: unmasked."""
+    while it waits (every token but the stop tokens), or None: unmasked. ``budget``: the reasoning tokens it may take
+    before ``</think>`` (its first wait, ``think_end``) is the only token allowed; None: no bound."""
 
     done = False                                # a guide that constrains nothing more (``Prefix``) may be dropped
 
     def __init__(self, vocab_size: int, waits: Sequence[int], starts_on: int | None = None,
-                 hold: np.ndarray | None = None):
+                 hold: np.ndarray | None = None, budget: int | None = None, think_end: int | None = None):
         self.vocab_size, self.waits, self.starts_on, self.hold = vocab_size, list(waits), starts_on, hold
         self.rejected = 0                       # none while its masks apply
+        self.left = budget if budget is not None and self.waits[:1] == [think_end] else None
+        self.think_end = think_end
+
+    @property
+    def _held(self) -> np.ndarray | None:
+        """The mask of its next row while it waits: ``</think>`` alone once the budget is spent, else ``hold``."""
+        return _bitmask(self.vocab_size, [self.think_end]) if self.left == 0 else self.hold
 
     @property
     def wait_for(self) -> int | None:
@@ -290,20 +301,23 @@ class _Gated:
 
     @property
     def masked(self) -> bool:
-        """Whether the next token's rows need masks: the guide's, or ``hold`` while it waits."""
-        return self.active or (bool(self.waits) and self.hold is not None)
+        """Whether the next token's rows need masks: the guide's, or ``_held`` while it waits."""
+        return self.active or (bool(self.waits) and (self.hold is not None or self.left == 0))
 
     def free_drafts(self, committed: Sequence[int], drafts: Sequence[int]) -> int:
         """How many of ``drafts`` (proposed after ``committed``, which the guide has not taken yet) may ride: all where
         it constrains (``masks`` gives each verify row its own); while it waits, those before the token that would end
         the wait (the rows after it would need masks of a state the guide is not in yet) — that token may still come
         as the round's last, sampled one."""
-        waits = list(self.waits)
+        waits, left = list(self.waits), self.left
         for t in committed:
             if waits:
+                left = None if t in (self.starts_on, self.think_end) else left if left is None else left - 1
                 waits = [] if t == self.starts_on else waits[1:] if t == waits[0] else waits
         if not waits:                           # it constrains: each verify row gets its mask (``masks``)
             return len(drafts)
+        if left is not None:                    # a token short of the budget: only the first row may be forced
+            drafts = drafts[:max(0, left - 1)]
         for n, t in enumerate(drafts):
             if t == self.starts_on or (t == waits[0] and len(waits) == 1):
                 return n
@@ -313,6 +327,8 @@ class _Gated:
 
     def accept(self, ids: Sequence[int]) -> None:
         for t in ids:
+            if self.left is not None:
+                self.left = None if t in (self.starts_on, self.think_end) else max(0, self.left - 1)
             if self.waits and t == self.starts_on:
                 self.waits.clear()
             if self.waits:
@@ -329,8 +345,8 @@ class Guide(_Gated):
     """One request's grammar state: the next allowed tokens, and the tokens committed since (``accept``)."""
 
     def __init__(self, matcher, vocab_size: int, waits: Sequence[int], starts_on: int | None = None,
-                 hold: np.ndarray | None = None):
-        super().__init__(vocab_size, waits, starts_on, hold)
+                 hold: np.ndarray | None = None, budget: int | None = None, think_end: int | None = None):
+        super().__init__(vocab_size, waits, starts_on, hold, budget, think_end)
         self.matcher = matcher
 
     def mask(self) -> np.ndarray | None:
@@ -338,7 +354,7 @@ class Guide(_Gated):
         array, not a tensor: a step crosses to the workers pickled, where a tensor would go as a shared-memory handle
         that a worker behind a socket cannot open."""
         if self.wait_for is not None:
-            return self.hold
+            return self._held
         words = _xgrammar().allocate_token_bitmask(1, self.vocab_size)
         self.matcher.fill_next_token_bitmask(words)
         return words[0].numpy()
@@ -349,7 +365,7 @@ class Guide(_Gated):
         matcher is rolled back: the guide's state is as it was. While it waits, every row's is ``hold`` (the drafts stop
         before the token that would end the wait: ``free_drafts``)."""
         if self.wait_for is not None:
-            return [self.hold] * (len(drafts) + 1)
+            return [self._held] * (len(drafts) + 1)
         out, taken = [self.mask()], 0
         for d in drafts:
             if out[-1] is None or not _allows(out[-1], d) or not self.matcher.accept_token(d):
@@ -374,8 +390,8 @@ class Prefix(_Gated):
     the reasoning is open it waits, as a ``Guide`` does."""
 
     def __init__(self, paths: Sequence[Sequence[int]], vocab_size: int, waits: Sequence[int],
-                 hold: np.ndarray | None = None):
-        super().__init__(vocab_size, waits, hold=hold)
+                 hold: np.ndarray | None = None, budget: int | None = None, think_end: int | None = None):
+        super().__init__(vocab_size, waits, hold=hold, budget=budget, think_end=think_end)
         self.trie: dict = {}
         for path in paths:
             node = self.trie
@@ -388,12 +404,12 @@ class Prefix(_Gated):
         return self.wait_for is None and not self.node
 
     def mask(self) -> np.ndarray | None:
-        return self.hold if self.wait_for is not None else None if self.done else self._mask_of(self.node)
+        return self._held if self.wait_for is not None else None if self.done else self._mask_of(self.node)
 
     def masks(self, drafts: Sequence[int] = ()) -> list[np.ndarray | None]:
         """As ``Guide.masks``: the trie walked along the drafts, left where it was."""
         if self.wait_for is not None:
-            return [self.hold] * (len(drafts) + 1)
+            return [self._held] * (len(drafts) + 1)
         out, node = [self.mask()], self.node
         for d in drafts:
             if out[-1] is None or d not in node:
@@ -409,6 +425,24 @@ class Prefix(_Gated):
         if not self.done:
             self.rejected += t not in self.node
             self.node = self.node.get(t, {})
+
+
+class Budget(_Gated):
+    """A reasoning budget alone (nothing else guides the request): free but for ``</think>`` forced once the
+    reasoning has taken its budget; dropped once the reasoning closes."""
+
+    @property
+    def done(self) -> bool:
+        return self.wait_for is None
+
+    def mask(self) -> np.ndarray | None:
+        return self._held if self.wait_for is not None else None
+
+    def masks(self, drafts: Sequence[int] = ()) -> list[np.ndarray | None]:
+        return [self.mask()] * (len(drafts) + 1)
+
+    def _take(self, t: int) -> None:
+        pass
 
 
 def _bitmask(vocab_size: int, tokens: Sequence[int], allowed: bool = True) -> np.ndarray:
@@ -488,24 +522,31 @@ class Guides:
         """The stop tokens held back while ``waits`` is only the reasoning's end: the guided answer must come."""
         return self._hold if list(waits) == [self.think_end] else None
 
-    def guide(self, schema: str, prompt_ids: Sequence[int], after: Sequence[int] = ()) -> Guide:
+    def guide(self, schema: str, prompt_ids: Sequence[int], after: Sequence[int] = (),
+              budget: int | None = None) -> Guide:
         """A guide for a new request held to ``schema``; one whose prompt opens the reasoning waits for its end."""
         waits = self._waits(prompt_ids, after)
         return Guide(_xgrammar().GrammarMatcher(self._compiled(schema)), self.vocab_size, waits,
-                     hold=self._hold_for(waits))
+                     hold=self._hold_for(waits), budget=budget, think_end=self.think_end)
 
-    def tool_guide(self, source: str, prompt_ids: Sequence[int], after: Sequence[int] = ()) -> Guide:
+    def budget(self, prompt_ids: Sequence[int], budget: int) -> Budget | None:
+        """A reasoning budget alone; None where the prompt does not open the reasoning (nothing to count)."""
+        waits = self._waits(prompt_ids)
+        return Budget(self.vocab_size, waits, budget=budget, think_end=self.think_end) if waits else None
+
+    def tool_guide(self, source: str, prompt_ids: Sequence[int], after: Sequence[int] = (),
+                   budget: int | None = None) -> Guide:
         """A guide for a new request's tool calls (``tool_grammar``'s source): after ``after`` (tool_choice auto's
         ``<tool_call>``: wherever the model opens a call, in its reasoning too), else after the reasoning — or from
         a ``<tool_call>`` the model opens before closing it."""
         matcher = _xgrammar().GrammarMatcher(self._compiled_tools(source))
-        if after:
+        if after:                               # (no budget: the guide waits for a call, not the reasoning's end)
             return Guide(matcher, self.vocab_size, after)
         waits = self._waits(prompt_ids)
         return Guide(matcher, self.vocab_size, waits, self.tokenizer.special_ids_by_token()["<tool_call>"],
-                     self._hold_for(waits))
+                     self._hold_for(waits), budget, self.think_end)
 
-    def prefix(self, paths: Sequence[Sequence[int]], prompt_ids: Sequence[int]) -> Prefix:
+    def prefix(self, paths: Sequence[Sequence[int]], prompt_ids: Sequence[int], budget: int | None = None) -> Prefix:
         """A guide for a new request that must start with one of ``paths`` (after the reasoning, as ``guide``)."""
         waits = self._waits(prompt_ids)
-        return Prefix(paths, self.vocab_size, waits, self._hold_for(waits))
+        return Prefix(paths, self.vocab_size, waits, self._hold_for(waits), budget, self.think_end)

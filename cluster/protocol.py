@@ -76,6 +76,8 @@ class _Sampling(OpenAIBody):
     response_format: dict[str, Any] | None = None
     # vLLM's: with scheduling_policy priority, lower goes first (then by arrival); else it must be 0
     priority: int = Field(default=0, ge=-2**31, le=2**31 - 1)
+    # vLLM's: the reasoning's tokens before </think> is forced (where the prompt opens the reasoning); None: no bound
+    thinking_token_budget: int | None = Field(default=None, ge=0, le=2**31 - 1)
 
     @field_validator("stop")
     @classmethod
@@ -97,7 +99,7 @@ class _Sampling(OpenAIBody):
                               repetition_penalty=self.repetition_penalty, stop=stop, ignore_eos=self.ignore_eos,
                               logprobs=logprobs, text_breaks=text_breaks, logit_bias=self.bias_pairs(),
                               json_schema=schema_of(self.response_format), priority=self.priority,
-                              **(tool_guidance or {}))
+                              thinking_budget=self.thinking_token_budget, **(tool_guidance or {}))
 
     def bias_pairs(self) -> tuple[tuple[int, float], ...]:
         """``logit_bias`` as (id, bias) pairs; a key that is no token id, or a bias out of [-100, 100], is a 400."""

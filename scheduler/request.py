@@ -79,6 +79,8 @@ class SamplingParams:
     # tokens the output passes, in order, before json_schema / tool_grammar applies (after the reasoning): tool_choice
     # auto's <tool_call>, where the model opens a call of its own accord
     guide_after: tuple[int, ...] = ()
+    # the reasoning's tokens before </think> is forced, where the prompt opens it (vLLM's thinking_token_budget)
+    thinking_budget: int | None = None
     # the scheduling policy ``priority``'s order: lower first, then by arrival (vLLM's); under fcfs it must be 0
     priority: int = 0
 
@@ -105,6 +107,10 @@ class SamplingParams:
         if self.seed is not None:
             _check_int("seed", self.seed)
         _check_int("priority", self.priority)
+        if self.thinking_budget is not None:
+            _check_int("thinking_budget", self.thinking_budget)
+            if self.thinking_budget < 0:
+                raise ValueError(f"thinking_budget must be >= 0, got {self.thinking_budget}")
         if self.repetition_penalty <= 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         _check_range("presence_penalty", self.presence_penalty, -2.0, 2.0)

@@ -749,3 +749,35 @@ def test_a_forced_call_starts_the_output_then_speculation_resumes():
                                                                 forced_paths=paths))})["r"]
     assert any(tuple(ids[:len(p)]) == p for p in paths), ids
     assert engine.stats["drafts_proposed"] > 0 and not engine._guides, engine.stats
+
+
+def test_a_thinking_budget_closes_the_reasoning_at_its_count():
+    """``thinking_budget``: the reasoning takes that many tokens, then ``</think>`` comes (the tiny model never writes it
+    on its own) and the answer follows — held to its schema where one is asked. A spent budget of 0 closes it at once.
+    Plain, speculative (k = 3: drafts stop a token short of the budget) and on the static graph path looking ahead
+    (a step launched ahead of a spent budget is dropped): the same tokens, greedy and seeded."""
+    import json
+
+    engine, tok = _local()
+    end = tok.special_ids_by_token()["</think>"]
+    prompt = tok.encode_chat([{"role": "user", "content": "Hi there"}])
+    assert prompt[-1] == tok.special_ids_by_token()["<think>"]
+    free = _outputs(engine, {"f": (prompt, SamplingParams(max_tokens=24, temperature=0.0))})["f"][0]
+    assert end not in free
+    schema = '{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}'
+    budget = lambda n, **kw: SamplingParams(max_tokens=40, thinking_budget=n, **{"temperature": 0.0, **kw})
+    reqs = {"b5": (prompt, budget(5)), "b0": (prompt, budget(0)), "drawn": (prompt, budget(7, temperature=1.0, seed=3)),
+            "schema": (prompt, budget(4, json_schema=schema))}
+    want = _outputs(engine, reqs)
+    assert want["b5"][0][:6] == [*free[:5], end] and end not in want["b5"][0][6:]
+    assert want["b0"][0][0] == end and want["drawn"][0].index(end) == 7 and want["schema"][0].index(end) == 4
+    answer = tok.decode(want["schema"][0][5:], skip_special_tokens=True)
+    assert answer.lstrip().startswith("{") and (want["schema"][2] != "stop" or "a" in json.loads(answer)), answer
+    assert not engine._guides                                  # each guide dropped once its request ended
+    spec, _ = _local(speculative_tokens=3)                      # drafts ride where a request runs alone
+    assert {rid: _outputs(spec, {rid: r})[rid] for rid, r in reqs.items()} == want
+    assert spec.stats["drafts_proposed"] > 0
+    ahead, _ = _local(cuda_graphs="eager")
+    assert _outputs(ahead, reqs) == want and ahead.stats["ahead_steps"] > 0
+    for rid in ("b5", "drawn"):                 # alone, no other row's masks make the steps launched ahead wait
+        assert _outputs(ahead, {rid: reqs[rid]})[rid] == want[rid], rid

@@ -136,8 +136,9 @@ def test_thinking_only_where_asked():
     forced tool with thinking on is Anthropic's 400."""
     assert _req().to_chat().template_kwargs()["enable_thinking"] is False
     for kind in ("enabled", "adaptive"):
-        assert "enable_thinking" not in _req(thinking={"type": kind, "budget_tokens": 1024},
-                                             max_tokens=2048).to_chat().template_kwargs()
+        chat = _req(thinking={"type": kind, "budget_tokens": 1024}, max_tokens=2048).to_chat()
+        assert "enable_thinking" not in chat.template_kwargs()
+        assert chat.thinking_token_budget == (1024 if kind == "enabled" else None)     # enabled: the budget is held
     with pytest.raises(ApiError, match="thinking may not be enabled when tool_choice forces tool use"):
         _req(thinking={"type": "enabled", "budget_tokens": 1024}, max_tokens=2048, tools=[WEATHER],
              tool_choice={"type": "any"})

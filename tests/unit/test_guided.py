@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -252,6 +253,31 @@ def test_a_tool_grammar_named_or_not_parallel_makes_one_call_and_auto_waits_for_
         "type": "object", "properties": {"a": {"type": "objectx"}}}}}
     with pytest.raises(ValueError, match="function 'f', argument 'a': .*objectx"):
         tool_grammar([bad], marks)
+
+
+def test_a_thinking_budget_allows_only_the_reasoning_end_once_spent(tok, guides):
+    """A budget alone: free (stop tokens too) while it lasts, then ``</think>`` alone; drafts stop a token short of
+    it; the reasoning closed ends it. A schema's guide counts it while it holds the stops; a prompt that does not open
+    the reasoning has nothing to count."""
+    end = tok.special_ids_by_token()["</think>"]
+    prompt = [*tok.encode("hi"), tok.special_ids_by_token()["<think>"]]
+    b = guides.budget(prompt, 3)
+    assert not b.masked and b.mask() is None and b.masks([5, 6]) == [None] * 3
+    assert b.free_drafts([], [5, 6, 7]) == 2 and b.free_drafts([5], [6, 7]) == 1 and b.free_drafts([5, 6], [7]) == 0
+    b.accept([5, 6, 7])
+    assert b.masked and allowed(b) == {end} and not b.done
+    b.accept([end])
+    assert b.done and not b.masked
+    closed = guides.budget(prompt, 3)
+    closed.accept([5, end])                                     # the model closed it first
+    assert closed.done and guides.budget(tok.encode("hi"), 3) is None
+    g = guides.guide(SCHEMA, prompt, budget=1)
+    assert allowed(g) == set(range(6144)) - set(tok.eos_token_ids)
+    g.accept([5])
+    assert allowed(g) == {end} and [set(np.flatnonzero(np.unpackbits(m.view(np.uint8), bitorder="little")))
+                                    for m in g.masks([])] == [{end}]
+    g.accept([end])
+    assert g.active and tok.encode("{")[0] in allowed(g)
 
 
 def test_drafts_stop_before_the_token_that_ends_a_guides_wait(tok, guides):
