@@ -242,8 +242,8 @@ class Engine:
                  special_ids: Collection[int] = (), guides: Guides | None = None):
         self.executor, self.config, self.decode, self.span = executor, config, decode, span
         self.guides = guides                          # structured output (cluster/guided.py); None: refused
-        self._guides: dict[str, Guide | Prefix | Budget] = {}   # requests with a json_schema, tool_grammar, forced_paths
-                                                                # or thinking_budget
+        # the requests with a json_schema, tool_grammar, forced_paths or thinking_budget
+        self._guides: dict[str, Guide | Prefix | Budget] = {}
         self.special_ids = frozenset(special_ids)
         self.graphs, self.lookahead, self.graph_prefill = graphs, lookahead, graph_prefill
         self._launched: tuple[tuple[int, int, bool], list[StepPlan]] | None = None   # (graph, plans) launched ahead
