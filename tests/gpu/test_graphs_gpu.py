@@ -5,6 +5,7 @@
 - the engine's greedy tokens with graphs equal its tokens without them (fp32), batched and speculative;
 - seeded drawn rows launched ahead draw the tokens they draw without look-ahead;
 - drawn drafts picked between captured drafting graphs equal the eager drafter's, seeded ones plain decoding;
+- a thinking budget closes the reasoning at its count on graph steps, looking ahead and drafting as plain;
 - the other steps' per-layer pieces (``workers/pieces.py``): replayed == run uncaptured bit for bit (hidden rows and
   KV), the engine's tokens with them equal its tokens without, and after the warm-up nothing more is captured.
 
@@ -354,3 +355,30 @@ def test_a_guided_request_drafting_on_graph_steps_equals_plain():
         eng, _ = engine(speculative_tokens=2)
         assert _outputs(eng, {"r": (prompt, held)})["r"] == want, held
         assert eng.stats["drafts_accepted"] > 0 and eng.stats["graph_steps"] > 0, eng.stats
+
+
+def test_a_thinking_budget_on_graph_steps_equals_plain():
+    """``thinking_budget`` on the GPU path (fp32, CUDA graphs, the Triton kernels): ``</think>`` comes at the budget's
+    count, and an engine looking ahead (a step launched over a spent budget dropped) and one drafting (graph drafting,
+    drafts a token short of the budget) give the tokens of one that does neither — greedy and seeded."""
+    from cluster.config import EngineConfig
+    from cluster.local import build_local_engine
+    from tests.integration.test_engine import _outputs
+
+    def engine(**kw):
+        return build_local_engine(EngineConfig(device="cuda", dtype="float32", kv_cache_tokens=4096, warmup_tokens=0,
+                                               **kw), progress=False)
+
+    plain, tok = engine()
+    plain.lookahead = False
+    end = tok.special_ids_by_token()["</think>"]
+    prompt = tok.encode_chat([{"role": "user", "content": "Hi there"}])
+    reqs = {"b5": (prompt, SamplingParams(max_tokens=40, temperature=0.0, thinking_budget=5)),
+            "drawn": (prompt, SamplingParams(max_tokens=40, temperature=1.0, seed=3, thinking_budget=7))}
+    want = _outputs(plain, reqs)
+    assert want["b5"][0].index(end) == 5 and want["drawn"][0].index(end) == 7, want
+    for kw, stat in (({}, "ahead_steps"), ({"speculative_tokens": 3}, "drafts_proposed")):
+        eng, _ = engine(**kw)
+        for rid in reqs:                                    # alone: drafts ride, and no other row's masks wait
+            assert _outputs(eng, {rid: reqs[rid]})[rid] == want[rid], (kw, rid)
+        assert eng.stats[stat] > 0 and eng.stats["graph_steps"] > 0, (kw, eng.stats)
