@@ -170,6 +170,8 @@ class TokenEvent:
     finish_reason: str | None = None
     error: str | None = None
     logprobs: list[TokenLogprobs] = field(default_factory=list)
+    # SamplingParams.prompt_logprobs: the prompt's tokens after the first, on the request's first event
+    prompt_logprobs: list[TokenLogprobs] | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_cached_tokens: int = 0           # prompt tokens whose KV was found cached (prefix caching)
@@ -187,6 +189,7 @@ class _Stream:
     num_output: int = 0
     request: Request | None = None         # the scheduler's record (its prompt's cached tokens)
     admitted: int = 0                      # the engine's admission order (ranks number their arrivals apart)
+    prompt_lps: list[TokenLogprobs] | None = None   # SamplingParams.prompt_logprobs' so far (None: not asked, or sent)
 
     def event(self, req_id: str, finished: bool = False, reason: str | None = None,
               error: str | None = None) -> TokenEvent:
@@ -194,6 +197,12 @@ class _Stream:
         return TokenEvent(req_id, [], "", finished, reason, error, num_prompt_tokens=self.prompt_len,
                           num_output_tokens=self.num_output,
                           num_cached_tokens=self.request.num_cached_tokens if self.request else 0)
+
+    def add_prompt_logprobs(self, first: int, lps: list[TokenLogprobs]) -> None:
+        """A prompt chunk's logprobs, of the tokens from position ``first`` on: those not held yet (a preempted request
+        computes its prompt again)."""
+        if self.prompt_lps is not None:
+            self.prompt_lps += lps[len(self.prompt_lps) + 1 - first:]
 
     def text(self, ids: Sequence[int], last: bool, held: bool = False) -> tuple[str, bool]:
         """(the text that ``ids`` finalise, whether a stop string ended it); ``last``: the request's final ids — the
@@ -313,7 +322,8 @@ class Engine:
             self._rank_of[req_id] = rank
             detok = IncrementalDetokenizer(self.decode, ids) if self.decode else None
             self._streams[req_id] = _Stream(len(prompt_ids), detok, StopStringMatcher(params.stop),
-                                            frozenset(params.text_breaks), request=req, admitted=next(self._admitted))
+                                            frozenset(params.text_breaks), request=req, admitted=next(self._admitted),
+                                            prompt_lps=None if params.prompt_logprobs is None else [])
             self._unsent[req_id] = NewRequest(req_id, tuple(prompt_ids), params)
             if guide is not None:
                 self._guides[req_id] = guide
@@ -530,6 +540,9 @@ class Engine:
                 for rid, drafts in res.drafts.items():       # a waiting guide's drafts stop before its wait ends
                     if drafts and (guide := self._guides.get(rid)) is not None:
                         res.drafts[rid] = drafts[:guide.free_drafts(res.sampled.get(rid, ()), drafts)]
+                for rid, (first, lps) in res.prompt_logprobs.items():
+                    if (st := self._streams.get(rid)) is not None:
+                        st.add_prompt_logprobs(first, lps)
                 events += [out for ev in sch.update(plan, res.sampled, res.drafts) if ev.req_id in self._streams
                            for out in self._emit(ev, res)]
             return events
@@ -687,6 +700,8 @@ class Engine:
                 out.stop_str = st.stops.matched if stopped else None
                 self._close(ev.req_id)
                 break
+        if st.prompt_lps is not None and events:        # complete: the prompt's last chunk sampled the first token
+            events[0].prompt_logprobs, st.prompt_lps = st.prompt_lps, None
         return events
 
     def _end(self, ev: RequestEvent) -> TokenEvent:

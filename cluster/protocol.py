@@ -99,7 +99,8 @@ class _Sampling(OpenAIBody):
                               repetition_penalty=self.repetition_penalty, stop=stop, ignore_eos=self.ignore_eos,
                               logprobs=logprobs, text_breaks=text_breaks, logit_bias=self.bias_pairs(),
                               json_schema=schema_of(self.response_format), priority=self.priority,
-                              thinking_budget=self.thinking_token_budget, **(tool_guidance or {}))
+                              thinking_budget=self.thinking_token_budget, prompt_logprobs=self.prompt_logprobs,
+                              **(tool_guidance or {}))
 
     def bias_pairs(self) -> tuple[tuple[int, float], ...]:
         """``logit_bias`` as (id, bias) pairs; a key that is no token id, or a bias out of [-100, 100], is a 400."""
@@ -120,6 +121,11 @@ class _Sampling(OpenAIBody):
         return tuple(pairs)
 
     @property
+    def prompt_logprobs(self) -> int | None:
+        """The prompt tokens' logprobs asked for (their alternatives a token), or None (``SamplingParams``)."""
+        return None
+
+    @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
@@ -137,10 +143,12 @@ class _Sampling(OpenAIBody):
 
 
 class CompletionRequest(_Sampling):
-    prompt: Union[str, list[str], list[int]]
+    # a text, token ids, or a batch of either: each prompt's n choices are indexed prompt * n + choice (OpenAI's)
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    # 0: no tokens, only with echo — the prompt and its logprobs (a scoring request, as lm-eval's)
+    max_tokens: int | None = Field(default=None, ge=0)
     logprobs: int | None = Field(default=None, ge=0, le=5)
-    # The prompt's text before each completion. With logprobs OpenAI adds the prompt tokens' logprobs, which the
-    # engine does not compute, so that pair is refused.
+    # The prompt's text before each completion; with logprobs, its tokens' logprobs too (the first token's null)
     echo: bool = False
     # null / "" only: text after the insertion point needs a fill-in-the-middle prompt, which is not built here.
     suffix: str | None = None
@@ -151,25 +159,36 @@ class CompletionRequest(_Sampling):
     @classmethod
     def _prompt_kind(cls, v):
         # before the union's own checks, whose error names a union member ("prompt.str")
-        if not (isinstance(v, str) or isinstance(v, list) and (all(isinstance(t, str) for t in v)
-                                                               or all(type(t) is int for t in v))):
-            raise ValueError("prompt must be a string, a list of one string or a list of integer token ids")
+        ids = lambda x: isinstance(x, list) and all(type(t) is int for t in x)
+        if not (isinstance(v, str) or ids(v) or isinstance(v, list) and (all(isinstance(t, str) for t in v)
+                                                                         or all(ids(t) for t in v))):
+            raise ValueError("prompt must be a string, a list of integer token ids, or a list of either (a batch)")
         return v
 
     @field_validator("prompt")
     @classmethod
     def _prompt(cls, v):
-        if isinstance(v, list) and len(v) == 0:
+        if isinstance(v, list) and (len(v) == 0 or any(isinstance(p, list) and not p for p in v)):
             raise ValueError("prompt must not be empty")
-        if isinstance(v, list) and isinstance(v[0], str) and len(v) != 1:
-            raise ValueError("batched prompts are not supported: send one prompt per request")
         return v
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """The batch: each prompt, a text or token ids."""
+        if isinstance(self.prompt, str) or type(self.prompt[0]) is int:
+            return [self.prompt]
+        return list(self.prompt)
+
+    @property
+    def prompt_logprobs(self) -> int | None:
+        """How many alternatives each prompt token's logprob comes with (echo with logprobs), else None."""
+        return self.logprobs if self.echo else None
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.echo and self.logprobs is not None:
-            raise ApiError(400, "echo with logprobs is not supported (the prompt's logprobs are not computed)",
-                           "echo")
+        if self.max_tokens == 0 and not self.echo:
+            raise ApiError(400, "max_tokens 0 returns no completion: it needs echo (the prompt, and with logprobs its "
+                           "tokens' logprobs)", "max_tokens")
         if self.suffix:
             raise ApiError(400, "suffix is not supported", "suffix")
         if self.best_of not in (None, self.n):

@@ -11,12 +11,14 @@ error naming them). Coordinator replicas (each with its own N workers) scale wit
 # no `from __future__ import annotations`: FastAPI must see real annotations on the class-based routes
 
 import asyncio
+import codecs
 import functools
 import json
 import re
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -218,18 +220,24 @@ async def _merge(streams: list[AsyncIterator], first: list) -> AsyncIterator[tup
 class _Formatter:
     """Turns token events into OpenAI completion / chat bodies and SSE chunks."""
 
-    def __init__(self, ingress: "OpenAIIngress", rid: str, chat: bool, num_prompt: int, logprobs: int | None,
-                 thinking: bool = False, n: int = 1, tool_ids: dict[str, int] | None = None, echo: str = "",
-                 string_args: dict[str, set[str]] | None = None):
-        self.ing, self.rid, self.chat, self.num_prompt, self.logprobs = ingress, rid, chat, num_prompt, logprobs
-        self.echo = echo                            # completions' echo: the prompt text before each choice's text
-        self.text_len = [len(echo)] * n             # characters of each choice's text so far (text_offset)
+    def __init__(self, ingress: "OpenAIIngress", rid: str, chat: bool, prompts: list[list[int]], logprobs: int | None,
+                 thinking: bool = False, n: int = 1, tool_ids: dict[str, int] | None = None,
+                 echoes: list[str] | None = None, string_args: dict[str, set[str]] | None = None,
+                 echo_only: bool = False):
+        self.ing, self.rid, self.chat, self.logprobs, self.n = ingress, rid, chat, logprobs, n
+        self.prompts = prompts                      # choice c answers prompts[c // n]
+        self.num_prompt = sum(map(len, prompts))
+        # completions' echo: each prompt's text before its choices' text (with logprobs, its tokens' logprobs first)
+        self.echo = [e for e in echoes or [""] * len(prompts) for _ in range(n)]
+        self.echo_only = echo_only                  # max_tokens 0: the one token sampled is no part of the answer
+        self.text_len = [len(e) for e in self.echo]  # characters of each choice's text so far (text_offset)
+        choices = len(prompts) * n
         tool_start = tool_ids["<tool_call>"] if tool_ids else None
-        self.reasoning = [ReasoningSplit(ingress.think_end, thinking, tool_start) for _ in range(n)]
+        self.reasoning = [ReasoningSplit(ingress.think_end, thinking, tool_start) for _ in range(choices)]
         decode = (lambda ids: ingress.tokenizer.decode(ids)) if ingress.tokenizer else str
-        self.tools = [ToolCalls(tool_ids, decode, string_args) for _ in range(n)]
+        self.tools = [ToolCalls(tool_ids, decode, string_args) for _ in range(choices)]
         self.created = int(time.time())
-        self.cached = 0                             # the prompt's tokens found in the prefix cache (the first choice's)
+        self.cached = [0] * len(prompts)            # each prompt's tokens found cached (by its first choice)
         self.reasoning_tokens = 0                   # output tokens the reasoning parser gave to reasoning_content
         self.fingerprint = ""
         self.object = "chat.completion" if chat else "text_completion"
@@ -252,15 +260,41 @@ class _Formatter:
                                  "top_logprobs": [{"token": self._tok(i), "logprob": v, "bytes": self._bytes(i)}
                                                   for i, v in lp.top]}
                                 for t, lp in zip(ev.token_ids, ev.logprobs)]}
-        tokens = [self._tok(t) for t in ev.token_ids]
         # Each token starts where the ones before it in this event end, within this event's text: an EOS or a token
         # cut by a stop string adds no text, and a partial UTF-8 character shows only once it completes.
         offsets, at = [], 0
-        for tok in tokens:
+        for t in ev.token_ids:
             offsets.append(start + min(at, len(ev.text)))
-            at += len(tok)
-        return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in ev.logprobs],
-                "top_logprobs": [{self._tok(i): v for i, v in lp.top} for lp in ev.logprobs], "text_offset": offsets}
+            at += len(self._tok(t))
+        out = self._token_logprobs(ev.token_ids, ev.logprobs, offsets)
+        if ev.prompt_logprobs is not None:           # echo: the prompt's tokens first, the first with no logprob
+            ids = self.prompts[choice // self.n]
+            offsets = self._prompt_offsets(ids, self.echo[choice])
+            prompt = self._token_logprobs(ids, [None, *ev.prompt_logprobs], offsets)
+            out = {k: prompt[k] + out[k] for k in out}
+        return out
+
+    def _token_logprobs(self, ids: list[int], lps: list, offsets: list[int]) -> dict:
+        """A completion's logprobs of tokens ``ids`` (a None logprob: the prompt's first token's) at ``offsets``."""
+        return {"tokens": [self._tok(t) for t in ids], "token_logprobs": [lp.logprob if lp else None for lp in lps],
+                "top_logprobs": [{self._tok(i): v for i, v in lp.top} if lp else None for lp in lps],
+                "text_offset": offsets}
+
+    def _prompt_offsets(self, ids: list[int], text: str) -> list[int]:
+        """Where each prompt token starts in its echoed ``text``: the tokens' bytes decoded in order (a token that ends
+        inside a UTF-8 character adds the character once it completes); a special token the text leaves out (ids are
+        echoed without them) adds nothing."""
+        tok = self.ing.tokenizer
+        if tok is None:
+            return [0] * len(ids)
+        specials = set(tok.special_ids_by_token().values())
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        out, at = [], 0
+        for t in ids:
+            out.append(min(at, len(text)))
+            piece = decoder.decode(tok.token_bytes(t))
+            at += len(piece) if t not in specials or text.startswith(piece, at) else 0
+        return out
 
     def _error(self, ev) -> None:
         if ev.error:
@@ -271,10 +305,11 @@ class _Formatter:
         return ApiError(503 if getattr(self.ing, "closing", False) else 500, ev.error, None, "server_error")
 
     async def whole(self, merged, n: int) -> dict:
-        texts, thoughts, reasons, lps, completion = [self.echo] * n, [""] * n, [None] * n, [[] for _ in range(n)], 0
+        texts, thoughts, reasons, lps, completion = list(self.echo), [""] * n, [None] * n, [[] for _ in range(n)], 0
         stops: list[str | None] = [None] * n
         async for i, ev in merged:
             self._error(ev)
+            ev = self._shown(ev)
             self.fingerprint = ev.served_by
             self._count_cached(i, ev)
             if self.reasoning[i].takes(ev):
@@ -303,16 +338,20 @@ class _Formatter:
                 choices.append({"index": i, "text": texts[i], "logprobs": lp, "finish_reason": reasons[i],
                                 "stop_reason": stops[i]})
         return {"id": self.rid, "object": self.object, "created": self.created, "model": self.ing.model_name,
-                "system_fingerprint": self.fingerprint, "choices": choices, "usage": self._usage(completion, n)}
+                "system_fingerprint": self.fingerprint, "choices": choices, "usage": self._usage(completion)}
+
+    def _shown(self, ev):
+        """``ev`` as the answer shows it: with max_tokens 0 (echo alone) the token sampled is no part of it."""
+        return replace(ev, token_ids=[], text="", logprobs=[]) if self.echo_only else ev
 
     def _count_cached(self, choice: int, ev) -> None:
-        if choice == 0:            # the n choices share the prompt (the later ones find the first's blocks cached)
-            self.cached = max(self.cached, ev.num_cached_tokens)
+        if choice % self.n == 0:   # a prompt's n choices share it (the later ones find the first's blocks cached)
+            self.cached[choice // self.n] = max(self.cached[choice // self.n], ev.num_cached_tokens)
 
-    def _usage(self, completion: int, n: int) -> dict:
+    def _usage(self, completion: int) -> dict:
         return {"prompt_tokens": self.num_prompt, "completion_tokens": completion,
                 "total_tokens": self.num_prompt + completion,
-                "prompt_tokens_details": {"cached_tokens": self.cached},
+                "prompt_tokens_details": {"cached_tokens": sum(self.cached)},
                 "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens}}
 
     def _chunk(self, choices: list, usage: dict | None = None) -> dict:
@@ -331,6 +370,7 @@ class _Formatter:
             if ev.error:
                 yield self._api_error(ev).body()
                 return                  # the error ends the stream: no usage after it
+            ev = self._shown(ev)
             completion += len(ev.token_ids)
             self.fingerprint = ev.served_by
             self._count_cached(i, ev)
@@ -350,16 +390,16 @@ class _Formatter:
                 choice = {"index": i, "delta": delta, "logprobs": self._logprobs(ev, i),
                           "finish_reason": ev.finish_reason if ev.finished else None}
             else:
-                text = ev.text if i in started else self.echo + ev.text
+                text = ev.text if i in started else self.echo[i] + ev.text
                 started.add(i)
                 choice = {"index": i, "text": text, "logprobs": self._logprobs(ev, i),
                           "finish_reason": ev.finish_reason if ev.finished else None}
             if ev.finished:             # vLLM's field: the stop string that ended the choice, if one did
                 choice["stop_reason"] = ev.stop_str
             if ev.finished or choice["logprobs"] is not None or (any(choice["delta"].values()) if self.chat else
-                                                                 ev.text or ev.token_ids):
+                                                                 text or ev.token_ids):
                 yield self._chunk([choice])     # (a chat's tokens that say nothing yet — a call's name — wait)
-        yield self._chunk([], self._usage(completion, 1))
+        yield self._chunk([], self._usage(completion))
 
     async def sse(self, merged, include_usage: bool) -> AsyncIterator[str]:
         try:
@@ -379,6 +419,20 @@ def _join_logprobs(parts: list, chat: bool) -> dict:
         for k in out:
             out[k] += p[k]
     return out
+
+
+def _check_context(body, ids: list[int], max_tokens: int, chat: bool, context: int) -> None:
+    """A 400 where the prompt and ``max_tokens`` do not fit the ``context``."""
+    if len(ids) + max_tokens <= context:
+        return
+    # max_tokens is to blame only if a smaller one would fit: a prompt that fills the context is too long
+    fits = body.max_tokens and len(ids) < context
+    limit = "max_completion_tokens" if chat and body.max_completion_tokens is not None else "max_tokens"
+    asked = f" + {limit} ({max_tokens})" if body.max_tokens is not None else "" if chat else \
+        f" + the default max_tokens ({max_tokens})"
+    what = "leaves no room for an answer in" if not asked and len(ids) <= context else "exceeds"
+    raise ApiError(400, f"prompt ({len(ids)} tokens){asked} {what} the context length {context}",
+                   limit if fits else "messages" if chat else "prompt", code="context_length_exceeded")
 
 
 _TURNS = ("<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")   # the role tokens that start a turn
@@ -499,16 +553,19 @@ class OpenAIIngress:
     @app.post("/v1/completions")
     async def completions(self, request: Request):
         body = await self._parse(request, CompletionRequest)
-        if isinstance(body.prompt, str) or (body.prompt and isinstance(body.prompt[0], str)):
-            text = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
-            ids = await _encode(self._tokenizer(), text, self.max_prompt_chars, "prompt")
-        else:
-            ids = list(body.prompt)
-            # ids echo as their text; a checkpoint without a tokenizer returns no text at all
-            if body.echo and self.tokenizer:
-                self._check_ids(ids, "prompt")
-            text = self.tokenizer.decode(ids) if body.echo and self.tokenizer else ""
-        return await self._respond(request, body, ids, body.logprobs, chat=False, echo=text if body.echo else "")
+        prompts, echoes = [], []
+        for prompt in body.prompts:
+            if isinstance(prompt, str):
+                ids, text = await _encode(self._tokenizer(), prompt, self.max_prompt_chars, "prompt"), prompt
+            else:
+                ids = list(prompt)
+                # ids echo as their text; a checkpoint without a tokenizer returns no text at all
+                if body.echo and self.tokenizer:
+                    self._check_ids(ids, "prompt")
+                text = self.tokenizer.decode(ids) if body.echo and self.tokenizer else ""
+            prompts.append(ids)
+            echoes.append(text if body.echo else "")
+        return await self._respond(request, body, prompts, body.logprobs, chat=False, echoes=echoes)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
@@ -519,7 +576,7 @@ class OpenAIIngress:
             raise ApiError(400, "top_logprobs requires logprobs=true", "top_logprobs")
         if body.max_completion_tokens is not None:
             body.max_tokens = body.max_completion_tokens
-        return await self._respond(request, body, ids, logprobs, chat=True)
+        return await self._respond(request, body, [ids], logprobs, chat=True)
 
     @app.post("/v1/messages")
     async def messages(self, request: Request):
@@ -534,7 +591,7 @@ class OpenAIIngress:
                                    "messages", code="context_length_exceeded")
                 clamped = len(ids) + chat.max_tokens > self.max_model_len      # Anthropic's newer models: not a 400
                 chat.max_tokens = min(chat.max_tokens, self.max_model_len - len(ids))
-                fmt, merged = await self._start(chat, ids, None, chat=True)
+                fmt, merged = await self._start(chat, [ids], None, chat=True)
             except ApiError as e:
                 raise messages_param(e) from None
         except ApiError as e:
@@ -567,7 +624,7 @@ class OpenAIIngress:
         body = await self._parse(request, ResponsesRequest)
         chat = body.to_chat()
         try:
-            fmt, merged = await self._start(chat, await self._chat_ids(chat), None, chat=True)
+            fmt, merged = await self._start(chat, [await self._chat_ids(chat)], None, chat=True)
         except ApiError as e:
             raise responses_param(e) from None
         events = ResponseEvents(body, self.model_name)
@@ -652,27 +709,24 @@ class OpenAIIngress:
             raise ApiError(400, "this checkpoint ships no tokenizer: send token ids as the prompt", "prompt")
         return self.tokenizer
 
-    async def _respond(self, request: Request, body, ids: list[int], logprobs: int | None, chat: bool,
-                       echo: str = ""):
-        fmt, merged = await self._start(body, ids, logprobs, chat, echo)
+    async def _respond(self, request: Request, body, prompts: list[list[int]], logprobs: int | None, chat: bool,
+                       echoes: list[str] | None = None):
+        fmt, merged = await self._start(body, prompts, logprobs, chat, echoes)
         if body.stream:
             return StreamingResponse(fmt.sse(merged, body.include_usage), media_type="text/event-stream")
-        return JSONResponse(await fmt.whole(merged, body.n))
+        return JSONResponse(await fmt.whole(merged, len(prompts) * body.n))
 
-    async def _start(self, body, ids: list[int], logprobs: int | None, chat: bool, echo: str = ""):
-        """Open the request's choices on the coordinator (their first events come back: an admission error is raised
-        here, before any response starts); returns the formatter and the choices' merged events."""
-        max_tokens = body.max_tokens if body.max_tokens is not None else (
+    async def _start(self, body, prompts: list[list[int]], logprobs: int | None, chat: bool,
+                     echoes: list[str] | None = None):
+        """Open the request's choices — ``body.n`` of each of ``prompts`` (a completion's batch; a chat's one), choice
+        ``p * n + i`` the ``i``-th of prompt ``p`` — on the coordinator (their first events come back: an admission
+        error is raised here, before any response starts); returns the formatter and the choices' merged events."""
+        ids = prompts[0]
+        # max_tokens 0 (a completion's echo alone): one token is sampled, and the formatter drops it
+        max_tokens = max(1, body.max_tokens) if body.max_tokens is not None else (
             max(1, self.max_model_len - len(ids)) if chat else 16)
-        if len(ids) + max_tokens > self.max_model_len:
-            # max_tokens is to blame only if a smaller one would fit: a prompt that fills the context is too long
-            fits = body.max_tokens and len(ids) < self.max_model_len
-            limit = "max_completion_tokens" if chat and body.max_completion_tokens is not None else "max_tokens"
-            asked = f" + {limit} ({max_tokens})" if body.max_tokens is not None else "" if chat else \
-                f" + the default max_tokens ({max_tokens})"
-            what = "leaves no room for an answer in" if not asked and len(ids) <= self.max_model_len else "exceeds"
-            raise ApiError(400, f"prompt ({len(ids)} tokens){asked} {what} the context length {self.max_model_len}",
-                           limit if fits else "messages" if chat else "prompt", code="context_length_exceeded")
+        for p in prompts:
+            _check_context(body, p, max_tokens, chat, self.max_model_len)
         thinking = chat and self.cfg.reasoning_parser == "glm" and self._thinking(ids)
         tool_ids = self.tool_ids if chat and body.parses_tool_calls and self.cfg.tool_parser == "glm" else None
         # the markers where the parsers below split the text into fields (SamplingParams.text_breaks)
@@ -685,22 +739,33 @@ class OpenAIIngress:
                                            tool_guidance=tools) for i in range(body.n)]
         except ValueError as e:
             raise ApiError(400, str(e)) from None
-        if body.n > (admits := self.cfg.max_num_seqs + self.cfg.max_waiting):
-            raise ApiError(400, f"n ({body.n}) is more choices than the server admits at once (max_num_seqs + "
-                           f"max_waiting = {admits})", "n")
+        choices = len(prompts) * body.n
+        if choices > (admits := self.cfg.max_num_seqs + self.cfg.max_waiting):
+            what = f"n ({body.n})" if len(prompts) == 1 else f"{len(prompts)} prompts × n ({body.n})"
+            raise ApiError(400, f"{what} is more choices than the server admits at once (max_num_seqs + "
+                           f"max_waiting = {admits})", "n" if len(prompts) == 1 else "prompt")
         queued = self.cfg.max_waiting_tokens       # the choices queue their prompts at once, unless cached one by one
-        if body.n > 1 and queued and body.n * len(ids) > queued and not (self.cfg.prefix_caching
-                                                                        and len(ids) > self.cfg.block_size):
-            raise ApiError(400, f"n ({body.n}) choices of a {len(ids)}-token prompt are more prompt tokens than the "
-                           f"server queues at once (max_waiting_tokens = {queued})", "n")
+        # (a request for its prompt's logprobs takes no cached blocks)
+        share = body.n > 1 and self.cfg.prefix_caching and body.prompt_logprobs is None and \
+            min(map(len, prompts)) > self.cfg.block_size
+        if queued and sum(map(len, prompts)) * body.n > queued and not share:
+            what = f"n ({body.n}) choices of a {len(ids)}-token prompt" if len(prompts) == 1 else \
+                f"{len(prompts)} prompts × n ({body.n}) choices"
+            raise ApiError(400, f"{what} are more prompt tokens than the server queues at once (max_waiting_tokens = "
+                           f"{queued})", "n" if len(prompts) == 1 else "prompt")
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        streams = [self._open(ids, p, f"{rid}-{i}") for i, p in enumerate(params)]
-        if len(streams) > 1 and self.cfg.prefix_caching and len(ids) > self.cfg.block_size:
-            # the other choices start once the first has its first token: they find its prompt's blocks cached (each
-            # would compute the whole prompt beside it otherwise)
-            first = await asyncio.gather(streams[0].__anext__(), return_exceptions=True)
-            if not isinstance(first[0], BaseException):
-                first += await asyncio.gather(*[s.__anext__() for s in streams[1:]], return_exceptions=True)
+        streams = [self._open(p, params[i], f"{rid}-{k * body.n + i}") for k, p in enumerate(prompts)
+                   for i in range(body.n)]
+        leads = [s for k, s in enumerate(streams) if k % body.n == 0]
+        if share:
+            # the other choices of a prompt start once its first has its first token: they find the prompt's blocks
+            # cached (each would compute the whole prompt beside it otherwise)
+            first = await asyncio.gather(*[s.__anext__() for s in leads], return_exceptions=True)
+            if not any(isinstance(f, BaseException) for f in first):
+                rest = await asyncio.gather(*[s.__anext__() for s in streams if s not in leads],
+                                            return_exceptions=True)
+                first = [first[k // body.n] if k % body.n == 0 else rest[k - k // body.n - 1]
+                         for k in range(len(streams))]
         else:
             first = await asyncio.gather(*[s.__anext__() for s in streams], return_exceptions=True)
         for s, f in zip(streams, first):
@@ -710,8 +775,8 @@ class OpenAIIngress:
                 if isinstance(f, AdmissionError):
                     raise _admission_error(f) from None
                 raise ApiError(503, f"the model replica is unavailable: {f}", None, "server_error") from None
-        fmt = _Formatter(self, rid, chat, len(ids), logprobs, thinking, body.n, tool_ids, echo,
-                         body.string_arguments if tool_ids else None)
+        fmt = _Formatter(self, rid, chat, prompts, logprobs, thinking, body.n, tool_ids, echoes,
+                         body.string_arguments if tool_ids else None, echo_only=body.max_tokens == 0)
         return fmt, _merge(streams, first)
 
     async def _open(self, ids, params, req_id) -> AsyncIterator:

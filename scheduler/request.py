@@ -68,6 +68,9 @@ class SamplingParams:
     text_breaks: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; 0: the chosen token's; n: chosen + top n
+    # the prompt's tokens' logprobs, each under the logits of the position before it (None: none; n: + top n there);
+    # such a request reuses no cached prefix (its logits are computed)
+    prompt_logprobs: int | None = None
     # (token id, bias) pairs added to the logits before sampling (OpenAI's logit_bias; -100 bans, +100 forces)
     logit_bias: tuple[tuple[int, float], ...] = ()
     # structured output: the JSON schema (its JSON text) the output must match, token by token (cluster/guided.py)
@@ -125,6 +128,9 @@ class SamplingParams:
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs)
             _check_range("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        if self.prompt_logprobs is not None:
+            _check_int("prompt_logprobs", self.prompt_logprobs)
+            _check_range("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
         for tok, value in self.logit_bias:
             _check_int("logit_bias", tok)
             if tok < 0:

@@ -190,6 +190,13 @@ class Scheduler:
         """How many of ``ids``'s leading blocks this rank holds cached (0 without prefix caching)."""
         return len(self.pool.match(ids)) if self.config.prefix_caching else 0
 
+    def _hits(self, req: Request) -> list:
+        """The cached blocks of ``req``'s prefix that it may take: none without prefix caching, or for a request that
+        asks for its prompt's logprobs (they come from the logits of its prompt's rows, which a cached block skips)."""
+        if not self.config.prefix_caching or req.params.prompt_logprobs is not None:
+            return []
+        return self.pool.match(req.all_ids)
+
     def get(self, req_id: str) -> Request | None:
         """The live (waiting or running) request, or None once it has ended."""
         return self._live.get(req_id)
@@ -205,7 +212,7 @@ class Scheduler:
         """``req`` waits here, the youngest of its priority (its arrival numbered in this scheduler's order)."""
         req.arrival = self._next_arrival
         self._next_arrival += 1
-        req.hit_blocks = self.cached_blocks(req.all_ids)
+        req.hit_blocks = len(self._hits(req))
         _insort(self._waiting, req)
         self._live[req.req_id] = req
         return req
@@ -265,7 +272,7 @@ class Scheduler:
         head = self._waiting[0] if self._waiting else None
         if head is None:
             return None
-        hits = self.pool.match(head.all_ids) if self.config.prefix_caching else []
+        hits = self._hits(head)
         need = self.pool.blocks_needed(head.num_tokens + 1) - len(hits) + self.pool.cost(hits)
         return head if need > self.pool.num_free else None
 
@@ -411,7 +418,7 @@ class Scheduler:
         self.pool.free(req.block_ids)
         req.block_ids = []
         req.cached_nodes = []
-        req.hit_blocks = self.cached_blocks(req.all_ids)      # its own blocks, now idle, mostly
+        req.hit_blocks = len(self._hits(req))      # its own blocks, now idle, mostly
         req.num_computed_tokens = 0
         req.status = RequestStatus.WAITING
         req.num_preemptions += 1
@@ -423,10 +430,10 @@ class Scheduler:
         then and takes them instead of computing them a second time (prompts that arrive together and share a long
         system prompt). A short shared head (a chat template's) is not worth the wait."""
         prefilling = [r for r in self._running if r.status is RequestStatus.PREFILLING]
-        if not self.config.prefix_caching or req.block_ids or not prefilling:
+        if not self.config.prefix_caching or req.block_ids or not prefilling or req.params.prompt_logprobs is not None:
             return False
         bs, ids = self.pool.block_size, req.all_ids
-        hits = len(self.pool.match(ids))
+        hits = len(self._hits(req))
         pending = max((_common_prefix(ids, r.all_ids) - 1) // bs for r in prefilling) - hits
         return pending > 0 and 4 * pending * bs >= len(ids) - hits * bs
 
@@ -434,7 +441,7 @@ class Scheduler:
         """The next prompt chunk of ``req`` at this budget: (the cached blocks a request starting (over) takes, where
         the chunk starts, its tokens, the new blocks it needs)."""
         # a request starting (or starting over) takes the cached blocks of its prefix: its prefill begins after them
-        hits = self.pool.match(req.all_ids) if self.config.prefix_caching and not req.block_ids else []
+        hits = self._hits(req) if not req.block_ids else []
         start = max(req.num_computed_tokens, len(hits) * self.pool.block_size)
         num_new = min(req.num_tokens - start, budget)
         return hits, start, num_new, self.pool.blocks_needed(start + num_new) - len(req.block_ids) - len(hits)

@@ -28,6 +28,7 @@ from workers.sampler import (
     TokenCounts,
     allow_only,
     has_penalties,
+    prompt_logprobs,
     row_logprobs,
     sample,
     sample_on_device,
@@ -37,6 +38,7 @@ from workers.speculative import DraftRequest, MtpDrafter, pick_draft, token_logp
 
 MAX_DRAFTS = 7       # drafts per round at most (N - 1 on an 8-rank span)
 GRAPH_ROWS = GRAPH_BUCKETS[-1]
+PROMPT_ROWS = 256    # prompt rows whose logits (fp32, [rows, vocab]) one pass of prompt logprobs holds at once
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,9 @@ class StepResult:
     step_id: int
     sampled: dict[str, list[int]] = field(default_factory=dict)            # req_id -> new tokens
     logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # only where requested
+    # where requested (``SamplingParams.prompt_logprobs``): req_id -> (the prompt position of the first, the logprobs of
+    # the prompt tokens this step's chunk predicts — each under its row's logits, the row before it)
+    prompt_logprobs: dict[str, tuple[int, list[TokenLogprobs]]] = field(default_factory=dict)
     drafts: dict[str, list[int]] = field(default_factory=dict)              # proposals to verify next step
     busy_ms: float = 0.0     # this rank's wall time in the step (forward, logits, sampling, drafting)
     draft_ms: float = 0.0    # of which the MTP passes (extend + proposals)
@@ -416,7 +421,26 @@ class ModelRunner:
                 lps = token_logprobs(logits, tokens, st.params.logprobs or 0) if st.params.logprobs is not None \
                     else []
                 self._commit(result, s, st, tokens, lps)
+        for i, s in enumerate(step.seqs):
+            st = self.requests[s.req_id]
+            if st.params.prompt_logprobs is not None and s.start_pos + 1 < st.num_prompt:
+                result.prompt_logprobs[s.req_id] = self._prompt_logprobs(s, st, batch.seq_rows[i][0], hidden, bucket)
         return result
+
+    def _prompt_logprobs(self, s: ScheduledSeq, st: _RequestState, r0: int, hidden: torch.Tensor,
+                         bucket: torch.Tensor | None) -> tuple[int, list[TokenLogprobs]]:
+        """The prompt tokens that the chunk ``s`` (its rows from ``r0``) predicts, each one's logprob under the logits
+        of the row before it and the top n there: (the position of the first, the logprobs). Logits of ``PROMPT_ROWS``
+        rows at a time (a long chunk's whole [rows, vocab] would not fit beside the step)."""
+        first = s.start_pos + 1
+        count = min(len(s.token_ids), st.num_prompt - first)
+        out = []
+        for a in range(0, count, PROMPT_ROWS):
+            rows = slice(r0 + a, r0 + min(count, a + PROMPT_ROWS))
+            logits = bucket[rows] if bucket is not None else self.model.logits(hidden[rows])
+            targets = st.history[first + a:first + a + logits.shape[0]]
+            out += [TokenLogprobs(lp, top) for lp, top in prompt_logprobs(logits, targets, st.params.prompt_logprobs)]
+        return first, out
 
     def _state(self, s: ScheduledSeq) -> _RequestState:
         st = self.requests[s.req_id]

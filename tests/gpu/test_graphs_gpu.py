@@ -6,6 +6,7 @@
 - seeded drawn rows launched ahead draw the tokens they draw without look-ahead;
 - drawn drafts picked between captured drafting graphs equal the eager drafter's, seeded ones plain decoding;
 - a thinking budget closes the reasoning at its count on graph steps, looking ahead and drafting as plain;
+- prompt logprobs on graph steps and pieces equal one forward of the CPU reference over the prompt;
 - the other steps' per-layer pieces (``workers/pieces.py``): replayed == run uncaptured bit for bit (hidden rows and
   KV), the engine's tokens with them equal its tokens without, and after the warm-up nothing more is captured.
 
@@ -382,3 +383,28 @@ def test_a_thinking_budget_on_graph_steps_equals_plain():
         for rid in reqs:                                    # alone: drafts ride, and no other row's masks wait
             assert _outputs(eng, {rid: reqs[rid]})[rid] == want[rid], (kw, rid)
         assert eng.stats[stat] > 0 and eng.stats["graph_steps"] > 0, (kw, eng.stats)
+
+
+def test_prompt_logprobs_on_the_gpu_path_equal_one_forward():
+    """Prompt logprobs on the GPU path (fp32, graphs and pieces, the Triton kernels): eight prompts in chunks riding
+    graph steps and pieces beside decode rows — each token's logprob and top 3 as one forward of the CPU reference
+    over the whole prompt; the tokens sampled after them as without."""
+    from cluster.config import DEFAULT_MODEL, EngineConfig
+    from cluster.local import build_local_engine
+    from tests.integration.test_graphs import requests
+    from tests.integration.test_prompt_logprobs import TOP, asking, collect, reference
+
+    engine, _ = build_local_engine(EngineConfig(device="cuda", dtype="float32", kv_cache_tokens=4096, warmup_tokens=0,
+                                                max_num_batched_tokens=64), progress=False)
+    cpu = load_model(DEFAULT_MODEL, dtype=torch.float32, progress=False)
+    reqs = requests(8, cpu.config.vocab_size, max_tokens=6)
+    plain = collect(engine, reqs)
+    got = collect(engine, asking(reqs))
+    assert engine.stats["graph_steps"] > 0, engine.stats
+    for rid, (ids, _) in reqs.items():
+        want, _, top_ids = reference(cpu, ids)
+        lps = got[rid][1]
+        assert got[rid][0] == plain[rid][0] and len(lps) == len(ids) - 1, rid
+        torch.testing.assert_close(torch.tensor([lp.logprob for lp in lps]), want, atol=2e-3, rtol=0)
+        same = sum([t for t, _ in lp.top] == row for lp, row in zip(lps, top_ids.tolist()))
+        assert same >= len(lps) - 2 and all(len(lp.top) == TOP for lp in lps), (rid, same, len(lps))

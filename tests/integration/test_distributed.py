@@ -244,6 +244,36 @@ def test_plain_process_group_without_ray(tiny_ckpt, tiny_config, reference):
         group.shutdown()
 
 
+def test_prompt_logprobs_in_a_group_equal_single_process(tiny_ckpt, tiny_config):
+    """Prompt logprobs (``SamplingParams.prompt_logprobs``) from a 2-rank ep group (spawned processes, ipc): a batch
+    spread over both ranks, then a solo request whose prompt rides spans — the single process's values and tokens."""
+    from dataclasses import replace
+
+    from cluster.workers import ProcessWorkerGroup
+    from tests.integration.test_prompt_logprobs import collect
+
+    asking = {rid: (ids, replace(p, prompt_logprobs=2)) for rid, (ids, p) in requests().items()}
+    solo = {"solo": (lambda ids, p: (ids, replace(p, prompt_logprobs=2)))(*requests(1, max_tokens=8, seed=5)["r0"])}
+    model = load_model(tiny_ckpt, dtype=torch.float32, progress=False)
+    single = Engine(LocalExecutor(ModelRunner(model, NUM_BLOCKS, 16, torch.float32)),
+                    scheduler_config(engine_config(tiny_ckpt, 1), tiny_config, None, NUM_BLOCKS))
+    want = [collect(single, reqs) for reqs in (asking, solo)]
+    cfg = engine_config(tiny_ckpt, 2, "ep", "ipc")
+    group = ProcessWorkerGroup(cfg, NUM_BLOCKS)
+    try:
+        engine = Engine(group, scheduler_config(cfg, tiny_config, None, NUM_BLOCKS), num_ranks=2)
+        for reqs, expected in zip((asking, solo), want):
+            got = collect(engine, reqs)
+            assert got.keys() == expected.keys()
+            for rid, (tokens, lps, carried) in got.items():
+                assert tokens == expected[rid][0] and carried == 1 and len(lps) == len(reqs[rid][0]) - 1, rid
+                for a, b in zip(lps, expected[rid][1]):
+                    assert abs(a.logprob - b.logprob) < 1e-4 and [t for t, _ in a.top] == [t for t, _ in b.top], rid
+        assert engine.stats["span_steps"] > 0
+    finally:
+        group.shutdown()
+
+
 def test_a_group_reuses_prefixes_from_host_memory(tiny_ckpt, tiny_config, reference):
     """Each rank's host tier (the runner's copies between its device cache and host memory, sent in the steps): the
     requests again, after long prompts evicted them from 8 device blocks a rank, find their prefixes on the host and

@@ -430,7 +430,7 @@ def _formatted(tok, events) -> tuple[dict, dict]:
     sp = tok.special_ids_by_token()
     ingress = type("I", (), {"model_name": "m", "tokenizer": tok, "think_end": sp["</think>"]})()
     tool_ids = {n: sp[n] for n in TOOL_MARKERS}
-    fmt = lambda: _Formatter(ingress, "c", True, 3, None, thinking=True, tool_ids=tool_ids,
+    fmt = lambda: _Formatter(ingress, "c", True, [[0] * 3], None, thinking=True, tool_ids=tool_ids,
                              string_args={"get_weather": {"city"}})
 
     async def source():

@@ -331,7 +331,7 @@ _TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
 
 @pytest.mark.parametrize("path,field,value,default", [
     ("/v1/completions", "suffix", " end", None),
-    ("/v1/completions", "best_of", 2, 1), ("/v1/completions", "echo", True, False),     # echo with logprobs
+    ("/v1/completions", "best_of", 2, 1),
 ])
 def test_unsupported_parameters_are_refused_not_ignored(base_url, path, field, value, default):
     """A value the engine cannot honour is a 400 naming the field; the no-op value clients send by default passes."""

@@ -61,13 +61,14 @@ async def _events(evs):
 def test_reasoning_split_whole_and_stream():
     evs = [TokenEvent("r", [100], "Let me think."), TokenEvent("r", [22], ""),
            TokenEvent("r", [101], "Answer.", finished=True, finish_reason="stop")]
-    fmt = _Formatter(_FakeIngress(), "chatcmpl-1", True, 5, None, thinking=True)
+    fmt = _Formatter(_FakeIngress(), "chatcmpl-1", True, [[0] * 5], None, thinking=True)
     body = asyncio.run(fmt.whole(_events(evs), 1))
     msg = body["choices"][0]["message"]
     assert msg == {"role": "assistant", "content": "Answer.", "reasoning_content": "Let me think."}
 
     async def collect():
-        return [c async for c in _Formatter(_FakeIngress(), "c", True, 5, None, thinking=True).sse(_events(evs), False)]
+        fmt = _Formatter(_FakeIngress(), "c", True, [[0] * 5], None, thinking=True)
+        return [c async for c in fmt.sse(_events(evs), False)]
 
     chunks = asyncio.run(collect())
     # the </think> token says nothing: no chunk of its own (an empty delta only where logprobs ride on it)
@@ -162,7 +163,8 @@ def test_the_openai_clients_stream_helper_rebuilds_the_call():
     from openai.types.chat import ChatCompletionChunk
 
     evs, ingress, tool_ids = _tool_events(after=" Done.")
-    fmt = lambda: _Formatter(ingress, "c", True, 5, None, tool_ids=tool_ids, string_args={"get_weather": {"city"}})
+    fmt = lambda: _Formatter(ingress, "c", True, [[0] * 5], None, tool_ids=tool_ids,
+                             string_args={"get_weather": {"city"}})
     whole = asyncio.run(fmt().whole(_events(evs), 1))["choices"][0]["message"]
 
     async def collect():
@@ -294,7 +296,7 @@ def test_chat_logprob_bytes_are_the_tokens_own_bytes():
     evs = [TokenEvent("r", [t], "", logprobs=[TokenLogprobs(-0.5, ((t, -0.5),))]) for t in ids]
     evs[-1].text, evs[-1].finished, evs[-1].finish_reason = "日本語", True, "length"
     ingress = type("I", (), {"model_name": "m", "tokenizer": tok, "think_end": None})()
-    body = asyncio.run(_Formatter(ingress, "c", True, 3, 1).whole(_events(evs), 1))
+    body = asyncio.run(_Formatter(ingress, "c", True, [[0] * 3], 1).whole(_events(evs), 1))
     content = body["choices"][0]["logprobs"]["content"]
     assert bytes(b for c in content for b in c["bytes"]).decode() == "日本語"
     assert bytes(b for c in content for b in c["top_logprobs"][0]["bytes"]).decode() == "日本語"
@@ -349,17 +351,15 @@ def test_json_nested_too_deeply_is_a_400():
 
 
 def test_a_context_overflow_names_max_completion_tokens_when_the_client_sent_it():
-    import types
-
     from cluster.protocol import ApiError
-    from cluster.serve import OpenAIIngress
+    from cluster.serve import _check_context
 
     for field in ("max_tokens", "max_completion_tokens"):
         body = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}],
                                                      field: 100})
         body.max_tokens = body.max_completion_tokens or body.max_tokens     # as chat_completions does
         with pytest.raises(ApiError) as e:
-            asyncio.run(OpenAIIngress._start(types.SimpleNamespace(max_model_len=64), body, [1] * 8, None, chat=True))
+            _check_context(body, [1] * 8, 100, chat=True, context=64)
         assert (e.value.status, e.value.param) == (400, field) and f"{field} (100)" in e.value.message
 
 
@@ -412,7 +412,6 @@ def test_a_burst_of_huge_prompts_does_not_hold_up_a_short_one():
     (CompletionRequest, {"suffix": "end"}, "suffix"),
     (CompletionRequest, {"best_of": 3}, "best_of"),
     (CompletionRequest, {"best_of": 2, "n": 3}, "best_of"),
-    (CompletionRequest, {"echo": True, "logprobs": 1}, "echo"),
 ])
 def test_unsupported_values_are_refused_naming_the_field(model, body, param):
     from cluster.protocol import ApiError
@@ -518,7 +517,7 @@ def test_tool_choice_none_parses_no_tool_calls():
 
 
 def _whole_and_stream(evs, ingress, tool_ids, string_args=None) -> tuple[dict, list[dict]]:
-    fmt = lambda: _Formatter(ingress, "c", True, 5, None, tool_ids=tool_ids, string_args=string_args)
+    fmt = lambda: _Formatter(ingress, "c", True, [[0] * 5], None, tool_ids=tool_ids, string_args=string_args)
     body = asyncio.run(fmt().whole(_events(evs), 1))
 
     async def collect():
@@ -602,7 +601,7 @@ def test_completion_text_offset_is_each_tokens_place_in_the_text():
     ingress = type("I", (), {"model_name": "m", "tokenizer": tok, "think_end": None})()
     text = "Hello 日本 world"
     evs = _completion_events(tok, text)
-    lp = asyncio.run(_Formatter(ingress, "c", False, 3, 1).whole(_events(evs), 1))["choices"][0]["logprobs"]
+    lp = asyncio.run(_Formatter(ingress, "c", False, [[0] * 3], 1).whole(_events(evs), 1))["choices"][0]["logprobs"]
     assert len(lp["text_offset"]) == len(evs) and lp["text_offset"][0] == 0
     for token, at in zip(lp["tokens"], lp["text_offset"]):
         assert token == "\ufffd" or text[at:].startswith(token), (token, at)
@@ -611,11 +610,11 @@ def test_completion_text_offset_is_each_tokens_place_in_the_text():
 
 def test_echo_puts_the_prompt_before_the_completion():
     evs = [TokenEvent("r", [7], " there"), TokenEvent("r", [8], "!", finished=True, finish_reason="length")]
-    fmt = _Formatter(_FakeIngress(), "c", False, 1, None, n=1, echo="Hello")
+    fmt = _Formatter(_FakeIngress(), "c", False, [[0] * 1], None, n=1, echoes=["Hello"])
     assert asyncio.run(fmt.whole(_events(evs), 1))["choices"][0]["text"] == "Hello there!"
 
     async def collect():
-        fmt = _Formatter(_FakeIngress(), "c", False, 1, None, echo="Hello")
+        fmt = _Formatter(_FakeIngress(), "c", False, [[0] * 1], None, echoes=["Hello"])
         return [c async for c in fmt.sse(_events(evs), False)]
 
     chunks = [json.loads(c[6:])["choices"][0]["text"] for c in asyncio.run(collect())[:-1]]
@@ -652,7 +651,7 @@ def test_the_parsers_markers_reach_the_engine_as_text_breaks(reasoning, tools, b
         "model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "n": 2, "stop": "x",
         "tools": [{"type": "function", "function": {"name": "f"}}]})
     async def answer():
-        fmt, merged = await OpenAIIngress._start(ingress, body, [1, sp["<think>"]], None, chat=True)
+        fmt, merged = await OpenAIIngress._start(ingress, body, [[1, sp["<think>"]]], None, chat=True)
         await fmt.whole(merged, body.n)
 
     asyncio.run(answer())
@@ -757,7 +756,7 @@ def test_an_error_ends_the_stream_with_no_usage_after_it():
     evs = [TokenEvent("r", [100], "Hi"), TokenEvent("r", [], "", finished=True, finish_reason="abort", error="gone")]
 
     async def collect():
-        return [c async for c in _Formatter(_FakeIngress(), "c", False, 5, None).sse(_events(evs), True)]
+        return [c async for c in _Formatter(_FakeIngress(), "c", False, [[0] * 5], None).sse(_events(evs), True)]
 
     chunks = asyncio.run(collect())
     assert '"error"' in chunks[-2] and chunks[-1] == "data: [DONE]\n\n" and not any('"usage"' in c for c in chunks)
@@ -784,5 +783,5 @@ def test_n_choices_whose_prompts_cannot_queue_together_are_a_400():
     ingress = types.SimpleNamespace(max_model_len=1024, cfg=cfg, think_start=None, tool_ids=None, tokenizer=None)
     body = CompletionRequest.model_validate({"model": "m", "prompt": [5] * 600, "max_tokens": 4, "n": 2})
     with pytest.raises(ApiError) as e:
-        asyncio.run(OpenAIIngress._start(ingress, body, [5] * 600, None, chat=False))
+        asyncio.run(OpenAIIngress._start(ingress, body, [[5] * 600], None, chat=False))
     assert (e.value.status, e.value.param) == (400, "n"), e.value.message

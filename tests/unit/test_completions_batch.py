@@ -1,0 +1,114 @@
+"""The completions endpoint's batches and echo (``cluster/protocol.py``, ``cluster/serve.py::_Formatter``): ``prompt``
+as a batch of texts or of token ids (choice ``p * n + i``), ``echo`` with ``logprobs`` (the prompt's tokens first,
+the first one's logprob null), ``max_tokens`` 0 (the prompt and its logprobs alone: a scoring request)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from cluster.engine import TokenEvent
+from cluster.protocol import ApiError, CompletionRequest, validation_error
+from cluster.serve import _Formatter
+from workers.runner import TokenLogprobs
+
+
+def _tok():
+    from cluster.config import DEFAULT_MODEL
+    from models.tokenizer import Tokenizer
+
+    return Tokenizer.from_dir(DEFAULT_MODEL)
+
+
+def _ingress(tok=None):
+    return type("I", (), {"model_name": "m", "tokenizer": tok, "think_end": None})()
+
+
+async def _choices(evs):
+    for i, ev in evs:
+        yield i, ev
+
+
+@pytest.mark.parametrize("prompt,batch", [("p", ["p"]), (["p"], ["p"]), (["a", "b"], ["a", "b"]), ([1, 2], [[1, 2]]),
+                                          ([[1, 2], [3]], [[1, 2], [3]])])
+def test_a_prompt_is_a_text_ids_or_a_batch_of_either(prompt, batch):
+    assert CompletionRequest.model_validate({"model": "m", "prompt": prompt}).prompts == batch
+
+
+@pytest.mark.parametrize("prompt", [[], [[]], [[1], "a"], [[1.0]], [[1], 2], [["a"]], [[True]]])
+def test_a_malformed_batch_is_refused_naming_the_prompt(prompt):
+    with pytest.raises(ValidationError) as e:
+        CompletionRequest.model_validate({"model": "m", "prompt": prompt})
+    assert validation_error(e.value).param == "prompt"
+
+
+def test_max_tokens_zero_needs_echo():
+    with pytest.raises(ApiError) as e:
+        CompletionRequest.model_validate({"model": "m", "prompt": "p", "max_tokens": 0}).check_supported()
+    assert (e.value.status, e.value.param) == (400, "max_tokens") and "echo" in e.value.message
+    body = CompletionRequest.model_validate({"model": "m", "prompt": "p", "max_tokens": 0, "echo": True, "logprobs": 2})
+    body.check_supported()
+    assert body.prompt_logprobs == 2
+    assert CompletionRequest.model_validate({"model": "m", "prompt": "p", "logprobs": 2}).prompt_logprobs is None
+
+
+def _echo_case(tok, echo_only: bool = False):
+    text = "Hello 日本 world"
+    ids = tok.encode(text)
+    prompt_lps = [TokenLogprobs(-0.25 * j, ((ids[j], -0.25 * j), (7, -3.0))) for j in range(1, len(ids))]
+    evs = [(0, TokenEvent("r", [40], " it", logprobs=[TokenLogprobs(-1.5, ((40, -1.5),))], prompt_logprobs=prompt_lps)),
+           (0, TokenEvent("r", [41], "!", True, "length", logprobs=[TokenLogprobs(-2.5, ((41, -2.5),))]))]
+    return text, ids, evs, _Formatter(_ingress(tok), "c", False, [ids], 1, echoes=[text], echo_only=echo_only)
+
+
+def test_echo_with_logprobs_puts_the_prompts_tokens_first():
+    tok = _tok()
+    text, ids, evs, fmt = _echo_case(tok)
+    choice = asyncio.run(fmt.whole(_choices(evs), 1))["choices"][0]
+    lp = choice["logprobs"]
+    assert choice["text"] == text + " it!"
+    assert lp["tokens"] == [tok.decode([t], skip_special_tokens=False) for t in [*ids, 40, 41]]
+    assert lp["token_logprobs"] == [None] + [-0.25 * j for j in range(1, len(ids))] + [-1.5, -2.5]
+    assert lp["top_logprobs"][0] is None and len(lp["top_logprobs"][1]) == 2
+    prompt_offsets = lp["text_offset"][:len(ids)]
+    assert prompt_offsets[0] == 0 and prompt_offsets == sorted(prompt_offsets)
+    for token, at in zip(lp["tokens"][:len(ids)], prompt_offsets):
+        assert token == "\ufffd" or text[at:].startswith(token), (token, at)
+    assert lp["text_offset"][len(ids):] == [len(text), len(text) + 3]
+
+    async def stream():
+        _, _, evs, fmt = _echo_case(tok)
+        return [json.loads(c[6:]) async for c in fmt.sse(_choices(evs), False) if c.startswith("data: {")]
+
+    chunks = stream_chunks = asyncio.run(stream())
+    assert "".join(c["choices"][0]["text"] for c in chunks) == choice["text"]
+    joined = {k: sum((c["choices"][0]["logprobs"][k] for c in stream_chunks), []) for k in lp}
+    assert joined == lp
+
+
+def test_max_tokens_zero_answers_the_prompt_alone():
+    """max_tokens 0 with echo: the engine samples one token, which the answer does not show."""
+    tok = _tok()
+    text, ids, evs, fmt = _echo_case(tok, echo_only=True)
+    body = asyncio.run(fmt.whole(_choices(evs[:1] + [(0, TokenEvent("r", [], "", True, "length"))]), 1))
+    choice = body["choices"][0]
+    assert choice["text"] == text and choice["finish_reason"] == "length"
+    assert len(choice["logprobs"]["tokens"]) == len(ids) and choice["logprobs"]["token_logprobs"][-1] == -0.25 * (
+        len(ids) - 1)
+    assert body["usage"]["completion_tokens"] == 0 and body["usage"]["prompt_tokens"] == len(ids)
+
+
+def test_a_batch_indexes_its_choices_prompt_times_n():
+    """Two prompts, n = 2: choice 2p + i answers prompt p, echoed before it; usage counts each prompt once, and the
+    cached tokens each prompt's first choice found."""
+    prompts, echoes = [[1, 2, 3], [4, 5]], ["abc", "de"]
+    fmt = _Formatter(_ingress(), "c", False, prompts, None, n=2, echoes=echoes)
+    evs = [(c, TokenEvent("r", [9], f"<{c}>", True, "length", num_cached_tokens=c + 1)) for c in (3, 1, 0, 2)]
+    body = asyncio.run(fmt.whole(_choices(evs), 4))
+    assert [c["text"] for c in body["choices"]] == ["abc<0>", "abc<1>", "de<2>", "de<3>"]
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
+    assert body["usage"]["prompt_tokens"] == 5 and body["usage"]["completion_tokens"] == 4
+    assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == 1 + 3
