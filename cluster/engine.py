@@ -190,6 +190,7 @@ class _Stream:
     request: Request | None = None         # the scheduler's record (its prompt's cached tokens)
     admitted: int = 0                      # the engine's admission order (ranks number their arrivals apart)
     prompt_lps: list[TokenLogprobs] | None = None   # SamplingParams.prompt_logprobs' so far (None: not asked, or sent)
+    min_tokens: int = 0                    # SamplingParams.min_tokens: no stop string cuts the output before them
 
     def event(self, req_id: str, finished: bool = False, reason: str | None = None,
               error: str | None = None) -> TokenEvent:
@@ -206,8 +207,9 @@ class _Stream:
 
     def text(self, ids: Sequence[int], last: bool, held: bool = False) -> tuple[str, bool]:
         """(the text that ``ids`` finalise, whether a stop string ended it); ``last``: the request's final ids — the
-        text held back (a split character, a stop string's possible start) goes out with them. ``held``: a grammar
-        chose ``ids`` (structured output): stop strings do not apply — the grammar says where the output ends."""
+        text held back (a split character, a stop string's possible start) goes out with them. ``held``: stop strings
+        do not apply — a grammar chose ``ids`` (structured output: it says where the output ends), or the output is
+        still short of its ``min_tokens``."""
         text = self.detok.add(list(ids)) if self.detok else ""
         if last and self.detok:
             text += self.detok.flush()
@@ -296,6 +298,9 @@ class Engine:
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams, req_id: str | None = None) -> str:
         """Queue a request; raises AdmissionError (with .field and .reason) if it can never run."""
         req_id = req_id if req_id is not None else f"req-{next(self._ids)}"
+        if params.min_tokens:            # the ids that would stop it, which its first min_tokens tokens may not be
+            stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.config.eos_token_ids))
+            params = replace(params, min_tokens_ban=tuple(sorted(stops)))
         guide = self._guide(prompt_ids, params)
         with self._lock:
             if req_id in self._rank_of:
@@ -323,7 +328,8 @@ class Engine:
             detok = IncrementalDetokenizer(self.decode, ids) if self.decode else None
             self._streams[req_id] = _Stream(len(prompt_ids), detok, StopStringMatcher(params.stop),
                                             frozenset(params.text_breaks), request=req, admitted=next(self._admitted),
-                                            prompt_lps=None if params.prompt_logprobs is None else [])
+                                            prompt_lps=None if params.prompt_logprobs is None else [],
+                                            min_tokens=params.min_tokens)
             self._unsent[req_id] = NewRequest(req_id, tuple(prompt_ids), params)
             if guide is not None:
                 self._guides[req_id] = guide
@@ -684,7 +690,7 @@ class Engine:
                     del self._guides[ev.req_id]
                 elif not by_grammar and guide.masked:   # its wait ended or its budget is spent: a step launched
                     self._launched = None               # ahead sampled the next token unmasked
-            text, stopped = st.text(tok, last, by_grammar)
+            text, stopped = st.text(tok, last, by_grammar or st.num_output + len(tok) < st.min_tokens)
             st.num_output += len(tok)
             if not events or tok[0] in self.special_ids:
                 events.append(st.event(ev.req_id))

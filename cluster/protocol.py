@@ -69,6 +69,8 @@ class _Sampling(OpenAIBody):
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(default=1.0, gt=0.0)
     ignore_eos: bool = False
+    # vLLM's: the output's first min_tokens tokens are no stop token, and no stop string ends it before them
+    min_tokens: int = Field(default=0, ge=0)
     # {"token id": bias in [-100, 100]}: added to the logits before sampling (-100 bans the token, +100 all but forces it)
     logit_bias: dict[str, float] | None = None
     # {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": {...}}}: the output
@@ -97,6 +99,7 @@ class _Sampling(OpenAIBody):
                               seed=None if self.seed is None else self.seed + seed_offset,
                               presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                               repetition_penalty=self.repetition_penalty, stop=stop, ignore_eos=self.ignore_eos,
+                              min_tokens=min(self.min_tokens, max_tokens),
                               logprobs=logprobs, text_breaks=text_breaks, logit_bias=self.bias_pairs(),
                               json_schema=schema_of(self.response_format), priority=self.priority,
                               thinking_budget=self.thinking_token_budget, prompt_logprobs=self.prompt_logprobs,
@@ -133,6 +136,9 @@ class _Sampling(OpenAIBody):
         """Refuse (400, naming the field) what the engine would otherwise ignore; the no-op values clients send by
         default pass, so that they keep working."""
         self.bias_pairs()
+        limit = next((v for v in (self.max_tokens, getattr(self, "max_completion_tokens", None)) if v is not None), None)
+        if limit is not None and self.min_tokens > max(1, limit):
+            raise ApiError(400, f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({limit})", "min_tokens")
         try:
             schema = schema_of(self.response_format)
         except (ValueError, RuntimeError) as e:

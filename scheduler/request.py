@@ -67,6 +67,10 @@ class SamplingParams:
     # spans one, and the text held back for a stop string's possible start goes out before it
     text_breaks: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # vLLM's: the first min_tokens tokens are none of the tokens that would stop the output (and no stop string cuts it
+    # before then); the engine fills ``min_tokens_ban`` with those ids (EOS unless ignore_eos, stop_token_ids)
+    min_tokens: int = 0
+    min_tokens_ban: tuple[int, ...] = ()
     logprobs: int | None = None  # None: none; 0: the chosen token's; n: chosen + top n
     # the prompt's tokens' logprobs, each under the logits of the position before it (None: none; n: + top n there);
     # such a request reuses no cached prefix (its logits are computed)
@@ -94,6 +98,7 @@ class SamplingParams:
         object.__setattr__(self, "text_breaks", tuple(self.text_breaks))
         object.__setattr__(self, "forced_paths", tuple(tuple(p) for p in self.forced_paths))
         object.__setattr__(self, "guide_after", tuple(self.guide_after))
+        object.__setattr__(self, "min_tokens_ban", tuple(self.min_tokens_ban))
         bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
         object.__setattr__(self, "logit_bias", tuple(sorted((tok, value) for tok, value in bias)))
         _check_int("max_tokens", self.max_tokens)
@@ -110,6 +115,9 @@ class SamplingParams:
         if self.seed is not None:
             _check_int("seed", self.seed)
         _check_int("priority", self.priority)
+        _check_int("min_tokens", self.min_tokens)
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
         if self.thinking_budget is not None:
             _check_int("thinking_budget", self.thinking_budget)
             if self.thinking_budget < 0:

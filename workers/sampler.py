@@ -88,7 +88,7 @@ def sample(
     _check_batch(logits, params, counts)
     assert len(num_generated) == len(params), "one num_generated per row"
     raw = logits.float()  # [B, V]
-    tokens = _choose(apply_penalties(raw, params, counts), params, num_generated)
+    tokens = _choose(apply_penalties(raw, params, counts, num_generated), params, num_generated)
     logprobs = row_logprobs(raw, params, tokens)
     chosen = tokens.tolist()
     if logprobs is None:
@@ -102,7 +102,7 @@ def sample_on_device(logits: Tensor, params: list[SamplingParams], num_generated
     fed these tokens before it reads them back. No logprobs."""
     _check_batch(logits, params, counts)
     assert len(num_generated) == len(params), "one num_generated per row"
-    return _choose(apply_penalties(logits.float(), params, counts), params, num_generated)
+    return _choose(apply_penalties(logits.float(), params, counts, num_generated), params, num_generated)
 
 
 def _choose(processed: Tensor, params: list[SamplingParams], num_generated: list[int]) -> Tensor:
@@ -121,13 +121,14 @@ def _choose(processed: Tensor, params: list[SamplingParams], num_generated: list
     return token_ids
 
 
-def probs_for_rows(logits: Tensor, params: list[SamplingParams], counts: Tensor | None = None) -> Tensor:
+def probs_for_rows(logits: Tensor, params: list[SamplingParams], counts: Tensor | None = None,
+                   num_generated: list[int] | None = None) -> Tensor:
     """The distribution ``sample`` draws from, per row: [B, V] fp32 (greedy rows: one-hot at the argmax).
 
     For speculative decoding's rejection sampling, which needs the target and draft distributions.
     """
     _check_batch(logits, params, counts)
-    processed = apply_penalties(logits.float(), params, counts)  # [B, V]
+    processed = apply_penalties(logits.float(), params, counts, num_generated)  # [B, V]
     probs = torch.zeros_like(processed).scatter_(1, processed.argmax(dim=-1, keepdim=True), 1.0)
     sampled_rows = [i for i, p in enumerate(params) if not p.is_greedy]
     if sampled_rows:
@@ -140,9 +141,11 @@ def probs_for_rows(logits: Tensor, params: list[SamplingParams], counts: Tensor 
     return probs
 
 
-def apply_penalties(logits: Tensor, params: list[SamplingParams], counts: Tensor | None) -> Tensor:
+def apply_penalties(logits: Tensor, params: list[SamplingParams], counts: Tensor | None,
+                    num_generated: list[int] | None = None) -> Tensor:
     """Repetition (prompt + generated ids), presence and frequency (generated ids only) penalties, then the rows'
-    logit biases.
+    logit biases, then ``min_tokens``: a row sampling token ``num_generated[i]`` < its ``min_tokens`` may not sample
+    its ``min_tokens_ban`` ids — unless they are all it has left (a grammar that allows only a stop token).
 
     logits: [B, V] fp32; counts: [B, 2, V] (every id of the row's history, its generated ids); returns a new [B, V]
     tensor (the input is left untouched), or the input when no row has penalties or biases.
@@ -168,6 +171,12 @@ def apply_penalties(logits: Tensor, params: list[SamplingParams], counts: Tensor
         index = to_device([[i for i, _, _ in where], [tok for _, tok, _ in where]], torch.long, logits.device)
         bias = to_device([value for _, _, value in where], torch.float32, logits.device)
         out = out.index_put((index[0], index[1]), bias, accumulate=True)    # a new tensor: the input stays
+    where = [(i, tok) for i, p in enumerate(params) if num_generated is not None and num_generated[i] < p.min_tokens
+             for tok in p.min_tokens_ban]
+    if where:
+        index = to_device(list(zip(*where)), torch.long, logits.device)
+        banned = out.index_put((index[0], index[1]), torch.tensor(float("-inf"), device=logits.device))
+        out = torch.where(banned.amax(dim=-1, keepdim=True) > float("-inf"), banned, out)
     return out
 
 

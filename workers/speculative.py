@@ -57,7 +57,8 @@ def verify(logits: torch.Tensor, drafts: Sequence[int], draft_probs: torch.Tenso
         n = next((i for i in range(k) if tokens[i] != drafts[i]), k)
         return tokens[:n + 1]                          # the drafts that match, then the target's own token
     draft_probs = draft_probs[:k]                        # the plan may verify fewer drafts than were proposed
-    p = probs_for_rows(logits[:k], [params] * k, None if counts is None else counts[:k])  # [k, V]
+    p = probs_for_rows(logits[:k], [params] * k, None if counts is None else counts[:k],
+                       [num_generated + i for i in range(k)])                                # [k, V]
     p_d, q_d = p.gather(1, d[:, None])[:, 0], draft_probs.gather(1, d[:, None])[:, 0]   # [k]
     u = torch.rand(k, device=device)
     accept = (q_d > 0) & (u * q_d < p_d)
@@ -83,7 +84,7 @@ def pick_draft(logits: torch.Tensor, params: SamplingParams, counts: torch.Tenso
         return logits.argmax(dim=-1, keepdim=True), None
     if counts is not None:
         counts = with_drafts(counts, torch.cat(so_far))[-1:] if so_far else counts[None]
-    q = probs_for_rows(logits[None], [params], counts)[0]
+    q = probs_for_rows(logits[None], [params], counts, [num_generated + len(so_far)])[0]
     if params.seed is not None:
         noise = fill_seeded_noise(torch.empty_like(q), params.seed, num_generated + len(so_far))
         return _race(q, noise), None

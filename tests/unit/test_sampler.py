@@ -187,6 +187,20 @@ def test_logit_bias_adds_after_the_penalties_per_row_and_keeps_masked_ids_out():
         apply_penalties(logits, [SamplingParams()] * 2, None) is logits
 
 
+def test_min_tokens_bans_the_stop_ids_until_that_many_are_out():
+    """A row sampling token i < min_tokens may not sample its ``min_tokens_ban`` ids (logprobs stay the raw
+    logits'); from token min_tokens on it may; a row whose other tokens are all masked keeps them."""
+    logits = torch.tensor([[1.0, 5.0, 4.0, 0.0], [1.0, 5.0, 4.0, 0.0], [float("-inf"), 5.0, float("-inf"), 0.0]])
+    p = SamplingParams(temperature=0.0, min_tokens=3, min_tokens_ban=(1, 3), logprobs=0)
+    out = sample(logits, [p] * 3, None, [2, 3, 0])
+    assert out.token_ids == [2, 1, 1]                   # banned at token 2; free at token 3; nothing else left
+    assert out.logprobs[0] == pytest.approx(torch.log_softmax(logits[0], -1)[2].item())
+    assert probs_for_rows(logits[:1], [p], None, [0])[0, 1].item() == 0.0
+    assert probs_for_rows(logits[:1], [p])[0, 1].item() == 1.0       # no positions given: no ban
+    with pytest.raises(ValueError, match="min_tokens"):
+        SamplingParams(max_tokens=2, min_tokens=3)
+
+
 def test_penalties_are_per_row_and_steer_greedy():
     logits = torch.tensor([[5.0, 4.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]] * 2)
     params = [SamplingParams(temperature=0.0, presence_penalty=2.0), SamplingParams(temperature=0.0)]
