@@ -78,6 +78,9 @@ class _Sampling(OpenAIBody):
     response_format: dict[str, Any] | None = None
     # vLLM's: with scheduling_policy priority, lower goes first (then by arrival); else it must be 0
     priority: int = Field(default=0, ge=-2**31, le=2**31 - 1)
+    # vLLM's: each prompt token's logprob, its rank and the n most likely tokens at its place (the answer's
+    # prompt_logprobs; not streamed)
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=20)
     # vLLM's: the reasoning's tokens before </think> is forced (where the prompt opens the reasoning); None: no bound
     thinking_token_budget: int | None = Field(default=None, ge=0, le=2**31 - 1)
 
@@ -102,7 +105,7 @@ class _Sampling(OpenAIBody):
                               min_tokens=min(self.min_tokens, max_tokens),
                               logprobs=logprobs, text_breaks=text_breaks, logit_bias=self.bias_pairs(),
                               json_schema=schema_of(self.response_format), priority=self.priority,
-                              thinking_budget=self.thinking_token_budget, prompt_logprobs=self.prompt_logprobs,
+                              thinking_budget=self.thinking_token_budget, prompt_logprobs=self.prompt_alternatives(),
                               **(tool_guidance or {}))
 
     def bias_pairs(self) -> tuple[tuple[int, float], ...]:
@@ -123,10 +126,10 @@ class _Sampling(OpenAIBody):
             raise ApiError(400, f"logit_bias takes at most {MAX_LOGIT_BIAS} tokens, got {len(pairs)}", "logit_bias")
         return tuple(pairs)
 
-    @property
-    def prompt_logprobs(self) -> int | None:
-        """The prompt tokens' logprobs asked for (their alternatives a token), or None (``SamplingParams``)."""
-        return None
+    def prompt_alternatives(self) -> int | None:
+        """The prompt tokens' logprobs asked for — the most alternatives any field wants a token — or None
+        (``SamplingParams.prompt_logprobs``)."""
+        return self.prompt_logprobs
 
     @property
     def include_usage(self) -> bool:
@@ -136,6 +139,9 @@ class _Sampling(OpenAIBody):
         """Refuse (400, naming the field) what the engine would otherwise ignore; the no-op values clients send by
         default pass, so that they keep working."""
         self.bias_pairs()
+        if self.prompt_logprobs is not None and self.stream:
+            raise ApiError(400, "prompt_logprobs is not streamed: ask for it without stream (or stream echo with "
+                           "logprobs)", "prompt_logprobs")
         limit = next((v for v in (self.max_tokens, getattr(self, "max_completion_tokens", None)) if v is not None), None)
         if limit is not None and self.min_tokens > max(1, limit):
             raise ApiError(400, f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({limit})", "min_tokens")
@@ -185,10 +191,10 @@ class CompletionRequest(_Sampling):
             return [self.prompt]
         return list(self.prompt)
 
-    @property
-    def prompt_logprobs(self) -> int | None:
-        """How many alternatives each prompt token's logprob comes with (echo with logprobs), else None."""
-        return self.logprobs if self.echo else None
+    def prompt_alternatives(self) -> int | None:
+        """``prompt_logprobs``, or echo's with logprobs: the more alternatives of the two."""
+        wanted = [n for n in (self.logprobs if self.echo else None, self.prompt_logprobs) if n is not None]
+        return max(wanted) if wanted else None
 
     def check_supported(self) -> None:
         super().check_supported()

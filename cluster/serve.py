@@ -223,12 +223,14 @@ class _Formatter:
     def __init__(self, ingress: "OpenAIIngress", rid: str, chat: bool, prompts: list[list[int]], logprobs: int | None,
                  thinking: bool = False, n: int = 1, tool_ids: dict[str, int] | None = None,
                  echoes: list[str] | None = None, string_args: dict[str, set[str]] | None = None,
-                 echo_only: bool = False):
+                 echo_only: bool = False, prompt_top: int | None = None):
         self.ing, self.rid, self.chat, self.logprobs, self.n = ingress, rid, chat, logprobs, n
         self.prompts = prompts                      # choice c answers prompts[c // n]
         self.num_prompt = sum(map(len, prompts))
         # completions' echo: each prompt's text before its choices' text (with logprobs, its tokens' logprobs first)
         self.echo = [e for e in echoes or [""] * len(prompts) for _ in range(n)]
+        self.echo_logprobs = echoes is not None and logprobs is not None and not chat
+        self.prompt_top = prompt_top                # vLLM's prompt_logprobs: each choice's (a chat's: the answer's)
         self.echo_only = echo_only                  # max_tokens 0: the one token sampled is no part of the answer
         self.text_len = [len(e) for e in self.echo]  # characters of each choice's text so far (text_offset)
         choices = len(prompts) * n
@@ -267,7 +269,7 @@ class _Formatter:
             offsets.append(start + min(at, len(ev.text)))
             at += len(self._tok(t))
         out = self._token_logprobs(ev.token_ids, ev.logprobs, offsets)
-        if ev.prompt_logprobs is not None:           # echo: the prompt's tokens first, the first with no logprob
+        if ev.prompt_logprobs is not None and self.echo_logprobs:   # the prompt's tokens first, the first's null
             ids = self.prompts[choice // self.n]
             offsets = self._prompt_offsets(ids, self.echo[choice])
             prompt = self._token_logprobs(ids, [None, *ev.prompt_logprobs], offsets)
@@ -277,8 +279,19 @@ class _Formatter:
     def _token_logprobs(self, ids: list[int], lps: list, offsets: list[int]) -> dict:
         """A completion's logprobs of tokens ``ids`` (a None logprob: the prompt's first token's) at ``offsets``."""
         return {"tokens": [self._tok(t) for t in ids], "token_logprobs": [lp.logprob if lp else None for lp in lps],
-                "top_logprobs": [{self._tok(i): v for i, v in lp.top} if lp else None for lp in lps],
+                "top_logprobs": [{self._tok(i): v for i, v in lp.top[:self.logprobs]} if lp else None for lp in lps],
                 "text_offset": offsets}
+
+    def _vllm_prompt_logprobs(self, choice: int, lps: list) -> list[dict | None]:
+        """vLLM's ``prompt_logprobs``: per prompt token (the first: null), {id: {logprob, rank, decoded_token}} for the
+        token itself and the ``prompt_top`` most likely there (ranked 1..n)."""
+        out: list[dict | None] = [None]
+        for t, lp in zip(self.prompts[choice // self.n][1:], lps):
+            row = {str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": self._tok(t)}}
+            for r, (i, v) in enumerate(lp.top[:self.prompt_top]):
+                row.setdefault(str(i), {"logprob": v, "rank": r + 1, "decoded_token": self._tok(i)})
+            out.append(row)
+        return out
 
     def _prompt_offsets(self, ids: list[int], text: str) -> list[int]:
         """Where each prompt token starts in its echoed ``text``: the tokens' bytes decoded in order (a token that ends
@@ -307,9 +320,11 @@ class _Formatter:
     async def whole(self, merged, n: int) -> dict:
         texts, thoughts, reasons, lps, completion = list(self.echo), [""] * n, [None] * n, [[] for _ in range(n)], 0
         stops: list[str | None] = [None] * n
+        prompt_lps: list = [[] for _ in range(n)]
         async for i, ev in merged:
             self._error(ev)
             ev = self._shown(ev)
+            prompt_lps[i] = ev.prompt_logprobs if ev.prompt_logprobs is not None else prompt_lps[i]
             self.fingerprint = ev.served_by
             self._count_cached(i, ev)
             if self.reasoning[i].takes(ev):
@@ -337,8 +352,13 @@ class _Formatter:
             else:
                 choices.append({"index": i, "text": texts[i], "logprobs": lp, "finish_reason": reasons[i],
                                 "stop_reason": stops[i]})
-        return {"id": self.rid, "object": self.object, "created": self.created, "model": self.ing.model_name,
+                if self.prompt_top is not None:
+                    choices[-1]["prompt_logprobs"] = self._vllm_prompt_logprobs(i, prompt_lps[i])
+        body = {"id": self.rid, "object": self.object, "created": self.created, "model": self.ing.model_name,
                 "system_fingerprint": self.fingerprint, "choices": choices, "usage": self._usage(completion)}
+        if self.chat and self.prompt_top is not None:       # vLLM's: the chat's one prompt, beside its choices
+            body["prompt_logprobs"] = self._vllm_prompt_logprobs(0, prompt_lps[0])
+        return body
 
     def _shown(self, ev):
         """``ev`` as the answer shows it: with max_tokens 0 (echo alone) the token sampled is no part of it."""
@@ -564,8 +584,9 @@ class OpenAIIngress:
                     self._check_ids(ids, "prompt")
                 text = self.tokenizer.decode(ids) if body.echo and self.tokenizer else ""
             prompts.append(ids)
-            echoes.append(text if body.echo else "")
-        return await self._respond(request, body, prompts, body.logprobs, chat=False, echoes=echoes)
+            echoes.append(text)
+        return await self._respond(request, body, prompts, body.logprobs, chat=False,
+                                   echoes=echoes if body.echo else None)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
@@ -746,7 +767,7 @@ class OpenAIIngress:
                            f"max_waiting = {admits})", "n" if len(prompts) == 1 else "prompt")
         queued = self.cfg.max_waiting_tokens       # the choices queue their prompts at once, unless cached one by one
         # (a request for its prompt's logprobs takes no cached blocks)
-        share = body.n > 1 and self.cfg.prefix_caching and body.prompt_logprobs is None and \
+        share = body.n > 1 and self.cfg.prefix_caching and body.prompt_alternatives() is None and \
             min(map(len, prompts)) > self.cfg.block_size
         if queued and sum(map(len, prompts)) * body.n > queued and not share:
             what = f"n ({body.n}) choices of a {len(ids)}-token prompt" if len(prompts) == 1 else \
@@ -776,7 +797,8 @@ class OpenAIIngress:
                     raise _admission_error(f) from None
                 raise ApiError(503, f"the model replica is unavailable: {f}", None, "server_error") from None
         fmt = _Formatter(self, rid, chat, prompts, logprobs, thinking, body.n, tool_ids, echoes,
-                         body.string_arguments if tool_ids else None, echo_only=body.max_tokens == 0)
+                         body.string_arguments if tool_ids else None, echo_only=body.max_tokens == 0,
+                         prompt_top=body.prompt_logprobs)
         return fmt, _merge(streams, first)
 
     async def _open(self, ids, params, req_id) -> AsyncIterator:

@@ -77,6 +77,7 @@ class WorkerStep:
 class TokenLogprobs:
     logprob: float
     top: tuple[tuple[int, float], ...]
+    rank: int | None = None      # the token's place among the row's (1: the most likely); prompt logprobs only
 
 
 @dataclass(frozen=True)
@@ -439,7 +440,7 @@ class ModelRunner:
             rows = slice(r0 + a, r0 + min(count, a + PROMPT_ROWS))
             logits = bucket[rows] if bucket is not None else self.model.logits(hidden[rows])
             targets = st.history[first + a:first + a + logits.shape[0]]
-            out += [TokenLogprobs(lp, top) for lp, top in prompt_logprobs(logits, targets, st.params.prompt_logprobs)]
+            out += [TokenLogprobs(*row) for row in prompt_logprobs(logits, targets, st.params.prompt_logprobs)]
         return first, out
 
     def _state(self, s: ScheduledSeq) -> _RequestState:

@@ -313,15 +313,17 @@ def row_logprobs(raw: Tensor, params: list[SamplingParams], tokens: Tensor) -> R
     return RowLogprobs(rows, chosen, top_logp, top_ids)
 
 
-def prompt_logprobs(logits: Tensor, targets: list[int], n: int) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
-    """Each of ``targets``' logprob under its row of ``logits`` [R, V] (the row before it in the prompt) and that row's
-    top n (id, logprob) pairs — R rows at once, read back once."""
+def prompt_logprobs(logits: Tensor, targets: list[int], n: int) -> list[tuple[float, tuple, int]]:
+    """Each of ``targets``' logprob under its row of ``logits`` [R, V] (the row before it in the prompt), that row's
+    top n (id, logprob) pairs and the target's rank there (1: the most likely) — R rows at once, read back once."""
     logp = torch.log_softmax(logits.float(), dim=-1)
-    chosen = logp.gather(1, to_device(targets, torch.long, logp.device)[:, None]).squeeze(1).tolist()
-    if not n:
-        return [(lp, ()) for lp in chosen]
-    top_logp, top_ids = logp.topk(n, dim=-1)
-    return [(lp, tuple(zip(ids, vals))) for lp, ids, vals in zip(chosen, top_ids.tolist(), top_logp.tolist())]
+    chosen = logp.gather(1, to_device(targets, torch.long, logp.device)[:, None])                    # [R, 1]
+    ranks = ((logp > chosen).sum(dim=-1) + 1).tolist()
+    top = [()] * len(targets)
+    if n:
+        top_logp, top_ids = logp.topk(n, dim=-1)
+        top = [tuple(zip(ids, vals)) for ids, vals in zip(top_ids.tolist(), top_logp.tolist())]
+    return list(zip(chosen[:, 0].tolist(), top, ranks))
 
 
 class TokenCounts:

@@ -402,7 +402,7 @@ def test_prompt_logprobs_on_the_gpu_path_equal_one_forward():
     got = collect(engine, asking(reqs))
     assert engine.stats["graph_steps"] > 0, engine.stats
     for rid, (ids, _) in reqs.items():
-        want, _, top_ids = reference(cpu, ids)
+        want, _, top_ids, _ = reference(cpu, ids)
         lps = got[rid][1]
         assert got[rid][0] == plain[rid][0] and len(lps) == len(ids) - 1, rid
         torch.testing.assert_close(torch.tensor([lp.logprob for lp in lps]), want, atol=2e-3, rtol=0)

@@ -23,15 +23,18 @@ def model(text_ckpt):
     return load_model(text_ckpt, dtype=torch.float32, progress=False)
 
 
-def reference(model, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One forward over the whole prompt: each token after the first, its logprob and the top ``TOP`` (values, ids)."""
+def reference(model, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list]:
+    """One forward over the whole prompt: each token after the first, its logprob, the top ``TOP`` (values, ids) and
+    the bounds of its rank (the tokens within 1e-4 of it may rank either side of it in a chunked computation)."""
     blocks = -(-len(ids) // BLOCK)
     cache = KVCache(model.config, blocks * BLOCK, torch.float32)
     with torch.inference_mode():
         hidden = model(torch.tensor(ids), build_batch([(0, len(ids), list(range(blocks)))], BLOCK, "cpu"), cache)
         logp = torch.log_softmax(model.logits(hidden), dim=-1)[:-1]
     top = logp.topk(TOP, dim=-1)
-    return logp.gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1), top.values, top.indices
+    chosen = logp.gather(1, torch.tensor(ids[1:])[:, None])
+    rank = lambda margin: ((logp > chosen + margin).sum(-1) + 1).tolist()
+    return chosen.squeeze(1), top.values, top.indices, list(zip(rank(1e-4), rank(-1e-4)))
 
 
 def collect(engine, reqs: dict) -> dict[str, tuple[list[int], list | None, int]]:
@@ -58,7 +61,8 @@ def assert_match(model, reqs: dict, got: dict) -> None:
     for rid, (ids, _) in reqs.items():
         lps = got[rid][1]
         assert got[rid][2] == 1 and len(lps) == len(ids) - 1, (rid, got[rid][2], len(lps))
-        want, top_values, top_ids = reference(model, ids)
+        want, top_values, top_ids, ranks = reference(model, ids)
+        assert all(lo <= lp.rank <= hi for lp, (lo, hi) in zip(lps, ranks)), rid
         torch.testing.assert_close(torch.tensor([lp.logprob for lp in lps]), want, atol=1e-4, rtol=0)
         assert [[t for t, _ in lp.top] for lp in lps] == top_ids.tolist(), rid
         torch.testing.assert_close(torch.tensor([[v for _, v in lp.top] for lp in lps]), top_values, atol=1e-4, rtol=0)
@@ -86,7 +90,7 @@ def test_a_preempted_request_sends_its_prompt_logprobs_once(model):
     got = collect(engine, asking(reqs, n=0))
     assert engine.stats["preemptions"] > 0, "the pool was meant to be too small"
     for rid, (ids, _) in reqs.items():
-        want, _, _ = reference(model, ids)
+        want, _, _, _ = reference(model, ids)
         torch.testing.assert_close(torch.tensor([lp.logprob for lp in got[rid][1]]), want, atol=1e-4, rtol=0)
         assert got[rid][2] == 1 and all(lp.top == () for lp in got[rid][1])
 

@@ -1,6 +1,6 @@
 """Scoring over HTTP, as lm-eval's ``local-completions`` asks for it: ``/v1/completions`` with a batch of prompts
 (texts or token ids), ``echo`` and ``logprobs`` — each prompt token's logprob (the first one's null) — and
-``max_tokens`` 0 for the prompt alone. On a replica with prefix caching on (a request for its prompt's logprobs takes
+``max_tokens`` 0 for the prompt alone; and vLLM's ``prompt_logprobs`` on both endpoints. On a replica with prefix caching on (a request for its prompt's logprobs takes
 no cached block). Its own app beside test_serve.py's."""
 
 from __future__ import annotations
@@ -86,6 +86,28 @@ def test_a_batch_of_prompts_with_n_choices(url, tok):
             for c in chunk.choices:
                 streamed[c.index] = streamed.get(c.index, "") + c.text
         assert streamed == {c.index: c.text for c in out.choices}
+
+
+def test_vllms_prompt_logprobs_on_both_endpoints(url, tok):
+    """vLLM's ``prompt_logprobs``: a completion's choices and a chat's answer carry each prompt token's logprob (as
+    echo's), rank and the most likely tokens there; streamed, a 400 naming it."""
+    ids = tok.encode("Once upon a time there was")
+    body = score(url, ids, prompt_logprobs=2)
+    choice = body["choices"][0]
+    rows = choice["prompt_logprobs"]
+    assert rows[0] is None and len(rows) == len(ids)
+    for t, row, lp in zip(ids[1:], rows[1:], choice["logprobs"]["token_logprobs"][1:]):
+        mine = row[str(t)]
+        assert mine["logprob"] == lp and mine["decoded_token"] == tok.decode([t], skip_special_tokens=False)
+        assert sorted(v["rank"] for v in row.values())[:2] == [1, 2] and 2 <= len(row) <= 3, row   # the top 2 too
+        assert (mine["rank"] == 1) == (max(row.values(), key=lambda v: v["logprob"]) is mine)
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "prompt_logprobs": 0}
+    status, out = post(url, "/v1/chat/completions", chat)
+    assert status == 200 and out["prompt_logprobs"][0] is None and len(out["prompt_logprobs"]) == \
+        out["usage"]["prompt_tokens"], out
+    assert all(len(row) == 1 for row in out["prompt_logprobs"][1:])
+    status, err = post(url, "/v1/chat/completions", {**chat, "stream": True})
+    assert status == 400 and err["error"]["param"] == "prompt_logprobs", err
 
 
 @pytest.mark.parametrize("body,param", [

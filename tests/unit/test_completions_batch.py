@@ -1,6 +1,7 @@
-"""The completions endpoint's batches and echo (``cluster/protocol.py``, ``cluster/serve.py::_Formatter``): ``prompt``
-as a batch of texts or of token ids (choice ``p * n + i``), ``echo`` with ``logprobs`` (the prompt's tokens first,
-the first one's logprob null), ``max_tokens`` 0 (the prompt and its logprobs alone: a scoring request)."""
+"""The completions endpoint's batches and prompt scores (``cluster/protocol.py``, ``cluster/serve.py::_Formatter``):
+``prompt`` as a batch of texts or of token ids (choice ``p * n + i``), ``echo`` with ``logprobs`` (the prompt's tokens
+first, the first one's logprob null), ``max_tokens`` 0 (the prompt and its logprobs alone: a scoring request), vLLM's
+``prompt_logprobs`` (each prompt token's logprob and rank, and the most likely tokens there)."""
 
 from __future__ import annotations
 
@@ -51,14 +52,16 @@ def test_max_tokens_zero_needs_echo():
     assert (e.value.status, e.value.param) == (400, "max_tokens") and "echo" in e.value.message
     body = CompletionRequest.model_validate({"model": "m", "prompt": "p", "max_tokens": 0, "echo": True, "logprobs": 2})
     body.check_supported()
-    assert body.prompt_logprobs == 2
-    assert CompletionRequest.model_validate({"model": "m", "prompt": "p", "logprobs": 2}).prompt_logprobs is None
+    assert body.prompt_alternatives() == 2
+    assert CompletionRequest.model_validate({"model": "m", "prompt": "p", "logprobs": 2}).prompt_alternatives() is None
+    both = {"model": "m", "prompt": "p", "echo": True, "logprobs": 1, "prompt_logprobs": 4}
+    assert CompletionRequest.model_validate(both).prompt_alternatives() == 4        # the more of the two
 
 
 def _echo_case(tok, echo_only: bool = False):
     text = "Hello 日本 world"
     ids = tok.encode(text)
-    prompt_lps = [TokenLogprobs(-0.25 * j, ((ids[j], -0.25 * j), (7, -3.0))) for j in range(1, len(ids))]
+    prompt_lps = [TokenLogprobs(-0.25 * j, ((ids[j], -0.25 * j), (7, -3.0)), 1) for j in range(1, len(ids))]
     evs = [(0, TokenEvent("r", [40], " it", logprobs=[TokenLogprobs(-1.5, ((40, -1.5),))], prompt_logprobs=prompt_lps)),
            (0, TokenEvent("r", [41], "!", True, "length", logprobs=[TokenLogprobs(-2.5, ((41, -2.5),))]))]
     return text, ids, evs, _Formatter(_ingress(tok), "c", False, [ids], 1, echoes=[text], echo_only=echo_only)
@@ -72,7 +75,7 @@ def test_echo_with_logprobs_puts_the_prompts_tokens_first():
     assert choice["text"] == text + " it!"
     assert lp["tokens"] == [tok.decode([t], skip_special_tokens=False) for t in [*ids, 40, 41]]
     assert lp["token_logprobs"] == [None] + [-0.25 * j for j in range(1, len(ids))] + [-1.5, -2.5]
-    assert lp["top_logprobs"][0] is None and len(lp["top_logprobs"][1]) == 2
+    assert lp["top_logprobs"][0] is None and len(lp["top_logprobs"][1]) == 1      # logprobs 1 of the 2 computed
     prompt_offsets = lp["text_offset"][:len(ids)]
     assert prompt_offsets[0] == 0 and prompt_offsets == sorted(prompt_offsets)
     for token, at in zip(lp["tokens"][:len(ids)], prompt_offsets):
@@ -112,3 +115,27 @@ def test_a_batch_indexes_its_choices_prompt_times_n():
     assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
     assert body["usage"]["prompt_tokens"] == 5 and body["usage"]["completion_tokens"] == 4
     assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == 1 + 3
+
+
+def test_vllms_prompt_logprobs_beside_echos():
+    """``prompt_logprobs`` 1 beside echo's ``logprobs`` 2 (the engine computed the top 2): vLLM's shape — null, then per
+    token {id: {logprob, rank, decoded_token}} for the token and the top 1 — and echo's top 2; a chat's sits beside its
+    choices."""
+    tok = _tok()
+    text, ids, evs, _ = _echo_case(tok)
+    fmt = _Formatter(_ingress(tok), "c", False, [ids], 2, echoes=[text], prompt_top=1)
+    choice = asyncio.run(fmt.whole(_choices(evs), 1))["choices"][0]
+    got = choice["prompt_logprobs"]
+    assert got[0] is None and len(got) == len(ids)
+    for j, row in enumerate(got[1:], start=1):
+        want = {str(ids[j]): {"logprob": -0.25 * j, "rank": 1, "decoded_token": tok.decode([ids[j]],
+                                                                                        skip_special_tokens=False)}}
+        assert row == want, (row, want)                 # the token is its row's top 1 here: one entry
+    assert all(len(t) == 2 for t in choice["logprobs"]["top_logprobs"][1:len(ids)])
+    chat = _Formatter(_ingress(tok), "c", True, [ids], None, prompt_top=0)
+    body = asyncio.run(chat.whole(_choices(evs), 1))
+    assert len(body["prompt_logprobs"]) == len(ids) and "prompt_logprobs" not in body["choices"][0]
+    with pytest.raises(ApiError) as e:
+        CompletionRequest.model_validate({"model": "m", "prompt": "p", "prompt_logprobs": 1, "stream": True}
+                                         ).check_supported()
+    assert e.value.param == "prompt_logprobs"
