@@ -77,15 +77,18 @@ class StopStringMatcher:
         self._stops = tuple(stops)
         self._max_hold = max((len(s) for s in self._stops), default=1) - 1
         self._held = ""
+        self._quiet = 0                      # leading chars of ``_held`` in which no stop string may end
         self.stopped = False
         self.matched: str | None = None      # the stop string that ended the text
 
-    def feed(self, delta: str) -> tuple[str, bool]:
-        """Returns (text safe to emit now, stopped). On a stop, the text ends just before the stop string."""
+    def feed(self, delta: str, armed: bool = True) -> tuple[str, bool]:
+        """Returns (text safe to emit now, stopped). On a stop, the text ends just before the stop string. ``armed``
+        False: no stop string may end in ``delta`` (an output short of its ``min_tokens``, as vLLM counts: one that
+        starts there and ends in a later, armed delta still stops the text)."""
         if self.stopped:
             return "", True
         buf = self._held + delta
-        hit = self._earliest_stop(buf)
+        hit = self._earliest_stop(buf, self._quiet) if armed else None
         if hit is not None:
             self._held = ""
             self.stopped = True
@@ -93,6 +96,7 @@ class StopStringMatcher:
             return buf[:cut], True
         hold = self._partial_stop_len(buf)
         self._held = buf[len(buf) - hold:] if hold else ""
+        self._quiet = 0 if armed else len(self._held)
         return buf[:len(buf) - hold], False
 
     def flush(self) -> str:
@@ -100,9 +104,10 @@ class StopStringMatcher:
         held, self._held = self._held, ""
         return "" if self.stopped else held
 
-    def _earliest_stop(self, buf: str) -> tuple[int, str] | None:
-        """(index where the first stop string in ``buf`` starts, that string), or None."""
-        hits = [(i, s) for i, s in ((buf.find(s), s) for s in self._stops) if i >= 0]
+    def _earliest_stop(self, buf: str, quiet: int = 0) -> tuple[int, str] | None:
+        """(index where the first stop string in ``buf`` that ends past its first ``quiet`` chars starts, that string),
+        or None."""
+        hits = [(i, s) for i, s in ((buf.find(s, max(0, quiet - len(s) + 1)), s) for s in self._stops) if i >= 0]
         return min(hits, key=lambda h: h[0]) if hits else None
 
     def _partial_stop_len(self, buf: str) -> int:

@@ -207,15 +207,15 @@ class _Stream:
 
     def text(self, ids: Sequence[int], last: bool, held: bool = False) -> tuple[str, bool]:
         """(the text that ``ids`` finalise, whether a stop string ended it); ``last``: the request's final ids — the
-        text held back (a split character, a stop string's possible start) goes out with them. ``held``: stop strings
-        do not apply — a grammar chose ``ids`` (structured output: it says where the output ends), or the output is
-        still short of its ``min_tokens``."""
+        text held back (a split character, a stop string's possible start) goes out with them. ``held``: a grammar
+        chose ``ids`` (structured output): stop strings do not apply — the grammar says where the output ends. Nor
+        does one end in the text of the output's first ``min_tokens`` tokens (vLLM's count)."""
         text = self.detok.add(list(ids)) if self.detok else ""
         if last and self.detok:
             text += self.detok.flush()
         if held:
             return self.stops.flush() + text, False
-        text, stopped = self.stops.feed(text)
+        text, stopped = self.stops.feed(text, armed=self.num_output + len(ids) > self.min_tokens)
         if last and not stopped:
             text += self.stops.flush()
         return text, stopped
@@ -690,7 +690,7 @@ class Engine:
                     del self._guides[ev.req_id]
                 elif not by_grammar and guide.masked:   # its wait ended or its budget is spent: a step launched
                     self._launched = None               # ahead sampled the next token unmasked
-            text, stopped = st.text(tok, last, by_grammar or st.num_output + len(tok) < st.min_tokens)
+            text, stopped = st.text(tok, last, by_grammar)
             st.num_output += len(tok)
             if not events or tok[0] in self.special_ids:
                 events.append(st.event(ev.req_id))

@@ -69,6 +69,8 @@ class _Sampling(OpenAIBody):
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(default=1.0, gt=0.0)
     ignore_eos: bool = False
+    # vLLM's: token ids that end the output as EOS does (the id is its last token)
+    stop_token_ids: list[int] | None = None
     # vLLM's: the output's first min_tokens tokens are no stop token, and no stop string ends it before them
     min_tokens: int = Field(default=0, ge=0)
     # {"token id": bias in [-100, 100]}: added to the logits before sampling (-100 bans the token, +100 all but forces it)
@@ -83,6 +85,13 @@ class _Sampling(OpenAIBody):
     prompt_logprobs: int | None = Field(default=None, ge=0, le=20)
     # vLLM's: the reasoning's tokens before </think> is forced (where the prompt opens the reasoning); None: no bound
     thinking_token_budget: int | None = Field(default=None, ge=0, le=2**31 - 1)
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _stop_ids(cls, v):
+        if v is not None and any(t < 0 for t in v):
+            raise ValueError("stop_token_ids must be token ids (>= 0)")
+        return v
 
     @field_validator("stop")
     @classmethod
@@ -102,6 +111,7 @@ class _Sampling(OpenAIBody):
                               seed=None if self.seed is None else self.seed + seed_offset,
                               presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                               repetition_penalty=self.repetition_penalty, stop=stop, ignore_eos=self.ignore_eos,
+                              stop_token_ids=tuple(self.stop_token_ids or ()),
                               min_tokens=min(self.min_tokens, max_tokens),
                               logprobs=logprobs, text_breaks=text_breaks, logit_bias=self.bias_pairs(),
                               json_schema=schema_of(self.response_format), priority=self.priority,
@@ -142,9 +152,11 @@ class _Sampling(OpenAIBody):
         if self.prompt_logprobs is not None and self.stream:
             raise ApiError(400, "prompt_logprobs is not streamed: ask for it without stream (or stream echo with "
                            "logprobs)", "prompt_logprobs")
-        limit = next((v for v in (self.max_tokens, getattr(self, "max_completion_tokens", None)) if v is not None), None)
+        name, limit = next(((k, v) for k, v in (("max_tokens", self.max_tokens),
+                                                ("max_completion_tokens", getattr(self, "max_completion_tokens", None)))
+                            if v is not None), (None, None))
         if limit is not None and self.min_tokens > max(1, limit):
-            raise ApiError(400, f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({limit})", "min_tokens")
+            raise ApiError(400, f"min_tokens ({self.min_tokens}) must not exceed {name} ({limit})", "min_tokens")
         try:
             schema = schema_of(self.response_format)
         except (ValueError, RuntimeError) as e:

@@ -277,10 +277,15 @@ class _Formatter:
         return out
 
     def _token_logprobs(self, ids: list[int], lps: list, offsets: list[int]) -> dict:
-        """A completion's logprobs of tokens ``ids`` (a None logprob: the prompt's first token's) at ``offsets``."""
+        """A completion's logprobs of tokens ``ids`` (a None logprob: the prompt's first token's) at ``offsets``; each
+        token's top ``logprobs`` with the token itself among them (OpenAI's: up to logprobs + 1)."""
+        def top(t: int, lp) -> dict[str, float]:
+            out = {self._tok(i): v for i, v in lp.top[:self.logprobs]}
+            out.setdefault(self._tok(t), lp.logprob)
+            return out
+
         return {"tokens": [self._tok(t) for t in ids], "token_logprobs": [lp.logprob if lp else None for lp in lps],
-                "top_logprobs": [{self._tok(i): v for i, v in lp.top[:self.logprobs]} if lp else None for lp in lps],
-                "text_offset": offsets}
+                "top_logprobs": [top(t, lp) if lp else None for t, lp in zip(ids, lps)], "text_offset": offsets}
 
     def _vllm_prompt_logprobs(self, choice: int, lps: list) -> list[dict | None]:
         """vLLM's ``prompt_logprobs``: per prompt token (the first: null), {id: {logprob, rank, decoded_token}} for the
@@ -445,6 +450,9 @@ def _check_context(body, ids: list[int], max_tokens: int, chat: bool, context: i
     """A 400 where the prompt and ``max_tokens`` do not fit the ``context``."""
     if len(ids) + max_tokens <= context:
         return
+    if body.max_tokens == 0:
+        raise ApiError(400, f"prompt ({len(ids)} tokens) fills the context length {context}: scoring it (max_tokens 0) "
+                       "takes one token more", "prompt", code="context_length_exceeded")
     # max_tokens is to blame only if a smaller one would fit: a prompt that fills the context is too long
     fits = body.max_tokens and len(ids) < context
     limit = "max_completion_tokens" if chat and body.max_completion_tokens is not None else "max_tokens"

@@ -56,6 +56,21 @@ def test_stop_strings_wait_for_min_tokens(engine_tok):
     assert held[2] in ("stop", "length"), held
 
 
+def test_a_stop_string_may_end_only_past_min_tokens(engine_tok):
+    """vLLM's count: no stop string ends in the text of the first min_tokens tokens; one that starts there and ends in
+    the next token's text ends the output where it starts."""
+    engine, tok = engine_tok
+    prompt = tok.encode("Once upon a time")
+    free = _outputs(engine, {"f": (prompt, SamplingParams(max_tokens=10, temperature=0.0))})["f"]
+    pieces = [tok.decode([t]) for t in free[0]]
+    before = "".join(pieces[:2])
+    k = lambda stop: _outputs(engine, {"k": (prompt, SamplingParams(max_tokens=10, temperature=0.0, stop=(stop,),
+                                                                    min_tokens=3))})["k"]
+    assert k(pieces[2])[1] != before and pieces[2] in k(pieces[2])[1]   # ends in token 3: not cut there
+    straddle = pieces[2][-2:] + pieces[3][:2]                           # starts in token 3, ends in token 4
+    assert straddle not in before + pieces[2] and k(straddle)[1] == before + pieces[2][:-2], (pieces, k(straddle))
+
+
 def test_min_tokens_plain_drafting_and_looking_ahead_agree(engine_tok):
     """Greedy and seeded drawn requests with min_tokens: an engine drafting (MTP, k = 3: verify rows at positions
     before and after min_tokens) and one looking ahead on the static path give the plain engine's tokens."""

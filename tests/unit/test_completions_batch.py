@@ -139,3 +139,30 @@ def test_vllms_prompt_logprobs_beside_echos():
         CompletionRequest.model_validate({"model": "m", "prompt": "p", "prompt_logprobs": 1, "stream": True}
                                          ).check_supported()
     assert e.value.param == "prompt_logprobs"
+
+
+def test_top_logprobs_hold_the_token_itself():
+    """OpenAI's completions: each token's top_logprobs hold the token too, where it is not among the top n (up to
+    n + 1 entries); logprobs 0: the token alone."""
+    tok = _tok()
+    evs = [(0, TokenEvent("r", [40], " it", True, "length", logprobs=[TokenLogprobs(-5.0, ((99, -0.1),))]))]
+    for n, want in ((1, {tok.decode([99]): -0.1, tok.decode([40]): -5.0}), (0, {tok.decode([40]): -5.0})):
+        fmt = _Formatter(_ingress(tok), "c", False, [[1]], n)
+        assert asyncio.run(fmt.whole(_choices(evs), 1))["choices"][0]["logprobs"]["top_logprobs"] == [want]
+
+
+def test_a_scored_prompt_that_fills_the_context_says_so():
+    from cluster.serve import _check_context
+
+    body = CompletionRequest.model_validate({"model": "m", "prompt": [1] * 8, "max_tokens": 0, "echo": True})
+    with pytest.raises(ApiError) as e:
+        _check_context(body, [1] * 8, 1, chat=False, context=8)
+    assert e.value.param == "prompt" and "max_tokens 0" in e.value.message and "(1)" not in e.value.message
+
+
+def test_stop_token_ids_reach_the_engine():
+    body = CompletionRequest.model_validate({"model": "m", "prompt": "p", "stop_token_ids": [611, 7]})
+    assert body.sampling_params(4, None).stop_token_ids == (611, 7)
+    with pytest.raises(ValidationError) as e:
+        CompletionRequest.model_validate({"model": "m", "prompt": "p", "stop_token_ids": [-1]})
+    assert validation_error(e.value).param == "stop_token_ids"

@@ -133,3 +133,17 @@ def test_no_stops_passes_text_through():
     assert matcher.flush() == ""
     with pytest.raises(ValueError):
         StopStringMatcher([""])
+
+
+def test_no_stop_ends_in_unarmed_text_but_one_may_start_there():
+    """``armed`` False (an output short of its min_tokens, as vLLM counts): a stop string wholly inside it does not
+    stop the text, one that starts there and ends in an armed delta does (cut where it starts), and a short stop
+    inside the text held back then does not match later."""
+    m = StopStringMatcher([" LORD"])
+    assert m.feed(", the LORD", armed=False) == (", the LORD", False)
+    assert m.feed(" and", armed=False) == (" and", False)
+    assert m.feed(" LO", armed=False) == ("", False)                   # held: a stop's possible start
+    assert m.feed("RD said") == ("", True) and m.matched == " LORD"
+    m = StopStringMatcher(["ab", "abcdef"])
+    assert m.feed("xabcd", armed=False) == ("x", False)                # "abcd" held for "abcdef"; "ab" inside it
+    assert m.feed("zab") == ("abcdz", True) and m.matched == "ab"      # the "ab" that ends past it stops the text
