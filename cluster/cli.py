@@ -1,7 +1,8 @@
-"""``glmserve``: serve, generate, make-checkpoint.
+"""``glmserve``: serve, generate, run-batch, make-checkpoint.
 
     glmserve serve                       # the embedded default model on this machine, OpenAI API on :8000
     glmserve generate "Once upon a time" # stream a completion to the terminal (--json-schema: structured output)
+    glmserve run-batch -i requests.jsonl -o results.jsonl  # an OpenAI Batch API file, offline (--base-url: a server's)
     glmserve make-checkpoint OUT --config models/configs/glm5-tiny-random.json [--fp8] [--shards 3]
 """
 
@@ -145,6 +146,30 @@ def cmd_serve(a: argparse.Namespace) -> int:
                       stats_interval_s=a.stats_interval)
 
 
+def cmd_run_batch(a: argparse.Namespace) -> int:
+    from cluster.batch import run_batch_file
+
+    if not Path(a.input).is_file():
+        raise FileNotFoundError(f"no input file {a.input}")
+    if a.max_concurrency < 1:
+        raise ValueError(f"--max-concurrency must be >= 1, got {a.max_concurrency}")
+    if a.base_url:
+        return run_batch_file(a.input, a.output, a.base_url, a.max_concurrency)
+    import socket
+
+    from cluster.server import start_server, stop_server
+
+    with socket.socket() as s:              # a free port for this run's server
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    if (code := start_server(_engine_config(a), "127.0.0.1", port)) != 0:
+        return code
+    try:
+        return run_batch_file(a.input, a.output, f"http://127.0.0.1:{port}", a.max_concurrency)
+    finally:
+        stop_server()
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="glmserve", description="Serve and run GLM-5 family models.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -172,6 +197,18 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds between stats lines (tokens/s, requests, KV use) while requests come; 0: none "
                         "(default: 10)")
     s.set_defaults(fn=cmd_serve)
+
+    b = sub.add_parser("run-batch", help="answer an OpenAI Batch API file (JSONL requests) offline")
+    _add_engine_args(b)
+    b.add_argument("-i", "--input", required=True,
+                   help="JSONL, a request a line: {\"custom_id\", \"method\": \"POST\", "
+                        "\"url\": \"/v1/chat/completions\", \"body\"}")
+    b.add_argument("-o", "--output", required=True, help="JSONL, a result a line, in the input's order")
+    b.add_argument("--base-url", default=None,
+                   help="a running server (http://host:port) to send them to (default: start one here with the engine "
+                        "options, and stop it after)")
+    b.add_argument("--max-concurrency", type=int, default=64, help="requests in flight at once (default: 64)")
+    b.set_defaults(fn=cmd_run_batch)
 
     m = sub.add_parser("make-checkpoint", help="write a random checkpoint in Hugging Face layout")
     m.add_argument("out", type=Path)

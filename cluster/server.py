@@ -27,8 +27,34 @@ def run_server(cfg: EngineConfig, host: str = "127.0.0.1", port: int = 8000, dra
     """``glmserve serve``: start a local Ray (logical resources on CPU), deploy, print a stats line every
     ``stats_interval_s`` while requests come (0: never), wait for Ctrl-C / SIGTERM; then drain — new requests get
     503, those in flight finish, for up to ``drain_timeout_s`` — and shut down."""
-    import os
     import signal
+
+    if (code := start_server(cfg, host, port, "; Ctrl-C to stop")) != 0:
+        return code
+    stop = _Stop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stats = _Stats(serve.get_app_handle("glmserve"))
+    while not stop.wait(stats_interval_s if stats_interval_s > 0 else None):
+        stats.report()
+    stop.clear()
+    _drain(stop, drain_timeout_s)
+    stop_server()
+    return 0
+
+
+def stop_server() -> None:
+    import ray
+
+    serve.shutdown()
+    ray.shutdown()
+
+
+def start_server(cfg: EngineConfig, host: str, port: int, ready_note: str = "") -> int:
+    """A local Ray and Serve in this process with the app deployed on ``host:port``, progress printed while the
+    workers load, then the ready line (``ready_note`` at its end): 0, or 2 (the reason printed) where the port is
+    taken or the deployment failed."""
+    import os
     import threading
 
     if _port_taken(host, port):
@@ -74,21 +100,10 @@ def run_server(cfg: EngineConfig, host: str = "127.0.0.1", port: int = 8000, dra
             last = now
     if errors:
         print(f"glmserve: error: the deployment failed: {errors[0]}\n{_failure_reason()}", flush=True)
-        serve.shutdown()
-        ray.shutdown()
+        stop_server()
         return 2
     print(f"glmserve: ready in {time.time() - t0:.0f} s — OpenAI API at http://{host}:{port}/v1 "
-          f"(model {_model_name(cfg)!r}); Ctrl-C to stop", flush=True)
-    stop = _Stop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    stats = _Stats(serve.get_app_handle("glmserve"))
-    while not stop.wait(stats_interval_s if stats_interval_s > 0 else None):
-        stats.report()
-    stop.clear()
-    _drain(stop, drain_timeout_s)
-    serve.shutdown()
-    ray.shutdown()
+          f"(model {_model_name(cfg)!r}){ready_note}", flush=True)
     return 0
 
 

@@ -1,0 +1,164 @@
+"""``glmserve run-batch``: an OpenAI Batch API input file through a server's endpoints, offline.
+
+Each input line is a request — ``{"custom_id": ..., "method": "POST", "url": "/v1/chat/completions", "body": {...}}``
+(``url``: any of ``ENDPOINTS``) — and each output line its result, in the Batch API's form and in the input's order:
+``{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error": null}``, the body what the endpoint
+answered (an error body with its status where it refused the request), or ``"response": null`` with an ``error``
+where a line is no request (not JSON, a field missing, a streamed body, a ``custom_id`` seen before) or the server
+could not be reached. Up to ``max_concurrency`` requests are in flight; a 429 or 503 (back-pressure, a replica
+restarting) is retried after its ``Retry-After``, so a batch larger than the queue still completes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TextIO
+
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
+RETRIES = 20            # a 429 / 503 answer is tried again this many times (after Retry-After, 1 s by default)
+TIMEOUT_S = 3600.0      # one request's wait for its answer
+
+Post = Callable[[str, dict], "tuple[int, dict, dict[str, str]]"]   # (path, body) -> (status, body, headers)
+
+
+class LineError(ValueError):
+    """An input line that is no request: its result is an error line."""
+
+
+def parse_line(text: str, seen: set[str]) -> tuple[str, str, dict]:
+    """(custom_id, url, body) of one input line; raises LineError naming what is wrong."""
+    try:
+        line = json.loads(text)
+    except ValueError as e:
+        raise LineError(f"the line is not JSON: {e}") from None
+    if not isinstance(line, dict):
+        raise LineError("the line must be a JSON object with custom_id, method, url and body")
+    custom_id, url, body = line.get("custom_id"), line.get("url"), line.get("body")
+    if not isinstance(custom_id, str) or not custom_id:
+        raise LineError("custom_id must be a non-empty string")
+    if custom_id in seen:
+        raise LineError(f"custom_id {custom_id!r} is used by an earlier line: each must be unique")
+    seen.add(custom_id)
+    if line.get("method", "POST") != "POST":
+        raise LineError(f"method must be POST, not {line.get('method')!r}")
+    if url not in ENDPOINTS:
+        raise LineError(f"url must be one of {list(ENDPOINTS)}, not {url!r}")
+    if not isinstance(body, dict):
+        raise LineError("body must be a JSON object (the endpoint's request body)")
+    if body.get("stream"):
+        raise LineError("a batch request is answered whole: body.stream must be false")
+    return custom_id, url, body
+
+
+def _result(custom_id: str | None, response: dict | None, error: dict | None) -> dict:
+    return {"id": f"batch_req_{uuid.uuid4().hex[:24]}", "custom_id": custom_id, "response": response, "error": error}
+
+
+def answer(custom_id: str, url: str, body: dict, post: Post, sleep: Callable[[float], None] = time.sleep) -> dict:
+    """One request's result line: posted, and again after a 429 / 503's Retry-After (``RETRIES`` times at most)."""
+    for attempt in range(RETRIES + 1):
+        try:
+            status, out, headers = post(url, body)
+        except OSError as e:                # refused, reset, timed out: the server is not there
+            return _result(custom_id, None, {"code": "server_unreachable", "message": f"{type(e).__name__}: {e}"})
+        if status not in (429, 503) or attempt == RETRIES:
+            return _result(custom_id, {"status_code": status, "request_id": out.get("id", ""), "body": out}, None)
+        sleep(float(headers.get("retry-after", 1)))
+    raise AssertionError("unreachable")
+
+
+def run_batch(lines: Iterable[str], out: TextIO, post: Post, max_concurrency: int = 32,
+              progress: Callable[[int, int], None] | None = None) -> tuple[int, int]:
+    """Every line of ``lines`` (blank ones skipped) answered through ``post``, its result written to ``out`` in the
+    lines' order — up to ``max_concurrency`` requests at once, the first unanswered one holding the writing back,
+    ``4 * max_concurrency`` lines ahead of it at most. ``progress(done, failed)`` after each line. Returns (lines,
+    lines whose result is an error or a non-200 response)."""
+    seen: set[str] = set()
+    window: deque[Future | dict] = deque()
+    done = failed = 0
+
+    def write_oldest() -> None:
+        nonlocal done, failed
+        head = window.popleft()
+        result = head.result() if isinstance(head, Future) else head
+        out.write(json.dumps(result, ensure_ascii=False) + "\n")
+        done += 1
+        failed += result["error"] is not None or result["response"]["status_code"] != 200
+        if progress is not None:
+            progress(done, failed)
+
+    with ThreadPoolExecutor(max_concurrency) as pool:
+        for text in lines:
+            if not text.strip():
+                continue
+            try:
+                custom_id, url, body = parse_line(text, seen)
+            except LineError as e:
+                cid = _custom_id(text)
+                window.append(_result(cid, None, {"code": "invalid_request", "message": str(e)}))
+            else:
+                window.append(pool.submit(answer, custom_id, url, body, post))
+            while window and (len(window) > 4 * max_concurrency or not isinstance(window[0], Future)
+                              or window[0].done()):
+                write_oldest()
+        while window:
+            write_oldest()
+    out.flush()
+    return done, failed
+
+
+def _custom_id(text: str) -> str | None:
+    """The custom_id of a line that is no request, where it has one (its error line says which it was)."""
+    try:
+        cid = json.loads(text).get("custom_id")
+    except (ValueError, AttributeError):
+        return None
+    return cid if isinstance(cid, str) else None
+
+
+def http_post(base_url: str, timeout_s: float = TIMEOUT_S) -> Post:
+    """``Post`` over HTTP to ``base_url`` (the server's root, without /v1): a non-JSON answer (a proxy's plain text)
+    becomes an error body with its text."""
+    def post(path: str, body: dict) -> tuple[int, dict, dict[str, str]]:
+        req = urllib.request.Request(base_url.rstrip("/") + path, data=json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as r:
+                status, data, headers = r.status, r.read(), r.headers
+        except urllib.error.HTTPError as e:
+            status, data, headers = e.code, e.read(), e.headers
+        try:
+            out = json.loads(data)
+        except ValueError:
+            out = {"error": {"message": data.decode(errors="replace")[:2000], "type": "server_error"}}
+        return status, out, {k.lower(): v for k, v in headers.items()}
+    return post
+
+
+def run_batch_file(inp: str, out: str, base_url: str, max_concurrency: int = 32) -> int:
+    """``glmserve run-batch``'s work against a running server: the file ``inp`` answered into ``out``, a progress
+    line on stderr; returns the exit code (0: every line answered 200; 1: some not)."""
+    with open(inp, encoding="utf-8") as f:
+        total = sum(1 for line in f if line.strip())
+    start, last = time.monotonic(), [0.0]
+
+    def progress(done: int, failed: int) -> None:
+        now = time.monotonic()
+        if now - last[0] >= 1.0 or done == total:
+            last[0] = now
+            print(f"\rrun-batch: {done}/{total} lines, {failed} failed, {done / max(now - start, 1e-9):.1f} "
+                  "lines/s", end="\n" if done == total else "", file=sys.stderr, flush=True)
+
+    with open(inp, encoding="utf-8") as f, open(out, "w", encoding="utf-8") as o:
+        done, failed = run_batch(f, o, http_post(base_url), max_concurrency, progress)
+    print(f"run-batch: wrote {done} results to {out} ({failed} failed) in {time.monotonic() - start:.1f} s",
+          file=sys.stderr, flush=True)
+    return 1 if failed else 0

@@ -1,0 +1,87 @@
+"""``glmserve run-batch`` (``cluster/batch.py``) over a fake server: results in the input's order whatever order the
+answers come in, lines that are no request answered with an error line, back-pressure retried, an unreachable server
+an error line — nothing lost, nothing answered twice."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import threading
+import time
+
+import pytest
+
+import cluster.batch as batch
+from cluster.batch import answer, parse_line, run_batch
+
+
+def _line(cid, url="/v1/chat/completions", body=None, **extra) -> str:
+    return json.dumps({"custom_id": cid, "method": "POST", "url": url,
+                       "body": body if body is not None else {"model": "m", "messages": []}, **extra})
+
+
+def _results(out: io.StringIO) -> list[dict]:
+    return [json.loads(line) for line in out.getvalue().splitlines()]
+
+
+def test_results_keep_the_input_order_whatever_order_answers_come_in():
+    rng, calls, lock = random.Random(0), [], threading.Lock()
+
+    def post(path, body):
+        time.sleep(rng.random() * 0.01)
+        with lock:
+            calls.append(body["n"])
+        return 200, {"id": f"r{body['n']}", "echo": body["n"]}, {}
+
+    lines = [_line(f"c{i}", body={"n": i}) for i in range(60)]
+    out = io.StringIO()
+    assert run_batch(lines, out, post, max_concurrency=8) == (60, 0)
+    got = _results(out)
+    assert [r["custom_id"] for r in got] == [f"c{i}" for i in range(60)] and sorted(calls) == list(range(60))
+    assert all(r["response"] == {"status_code": 200, "request_id": f"r{i}", "body": {"id": f"r{i}", "echo": i}}
+               and r["error"] is None for i, r in enumerate(got))
+    assert len({r["id"] for r in got}) == 60
+
+
+@pytest.mark.parametrize("text,message", [
+    ("not json", "not JSON"), ("[1]", "JSON object"), (json.dumps({"url": "/v1/completions", "body": {}}), "custom_id"),
+    (_line("x", url="/v1/embeddings"), "url must be one of"), (_line("x", method="GET"), "method must be POST"),
+    (_line("x", body={"stream": True}), "stream must be false"), (_line("x", body=[1]), "body must be"),
+])
+def test_a_line_that_is_no_request_gets_an_error_line(text, message):
+    with pytest.raises(batch.LineError, match=message):
+        parse_line(text, set())
+    out = io.StringIO()
+    sent = []
+    assert run_batch([_line("a"), text, "", _line("b")], out, lambda p, b: (sent.append(p), (200, {}, {}))[1]) \
+        == (3, 1)
+    first, bad, last = _results(out)
+    assert bad["response"] is None and message in bad["error"]["message"] and len(sent) == 2
+    assert (first["custom_id"], last["custom_id"]) == ("a", "b")
+
+
+def test_a_repeated_custom_id_is_an_error_line():
+    out = io.StringIO()
+    run_batch([_line("a"), _line("a")], out, lambda p, b: (200, {}, {}))
+    assert _results(out)[1]["error"]["message"].startswith("custom_id 'a' is used by an earlier line")
+
+
+def test_back_pressure_is_retried_and_refusals_are_results(monkeypatch):
+    """A 429 / 503 is sent again after its Retry-After; a 400 is the line's result (a response with its status),
+    and so is a 429 still there after RETRIES tries; a connection refused is an error line."""
+    answers = iter([(429, {"error": {}}, {"retry-after": "2"}), (503, {"error": {}}, {}), (200, {"id": "ok"}, {})])
+    slept = []
+    got = answer("a", "/v1/completions", {}, lambda p, b: next(answers), slept.append)
+    assert got["response"]["status_code"] == 200 and slept == [2.0, 1.0]
+    bad = answer("b", "/v1/completions", {}, lambda p, b: (400, {"error": {"message": "no"}}, {}), slept.append)
+    assert bad["response"] == {"status_code": 400, "request_id": "", "body": {"error": {"message": "no"}}}
+    monkeypatch.setattr(batch, "RETRIES", 2)
+    full = answer("c", "/v1/completions", {}, lambda p, b: (429, {}, {"retry-after": "0"}), lambda s: None)
+    assert full["response"]["status_code"] == 429
+
+    def refused(path, body):
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    gone = answer("d", "/v1/completions", {}, refused)
+    assert gone["response"] is None and gone["error"]["code"] == "server_unreachable"
