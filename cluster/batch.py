@@ -12,14 +12,16 @@ restarting) is retried after its ``Retry-After``, so a batch larger than the que
 from __future__ import annotations
 
 import json
+import queue
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import TextIO
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
@@ -75,6 +77,35 @@ def answer(custom_id: str, url: str, body: dict, post: Post, sleep: Callable[[fl
     raise AssertionError("unreachable")
 
 
+class _Workers:
+    """``n`` daemon threads answering what is submitted. Not a ThreadPoolExecutor: its threads are joined at exit, so
+    Ctrl-C would wait for every request in flight to be answered (an hour each at most); these end with the process,
+    their connections dropped (the server aborts those requests)."""
+
+    def __init__(self, n: int):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(n)]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, fn: Callable, *args) -> Future:
+        future: Future = Future()
+        self._jobs.put((future, fn, args))
+        return future
+
+    def close(self) -> None:
+        for _ in self._threads:
+            self._jobs.put(None)
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            future, fn, args = job
+            try:
+                future.set_result(fn(*args))
+            except BaseException as e:  # noqa: BLE001 — handed to the waiting caller
+                future.set_exception(e)
+
+
 def run_batch(lines: Iterable[str], out: TextIO, post: Post, max_concurrency: int = 32,
               progress: Callable[[int, int], None] | None = None) -> tuple[int, int]:
     """Every line of ``lines`` (blank ones skipped) answered through ``post``, its result written to ``out`` in the
@@ -90,12 +121,14 @@ def run_batch(lines: Iterable[str], out: TextIO, post: Post, max_concurrency: in
         head = window.popleft()
         result = head.result() if isinstance(head, Future) else head
         out.write(json.dumps(result, ensure_ascii=False) + "\n")
+        out.flush()                     # a batch cut short (Ctrl-C, a crash) leaves every result it got
         done += 1
         failed += result["error"] is not None or result["response"]["status_code"] != 200
         if progress is not None:
             progress(done, failed)
 
-    with ThreadPoolExecutor(max_concurrency) as pool:
+    pool = _Workers(max_concurrency)
+    try:
         for text in lines:
             if not text.strip():
                 continue
@@ -111,7 +144,9 @@ def run_batch(lines: Iterable[str], out: TextIO, post: Post, max_concurrency: in
                 write_oldest()
         while window:
             write_oldest()
-    out.flush()
+    finally:
+        pool.close()
+        out.flush()
     return done, failed
 
 
@@ -148,17 +183,21 @@ def run_batch_file(inp: str, out: str, base_url: str, max_concurrency: int = 32)
     line on stderr; returns the exit code (0: every line answered 200; 1: some not)."""
     with open(inp, encoding="utf-8") as f:
         total = sum(1 for line in f if line.strip())
-    start, last = time.monotonic(), [0.0]
+    start, last, written = time.monotonic(), [0.0], [0]
 
     def progress(done: int, failed: int) -> None:
-        now = time.monotonic()
+        now, written[0] = time.monotonic(), done
         if now - last[0] >= 1.0 or done == total:
             last[0] = now
             print(f"\rrun-batch: {done}/{total} lines, {failed} failed, {done / max(now - start, 1e-9):.1f} "
                   "lines/s", end="\n" if done == total else "", file=sys.stderr, flush=True)
 
     with open(inp, encoding="utf-8") as f, open(out, "w", encoding="utf-8") as o:
-        done, failed = run_batch(f, o, http_post(base_url), max_concurrency, progress)
+        try:
+            done, failed = run_batch(f, o, http_post(base_url), max_concurrency, progress)
+        except KeyboardInterrupt:       # the requests in flight are dropped (their threads end with the process)
+            print(f"\nrun-batch: interrupted: {written[0]} of {total} results written to {out}", file=sys.stderr)
+            raise
     print(f"run-batch: wrote {done} results to {out} ({failed} failed) in {time.monotonic() - start:.1f} s",
           file=sys.stderr, flush=True)
     return 1 if failed else 0

@@ -85,3 +85,54 @@ def test_back_pressure_is_retried_and_refusals_are_results(monkeypatch):
 
     gone = answer("d", "/v1/completions", {}, refused)
     assert gone["response"] is None and gone["error"]["code"] == "server_unreachable"
+
+
+def test_ctrl_c_stops_at_once_with_what_was_written(tmp_path):
+    """SIGINT while requests hang on a server that never answers: the command exits 130 within seconds (not when the
+    requests would time out), the results answered before it written."""
+    import http.server
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    release = threading.Event()
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+            if body.get("slow"):
+                release.wait(60)
+            data = json.dumps({"id": "x"}).encode()
+            try:
+                self.send_response(200)
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except OSError:             # the client went away (interrupted)
+                pass
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("\n".join([_line("fast", body={})] + [_line(f"slow{i}", body={"slow": True}) for i in range(4)]))
+    proc = subprocess.Popen([sys.executable, "-m", "cluster.cli", "run-batch", "-i", str(inp), "-o", str(out),
+                             "--base-url", f"http://127.0.0.1:{server.server_address[1]}", "--max-concurrency", "2"],
+                            cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))), stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and not (out.exists() and out.read_text()):
+            time.sleep(0.1)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=15)
+    finally:
+        release.set()
+        proc.kill()
+        server.shutdown()
+    assert proc.returncode == 130 and "interrupted: 1 of 5 results" in err, err
+    assert [json.loads(x)["custom_id"] for x in out.read_text().splitlines()] == ["fast"]
