@@ -171,7 +171,7 @@ class CompletionRequest(_Sampling):
     prompt: Union[str, list[str], list[int], list[list[int]]]
     # 0: no tokens, only with echo — the prompt and its logprobs (a scoring request, as lm-eval's)
     max_tokens: int | None = Field(default=None, ge=0)
-    logprobs: int | None = Field(default=None, ge=0, le=5)
+    logprobs: int | None = Field(default=None, ge=0, le=20)     # OpenAI's bound is 5; vLLM's default, 20
     # The prompt's text before each completion; with logprobs, its tokens' logprobs too (the first token's null)
     echo: bool = False
     # null / "" only: text after the insertion point needs a fill-in-the-middle prompt, which is not built here.

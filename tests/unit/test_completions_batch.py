@@ -166,3 +166,10 @@ def test_stop_token_ids_reach_the_engine():
     with pytest.raises(ValidationError) as e:
         CompletionRequest.model_validate({"model": "m", "prompt": "p", "stop_token_ids": [-1]})
     assert validation_error(e.value).param == "stop_token_ids"
+
+
+def test_logprobs_up_to_twenty_as_vllm():
+    assert CompletionRequest.model_validate({"model": "m", "prompt": "p", "logprobs": 20}).logprobs == 20
+    with pytest.raises(ValidationError) as e:
+        CompletionRequest.model_validate({"model": "m", "prompt": "p", "logprobs": 21})
+    assert validation_error(e.value).param == "logprobs"
