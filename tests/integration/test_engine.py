@@ -325,8 +325,8 @@ def text_engine(script, tok, k: int = 0):
 
 @pytest.fixture(scope="module")
 def tok():
-    from cluster.local import load_tokenizer
     from cluster.config import DEFAULT_MODEL
+    from cluster.local import load_tokenizer
 
     t = load_tokenizer(DEFAULT_MODEL)
     if t is None:
@@ -424,14 +424,14 @@ def _glm_turn(tok, thought: bool = True) -> list[int]:
 
 def _formatted(tok, events) -> tuple[dict, dict]:
     """The chat body and the streamed deltas (joined) the front end makes of one request's events."""
+    from cluster.formatter import Formatter
     from cluster.parsers import TOOL_MARKERS
-    from cluster.serve import _Formatter
 
     sp = tok.special_ids_by_token()
     ingress = type("I", (), {"model_name": "m", "tokenizer": tok, "think_end": sp["</think>"]})()
     tool_ids = {n: sp[n] for n in TOOL_MARKERS}
-    fmt = lambda: _Formatter(ingress, "c", True, [[0] * 3], None, thinking=True, tool_ids=tool_ids,
-                             string_args={"get_weather": {"city"}})
+    fmt = lambda: Formatter(ingress, "c", True, [[0] * 3], None, thinking=True, tool_ids=tool_ids,
+                            string_args={"get_weather": {"city"}})
 
     async def source():
         for ev in events:

@@ -1,4 +1,4 @@
-"""The completions endpoint's batches and prompt scores (``cluster/protocol.py``, ``cluster/serve.py::_Formatter``):
+"""The completions endpoint's batches and prompt scores (``cluster/protocol.py``, ``cluster/serve.py::Formatter``):
 ``prompt`` as a batch of texts or of token ids (choice ``p * n + i``), ``echo`` with ``logprobs`` (the prompt's tokens
 first, the first one's logprob null), ``max_tokens`` 0 (the prompt and its logprobs alone: a scoring request), vLLM's
 ``prompt_logprobs`` (each prompt token's logprob and rank, and the most likely tokens there)."""
@@ -12,8 +12,8 @@ import pytest
 from pydantic import ValidationError
 
 from cluster.engine import TokenEvent
+from cluster.formatter import Formatter
 from cluster.protocol import ApiError, CompletionRequest, validation_error
-from cluster.serve import _Formatter
 from workers.runner import TokenLogprobs
 
 
@@ -64,7 +64,7 @@ def _echo_case(tok, echo_only: bool = False):
     prompt_lps = [TokenLogprobs(-0.25 * j, ((ids[j], -0.25 * j), (7, -3.0)), 1) for j in range(1, len(ids))]
     evs = [(0, TokenEvent("r", [40], " it", logprobs=[TokenLogprobs(-1.5, ((40, -1.5),))], prompt_logprobs=prompt_lps)),
            (0, TokenEvent("r", [41], "!", True, "length", logprobs=[TokenLogprobs(-2.5, ((41, -2.5),))]))]
-    return text, ids, evs, _Formatter(_ingress(tok), "c", False, [ids], 1, echoes=[text], echo_only=echo_only)
+    return text, ids, evs, Formatter(_ingress(tok), "c", False, [ids], 1, echoes=[text], echo_only=echo_only)
 
 
 def test_echo_with_logprobs_puts_the_prompts_tokens_first():
@@ -108,7 +108,7 @@ def test_a_batch_indexes_its_choices_prompt_times_n():
     """Two prompts, n = 2: choice 2p + i answers prompt p, echoed before it; usage counts each prompt once, and the
     cached tokens each prompt's first choice found."""
     prompts, echoes = [[1, 2, 3], [4, 5]], ["abc", "de"]
-    fmt = _Formatter(_ingress(), "c", False, prompts, None, n=2, echoes=echoes)
+    fmt = Formatter(_ingress(), "c", False, prompts, None, n=2, echoes=echoes)
     evs = [(c, TokenEvent("r", [9], f"<{c}>", True, "length", num_cached_tokens=c + 1)) for c in (3, 1, 0, 2)]
     body = asyncio.run(fmt.whole(_choices(evs), 4))
     assert [c["text"] for c in body["choices"]] == ["abc<0>", "abc<1>", "de<2>", "de<3>"]
@@ -123,7 +123,7 @@ def test_vllms_prompt_logprobs_beside_echos():
     choices."""
     tok = _tok()
     text, ids, evs, _ = _echo_case(tok)
-    fmt = _Formatter(_ingress(tok), "c", False, [ids], 2, echoes=[text], prompt_top=1)
+    fmt = Formatter(_ingress(tok), "c", False, [ids], 2, echoes=[text], prompt_top=1)
     choice = asyncio.run(fmt.whole(_choices(evs), 1))["choices"][0]
     got = choice["prompt_logprobs"]
     assert got[0] is None and len(got) == len(ids)
@@ -132,7 +132,7 @@ def test_vllms_prompt_logprobs_beside_echos():
                                                                                         skip_special_tokens=False)}}
         assert row == want, (row, want)                 # the token is its row's top 1 here: one entry
     assert all(len(t) == 2 for t in choice["logprobs"]["top_logprobs"][1:len(ids)])
-    chat = _Formatter(_ingress(tok), "c", True, [ids], None, prompt_top=0)
+    chat = Formatter(_ingress(tok), "c", True, [ids], None, prompt_top=0)
     body = asyncio.run(chat.whole(_choices(evs), 1))
     assert len(body["prompt_logprobs"]) == len(ids) and "prompt_logprobs" not in body["choices"][0]
     with pytest.raises(ApiError) as e:
@@ -147,7 +147,7 @@ def test_top_logprobs_hold_the_token_itself():
     tok = _tok()
     evs = [(0, TokenEvent("r", [40], " it", True, "length", logprobs=[TokenLogprobs(-5.0, ((99, -0.1),))]))]
     for n, want in ((1, {tok.decode([99]): -0.1, tok.decode([40]): -5.0}), (0, {tok.decode([40]): -5.0})):
-        fmt = _Formatter(_ingress(tok), "c", False, [[1]], n)
+        fmt = Formatter(_ingress(tok), "c", False, [[1]], n)
         assert asyncio.run(fmt.whole(_choices(evs), 1))["choices"][0]["logprobs"]["top_logprobs"] == [want]
 
 

@@ -90,7 +90,7 @@ def test_close_streams_ends_open_requests_with_an_error():
     assert sorted(aborted) == ["r0", "r1"] and not any(ev.error for ev in firsts)
     assert all(ev.finished and ev.error == "the server shut down before the request finished" for ev in last)
     assert ingress.in_flight == 0 and not ingress.open_ids
-    err = serve_mod._Formatter._api_error(types.SimpleNamespace(ing=ingress), last[0])
+    err = serve_mod.Formatter._api_error(types.SimpleNamespace(ing=ingress), last[0])
     assert err.status == 503 and err.body()["error"]["type"] == "server_error"
 
 
@@ -136,7 +136,7 @@ def test_a_replica_failing_mid_request_ends_it_with_an_error():
     evs = asyncio.run(run(ing))
     assert [ev.text for ev in evs] == ["a", ""] and evs[-1].finished and "replica failed" in evs[-1].error
     assert "pid" not in evs[-1].error and ing.in_flight == 0 and not aborted     # it ended with its replica
-    err = serve_mod._Formatter._api_error(types.SimpleNamespace(ing=ing), evs[-1])
+    err = serve_mod.Formatter._api_error(types.SimpleNamespace(ing=ing), evs[-1])
     assert err.status == 500 and err.body()["error"]["type"] == "server_error"
     with pytest.raises(RuntimeError, match="ActorDiedError"):       # before the first event: raised as it was
         asyncio.run(run(ingress([])))

@@ -10,9 +10,10 @@ import pytest
 pytest.importorskip("ray")
 
 from cluster.engine import TokenEvent  # noqa: E402
+from cluster.formatter import Formatter  # noqa: E402
 from cluster.parsers import TOOL_MARKERS
 from cluster.protocol import ApiError, ChatCompletionRequest, CompletionRequest, validation_error  # noqa: E402
-from cluster.serve import _admission_error, _Formatter  # noqa: E402
+from cluster.serve import _admission_error  # noqa: E402
 from scheduler.scheduler import AdmissionError  # noqa: E402
 from tests.conftest import streamed_calls
 
@@ -61,13 +62,13 @@ async def _events(evs):
 def test_reasoning_split_whole_and_stream():
     evs = [TokenEvent("r", [100], "Let me think."), TokenEvent("r", [22], ""),
            TokenEvent("r", [101], "Answer.", finished=True, finish_reason="stop")]
-    fmt = _Formatter(_FakeIngress(), "chatcmpl-1", True, [[0] * 5], None, thinking=True)
+    fmt = Formatter(_FakeIngress(), "chatcmpl-1", True, [[0] * 5], None, thinking=True)
     body = asyncio.run(fmt.whole(_events(evs), 1))
     msg = body["choices"][0]["message"]
     assert msg == {"role": "assistant", "content": "Answer.", "reasoning_content": "Let me think."}
 
     async def collect():
-        fmt = _Formatter(_FakeIngress(), "c", True, [[0] * 5], None, thinking=True)
+        fmt = Formatter(_FakeIngress(), "c", True, [[0] * 5], None, thinking=True)
         return [c async for c in fmt.sse(_events(evs), False)]
 
     chunks = asyncio.run(collect())
@@ -163,8 +164,8 @@ def test_the_openai_clients_stream_helper_rebuilds_the_call():
     from openai.types.chat import ChatCompletionChunk
 
     evs, ingress, tool_ids = _tool_events(after=" Done.")
-    fmt = lambda: _Formatter(ingress, "c", True, [[0] * 5], None, tool_ids=tool_ids,
-                             string_args={"get_weather": {"city"}})
+    fmt = lambda: Formatter(ingress, "c", True, [[0] * 5], None, tool_ids=tool_ids,
+                            string_args={"get_weather": {"city"}})
     whole = asyncio.run(fmt().whole(_events(evs), 1))["choices"][0]["message"]
 
     async def collect():
@@ -296,7 +297,7 @@ def test_chat_logprob_bytes_are_the_tokens_own_bytes():
     evs = [TokenEvent("r", [t], "", logprobs=[TokenLogprobs(-0.5, ((t, -0.5),))]) for t in ids]
     evs[-1].text, evs[-1].finished, evs[-1].finish_reason = "日本語", True, "length"
     ingress = type("I", (), {"model_name": "m", "tokenizer": tok, "think_end": None})()
-    body = asyncio.run(_Formatter(ingress, "c", True, [[0] * 3], 1).whole(_events(evs), 1))
+    body = asyncio.run(Formatter(ingress, "c", True, [[0] * 3], 1).whole(_events(evs), 1))
     content = body["choices"][0]["logprobs"]["content"]
     assert bytes(b for c in content for b in c["bytes"]).decode() == "日本語"
     assert bytes(b for c in content for b in c["top_logprobs"][0]["bytes"]).decode() == "日本語"
@@ -517,7 +518,7 @@ def test_tool_choice_none_parses_no_tool_calls():
 
 
 def _whole_and_stream(evs, ingress, tool_ids, string_args=None) -> tuple[dict, list[dict]]:
-    fmt = lambda: _Formatter(ingress, "c", True, [[0] * 5], None, tool_ids=tool_ids, string_args=string_args)
+    fmt = lambda: Formatter(ingress, "c", True, [[0] * 5], None, tool_ids=tool_ids, string_args=string_args)
     body = asyncio.run(fmt().whole(_events(evs), 1))
 
     async def collect():
@@ -601,7 +602,7 @@ def test_completion_text_offset_is_each_tokens_place_in_the_text():
     ingress = type("I", (), {"model_name": "m", "tokenizer": tok, "think_end": None})()
     text = "Hello 日本 world"
     evs = _completion_events(tok, text)
-    lp = asyncio.run(_Formatter(ingress, "c", False, [[0] * 3], 1).whole(_events(evs), 1))["choices"][0]["logprobs"]
+    lp = asyncio.run(Formatter(ingress, "c", False, [[0] * 3], 1).whole(_events(evs), 1))["choices"][0]["logprobs"]
     assert len(lp["text_offset"]) == len(evs) and lp["text_offset"][0] == 0
     for token, at in zip(lp["tokens"], lp["text_offset"]):
         assert token == "\ufffd" or text[at:].startswith(token), (token, at)
@@ -610,11 +611,11 @@ def test_completion_text_offset_is_each_tokens_place_in_the_text():
 
 def test_echo_puts_the_prompt_before_the_completion():
     evs = [TokenEvent("r", [7], " there"), TokenEvent("r", [8], "!", finished=True, finish_reason="length")]
-    fmt = _Formatter(_FakeIngress(), "c", False, [[0] * 1], None, n=1, echoes=["Hello"])
+    fmt = Formatter(_FakeIngress(), "c", False, [[0] * 1], None, n=1, echoes=["Hello"])
     assert asyncio.run(fmt.whole(_events(evs), 1))["choices"][0]["text"] == "Hello there!"
 
     async def collect():
-        fmt = _Formatter(_FakeIngress(), "c", False, [[0] * 1], None, echoes=["Hello"])
+        fmt = Formatter(_FakeIngress(), "c", False, [[0] * 1], None, echoes=["Hello"])
         return [c async for c in fmt.sse(_events(evs), False)]
 
     chunks = [json.loads(c[6:])["choices"][0]["text"] for c in asyncio.run(collect())[:-1]]
@@ -756,7 +757,7 @@ def test_an_error_ends_the_stream_with_no_usage_after_it():
     evs = [TokenEvent("r", [100], "Hi"), TokenEvent("r", [], "", finished=True, finish_reason="abort", error="gone")]
 
     async def collect():
-        return [c async for c in _Formatter(_FakeIngress(), "c", False, [[0] * 5], None).sse(_events(evs), True)]
+        return [c async for c in Formatter(_FakeIngress(), "c", False, [[0] * 5], None).sse(_events(evs), True)]
 
     chunks = asyncio.run(collect())
     assert '"error"' in chunks[-2] and chunks[-1] == "data: [DONE]\n\n" and not any('"usage"' in c for c in chunks)
