@@ -101,7 +101,7 @@ class StopStringMatcher:
 
     def flush(self) -> str:
         """At finish without a stop: release the held-back tail."""
-        held, self._held = self._held, ""
+        held, self._held, self._quiet = self._held, "", 0
         return "" if self.stopped else held
 
     def _earliest_stop(self, buf: str, quiet: int = 0) -> tuple[int, str] | None:

@@ -175,7 +175,7 @@ def apply_penalties(logits: Tensor, params: list[SamplingParams], counts: Tensor
              for tok in p.min_tokens_ban]
     if where:
         index = to_device(list(zip(*where)), torch.long, logits.device)
-        banned = out.index_put((index[0], index[1]), torch.tensor(float("-inf"), device=logits.device))
+        banned = out.index_put((index[0], index[1]), out.new_full((), float("-inf")))     # (no host copy to wait on)
         out = torch.where(banned.amax(dim=-1, keepdim=True) > float("-inf"), banned, out)
     return out
 
