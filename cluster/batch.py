@@ -11,6 +11,7 @@ restarting) is retried after its ``Retry-After``, so a batch larger than the que
 
 from __future__ import annotations
 
+import http.client
 import json
 import queue
 import sys
@@ -25,7 +26,8 @@ from concurrent.futures import Future
 from typing import TextIO
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
-RETRIES = 20            # a 429 / 503 answer is tried again this many times (after Retry-After, 1 s by default)
+RETRIES = 600           # a 429 / 503 answer is tried again this many times (after Retry-After, 1 s by default):
+                        # ten minutes of back-pressure at least before a line is given up
 TIMEOUT_S = 3600.0      # one request's wait for its answer
 
 Post = Callable[[str, dict], "tuple[int, dict, dict[str, str]]"]   # (path, body) -> (status, body, headers)
@@ -69,11 +71,11 @@ def answer(custom_id: str, url: str, body: dict, post: Post, sleep: Callable[[fl
     for attempt in range(RETRIES + 1):
         try:
             status, out, headers = post(url, body)
-        except OSError as e:                # refused, reset, timed out: the server is not there
+        except (OSError, http.client.HTTPException) as e:   # refused, reset, cut short, timed out
             return _result(custom_id, None, {"code": "server_unreachable", "message": f"{type(e).__name__}: {e}"})
         if status not in (429, 503) or attempt == RETRIES:
             return _result(custom_id, {"status_code": status, "request_id": out.get("id", ""), "body": out}, None)
-        sleep(float(headers.get("retry-after", 1)))
+        sleep(_seconds(headers.get("retry-after")))
     raise AssertionError("unreachable")
 
 
@@ -104,6 +106,14 @@ class _Workers:
                 future.set_result(fn(*args))
             except BaseException as e:  # noqa: BLE001 — handed to the waiting caller
                 future.set_exception(e)
+
+
+def _seconds(retry_after: str | None) -> float:
+    """A Retry-After header's wait: its seconds, or 1 where it is missing or an HTTP date."""
+    try:
+        return max(0.0, float(retry_after))
+    except (TypeError, ValueError):
+        return 1.0
 
 
 def run_batch(lines: Iterable[str], out: TextIO, post: Post, max_concurrency: int = 32,

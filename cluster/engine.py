@@ -203,6 +203,7 @@ class _Stream:
         """A prompt chunk's logprobs, of the tokens from position ``first`` on: those not held yet (a preempted request
         computes its prompt again)."""
         if self.prompt_lps is not None:
+            assert first <= len(self.prompt_lps) + 1, "a prompt chunk's logprobs came before the chunk ahead of it"
             self.prompt_lps += lps[len(self.prompt_lps) + 1 - first:]
 
     def text(self, ids: Sequence[int], last: bool, held: bool = False) -> tuple[str, bool]:
@@ -308,8 +309,8 @@ class Engine:
             full = sum(s.num_running + s.num_waiting for s in self.schedulers) >= self._admits
             ids = list(prompt_ids)
             # the rank its blocks add the least KV load to: the least loaded, less the blocks it holds cached
-            hits = [s.cached_blocks(ids) if len(self.schedulers) > 1 or self.config.max_waiting_tokens else 0
-                    for s in self.schedulers]
+            hits = [s.cached_blocks(ids) if (len(self.schedulers) > 1 or self.config.max_waiting_tokens)
+                    and params.prompt_logprobs is None else 0 for s in self.schedulers]   # (those take no cache)
             rank = place_request({r: s.kv_load - hits[r] for r, s in enumerate(self.schedulers)})
             queued, over = self._queued_tokens_over(len(ids) - hits[rank] * self.config.block_size)
             displaced = self._displaceable(params.priority, full, over) if full or over else []

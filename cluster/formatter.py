@@ -38,10 +38,14 @@ class Formatter:
         self.reasoning_tokens = 0                   # output tokens the reasoning parser gave to reasoning_content
         self.fingerprint = ""
         self.object = "chat.completion" if chat else "text_completion"
+        self._names: dict[int, str] = {}
 
     def _tok(self, tid: int) -> str:
-        tok = self.ing.tokenizer
-        return tok.decode([tid], skip_special_tokens=False) if tok else str(tid)
+        """A token's text, decoded once a response (a long prompt's logprobs name each id many times)."""
+        if (text := self._names.get(tid)) is None:
+            tok = self.ing.tokenizer
+            text = self._names[tid] = tok.decode([tid], skip_special_tokens=False) if tok else str(tid)
+        return text
 
     def _bytes(self, tid: int) -> list[int]:
         tok = self.ing.tokenizer

@@ -14,6 +14,7 @@ from cluster.parsers import TOOL_MARKERS
 from scheduler.request import SamplingParams
 
 MAX_LOGIT_BIAS = 300     # tokens one request may bias (OpenAI's bound)
+MAX_STOP_IDS = 300       # stop_token_ids one request may give (each is checked every step of its first min_tokens)
 
 
 class OpenAIBody(BaseModel):
@@ -70,7 +71,7 @@ class _Sampling(OpenAIBody):
     repetition_penalty: float = Field(default=1.0, gt=0.0)
     ignore_eos: bool = False
     # vLLM's: token ids that end the output as EOS does (the id is its last token)
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[int] | None = Field(default=None, max_length=MAX_STOP_IDS)
     # vLLM's: the output's first min_tokens tokens are no stop token, and no stop string ends it before them
     min_tokens: int = Field(default=0, ge=0)
     # {"token id": bias in [-100, 100]}: added to the logits before sampling (-100 bans the token, +100 all but forces it)

@@ -237,11 +237,10 @@ class Scheduler:
             raise AdmissionError(
                 "bad_token", "prompt", f"prompt token id {bad} is outside [0, vocab_size={cfg.vocab_size})"
             )
-        bad = next((t for t, _ in params.logit_bias if t >= cfg.vocab_size), None)
-        if bad is not None:
-            raise AdmissionError(
-                "bad_token", "logit_bias", f"logit_bias id {bad} is outside [0, vocab_size={cfg.vocab_size})"
-            )
+        for name, ids in (("logit_bias", [t for t, _ in params.logit_bias]), ("stop_token_ids", params.stop_token_ids)):
+            bad = next((t for t in ids if t >= cfg.vocab_size), None)
+            if bad is not None:
+                raise AdmissionError("bad_token", name, f"{name} id {bad} is outside [0, vocab_size={cfg.vocab_size})")
         total_len = len(prompt_ids) + params.max_tokens
         if total_len > cfg.max_model_len:
             raise AdmissionError(

@@ -28,13 +28,13 @@ from workers.sampler import (
     TokenCounts,
     allow_only,
     has_penalties,
-    prompt_logprobs,
     row_logprobs,
     sample,
     sample_on_device,
     to_device,
+    token_logprobs,
 )
-from workers.speculative import DraftRequest, MtpDrafter, pick_draft, token_logprobs, verify
+from workers.speculative import DraftRequest, MtpDrafter, pick_draft, verify
 
 MAX_DRAFTS = 7       # drafts per round at most (N - 1 on an 8-rank span)
 GRAPH_ROWS = GRAPH_BUCKETS[-1]
@@ -419,12 +419,12 @@ class ModelRunner:
                     logits = allow_only(logits, masks[s.req_id])
                 drafts = s.token_ids[-s.num_drafts:]
                 tokens = verify(logits, drafts, st.draft_probs, st.params, self._history_counts(st), s.num_generated)
-                lps = token_logprobs(logits, tokens, st.params.logprobs or 0) if st.params.logprobs is not None \
-                    else []
+                lps = [row[:2] for row in token_logprobs(logits, tokens, st.params.logprobs or 0)] \
+                    if st.params.logprobs is not None else []
                 self._commit(result, s, st, tokens, lps)
-        for i, s in enumerate(step.seqs):
+        for i, s in enumerate(step.seqs):       # (not again for a request that has output: recomputed, or moved)
             st = self.requests[s.req_id]
-            if st.params.prompt_logprobs is not None and s.start_pos + 1 < st.num_prompt:
+            if st.params.prompt_logprobs is not None and s.num_generated == 0 and s.start_pos + 1 < st.num_prompt:
                 result.prompt_logprobs[s.req_id] = self._prompt_logprobs(s, st, batch.seq_rows[i][0], hidden, bucket)
         return result
 
@@ -440,7 +440,7 @@ class ModelRunner:
             rows = slice(r0 + a, r0 + min(count, a + PROMPT_ROWS))
             logits = bucket[rows] if bucket is not None else self.model.logits(hidden[rows])
             targets = st.history[first + a:first + a + logits.shape[0]]
-            out += [TokenLogprobs(*row) for row in prompt_logprobs(logits, targets, st.params.prompt_logprobs)]
+            out += [TokenLogprobs(*row) for row in token_logprobs(logits, targets, st.params.prompt_logprobs)]
         return first, out
 
     def _state(self, s: ScheduledSeq) -> _RequestState:

@@ -313,17 +313,19 @@ def row_logprobs(raw: Tensor, params: list[SamplingParams], tokens: Tensor) -> R
     return RowLogprobs(rows, chosen, top_logp, top_ids)
 
 
-def prompt_logprobs(logits: Tensor, targets: list[int], n: int) -> list[tuple[float, tuple, int]]:
-    """Each of ``targets``' logprob under its row of ``logits`` [R, V] (the row before it in the prompt), that row's
-    top n (id, logprob) pairs and the target's rank there (1: the most likely) — R rows at once, read back once."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    chosen = logp.gather(1, to_device(targets, torch.long, logp.device)[:, None])                    # [R, 1]
-    ranks = ((logp > chosen).sum(dim=-1) + 1).tolist()
-    top = [()] * len(targets)
-    if n:
-        top_logp, top_ids = logp.topk(n, dim=-1)
-        top = [tuple(zip(ids, vals)) for ids, vals in zip(top_ids.tolist(), top_logp.tolist())]
-    return list(zip(chosen[:, 0].tolist(), top, ranks))
+def token_logprobs(logits: Tensor, tokens: Sequence[int], n: int) -> list[tuple[float, tuple, int]]:
+    """Each of ``tokens``' logprob under its row of ``logits`` [R, V] (the raw logits — a guided row's masked: what its
+    mask ruled out (-inf) is no alternative, so fewer than n then), the row's top n (id, logprob) pairs and the token's
+    rank there (1: the most likely) — R rows at once, read back once. Verify rows' emitted tokens (the rows past them
+    unused), and prompt tokens each under the row before it."""
+    logp = torch.log_softmax(logits[:len(tokens)].float(), dim=-1)
+    chosen = logp.gather(1, to_device(tokens, torch.long, logp.device)[:, None])                     # [R, 1]
+    ranks = (logp > chosen).sum(dim=-1, keepdim=True) + 1                                          # [R, 1]
+    top_logp, top_ids = logp.topk(n, dim=-1) if n else (logp[:, :0], logp[:, :0])                  # [R, n] each
+    # ids and ranks (< 2^53) are exact in float64: one read-back
+    rows = torch.cat([chosen.double(), ranks.double(), top_ids.double(), top_logp.double()], dim=1).tolist()
+    return [(row[0], tuple((int(i), v) for i, v in zip(row[2:2 + n], row[2 + n:]) if v != float("-inf")),
+             int(row[1])) for row in rows]
 
 
 class TokenCounts:

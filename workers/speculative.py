@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from scheduler.request import SamplingParams
 from workers.sampler import (fill_seeded_noise, has_penalties, probs_for_rows, sample, sample_on_device, to_device,
@@ -184,15 +183,3 @@ class MtpDrafter:
             seq_rows.append((i, 1))
             seq_slots.append(slots)
         return (torch.tensor(positions, device=dev), torch.tensor(slot_mapping, device=dev), seq_rows, seq_slots)
-
-
-def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], n: int) -> list[tuple[float, tuple]]:
-    """Logprob of each emitted token (row i emits tokens[i]) and the top n, from the raw logits [R, V] — a guided
-    request's masked: what its mask ruled out (-inf) is no alternative, so fewer than n then."""
-    lp = F.log_softmax(logits.float(), dim=-1)
-    out = []
-    for i, t in enumerate(tokens):
-        top = lp[i].topk(n) if n else None
-        pairs = zip(top.indices.tolist(), top.values.tolist()) if top is not None else ()
-        out.append((float(lp[i, t]), tuple((j, v) for j, v in pairs if v != float("-inf"))))
-    return out

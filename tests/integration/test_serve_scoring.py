@@ -115,6 +115,8 @@ def test_vllms_prompt_logprobs_on_both_endpoints(url, tok):
     ({"prompt": [[1, 2], []]}, "prompt"), ({"prompt": [[1], "a"]}, "prompt"),
     ({"prompt": [[1], [10**9]], "echo": True}, "prompt"),                   # an echoed id out of the vocabulary
     ({"prompt": ["Hi"] * 5, "n": 8, "max_tokens": 1}, "prompt"),             # more choices than the server admits
+    ({"prompt": "Hi", "stop_token_ids": [10**7], "min_tokens": 2}, "stop_token_ids"),   # outside the vocabulary
+    ({"prompt": "Hi", "stop_token_ids": list(range(301))}, "stop_token_ids"),
 ])
 def test_a_bad_batch_is_a_400_naming_the_field(url, body, param):
     status, err = post(url, "/v1/completions", {"model": MODEL, **body})

@@ -77,6 +77,19 @@ class OracleDrafter:
         return out
 
 
+def test_verified_tokens_logprobs_equal_plain(model):
+    """logprobs (top 2) on drafted tokens: each accepted draft's and the bonus token's, from the verify rows, as plain
+    decoding gives them (to 1e-4: other row sets, other last bits), the same top ids; a rejected round's rows past the
+    replacement are not read."""
+    prompt = [5, 9, 2, 77, 31, 8]
+    reqs = {"r": (prompt, SamplingParams(max_tokens=24, temperature=0.0, logprobs=2))}
+    spec = make_engine(model, K)
+    got, want = run_engine(spec, reqs, logprobs=True)["r"], run_engine(make_engine(model, 0), reqs, logprobs=True)["r"]
+    assert spec.stats["drafts_accepted"] > 0 and len(got) == len(want) == 24
+    for (t, lp, top), (t2, lp2, top2) in zip(got, want):
+        assert t == t2 and abs(lp - lp2) < 1e-4 and [i for i, _ in top] == [i for i, _ in top2], (got, want)
+
+
 @pytest.mark.parametrize("penalized", [False, True])
 @pytest.mark.parametrize("good", [0, 1, 2, 3])
 def test_accept_and_rollback_paths_equal_plain(model, good, penalized):

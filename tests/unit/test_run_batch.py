@@ -83,8 +83,18 @@ def test_back_pressure_is_retried_and_refusals_are_results(monkeypatch):
     def refused(path, body):
         raise ConnectionRefusedError(111, "Connection refused")
 
-    gone = answer("d", "/v1/completions", {}, refused)
-    assert gone["response"] is None and gone["error"]["code"] == "server_unreachable"
+    def cut(path, body):
+        import http.client
+
+        raise http.client.IncompleteRead(b"{")
+
+    for broken in (refused, cut):
+        gone = answer("d", "/v1/completions", {}, broken)
+        assert gone["response"] is None and gone["error"]["code"] == "server_unreachable"
+    dated = iter([(429, {}, {"retry-after": "Wed, 21 Oct 2026 07:28:00 GMT"}), (200, {}, {})])
+    slept.clear()
+    assert answer("e", "/v1/completions", {}, lambda p, b: next(dated), slept.append)["response"]["status_code"] == 200
+    assert slept == [1.0]                               # an HTTP date: a second
 
 
 def test_ctrl_c_stops_at_once_with_what_was_written(tmp_path):

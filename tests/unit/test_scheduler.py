@@ -173,6 +173,8 @@ def test_admission_refusals_leave_others_running():
         ("e", [], SamplingParams(), "empty_prompt", "prompt"),
         ("v", [1, VOCAB], SamplingParams(), "bad_token", "prompt"),
         ("n", [-1], SamplingParams(), "bad_token", "prompt"),
+        ("s", [1], SamplingParams(stop_token_ids=(VOCAB,), min_tokens=2), "bad_token", "stop_token_ids"),
+        ("b", [1], SamplingParams(logit_bias=((VOCAB, 1.0),)), "bad_token", "logit_bias"),
         ("l", prompt(30), SamplingParams(max_tokens=11), "too_long", "max_tokens"),
         ("k", prompt(30), SamplingParams(max_tokens=8), "kv_capacity", "max_tokens"),
     ]
