@@ -4,9 +4,10 @@ Each input line is a request — ``{"custom_id": ..., "method": "POST", "url": "
 (``url``: any of ``ENDPOINTS``) — and each output line its result, in the Batch API's form and in the input's order:
 ``{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error": null}``, the body what the endpoint
 answered (an error body with its status where it refused the request), or ``"response": null`` with an ``error``
-where a line is no request (not JSON, a field missing, a streamed body, a ``custom_id`` seen before) or the server
-could not be reached. Up to ``max_concurrency`` requests are in flight; a 429 or 503 (back-pressure, a replica
-restarting) is retried after its ``Retry-After``, so a batch larger than the queue still completes.
+where a line is no request (not UTF-8 or not JSON, a field missing, a streamed body, a ``custom_id`` seen before;
+its message names the input line) or the server could not be reached (not retried: a server gone fails the rest
+fast). Up to ``max_concurrency`` requests are in flight; a 429 or 503 (back-pressure, a replica restarting) is retried
+after its ``Retry-After``, so a batch larger than the queue still completes.
 """
 
 from __future__ import annotations
@@ -37,10 +38,13 @@ class LineError(ValueError):
     """An input line that is no request: its result is an error line."""
 
 
-def parse_line(text: str, seen: set[str]) -> tuple[str, str, dict]:
-    """(custom_id, url, body) of one input line; raises LineError naming what is wrong."""
+def parse_line(text: str | bytes, seen: set[str]) -> tuple[str, str, dict]:
+    """(custom_id, url, body) of one input line (UTF-8 bytes, or text); raises LineError naming what is wrong. Its
+    custom_id counts as used (``seen``) once the line is a request."""
     try:
-        line = json.loads(text)
+        line = json.loads(text.decode("utf-8") if isinstance(text, bytes) else text)
+    except UnicodeDecodeError as e:
+        raise LineError(f"the line is not UTF-8: {e}") from None
     except ValueError as e:
         raise LineError(f"the line is not JSON: {e}") from None
     if not isinstance(line, dict):
@@ -50,7 +54,6 @@ def parse_line(text: str, seen: set[str]) -> tuple[str, str, dict]:
         raise LineError("custom_id must be a non-empty string")
     if custom_id in seen:
         raise LineError(f"custom_id {custom_id!r} is used by an earlier line: each must be unique")
-    seen.add(custom_id)
     if line.get("method", "POST") != "POST":
         raise LineError(f"method must be POST, not {line.get('method')!r}")
     if url not in ENDPOINTS:
@@ -59,6 +62,7 @@ def parse_line(text: str, seen: set[str]) -> tuple[str, str, dict]:
         raise LineError("body must be a JSON object (the endpoint's request body)")
     if body.get("stream"):
         raise LineError("a batch request is answered whole: body.stream must be false")
+    seen.add(custom_id)
     return custom_id, url, body
 
 
@@ -116,7 +120,7 @@ def _seconds(retry_after: str | None) -> float:
         return 1.0
 
 
-def run_batch(lines: Iterable[str], out: TextIO, post: Post, max_concurrency: int = 32,
+def run_batch(lines: Iterable[str | bytes], out: TextIO, post: Post, max_concurrency: int = 32,
               progress: Callable[[int, int], None] | None = None) -> tuple[int, int]:
     """Every line of ``lines`` (blank ones skipped) answered through ``post``, its result written to ``out`` in the
     lines' order — up to ``max_concurrency`` requests at once, the first unanswered one holding the writing back,
@@ -139,14 +143,14 @@ def run_batch(lines: Iterable[str], out: TextIO, post: Post, max_concurrency: in
 
     pool = _Workers(max_concurrency)
     try:
-        for text in lines:
+        for number, text in enumerate(lines, start=1):
             if not text.strip():
                 continue
             try:
                 custom_id, url, body = parse_line(text, seen)
             except LineError as e:
                 cid = _custom_id(text)
-                window.append(_result(cid, None, {"code": "invalid_request", "message": str(e)}))
+                window.append(_result(cid, None, {"code": "invalid_request", "message": f"input line {number}: {e}"}))
             else:
                 window.append(pool.submit(answer, custom_id, url, body, post))
             while window and (len(window) > 4 * max_concurrency or not isinstance(window[0], Future)
@@ -163,17 +167,19 @@ def run_batch(lines: Iterable[str], out: TextIO, post: Post, max_concurrency: in
 def _custom_id(text: str) -> str | None:
     """The custom_id of a line that is no request, where it has one (its error line says which it was)."""
     try:
-        cid = json.loads(text).get("custom_id")
+        cid = json.loads(text).get("custom_id")          # (json.loads takes UTF-8 bytes too)
     except (ValueError, AttributeError):
         return None
     return cid if isinstance(cid, str) else None
 
 
 def http_post(base_url: str, timeout_s: float = TIMEOUT_S) -> Post:
-    """``Post`` over HTTP to ``base_url`` (the server's root, without /v1): a non-JSON answer (a proxy's plain text)
-    becomes an error body with its text."""
+    """``Post`` over HTTP to ``base_url`` (the server's root; a trailing /v1, as OpenAI clients take it, is dropped): a
+    non-JSON answer (a proxy's plain text) becomes an error body with its text."""
+    root = base_url.rstrip("/").removesuffix("/v1")
+
     def post(path: str, body: dict) -> tuple[int, dict, dict[str, str]]:
-        req = urllib.request.Request(base_url.rstrip("/") + path, data=json.dumps(body).encode(),
+        req = urllib.request.Request(root + path, data=json.dumps(body).encode(),
                                      headers={"content-type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=timeout_s) as r:
@@ -191,7 +197,7 @@ def http_post(base_url: str, timeout_s: float = TIMEOUT_S) -> Post:
 def run_batch_file(inp: str, out: str, base_url: str, max_concurrency: int = 32) -> int:
     """``glmserve run-batch``'s work against a running server: the file ``inp`` answered into ``out``, a progress
     line on stderr; returns the exit code (0: every line answered 200; 1: some not)."""
-    with open(inp, encoding="utf-8") as f:
+    with open(inp, "rb") as f:
         total = sum(1 for line in f if line.strip())
     start, last, written = time.monotonic(), [0.0], [0]
 
@@ -202,7 +208,7 @@ def run_batch_file(inp: str, out: str, base_url: str, max_concurrency: int = 32)
             print(f"\rrun-batch: {done}/{total} lines, {failed} failed, {done / max(now - start, 1e-9):.1f} "
                   "lines/s", end="\n" if done == total else "", file=sys.stderr, flush=True)
 
-    with open(inp, encoding="utf-8") as f, open(out, "w", encoding="utf-8") as o:
+    with open(inp, "rb") as f, open(out, "w", encoding="utf-8") as o:
         try:
             done, failed = run_batch(f, o, http_post(base_url), max_concurrency, progress)
         except KeyboardInterrupt:       # the requests in flight are dropped (their threads end with the process)

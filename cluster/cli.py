@@ -151,6 +151,8 @@ def cmd_run_batch(a: argparse.Namespace) -> int:
 
     if not Path(a.input).is_file():
         raise FileNotFoundError(f"no input file {a.input}")
+    if not Path(a.output).resolve().parent.is_dir():         # before a server is started for the run
+        raise FileNotFoundError(f"the output's directory {Path(a.output).parent} does not exist")
     if a.max_concurrency < 1:
         raise ValueError(f"--max-concurrency must be >= 1, got {a.max_concurrency}")
     if a.base_url:

@@ -394,15 +394,17 @@ def test_prompt_logprobs_on_the_gpu_path_equal_one_forward():
     from tests.integration.test_graphs import requests
     from tests.integration.test_prompt_logprobs import TOP, asking, collect, reference
 
-    engine, _ = build_local_engine(EngineConfig(device="cuda", dtype="float32", kv_cache_tokens=4096, warmup_tokens=0,
-                                                max_num_batched_tokens=64), progress=False)
+    ops.configure("reference", "cpu")                   # the oracle first: the engine's configure is process-wide
     cpu = load_model(DEFAULT_MODEL, dtype=torch.float32, progress=False)
     reqs = requests(8, cpu.config.vocab_size, max_tokens=6)
+    refs = {rid: reference(cpu, ids) for rid, (ids, _) in reqs.items()}
+    engine, _ = build_local_engine(EngineConfig(device="cuda", dtype="float32", kv_cache_tokens=4096, warmup_tokens=0,
+                                                max_num_batched_tokens=64), progress=False)
     plain = collect(engine, reqs)
     got = collect(engine, asking(reqs))
     assert engine.stats["graph_steps"] > 0, engine.stats
     for rid, (ids, _) in reqs.items():
-        want, _, top_ids, _ = reference(cpu, ids)
+        want, _, top_ids, _ = refs[rid]
         lps = got[rid][1]
         assert got[rid][0] == plain[rid][0] and len(lps) == len(ids) - 1, rid
         torch.testing.assert_close(torch.tensor([lp.logprob for lp in lps]), want, atol=2e-3, rtol=0)

@@ -64,7 +64,7 @@ def test_a_line_that_is_no_request_gets_an_error_line(text, message):
 def test_a_repeated_custom_id_is_an_error_line():
     out = io.StringIO()
     run_batch([_line("a"), _line("a")], out, lambda p, b: (200, {}, {}))
-    assert _results(out)[1]["error"]["message"].startswith("custom_id 'a' is used by an earlier line")
+    assert _results(out)[1]["error"]["message"].startswith("input line 2: custom_id 'a' is used by an earlier line")
 
 
 def test_back_pressure_is_retried_and_refusals_are_results(monkeypatch):
@@ -146,3 +146,36 @@ def test_ctrl_c_stops_at_once_with_what_was_written(tmp_path):
         server.shutdown()
     assert proc.returncode == 130 and "interrupted: 1 of 5 results" in err, err
     assert [json.loads(x)["custom_id"] for x in out.read_text().splitlines()] == ["fast"]
+
+
+def test_a_line_that_is_not_utf8_is_its_own_error_and_a_bad_line_uses_no_id():
+    """Bytes in: a line that is not UTF-8 gets its error line (naming its input line), the others are answered; a
+    line refused for another field leaves its custom_id free for a later line."""
+    lines = [_line("a").encode(), b'{"custom_id": "b\xff"}', b"\n", _line("c", method="GET").encode(),
+             _line("c").encode()]
+    out = io.StringIO()
+    assert run_batch(lines, out, lambda p, b: (200, {}, {})) == (4, 2)
+    a, bad, get, c = _results(out)
+    assert bad["error"]["message"].startswith("input line 2: the line is not UTF-8")
+    assert "input line 4" in get["error"]["message"] and c["response"]["status_code"] == 200
+
+
+def test_a_base_url_with_v1_reaches_the_same_endpoints(monkeypatch):
+    sent = []
+
+    class Answer:
+        status, headers = 200, {}
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+        def read(self):
+            return b"{}"
+
+    monkeypatch.setattr(batch.urllib.request, "urlopen", lambda req, timeout: (sent.append(req.full_url), Answer())[1])
+    for base in ("http://h:8000", "http://h:8000/", "http://h:8000/v1", "http://h:8000/v1/"):
+        batch.http_post(base)("/v1/completions", {})
+    assert sent == ["http://h:8000/v1/completions"] * 4
