@@ -15,15 +15,14 @@ an upper bound on a full model's cost of scoring.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from bench.prefix_cache import model_path
-from cluster.config import DEFAULT_MODEL, EngineConfig
+from bench.prefix_cache import model_path, report
+from cluster.config import EngineConfig
 from cluster.local import build_local_engine
 from scheduler.request import SamplingParams
 
@@ -85,14 +84,10 @@ def main() -> None:
     for top in variants:
         t = statistics.median(times[top])
         lines.append(f"| {'none' if top is None else top} | {t:.3f} | {tokens / t:.0f} | {t / base:.2f}× |")
-    text = "\n".join(lines) + "\n"
-    print(text)
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "prompt_scoring.md").write_text(text)
-        (out / "prompt_scoring.json").write_text(json.dumps({"args": vars(args), "seconds": {
-            str(k): v for k, v in times.items()}}, indent=1))
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+    report(lines, {"args": vars(args), "seconds": {str(k): v for k, v in times.items()}},
+           str(Path(args.out) / "prompt_scoring.md") if args.out else None)
 
 
 if __name__ == "__main__":
