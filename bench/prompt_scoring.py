@@ -24,6 +24,7 @@ from pathlib import Path
 from bench.prefix_cache import model_path, report
 from cluster.config import EngineConfig
 from cluster.local import build_local_engine
+from workers import runner
 from scheduler.request import SamplingParams
 
 
@@ -52,6 +53,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--top", type=int, nargs="+", default=[0, 5], help="alternatives a token (prompt_logprobs)")
     ap.add_argument("--chunk", type=int, default=2048, help="max_num_batched_tokens")
+    ap.add_argument("--prompt-rows", type=int, nargs="+", default=[runner.PROMPT_ROWS],
+                    help="rows of logits a pass of prompt logprobs holds (workers.runner.PROMPT_ROWS), each tried")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None, help="a directory for prompt_scoring.md / .json")
     args = ap.parse_args()
@@ -66,27 +69,30 @@ def main() -> None:
         vocab = engine.schedulers[0].config.vocab_size
         rng = random.Random(0)
         prompts = [[rng.randrange(40, vocab) for _ in range(args.isl)] for _ in range(args.prompts)]
-        variants = [None, *args.top]
-        for top in variants:                                       # untimed: every shape compiles
+        variants = [(None, None)] + [(top, rows) for rows in args.prompt_rows for top in args.top]
+        for top, rows in variants:                                 # untimed: every shape compiles
+            runner.PROMPT_ROWS = rows or runner.PROMPT_ROWS
             run(engine, prompts, top, f"warm{top}")
-        times: dict = {top: [] for top in variants}
+        times: dict = {v: [] for v in variants}
         for r in range(args.rounds):
-            for top in variants:
-                times[top].append(run(engine, prompts, top, f"r{r}-{top}"))
-                print(f"round {r}, prompt_logprobs {top}: {times[top][-1]:.3f} s", flush=True)
+            for top, rows in variants:
+                runner.PROMPT_ROWS = rows or runner.PROMPT_ROWS
+                times[top, rows].append(run(engine, prompts, top, f"r{r}-{top}"))
+                print(f"round {r}, prompt_logprobs {top}, {rows} rows a pass: {times[top, rows][-1]:.3f} s", flush=True)
     tokens = args.prompts * args.isl
-    base = statistics.median(times[None])
+    base = statistics.median(times[None, None])
     what = "the GLM-5.2-width slice (4 layers, FP8 random weights)" if args.slice else "the tiny model"
     lines = [f"Scoring {args.prompts} prompts of {args.isl} tokens at once on {args.device}, {what}: "
              f"max_num_batched_tokens {args.chunk}, one token each, prefix caching off; median of {args.rounds} "
              "alternating rounds.", "",
-             "| prompt_logprobs | seconds | prompt tokens/s | / plain prefill |", "|---|---:|---:|---:|"]
-    for top in variants:
-        t = statistics.median(times[top])
-        lines.append(f"| {'none' if top is None else top} | {t:.3f} | {tokens / t:.0f} | {t / base:.2f}× |")
+             "| prompt_logprobs | rows a pass | seconds | prompt tokens/s | / plain prefill |", "|---|---:|---:|---:|---:|"]
+    for top, rows in variants:
+        t = statistics.median(times[top, rows])
+        lines.append(f"| {'none' if top is None else top} | {rows or ''} | {t:.3f} | {tokens / t:.0f} | "
+                     f"{t / base:.2f}× |")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-    report(lines, {"args": vars(args), "seconds": {str(k): v for k, v in times.items()}},
+    report(lines, {"args": vars(args), "seconds": {f"{t}@{r}": v for (t, r), v in times.items()}},
            str(Path(args.out) / "prompt_scoring.md") if args.out else None)
 
 
