@@ -55,6 +55,7 @@ class MessagesRequest(OpenAIBody):
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
     priority: int = Field(default=0, ge=-2**31, le=2**31 - 1)      # as the chat's (vLLM's extra field)
+    cache_salt: str | None = None                                   # as the chat's (vLLM's extra field)
 
     def check_supported(self) -> None:
         """Refuse (400, naming the field) what the chat machinery cannot do as asked."""
@@ -81,7 +82,8 @@ class MessagesRequest(OpenAIBody):
         messages = self._messages()
         body: dict[str, Any] = {"model": self.model, "messages": messages, "stream": self.stream,
                                 "max_completion_tokens": self.max_tokens, "temperature": self.temperature,
-                                "top_p": self.top_p, "top_k": self.top_k, "priority": self.priority}
+                                "top_p": self.top_p, "top_k": self.top_k, "priority": self.priority,
+                                "cache_salt": self.cache_salt}
         if messages[-1]["role"] == "assistant":         # a prefill: the answer continues it
             body.update(add_generation_prompt=False, continue_final_message=True)
         if self.stop_sequences:

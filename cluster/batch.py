@@ -29,6 +29,8 @@ from typing import TextIO
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
 RETRIES = 600           # a 429 / 503 answer is tried again this many times (after Retry-After, 1 s by default):
                         # ten minutes of back-pressure at least before a line is given up
+REFUSED_RETRIES = 60    # a refused connection (the request never reached a server: one restarting) is tried again
+                        # this many times, a second apart
 TIMEOUT_S = 3600.0      # one request's wait for its answer
 
 Post = Callable[[str, dict], "tuple[int, dict, dict[str, str]]"]   # (path, body) -> (status, body, headers)
@@ -71,16 +73,25 @@ def _result(custom_id: str | None, response: dict | None, error: dict | None) ->
 
 
 def answer(custom_id: str, url: str, body: dict, post: Post, sleep: Callable[[float], None] = time.sleep) -> dict:
-    """One request's result line: posted, and again after a 429 / 503's Retry-After (``RETRIES`` times at most)."""
-    for attempt in range(RETRIES + 1):
+    """One request's result line: posted, and again after a 429 / 503's Retry-After (``RETRIES`` times at most) or a
+    refused connection (``REFUSED_RETRIES`` times, a second apart). A connection reset or cut short once the request
+    was sent is the line's error: the server may have run it."""
+    attempt = refused = 0
+    while True:
         try:
             status, out, headers = post(url, body)
-        except (OSError, http.client.HTTPException) as e:   # refused, reset, cut short, timed out
+        except ConnectionRefusedError as e:
+            if refused == REFUSED_RETRIES:
+                return _result(custom_id, None, {"code": "server_unreachable", "message": f"{type(e).__name__}: {e}"})
+            refused += 1
+            sleep(1.0)
+            continue
+        except (OSError, http.client.HTTPException) as e:   # reset, cut short, timed out
             return _result(custom_id, None, {"code": "server_unreachable", "message": f"{type(e).__name__}: {e}"})
         if status not in (429, 503) or attempt == RETRIES:
             return _result(custom_id, {"status_code": status, "request_id": out.get("id", ""), "body": out}, None)
+        attempt += 1
         sleep(_seconds(headers.get("retry-after")))
-    raise AssertionError("unreachable")
 
 
 class _Workers:

@@ -71,10 +71,11 @@ class StopStringMatcher:
     ``max(len(stop)) - 1`` chars.
     """
 
-    def __init__(self, stops: Sequence[str]) -> None:
+    def __init__(self, stops: Sequence[str], keep: bool = False) -> None:
         if any(not s for s in stops):
             raise ValueError("stop strings must be non-empty")
         self._stops = tuple(stops)
+        self._keep = keep                    # the text ends after the stop string (vLLM's include_stop_str_in_output)
         self._max_hold = max((len(s) for s in self._stops), default=1) - 1
         self._held = ""
         self._quiet = 0                      # leading chars of ``_held`` in which no stop string may end
@@ -82,7 +83,8 @@ class StopStringMatcher:
         self.matched: str | None = None      # the stop string that ended the text
 
     def feed(self, delta: str, armed: bool = True) -> tuple[str, bool]:
-        """Returns (text safe to emit now, stopped). On a stop, the text ends just before the stop string. ``armed``
+        """Returns (text safe to emit now, stopped). On a stop, the text ends just before the stop string (after it, with
+        ``keep``). ``armed``
         False: no stop string may end in ``delta`` (an output short of its ``min_tokens``, as vLLM counts: one that
         starts there and ends in a later, armed delta still stops the text)."""
         if self.stopped:
@@ -93,7 +95,7 @@ class StopStringMatcher:
             self._held = ""
             self.stopped = True
             cut, self.matched = hit
-            return buf[:cut], True
+            return buf[:cut + len(self.matched) * self._keep], True
         hold = self._partial_stop_len(buf)
         self._held = buf[len(buf) - hold:] if hold else ""
         self._quiet = 0 if armed else len(self._held)

@@ -309,8 +309,8 @@ class Engine:
             full = sum(s.num_running + s.num_waiting for s in self.schedulers) >= self._admits
             ids = list(prompt_ids)
             # the rank its blocks add the least KV load to: the least loaded, less the blocks it holds cached
-            hits = [s.cached_blocks(ids) if (len(self.schedulers) > 1 or self.config.max_waiting_tokens)
-                    and params.prompt_logprobs is None else 0 for s in self.schedulers]   # (those take no cache)
+            look = (len(self.schedulers) > 1 or self.config.max_waiting_tokens) and params.prompt_logprobs is None
+            hits = [s.cached_blocks(ids, params.cache_salt) if look else 0 for s in self.schedulers]
             rank = place_request({r: s.kv_load - hits[r] for r, s in enumerate(self.schedulers)})
             queued, over = self._queued_tokens_over(len(ids) - hits[rank] * self.config.block_size)
             displaced = self._displaceable(params.priority, full, over) if full or over else []
@@ -327,10 +327,10 @@ class Engine:
             req = self.schedulers[rank].add_request(req_id, ids, params)
             self._rank_of[req_id] = rank
             detok = IncrementalDetokenizer(self.decode, ids) if self.decode else None
-            self._streams[req_id] = _Stream(len(prompt_ids), detok, StopStringMatcher(params.stop),
-                                            frozenset(params.text_breaks), request=req, admitted=next(self._admitted),
-                                            prompt_lps=None if params.prompt_logprobs is None else [],
-                                            min_tokens=params.min_tokens)
+            self._streams[req_id] = _Stream(
+                len(prompt_ids), detok, StopStringMatcher(params.stop, params.include_stop_str_in_output),
+                frozenset(params.text_breaks), request=req, admitted=next(self._admitted),
+                prompt_lps=None if params.prompt_logprobs is None else [], min_tokens=params.min_tokens)
             self._unsent[req_id] = NewRequest(req_id, tuple(prompt_ids), params)
             if guide is not None:
                 self._guides[req_id] = guide

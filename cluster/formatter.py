@@ -18,7 +18,8 @@ class Formatter:
     def __init__(self, ingress, rid: str, chat: bool, prompts: list[list[int]], logprobs: int | None,
                  thinking: bool = False, n: int = 1, tool_ids: dict[str, int] | None = None,
                  echoes: list[str] | None = None, string_args: dict[str, set[str]] | None = None,
-                 echo_only: bool = False, prompt_top: int | None = None):
+                 echo_only: bool = False, prompt_top: int | None = None, token_ids_as_names: bool = False,
+                 continuous_usage: bool = False):
         self.ing, self.rid, self.chat, self.logprobs, self.n = ingress, rid, chat, logprobs, n
         self.prompts = prompts                      # choice c answers prompts[c // n]
         self.num_prompt = sum(map(len, prompts))
@@ -27,6 +28,8 @@ class Formatter:
         self.echo_logprobs = echoes is not None and logprobs is not None and not chat
         self.prompt_top = prompt_top                # vLLM's prompt_logprobs: each choice's (a chat's: the answer's)
         self.echo_only = echo_only                  # max_tokens 0: the one token sampled is no part of the answer
+        self.as_ids = token_ids_as_names            # vLLM's return_tokens_as_token_ids: logprobs name "token_id:<id>"
+        self.continuous_usage = continuous_usage    # vLLM's continuous_usage_stats: each chunk has the usage so far
         self.text_len = [len(e) for e in self.echo]  # characters of each choice's text so far (text_offset)
         choices = len(prompts) * n
         tool_start = tool_ids["<tool_call>"] if tool_ids else None
@@ -47,6 +50,10 @@ class Formatter:
             text = self._names[tid] = tok.decode([tid], skip_special_tokens=False) if tok else str(tid)
         return text
 
+    def _name(self, tid: int) -> str:
+        """How logprobs name a token: its text, or with ``as_ids`` "token_id:<id>"."""
+        return f"token_id:{tid}" if self.as_ids else self._tok(tid)
+
     def _bytes(self, tid: int) -> list[int]:
         tok = self.ing.tokenizer
         return list(tok.token_bytes(tid) if tok else str(tid).encode())
@@ -57,8 +64,8 @@ class Formatter:
         if self.logprobs is None:
             return None
         if self.chat:
-            return {"content": [{"token": self._tok(t), "logprob": lp.logprob, "bytes": self._bytes(t),
-                                 "top_logprobs": [{"token": self._tok(i), "logprob": v, "bytes": self._bytes(i)}
+            return {"content": [{"token": self._name(t), "logprob": lp.logprob, "bytes": self._bytes(t),
+                                 "top_logprobs": [{"token": self._name(i), "logprob": v, "bytes": self._bytes(i)}
                                                   for i, v in lp.top]}
                                 for t, lp in zip(ev.token_ids, ev.logprobs)]}
         # Each token starts where the ones before it in this event end, within this event's text: an EOS or a token
@@ -79,11 +86,11 @@ class Formatter:
         """A completion's logprobs of tokens ``ids`` (a None logprob: the prompt's first token's) at ``offsets``; each
         token's top ``logprobs`` with the token itself among them (OpenAI's: up to logprobs + 1)."""
         def top(t: int, lp) -> dict[str, float]:
-            out = {self._tok(i): v for i, v in lp.top[:self.logprobs]}
-            out.setdefault(self._tok(t), lp.logprob)
+            out = {self._name(i): v for i, v in lp.top[:self.logprobs]}
+            out.setdefault(self._name(t), lp.logprob)
             return out
 
-        return {"tokens": [self._tok(t) for t in ids], "token_logprobs": [lp.logprob if lp else None for lp in lps],
+        return {"tokens": [self._name(t) for t in ids], "token_logprobs": [lp.logprob if lp else None for lp in lps],
                 "top_logprobs": [top(t, lp) if lp else None for t, lp in zip(ids, lps)], "text_offset": offsets}
 
     def _vllm_prompt_logprobs(self, choice: int, lps: list) -> list[dict | None]:
@@ -91,9 +98,9 @@ class Formatter:
         token itself and the ``prompt_top`` most likely there (ranked 1..n)."""
         out: list[dict | None] = [None]
         for t, lp in zip(self.prompts[choice // self.n][1:], lps):
-            row = {str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": self._tok(t)}}
+            row = {str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": self._name(t)}}
             for r, (i, v) in enumerate(lp.top[:self.prompt_top]):
-                row.setdefault(str(i), {"logprob": v, "rank": r + 1, "decoded_token": self._tok(i)})
+                row.setdefault(str(i), {"logprob": v, "rank": r + 1, "decoded_token": self._name(i)})
             out.append(row)
         return out
 
@@ -222,7 +229,8 @@ class Formatter:
                 choice["stop_reason"] = ev.stop_str
             if ev.finished or choice["logprobs"] is not None or (any(choice["delta"].values()) if self.chat else
                                                                  text or ev.token_ids):
-                yield self._chunk([choice])     # (a chat's tokens that say nothing yet — a call's name — wait)
+                # (a chat's tokens that say nothing yet — a call's name — wait)
+                yield self._chunk([choice], self._usage(completion) if self.continuous_usage else None)
         yield self._chunk([], self._usage(completion))
 
     async def sse(self, merged, include_usage: bool) -> AsyncIterator[str]:

@@ -15,6 +15,7 @@ from scheduler.request import SamplingParams
 
 MAX_LOGIT_BIAS = 300     # tokens one request may bias (OpenAI's bound)
 MAX_STOP_IDS = 300       # stop_token_ids one request may give (each is checked every step of its first min_tokens)
+MAX_ALLOWED_IDS = 4096   # allowed_token_ids one request may give (a step's host side lists them for its rows)
 
 
 class OpenAIBody(BaseModel):
@@ -47,6 +48,7 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(strict=True)          # as the request's own fields: "yes" is not a boolean
 
     include_usage: bool = False
+    continuous_usage_stats: bool = False            # vLLM's: every chunk carries the usage so far
 
 
 class _Sampling(OpenAIBody):
@@ -74,6 +76,14 @@ class _Sampling(OpenAIBody):
     stop_token_ids: list[int] | None = Field(default=None, max_length=MAX_STOP_IDS)
     # vLLM's: the output's first min_tokens tokens are no stop token, and no stop string ends it before them
     min_tokens: int = Field(default=0, ge=0)
+    # vLLM's: the text ends after the stop string that ended it, not before
+    include_stop_str_in_output: bool = False
+    # vLLM's: the only token ids the output may hold
+    allowed_token_ids: list[int] | None = Field(default=None, min_length=1, max_length=MAX_ALLOWED_IDS)
+    # vLLM's: a prompt longer than this keeps its last truncate_prompt_tokens tokens (-1: the server's max_model_len)
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    # vLLM's: logprobs name each token "token_id:<id>", not by its text (which may be no whole character)
+    return_tokens_as_token_ids: bool = False
     # {"token id": bias in [-100, 100]}: added to the logits before sampling (-100 bans the token, +100 all but forces it)
     logit_bias: dict[str, float] | None = None
     # {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": {...}}}: the output
@@ -84,14 +94,24 @@ class _Sampling(OpenAIBody):
     # vLLM's: each prompt token's logprob, its rank and the n most likely tokens at its place (the answer's
     # prompt_logprobs; not streamed)
     prompt_logprobs: int | None = Field(default=None, ge=0, le=20)
+    # vLLM's: prompts share cached prefixes only with requests of the same salt (a tenant's, say): no request can tell
+    # from its time to first token what prompts of another salt held
+    cache_salt: str | None = Field(default=None, min_length=1)
     # vLLM's: the reasoning's tokens before </think> is forced (where the prompt opens the reasoning); None: no bound
     thinking_token_budget: int | None = Field(default=None, ge=0, le=2**31 - 1)
 
-    @field_validator("stop_token_ids")
+    @field_validator("stop_token_ids", "allowed_token_ids")
     @classmethod
-    def _stop_ids(cls, v):
+    def _ids(cls, v, info):
         if v is not None and any(t < 0 for t in v):
-            raise ValueError("stop_token_ids must be token ids (>= 0)")
+            raise ValueError(f"{info.field_name} must be token ids (>= 0)")
+        return v
+
+    @field_validator("truncate_prompt_tokens")
+    @classmethod
+    def _truncate(cls, v):
+        if v == 0:
+            raise ValueError("truncate_prompt_tokens must be -1 (the server's max_model_len) or >= 1")
         return v
 
     @field_validator("stop")
@@ -113,11 +133,13 @@ class _Sampling(OpenAIBody):
                               presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                               repetition_penalty=self.repetition_penalty, stop=stop, ignore_eos=self.ignore_eos,
                               stop_token_ids=tuple(self.stop_token_ids or ()),
+                              include_stop_str_in_output=self.include_stop_str_in_output,
+                              allowed_token_ids=tuple(self.allowed_token_ids or ()),
                               min_tokens=min(self.min_tokens, max_tokens),
                               logprobs=logprobs, text_breaks=text_breaks, logit_bias=self.bias_pairs(),
                               json_schema=schema_of(self.response_format), priority=self.priority,
                               thinking_budget=self.thinking_token_budget, prompt_logprobs=self.prompt_alternatives(),
-                              **(tool_guidance or {}))
+                              cache_salt=self.cache_salt, **(tool_guidance or {}))
 
     def bias_pairs(self) -> tuple[tuple[int, float], ...]:
         """``logit_bias`` as (id, bias) pairs; a key that is no token id, or a bias out of [-100, 100], is a 400."""

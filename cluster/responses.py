@@ -64,6 +64,7 @@ class ResponsesRequest(OpenAIBody):
     prompt: Any = None
     max_tool_calls: int | None = None
     priority: int = Field(default=0, ge=-2**31, le=2**31 - 1)      # as the chat's (vLLM's extra field)
+    cache_salt: str | None = None                                   # as the chat's (vLLM's extra field)
 
     @field_validator("input")
     @classmethod
@@ -114,7 +115,8 @@ class ResponsesRequest(OpenAIBody):
         """The chat completion this request asks for; a field the chat refuses is a 400 naming the Responses field."""
         body: dict[str, Any] = {"model": self.model, "messages": self._messages(), "stream": self.stream,
                                 "temperature": self.temperature, "top_p": self.top_p,
-                                "parallel_tool_calls": self.parallel_tool_calls, "priority": self.priority}
+                                "parallel_tool_calls": self.parallel_tool_calls, "priority": self.priority,
+                                "cache_salt": self.cache_salt}
         if self.max_output_tokens is not None:
             body["max_completion_tokens"] = self.max_output_tokens
         if self.tools:

@@ -22,23 +22,24 @@ IMBALANCE = 8         # requests a preferred replica may have beyond the least b
 
 class PrefixAffinity:
     """Which replica a prompt's longest remembered prefix went to. A prompt is known by chained hashes of its leading
-    ``span``-token spans (only whole spans before its last token: what a cached prefix can cover)."""
+    ``span``-token spans (only whole spans before its last token: what a cached prefix can cover), chained from its
+    ``cache_salt`` (a salted prompt's cached prefix is its salt's only)."""
 
     def __init__(self, span: int = SPAN, max_keys: int = MAX_KEYS, imbalance: int = IMBALANCE) -> None:
         self.span, self.max_keys, self.imbalance = span, max_keys, imbalance
         self._owner: OrderedDict[int, Hashable] = OrderedDict()
 
-    def keys(self, ids: Sequence[int]) -> list[int]:
-        out, h = [], 0
+    def keys(self, ids: Sequence[int], salt: str | None = None) -> list[int]:
+        out, h = [], 0 if salt is None else hash(("salt", salt))
         for end in range(self.span, len(ids), self.span):
             h = hash((h, tuple(ids[end - self.span:end])))
             out.append(h)
         return out
 
-    def prefer(self, ids: Sequence[int], queue: dict[Hashable, int | None]) -> Hashable | None:
+    def prefer(self, ids: Sequence[int], queue: dict[Hashable, int | None], salt: str | None = None) -> Hashable | None:
         """The replica among ``queue``'s (replica -> requests it holds, None: unknown) that took the longest prefix of
         ``ids``; None if none did, or if it holds ``imbalance`` more requests than the least busy."""
-        for key in reversed(self.keys(ids)):
+        for key in reversed(self.keys(ids, salt)):
             replica = self._owner.get(key)
             if replica in queue:
                 known = [q for q in queue.values() if q is not None]
@@ -48,8 +49,8 @@ class PrefixAffinity:
                 return replica
         return None
 
-    def record(self, ids: Sequence[int], replica: Hashable) -> None:
-        for key in self.keys(ids):
+    def record(self, ids: Sequence[int], replica: Hashable, salt: str | None = None) -> None:
+        for key in self.keys(ids, salt):
             self._owner[key] = replica
             self._owner.move_to_end(key)
         while len(self._owner) > self.max_keys:
@@ -60,12 +61,14 @@ class PrefixAffinity:
             del self._owner[key]
 
 
-def _prompt(pending: PendingRequest | None) -> Sequence[int] | None:
-    """The prompt ids of a ``Coordinator.generate(ids, params, req_id)`` call; None for the other methods."""
+def _prompt(pending: PendingRequest | None) -> tuple[Sequence[int], str | None] | None:
+    """The prompt ids and cache salt of a ``Coordinator.generate(ids, params, req_id)`` call; None for the other
+    methods."""
     if pending is None or pending.metadata.call_method != "generate" or not pending.args:
         return None
     ids = pending.args[0]
-    return ids if isinstance(ids, (list, tuple)) else None
+    salt = getattr(pending.args[1], "cache_salt", None) if len(pending.args) > 1 else None
+    return (ids, salt) if isinstance(ids, (list, tuple)) else None
 
 
 class PrefixAffinityRouter(FIFOMixin, RequestRouter):
@@ -78,18 +81,18 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
         two = random.sample(candidate_replicas, min(2, len(candidate_replicas)))
-        ids = _prompt(pending_request)
-        if ids is None or len(candidate_replicas) < 2:
+        prompt = _prompt(pending_request)
+        if prompt is None or len(candidate_replicas) < 2:
             return [two]
         by_id = {r.replica_id: r for r in candidate_replicas}
         cache = self.replica_queue_len_cache
-        chosen = self.affinity.prefer(ids, {rid: cache.get(rid) for rid in by_id})
+        chosen = self.affinity.prefer(prompt[0], {rid: cache.get(rid) for rid in by_id}, prompt[1])
         return [[by_id[chosen]], two] if chosen is not None else [two]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result) -> None:
-        ids = _prompt(pending_request)
-        if ids is not None:
-            self.affinity.record(ids, replica_id)
+        prompt = _prompt(pending_request)
+        if prompt is not None:
+            self.affinity.record(prompt[0], replica_id, prompt[1])
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)

@@ -12,6 +12,7 @@ error naming them). Coordinator replicas (each with its own N workers) scale wit
 
 import asyncio
 import functools
+import importlib.metadata
 import json
 import re
 import uuid
@@ -38,6 +39,16 @@ from cluster.responses import ResponseEvents, ResponsesRequest, responses_param
 from scheduler.scheduler import AdmissionError
 
 app = FastAPI(title="glmserve", docs_url=None, redoc_url=None)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("glmserve")
+    except importlib.metadata.PackageNotFoundError:     # a checkout on the path, not installed
+        return "unknown"
+
+
+VERSION = _version()
 
 
 @app.exception_handler(ApiError)
@@ -317,6 +328,15 @@ class OpenAIIngress:
             self.ready = True              # later failures: Serve's health checks of the coordinator replicas
         return {"status": "ok"}
 
+    @app.get("/ping")                       # vLLM's (SageMaker's probe): /health's answer
+    @app.post("/ping")
+    async def ping(self) -> dict:
+        return await self.health()
+
+    @app.get("/version")
+    async def version(self) -> dict:
+        return {"version": VERSION}
+
     @app.get("/v1/models")
     async def models(self) -> dict:
         await self._limits()
@@ -360,6 +380,8 @@ class OpenAIIngress:
                 if body.echo and self.tokenizer:
                     self._check_ids(ids, "prompt")
                 text = self.tokenizer.decode(ids) if body.echo and self.tokenizer else ""
+            if len(kept := self._truncated(body, ids)) < len(ids):     # echo shows what the model read
+                ids, text = kept, self.tokenizer.decode(kept) if body.echo and self.tokenizer else ""
             prompts.append(ids)
             echoes.append(text)
         return await self._respond(request, body, prompts, body.logprobs, chat=False,
@@ -368,7 +390,7 @@ class OpenAIIngress:
     @app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
         body = await self._parse(request, ChatCompletionRequest)
-        ids = await self._chat_ids(body)
+        ids = self._truncated(body, await self._chat_ids(body))
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         if body.top_logprobs and not body.logprobs:
             raise ApiError(400, "top_logprobs requires logprobs=true", "top_logprobs")
@@ -452,6 +474,12 @@ class OpenAIIngress:
         body = await self._parse(request, DetokenizeRequest)
         self._check_ids(body.tokens, "tokens")
         return {"prompt": self._tokenizer().decode(body.tokens, skip_special_tokens=False)}
+
+    def _truncated(self, body, ids: list[int]) -> list[int]:
+        """vLLM's ``truncate_prompt_tokens``: the prompt's last k tokens (-1: ``max_model_len``)."""
+        k = body.truncate_prompt_tokens
+        k = self.max_model_len if k == -1 else k
+        return ids[-k:] if k is not None and len(ids) > k else ids
 
     def _check_ids(self, ids: list[int], param: str) -> None:
         bad = next((t for t in ids if not 0 <= t < self.model_config.vocab_size), None)
@@ -575,7 +603,8 @@ class OpenAIIngress:
                 raise ApiError(503, f"the model replica is unavailable: {f}", None, "server_error") from None
         fmt = Formatter(self, rid, chat, prompts, logprobs, thinking, body.n, tool_ids, echoes,
                          body.string_arguments if tool_ids else None, echo_only=body.max_tokens == 0,
-                         prompt_top=body.prompt_logprobs)
+                         prompt_top=body.prompt_logprobs, token_ids_as_names=body.return_tokens_as_token_ids,
+                         continuous_usage=body.include_usage and body.stream_options.continuous_usage_stats)
         return fmt, _merge(streams, first)
 
     async def _open(self, ids, params, req_id) -> AsyncIterator:

@@ -26,7 +26,13 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
-ROOT = 0   # the parent node of a prompt's first block
+ROOT = 0   # the parent node of a prompt's first block (a salted request's: ``root(salt)``)
+
+
+def root(salt: str | None) -> int | tuple:
+    """The parent key of a prompt's first block: ``ROOT``, or a salt's own root (no node number: a tuple), so that
+    prefixes cached under one salt are found under that salt only."""
+    return ROOT if salt is None else ("salt", salt)
 
 
 @dataclass(slots=True)
@@ -132,11 +138,11 @@ class BlockPool:
 
     # ---- prefix caching ----------------------------------------------------------------------
 
-    def match(self, ids: Sequence[int]) -> list[int]:
+    def match(self, ids: Sequence[int], first: int | tuple = ROOT) -> list[int]:
         """The nodes of ``ids``'s leading full blocks cached on the device or the host, as far as they go (each with the
         token after it in ``ids``, so the last token is never covered: a request always computes one row to sample
-        from)."""
-        bs, nodes, node = self.block_size, [], ROOT
+        from); ``first``: the parent of the first block (``root``)."""
+        bs, nodes, node = self.block_size, [], first
         for end in range(bs, len(ids), bs):
             node = self._node_of_key.get((node, tuple(ids[end - bs:end + 1])))
             if node is None:
@@ -177,7 +183,7 @@ class BlockPool:
         """The device block of a cached node (None: only the host holds it)."""
         return self._nodes[node].block
 
-    def register(self, block_id: int, parent: int, tokens: tuple[int, ...]) -> int:
+    def register(self, block_id: int, parent: int | tuple, tokens: tuple[int, ...]) -> int:
         """Cache a held block whose KV is complete: ``tokens`` are its ``block_size`` tokens and the next one, after the
         prefix ``parent`` names; with a host tier it is copied there (a save). Returns the node the next block's key
         names: this block's, or that of the block already cached under the same key (this one then stays uncached,

@@ -63,6 +63,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()  # stop strings: matched by the detokenizer, not the scheduler
+    include_stop_str_in_output: bool = False   # vLLM's: the text ends after the stop string that ended it, not before
     # special ids where the front end's parsers split the text into fields (</think>, tool-call markers): no stop string
     # spans one, and the text held back for a stop string's possible start goes out before it
     text_breaks: tuple[int, ...] = ()
@@ -77,6 +78,8 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     # (token id, bias) pairs added to the logits before sampling (OpenAI's logit_bias; -100 bans, +100 forces)
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # vLLM's: the only ids the output may hold (empty: any) — unless none of them is left (a grammar's mask)
+    allowed_token_ids: tuple[int, ...] = ()
     # structured output: the JSON schema (its JSON text) the output must match, token by token (cluster/guided.py)
     json_schema: str | None = None
     # token sequences the output must start with one of (after the reasoning): tool_choice required / named
@@ -90,6 +93,9 @@ class SamplingParams:
     thinking_budget: int | None = None
     # the scheduling policy ``priority``'s order: lower first, then by arrival (vLLM's); under fcfs it must be 0
     priority: int = 0
+    # vLLM's: requests share cached prefix blocks only with requests of the same salt (None: the unsalted ones), so
+    # one tenant cannot tell from its time to first token what another's prompts held
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         # Lists arrive from JSON bodies; store tuples so the params stay hashable and immutable.
@@ -99,6 +105,7 @@ class SamplingParams:
         object.__setattr__(self, "forced_paths", tuple(tuple(p) for p in self.forced_paths))
         object.__setattr__(self, "guide_after", tuple(self.guide_after))
         object.__setattr__(self, "min_tokens_ban", tuple(self.min_tokens_ban))
+        object.__setattr__(self, "allowed_token_ids", tuple(sorted(set(self.allowed_token_ids))))
         bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
         object.__setattr__(self, "logit_bias", tuple(sorted((tok, value) for tok, value in bias)))
         _check_int("max_tokens", self.max_tokens)
@@ -115,6 +122,8 @@ class SamplingParams:
         if self.seed is not None:
             _check_int("seed", self.seed)
         _check_int("priority", self.priority)
+        if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
+            raise ValueError(f"cache_salt must be a non-empty string, got {self.cache_salt!r}")
         _check_int("min_tokens", self.min_tokens)
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
@@ -130,6 +139,10 @@ class SamplingParams:
             _check_int("stop_token_ids", tok)
             if tok < 0:
                 raise ValueError(f"stop_token_ids must be >= 0, got {tok}")
+        for tok in self.allowed_token_ids:
+            _check_int("allowed_token_ids", tok)
+            if tok < 0:
+                raise ValueError(f"allowed_token_ids must be >= 0, got {tok}")
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"stop must hold non-empty strings, got {s!r}")

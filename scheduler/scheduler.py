@@ -17,7 +17,7 @@ from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, replace
 
-from scheduler.block_pool import ROOT, BlockPool
+from scheduler.block_pool import BlockPool, root
 from scheduler.request import FinishReason, Request, RequestStatus, SamplingParams
 
 
@@ -186,16 +186,16 @@ class Scheduler:
         return sum(max(0, r.num_tokens - r.hit_blocks * bs) for r in self._waiting) + sum(
             r.num_tokens - r.num_computed_tokens for r in self._running if r.status is RequestStatus.PREFILLING)
 
-    def cached_blocks(self, ids: list[int]) -> int:
-        """How many of ``ids``'s leading blocks this rank holds cached (0 without prefix caching)."""
-        return len(self.pool.match(ids)) if self.config.prefix_caching else 0
+    def cached_blocks(self, ids: list[int], salt: str | None = None) -> int:
+        """How many of ``ids``'s leading blocks this rank holds cached under ``salt`` (0 without prefix caching)."""
+        return len(self.pool.match(ids, root(salt))) if self.config.prefix_caching else 0
 
     def _hits(self, req: Request) -> list:
         """The cached blocks of ``req``'s prefix that it may take: none without prefix caching, or for a request that
         asks for its prompt's logprobs (they come from the logits of its prompt's rows, which a cached block skips)."""
         if not self.config.prefix_caching or req.params.prompt_logprobs is not None:
             return []
-        return self.pool.match(req.all_ids)
+        return self.pool.match(req.all_ids, root(req.params.cache_salt))
 
     def get(self, req_id: str) -> Request | None:
         """The live (waiting or running) request, or None once it has ended."""
@@ -237,7 +237,8 @@ class Scheduler:
             raise AdmissionError(
                 "bad_token", "prompt", f"prompt token id {bad} is outside [0, vocab_size={cfg.vocab_size})"
             )
-        for name, ids in (("logit_bias", [t for t, _ in params.logit_bias]), ("stop_token_ids", params.stop_token_ids)):
+        for name, ids in (("logit_bias", [t for t, _ in params.logit_bias]), ("stop_token_ids", params.stop_token_ids),
+                          ("allowed_token_ids", params.allowed_token_ids)):
             bad = next((t for t in ids if t >= cfg.vocab_size), None)
             if bad is not None:
                 raise AdmissionError("bad_token", name, f"{name} id {bad} is outside [0, vocab_size={cfg.vocab_size})")
@@ -428,7 +429,8 @@ class Scheduler:
         or more of what ``req`` would compute: they enter the cache as that request's chunks end, and ``req`` starts
         then and takes them instead of computing them a second time (prompts that arrive together and share a long
         system prompt). A short shared head (a chat template's) is not worth the wait."""
-        prefilling = [r for r in self._running if r.status is RequestStatus.PREFILLING]
+        prefilling = [r for r in self._running if r.status is RequestStatus.PREFILLING
+                      and r.params.cache_salt == req.params.cache_salt]      # (whose blocks it may take)
         if not self.config.prefix_caching or req.block_ids or not prefilling or req.params.prompt_logprobs is not None:
             return False
         bs, ids = self.pool.block_size, req.all_ids
@@ -543,7 +545,7 @@ class Scheduler:
         if full <= first:
             return
         ids = req.ids(first * bs, full * bs + 1)
-        node = req.cached_nodes[-1] if req.cached_nodes else ROOT
+        node = req.cached_nodes[-1] if req.cached_nodes else root(req.params.cache_salt)
         for i in range(full - first):
             node = self.pool.register(req.block_ids[first + i], node, tuple(ids[i * bs:(i + 1) * bs + 1]))
             req.cached_nodes.append(node)

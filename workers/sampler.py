@@ -144,14 +144,15 @@ def probs_for_rows(logits: Tensor, params: list[SamplingParams], counts: Tensor 
 def apply_penalties(logits: Tensor, params: list[SamplingParams], counts: Tensor | None,
                     num_generated: list[int] | None = None) -> Tensor:
     """Repetition (prompt + generated ids), presence and frequency (generated ids only) penalties, then the rows'
-    logit biases, then ``min_tokens``: a row sampling token ``num_generated[i]`` < its ``min_tokens`` may not sample
+    logit biases and ``allowed_token_ids``, then ``min_tokens``: a row sampling token ``num_generated[i]`` < its ``min_tokens`` may not sample
     its ``min_tokens_ban`` ids — unless they are all it has left (a grammar that allows only a stop token).
 
     logits: [B, V] fp32; counts: [B, 2, V] (every id of the row's history, its generated ids); returns a new [B, V]
     tensor (the input is left untouched), or the input when no row has penalties or biases.
     repetition: logit / pen where logit > 0, else logit * pen (HF / vLLM).
     presence / frequency: logit - presence * [count > 0] - frequency * count (OpenAI / vLLM).
-    logit_bias: logit + bias at each named id (OpenAI; a masked -inf stays -inf).
+    logit_bias: logit + bias at each named id (OpenAI; a masked -inf stays -inf). allowed_token_ids: -inf elsewhere
+    (vLLM's), unless that leaves the row nothing.
     """
     out = logits
     if any(has_penalties(p) for p in params):
@@ -171,13 +172,23 @@ def apply_penalties(logits: Tensor, params: list[SamplingParams], counts: Tensor
         index = to_device([[i for i, _, _ in where], [tok for _, tok, _ in where]], torch.long, logits.device)
         bias = to_device([value for _, _, value in where], torch.float32, logits.device)
         out = out.index_put((index[0], index[1]), bias, accumulate=True)    # a new tensor: the input stays
+    where = [(i, tok) for i, p in enumerate(params) for tok in p.allowed_token_ids]
+    if where:
+        index = to_device(list(zip(*where)), torch.long, logits.device)
+        rows = to_device([i for i, p in enumerate(params) if p.allowed_token_ids], torch.long, logits.device)
+        kept = out.index_fill(0, rows, float("-inf")).index_put((index[0], index[1]), out[index[0], index[1]])
+        out = _unless_empty(kept, out)
     where = [(i, tok) for i, p in enumerate(params) if num_generated is not None and num_generated[i] < p.min_tokens
              for tok in p.min_tokens_ban]
     if where:
         index = to_device(list(zip(*where)), torch.long, logits.device)
-        banned = out.index_put((index[0], index[1]), out.new_full((), float("-inf")))     # (no host copy to wait on)
-        out = torch.where(banned.amax(dim=-1, keepdim=True) > float("-inf"), banned, out)
+        out = _unless_empty(out.index_put((index[0], index[1]), out.new_full((), float("-inf"))), out)
     return out
+
+
+def _unless_empty(masked: Tensor, out: Tensor) -> Tensor:
+    """``masked``'s rows, but ``out``'s where a row of ``masked`` has nothing left (no host copy to wait on)."""
+    return torch.where(masked.amax(dim=-1, keepdim=True) > float("-inf"), masked, out)
 
 
 def _filtered_weights(logits: Tensor, params: list[SamplingParams]) -> tuple[Tensor, Tensor | None]:

@@ -1,6 +1,7 @@
 """``min_tokens`` (vLLM's): an output's first ``min_tokens`` tokens are none of the tokens that would stop it (EOS unless
 ``ignore_eos``, ``stop_token_ids``) and no stop string ends it before then — the same tokens plain, drafting and
-looking ahead; a grammar that allows only a stop token still ends the output there."""
+looking ahead; a grammar that allows only a stop token still ends the output there. And ``allowed_token_ids`` (vLLM's),
+plain == drafting == looking ahead."""
 
 from __future__ import annotations
 
@@ -119,3 +120,20 @@ def test_the_request_field():
     body = ChatCompletionRequest.model_validate({**chat, "min_tokens": 50})
     body.check_supported()
     assert body.sampling_params(30, None).min_tokens == 30 and body.sampling_params(80, None).min_tokens == 50
+
+
+def test_allowed_token_ids_plain_drafting_and_looking_ahead_agree(engine_tok):
+    """vLLM's allowed_token_ids: every token is one of them (greedy and seeded drawn), and an engine drafting (MTP,
+    drafts outside the set are rejected) or looking ahead gives the plain engine's tokens."""
+    engine, tok = engine_tok
+    prompt = _prompt(tok, "Tell me a story.")
+    allowed = tuple(tok.encode(" the old man and the sea said yes"))
+    reqs = {"greedy": (prompt, SamplingParams(max_tokens=16, temperature=0.0, allowed_token_ids=allowed)),
+            "drawn": (prompt, SamplingParams(max_tokens=16, temperature=0.9, seed=5, allowed_token_ids=allowed))}
+    want = {rid: _outputs(engine, {rid: r})[rid] for rid, r in reqs.items()}
+    assert all(set(w[0]) <= set(allowed) and len(w[0]) == 16 for w in want.values()), want
+    spec, _ = _local(speculative_tokens=3)
+    assert {rid: _outputs(spec, {rid: r})[rid] for rid, r in reqs.items()} == want
+    ahead, _ = _local(cuda_graphs="eager")
+    assert {rid: _outputs(ahead, {rid: r})[rid] for rid, r in reqs.items()} == want
+    assert spec.stats["drafts_proposed"] > 0 and ahead.stats["ahead_steps"] > 0

@@ -109,6 +109,15 @@ def test_stop_split_across_deltas():
     assert matcher.feed("s>tail") == ("", True)
 
 
+def test_a_kept_stop_string_ends_the_text_even_split_across_deltas():
+    """vLLM's include_stop_str_in_output: the text ends after the stop string (the earliest one), not before."""
+    matcher = StopStringMatcher(["</s>", "END"], keep=True)
+    assert matcher.feed("abc<") == ("abc", False)
+    assert matcher.feed("/") == ("", False)
+    assert matcher.feed("s>tail END") == ("</s>", True) and matcher.matched == "</s>"
+    assert StopStringMatcher(["lo w", "world"], keep=True).feed("hello world") == ("hello w", True)
+
+
 def test_held_partial_prefix_that_is_not_a_stop_is_emitted():
     matcher = StopStringMatcher(["STOP"])
     assert matcher.feed("go ST") == ("go ", False)

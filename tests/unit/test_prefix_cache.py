@@ -263,6 +263,24 @@ def test_a_repeated_prompt_computes_only_its_uncached_tail():
     assert sched.prefix_queried == 3 * 19 and sched.prefix_hits == 16 + 8
 
 
+def test_a_salted_prompt_shares_cached_blocks_only_with_its_salt():
+    """vLLM's cache_salt: a prefix cached under one salt (or none) is found under that salt only — and a salted request
+    does not wait for another salt's prefill of its prefix (it could not take those blocks)."""
+    sched = _make()
+    ids = prompt(19, 1)
+    salted = [SamplingParams(max_tokens=3, cache_salt=s) for s in (None, "t1", "t2", "t1", None)]
+    outputs, plans = _drive(sched, {10 * i: [(f"r{i}", ids, p)] for i, p in enumerate(salted)})
+    assert all(out == expected_output(ids, 3) for out in outputs.values())
+    starts = [_first_seq(plans, f"r{i}")[1].start_pos for i in range(5)]
+    assert starts == [0, 0, 0, 16, 16]              # t1's second and the unsalted second find their own blocks
+    assert sched.cached_blocks(ids) == sched.cached_blocks(ids, "t1") == 4 and sched.cached_blocks(ids, "t3") == 0
+    sched.add_request("a", ids, SamplingParams(max_tokens=2, cache_salt="t3"))
+    sched.add_request("b", ids + [7], SamplingParams(max_tokens=2, cache_salt="t4"))
+    assert {s.req_id for s in sched.schedule().seqs} == {"a", "b"}      # b computes its own prefix beside a's
+    with pytest.raises(ValueError, match="cache_salt"):
+        SamplingParams(cache_salt="")
+
+
 def test_a_preempted_request_restarts_after_its_own_cached_blocks():
     sched = _make(num_blocks=6, block_size=4, max_num_seqs=2, max_num_batched_tokens=64)
     young_ids = prompt(8, 3)

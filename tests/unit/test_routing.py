@@ -38,3 +38,12 @@ def test_the_memory_of_prefixes_is_bounded_least_recent_first():
     assert aff.prefer(list(range(50, 60)), {"a": 0, "b": 0}) == "b"
     assert aff.prefer(list(range(10)), {"a": 0, "b": 0}) == "a"   # its longer points are still known
     assert aff.prefer(list(range(3)) + [99] * 7, {"a": 0, "b": 0}) is None
+
+
+def test_a_salted_prompt_is_known_apart_from_the_same_prompt_unsalted():
+    aff = PrefixAffinity(span=4)
+    ids = list(range(20))
+    aff.record(ids, "a")
+    aff.record(ids, "b", salt="t1")
+    assert aff.prefer(ids, {"a": 0, "b": 0}) == "a" and aff.prefer(ids, {"a": 0, "b": 0}, salt="t1") == "b"
+    assert aff.prefer(ids, {"a": 0, "b": 0}, salt="t2") is None

@@ -69,7 +69,8 @@ def test_a_repeated_custom_id_is_an_error_line():
 
 def test_back_pressure_is_retried_and_refusals_are_results(monkeypatch):
     """A 429 / 503 is sent again after its Retry-After; a 400 is the line's result (a response with its status),
-    and so is a 429 still there after RETRIES tries; a connection refused is an error line."""
+    and so is a 429 still there after RETRIES tries; a connection refused is tried again (REFUSED_RETRIES times), one
+    cut short is an error line at once."""
     answers = iter([(429, {"error": {}}, {"retry-after": "2"}), (503, {"error": {}}, {}), (200, {"id": "ok"}, {})])
     slept = []
     got = answer("a", "/v1/completions", {}, lambda p, b: next(answers), slept.append)
@@ -88,9 +89,21 @@ def test_back_pressure_is_retried_and_refusals_are_results(monkeypatch):
 
         raise http.client.IncompleteRead(b"{")
 
+    monkeypatch.setattr(batch, "REFUSED_RETRIES", 3)
     for broken in (refused, cut):
-        gone = answer("d", "/v1/completions", {}, broken)
+        slept.clear()
+        gone = answer("d", "/v1/completions", {}, broken, slept.append)
         assert gone["response"] is None and gone["error"]["code"] == "server_unreachable"
+        assert slept == ([1.0] * 3 if broken is refused else [])    # refused: tried again; cut short: not (it ran)
+    back = iter([ConnectionRefusedError(111, "refused"), (200, {"id": "up"}, {})])
+
+    def restarting(path, body):
+        got = next(back)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    assert answer("f", "/v1/completions", {}, restarting, lambda s: None)["response"]["status_code"] == 200
     dated = iter([(429, {}, {"retry-after": "Wed, 21 Oct 2026 07:28:00 GMT"}), (200, {}, {})])
     slept.clear()
     assert answer("e", "/v1/completions", {}, lambda p, b: next(dated), slept.append)["response"]["status_code"] == 200

@@ -201,6 +201,27 @@ def test_min_tokens_bans_the_stop_ids_until_that_many_are_out():
         SamplingParams(max_tokens=2, min_tokens=3)
 
 
+def test_allowed_token_ids_leave_only_those_ids_unless_none_of_them_is_left():
+    """vLLM's allowed_token_ids: -inf at every other id (after the bias), per row; a row whose allowed ids are all
+    masked already (a grammar's) keeps what it had; logprobs stay the raw logits'."""
+    logits = torch.tensor([[1.0, 5.0, 4.0, 0.0, 2.0], [1.0, 5.0, 4.0, 0.0, 2.0],
+                           [float("-inf"), 5.0, float("-inf"), float("-inf"), 2.0]])
+    params = [SamplingParams(temperature=0.0, allowed_token_ids=[3, 0], logit_bias={3: 2.0}, logprobs=0),
+              SamplingParams(temperature=0.0, logprobs=0),
+              SamplingParams(temperature=0.0, allowed_token_ids=[0, 2], logprobs=0)]
+    out = apply_penalties(logits, params, None)
+    assert out[0].tolist() == [1.0, float("-inf"), float("-inf"), 2.0, float("-inf")]
+    assert torch.equal(out[1:], logits[1:])
+    result = sample(logits, params, None, [0, 0, 0])
+    assert result.token_ids == [3, 1, 1]
+    assert result.logprobs[0] == pytest.approx(torch.log_softmax(logits[0], -1)[3].item())
+    drawn = SamplingParams(temperature=1.0, seed=5, allowed_token_ids=(2, 4))
+    assert {sample(logits[:1], [drawn], None, [i]).token_ids[0] for i in range(40)} == {2, 4}
+    assert params[0].allowed_token_ids == (0, 3)
+    with pytest.raises(ValueError, match="allowed_token_ids"):
+        SamplingParams(allowed_token_ids=(-1,))
+
+
 def test_penalties_are_per_row_and_steer_greedy():
     logits = torch.tensor([[5.0, 4.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]] * 2)
     params = [SamplingParams(temperature=0.0, presence_penalty=2.0), SamplingParams(temperature=0.0)]

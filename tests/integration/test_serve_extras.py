@@ -1,0 +1,125 @@
+"""vLLM's request extras over HTTP, as its clients send them: ``cache_salt`` (prefix caching apart per salt),
+``truncate_prompt_tokens``, ``include_stop_str_in_output``, ``allowed_token_ids``, ``return_tokens_as_token_ids``,
+``stream_options.continuous_usage_stats``; and the ``/ping`` and ``/version`` probes. Its own app (prefix caching on,
+the default) beside test_serve.py's."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.test_serve import MODEL, get, post
+
+pytestmark = pytest.mark.ray
+openai = pytest.importorskip("openai")
+
+STORY = "Once upon a time, in a quiet village by the sea, there lived a fisherman and his wife, who " * 2
+
+
+@pytest.fixture(scope="module")
+def url(serve_session, text_ckpt):
+    from ray import serve
+
+    from cluster.serve import build_app
+
+    serve.run(build_app({"model": str(text_ckpt), "served_model_name": MODEL, "device": "cpu", "kv_cache_tokens": 4096,
+                         "max_num_batched_tokens": 256, "max_model_len": 512}),
+              name="extras", route_prefix="/extras",
+              logging_config={"enable_access_log": False, "log_level": "WARNING"})
+    yield serve_session + "/extras"
+    serve.delete("extras")
+
+
+@pytest.fixture(scope="module")
+def client(url):
+    return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def complete(url, **kw) -> dict:
+    status, out = post(url, "/v1/completions", {"model": MODEL, "max_tokens": 4, "temperature": 0, **kw})
+    assert status == 200, out
+    return out
+
+
+def test_a_salted_prompt_finds_only_its_salts_cached_prefix(url):
+    """The same prompt under salt a, again under a (cached), under b and unsalted (computed: another salt's blocks
+    are not theirs), then unsalted again (cached); the answers are the same throughout."""
+    prompt = STORY + "[salted]"
+    runs = [complete(url, prompt=prompt, cache_salt=salt) for salt in ("a", "a", "b", None, None)]
+    cached = [r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in runs]
+    assert cached[0] == cached[2] == cached[3] == 0 and cached[1] == cached[4] > 0, cached
+    assert len({r["choices"][0]["text"] for r in runs}) == 1
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": STORY}], "max_tokens": 2, "temperature": 0}
+    first, again = (post(url, "/v1/chat/completions", {**chat, "cache_salt": "c"})[1] for _ in range(2))
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    status, err = post(url, "/v1/completions", {"model": MODEL, "prompt": "x", "cache_salt": ""})
+    assert status == 400 and err["error"]["param"] == "cache_salt", err
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(url):
+    """The prompt's last k tokens, as if they were the prompt (echo shows them); -1: the server's max_model_len."""
+    ids = post(url, "/tokenize", {"model": MODEL, "prompt": STORY})[1]["tokens"]
+    kw = dict(max_tokens=6, ignore_eos=True)
+    cut = complete(url, prompt=STORY, truncate_prompt_tokens=20, **kw)
+    assert cut["usage"]["prompt_tokens"] == 20 < len(ids)
+    assert cut["choices"][0]["text"] == complete(url, prompt=ids[-20:], **kw)["choices"][0]["text"]
+    echoed = complete(url, prompt=STORY, truncate_prompt_tokens=20, echo=True, **kw)["choices"][0]["text"]
+    head = post(url, "/detokenize", {"model": MODEL, "tokens": ids[-20:]})[1]["prompt"]
+    assert echoed == head + cut["choices"][0]["text"]
+    same = complete(url, prompt=STORY, truncate_prompt_tokens=-1, max_tokens=1)
+    assert same["usage"]["prompt_tokens"] == len(ids)
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": STORY}], "max_tokens": 1}
+    assert post(url, "/v1/chat/completions", {**chat, "truncate_prompt_tokens": 8})[1]["usage"]["prompt_tokens"] == 8
+    status, err = post(url, "/v1/completions", {"model": MODEL, "prompt": "x", "truncate_prompt_tokens": 0})
+    assert status == 400 and err["error"]["param"] == "truncate_prompt_tokens", err
+
+
+def test_include_stop_str_in_output_ends_the_text_after_the_stop_string(client):
+    kw = dict(model=MODEL, prompt="Once upon a time", max_tokens=16, temperature=0, extra_body={"ignore_eos": True})
+    text = client.completions.create(**kw).choices[0].text
+    stop = text[len(text) // 2: len(text) // 2 + 3]
+    assert stop.strip(), f"need a visible stop string in {text!r}"
+    keep = {**kw["extra_body"], "include_stop_str_in_output": True}
+    out = client.completions.create(stop=[stop], **{**kw, "extra_body": keep}).choices[0]
+    assert out.text == text[: text.index(stop) + len(stop)] and out.finish_reason == "stop"
+    streamed = client.completions.create(stop=[stop], stream=True, **{**kw, "extra_body": keep})
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == out.text
+
+
+def test_allowed_token_ids_hold_the_output_and_logprobs_can_name_ids(url):
+    """Every token sampled (greedy and drawn) is one of allowed_token_ids; with return_tokens_as_token_ids the logprobs
+    name tokens "token_id:<id>" (a completion's and a chat's)."""
+    allowed = post(url, "/tokenize", {"model": MODEL, "prompt": " the sea and a"})[1]["tokens"]
+    for temperature in (0, 1.0):
+        out = complete(url, prompt="Once upon a time", max_tokens=12, temperature=temperature, seed=3, logprobs=2,
+                       ignore_eos=True, allowed_token_ids=allowed, return_tokens_as_token_ids=True)
+        names = out["choices"][0]["logprobs"]["tokens"]
+        assert len(names) == 12 and {int(n.removeprefix("token_id:")) for n in names} <= set(allowed), names
+        assert all(k.startswith("token_id:") for top in out["choices"][0]["logprobs"]["top_logprobs"] for k in top)
+    chat = post(url, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+                                              "max_tokens": 3, "logprobs": True, "top_logprobs": 1,
+                                              "return_tokens_as_token_ids": True})[1]
+    assert all(c["token"].startswith("token_id:") for c in chat["choices"][0]["logprobs"]["content"]), chat
+    status, err = post(url, "/v1/completions", {"model": MODEL, "prompt": "x", "allowed_token_ids": [10**9]})
+    assert status == 400 and err["error"]["param"] == "allowed_token_ids", err
+    status, err = post(url, "/v1/completions", {"model": MODEL, "prompt": "x", "allowed_token_ids": []})
+    assert status == 400 and err["error"]["param"] == "allowed_token_ids", err
+
+
+def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(client):
+    chunks = list(client.completions.create(model=MODEL, prompt=STORY, max_tokens=8, temperature=0, stream=True,
+                                            extra_body={"ignore_eos": True}, stream_options={
+                                                "include_usage": True, "continuous_usage_stats": True}))
+    counted = [c.usage.completion_tokens for c in chunks if c.choices]
+    assert counted == sorted(counted) and counted[-1] == 8 == chunks[-1].usage.completion_tokens
+    assert all(c.usage.prompt_tokens == chunks[-1].usage.prompt_tokens for c in chunks)
+    plain = list(client.completions.create(model=MODEL, prompt=STORY, max_tokens=3, temperature=0, stream=True,
+                                           stream_options={"include_usage": True}))
+    assert all(c.usage is None for c in plain if c.choices) and plain[-1].usage.completion_tokens == 3
+
+
+def test_ping_and_version(url):
+    assert get(url, "/ping") == (200, {"status": "ok"})
+    assert post(url, "/ping", b"") == (200, {"status": "ok"})
+    status, out = get(url, "/version")
+    assert status == 200 and isinstance(out["version"], str) and out["version"]
