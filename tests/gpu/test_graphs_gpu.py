@@ -6,6 +6,7 @@
 - seeded drawn rows launched ahead draw the tokens they draw without look-ahead;
 - drawn drafts picked between captured drafting graphs equal the eager drafter's, seeded ones plain decoding;
 - a thinking budget closes the reasoning at its count on graph steps, looking ahead and drafting as plain;
+- ``allowed_token_ids`` hold the output on graph steps, looking ahead and drafting as plain;
 - prompt logprobs on graph steps and pieces equal one forward of the CPU reference over the prompt;
 - the other steps' per-layer pieces (``workers/pieces.py``): replayed == run uncaptured bit for bit (hidden rows and
   KV), the engine's tokens with them equal its tokens without, and after the warm-up nothing more is captured.
@@ -382,6 +383,32 @@ def test_a_thinking_budget_on_graph_steps_equals_plain():
         eng, _ = engine(**kw)
         for rid in reqs:                                    # alone: drafts ride, and no other row's masks wait
             assert _outputs(eng, {rid: reqs[rid]})[rid] == want[rid], (kw, rid)
+        assert eng.stats[stat] > 0 and eng.stats["graph_steps"] > 0, (kw, eng.stats)
+
+
+def test_allowed_token_ids_on_graph_steps_equal_plain():
+    """vLLM's ``allowed_token_ids`` on the GPU path (fp32, CUDA graphs, the Triton kernels): every token is one of them,
+    and an engine looking ahead (sampling on the device) and one drafting (drafts outside the set rejected) give the
+    tokens of one that does neither — greedy and seeded."""
+    from cluster.config import EngineConfig
+    from cluster.local import build_local_engine
+    from tests.integration.test_engine import _outputs
+
+    def engine(**kw):
+        return build_local_engine(EngineConfig(device="cuda", dtype="float32", kv_cache_tokens=4096, warmup_tokens=0,
+                                               **kw), progress=False)
+
+    plain, tok = engine()
+    plain.lookahead = False
+    prompt = tok.encode_chat([{"role": "user", "content": "Tell me a story."}], enable_thinking=False)
+    allowed = tuple(tok.encode(" the old man and the sea said yes"))
+    reqs = {"greedy": (prompt, SamplingParams(max_tokens=16, temperature=0.0, allowed_token_ids=allowed)),
+            "drawn": (prompt, SamplingParams(max_tokens=16, temperature=0.9, seed=5, allowed_token_ids=allowed))}
+    want = _outputs(plain, reqs)
+    assert all(set(w[0]) <= set(allowed) and len(w[0]) == 16 for w in want.values()), want
+    for kw, stat in (({}, "ahead_steps"), ({"speculative_tokens": 3}, "drafts_proposed")):
+        eng, _ = engine(**kw)
+        assert _outputs(eng, reqs) == want, kw
         assert eng.stats[stat] > 0 and eng.stats["graph_steps"] > 0, (kw, eng.stats)
 
 
