@@ -55,7 +55,7 @@ class MessagesRequest(OpenAIBody):
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
     priority: int = Field(default=0, ge=-2**31, le=2**31 - 1)      # as the chat's (vLLM's extra field)
-    cache_salt: str | None = None                                   # as the chat's (vLLM's extra field)
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)      # as the chat's (vLLM's)
 
     def check_supported(self) -> None:
         """Refuse (400, naming the field) what the chat machinery cannot do as asked."""

@@ -5,8 +5,8 @@ Each input line is a request — ``{"custom_id": ..., "method": "POST", "url": "
 ``{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error": null}``, the body what the endpoint
 answered (an error body with its status where it refused the request), or ``"response": null`` with an ``error``
 where a line is no request (not UTF-8 or not JSON, a field missing, a streamed body, a ``custom_id`` seen before;
-its message names the input line) or the server could not be reached (not retried: a server gone fails the rest
-fast). Up to ``max_concurrency`` requests are in flight; a 429 or 503 (back-pressure, a replica restarting) is retried
+its message names the input line) or the server could not be reached (a refused connection is tried again until the
+server has refused every line for ``REFUSED_S`` seconds: one restarting comes back, one gone fails the rest fast). Up to ``max_concurrency`` requests are in flight; a 429 or 503 (back-pressure, a replica restarting) is retried
 after its ``Retry-After``, so a batch larger than the queue still completes.
 """
 
@@ -29,8 +29,8 @@ from typing import TextIO
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
 RETRIES = 600           # a 429 / 503 answer is tried again this many times (after Retry-After, 1 s by default):
                         # ten minutes of back-pressure at least before a line is given up
-REFUSED_RETRIES = 60    # a refused connection (the request never reached a server: one restarting) is tried again
-                        # this many times, a second apart
+REFUSED_S = 60.0        # refused connections (no request reached a server: one restarting) are tried again, a second
+                        # apart, until the server has refused every line this long without answering one
 TIMEOUT_S = 3600.0      # one request's wait for its answer
 
 Post = Callable[[str, dict], "tuple[int, dict, dict[str, str]]"]   # (path, body) -> (status, body, headers)
@@ -72,22 +72,38 @@ def _result(custom_id: str | None, response: dict | None, error: dict | None) ->
     return {"id": f"batch_req_{uuid.uuid4().hex[:24]}", "custom_id": custom_id, "response": response, "error": error}
 
 
-def answer(custom_id: str, url: str, body: dict, post: Post, sleep: Callable[[float], None] = time.sleep) -> dict:
+class Outage:
+    """Since when the server has refused every connection (None: it answered the last one), shared by a batch's
+    lines: a server gone fails them ``REFUSED_S`` after it went, not each line after its own wait."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock, self.since = clock, None
+
+    def refused(self) -> bool:
+        """A connection was refused: whether to try again (the outage is younger than ``REFUSED_S``)."""
+        if self.since is None:
+            self.since = self.clock()
+        return self.clock() - self.since < REFUSED_S
+
+
+def answer(custom_id: str, url: str, body: dict, post: Post, sleep: Callable[[float], None] = time.sleep,
+           outage: Outage | None = None) -> dict:
     """One request's result line: posted, and again after a 429 / 503's Retry-After (``RETRIES`` times at most) or a
-    refused connection (``REFUSED_RETRIES`` times, a second apart). A connection reset or cut short once the request
-    was sent is the line's error: the server may have run it."""
-    attempt = refused = 0
+    refused connection (a second apart, while ``outage`` is younger than ``REFUSED_S``). A connection reset or cut
+    short once the request was sent is the line's error: the server may have run it."""
+    outage = outage or Outage()
+    attempt = 0
     while True:
         try:
             status, out, headers = post(url, body)
         except ConnectionRefusedError as e:
-            if refused == REFUSED_RETRIES:
+            if not outage.refused():
                 return _result(custom_id, None, {"code": "server_unreachable", "message": f"{type(e).__name__}: {e}"})
-            refused += 1
             sleep(1.0)
             continue
         except (OSError, http.client.HTTPException) as e:   # reset, cut short, timed out
             return _result(custom_id, None, {"code": "server_unreachable", "message": f"{type(e).__name__}: {e}"})
+        outage.since = None
         if status not in (429, 503) or attempt == RETRIES:
             return _result(custom_id, {"status_code": status, "request_id": out.get("id", ""), "body": out}, None)
         attempt += 1
@@ -138,6 +154,7 @@ def run_batch(lines: Iterable[str | bytes], out: TextIO, post: Post, max_concurr
     ``4 * max_concurrency`` lines ahead of it at most. ``progress(done, failed)`` after each line. Returns (lines,
     lines whose result is an error or a non-200 response)."""
     seen: set[str] = set()
+    outage = Outage()
     window: deque[Future | dict] = deque()
     done = failed = 0
 
@@ -163,7 +180,7 @@ def run_batch(lines: Iterable[str | bytes], out: TextIO, post: Post, max_concurr
                 cid = _custom_id(text)
                 window.append(_result(cid, None, {"code": "invalid_request", "message": f"input line {number}: {e}"}))
             else:
-                window.append(pool.submit(answer, custom_id, url, body, post))
+                window.append(pool.submit(answer, custom_id, url, body, post, time.sleep, outage))
             while window and (len(window) > 4 * max_concurrency or not isinstance(window[0], Future)
                               or window[0].done()):
                 write_oldest()
@@ -197,6 +214,8 @@ def http_post(base_url: str, timeout_s: float = TIMEOUT_S) -> Post:
                 status, data, headers = r.status, r.read(), r.headers
         except urllib.error.HTTPError as e:
             status, data, headers = e.code, e.read(), e.headers
+        except urllib.error.URLError as e:      # no answer: the connection's own error (refused: tried again)
+            raise e.reason if isinstance(e.reason, OSError) else e from None
         try:
             out = json.loads(data)
         except ValueError:

@@ -18,10 +18,10 @@ import threading
 import time
 import traceback
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
-from cluster.detok import IncrementalDetokenizer, StopStringMatcher
+from cluster.stream import OutputStream, TokenEvent
 from scheduler.request import FinishReason, Request, SamplingParams
 from scheduler.scheduler import (
     AdmissionError,
@@ -43,7 +43,7 @@ from scheduler.shapes import (
     plan_step_shapes,
     rank_seqs,
 )
-from workers.runner import NewRequest, StepResult, TokenLogprobs, WorkerStep
+from workers.runner import NewRequest, StepResult, WorkerStep
 from workers.sampler import StepMasks
 
 if TYPE_CHECKING:
@@ -159,69 +159,6 @@ class LocalExecutor:
         pass
 
 
-@dataclass
-class TokenEvent:
-    """New output of one request: tokens, the text they finalised, and how it ended (if it did)."""
-
-    req_id: str
-    token_ids: list[int]
-    text: str
-    finished: bool = False
-    finish_reason: str | None = None
-    error: str | None = None
-    logprobs: list[TokenLogprobs] = field(default_factory=list)
-    # SamplingParams.prompt_logprobs: the prompt's tokens after the first, on the request's first event
-    prompt_logprobs: list[TokenLogprobs] | None = None
-    num_prompt_tokens: int = 0
-    num_output_tokens: int = 0
-    num_cached_tokens: int = 0           # prompt tokens whose KV was found cached (prefix caching)
-    served_by: str = ""                  # the coordinator replica (set at the Serve edge)
-    refused: AdmissionError | None = None   # refused after admission, before any output (``Engine._displaceable``)
-    stop_str: str | None = None          # the stop string that ended it (vLLM's ``stop_reason``)
-
-
-@dataclass
-class _Stream:
-    prompt_len: int
-    detok: IncrementalDetokenizer | None
-    stops: StopStringMatcher
-    breaks: frozenset[int] = frozenset()   # SamplingParams.text_breaks
-    num_output: int = 0
-    request: Request | None = None         # the scheduler's record (its prompt's cached tokens)
-    admitted: int = 0                      # the engine's admission order (ranks number their arrivals apart)
-    prompt_lps: list[TokenLogprobs] | None = None   # SamplingParams.prompt_logprobs' so far (None: not asked, or sent)
-    min_tokens: int = 0                    # SamplingParams.min_tokens: no stop string cuts the output before them
-
-    def event(self, req_id: str, finished: bool = False, reason: str | None = None,
-              error: str | None = None) -> TokenEvent:
-        """An event of this request with no tokens yet, carrying its counts."""
-        return TokenEvent(req_id, [], "", finished, reason, error, num_prompt_tokens=self.prompt_len,
-                          num_output_tokens=self.num_output,
-                          num_cached_tokens=self.request.num_cached_tokens if self.request else 0)
-
-    def add_prompt_logprobs(self, first: int, lps: list[TokenLogprobs]) -> None:
-        """A prompt chunk's logprobs, of the tokens from position ``first`` on: those not held yet (a preempted request
-        computes its prompt again)."""
-        if self.prompt_lps is not None:
-            assert first <= len(self.prompt_lps) + 1, "a prompt chunk's logprobs came before the chunk ahead of it"
-            self.prompt_lps += lps[len(self.prompt_lps) + 1 - first:]
-
-    def text(self, ids: Sequence[int], last: bool, held: bool = False) -> tuple[str, bool]:
-        """(the text that ``ids`` finalise, whether a stop string ended it); ``last``: the request's final ids — the
-        text held back (a split character, a stop string's possible start) goes out with them. ``held``: a grammar
-        chose ``ids`` (structured output): stop strings do not apply — the grammar says where the output ends. Nor
-        does one end in the text of the output's first ``min_tokens`` tokens (vLLM's count)."""
-        text = self.detok.add(list(ids)) if self.detok else ""
-        if last and self.detok:
-            text += self.detok.flush()
-        if held:
-            return self.stops.flush() + text, False
-        text, stopped = self.stops.feed(text, armed=self.num_output + len(ids) > self.min_tokens)
-        if last and not stopped:
-            text += self.stops.flush()
-        return text, stopped
-
-
 class Engine:
     """The engine core: one scheduler (and KV block pool) per rank, one executor for all ranks.
 
@@ -268,7 +205,7 @@ class Engine:
         slack = int(graphs and lookahead and speculative_tokens == 0)     # a look-ahead step writes one position on
         self.schedulers = [Scheduler(replace(config, max_num_seqs=n, max_waiting=self._admits), slack) for n in seats]
         self._rank_of: dict[str, int] = {}
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, OutputStream] = {}
         self._unsent: dict[str, NewRequest] = {}      # known to a scheduler, not yet to its worker
         self._forget: list[list[str]] = [[] for _ in range(num_ranks)]  # ended, still held by workers
         self._refused: list[TokenEvent] = []          # requests ``_refuse`` refused, for the next step to report
@@ -326,11 +263,8 @@ class Engine:
                 self._refuse(*victim)
             req = self.schedulers[rank].add_request(req_id, ids, params)
             self._rank_of[req_id] = rank
-            detok = IncrementalDetokenizer(self.decode, ids) if self.decode else None
-            self._streams[req_id] = _Stream(
-                len(prompt_ids), detok, StopStringMatcher(params.stop, params.include_stop_str_in_output),
-                frozenset(params.text_breaks), request=req, admitted=next(self._admitted),
-                prompt_lps=None if params.prompt_logprobs is None else [], min_tokens=params.min_tokens)
+            self._streams[req_id] = OutputStream.open(ids, params, self.decode, request=req,
+                                                      admitted=next(self._admitted))
             self._unsent[req_id] = NewRequest(req_id, tuple(prompt_ids), params)
             if guide is not None:
                 self._guides[req_id] = guide
@@ -691,7 +625,8 @@ class Engine:
                     del self._guides[ev.req_id]
                 elif not by_grammar and guide.masked:   # its wait ended or its budget is spent: a step launched
                     self._launched = None               # ahead sampled the next token unmasked
-            text, stopped = st.text(tok, last, by_grammar)
+            stop_token = last and ev.finish_reason == FinishReason.STOP and bool(tok)    # (EOS or a stop token id)
+            text, stopped = st.text(tok, last, by_grammar, stop_token)
             st.num_output += len(tok)
             if not events or tok[0] in self.special_ids:
                 events.append(st.event(ev.req_id))
@@ -704,7 +639,7 @@ class Engine:
                 if not ev.finished:
                     self.schedulers[self._rank_of[ev.req_id]].finish(ev.req_id, FinishReason.STOP)
                 out.finished, out.finish_reason = True, FinishReason.STOP if stopped else ev.finish_reason
-                out.stop_str = st.stops.matched if stopped else None
+                out.stop_str = st.stops.matched if stopped else tok[0] if stop_token and tok[0] in st.stop_ids else None
                 self._close(ev.req_id)
                 break
         if st.prompt_lps is not None and events:        # complete: the prompt's last chunk sampled the first token

@@ -29,7 +29,7 @@ class Formatter:
         self.prompt_top = prompt_top                # vLLM's prompt_logprobs: each choice's (a chat's: the answer's)
         self.echo_only = echo_only                  # max_tokens 0: the one token sampled is no part of the answer
         self.as_ids = token_ids_as_names            # vLLM's return_tokens_as_token_ids: logprobs name "token_id:<id>"
-        self.continuous_usage = continuous_usage    # vLLM's continuous_usage_stats: each chunk has the usage so far
+        self.continuous_usage = continuous_usage    # vLLM's continuous_usage_stats: each chunk its choice's usage
         self.text_len = [len(e) for e in self.echo]  # characters of each choice's text so far (text_offset)
         choices = len(prompts) * n
         tool_start = tool_ids["<tool_call>"] if tool_ids else None
@@ -98,9 +98,9 @@ class Formatter:
         token itself and the ``prompt_top`` most likely there (ranked 1..n)."""
         out: list[dict | None] = [None]
         for t, lp in zip(self.prompts[choice // self.n][1:], lps):
-            row = {str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": self._name(t)}}
+            row = {str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": self._tok(t)}}
             for r, (i, v) in enumerate(lp.top[:self.prompt_top]):
-                row.setdefault(str(i), {"logprob": v, "rank": r + 1, "decoded_token": self._name(i)})
+                row.setdefault(str(i), {"logprob": v, "rank": r + 1, "decoded_token": self._tok(i)})
             out.append(row)
         return out
 
@@ -185,6 +185,11 @@ class Formatter:
                 "prompt_tokens_details": {"cached_tokens": sum(self.cached)},
                 "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens}}
 
+    def _choice_usage(self, choice: int, completion: int) -> dict:
+        """vLLM's continuous usage: a chunk's choice's prompt and its tokens so far."""
+        prompt = len(self.prompts[choice // self.n])
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
     def _chunk(self, choices: list, usage: dict | None = None) -> dict:
         body = {"id": self.rid, "object": self.object + ".chunk" if self.chat else self.object,
                 "created": self.created, "model": self.ing.model_name, "system_fingerprint": self.fingerprint,
@@ -196,13 +201,14 @@ class Formatter:
     async def chunks(self, merged) -> AsyncIterator[dict]:
         """The stream's chunks: each event's choice delta, then one with no choices and the usage — or, at an error,
         its body, last."""
-        completion, started = 0, set()
+        completion, started, each = 0, set(), [0] * len(self.echo)     # each: a choice's tokens so far
         async for i, ev in merged:
             if ev.error:
                 yield self._api_error(ev).body()
                 return                  # the error ends the stream: no usage after it
             ev = self._shown(ev)
             completion += len(ev.token_ids)
+            each[i] += len(ev.token_ids)
             self.fingerprint = ev.served_by
             self._count_cached(i, ev)
             if self.chat:
@@ -230,7 +236,7 @@ class Formatter:
             if ev.finished or choice["logprobs"] is not None or (any(choice["delta"].values()) if self.chat else
                                                                  text or ev.token_ids):
                 # (a chat's tokens that say nothing yet — a call's name — wait)
-                yield self._chunk([choice], self._usage(completion) if self.continuous_usage else None)
+                yield self._chunk([choice], self._choice_usage(i, each[i]) if self.continuous_usage else None)
         yield self._chunk([], self._usage(completion))
 
     async def sse(self, merged, include_usage: bool) -> AsyncIterator[str]:

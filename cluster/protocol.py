@@ -96,7 +96,7 @@ class _Sampling(OpenAIBody):
     prompt_logprobs: int | None = Field(default=None, ge=0, le=20)
     # vLLM's: prompts share cached prefixes only with requests of the same salt (a tenant's, say): no request can tell
     # from its time to first token what prompts of another salt held
-    cache_salt: str | None = Field(default=None, min_length=1)
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
     # vLLM's: the reasoning's tokens before </think> is forced (where the prompt opens the reasoning); None: no bound
     thinking_token_budget: int | None = Field(default=None, ge=0, le=2**31 - 1)
 

@@ -64,7 +64,7 @@ class ResponsesRequest(OpenAIBody):
     prompt: Any = None
     max_tool_calls: int | None = None
     priority: int = Field(default=0, ge=-2**31, le=2**31 - 1)      # as the chat's (vLLM's extra field)
-    cache_salt: str | None = None                                   # as the chat's (vLLM's extra field)
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)      # as the chat's (vLLM's)
 
     @field_validator("input")
     @classmethod

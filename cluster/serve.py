@@ -79,6 +79,7 @@ def _cause(e: BaseException) -> BaseException:
 # open stream share the loop), in two pools: texts past LARGE_TEXT characters in their own, so a burst of huge prompts
 # queues behind itself rather than in front of ordinary requests.
 LARGE_TEXT = 1 << 16
+TRUNCATED_MAX_CHARS = 1 << 24   # a prompt to be cut (truncate_prompt_tokens) is tokenized whole, up to this size
 _POOLS = {False: ThreadPoolExecutor(8, "tokenize"), True: ThreadPoolExecutor(2, "tokenize-large")}
 
 
@@ -373,7 +374,7 @@ class OpenAIIngress:
         prompts, echoes = [], []
         for prompt in body.prompts:
             if isinstance(prompt, str):
-                ids, text = await _encode(self._tokenizer(), prompt, self.max_prompt_chars, "prompt"), prompt
+                ids, text = await _encode(self._tokenizer(), prompt, self._max_chars(body), "prompt"), prompt
             else:
                 ids = list(prompt)
                 # ids echo as their text; a checkpoint without a tokenizer returns no text at all
@@ -478,8 +479,16 @@ class OpenAIIngress:
     def _truncated(self, body, ids: list[int]) -> list[int]:
         """vLLM's ``truncate_prompt_tokens``: the prompt's last k tokens (-1: ``max_model_len``)."""
         k = body.truncate_prompt_tokens
+        if k is not None and k > self.max_model_len:
+            raise ApiError(400, f"truncate_prompt_tokens ({k}) must be at most max_model_len ({self.max_model_len})",
+                           "truncate_prompt_tokens")
         k = self.max_model_len if k == -1 else k
         return ids[-k:] if k is not None and len(ids) > k else ids
+
+    def _max_chars(self, body) -> int:
+        """The longest prompt text tokenized: what the context can hold, or one to be cut to its last tokens."""
+        return self.max_prompt_chars if body.truncate_prompt_tokens is None else \
+            max(self.max_prompt_chars, TRUNCATED_MAX_CHARS)
 
     def _check_ids(self, ids: list[int], param: str) -> None:
         bad = next((t for t in ids if not 0 <= t < self.model_config.vocab_size), None)
@@ -496,9 +505,9 @@ class OpenAIIngress:
         except ValueError as e:
             raise ApiError(400, str(e), "messages") from None
         if len(pieces) == 1:
-            return await _encode(tok, pieces[0][0], self.max_prompt_chars, "messages")
+            return await _encode(tok, pieces[0][0], self._max_chars(body), "messages")
         size = sum(len(text) for text, _ in pieces)
-        _fits(size, self.max_prompt_chars, "messages")
+        _fits(size, self._max_chars(body), "messages")
         return await _beside_loop(size, tok.encode_pieces, pieces)
 
     # ---- shared machinery ----------------------------------------------------------------------

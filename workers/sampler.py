@@ -14,6 +14,7 @@ read back), so no step copies a history; ``history_counts`` builds them from hos
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -172,18 +173,25 @@ def apply_penalties(logits: Tensor, params: list[SamplingParams], counts: Tensor
         index = to_device([[i for i, _, _ in where], [tok for _, tok, _ in where]], torch.long, logits.device)
         bias = to_device([value for _, _, value in where], torch.float32, logits.device)
         out = out.index_put((index[0], index[1]), bias, accumulate=True)    # a new tensor: the input stays
-    where = [(i, tok) for i, p in enumerate(params) for tok in p.allowed_token_ids]
-    if where:
-        index = to_device(list(zip(*where)), torch.long, logits.device)
-        rows = to_device([i for i, p in enumerate(params) if p.allowed_token_ids], torch.long, logits.device)
-        kept = out.index_fill(0, rows, float("-inf")).index_put((index[0], index[1]), out[index[0], index[1]])
-        out = _unless_empty(kept, out)
+    if any(p.allowed_token_ids for p in params):
+        V, device = logits.shape[1], logits.device
+        allowed = torch.stack([_allowed(p.allowed_token_ids, V, device) for p in params])      # [B, V]
+        out = _unless_empty(out.masked_fill(~allowed, float("-inf")), out)
     where = [(i, tok) for i, p in enumerate(params) if num_generated is not None and num_generated[i] < p.min_tokens
              for tok in p.min_tokens_ban]
     if where:
         index = to_device(list(zip(*where)), torch.long, logits.device)
         out = _unless_empty(out.index_put((index[0], index[1]), out.new_full((), float("-inf"))), out)
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _allowed(ids: tuple[int, ...], vocab: int, device: torch.device) -> Tensor:
+    """A row's ``allowed_token_ids`` as a [V] bool mask on ``device`` (every id where it has none): built once a
+    request, not every step."""
+    mask = torch.zeros(vocab, dtype=torch.bool) if ids else torch.ones(vocab, dtype=torch.bool)
+    mask[list(ids)] = True
+    return mask.to(device)
 
 
 def _unless_empty(masked: Tensor, out: Tensor) -> Tensor:

@@ -70,8 +70,12 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(url):
     assert same["usage"]["prompt_tokens"] == len(ids)
     chat = {"model": MODEL, "messages": [{"role": "user", "content": STORY}], "max_tokens": 1}
     assert post(url, "/v1/chat/completions", {**chat, "truncate_prompt_tokens": 8})[1]["usage"]["prompt_tokens"] == 8
-    status, err = post(url, "/v1/completions", {"model": MODEL, "prompt": "x", "truncate_prompt_tokens": 0})
-    assert status == 400 and err["error"]["param"] == "truncate_prompt_tokens", err
+    long = STORY * 200                                  # more text than the 512-token context could hold uncut
+    assert post(url, "/v1/completions", {"model": MODEL, "prompt": long, "max_tokens": 1})[0] == 400
+    assert complete(url, prompt=long, truncate_prompt_tokens=100, max_tokens=1)["usage"]["prompt_tokens"] == 100
+    for k in (0, 513):                                  # 513: past max_model_len
+        status, err = post(url, "/v1/completions", {"model": MODEL, "prompt": "x", "truncate_prompt_tokens": k})
+        assert status == 400 and err["error"]["param"] == "truncate_prompt_tokens", (k, err)
 
 
 def test_include_stop_str_in_output_ends_the_text_after_the_stop_string(client):
@@ -84,6 +88,21 @@ def test_include_stop_str_in_output_ends_the_text_after_the_stop_string(client):
     assert out.text == text[: text.index(stop) + len(stop)] and out.finish_reason == "stop"
     streamed = client.completions.create(stop=[stop], stream=True, **{**kw, "extra_body": keep})
     assert "".join(c.choices[0].text for c in streamed if c.choices) == out.text
+
+
+
+def test_a_stop_token_ids_text_is_left_out_unless_kept(url):
+    """vLLM's: an output ended by one of stop_token_ids leaves that token's text out (include_stop_str_in_output keeps
+    it), and its stop_reason is the id."""
+    kw = dict(prompt="Once upon a time", max_tokens=12, ignore_eos=True, logprobs=0, return_tokens_as_token_ids=True)
+    free = complete(url, **kw)["choices"][0]
+    ids = [int(t.removeprefix("token_id:")) for t in free["logprobs"]["tokens"]]
+    at = next(i for i in range(3, len(ids)) if ids[i] not in ids[:i])       # its first time out: it ends there
+    pieces = [post(url, "/detokenize", {"model": MODEL, "tokens": ids[:n]})[1]["prompt"] for n in (at, at + 1)]
+    for keep, text in ((False, pieces[0]), (True, pieces[1])):
+        out = complete(url, stop_token_ids=[ids[at]], include_stop_str_in_output=keep, **kw)["choices"][0]
+        assert (out["text"], out["finish_reason"], out["stop_reason"]) == (text, "stop", ids[at]), (keep, out)
+        assert len(out["logprobs"]["tokens"]) == at + 1                     # the token itself is still out
 
 
 def test_allowed_token_ids_hold_the_output_and_logprobs_can_name_ids(url):
@@ -112,7 +131,14 @@ def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(client):
                                                 "include_usage": True, "continuous_usage_stats": True}))
     counted = [c.usage.completion_tokens for c in chunks if c.choices]
     assert counted == sorted(counted) and counted[-1] == 8 == chunks[-1].usage.completion_tokens
-    assert all(c.usage.prompt_tokens == chunks[-1].usage.prompt_tokens for c in chunks)
+    assert all(c.usage.prompt_tokens == chunks[-1].usage.prompt_tokens for c in chunks)       # one prompt here
+    two = list(client.completions.create(model=MODEL, prompt=["Hello there", STORY], max_tokens=4, n=2, stream=True,
+                                         extra_body={"ignore_eos": True}, stream_options={
+                                             "include_usage": True, "continuous_usage_stats": True}))
+    for i in range(4):                                  # each choice's own count, beside its own prompt's size
+        mine = [c.usage for c in two if c.choices and c.choices[0].index == i]
+        assert [u.completion_tokens for u in mine][-1] == 4 and len({u.prompt_tokens for u in mine}) == 1, mine
+    assert two[-1].usage.completion_tokens == 16
     plain = list(client.completions.create(model=MODEL, prompt=STORY, max_tokens=3, temperature=0, stream=True,
                                            stream_options={"include_usage": True}))
     assert all(c.usage is None for c in plain if c.choices) and plain[-1].usage.completion_tokens == 3

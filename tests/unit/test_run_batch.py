@@ -69,8 +69,8 @@ def test_a_repeated_custom_id_is_an_error_line():
 
 def test_back_pressure_is_retried_and_refusals_are_results(monkeypatch):
     """A 429 / 503 is sent again after its Retry-After; a 400 is the line's result (a response with its status),
-    and so is a 429 still there after RETRIES tries; a connection refused is tried again (REFUSED_RETRIES times), one
-    cut short is an error line at once."""
+    and so is a 429 still there after RETRIES tries; a connection refused is tried again until the server has refused
+    for REFUSED_S (a later line in the same outage: not again), one cut short is an error line at once."""
     answers = iter([(429, {"error": {}}, {"retry-after": "2"}), (503, {"error": {}}, {}), (200, {"id": "ok"}, {})])
     slept = []
     got = answer("a", "/v1/completions", {}, lambda p, b: next(answers), slept.append)
@@ -89,12 +89,20 @@ def test_back_pressure_is_retried_and_refusals_are_results(monkeypatch):
 
         raise http.client.IncompleteRead(b"{")
 
-    monkeypatch.setattr(batch, "REFUSED_RETRIES", 3)
-    for broken in (refused, cut):
+    monkeypatch.setattr(batch, "REFUSED_S", 3.0)
+    clock = [0.0]
+
+    def tick(seconds):
+        slept.append(seconds)
+        clock[0] += seconds
+
+    outage = batch.Outage(lambda: clock[0])
+    # refused: tried again for REFUSED_S; cut short: not (it ran); refused again in the same outage: not either
+    for broken, waits in ((refused, [1.0] * 3), (cut, []), (refused, [])):
         slept.clear()
-        gone = answer("d", "/v1/completions", {}, broken, slept.append)
+        gone = answer("d", "/v1/completions", {}, broken, tick, outage)
         assert gone["response"] is None and gone["error"]["code"] == "server_unreachable"
-        assert slept == ([1.0] * 3 if broken is refused else [])    # refused: tried again; cut short: not (it ran)
+        assert slept == waits, (broken, slept)
     back = iter([ConnectionRefusedError(111, "refused"), (200, {"id": "up"}, {})])
 
     def restarting(path, body):
@@ -104,10 +112,23 @@ def test_back_pressure_is_retried_and_refusals_are_results(monkeypatch):
         return got
 
     assert answer("f", "/v1/completions", {}, restarting, lambda s: None)["response"]["status_code"] == 200
+
     dated = iter([(429, {}, {"retry-after": "Wed, 21 Oct 2026 07:28:00 GMT"}), (200, {}, {})])
     slept.clear()
     assert answer("e", "/v1/completions", {}, lambda p, b: next(dated), slept.append)["response"]["status_code"] == 200
     assert slept == [1.0]                               # an HTTP date: a second
+
+
+def test_http_post_raises_a_refused_connection_as_such():
+    """urllib wraps a refused connection in a URLError: ``http_post`` raises the refusal itself, which ``answer``
+    tries again."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]                       # closed once the block ends: nothing listens there
+    with pytest.raises(ConnectionRefusedError):
+        batch.http_post(f"http://127.0.0.1:{port}/v1")("/v1/completions", {})
 
 
 def test_ctrl_c_stops_at_once_with_what_was_written(tmp_path):
