@@ -159,6 +159,11 @@ class LocalExecutor:
         pass
 
 
+def _guided(params: SamplingParams) -> bool:
+    """Whether a grammar holds the request's output (a JSON schema, an EBNF grammar, its tool calls')."""
+    return params.json_schema is not None or params.grammar is not None or params.tool_grammar is not None
+
+
 class Engine:
     """The engine core: one scheduler (and KV block pool) per rank, one executor for all ranks.
 
@@ -173,14 +178,14 @@ class Engine:
     starts an event of its own, also when a speculative step accepts several tokens at once: the front end's
     reasoning and tool-call parsers cut the text at them (``</think>``, ``<tool_call>``). ``graphs``: the workers run
     graph-shaped steps (``graph_key``) on their static path — set iff their ``graphs`` mode is not ``off``.
-    ``guides``: a request with ``SamplingParams.json_schema`` (or ``tool_grammar``) samples only what its grammar
-    allows next, one with ``forced_paths`` starts with one of them (each of its sampled rows — a verify round's too,
-    each along the drafts before it — gets the allowed tokens' bitmask in ``WorkerStep.masks``; a step launched ahead
-    samples once the next step brings them); while it waits (for the reasoning's end, tool_choice auto's
-    ``<tool_call>``) its drafts stop before the token that ends the wait, and a step launched ahead over that token is
-    dropped. ``lookahead``: let the workers launch the same requests' next decode step before returning a graph step's
-    tokens sampled on the device, and tell them when the next step is that one (``WorkerStep.lookahead`` /
-    ``use_ahead``, decided here for all ranks alike; ``workers/runner.py``; off: for A/B measurements).
+    ``guides``: a request with ``SamplingParams.json_schema`` (``grammar``, ``tool_grammar``) samples only what its
+    grammar allows next, one with ``forced_paths`` starts with one of them (each of its sampled rows — a verify
+    round's too, each along the drafts before it — gets the allowed tokens' bitmask in ``WorkerStep.masks``; a step
+    launched ahead samples once the next step brings them); while it waits (for the reasoning's end, tool_choice
+    auto's ``<tool_call>``) its drafts stop before the token that ends the wait, and a step launched ahead over that
+    token is dropped. ``lookahead``: let the workers launch the same requests' next decode step before returning a
+    graph step's tokens sampled on the device, and tell them when the next step is that one (``WorkerStep.lookahead``
+    / ``use_ahead``, decided here for all ranks alike; ``workers/runner.py``; off: for A/B measurements).
     ``graph_prefill``: prompt chunks ride graph steps too when the step fits a bucket that a rank's decode steps can
     fill (``graph_key``; off: for A/B measurements).
     """
@@ -313,10 +318,10 @@ class Engine:
 
     def _guide(self, prompt_ids: Sequence[int], params: SamplingParams) -> Guide | Prefix | Budget | None:
         budget = params.thinking_budget
-        if params.json_schema is None and params.tool_grammar is None and not params.forced_paths and budget is None:
+        if not _guided(params) and not params.forced_paths and budget is None:
             return None
-        field = "response_format" if params.json_schema is not None else "tools" if params.tool_grammar else \
-            "tool_choice" if params.forced_paths else "thinking_token_budget"
+        field = "response_format" if params.json_schema is not None else "structured_outputs" if params.grammar \
+            else "tools" if params.tool_grammar else "tool_choice" if params.forced_paths else "thinking_token_budget"
         if self.guides is None:
             what = "a thinking budget" if field == "thinking_token_budget" else "structured output"
             raise AdmissionError("unsupported", field, f"{what} needs the model's tokenizer, which this model "
@@ -328,8 +333,8 @@ class Engine:
         try:
             if params.tool_grammar is not None:
                 return self.guides.tool_guide(params.tool_grammar, prompt_ids, params.guide_after, budget)
-            if params.json_schema is not None:
-                return self.guides.guide(params.json_schema, prompt_ids, params.guide_after, budget)
+            if params.json_schema is not None or params.grammar is not None:
+                return self.guides.guide(params.json_schema, prompt_ids, params.guide_after, budget, params.grammar)
         except (ValueError, RuntimeError) as e:
             raise AdmissionError("invalid", field, str(e)) from None
         return self.guides.budget(prompt_ids, budget)
@@ -699,7 +704,7 @@ class AsyncEngine:
         req_id = req_id if req_id is not None else f"areq-{next(self._ids)}"
         self._queues[req_id] = (asyncio.get_running_loop(), q)   # before the loop can emit for it
         try:
-            if params.json_schema is None and params.tool_grammar is None:
+            if not _guided(params):
                 self.engine.add_request(prompt_ids, params, req_id)
             else:       # its grammar compiles (~0.1-0.3 s a new schema at GLM-5's vocabulary): off the event loop
                 await asyncio.to_thread(self.engine.add_request, prompt_ids, params, req_id)

@@ -1,4 +1,5 @@
-"""Structured output (``response_format``): a request's JSON schema as a grammar over the model's vocabulary.
+"""Structured output (``response_format``; vLLM's ``structured_outputs``: a JSON schema, a regex, a choice, an EBNF
+grammar): a request's JSON schema or grammar as a grammar over the model's vocabulary.
 
 The engine keeps one ``Guide`` per request whose ``SamplingParams.json_schema`` is set. Before each step that samples
 one of its rows it asks the guide for the tokens the grammar allows next — a bitmask, token t at bit t % 32 of word
@@ -125,6 +126,27 @@ def schema_of(response_format: dict | None) -> str | None:
         check_schema(schema)
         return schema
     raise ValueError(f"response_format.type must be 'text', 'json_object' or 'json_schema', not {kind!r}")
+
+
+def regex_grammar(pattern: str) -> str:
+    """vLLM's ``regex``: the EBNF grammar of text matching ``pattern`` (xgrammar's regex syntax, as ECMAScript's)."""
+    if not isinstance(pattern, str) or not pattern:
+        raise ValueError("must be a non-empty regular expression")
+    return str(_built(lambda: _xgrammar().Grammar.from_regex(pattern)))
+
+
+def choice_grammar(choices: Sequence[str]) -> str:
+    """vLLM's ``choice``: the EBNF grammar of exactly one of ``choices``."""
+    if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
+        raise ValueError("must be a list of non-empty strings")
+    return str(_built(lambda: _xgrammar().Grammar.from_ebnf("root ::= " + " | ".join(map(json.dumps, choices)))))
+
+
+def ebnf_grammar(source: str) -> str:
+    """vLLM's ``grammar``: an EBNF grammar (xgrammar's / GBNF's syntax, its start rule ``root``), checked."""
+    if not isinstance(source, str) or not source.strip():
+        raise ValueError("must be an EBNF grammar's source")
+    return str(_built(lambda: _xgrammar().Grammar.from_ebnf(source)))
 
 
 MAX_WHITESPACE = 32   # a run of whitespace between a JSON value's tokens (indented output fits; a model stuck on spaces
@@ -506,6 +528,10 @@ class Guides:
                       "json_schema: ")
 
     @functools.lru_cache(maxsize=64)
+    def _compiled_ebnf(self, source: str):
+        return _built(lambda: self._compiler.compile_grammar(source), "grammar: ")
+
+    @functools.lru_cache(maxsize=64)
     def _compiled_tools(self, source: str):
         return _built(lambda: self._tool_compiler.compile_grammar(_xgrammar().Grammar.from_lark(source)), "tools: ")
 
@@ -522,11 +548,13 @@ class Guides:
         """The stop tokens held back while ``waits`` is only the reasoning's end: the guided answer must come."""
         return self._hold if list(waits) == [self.think_end] else None
 
-    def guide(self, schema: str, prompt_ids: Sequence[int], after: Sequence[int] = (),
-              budget: int | None = None) -> Guide:
-        """A guide for a new request held to ``schema``; one whose prompt opens the reasoning waits for its end."""
+    def guide(self, schema: str | None, prompt_ids: Sequence[int], after: Sequence[int] = (),
+              budget: int | None = None, ebnf: str | None = None) -> Guide:
+        """A guide for a new request held to ``schema`` (a JSON schema's text) or ``ebnf`` (a grammar's source); one
+        whose prompt opens the reasoning waits for its end."""
         waits = self._waits(prompt_ids, after)
-        return Guide(_xgrammar().GrammarMatcher(self._compiled(schema)), self.vocab_size, waits,
+        compiled = self._compiled(schema) if ebnf is None else self._compiled_ebnf(ebnf)
+        return Guide(_xgrammar().GrammarMatcher(compiled), self.vocab_size, waits,
                      hold=self._hold_for(waits), budget=budget, think_end=self.think_end)
 
     def budget(self, prompt_ids: Sequence[int], budget: int) -> Budget | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable
@@ -9,12 +10,16 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from cluster.guided import is_raw_string, schema_of
+from cluster.guided import check_schema, choice_grammar, ebnf_grammar, is_raw_string, regex_grammar, schema_of
 from cluster.parsers import TOOL_MARKERS
 from scheduler.request import SamplingParams
 
 MAX_LOGIT_BIAS = 300     # tokens one request may bias (OpenAI's bound)
 MAX_STOP_IDS = 300       # stop_token_ids one request may give (each is checked every step of its first min_tokens)
+# vLLM's structured_outputs keys that tune rather than hold the output: taken, not applied (the JSON grammar bounds
+# whitespace runs itself; additionalProperties is as the schema says)
+_STRUCTURED_OPTIONS = {"disable_fallback", "disable_any_whitespace", "disable_additional_properties",
+                       "whitespace_pattern", "backend"}
 MAX_ALLOWED_IDS = 4096   # allowed_token_ids one request may give (a step's host side lists them for its rows)
 
 
@@ -89,6 +94,13 @@ class _Sampling(OpenAIBody):
     # {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": {...}}}: the output
     # is held to the schema token by token (cluster/guided.py)
     response_format: dict[str, Any] | None = None
+    # vLLM's structured outputs, one at most (nor beside a response_format that holds the output): {"json": a schema,
+    # "regex": ..., "choice": [...], "grammar": EBNF, "json_object": true}; and its older names, guided_*
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     # vLLM's: with scheduling_policy priority, lower goes first (then by arrival); else it must be 0
     priority: int = Field(default=0, ge=-2**31, le=2**31 - 1)
     # vLLM's: each prompt token's logprob, its rank and the n most likely tokens at its place (the answer's
@@ -137,7 +149,7 @@ class _Sampling(OpenAIBody):
                               allowed_token_ids=tuple(self.allowed_token_ids or ()),
                               min_tokens=min(self.min_tokens, max_tokens),
                               logprobs=logprobs, text_breaks=text_breaks, logit_bias=self.bias_pairs(),
-                              json_schema=schema_of(self.response_format), priority=self.priority,
+                              json_schema=self.guidance[0], grammar=self.guidance[1], priority=self.priority,
                               thinking_budget=self.thinking_token_budget, prompt_logprobs=self.prompt_alternatives(),
                               cache_salt=self.cache_salt, **(tool_guidance or {}))
 
@@ -180,13 +192,47 @@ class _Sampling(OpenAIBody):
                             if v is not None), (None, None))
         if limit is not None and self.min_tokens > max(1, limit):
             raise ApiError(400, f"min_tokens ({self.min_tokens}) must not exceed {name} ({limit})", "min_tokens")
+        if any(self.guidance) and self.ignore_eos:
+            raise ApiError(400, "ignore_eos cannot be combined with structured output (response_format json_object / "
+                           "json_schema, structured_outputs, guided_*): a completed value ends at EOS", "ignore_eos")
+
+    @functools.cached_property
+    def guidance(self) -> tuple[str | None, str | None]:
+        """What holds the output: (a JSON schema's text, an EBNF grammar's source), one of them at most — from
+        ``response_format`` or vLLM's ``structured_outputs`` / ``guided_*``. A 400 names the field at fault."""
         try:
             schema = schema_of(self.response_format)
         except (ValueError, RuntimeError) as e:
             raise ApiError(400, str(e), "response_format") from None
-        if schema is not None and self.ignore_eos:
-            raise ApiError(400, "ignore_eos cannot be combined with response_format json_object / json_schema",
-                           "ignore_eos")
+        asked = [("response_format", None)] if schema is not None else []
+        for key, value in (self.structured_outputs or {}).items():
+            if key not in _STRUCTURED_OPTIONS and value is not None and value is not False:
+                asked.append((f"structured_outputs.{key}", value))
+        asked += [(f"guided_{k}", v) for k, v in (("json", self.guided_json), ("regex", self.guided_regex),
+                                                  ("choice", self.guided_choice), ("grammar", self.guided_grammar))
+                  if v is not None]
+        if len(asked) > 1:
+            raise ApiError(400, f"one structured output at most, got {', '.join(n for n, _ in asked)}", asked[1][0])
+        if schema is not None or not asked:
+            return schema, None
+        name, value = asked[0]
+        kind = name.rsplit(".", 1)[-1].removeprefix("guided_")
+        try:
+            if kind == "json":
+                text = value if isinstance(value, str) else json.dumps(value)
+                if not isinstance(json.loads(text), dict):
+                    raise ValueError("must be a JSON schema object")
+                check_schema(text)
+                return text, None
+            if kind == "json_object":
+                return '{"type": "object"}', None
+            build = {"regex": regex_grammar, "choice": choice_grammar, "grammar": ebnf_grammar}.get(kind)
+            if build is None:
+                raise ValueError("is not one of json, regex, choice, grammar, json_object")
+            return None, build(value)
+        except (ValueError, RuntimeError, RecursionError) as e:
+            raise ApiError(400, f"{name} {e}" if str(e).startswith(("must", "is not")) else f"{name}: {e}",
+                           name) from None
 
 
 class CompletionRequest(_Sampling):
@@ -338,8 +384,9 @@ class ChatCompletionRequest(_Sampling):
             return
         if not self.tools:
             raise ApiError(400, f"tool_choice {self.tool_choice!r} needs tools", "tool_choice")
-        if self.response_format and self.response_format.get("type") != "text":
-            raise ApiError(400, "tool_choice required or named cannot be combined with response_format", "tool_choice")
+        if any(self.guidance):
+            raise ApiError(400, "tool_choice required or named cannot be combined with response_format or "
+                           "structured_outputs", "tool_choice")
         name = self.forced_function
         names = [t.get("function", {}).get("name") for t in self.tools if isinstance(t.get("function"), dict)]
         if self.tool_choice != "required" and name not in names:

@@ -140,11 +140,12 @@ def _tool_guidance(body, tool_ids: dict[str, int] | None, tokenizer) -> dict:
     """The SamplingParams fields that hold a chat request's tool calls (``tool_ids``: the tool parser's markers, None
     when it is off). Where a function that may be called is strict (``"strict": true``), a grammar holds the calls
     (``guided.tool_grammar``: a strict function's arguments follow its schema) — from the answer's start under
-    tool_choice required / named, from the model's own ``<tool_call>`` under auto (not with response_format there);
+    tool_choice required / named, from the model's own ``<tool_call>`` under auto (not where structured output holds the
+    answer);
     otherwise required / named only force the call's start (``_forced_call``)."""
     forced = body.tool_choice not in (None, "auto", "none")
     if not body.tools or body.tool_choice == "none" or (not forced and (
-            tool_ids is None or tokenizer is None or (body.response_format or {}).get("type", "text") != "text")):
+            tool_ids is None or tokenizer is None or any(body.guidance))):
         return {}
     if forced and (tool_ids is None or tokenizer is None):
         raise ApiError(400, f"tool_choice {body.tool_choice!r} needs the server's tool parser (--tool-parser glm)",

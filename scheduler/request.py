@@ -82,6 +82,8 @@ class SamplingParams:
     allowed_token_ids: tuple[int, ...] = ()
     # structured output: the JSON schema (its JSON text) the output must match, token by token (cluster/guided.py)
     json_schema: str | None = None
+    # structured output by a grammar: its EBNF source (vLLM's regex, choice and grammar, converted at the HTTP edge)
+    grammar: str | None = None
     # token sequences the output must start with one of (after the reasoning): tool_choice required / named
     forced_paths: tuple[tuple[int, ...], ...] = ()
     # tool calls held to their functions' schemas: the grammar's xgrammar Lark source (cluster/guided.py tool_grammar)
@@ -169,15 +171,22 @@ class SamplingParams:
                 raise ValueError("ignore_eos cannot be combined with json_schema: a completed schema ends at EOS")
             if self.forced_paths:
                 raise ValueError("forced_paths cannot be combined with json_schema")
+        if self.grammar is not None:
+            if not isinstance(self.grammar, str) or not self.grammar:
+                raise ValueError("grammar must be a grammar's EBNF source")
+            if self.ignore_eos:
+                raise ValueError("ignore_eos cannot be combined with grammar: a completed grammar ends at EOS")
+            if self.json_schema is not None or self.forced_paths:
+                raise ValueError("grammar cannot be combined with json_schema or forced_paths")
         if self.tool_grammar is not None:
             if not isinstance(self.tool_grammar, str) or not self.tool_grammar:
                 raise ValueError("tool_grammar must be a grammar's source text")
             if self.ignore_eos:
                 raise ValueError("ignore_eos cannot be combined with tool_grammar: the finished calls end at EOS")
-            if self.json_schema is not None or self.forced_paths:
-                raise ValueError("tool_grammar cannot be combined with json_schema or forced_paths")
-        if self.guide_after and self.json_schema is None and self.tool_grammar is None:
-            raise ValueError("guide_after needs json_schema or tool_grammar")
+            if self.json_schema is not None or self.grammar is not None or self.forced_paths:
+                raise ValueError("tool_grammar cannot be combined with json_schema, grammar or forced_paths")
+        if self.guide_after and self.json_schema is None and self.grammar is None and self.tool_grammar is None:
+            raise ValueError("guide_after needs json_schema, grammar or tool_grammar")
         for tok in self.guide_after:
             _check_int("guide_after", tok)
             if tok < 0:

@@ -149,3 +149,31 @@ def test_ping_and_version(url):
     assert post(url, "/ping", b"") == (200, {"status": "ok"})
     status, out = get(url, "/version")
     assert status == 200 and isinstance(out["version"], str) and out["version"]
+
+
+def test_structured_outputs_hold_the_answer(url):
+    """vLLM's structured outputs — ``structured_outputs`` {choice, regex, json, grammar} and the older ``guided_*`` —
+    hold a completion's and a chat's answer; more than one, or one the grammar cannot take, is a 400 naming it."""
+    import json
+    import re
+
+    ask = lambda **kw: complete(url, prompt="The old man said", **{"max_tokens": 30, **kw})["choices"][0]  # noqa: E731
+    assert ask(guided_choice=["yes", "no"])["text"] in ("yes", "no")
+    assert ask(structured_outputs={"choice": ["the sea", "the sky"]}, temperature=1.0, seed=2)["text"] in (
+        "the sea", "the sky")
+    assert re.fullmatch(r"[0-9]{3}-[a-z]+", ask(structured_outputs={"regex": "[0-9]{3}-[a-z]+"})["text"])
+    out = ask(guided_json={"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
+              max_tokens=60)
+    assert out["finish_reason"] == "stop" and isinstance(json.loads(out["text"])["n"], int), out
+    assert ask(guided_grammar='root ::= "A" [0-9] "."')["text"] in {f"A{d}." for d in range(10)}
+    chat = post(url, "/v1/chat/completions", {
+        "model": MODEL, "messages": [{"role": "user", "content": "Yes or no?"}], "max_tokens": 10, "temperature": 0,
+        "chat_template_kwargs": {"enable_thinking": False}, "structured_outputs": {"choice": ["Yes", "No"]}})[1]
+    assert chat["choices"][0]["message"]["content"] in ("Yes", "No"), chat
+    for body, param in (({"guided_choice": ["a"], "guided_regex": "b"}, "guided_choice"),
+                        ({"structured_outputs": {"regex": "("}}, "structured_outputs.regex"),
+                        ({"structured_outputs": {"structural_tag": {}}}, "structured_outputs.structural_tag"),
+                        ({"guided_grammar": "root ::= "}, "guided_grammar"),
+                        ({"guided_regex": "a", "ignore_eos": True}, "ignore_eos")):
+        status, err = post(url, "/v1/completions", {"model": MODEL, "prompt": "x", **body})
+        assert status == 400 and err["error"]["param"] == param, (body, err)

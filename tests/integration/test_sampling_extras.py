@@ -1,7 +1,7 @@
-"""``min_tokens`` (vLLM's): an output's first ``min_tokens`` tokens are none of the tokens that would stop it (EOS unless
-``ignore_eos``, ``stop_token_ids``) and no stop string ends it before then — the same tokens plain, drafting and
-looking ahead; a grammar that allows only a stop token still ends the output there. And ``allowed_token_ids`` (vLLM's),
-plain == drafting == looking ahead."""
+"""vLLM's sampling extras on the engine (the tiny model): ``min_tokens`` — an output's first ``min_tokens`` tokens are
+none of the tokens that would stop it (EOS unless ``ignore_eos``, ``stop_token_ids``) and no stop string ends it before
+then; a grammar that allows only a stop token still ends the output there; ``allowed_token_ids``; structured outputs
+by a regex, a choice or an EBNF grammar — each the same tokens plain, drafting and looking ahead."""
 
 from __future__ import annotations
 
@@ -132,6 +132,34 @@ def test_allowed_token_ids_plain_drafting_and_looking_ahead_agree(engine_tok):
             "drawn": (prompt, SamplingParams(max_tokens=16, temperature=0.9, seed=5, allowed_token_ids=allowed))}
     want = {rid: _outputs(engine, {rid: r})[rid] for rid, r in reqs.items()}
     assert all(set(w[0]) <= set(allowed) and len(w[0]) == 16 for w in want.values()), want
+    spec, _ = _local(speculative_tokens=3)
+    assert {rid: _outputs(spec, {rid: r})[rid] for rid, r in reqs.items()} == want
+    ahead, _ = _local(cuda_graphs="eager")
+    assert {rid: _outputs(ahead, {rid: r})[rid] for rid, r in reqs.items()} == want
+    assert spec.stats["drafts_proposed"] > 0 and ahead.stats["ahead_steps"] > 0
+
+
+def test_regex_choice_and_grammar_outputs_plain_drafting_and_looking_ahead_agree(engine_tok):
+    """vLLM's structured outputs other than JSON (EBNF grammars from ``cluster.guided``): each output is one the
+    grammar takes, and drafting (MTP) and looking ahead give the plain engine's tokens; greedy and seeded drawn."""
+    import re
+
+    from cluster.guided import choice_grammar, ebnf_grammar, regex_grammar
+
+    engine, tok = engine_tok
+    prompt = _prompt(tok, "Is the sea old?")
+    choices = ["yes", "no", "the old sea"]
+    words = r"[a-z]{2,6}( [a-z]{2,6}){1,3}\."
+    cases = {"regex": (regex_grammar(words), lambda t: re.fullmatch(words, t)),
+             "choice": (choice_grammar(choices), lambda t: t in choices),
+             "grammar": (ebnf_grammar('root ::= "The answer is " ("yes" | "no") "."'),
+                         lambda t: t in ("The answer is yes.", "The answer is no."))}
+    reqs = {f"{kind}-{how}": (prompt, SamplingParams(max_tokens=40, grammar=src, **kw))
+            for kind, (src, _) in cases.items()
+            for how, kw in (("greedy", {"temperature": 0.0}), ("drawn", {"temperature": 1.0, "seed": 11}))}
+    want = {rid: _outputs(engine, {rid: r})[rid] for rid, r in reqs.items()}
+    for rid, (ids, text, reason) in want.items():
+        assert reason == "stop" and cases[rid.split("-")[0]][1](text), (rid, text, reason)
     spec, _ = _local(speculative_tokens=3)
     assert {rid: _outputs(spec, {rid: r})[rid] for rid, r in reqs.items()} == want
     ahead, _ = _local(cuda_graphs="eager")
