@@ -68,7 +68,8 @@ class StopStringMatcher:
     """Cuts streamed text at the earliest stop string, even one split across deltas.
 
     Text is released only once it cannot be the start of a stop string; the held-back tail is at most
-    ``max(len(stop)) - 1`` chars.
+    ``max(len(stop)) - 1`` chars. With ``keep`` (the stop string stays in the text) nothing is held back: that tail is
+    only searched again.
     """
 
     def __init__(self, stops: Sequence[str], keep: bool = False) -> None:
@@ -95,16 +96,22 @@ class StopStringMatcher:
             self._held = ""
             self.stopped = True
             cut, self.matched = hit
-            return buf[:cut + len(self.matched) * self._keep], True
+            if self._keep:                   # the tail searched again was out already
+                return buf[len(buf) - len(delta):cut + len(self.matched)], True
+            return buf[:cut], True
+        if self._keep:                       # nothing held back: the text out is the same whether a stop comes or not
+            self._held = buf[len(buf) - self._max_hold:] if self._max_hold else ""
+            self._quiet = 0 if armed else len(self._held)
+            return delta, False
         hold = self._partial_stop_len(buf)
         self._held = buf[len(buf) - hold:] if hold else ""
         self._quiet = 0 if armed else len(self._held)
         return buf[:len(buf) - hold], False
 
     def flush(self) -> str:
-        """At finish without a stop: release the held-back tail."""
+        """At finish without a stop: release the held-back tail (with ``keep``, out already)."""
         held, self._held, self._quiet = self._held, "", 0
-        return "" if self.stopped else held
+        return "" if self.stopped or self._keep else held
 
     def _earliest_stop(self, buf: str, quiet: int = 0) -> tuple[int, str] | None:
         """(index where the first stop string in ``buf`` that ends past its first ``quiet`` chars starts, that string),

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SERVE_PORT = 18123
+
+def _free_port() -> int:
+    """A port nothing listens on now. Not a fixed one: Serve's proxy binds with SO_REUSEPORT, so two test sessions on
+    one port (CI beside a developer's run) would each get the other's requests."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+SERVE_PORT = _free_port()
 # What the session's Ray workers take a host's memory to be (free, total GiB) where an engine sizes its KV pool to
 # memory (gpu_memory_utilization; workers/memory.py): 0.5 of it leaves 1.5 MiB for the KV. Other engines never read it.
 RAY_DEVICE_MEMORY = (2.0015, 4.0)

@@ -112,10 +112,15 @@ def test_stop_split_across_deltas():
 def test_a_kept_stop_string_ends_the_text_even_split_across_deltas():
     """vLLM's include_stop_str_in_output: the text ends after the stop string (the earliest one), not before."""
     matcher = StopStringMatcher(["</s>", "END"], keep=True)
-    assert matcher.feed("abc<") == ("abc", False)
-    assert matcher.feed("/") == ("", False)
-    assert matcher.feed("s>tail END") == ("</s>", True) and matcher.matched == "</s>"
+    assert matcher.feed("abc<") == ("abc<", False)      # nothing held back: the text out is the same either way
+    assert matcher.feed("/") == ("/", False)
+    assert matcher.feed("s>tail END") == ("s>", True) and matcher.matched == "</s>"
+    assert matcher.flush() == ""
     assert StopStringMatcher(["lo w", "world"], keep=True).feed("hello world") == ("hello w", True)
+    unarmed = StopStringMatcher(["ab"], keep=True)
+    assert unarmed.feed("xa", armed=False) == ("xa", False) and unarmed.feed("b!") == ("b", True)   # ends armed
+    late = StopStringMatcher(["ab"], keep=True)
+    assert late.feed("ab", armed=False) == ("ab", False) and late.feed("cab") == ("cab", True)     # the next one
 
 
 def test_held_partial_prefix_that_is_not_a_stop_is_emitted():
