@@ -268,7 +268,7 @@ class Engine:
                 self._refuse(*victim)
             req = self.schedulers[rank].add_request(req_id, ids, params)
             self._rank_of[req_id] = rank
-            self._streams[req_id] = OutputStream.open(ids, params, self.decode, request=req,
+            self._streams[req_id] = OutputStream.open(ids, params, self.decode, self.config.eos_token_ids, request=req,
                                                       admitted=next(self._admitted))
             self._unsent[req_id] = NewRequest(req_id, tuple(prompt_ids), params)
             if guide is not None:

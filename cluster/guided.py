@@ -128,25 +128,41 @@ def schema_of(response_format: dict | None) -> str | None:
     raise ValueError(f"response_format.type must be 'text', 'json_object' or 'json_schema', not {kind!r}")
 
 
-def regex_grammar(pattern: str) -> str:
-    """vLLM's ``regex``: the EBNF grammar of text matching ``pattern`` (xgrammar's regex syntax, as ECMAScript's)."""
+# A grammar goes to the engine as (kind, source), ``SamplingParams.grammar``, and is compiled from that source there:
+# xgrammar's printed form of a grammar does not read back (it writes é as \xe9, which its parser reads with every
+# hex digit after it).
+_HEX_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\x([0-9a-fA-F]{2})")     # \xHH, not \\xHH
+
+
+def regex_grammar(pattern: str) -> tuple[str, str]:
+    """vLLM's ``regex``: text matching ``pattern`` (xgrammar's regex syntax, as ECMAScript's), checked. Its
+    ``\\xHH`` escapes are written ``\\u00HH`` (xgrammar 0.2.9 reads hex digits after ``\\xHH`` into the escape)."""
     if not isinstance(pattern, str) or not pattern:
         raise ValueError("must be a non-empty regular expression")
-    return str(_built(lambda: _xgrammar().Grammar.from_regex(pattern)))
+    pattern = _HEX_ESCAPE.sub(r"\1\\u00\2", pattern)
+    _built(lambda: _xgrammar().Grammar.from_regex(pattern))
+    return "regex", pattern
 
 
-def choice_grammar(choices: Sequence[str]) -> str:
-    """vLLM's ``choice``: the EBNF grammar of exactly one of ``choices``."""
+def choice_grammar(choices: Sequence[str]) -> tuple[str, str]:
+    """vLLM's ``choice``: exactly one of ``choices``, as an EBNF grammar (each a literal of its own UTF-8 text)."""
     if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
         raise ValueError("must be a list of non-empty strings")
-    return str(_built(lambda: _xgrammar().Grammar.from_ebnf("root ::= " + " | ".join(map(json.dumps, choices)))))
+    if any(0xD800 <= ord(ch) <= 0xDFFF for c in choices for ch in c):
+        raise ValueError("must be valid Unicode (a lone surrogate is not)")
+    literal = lambda c: '"' + "".join(_EBNF_ESCAPES.get(ch, ch) for ch in c) + '"'     # noqa: E731
+    return ebnf_grammar("root ::= " + " | ".join(map(literal, choices)))
 
 
-def ebnf_grammar(source: str) -> str:
+_EBNF_ESCAPES = {'"': '\\"', "\\": "\\\\", **{chr(i): f"\\u{i:04x}" for i in range(32)}}
+
+
+def ebnf_grammar(source: str) -> tuple[str, str]:
     """vLLM's ``grammar``: an EBNF grammar (xgrammar's / GBNF's syntax, its start rule ``root``), checked."""
     if not isinstance(source, str) or not source.strip():
         raise ValueError("must be an EBNF grammar's source")
-    return str(_built(lambda: _xgrammar().Grammar.from_ebnf(source)))
+    _built(lambda: _xgrammar().Grammar.from_ebnf(source))
+    return "ebnf", source
 
 
 MAX_WHITESPACE = 32   # a run of whitespace between a JSON value's tokens (indented output fits; a model stuck on spaces
@@ -364,12 +380,15 @@ class _Gated:
 
 
 class Guide(_Gated):
-    """One request's grammar state: the next allowed tokens, and the tokens committed since (``accept``)."""
+    """One request's grammar state: the next allowed tokens, and the tokens committed since (``accept``). ``ends``: the
+    mask of a grammar that allows nothing next (a client's dead end, ``root ::= "ab" []``): the stop tokens, so the
+    output ends there rather than sampling from a row with nothing left."""
 
     def __init__(self, matcher, vocab_size: int, waits: Sequence[int], starts_on: int | None = None,
-                 hold: np.ndarray | None = None, budget: int | None = None, think_end: int | None = None):
+                 hold: np.ndarray | None = None, budget: int | None = None, think_end: int | None = None,
+                 ends: np.ndarray | None = None):
         super().__init__(vocab_size, waits, starts_on, hold, budget, think_end)
-        self.matcher = matcher
+        self.matcher, self.ends = matcher, ends
 
     def mask(self) -> np.ndarray | None:
         """The allowed next tokens as int32 words [⌈V / 32⌉], or None while unconstrained (inside the reasoning). An
@@ -377,9 +396,18 @@ class Guide(_Gated):
         that a worker behind a socket cannot open."""
         if self.wait_for is not None:
             return self._held
+        words = self._next()
+        return words if words.any() or self.ends is None else self.ends
+
+    def _next(self) -> np.ndarray:
         words = _xgrammar().allocate_token_bitmask(1, self.vocab_size)
         self.matcher.fill_next_token_bitmask(words)
         return words[0].numpy()
+
+    @property
+    def empty(self) -> bool:
+        """Whether the grammar allows no token now (at the start: it takes no output at all)."""
+        return not self._next().any()
 
     def masks(self, drafts: Sequence[int] = ()) -> list[np.ndarray | None]:
         """The masks of a verify round's rows: row i's allows what may follow the first i ``drafts``; past a draft the
@@ -528,17 +556,24 @@ class Guides:
                       "json_schema: ")
 
     @functools.lru_cache(maxsize=64)
-    def _compiled_ebnf(self, source: str):
-        return _built(lambda: self._compiler.compile_grammar(source), "grammar: ")
+    def _compiled_grammar(self, grammar: tuple[str, str]):
+        kind, source = grammar
+        compile = self._compiler.compile_regex if kind == "regex" else self._compiler.compile_grammar
+        return _built(lambda: compile(source), f"{kind}: ")
 
     @functools.lru_cache(maxsize=64)
     def _compiled_tools(self, source: str):
-        return _built(lambda: self._tool_compiler.compile_grammar(_xgrammar().Grammar.from_lark(source)), "tools: ")
+        # compile_lark, not compile_grammar(Grammar.from_lark(...)): a name's é came out as other text that way
+        return _built(lambda: self._tool_compiler.compile_lark(source), "tools: ")
 
     def _waits(self, prompt_ids: Sequence[int], after: Sequence[int] = ()) -> list[int]:
         """``</think>`` when the prompt opens the reasoning (a guide starts after it), then ``after``."""
         opens = self.think_start is not None and len(prompt_ids) > 0 and prompt_ids[-1] == self.think_start
         return [self.think_end, *after] if opens else list(after)
+
+    @functools.cached_property
+    def _ends(self) -> np.ndarray:
+        return _bitmask(self.vocab_size, self.stop_ids)
 
     @functools.cached_property
     def _hold(self) -> np.ndarray:
@@ -549,13 +584,16 @@ class Guides:
         return self._hold if list(waits) == [self.think_end] else None
 
     def guide(self, schema: str | None, prompt_ids: Sequence[int], after: Sequence[int] = (),
-              budget: int | None = None, ebnf: str | None = None) -> Guide:
-        """A guide for a new request held to ``schema`` (a JSON schema's text) or ``ebnf`` (a grammar's source); one
-        whose prompt opens the reasoning waits for its end."""
+              budget: int | None = None, grammar: tuple[str, str] | None = None) -> Guide:
+        """A guide for a new request held to ``schema`` (a JSON schema's text) or ``grammar`` ((kind, source):
+        ``regex_grammar``'s, ``ebnf_grammar``'s); one whose prompt opens the reasoning waits for its end."""
         waits = self._waits(prompt_ids, after)
-        compiled = self._compiled(schema) if ebnf is None else self._compiled_ebnf(ebnf)
-        return Guide(_xgrammar().GrammarMatcher(compiled), self.vocab_size, waits,
-                     hold=self._hold_for(waits), budget=budget, think_end=self.think_end)
+        compiled = self._compiled(schema) if grammar is None else self._compiled_grammar(grammar)
+        guide = Guide(_xgrammar().GrammarMatcher(compiled), self.vocab_size, waits, hold=self._hold_for(waits),
+                      budget=budget, think_end=self.think_end, ends=self._ends)
+        if guide.empty:
+            raise ValueError(f"{grammar[0] if grammar else 'schema'}: it allows no output")
+        return guide
 
     def budget(self, prompt_ids: Sequence[int], budget: int) -> Budget | None:
         """A reasoning budget alone; None where the prompt does not open the reasoning (nothing to count)."""
@@ -569,10 +607,10 @@ class Guides:
         a ``<tool_call>`` the model opens before closing it."""
         matcher = _xgrammar().GrammarMatcher(self._compiled_tools(source))
         if after:                               # (no budget: the guide waits for a call, not the reasoning's end)
-            return Guide(matcher, self.vocab_size, after)
+            return Guide(matcher, self.vocab_size, after, ends=self._ends)
         waits = self._waits(prompt_ids)
         return Guide(matcher, self.vocab_size, waits, self.tokenizer.special_ids_by_token()["<tool_call>"],
-                     self._hold_for(waits), budget, self.think_end)
+                     self._hold_for(waits), budget, self.think_end, self._ends)
 
     def prefix(self, paths: Sequence[Sequence[int]], prompt_ids: Sequence[int], budget: int | None = None) -> Prefix:
         """A guide for a new request that must start with one of ``paths`` (after the reasoning, as ``guide``)."""

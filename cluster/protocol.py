@@ -205,8 +205,8 @@ class _Sampling(OpenAIBody):
         except (ValueError, RuntimeError) as e:
             raise ApiError(400, str(e), "response_format") from None
         asked = [("response_format", None)] if schema is not None else []
-        for key, value in (self.structured_outputs or {}).items():
-            if key not in _STRUCTURED_OPTIONS and value is not None and value is not False:
+        for key, value in (self.structured_outputs or {}).items():     # (json_object false: not asked)
+            if key not in _STRUCTURED_OPTIONS and value is not None and not (key == "json_object" and value is False):
                 asked.append((f"structured_outputs.{key}", value))
         asked += [(f"guided_{k}", v) for k, v in (("json", self.guided_json), ("regex", self.guided_regex),
                                                   ("choice", self.guided_choice), ("grammar", self.guided_grammar))
@@ -225,6 +225,8 @@ class _Sampling(OpenAIBody):
                 check_schema(text)
                 return text, None
             if kind == "json_object":
+                if value is not True:
+                    raise ValueError("must be true or false")
                 return '{"type": "object"}', None
             build = {"regex": regex_grammar, "choice": choice_grammar, "grammar": ebnf_grammar}.get(kind)
             if build is None:

@@ -64,11 +64,14 @@ class OutputStream:
             self.prompt_lps += lps[len(self.prompt_lps) + 1 - first:]
 
     @classmethod
-    def open(cls, prompt_ids: Sequence[int], params: SamplingParams, decode, **kw) -> OutputStream:
-        """A request's stream: its detokenizer over ``decode`` (None: token ids only), its stop strings and ids."""
+    def open(cls, prompt_ids: Sequence[int], params: SamplingParams, decode, eos: Sequence[int] = (),
+             **kw) -> OutputStream:
+        """A request's stream: its detokenizer over ``decode`` (None: token ids only), its stop strings and ids (an EOS
+        id among them is EOS: no stop_reason, as vLLM's)."""
+        stop_ids = set(params.stop_token_ids) - (set() if params.ignore_eos else set(eos))
         return cls(len(prompt_ids), IncrementalDetokenizer(decode, list(prompt_ids)) if decode else None,
                    StopStringMatcher(params.stop, params.include_stop_str_in_output), frozenset(params.text_breaks),
-                   frozenset(params.stop_token_ids), params.include_stop_str_in_output,
+                   frozenset(stop_ids), params.include_stop_str_in_output,
                    prompt_lps=None if params.prompt_logprobs is None else [], min_tokens=params.min_tokens, **kw)
 
     def text(self, ids: Sequence[int], last: bool, held: bool = False, stop_token: bool = False) -> tuple[str, bool]:

@@ -82,8 +82,9 @@ class SamplingParams:
     allowed_token_ids: tuple[int, ...] = ()
     # structured output: the JSON schema (its JSON text) the output must match, token by token (cluster/guided.py)
     json_schema: str | None = None
-    # structured output by a grammar: its EBNF source (vLLM's regex, choice and grammar, converted at the HTTP edge)
-    grammar: str | None = None
+    # structured output by a grammar: ("regex", a pattern) or ("ebnf", a grammar's source) — vLLM's regex, choice and
+    # grammar (``cluster/guided.py``'s regex_grammar, choice_grammar, ebnf_grammar)
+    grammar: tuple[str, str] | None = None
     # token sequences the output must start with one of (after the reasoning): tool_choice required / named
     forced_paths: tuple[tuple[int, ...], ...] = ()
     # tool calls held to their functions' schemas: the grammar's xgrammar Lark source (cluster/guided.py tool_grammar)
@@ -172,8 +173,10 @@ class SamplingParams:
             if self.forced_paths:
                 raise ValueError("forced_paths cannot be combined with json_schema")
         if self.grammar is not None:
-            if not isinstance(self.grammar, str) or not self.grammar:
-                raise ValueError("grammar must be a grammar's EBNF source")
+            object.__setattr__(self, "grammar", tuple(self.grammar))
+            if len(self.grammar) != 2 or self.grammar[0] not in ("regex", "ebnf") or \
+                    not isinstance(self.grammar[1], str) or not self.grammar[1]:
+                raise ValueError("grammar must be ('regex', a pattern) or ('ebnf', a grammar's source)")
             if self.ignore_eos:
                 raise ValueError("ignore_eos cannot be combined with grammar: a completed grammar ends at EOS")
             if self.json_schema is not None or self.forced_paths:

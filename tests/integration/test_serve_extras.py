@@ -166,6 +166,9 @@ def test_structured_outputs_hold_the_answer(url):
               max_tokens=60)
     assert out["finish_reason"] == "stop" and isinstance(json.loads(out["text"])["n"], int), out
     assert ask(guided_grammar='root ::= "A" [0-9] "."')["text"] in {f"A{d}." for d in range(10)}
+    assert ask(guided_choice=["über", "😀 yes"])["text"] in ("über", "😀 yes")          # their own text, not escapes
+    dead = ask(guided_grammar='root ::= "ab" []', logprobs=1)                         # a dead end: the output ends
+    assert dead["text"] == "ab" and all(lp is not None for lp in dead["logprobs"]["token_logprobs"]), dead
     chat = post(url, "/v1/chat/completions", {
         "model": MODEL, "messages": [{"role": "user", "content": "Yes or no?"}], "max_tokens": 10, "temperature": 0,
         "chat_template_kwargs": {"enable_thinking": False}, "structured_outputs": {"choice": ["Yes", "No"]}})[1]
@@ -174,6 +177,8 @@ def test_structured_outputs_hold_the_answer(url):
                         ({"structured_outputs": {"regex": "("}}, "structured_outputs.regex"),
                         ({"structured_outputs": {"structural_tag": {}}}, "structured_outputs.structural_tag"),
                         ({"guided_grammar": "root ::= "}, "guided_grammar"),
-                        ({"guided_regex": "a", "ignore_eos": True}, "ignore_eos")):
+                        ({"guided_regex": "a", "ignore_eos": True}, "ignore_eos"),
+                        ({"guided_grammar": "root ::= []"}, "structured_outputs"),      # takes no output at all
+                        ({"structured_outputs": {"json_object": 0}}, "structured_outputs.json_object")):
         status, err = post(url, "/v1/completions", {"model": MODEL, "prompt": "x", **body})
         assert status == 400 and err["error"]["param"] == param, (body, err)

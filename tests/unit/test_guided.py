@@ -409,3 +409,57 @@ def test_strict_string_patterns_keep_their_escapes_and_lengths_name_their_bounds
     for bad in ({"minLength": True}, {"maxLength": 10**12}, {"minLength": 3, "maxLength": 2}):
         with pytest.raises(ValueError, match="minLength / maxLength"):
             _value({"type": "string", **bad}, {})
+
+
+def _takes(tok, guides, grammar, text: str) -> bool:
+    """Whether ``grammar``'s guide allows ``text``'s tokens in order and then a stop token."""
+    g = guides.guide(None, tok.encode("hi"), grammar=grammar)
+    for t in tok.encode(text):
+        if t not in allowed(g):
+            return False
+        g.accept([t])
+    return bool(set(tok.eos_token_ids) & allowed(g))
+
+
+def test_regex_choice_and_grammar_keep_non_ascii_text_and_their_escapes(tok, guides):
+    """vLLM's regex / choice / grammar reach the compiler as the client wrote them (xgrammar's printed form would turn
+    é + a hex letter into another character, and an emoji into surrogates); a regex's \\xHH is that one byte's char."""
+    from cluster.guided import choice_grammar, ebnf_grammar, regex_grammar
+
+    choice = choice_grammar(["über", "😀 yes", 'quote " and \\ back', "tab\there"])
+    for text in ("über", "😀 yes", 'quote " and \\ back', "tab\there"):
+        assert _takes(tok, guides, choice, text), text
+    assert not _takes(tok, guides, choice, "uber")
+    assert _takes(tok, guides, ebnf_grammar('root ::= "décembre"'), "décembre")
+    assert _takes(tok, guides, regex_grammar("[éa]{4}"), "éaéa")
+    assert regex_grammar(r"\x41B|\\x41") == ("regex", r"\u0041B|\\x41")       # an escaped backslash stays as it was
+    assert _takes(tok, guides, regex_grammar(r"\x41B"), "AB")
+    for bad in ([], [""], ["a\ud800"], "yes"):
+        with pytest.raises(ValueError, match="must"):
+            choice_grammar(bad)
+
+
+def test_a_grammar_with_no_output_is_refused_and_a_dead_end_ends_the_output(tok, guides):
+    """A grammar that takes no text at all is a ValueError (the request's 400); one that runs into a dead end allows
+    the stop tokens there, so no row is sampled with nothing left."""
+    from cluster.guided import ebnf_grammar
+
+    for src in ("root ::= []", "root ::= root"):
+        with pytest.raises(ValueError, match="allows no output"):
+            guides.guide(None, tok.encode("hi"), grammar=ebnf_grammar(src))
+    g = guides.guide(None, tok.encode("hi"), grammar=ebnf_grammar('root ::= "ab" []'))
+    for t in tok.encode("ab"):
+        g.accept([t])
+    assert allowed(g) == set(tok.eos_token_ids)
+
+
+def test_a_strict_functions_non_ascii_key_is_its_own_text(tok, guides, marks):
+    """A strict function's property named "décembre" is that text in the call (through xgrammar's printed grammar it
+    came out as other text)."""
+    from cluster.guided import tool_grammar
+
+    fn = {"name": "f", "strict": True, "parameters": {"type": "object", "properties": {"décembre": {"type": "string"}},
+                                                      "required": ["décembre"], "additionalProperties": False}}
+    g = guides.tool_guide(tool_grammar([{"type": "function", "function": fn}], marks), tok.encode("hi"))
+    call = ["<tool_call>", "f", "<arg_key>", "décembre", "</arg_key>", "<arg_value>", "x", "</arg_value>", "</tool_call>"]
+    assert feed(tok, marks, g, call) is None and g.rejected == 0
