@@ -6,8 +6,9 @@ Each input line is a request — ``{"custom_id": ..., "method": "POST", "url": "
 answered (an error body with its status where it refused the request), or ``"response": null`` with an ``error``
 where a line is no request (not UTF-8 or not JSON, a field missing, a streamed body, a ``custom_id`` seen before;
 its message names the input line) or the server could not be reached (a refused connection is tried again until the
-server has refused every line for ``REFUSED_S`` seconds: one restarting comes back, one gone fails the rest fast). Up to ``max_concurrency`` requests are in flight; a 429 or 503 (back-pressure, a replica restarting) is retried
-after its ``Retry-After``, so a batch larger than the queue still completes.
+server has refused every line for ``REFUSED_S`` seconds: one restarting comes back, one gone fails the rest fast).
+Up to ``max_concurrency`` requests are in flight; a 429 or 503 (back-pressure, a replica restarting) is retried after
+its ``Retry-After``, so a batch larger than the queue still completes.
 """
 
 from __future__ import annotations

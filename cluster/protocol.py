@@ -197,8 +197,8 @@ class _Sampling(OpenAIBody):
                            "json_schema, structured_outputs, guided_*): a completed value ends at EOS", "ignore_eos")
 
     @functools.cached_property
-    def guidance(self) -> tuple[str | None, str | None]:
-        """What holds the output: (a JSON schema's text, an EBNF grammar's source), one of them at most — from
+    def guidance(self) -> tuple[str | None, tuple[str, str] | None]:
+        """What holds the output: (a JSON schema's text, a grammar's (kind, source)), one of them at most — from
         ``response_format`` or vLLM's ``structured_outputs`` / ``guided_*``. A 400 names the field at fault."""
         try:
             schema = schema_of(self.response_format)

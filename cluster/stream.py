@@ -81,14 +81,13 @@ class OutputStream:
         does one end in the text of the output's first ``min_tokens`` tokens (vLLM's count). ``stop_token``: the last
         id is the EOS or stop token id that ended the output: its text is no part of it (vLLM's), unless
         ``keep_stop``."""
-        if stop_token and not self.keep_stop:
-            ids = ids[:-1]
-        text = self.detok.add(list(ids)) if self.detok else ""
+        armed = self.num_output + len(ids) > self.min_tokens
+        text = self.detok.add(list(ids[:-1] if stop_token and not self.keep_stop else ids)) if self.detok else ""
         if last and self.detok:
             text += self.detok.flush()
         if held:
             return self.stops.flush() + text, False
-        text, stopped = self.stops.feed(text, armed=self.num_output + len(ids) > self.min_tokens)
+        text, stopped = self.stops.feed(text, armed=armed)
         if last and not stopped:
             text += self.stops.flush()
         return text, stopped

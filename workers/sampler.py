@@ -145,8 +145,9 @@ def probs_for_rows(logits: Tensor, params: list[SamplingParams], counts: Tensor 
 def apply_penalties(logits: Tensor, params: list[SamplingParams], counts: Tensor | None,
                     num_generated: list[int] | None = None) -> Tensor:
     """Repetition (prompt + generated ids), presence and frequency (generated ids only) penalties, then the rows'
-    logit biases and ``allowed_token_ids``, then ``min_tokens``: a row sampling token ``num_generated[i]`` < its ``min_tokens`` may not sample
-    its ``min_tokens_ban`` ids — unless they are all it has left (a grammar that allows only a stop token).
+    logit biases and ``allowed_token_ids``, then ``min_tokens``: a row sampling token ``num_generated[i]`` < its
+    ``min_tokens`` may not sample its ``min_tokens_ban`` ids — unless they are all it has left (a grammar that allows
+    only a stop token).
 
     logits: [B, V] fp32; counts: [B, 2, V] (every id of the row's history, its generated ids); returns a new [B, V]
     tensor (the input is left untouched), or the input when no row has penalties or biases.

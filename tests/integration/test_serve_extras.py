@@ -152,7 +152,7 @@ def test_ping_and_version(url):
 
 
 def test_structured_outputs_hold_the_answer(url):
-    """vLLM's structured outputs — ``structured_outputs`` {choice, regex, json, grammar} and the older ``guided_*`` —
+    """vLLM's structured outputs — ``structured_outputs`` {choice, regex, json, grammar} and the older guided_* —
     hold a completion's and a chat's answer; more than one, or one the grammar cannot take, is a 400 naming it."""
     import json
     import re
@@ -166,7 +166,7 @@ def test_structured_outputs_hold_the_answer(url):
               max_tokens=60)
     assert out["finish_reason"] == "stop" and isinstance(json.loads(out["text"])["n"], int), out
     assert ask(guided_grammar='root ::= "A" [0-9] "."')["text"] in {f"A{d}." for d in range(10)}
-    assert ask(guided_choice=["über", "😀 yes"])["text"] in ("über", "😀 yes")          # their own text, not escapes
+    assert ask(guided_choice=["über", "😀 yes"])["text"] in ("über", "😀 yes")      # their own text, not escapes
     dead = ask(guided_grammar='root ::= "ab" []', logprobs=1)                         # a dead end: the output ends
     assert dead["text"] == "ab" and all(lp is not None for lp in dead["logprobs"]["token_logprobs"]), dead
     chat = post(url, "/v1/chat/completions", {

@@ -461,5 +461,6 @@ def test_a_strict_functions_non_ascii_key_is_its_own_text(tok, guides, marks):
     fn = {"name": "f", "strict": True, "parameters": {"type": "object", "properties": {"décembre": {"type": "string"}},
                                                       "required": ["décembre"], "additionalProperties": False}}
     g = guides.tool_guide(tool_grammar([{"type": "function", "function": fn}], marks), tok.encode("hi"))
-    call = ["<tool_call>", "f", "<arg_key>", "décembre", "</arg_key>", "<arg_value>", "x", "</arg_value>", "</tool_call>"]
+    call = ["<tool_call>", "f", "<arg_key>", "décembre", "</arg_key>", "<arg_value>", "x", "</arg_value>",
+            "</tool_call>"]
     assert feed(tok, marks, g, call) is None and g.rejected == 0
