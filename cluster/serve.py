@@ -141,8 +141,7 @@ def _tool_guidance(body, tool_ids: dict[str, int] | None, tokenizer) -> dict:
     when it is off). Where a function that may be called is strict (``"strict": true``), a grammar holds the calls
     (``guided.tool_grammar``: a strict function's arguments follow its schema) — from the answer's start under
     tool_choice required / named, from the model's own ``<tool_call>`` under auto (not where structured output holds the
-    answer);
-    otherwise required / named only force the call's start (``_forced_call``)."""
+    answer); otherwise required / named only force the call's start (``_forced_call``)."""
     forced = body.tool_choice not in (None, "auto", "none")
     if not body.tools or body.tool_choice == "none" or (not forced and (
             tool_ids is None or tokenizer is None or any(body.guidance))):
