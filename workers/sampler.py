@@ -176,7 +176,7 @@ def apply_penalties(logits: Tensor, params: list[SamplingParams], counts: Tensor
         out = out.index_put((index[0], index[1]), bias, accumulate=True)    # a new tensor: the input stays
     if any(p.allowed_token_ids for p in params):
         V, device = logits.shape[1], logits.device
-        allowed = torch.stack([_allowed(p.allowed_token_ids, V, device) for p in params])      # [B, V]
+        allowed = torch.stack([allowed_mask(p.allowed_token_ids, V, device) for p in params])      # [B, V]
         out = _unless_empty(out.masked_fill(~allowed, float("-inf")), out)
     where = [(i, tok) for i, p in enumerate(params) if num_generated is not None and num_generated[i] < p.min_tokens
              for tok in p.min_tokens_ban]
@@ -187,7 +187,7 @@ def apply_penalties(logits: Tensor, params: list[SamplingParams], counts: Tensor
 
 
 @functools.lru_cache(maxsize=64)
-def _allowed(ids: tuple[int, ...], vocab: int, device: torch.device) -> Tensor:
+def allowed_mask(ids: tuple[int, ...], vocab: int, device: torch.device) -> Tensor:
     """A row's ``allowed_token_ids`` as a [V] bool mask on ``device`` (every id where it has none): built once a
     request, not every step."""
     mask = torch.zeros(vocab, dtype=torch.bool) if ids else torch.ones(vocab, dtype=torch.bool)

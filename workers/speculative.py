@@ -23,8 +23,8 @@ from typing import Protocol, Sequence
 import torch
 
 from scheduler.request import SamplingParams
-from workers.sampler import (fill_seeded_noise, has_penalties, probs_for_rows, sample, sample_on_device, to_device,
-                             with_drafts)
+from workers.sampler import (allowed_mask, fill_seeded_noise, has_penalties, probs_for_rows, sample, sample_on_device,
+                             to_device, with_drafts)
 
 def _race(probs: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
     """A draw from each row of ``probs`` [..., V] by an exponential race: argmax p / e, e ~ Exp(1) — ``noise`` (filled,
@@ -80,6 +80,9 @@ def pick_draft(logits: torch.Tensor, params: SamplingParams, counts: torch.Tenso
     (None without penalties; the drafts so far are added on the device); num_generated: the output's length; so_far:
     the drafts before this one ([1] each)."""
     if params.is_greedy:
+        if params.allowed_token_ids:        # a draft outside them would only be rejected
+            logits = logits.masked_fill(~allowed_mask(params.allowed_token_ids, logits.shape[-1], logits.device),
+                                        float("-inf"))
         return logits.argmax(dim=-1, keepdim=True), None
     if counts is not None:
         counts = with_drafts(counts, torch.cat(so_far))[-1:] if so_far else counts[None]

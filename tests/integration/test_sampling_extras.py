@@ -133,7 +133,10 @@ def test_allowed_token_ids_plain_drafting_and_looking_ahead_agree(engine_tok):
     want = {rid: _outputs(engine, {rid: r})[rid] for rid, r in reqs.items()}
     assert all(set(w[0]) <= set(allowed) and len(w[0]) == 16 for w in want.values()), want
     spec, _ = _local(speculative_tokens=3)
-    assert {rid: _outputs(spec, {rid: r})[rid] for rid, r in reqs.items()} == want
+    assert _outputs(spec, {"greedy": reqs["greedy"]})["greedy"] == want["greedy"]
+    # its drafts are argmaxes over the allowed ids (the raw argmax: 5 of 26 accepted here, measured)
+    assert spec.stats["drafts_accepted"] * 3 >= spec.stats["drafts_proposed"] > 0, spec.stats
+    assert _outputs(spec, {"drawn": reqs["drawn"]})["drawn"] == want["drawn"]
     ahead, _ = _local(cuda_graphs="eager")
     assert {rid: _outputs(ahead, {rid: r})[rid] for rid, r in reqs.items()} == want
     assert spec.stats["drafts_proposed"] > 0 and ahead.stats["ahead_steps"] > 0
