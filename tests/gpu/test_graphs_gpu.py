@@ -6,7 +6,8 @@
 - seeded drawn rows launched ahead draw the tokens they draw without look-ahead;
 - drawn drafts picked between captured drafting graphs equal the eager drafter's, seeded ones plain decoding;
 - a thinking budget closes the reasoning at its count on graph steps, looking ahead and drafting as plain;
-- ``allowed_token_ids`` hold the output on graph steps, looking ahead and drafting as plain;
+- ``allowed_token_ids`` hold the output on graph steps, looking ahead and drafting as plain; so do regex and choice
+  grammars (vLLM's structured outputs);
 - prompt logprobs on graph steps and pieces equal one forward of the CPU reference over the prompt;
 - the other steps' per-layer pieces (``workers/pieces.py``): replayed == run uncaptured bit for bit (hidden rows and
   KV), the engine's tokens with them equal its tokens without, and after the warm-up nothing more is captured.
@@ -328,6 +329,38 @@ def test_structured_output_on_graph_steps(k):
     assert (engine.stats["ahead_steps"] > 0) == (k == 0), engine.stats     # (k = 2: drafts, once one request is left)
     assert_follows(engine, tok, prompt, guided, out)
     assert out["greedy"][2] == "stop", out["greedy"]
+
+
+def test_regex_and_choice_grammars_on_graph_steps_equal_plain():
+    """vLLM's regex / choice structured outputs on the GPU path (fp32, CUDA graphs, the Triton kernels): each output is
+    one the grammar takes, and an engine looking ahead and one drafting (graph drafting) give the tokens of one that
+    does neither — greedy and seeded."""
+    pytest.importorskip("xgrammar")
+    import re
+
+    from cluster.config import EngineConfig
+    from cluster.guided import choice_grammar, regex_grammar
+    from cluster.local import build_local_engine
+    from tests.integration.test_engine import _outputs
+
+    def engine(**kw):
+        return build_local_engine(EngineConfig(device="cuda", dtype="float32", kv_cache_tokens=4096, warmup_tokens=0,
+                                               **kw), progress=False)
+
+    plain, tok = engine()
+    plain.lookahead = False
+    prompt = tok.encode_chat([{"role": "user", "content": "Is the sea old?"}], enable_thinking=False)
+    words, choices = r"[a-z]{2,6}( [a-z]{2,6}){1,3}\.", ["yes", "no", "the old sea"]
+    reqs = {"regex": (prompt, SamplingParams(max_tokens=40, temperature=0.0, grammar=regex_grammar(words))),
+            "choice": (prompt, SamplingParams(max_tokens=40, temperature=1.0, seed=4,
+                                              grammar=choice_grammar(choices)))}
+    want = {rid: _outputs(plain, {rid: r})[rid] for rid, r in reqs.items()}
+    assert re.fullmatch(words, want["regex"][1]) and want["choice"][1] in choices, want
+    for kw, stat in (({}, "ahead_steps"), ({"speculative_tokens": 3}, "drafts_proposed")):
+        eng, _ = engine(**kw)
+        for rid in reqs:                                    # alone: a solo request drafts on the graph path
+            assert _outputs(eng, {rid: reqs[rid]})[rid] == want[rid], (kw, rid)
+        assert eng.stats["graph_steps"] > 0, (kw, eng.stats)
 
 
 def test_a_guided_request_drafting_on_graph_steps_equals_plain():
