@@ -19,7 +19,7 @@ class Formatter:
                  thinking: bool = False, n: int = 1, tool_ids: dict[str, int] | None = None,
                  echoes: list[str] | None = None, string_args: dict[str, set[str]] | None = None,
                  echo_only: bool = False, prompt_top: int | None = None, token_ids_as_names: bool = False,
-                 continuous_usage: bool = False):
+                 continuous_usage: bool = False, return_ids: bool = False):
         self.ing, self.rid, self.chat, self.logprobs, self.n = ingress, rid, chat, logprobs, n
         self.prompts = prompts                      # choice c answers prompts[c // n]
         self.num_prompt = sum(map(len, prompts))
@@ -30,6 +30,7 @@ class Formatter:
         self.echo_only = echo_only                  # max_tokens 0: the one token sampled is no part of the answer
         self.as_ids = token_ids_as_names            # vLLM's return_tokens_as_token_ids: logprobs name "token_id:<id>"
         self.continuous_usage = continuous_usage    # vLLM's continuous_usage_stats: each chunk its choice's usage
+        self.return_ids = return_ids                # vLLM's return_token_ids: the prompt's and the output's token ids
         self.text_len = [len(e) for e in self.echo]  # characters of each choice's text so far (text_offset)
         choices = len(prompts) * n
         tool_start = tool_ids["<tool_call>"] if tool_ids else None
@@ -132,9 +133,11 @@ class Formatter:
         texts, thoughts, reasons, lps, completion = list(self.echo), [""] * n, [None] * n, [[] for _ in range(n)], 0
         stops: list[str | None] = [None] * n
         prompt_lps: list = [[] for _ in range(n)]
+        ids: list[list[int]] = [[] for _ in range(n)]
         async for i, ev in merged:
             self._error(ev)
             ev = self._shown(ev)
+            ids[i] += ev.token_ids
             prompt_lps[i] = ev.prompt_logprobs if ev.prompt_logprobs is not None else prompt_lps[i]
             self.fingerprint = ev.served_by
             self._count_cached(i, ev)
@@ -165,10 +168,16 @@ class Formatter:
                                 "stop_reason": stops[i]})
                 if self.prompt_top is not None:
                     choices[-1]["prompt_logprobs"] = self._vllm_prompt_logprobs(i, prompt_lps[i])
+            if self.return_ids:                         # vLLM's return_token_ids (a chat's prompt: beside its choices)
+                choices[-1]["token_ids"] = ids[i]
+                if not self.chat:
+                    choices[-1]["prompt_token_ids"] = self.prompts[i // self.n]
         body = {"id": self.rid, "object": self.object, "created": self.created, "model": self.ing.model_name,
                 "system_fingerprint": self.fingerprint, "choices": choices, "usage": self._usage(completion)}
         if self.chat and self.prompt_top is not None:       # vLLM's: the chat's one prompt, beside its choices
             body["prompt_logprobs"] = self._vllm_prompt_logprobs(0, prompt_lps[0])
+        if self.chat and self.return_ids:
+            body["prompt_token_ids"] = self.prompts[0]
         return body
 
     def _shown(self, ev):
@@ -202,6 +211,7 @@ class Formatter:
         """The stream's chunks: each event's choice delta, then one with no choices and the usage — or, at an error,
         its body, last."""
         completion, started, each = 0, set(), [0] * len(self.echo)     # each: a choice's tokens so far
+        unsent, sent = [[] for _ in self.echo], set()   # return_token_ids: a choice's ids no chunk carried yet
         async for i, ev in merged:
             if ev.error:
                 yield self._api_error(ev).body()
@@ -209,6 +219,7 @@ class Formatter:
             ev = self._shown(ev)
             completion += len(ev.token_ids)
             each[i] += len(ev.token_ids)
+            unsent[i] += ev.token_ids
             self.fingerprint = ev.served_by
             self._count_cached(i, ev)
             if self.chat:
@@ -236,7 +247,13 @@ class Formatter:
             if ev.finished or choice["logprobs"] is not None or (any(choice["delta"].values()) if self.chat else
                                                                  text or ev.token_ids):
                 # (a chat's tokens that say nothing yet — a call's name — wait)
-                yield self._chunk([choice], self._choice_usage(i, each[i]) if self.continuous_usage else None)
+                chunk = self._chunk([choice], self._choice_usage(i, each[i]) if self.continuous_usage else None)
+                if self.return_ids:             # vLLM's: the ids since the last chunk; the prompt's in the first
+                    choice["token_ids"], unsent[i] = unsent[i], []
+                    if (0 if self.chat else i) not in sent:
+                        (chunk if self.chat else choice)["prompt_token_ids"] = self.prompts[i // self.n]
+                        sent.add(0 if self.chat else i)
+                yield chunk
         yield self._chunk([], self._usage(completion))
 
     async def sse(self, merged, include_usage: bool) -> AsyncIterator[str]:

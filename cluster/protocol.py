@@ -89,6 +89,8 @@ class _Sampling(OpenAIBody):
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
     # vLLM's: logprobs name each token "token_id:<id>", not by its text (which may be no whole character)
     return_tokens_as_token_ids: bool = False
+    # vLLM's: the answer carries the prompt's token ids and each choice's (streamed: the ids since the last chunk)
+    return_token_ids: bool = False
     # {"token id": bias in [-100, 100]}: added to the logits before sampling (-100 bans the token, +100 all but forces it)
     logit_bias: dict[str, float] | None = None
     # {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": {...}}}: the output

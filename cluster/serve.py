@@ -613,7 +613,8 @@ class OpenAIIngress:
         fmt = Formatter(self, rid, chat, prompts, logprobs, thinking, body.n, tool_ids, echoes,
                          body.string_arguments if tool_ids else None, echo_only=body.max_tokens == 0,
                          prompt_top=body.prompt_logprobs, token_ids_as_names=body.return_tokens_as_token_ids,
-                         continuous_usage=body.include_usage and body.stream_options.continuous_usage_stats)
+                         continuous_usage=body.include_usage and body.stream_options.continuous_usage_stats,
+                         return_ids=body.return_token_ids)
         return fmt, _merge(streams, first)
 
     async def _open(self, ids, params, req_id) -> AsyncIterator:

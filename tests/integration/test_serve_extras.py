@@ -1,6 +1,7 @@
 """vLLM's request extras over HTTP, as its clients send them: ``cache_salt`` (prefix caching apart per salt),
 ``truncate_prompt_tokens``, ``include_stop_str_in_output``, ``allowed_token_ids``, ``return_tokens_as_token_ids``,
-``stream_options.continuous_usage_stats``; and the ``/ping`` and ``/version`` probes. Its own app (prefix caching on,
+``return_token_ids``, ``stream_options.continuous_usage_stats``, structured outputs (``structured_outputs``,
+``guided_*``); and the ``/ping`` and ``/version`` probes. Its own app (prefix caching on,
 the default) beside test_serve.py's."""
 
 from __future__ import annotations
@@ -182,3 +183,42 @@ def test_structured_outputs_hold_the_answer(url):
                         ({"structured_outputs": {"json_object": 0}}, "structured_outputs.json_object")):
         status, err = post(url, "/v1/completions", {"model": MODEL, "prompt": "x", **body})
         assert status == 400 and err["error"]["param"] == param, (body, err)
+
+
+def test_return_token_ids_gives_the_prompts_and_outputs_ids(url):
+    """vLLM's return_token_ids (what RL rollouts read instead of tokenizing the text again): a completion's choices
+    carry their prompt's ids and their own; a chat's prompt ids sit beside its choices; streamed, each chunk the ids
+    since the last one (the prompt's in the first) — together the whole answer's."""
+    ids = post(url, "/tokenize", {"model": MODEL, "prompt": "The old man said"})[1]["tokens"]
+    kw = dict(prompt="The old man said", max_tokens=6, ignore_eos=True, logprobs=0, return_tokens_as_token_ids=True,
+              return_token_ids=True, n=2, temperature=1.0, seed=5)
+    whole = complete(url, **kw)["choices"]
+    for c in whole:
+        assert c["prompt_token_ids"] == ids and len(c["token_ids"]) == 6
+        assert c["token_ids"] == [int(t.removeprefix("token_id:")) for t in c["logprobs"]["tokens"]]
+    stream = _sse(url, "/v1/completions", {"model": MODEL, **kw, "stream": True})
+    for i in range(2):
+        mine = [c["choices"][0] for c in stream if c.get("choices") and c["choices"][0]["index"] == i]
+        assert mine[0]["prompt_token_ids"] == ids and all("prompt_token_ids" not in c for c in mine[1:])
+        assert [t for c in mine for t in c["token_ids"]] == whole[i]["token_ids"]
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "temperature": 0,
+            "return_token_ids": True}
+    body = post(url, "/v1/chat/completions", chat)[1]
+    assert body["prompt_token_ids"] == post(url, "/tokenize", {"model": MODEL, "messages": chat["messages"]})[1][
+        "tokens"] and len(body["choices"][0]["token_ids"]) == body["usage"]["completion_tokens"]
+    chunks = _sse(url, "/v1/chat/completions", {**chat, "stream": True})
+    assert chunks[0]["prompt_token_ids"] == body["prompt_token_ids"]
+    assert [t for c in chunks if c.get("choices") for t in c["choices"][0]["token_ids"]] == \
+        body["choices"][0]["token_ids"]
+
+
+def _sse(url, path, body) -> list[dict]:
+    """A streamed answer's chunks (the data lines before [DONE])."""
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        lines = [ln.decode().removeprefix("data: ").strip() for ln in r if ln.startswith(b"data: ")]
+    return [json.loads(ln) for ln in lines if ln != "[DONE]"]
