@@ -1,12 +1,13 @@
 """Structured output (``response_format``; vLLM's ``structured_outputs``: a JSON schema, a regex, a choice, an EBNF
 grammar): a request's JSON schema or grammar as a grammar over the model's vocabulary.
 
-The engine keeps one ``Guide`` per request whose ``SamplingParams.json_schema`` is set. Before each step that samples
-one of its rows it asks the guide for the tokens the grammar allows next — a bitmask, token t at bit t % 32 of word
-t // 32 (xgrammar's layout) — and sends it with the step; the worker that samples the row masks the row's logits
-(``workers.sampler.allow_only``) before penalties, temperature and top-k / top-p. Every token the engine commits is fed
-back (``accept``). The grammar is xgrammar's, compiled once per schema; a completed value allows only the model's
-stop tokens, so the output ends there. Special tokens (``<think>``, tool-call markers) are never allowed inside it.
+The engine keeps one ``Guide`` per request whose ``SamplingParams.json_schema`` (or ``grammar``) is set. Before each
+step that samples one of its rows it asks the guide for the tokens the grammar allows next — a bitmask, token t at bit
+t % 32 of word t // 32 (xgrammar's layout) — and sends it with the step; the worker that samples the row masks the
+row's logits (``workers.sampler.allow_only``) before penalties, temperature and top-k / top-p. Every token the engine
+commits is fed back (``accept``). The grammar is xgrammar's, compiled once per schema; a completed value allows only
+the model's stop tokens, so the output ends there. Special tokens (``<think>``, tool-call markers) are never allowed
+inside it.
 
 A prompt that opens the reasoning block (the chat template's generation prompt ends in ``<think>``) is not
 constrained until the model closes it (``</think>``): the schema applies to the answer, not to the reasoning. Where
