@@ -222,3 +222,21 @@ def _sse(url, path, body) -> list[dict]:
     with urllib.request.urlopen(req, timeout=60) as r:
         lines = [ln.decode().removeprefix("data: ").strip() for ln in r if ln.startswith(b"data: ")]
     return [json.loads(ln) for ln in lines if ln != "[DONE]"]
+
+
+def test_request_level_metrics(url):
+    """vLLM's request-level series (its dashboards read them): end-to-end latency, prompt and generation lengths of
+    finished requests, prompt tokens admitted."""
+    from tests.integration.test_serve import metric
+
+    before = {k: metric(url, k) for k in ("glmserve_e2e_request_latency_seconds_count",
+                                                   "glmserve_request_generation_tokens_sum",
+                                                   "glmserve_request_prompt_tokens_sum", "glmserve_prompt_tokens")}
+    out = complete(url, prompt=STORY, max_tokens=7, ignore_eos=True)
+    after = {k: metric(url, k) for k in before}
+    assert after["glmserve_e2e_request_latency_seconds_count"] == before[
+        "glmserve_e2e_request_latency_seconds_count"] + 1
+    assert after["glmserve_request_generation_tokens_sum"] - before["glmserve_request_generation_tokens_sum"] == 7
+    prompt = out["usage"]["prompt_tokens"]
+    assert after["glmserve_request_prompt_tokens_sum"] - before["glmserve_request_prompt_tokens_sum"] == prompt
+    assert after["glmserve_prompt_tokens"] - before["glmserve_prompt_tokens"] == prompt
