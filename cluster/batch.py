@@ -97,12 +97,10 @@ def answer(custom_id: str, url: str, body: dict, post: Post, sleep: Callable[[fl
     while True:
         try:
             status, out, headers = post(url, body)
-        except ConnectionRefusedError as e:
-            if not outage.refused():
-                return _result(custom_id, None, {"code": "server_unreachable", "message": f"{type(e).__name__}: {e}"})
-            sleep(1.0)
-            continue
-        except (OSError, http.client.HTTPException) as e:   # reset, cut short, timed out
+        except (OSError, http.client.HTTPException) as e:   # refused; reset, cut short, timed out
+            if isinstance(e, ConnectionRefusedError) and outage.refused():
+                sleep(1.0)
+                continue
             return _result(custom_id, None, {"code": "server_unreachable", "message": f"{type(e).__name__}: {e}"})
         outage.since = None
         if status not in (429, 503) or attempt == RETRIES:

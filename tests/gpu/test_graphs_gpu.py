@@ -298,6 +298,15 @@ def test_engine_with_pieces_equals_without(text_ckpt, k):
         assert on.spec_metrics() == off.spec_metrics()
 
 
+def _fp32_engine(**kw):
+    """A local engine on the GPU in fp32 over the embedded model (its tokenizer too), no warm-up."""
+    from cluster.config import EngineConfig
+    from cluster.local import build_local_engine
+
+    return build_local_engine(EngineConfig(device="cuda", dtype="float32", kv_cache_tokens=4096, warmup_tokens=0,
+                                           **kw), progress=False)
+
+
 def _engine(m, graphs: bool, k: int = 0):
     engine = make_engine(m, graphs, k, blocks=NUM_BLOCKS)      # 40 requests' KV at once: the 64-row bucket
     assert engine.executor.runner.device.type == "cuda"
@@ -338,16 +347,10 @@ def test_regex_and_choice_grammars_on_graph_steps_equal_plain():
     pytest.importorskip("xgrammar")
     import re
 
-    from cluster.config import EngineConfig
     from cluster.guided import choice_grammar, regex_grammar
-    from cluster.local import build_local_engine
     from tests.integration.test_engine import _outputs
 
-    def engine(**kw):
-        return build_local_engine(EngineConfig(device="cuda", dtype="float32", kv_cache_tokens=4096, warmup_tokens=0,
-                                               **kw), progress=False)
-
-    plain, tok = engine()
+    plain, tok = _fp32_engine()
     plain.lookahead = False
     prompt = tok.encode_chat([{"role": "user", "content": "Is the sea old?"}], enable_thinking=False)
     words, choices = r"[a-z]{2,6}( [a-z]{2,6}){1,3}\.", ["yes", "no", "the old sea"]
@@ -357,7 +360,7 @@ def test_regex_and_choice_grammars_on_graph_steps_equal_plain():
     want = {rid: _outputs(plain, {rid: r})[rid] for rid, r in reqs.items()}
     assert re.fullmatch(words, want["regex"][1]) and want["choice"][1] in choices, want
     for kw, stat in (({}, "ahead_steps"), ({"speculative_tokens": 3}, "drafts_proposed")):
-        eng, _ = engine(**kw)
+        eng, _ = _fp32_engine(**kw)
         for rid in reqs:                                    # alone: a solo request drafts on the graph path
             assert _outputs(eng, {rid: reqs[rid]})[rid] == want[rid], (kw, rid)
         assert eng.stats["graph_steps"] > 0, (kw, eng.stats)
@@ -369,25 +372,19 @@ def test_a_guided_request_drafting_on_graph_steps_equals_plain():
     token dropped), the tokens of an engine that does neither, and a value that follows the schema after the
     trigger; guided from the start (greedy, and drawn with a seed), its drafts verified on masked rows, the same."""
     pytest.importorskip("xgrammar")
-    from cluster.config import EngineConfig
-    from cluster.local import build_local_engine
     from tests.integration.test_engine import _outputs, waiting_guide_case
 
-    def engine(**kw):
-        return build_local_engine(EngineConfig(device="cuda", dtype="float32", kv_cache_tokens=4096, warmup_tokens=0,
-                                               **kw), progress=False)
-
-    plain, tok = engine()
+    plain, tok = _fp32_engine()
     plain.lookahead = False
     prompt, params, want = waiting_guide_case(plain, tok)
     for kw, stat in (({"speculative_tokens": 2}, "drafts_proposed"), ({}, "ahead_steps")):
-        eng, _ = engine(**kw)
+        eng, _ = _fp32_engine(**kw)
         assert _outputs(eng, {"r": (prompt, params)})["r"] == want, kw
         assert eng.stats[stat] > 0 and eng.stats["graph_steps"] > 0, (kw, eng.stats)
     # guided from the first token, drafting all along: each verify row masked along its drafts
     for held in (replace(params, guide_after=()), replace(params, guide_after=(), temperature=0.8, seed=4)):
         want = _outputs(plain, {"r": (prompt, held)})["r"]
-        eng, _ = engine(speculative_tokens=2)
+        eng, _ = _fp32_engine(speculative_tokens=2)
         assert _outputs(eng, {"r": (prompt, held)})["r"] == want, held
         assert eng.stats["drafts_accepted"] > 0 and eng.stats["graph_steps"] > 0, eng.stats
 
@@ -396,15 +393,9 @@ def test_a_thinking_budget_on_graph_steps_equals_plain():
     """``thinking_budget`` on the GPU path (fp32, CUDA graphs, the Triton kernels): ``</think>`` comes at the budget's
     count, and an engine looking ahead (a step launched over a spent budget dropped) and one drafting (graph drafting,
     drafts a token short of the budget) give the tokens of one that does neither — greedy and seeded."""
-    from cluster.config import EngineConfig
-    from cluster.local import build_local_engine
     from tests.integration.test_engine import _outputs
 
-    def engine(**kw):
-        return build_local_engine(EngineConfig(device="cuda", dtype="float32", kv_cache_tokens=4096, warmup_tokens=0,
-                                               **kw), progress=False)
-
-    plain, tok = engine()
+    plain, tok = _fp32_engine()
     plain.lookahead = False
     end = tok.special_ids_by_token()["</think>"]
     prompt = tok.encode_chat([{"role": "user", "content": "Hi there"}])
@@ -413,7 +404,7 @@ def test_a_thinking_budget_on_graph_steps_equals_plain():
     want = _outputs(plain, reqs)
     assert want["b5"][0].index(end) == 5 and want["drawn"][0].index(end) == 7, want
     for kw, stat in (({}, "ahead_steps"), ({"speculative_tokens": 3}, "drafts_proposed")):
-        eng, _ = engine(**kw)
+        eng, _ = _fp32_engine(**kw)
         for rid in reqs:                                    # alone: drafts ride, and no other row's masks wait
             assert _outputs(eng, {rid: reqs[rid]})[rid] == want[rid], (kw, rid)
         assert eng.stats[stat] > 0 and eng.stats["graph_steps"] > 0, (kw, eng.stats)
@@ -423,15 +414,9 @@ def test_allowed_token_ids_on_graph_steps_equal_plain():
     """vLLM's ``allowed_token_ids`` on the GPU path (fp32, CUDA graphs, the Triton kernels): every token is one of them,
     and an engine looking ahead (sampling on the device) and one drafting (drafts outside the set rejected) give the
     tokens of one that does neither — greedy and seeded."""
-    from cluster.config import EngineConfig
-    from cluster.local import build_local_engine
     from tests.integration.test_engine import _outputs
 
-    def engine(**kw):
-        return build_local_engine(EngineConfig(device="cuda", dtype="float32", kv_cache_tokens=4096, warmup_tokens=0,
-                                               **kw), progress=False)
-
-    plain, tok = engine()
+    plain, tok = _fp32_engine()
     plain.lookahead = False
     prompt = tok.encode_chat([{"role": "user", "content": "Tell me a story."}], enable_thinking=False)
     allowed = tuple(tok.encode(" the old man and the sea said yes"))
@@ -440,7 +425,7 @@ def test_allowed_token_ids_on_graph_steps_equal_plain():
     want = _outputs(plain, reqs)
     assert all(set(w[0]) <= set(allowed) and len(w[0]) == 16 for w in want.values()), want
     for kw, stat in (({}, "ahead_steps"), ({"speculative_tokens": 3}, "drafts_proposed")):
-        eng, _ = engine(**kw)
+        eng, _ = _fp32_engine(**kw)
         for rid in reqs:                                    # alone: a solo request drafts on the graph path
             assert _outputs(eng, {rid: reqs[rid]})[rid] == want[rid], (kw, rid)
         assert eng.stats[stat] > 0 and eng.stats["graph_steps"] > 0, (kw, eng.stats)
