@@ -142,8 +142,11 @@ def cmd_make_checkpoint(a: argparse.Namespace) -> int:
 def cmd_serve(a: argparse.Namespace) -> int:
     from cluster.server import run_server
 
+    if a.prefill_replicas < 0:
+        print("glmserve: error: --prefill-replicas must be >= 0", file=sys.stderr)
+        return 2
     return run_server(_engine_config(a), host=a.host, port=a.port, drain_timeout_s=a.drain_timeout,
-                      stats_interval_s=a.stats_interval)
+                      stats_interval_s=a.stats_interval, prefill_replicas=a.prefill_replicas)
 
 
 def cmd_run_batch(a: argparse.Namespace) -> int:
@@ -198,6 +201,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--stats-interval", type=float, default=10.0,
                    help="seconds between stats lines (tokens/s, requests, KV use) while requests come; 0: none "
                         "(default: 10)")
+    s.add_argument("--prefill-replicas", type=int, default=0,
+                   help="disaggregated prefill: replicas of the same engine that compute the prompts and hand their KV "
+                        "to the serving replica, which only decodes (default: 0, off)")
     s.set_defaults(fn=cmd_serve)
 
     b = sub.add_parser("run-batch", help="answer an OpenAI Batch API file (JSONL requests) offline")

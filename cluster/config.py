@@ -156,6 +156,12 @@ class EngineConfig:
         them too; run eagerly with ``cuda_graphs: eager`` (as the decode path's static shapes are)."""
         return self.piece_graphs and self.graphs_mode() != "off"
 
+    def kv_layout(self, model_config) -> tuple[tuple[int, str], ...]:
+        """``KVCache.layout`` of the workers' caches (what a KV transfer between replicas must agree on)."""
+        from models.cache import KVCache
+
+        return KVCache.layout(model_config, self.resolved_dtype(), self.kv_cache_dtype == "fp8")
+
     def resolved_warmup_tokens(self, max_model_len: int | None = None) -> int:
         """``warmup_tokens``, its default resolved: every context a request can reach (the scheduler's
         ``max_model_len`` where given, else the configured one or the KV slots) where decode steps are captured as

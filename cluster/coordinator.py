@@ -15,6 +15,7 @@ from collections import deque
 from typing import AsyncIterator
 
 from cluster.config import EngineConfig
+from cluster.disagg import PrefillResult, fetch_bundle, new_depot, prefill_params, stage_bundle
 from cluster.engine import AsyncEngine, Engine, TokenEvent
 from cluster.local import guides, load_tokenizer, report, report_pool, scheduler_config
 from cluster.metrics_hub import app_metrics_hub
@@ -49,6 +50,12 @@ class Metrics:
         self.refused = Counter("glmserve_refused_requests", "requests refused at admission (queue_full: the 429s; a "
                                "priority's displaced ones too)", ["reason"], registry=r)
         self.tokens = Counter("glmserve_generated_tokens", "tokens generated", registry=r)
+        self.kv_lost = Counter("glmserve_kv_transfer_lost", "prompts whose KV from a prefill replica could not be "
+                               "fetched or taken (computed here instead; the replica's log says why)", registry=r)
+        Gauge("glmserve_kv_exported_tokens", "prompt tokens whose KV went to decode replicas (disaggregated prefill)",
+              registry=r).set_function(lambda: engine.stats["kv_exported_tokens"])
+        Gauge("glmserve_kv_imported_tokens", "prompt tokens whose KV came from prefill replicas, taken into the "
+              "prefix cache", registry=r).set_function(lambda: engine.stats["kv_imported_tokens"])
         Gauge("glmserve_prompt_tokens", "prompt tokens of the requests admitted so far", registry=r).set_function(
             lambda: engine.stats["prompt_tokens"])
         Gauge("glmserve_queue_depth", "requests waiting", registry=r).set_function(
@@ -173,13 +180,15 @@ class Coordinator:
         self.engine = Engine(self.group, self.sched_config, decode, num_ranks=cfg.num_workers,
                              speculative_tokens=cfg.speculative_tokens, graphs=cfg.graphs_mode() != "off",
                              special_ids=tokenizer.special_ids if tokenizer else (),
-                             guides=guides(tokenizer, model_config, self.sched_config))
+                             guides=guides(tokenizer, model_config, self.sched_config),
+                             kv_layout=cfg.kv_layout(model_config))
         self._warm_up(cfg)
         self.aengine = AsyncEngine(self.engine)
         self.metrics = Metrics(self.engine)
         self.replica_id = _replica_id()
         self._stats_log: asyncio.Task | None = None
         self._hub = None                # the app's MetricsHub (``check_health``)
+        self._depot = None              # a prefill replica's KVDepot (cluster/disagg.py), made at its first bundle
 
     def _warm_up(self, cfg: EngineConfig) -> None:
         """The engine's start-up warm-up (before the replica takes requests); a failure fails the replica's start."""
@@ -204,15 +213,31 @@ class Coordinator:
 
         return RayWorkerGroup(cfg, num_blocks)
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, req_id: str) -> AsyncIterator[TokenEvent]:
-        """Stream the request's events; a refused request's one event carries its AdmissionError (``refused``)."""
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, req_id: str,
+                       kv: PrefillResult | None = None) -> AsyncIterator[TokenEvent]:
+        """Stream the request's events; a refused request's one event carries its AdmissionError (``refused``).
+        ``kv``: a prefill replica's answer (disaggregated prefill): its prompt's KV is taken into the prefix cache
+        first — or, where it cannot be fetched or taken (``KVTransferError``: the replicas disagree), the prompt is
+        computed here."""
         arrival = last = time.monotonic()
+        bundle = None
+        if kv is not None and kv.bundle is not None:
+            try:
+                bundle = await fetch_bundle(kv.bundle)
+                self.engine.check_kv(prompt_ids, bundle)
+            except Exception as e:  # noqa: BLE001 — its prefill replica died, the object was lost, or the replicas
+                bundle = None       # disagree (a deploy error: KVTransferError names it): compute the prompt here
+                logging.getLogger("ray.serve").warning("glmserve: KV of %s not taken (%s: %s); computing its prompt",
+                                                       req_id, type(e).__name__, e)
+                self.metrics.kv_lost.inc()
         first, finished = True, False
         if self._stats_log is None and self.cfg.log_stats_interval_s > 0:      # a context of its own: not this request's
             self._stats_log = contextvars.Context().run(asyncio.get_running_loop().create_task,
                                                         self._log_stats(self.cfg.log_stats_interval_s))
         try:
-            async for ev in self.aengine.generate(prompt_ids, params, req_id):
+            stream = self.aengine.generate(prompt_ids, params, req_id, kv=bundle)
+            bundle = None           # (the rows are freed once the engine has written them, not at the answer's end)
+            async for ev in stream:
                 now = time.monotonic()
                 self.metrics.observe(ev, now, last if not first else arrival, first, arrival)
                 if ev.token_ids:
@@ -227,6 +252,29 @@ class Coordinator:
         except AdmissionError as e:     # an answer (400 / 429), not a failure: an event, where a raise would have Serve
             self.metrics.refused.labels(e.reason).inc()      # log each refusal as an ERROR with its traceback
             yield TokenEvent(req_id, [], "", True, FinishReason.ABORT, error=str(e), refused=e)
+
+    async def prefill(self, prompt_ids: list[int], params: SamplingParams,
+                      req_id: str) -> AsyncIterator[PrefillResult | None]:
+        """A prefill replica's part of a request (``cluster/disagg.py``): ``None`` at once (a replica took it: the
+        ingress bounds its wait for that, not for the prompt's computation), then the result — where the prompt's KV
+        waits (this replica's ``KVDepot``), or why there is none (a refusal: the client's 429 / 400)."""
+        yield None
+        ev = None
+        try:
+            async for ev in self.aengine.generate(prompt_ids, prefill_params(params), req_id, export_kv=True):
+                pass
+        except AdmissionError as e:
+            self.metrics.refused.labels(e.reason).inc()
+            yield PrefillResult(refused=e)
+            return
+        if ev is None or ev.error:
+            yield PrefillResult(error=ev.error if ev is not None else "no answer")
+        elif ev.kv is None:            # no whole block before the prompt's last token
+            yield PrefillResult()
+        else:
+            if self._depot is None:
+                self._depot = new_depot()
+            yield PrefillResult(bundle=await stage_bundle(self._depot, ev.kv), num_tokens=ev.kv.num_tokens)
 
     async def abort(self, req_id: str) -> None:
         self.aengine.abort(req_id)

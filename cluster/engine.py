@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
+from cluster.disagg import KVBundle, adopt_bundle, check_bundle, exported_blocks
 from cluster.stream import OutputStream, TokenEvent
 from scheduler.request import FinishReason, Request, SamplingParams
 from scheduler.scheduler import (
@@ -188,13 +189,19 @@ class Engine:
     / ``use_ahead``, decided here for all ranks alike; ``workers/runner.py``; off: for A/B measurements).
     ``graph_prefill``: prompt chunks ride graph steps too when the step fits a bucket that a rank's decode steps can
     fill (``graph_key``; off: for A/B measurements).
+    ``kv_layout`` (``KVCache.layout`` of the workers' caches): a request may bring its prompt's KV computed by another
+    replica (``add_request``'s ``kv``) or send its own back (``export_kv``): disaggregated prefill
+    (``cluster/disagg.py``).
     """
 
     def __init__(self, executor: Executor, config: SchedulerConfig,
                  decode: Callable[[Sequence[int]], str] | None = None, num_ranks: int = 1, span: bool = True,
                  speculative_tokens: int = 0, graphs: bool = False, lookahead: bool = True, graph_prefill: bool = True,
-                 special_ids: Collection[int] = (), guides: Guides | None = None):
+                 special_ids: Collection[int] = (), guides: Guides | None = None, kv_layout: tuple | None = None):
         self.executor, self.config, self.decode, self.span = executor, config, decode, span
+        self.kv_layout = kv_layout
+        self._exports: dict[str, tuple[int, ...]] = {}     # request -> the prompt tokens its KV bundle covers
+        self._imports: list[list] = [[] for _ in range(num_ranks)]   # a rank's blocks to write with its next step
         self.guides = guides                          # structured output (cluster/guided.py); None: refused
         # the requests with a json_schema, tool_grammar, forced_paths or thinking_budget
         self._guides: dict[str, Guide | Prefix | Budget] = {}
@@ -223,7 +230,8 @@ class Engine:
     def _reset_stats(self) -> None:
         self.stats = {"prompt_tokens": 0, "generated_tokens": 0, "steps": 0, "preemptions": 0, "moves": 0,
                       "span_steps": 0, "graph_steps": 0, "ahead_steps": 0, "failed_steps": 0, "draft_rounds": 0,
-                      "drafts_proposed": 0, "drafts_accepted": 0, "step_seconds": 0.0, "worker_busy_seconds": 0.0}
+                      "drafts_proposed": 0, "drafts_accepted": 0, "step_seconds": 0.0, "worker_busy_seconds": 0.0,
+                      "kv_exported_tokens": 0, "kv_imported_tokens": 0}
         self.accepted_at = [0] * (self.speculative_tokens + 1)   # rounds whose draft i was accepted
         for sch in self.schedulers:
             sch.prefix_queried = sch.prefix_hits = sch.host_loads = 0
@@ -238,9 +246,14 @@ class Engine:
         return self.schedulers[0]
 
     # ---- requests ----------------------------------------------------------------------------
-    def add_request(self, prompt_ids: Sequence[int], params: SamplingParams, req_id: str | None = None) -> str:
-        """Queue a request; raises AdmissionError (with .field and .reason) if it can never run."""
+    def add_request(self, prompt_ids: Sequence[int], params: SamplingParams, req_id: str | None = None,
+                    export_kv: bool = False, kv: KVBundle | None = None) -> str:
+        """Queue a request; raises AdmissionError (with .field and .reason) if it can never run. ``export_kv``: its
+        final event carries its prompt's KV (``TokenEvent.kv``); ``kv``: its prompt's KV from another replica, taken
+        into the prefix cache of the rank it runs on (``KVTransferError`` if this engine cannot take it)."""
         req_id = req_id if req_id is not None else f"req-{next(self._ids)}"
+        if kv is not None:
+            self.check_kv(prompt_ids, kv)
         if params.min_tokens:            # the ids that would stop it, which its first min_tokens tokens may not be
             stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.config.eos_token_ids))
             params = replace(params, min_tokens_ban=tuple(sorted(stops)))
@@ -253,7 +266,11 @@ class Engine:
             # the rank its blocks add the least KV load to: the least loaded, less the blocks it holds cached
             look = (len(self.schedulers) > 1 or self.config.max_waiting_tokens) and params.prompt_logprobs is None
             hits = [s.cached_blocks(ids, params.cache_salt) if look else 0 for s in self.schedulers]
-            rank = place_request({r: s.kv_load - hits[r] for r, s in enumerate(self.schedulers)})
+            loads = {r: s.kv_load - hits[r] for r, s in enumerate(self.schedulers)}
+            if kv is not None:   # its prompt's KV comes along, to a rank with a seat (one that waits may be moved)
+                loads = {r: s.kv_load for r, s in enumerate(self.schedulers) if s.free_seats > 0} or loads
+                hits = [max(h, kv.num_tokens // self.config.block_size) for h in hits]
+            rank = place_request(loads)
             queued, over = self._queued_tokens_over(len(ids) - hits[rank] * self.config.block_size)
             displaced = self._displaceable(params.priority, full, over) if full or over else []
             if displaced is None and full:
@@ -266,6 +283,11 @@ class Engine:
             self.schedulers[rank].check_admission(req_id, ids, params, leaving=len(displaced))
             for victim in displaced:            # admitted: the requests it displaces are refused now
                 self._refuse(*victim)
+            if kv is not None and (writes := adopt_bundle(self.schedulers[rank].pool, ids, params.cache_salt, kv)):
+                self._imports[rank].append(writes)         # the rows go to the rank's worker with its next step
+                self.stats["kv_imported_tokens"] += len(writes[0]) * self.config.block_size
+            if export_kv and (n := exported_blocks(len(ids), self.config.block_size)):
+                self._exports[req_id] = tuple(ids[:n * self.config.block_size + 1])
             req = self.schedulers[rank].add_request(req_id, ids, params)
             self._rank_of[req_id] = rank
             self._streams[req_id] = OutputStream.open(ids, params, self.decode, self.config.eos_token_ids, request=req,
@@ -275,6 +297,10 @@ class Engine:
                 self._guides[req_id] = guide
             self.stats["prompt_tokens"] += len(prompt_ids)
         return req_id
+
+    def check_kv(self, prompt_ids: Sequence[int], kv: KVBundle) -> None:
+        """Raise ``KVTransferError`` where this engine cannot take ``kv`` for this prompt (``add_request`` does too)."""
+        check_bundle(kv, prompt_ids, self.kv_layout, self.speculative_tokens > 0, self.config.prefix_caching)
 
     def _displaceable(self, priority: int, seat: bool, tokens: int) -> list[tuple[int, Request]] | None:
         """Priority: an engine that has no seat for a request (``seat``), or whose queue has no room for ``tokens``
@@ -349,7 +375,7 @@ class Engine:
         return any(s.has_unfinished() for s in self.schedulers)
 
     def has_work(self) -> bool:
-        return self.has_unfinished() or any(self._forget) or bool(self._refused)
+        return self.has_unfinished() or any(self._forget) or bool(self._refused) or any(self._imports)
 
     def kv_usage(self) -> float:
         return sum(s.kv_usage for s in self.schedulers) / len(self.schedulers)
@@ -489,8 +515,15 @@ class Engine:
                 for rid, (first, lps) in res.prompt_logprobs.items():
                     if (st := self._streams.get(rid)) is not None:
                         st.add_prompt_logprobs(first, lps)
+                # (before ``_close`` forgets them; a request aborted while its step ran is gone already)
+                exports = {rid: self._exports[rid] for rid in res.kv if rid in self._exports}
                 events += [out for ev in sch.update(plan, res.sampled, res.drafts) if ev.req_id in self._streams
                            for out in self._emit(ev, res)]
+                for out in events:
+                    if out.finished and out.req_id in exports and not out.error:
+                        out.kv = KVBundle(exports[out.req_id], self.kv_layout, self.speculative_tokens > 0,
+                                          res.kv[out.req_id])
+                        self.stats["kv_exported_tokens"] += out.kv.num_tokens
             return events
 
     def _rebalance(self) -> None:
@@ -544,7 +577,11 @@ class Engine:
     def _worker_steps(self, plans: list[StepPlan], num_drafts: int = 0) -> list[WorkerStep] | None:
         self.stats["preemptions"] += sum(len(p.preempted) for p in plans)
         forget, self._forget = self._forget, [[] for _ in self.schedulers]
-        if all(p.is_empty for p in plans) and not any(forget):
+        imports, self._imports = self._imports, [[] for _ in self.schedulers]
+        for r, i in enumerate(imports):
+            if i and plans[r].is_empty:    # an import may take blocks whose save to host memory waits: saves go first
+                plans[r] = replace(plans[r], kv_saves=self.schedulers[r].pool.drain()[0])
+        if all(p.is_empty for p in plans) and not any(forget) and not any(imports):
             return None
         rows = {r: p.num_tokens for r, p in enumerate(plans)}
         num_active = sum(s.num_running for s in self.schedulers)
@@ -564,8 +601,13 @@ class Engine:
         return [WorkerStep(p.step_id, p.seqs, tuple(self._unsent.pop(s.req_id) for s in p.seqs
                                                     if s.req_id in self._unsent), tuple(f), shape, num_drafts, graph,
                            draft_graph, lookahead, use_ahead, masks=self._masks(p), kv_saves=p.kv_saves,
-                           kv_loads=p.kv_loads)
-                for p, f in zip(plans, forget)]
+                           kv_loads=p.kv_loads, kv_exports=self._exporting(p), kv_imports=tuple(i))
+                for p, f, i in zip(plans, forget, imports)]
+
+    def _exporting(self, plan: StepPlan) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """The requests of ``plan`` whose prompt this step completes and whose KV goes back (``export_kv``)."""
+        return tuple((s.req_id, s.block_ids[:(len(self._exports[s.req_id]) - 1) // self.config.block_size])
+                     for s in plan.seqs if s.sample and s.num_generated == 0 and s.req_id in self._exports)
 
     def _masks(self, plan: StepPlan) -> StepMasks | None:
         """The allowed-token bitmasks of each guided request of ``plan`` that samples — its row's, or its verify rows'
@@ -603,6 +645,7 @@ class Engine:
             for sch in self.schedulers:          # the rebuilt workers' KV holds no prefix
                 sch.clear_prefix_cache()
             self._forget = [[] for _ in self.schedulers]     # the rebuilt workers start empty
+            self._imports = [[] for _ in self.schedulers]
             self._unsent.clear()
         self.executor.recover()
         return events
@@ -661,6 +704,7 @@ class Engine:
     def _close(self, req_id: str) -> None:
         self._streams.pop(req_id, None)
         self._guides.pop(req_id, None)
+        self._exports.pop(req_id, None)
         rank = self._rank_of.pop(req_id)
         if self._unsent.pop(req_id, None) is None:
             self._forget[rank].append(req_id)
@@ -684,7 +728,12 @@ class AsyncEngine:
                 self._wake.wait(0.05)
                 self._wake.clear()
                 continue
-            for ev in self.engine.step():
+            try:
+                events = self.engine.step()
+            except Exception as e:  # noqa: BLE001 — an engine bug: the requests in flight fail, the loop goes on
+                traceback.print_exc()
+                events = self.engine._fail_all(f"engine error: {type(e).__name__}: {e}")
+            for ev in events:
                 self._deliver(ev)
 
     def _deliver(self, ev: TokenEvent) -> None:
@@ -696,21 +745,28 @@ class AsyncEngine:
             self._queues.pop(ev.req_id, None)
         loop.call_soon_threadsafe(q.put_nowait, ev)
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
-                       req_id: str | None = None) -> AsyncIterator[TokenEvent]:
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, req_id: str | None = None,
+                       export_kv: bool = False, kv: KVBundle | None = None) -> AsyncIterator[TokenEvent]:
         """Stream the request's events; raises AdmissionError before the first event if refused.
         Leaving the iteration early (a client disconnect) aborts the request and frees its KV."""
         q: asyncio.Queue = asyncio.Queue()
         req_id = req_id if req_id is not None else f"areq-{next(self._ids)}"
         self._queues[req_id] = (asyncio.get_running_loop(), q)   # before the loop can emit for it
         try:
-            if not _guided(params):
-                self.engine.add_request(prompt_ids, params, req_id)
-            else:       # its grammar compiles (~0.1-0.3 s a new schema at GLM-5's vocabulary): off the event loop
-                await asyncio.to_thread(self.engine.add_request, prompt_ids, params, req_id)
+            if not _guided(params) and kv is None:
+                self.engine.add_request(prompt_ids, params, req_id, export_kv)
+            else:       # its grammar compiles (~0.1-0.3 s a new schema at GLM-5's vocabulary), its KV is adopted: off
+                adding = asyncio.ensure_future(asyncio.to_thread(      # the loop, and shielded: a cancel meanwhile
+                    self.engine.add_request, prompt_ids, params, req_id, export_kv, kv))   # aborts it once added
+                try:
+                    await asyncio.shield(adding)
+                except asyncio.CancelledError:
+                    adding.add_done_callback(lambda f: f.cancelled() or f.exception() or self.engine.abort(req_id))
+                    raise
         except BaseException:
             self._queues.pop(req_id, None)
             raise
+        kv = None           # (the engine holds what it writes: the rows are not kept for the stream's life)
         self._wake.set()
         finished = False
         try:

@@ -69,7 +69,7 @@ def build_local_engine(cfg: EngineConfig, progress: bool = True) -> tuple[Engine
     decode = (lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer else None
     engine = Engine(LocalExecutor(runner), sched, decode, speculative_tokens=cfg.speculative_tokens,
                     graphs=cfg.graphs_mode() != "off", special_ids=tokenizer.special_ids if tokenizer else (),
-                    guides=guides(tokenizer, model.config, sched))
+                    guides=guides(tokenizer, model.config, sched), kv_layout=cfg.kv_layout(model.config))
     if cfg.resolved_warmup_tokens(sched.max_model_len):
         engine.warm_up(cfg.resolved_warmup_tokens(sched.max_model_len), report if progress else None)
     return engine, tokenizer

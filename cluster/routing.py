@@ -62,9 +62,9 @@ class PrefixAffinity:
 
 
 def _prompt(pending: PendingRequest | None) -> tuple[Sequence[int], str | None] | None:
-    """The prompt ids and cache salt of a ``Coordinator.generate(ids, params, req_id)`` call; None for the other
-    methods."""
-    if pending is None or pending.metadata.call_method != "generate" or not pending.args:
+    """The prompt ids and cache salt of a ``Coordinator.generate(ids, params, req_id, ...)`` or ``prefill`` call; None
+    for the other methods."""
+    if pending is None or pending.metadata.call_method not in ("generate", "prefill") or not pending.args:
         return None
     ids = pending.args[0]
     salt = getattr(pending.args[1], "cache_salt", None) if len(pending.args) > 1 else None

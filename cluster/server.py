@@ -23,13 +23,14 @@ def _failure_reason() -> str:
 
 
 def run_server(cfg: EngineConfig, host: str = "127.0.0.1", port: int = 8000, drain_timeout_s: float = 30.0,
-               stats_interval_s: float = 10.0) -> int:
+               stats_interval_s: float = 10.0, prefill_replicas: int = 0) -> int:
     """``glmserve serve``: start a local Ray (logical resources on CPU), deploy, print a stats line every
     ``stats_interval_s`` while requests come (0: never), wait for Ctrl-C / SIGTERM; then drain — new requests get
-    503, those in flight finish, for up to ``drain_timeout_s`` — and shut down."""
+    503, those in flight finish, for up to ``drain_timeout_s`` — and shut down. ``prefill_replicas`` > 0:
+    disaggregated prefill, that many replicas of the same engine computing the prompts (``cluster/disagg.py``)."""
     import signal
 
-    if (code := start_server(cfg, host, port, "; Ctrl-C to stop")) != 0:
+    if (code := start_server(cfg, host, port, "; Ctrl-C to stop", prefill_replicas)) != 0:
         return code
     stop = _Stop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -50,7 +51,7 @@ def stop_server() -> None:
     ray.shutdown()
 
 
-def start_server(cfg: EngineConfig, host: str, port: int, ready_note: str = "") -> int:
+def start_server(cfg: EngineConfig, host: str, port: int, ready_note: str = "", prefill_replicas: int = 0) -> int:
     """A local Ray and Serve in this process with the app deployed on ``host:port``, progress printed while the
     workers load, then the ready line (``ready_note`` at its end): 0, or 2 (the reason printed) where the port is
     taken or the deployment failed."""
@@ -70,7 +71,8 @@ def start_server(cfg: EngineConfig, host: str, port: int, ready_note: str = "") 
                   not cfg.max_model_len else cfg.resolved_warmup_tokens())
         print(f"glmserve: then a warm-up (warmup_tokens {tokens}: CUDA graphs captured, kernels "
               "compiled) before the replica takes requests", flush=True)
-    ray.init(num_cpus=max(16, 2 * cfg.num_workers), include_dashboard=False, log_to_driver=False,
+    ray.init(num_cpus=max(16, 2 * cfg.num_workers * (1 + prefill_replicas)), include_dashboard=False,
+             log_to_driver=False,
              namespace="glmserve")
     serve.start(http_options={"host": host, "port": port},
                 logging_config={"enable_access_log": False, "log_level": "WARNING"})
@@ -79,7 +81,8 @@ def start_server(cfg: EngineConfig, host: str, port: int, ready_note: str = "") 
 
     def deploy():
         try:
-            serve.run(build_app(cfg.to_dict()), name="glmserve", route_prefix="/",
+            args = cfg.to_dict() | ({"prefill": {"num_replicas": prefill_replicas}} if prefill_replicas else {})
+            serve.run(build_app(args), name="glmserve", route_prefix="/",
                       logging_config={"enable_access_log": False, "log_level": "WARNING"})
         except BaseException as e:  # reported below; the process exits with an error
             errors.append(e)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from cluster.detok import IncrementalDetokenizer, StopStringMatcher
 from scheduler.request import Request, SamplingParams
@@ -33,6 +34,7 @@ class TokenEvent:
     refused: AdmissionError | None = None   # refused after admission, before any output (``Engine._displaceable``)
     # vLLM's ``stop_reason``: the stop string that ended it, or the stop_token_ids id (not EOS)
     stop_str: str | int | None = None
+    kv: Any = None                       # the prompt's ``KVBundle``, on an ``export_kv`` request's final event
 
 
 @dataclass

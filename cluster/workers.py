@@ -18,7 +18,9 @@ import hmac
 import itertools
 import multiprocessing as mp
 import os
+import pickle
 import socket
+import struct
 import threading
 import time
 import uuid
@@ -156,15 +158,46 @@ def _serve(worker: Worker, conn) -> None:
     closes the worker and ends the loop (so does the driver's side of the connection going away)."""
     while True:
         try:
-            msg = conn.recv()
+            msg = _recv(conn)
         except (EOFError, OSError):
             return
         try:
-            conn.send(("ok", worker.close() if msg is None else worker.execute(msg)))
+            _send(conn, ("ok", worker.close() if msg is None else worker.execute(msg)))
         except BaseException as e:
-            conn.send(("error", f"{type(e).__name__}: {e}"))
+            _send(conn, ("error", f"{type(e).__name__}: {e}"))
         if msg is None:
             return
+
+
+def _send(conn, obj) -> None:
+    """One message of the channel: pickled by value, its large buffers (a transferred prompt's KV rows) out of band —
+    written from where they lie, not copied into the pickle and out again. (``Connection.send``'s pickler would pass a
+    tensor as a file descriptor of shared memory, which only processes of one multiprocessing family can open.)"""
+    buffers: list[pickle.PickleBuffer] = []
+    head = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    views = [buf.raw() for buf in buffers]
+    conn.send_bytes(struct.pack(f"<I{len(views)}Q", len(views), *(v.nbytes for v in views)) + head)
+    for view in views:
+        while view.nbytes:
+            view = view[os.write(conn.fileno(), view):]
+
+
+def _recv(conn):
+    """A message ``_send`` sent: its buffers read straight into their own memory."""
+    head = memoryview(conn.recv_bytes())
+    count = struct.unpack_from("<I", head)[0]
+    sizes, start = struct.unpack_from(f"<{count}Q", head, 4), 4 + 8 * count
+    buffers = []
+    for size in sizes:
+        buf = bytearray(size)
+        view = memoryview(buf)
+        while view.nbytes:
+            got = os.readv(conn.fileno(), [view])
+            if got == 0:
+                raise EOFError("the channel closed inside a message")
+            view = view[got:]
+        buffers.append(buf)
+    return pickle.loads(head[start:], buffers=buffers)
 
 
 def _listen(host: str) -> socket.socket:
@@ -223,7 +256,7 @@ class _ConnGroup:
                     continue
                 if conn.poll():
                     try:
-                        kind, value = conn.recv()
+                        kind, value = _recv(conn)
                     except (EOFError, OSError):
                         raise GroupFailure(f"{what}: rank {rank} died ({self._dead(rank) or 'connection closed'})") \
                             from None
@@ -248,7 +281,7 @@ class _ConnGroup:
     def _send_all(self, steps: list, what: str) -> None:
         for rank, (conn, step) in enumerate(zip(self.conns, steps)):
             try:
-                conn.send(step)
+                _send(conn, step)
             except OSError:
                 raise GroupFailure(f"{what}: rank {rank} died ({self._dead(rank) or 'connection closed'})") from None
 
@@ -390,9 +423,9 @@ def _root_cause(e: BaseException) -> str:
 def _process_main(spec: WorkerSpec, board: Any, prefix: str, conn) -> None:
     try:
         worker = Worker(spec, DictRendezvous(board, spec.world_size, prefix))
-        conn.send(("ok", worker.num_blocks))
+        _send(conn, ("ok", worker.num_blocks))
     except BaseException as e:
-        conn.send(("error", f"{type(e).__name__}: {e}"))
+        _send(conn, ("error", f"{type(e).__name__}: {e}"))
         return
     _serve(worker, conn)
 

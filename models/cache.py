@@ -9,6 +9,7 @@ positions) and the engine's paged pool.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from itertools import chain
 from typing import Sequence
@@ -37,6 +38,34 @@ class KVCache:
         self.index_k = [torch.zeros(num_slots, key, dtype=store, device=device) if config.has_indexer(layer) else None
                         for layer in range(L)]
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Every slot tensor: each layer's MLA rows, then the indexer keys of the layers that have them."""
+        return [*self.kv, *(t for t in self.index_k if t is not None)]
+
+    @staticmethod
+    def layout(config: ModelConfig, dtype: torch.dtype, fp8: bool = False) -> tuple[tuple[int, str], ...]:
+        """(width, dtype) of each of ``tensors()``' rows: what a slot holds, to check KV moved between caches."""
+        L, store = config.num_cache_layers, "uint8" if fp8 else str(dtype).removeprefix("torch.")
+        row, key = (KVCache.row_bytes(config, dtype), KVCache.key_bytes(config, dtype)) if fp8 else (
+            config.kv_cache_dim, config.index_head_dim)
+        return ((row, store),) * L + ((key, store),) * sum(map(config.has_indexer, range(L)))
+
+    def read_blocks(self, blocks: Sequence[int], block_size: int) -> tuple[np.ndarray, ...]:
+        """The rows of these blocks' slots, in order, of every tensor (``tensors()``), as bytes in host memory
+        ([slots, row bytes] uint8: they pickle, and pass through Ray's object store, as a plain copy)."""
+        rows = _block_rows(blocks, block_size, self.kv[0].device)
+        return tuple(t.index_select(0, rows).cpu().view(torch.uint8).numpy() for t in self.tensors())
+
+    def write_blocks(self, blocks: Sequence[int], block_size: int, rows: Sequence[np.ndarray]) -> None:
+        """Put ``read_blocks``' rows (another cache's, same ``layout``) into these blocks' slots."""
+        at = _block_rows(blocks, block_size, self.kv[0].device)
+        for t, r in zip(self.tensors(), rows, strict=True):
+            with warnings.catch_warnings():        # Ray hands over read-only arrays (shared memory): only read here
+                warnings.simplefilter("ignore", UserWarning)
+                src = torch.from_numpy(r).view(t.dtype)
+            assert src.shape == (at.numel(), t.shape[1]), (src.shape, t.shape)
+            t.index_copy_(0, at, src.to(t.device, non_blocking=True))
+
     @staticmethod
     def row_bytes(config: ModelConfig, dtype: torch.dtype) -> int:
         """A packed FP8 MLA row's bytes."""
@@ -57,6 +86,11 @@ class KVCache:
         return (config.kv_cache_dim * config.num_cache_layers + config.index_head_dim * n_idx) * size
 
 
+def _block_rows(blocks: Sequence[int], block_size: int, device: torch.device) -> torch.Tensor:
+    b = torch.as_tensor(list(blocks), dtype=torch.long)
+    return (b[:, None] * block_size + torch.arange(block_size)).flatten().to(device)
+
+
 class HostKV:
     """Host memory for cached prefix blocks (the block pool's host tier, ``scheduler/block_pool.py``): the device
     cache's tensors, ``num_blocks`` blocks of ``block_size`` slots each. A step's copies (``WorkerStep.kv_saves`` /
@@ -69,7 +103,7 @@ class HostKV:
         self.device, self.block_size = cache.kv[0].device, block_size
         self.pin = self.device.type == "cuda"
         self.tensors = [(dev, torch.empty(num_blocks * block_size, dev.shape[1], dtype=dev.dtype))
-                        for dev in (*cache.kv, *(t for t in cache.index_k if t is not None))]
+                        for dev in cache.tensors()]
         self._saving: tuple | None = None     # (event, host rows, slots, buffers): a save not yet in place
 
     def _rows(self, blocks: Sequence[int], device: torch.device | str) -> torch.Tensor:

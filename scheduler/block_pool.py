@@ -173,6 +173,13 @@ class BlockPool:
                 self._loads.append((node.slot, node.block))
         return [node.block for node in held]
 
+    def hold(self, blocks: Sequence[int]) -> None:
+        """One more hold on each block (an idle cached one leaves the LRU: nothing evicts it until ``free``)."""
+        for b in blocks:
+            if self._refs[b] == 0:
+                del self._idle[b]
+            self._refs[b] += 1
+
     def is_cached(self, block_id: int) -> bool:
         return block_id in self._node_of_block
 
@@ -206,6 +213,22 @@ class BlockPool:
             self._node_of_slot[node.slot] = n
             self._saves[node.slot] = block_id
         return n
+
+    def adopt(self, parent: int | tuple, tokens: tuple[int, ...]) -> tuple[int, int | None]:
+        """Cache a block whose KV comes from elsewhere (another replica's prefill, ``cluster/disagg.py``): ``parent``
+        and ``tokens`` as ``register``'s. Returns (the node, a fresh device block the caller writes the KV into before
+        the next step's forward — None where the key is cached already). The block is held by no one (idle, evicted as
+        any cached block) and gets no host copy: a save would run before the write."""
+        key = (parent, tokens)
+        assert len(tokens) == self.block_size + 1, len(tokens)
+        if (n := self._node_of_key.get(key)) is not None:
+            return n, None
+        block = self.allocate(1)[0]
+        n, self._next_node = self._next_node, self._next_node + 1
+        self._nodes[n] = _Node(key, block)
+        self._node_of_key[key], self._node_of_block[block] = n, n
+        self.free([block])
+        return n, block
 
     def drain(self) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
         """The copies the next step runs first: (saves, loads), handed over once."""

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+import numpy as np
 import torch
 
 from models.cache import HostKV, KVCache, build_batch
@@ -71,6 +72,10 @@ class WorkerStep:
     kv_saves: tuple[tuple[int, int], ...] = ()   # (block, host block): cached blocks to host memory, first
     kv_loads: tuple[tuple[int, int], ...] = ()   # (host block, block): cached prefixes back, before the forward
     memory: bool = False               # no rows: report the device's free and total bytes (after the warm-up)
+    # disaggregated prefill (``cluster/disagg.py``): (request, blocks) whose KV rows go back after the step
+    # (``StepResult.kv``); (blocks, rows) written into those blocks after the saves, before the loads and the forward
+    kv_exports: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    kv_imports: tuple[tuple[tuple[int, ...], tuple[np.ndarray, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,7 @@ class StepResult:
     busy_ms: float = 0.0     # this rank's wall time in the step (forward, logits, sampling, drafting)
     draft_ms: float = 0.0    # of which the MTP passes (extend + proposals)
     memory: tuple[int, int] | None = None   # a GPU's (free, total) bytes, where the step asked (``WorkerStep.memory``)
+    kv: dict[str, tuple[np.ndarray, ...]] = field(default_factory=dict)   # ``WorkerStep.kv_exports``' rows (bytes)
 
 
 @dataclass
@@ -210,6 +216,13 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, step: WorkerStep) -> StepResult:
+        result = self._execute(step)
+        if step.kv_exports:            # after the step's forward and MTP passes: the prompt's KV is complete
+            result = replace(result, kv={rid: self.cache.read_blocks(blocks, self.block_size)
+                                         for rid, blocks in step.kv_exports})
+        return result
+
+    def _execute(self, step: WorkerStep) -> StepResult:
         start = time.perf_counter()
         for rid in step.finished:          # first: a finished id may come back as a new request
             self.requests.pop(rid, None)
@@ -218,9 +231,14 @@ class ModelRunner:
                 if has_penalties(nr.params) else None
             self.requests[nr.req_id] = _RequestState(nr.params, len(nr.prompt_ids),
                                                      [*nr.prompt_ids, *nr.output_ids], counts)
-        if step.kv_saves or step.kv_loads:             # saves first: a saved block may be a load's destination
+        # saves first (a saved block may be an import's or a load's destination), then imports (a block imported and
+        # evicted since may be a load's destination), then loads
+        if step.kv_saves or step.kv_loads:
             assert self.host is not None and not (step.use_ahead and step.kv_loads), "host copies this runner can't run"
             self.host.save(step.kv_saves)
+        for blocks, rows in step.kv_imports:
+            self.cache.write_blocks(blocks, self.block_size, rows)
+        if step.kv_loads:
             self.host.load(step.kv_loads)
         ahead, self._ahead = self._ahead, None           # used by this step, or dropped
         if step.memory:

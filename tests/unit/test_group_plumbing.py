@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from cluster.config import EngineConfig
+from cluster.disagg import prefill_plan
 from cluster.engine import Engine, GroupFailure, LocalExecutor
 from cluster.local import scheduler_config
 from cluster.workers import _accept, _connect, _ConnGroup, _listen, _place_on_gpus, _serve, worker_specs
@@ -145,18 +146,24 @@ def test_serve_flags_reach_the_engine_config():
 
 
 def test_deploy_files_are_engine_configs_and_kuberay_inlines_the_gpu_one():
-    """Every app's args in deploy/ build an ``EngineConfig`` (a misspelt or invalid field would fail the deployment
-    only on the cluster), and the KubeRay file's inlined Serve config is deploy/glm5-8xh200.yaml's."""
+    """Every app's args in deploy/ build an ``EngineConfig``, and a prefill section its engine (a misspelt or invalid
+    field would fail the deployment only on the cluster), and the KubeRay file's inlined Serve config is
+    deploy/glm5-8xh200.yaml's."""
     import yaml
 
     deploy = Path(__file__).resolve().parents[2] / "deploy"
     gpu = yaml.safe_load((deploy / "glm5-8xh200.yaml").read_text())
     kuberay = yaml.safe_load(yaml.safe_load((deploy / "kuberay-rayservice.yaml").read_text())["spec"]["serveConfigV2"])
     tiny = yaml.safe_load((deploy / "tiny.yaml").read_text())
-    for conf in (gpu, kuberay, tiny):
+    pd = yaml.safe_load((deploy / "glm5-pd-8xh200.yaml").read_text())
+    for conf in (gpu, kuberay, tiny, pd):
         for app in conf["applications"]:
-            EngineConfig.from_dict({k: v for k, v in app["args"].items()
-                                    if k not in ("num_replicas", "autoscaling_config")})
+            args = {k: v for k, v in app["args"].items() if k not in ("num_replicas", "autoscaling_config", "prefill")}
+            cfg = EngineConfig.from_dict(args)
+            if "prefill" in app["args"]:         # disaggregated prefill: the prefill replicas' engine checks too
+                assert prefill_plan(cfg.to_dict(), app["args"]["prefill"]).engine["model"] == cfg.model
+    assert {d["name"] for d in pd["applications"][0]["deployments"]} == {"Coordinator", "PrefillCoordinator",
+                                                                          "OpenAIIngress"}
     assert kuberay["applications"] == gpu["applications"]
     cfg = EngineConfig.from_dict(gpu["applications"][0]["args"])
     assert cfg.num_blocks == 0 and cfg.resolved_warmup_tokens(202752) == 202752   # pool sized at start; all contexts

@@ -1,0 +1,280 @@
+"""Disaggregated prefill (``cluster/disagg.py``): what moving a prompt's KV costs, and what it buys.
+
+    PYTHONPATH=. python bench/disagg.py transfer [--device cuda] [--tokens 1024 8192] [--out DIR]
+    PYTHONPATH=. python bench/disagg.py serve [--seconds 40] [--out DIR]
+
+``transfer``: a GLM-5.2 prompt's KV at full depth (78 layers + the MTP layer, 21 + 1 indexer layers; bf16 and FP8
+rows) through each leg of its way — the prefill rank's gather to host memory (``KVCache.read_blocks``), the step
+channel to its engine, the ``KVDepot`` beside the prefill replica and back out to the decode replica (Ray's object
+store), the decode rank's write into its blocks (``write_blocks``) — in ms and GB/s.
+
+``serve``: the same two engines' worth of hardware (2 cores here: each engine's worker computes on one thread) split
+two ways over HTTP with the embedded tiny model — two ordinary replicas, or a prefill replica and a decode replica —
+under one workload: 6 streams decoding 96 tokens after short prompts, over and over, while one client sends prompts of
+1500 tokens (4 tokens each) back to back. Reports the decoding streams' inter-token latency (a long prompt's chunks
+stall the decodes of the replica that computes them) and tokens/s, and the long prompts' time to first token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.decode_slice import SLICE  # noqa: E402
+from models.cache import KVCache  # noqa: E402
+from models.config import ModelConfig  # noqa: E402
+
+# GLM-5.2 at full depth: the bench slice's widths (``bench/decode_slice.py``) with its 78 layers, IndexShare's 21
+# indexer layers and the MTP layer
+GLM52 = {**SLICE, "num_hidden_layers": 78, "first_k_dense_replace": 3,
+         "mlp_layer_types": ["dense"] * 3 + ["sparse"] * 75,
+         "indexer_types": ["full" if i < 3 or (i - 2) % 4 == 0 else "shared" for i in range(78)],
+         "num_nextn_predict_layers": 1}
+BLOCK = 64
+
+
+def _ms(fn, device: str, reps: int = 3) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e3
+
+
+def transfer(device: str, token_counts: list[int], out: Path) -> None:
+    cfg = ModelConfig.from_dict(GLM52)
+    assert sum(map(cfg.has_indexer, range(cfg.num_cache_layers))) == 22
+    lines = [f"# Disaggregated prefill: moving a GLM-5.2 prompt's KV ({device})", "",
+             f"`PYTHONPATH=. python bench/disagg.py transfer --device {device} --tokens "
+             f"{' '.join(map(str, token_counts))}` — {time.strftime('%Y-%m-%d %H:%M')}; best of 3 (Ray: of 2).", "",
+             "Each leg's ms (GB/s). Gather: the prefill rank's `read_blocks` (device rows to host memory); channel: "
+             "the step channel's send and receive over a local socket (rank → its engine; the decode side pays it "
+             "again, engine → rank); object store: left in a `KVDepot` actor and taken back (`stage_bundle` / "
+             "`fetch_bundle`: two copies); write: the decode rank's `write_blocks` (host rows into its blocks).", "",
+             "| KV rows | tokens | MB | gather | channel | object store | write | total ms | ms per 1k tokens |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    ray = _ray()
+    for fp8 in (False, True):
+        for tokens in token_counts:
+            blocks = tokens // BLOCK
+            src = KVCache(cfg, blocks * BLOCK, torch.bfloat16, device, fp8=fp8)
+            dst = KVCache(cfg, blocks * BLOCK, torch.bfloat16, device, fp8=fp8)
+            for t in src.tensors():
+                t.view(torch.uint8).random_()
+            order = random.Random(0).sample(range(blocks), blocks)     # a request's blocks lie anywhere in the pool
+            rows = src.read_blocks(order, BLOCK)
+            nbytes = sum(r.nbytes for r in rows)
+            gb = nbytes / 1e9
+            gather = _ms(lambda: src.read_blocks(order, BLOCK), device)
+            channel = _ms(lambda: _over_channel(rows), "cpu")
+            store = _store_ms(ray, rows) if ray is not None else float("nan")
+            write = _ms(lambda: dst.write_blocks(order, BLOCK, rows), device)
+            assert all((a == b).all() for a, b in zip(dst.read_blocks(order, BLOCK), rows))
+            total = gather + channel + (store if store == store else 0.0) + write
+            lines.append(f"| {'FP8' if fp8 else 'bf16'} | {tokens} | {nbytes / 1e6:.0f} | "
+                         + " | ".join(f"{v:.0f} ({gb / (v / 1e3):.1f})" if v == v else "—"
+                                      for v in (gather, channel, store, write))
+                         + f" | {total:.0f}{'' if store == store else ' (no Ray)'} | {total / tokens * 1e3:.1f} |")
+            print(lines[-1], flush=True)
+    per = KVCache.bytes_per_slot(cfg, torch.bfloat16), KVCache.bytes_per_slot(cfg, torch.bfloat16, True)
+    lines += ["", f"A token's KV at full depth: {per[0]} bytes bf16, {per[1]} FP8 (a rank's, whose requests it holds "
+              "whole: the KV is not split between ranks)."]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"disagg_transfer_{device}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def _over_channel(rows) -> None:
+    """The rows through the step channel (``cluster/workers.py``'s ``_send`` / ``_recv``) over a local socket: sent
+    on one end, received whole on the other by a thread."""
+    import socket
+    import threading
+    from multiprocessing.connection import Connection
+
+    from cluster.workers import _recv, _send
+
+    a, b = socket.socketpair()
+    ends = Connection(a.detach()), Connection(b.detach())
+    got = []
+    reader = threading.Thread(target=lambda: got.append(_recv(ends[1])))
+    reader.start()
+    _send(ends[0], rows)
+    reader.join()
+    for end in ends:
+        end.close()
+    assert len(got[0]) == len(rows)
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:              # (the GPU image has no Ray: that leg is left out)
+        return None
+    if not ray.is_initialized():
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    return ray
+
+
+def _store_ms(ray, rows) -> float:
+    """A bundle of these rows left in a ``KVDepot`` (``stage_bundle``: its copy into the object store as the call's
+    argument) and taken back (``fetch_bundle``: the depot's answer, a second copy), as replicas do."""
+    from cluster.disagg import KVBundle, fetch_bundle, new_depot, stage_bundle
+
+    depot = new_depot()
+    bundle = KVBundle((0,) * (rows[0].shape[0] + 1), (), False, rows)
+
+    async def move():
+        return await fetch_bundle(await stage_bundle(depot, bundle))
+
+    best = float("inf")
+    for _ in range(2):
+        t0 = time.perf_counter()
+        got = asyncio.run(move())
+        best = min(best, time.perf_counter() - t0)
+        assert len(got.rows) == len(rows)
+        del got
+    ray.kill(depot)
+    return best * 1e3
+
+
+# ---- the HTTP A/B ------------------------------------------------------------------------------------------------
+WORDS = ("old man sea night bread wine stone river king house field light voice path gate city tree hand word "
+         "time fire water land day heart").split()
+
+
+def _long_prompt(i: int, n_words: int = 1500) -> str:
+    rng = random.Random(1000 + i)
+    return f"[{i}] " + " ".join(rng.choice(WORDS) for _ in range(n_words))
+
+
+async def _decoder(client, model: str, i: int, until: float, gaps: list, tokens: list) -> None:
+    k = 0
+    while time.perf_counter() < until:
+        stream = await client.completions.create(model=model, prompt=f"Story {i}.{k}: the old man said",
+                                                 max_tokens=96, temperature=0, stream=True,
+                                                 extra_body={"ignore_eos": True})
+        last = None
+        async for c in stream:
+            if c.choices and c.choices[0].text:
+                now = time.perf_counter()
+                if last is not None:
+                    gaps.append(now - last)
+                last = now
+                tokens.append(now)
+        k += 1
+
+
+async def _long(client, model: str, until: float, ttfts: list) -> None:
+    i = 0
+    while time.perf_counter() < until:
+        t0 = time.perf_counter()
+        stream = await client.completions.create(model=model, prompt=_long_prompt(i), max_tokens=4, temperature=0,
+                                                 stream=True, extra_body={"ignore_eos": True})
+        first = None
+        async for c in stream:
+            if first is None and c.choices and c.choices[0].text:
+                first = time.perf_counter() - t0
+        ttfts.append(first)
+        i += 1
+
+
+async def _workload(url: str, seconds: float) -> dict:
+    import openai
+
+    async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", timeout=600, max_retries=0) as client:
+        model = (await client.models.list()).data[0].id
+        await client.completions.create(model=model, prompt=_long_prompt(-1), max_tokens=2)      # warm both sides
+        gaps, tokens, ttfts = [], [], []
+        start = time.perf_counter()
+        until = start + seconds
+        await asyncio.gather(*[_decoder(client, model, i, until, gaps, tokens) for i in range(6)],
+                             _long(client, model, until, ttfts))
+        wall = time.perf_counter() - start
+    q = statistics.quantiles(gaps, n=100)
+    return {"itl_p50": q[49] * 1e3, "itl_p90": q[89] * 1e3, "itl_p99": q[98] * 1e3, "itl_max": max(gaps) * 1e3,
+            "decode_tok_s": len(tokens) / wall, "long_n": len(ttfts),
+            "long_ttft_p50": statistics.median(ttfts) * 1e3, "long_ttft_max": max(ttfts) * 1e3}
+
+
+def serve_ab(seconds: float, rounds: int, out: Path) -> None:
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+    from ray import serve
+
+    from cluster.config import DEFAULT_MODEL
+    from cluster.serve import build_app
+
+    ray.init(num_cpus=16, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}})
+    port = 18971
+    serve.start(http_options={"host": "127.0.0.1", "port": port},
+                logging_config={"enable_access_log": False, "log_level": "WARNING"})
+    base = {"model": DEFAULT_MODEL, "device": "cpu", "max_num_batched_tokens": 512}
+    setups = {"2 replicas (prefill + decode in each)": {**base, "num_replicas": 2},
+              "1 prefill + 1 decode replica": {**base, "prefill": {"num_replicas": 1}}}
+    results: dict[str, list[dict]] = {k: [] for k in setups}
+    for r in range(rounds):
+        for name, args in setups.items():
+            serve.run(build_app(args), name="ab", route_prefix="/ab",
+                      logging_config={"enable_access_log": False, "log_level": "WARNING"})
+            res = asyncio.run(_workload(f"http://127.0.0.1:{port}/ab", seconds))
+            results[name].append(res)
+            print(f"round {r}: {name}: {json.dumps({k: round(v, 1) for k, v in res.items()})}", flush=True)
+            serve.delete("ab")
+    serve.shutdown()
+    ray.shutdown()
+    lines = ["# Disaggregated prefill over HTTP (CPU, tiny model)", "",
+             f"`PYTHONPATH=. python bench/disagg.py serve --seconds {seconds:g} --rounds {rounds}` — "
+             f"{time.strftime('%Y-%m-%d %H:%M')}; 2 cores, each replica's one worker computing on one thread; "
+             f"chunks of 512 prompt tokens. 6 streams decode 96 tokens after a short prompt, again and again; one "
+             f"client sends 1500-token prompts (4 tokens each) back to back. One row a run, alternating.", "",
+             "| setup | decode ITL p50 / p90 / p99 / max (ms) | decode tokens/s | long prompts "
+             "| their TTFT p50 / max (ms) |",
+             "|---|---|---:|---:|---|"]
+    for name, runs in results.items():
+        for res in runs:
+            lines.append(f"| {name} | {res['itl_p50']:.0f} / {res['itl_p90']:.0f} / {res['itl_p99']:.0f} / "
+                         f"{res['itl_max']:.0f} | {res['decode_tok_s']:.0f} | {res['long_n']} | "
+                         f"{res['long_ttft_p50']:.0f} / {res['long_ttft_max']:.0f} |")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "disagg_serve_cpu.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="what", required=True)
+    t = sub.add_parser("transfer")
+    t.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    t.add_argument("--tokens", type=int, nargs="+", default=[1024, 8192])
+    t.add_argument("--out", type=Path, default=Path("bench/results/session49"))
+    s = sub.add_parser("serve")
+    s.add_argument("--seconds", type=float, default=40.0)
+    s.add_argument("--rounds", type=int, default=2)
+    s.add_argument("--out", type=Path, default=Path("bench/results/session49"))
+    a = ap.parse_args()
+    if a.what == "transfer":
+        transfer(a.device, a.tokens, a.out)
+    else:
+        serve_ab(a.seconds, a.rounds, a.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,254 @@
+"""Disaggregated prefill: one replica computes a prompt's KV, another decodes with it.
+
+A prefill replica runs the prompt as a request of one token (``prefill_params``) whose engine sends back, from the
+step that completes the prompt, the KV rows of its whole blocks before the last token (``WorkerStep.kv_exports``):
+a ``KVBundle``. The decode replica takes the bundle into its prefix cache (``BlockPool.adopt``: each block under its
+key, as if that replica had computed it; the rows go to its worker with the next step, ``WorkerStep.kv_imports``)
+and then runs the request as any other: its prefix is found cached, and it computes only the prompt's tail — at most
+a block and the last token — before sampling the first token itself. Whatever the bundle held, the output is the
+one the decode replica alone would give (its prefix cache's reuse, tested to equal a computed prompt).
+
+The rows are staged in host memory and wait in a ``KVDepot`` actor beside the prefill replica until the decode replica
+takes them (through Ray's object store); nothing crosses GPUs directly (no NIXL / RDMA here). A bundle the decode
+replica cannot use — another KV layout (model, dtype, ``kv_cache_dtype``), a prompt that is not its own, no MTP rows
+where it drafts — is refused with an error that names the difference (``KVTransferError``); the replica then computes
+the whole prompt, as it does when a bundle is lost (its prefill replica died).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from scheduler.block_pool import BlockPool, root
+from scheduler.request import SamplingParams
+
+FETCH_TIMEOUT_S = 120.0     # a decode replica's wait for a bundle from the object store before computing the prompt
+
+
+@dataclass(frozen=True)
+class KVBundle:
+    """A prompt's KV: ``rows[i]`` holds cache tensor i's rows of positions ``0 .. len(token_ids) - 2`` (whole blocks
+    of the prefill replica's; ``KVCache.tensors`` order), as bytes (``KVCache.read_blocks``). ``token_ids``: the
+    prompt's tokens they cover and the one after (a block's prefix-cache key holds it, and so does the MTP layer's
+    KV). ``layout``: ``KVCache.layout`` of the cache they came from; ``mtp``: whether the MTP layer's rows were computed
+    (a speculative prefill engine)."""
+
+    token_ids: tuple[int, ...]
+    layout: tuple[tuple[int, str], ...]
+    mtp: bool
+    rows: tuple[np.ndarray, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids) - 1
+
+    @property
+    def nbytes(self) -> int:
+        return sum(r.nbytes for r in self.rows)
+
+
+@dataclass(frozen=True)
+class PrefillResult:
+    """What a prefill replica answers (``Coordinator.prefill``): the bundle (a ``KVBundle``, or a Ray reference to
+    one), or why there is none — ``refused``, the admission error to answer the client with; ``error``, a failure
+    (the decode replica then computes the prompt itself)."""
+
+    bundle: Any = None
+    refused: Exception | None = None
+    error: str | None = None
+    num_tokens: int = 0
+
+
+class KVTransferError(ValueError):
+    """A bundle this engine cannot take: the message names what differs."""
+
+
+def prefill_params(params: SamplingParams) -> SamplingParams:
+    """A request's prefill on the prefill replica: its prompt and one token (thrown away: the decode replica samples
+    the first token itself), under the request's cache salt and priority."""
+    return SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, priority=params.priority,
+                          cache_salt=params.cache_salt)
+
+
+def exported_blocks(prompt_len: int, block_size: int) -> int:
+    """The whole blocks of a prompt a bundle carries: those before its last token (which the decode replica computes
+    to sample from)."""
+    return max(0, (prompt_len - 1) // block_size)
+
+
+def check_bundle(bundle: KVBundle, prompt_ids: Sequence[int], layout: tuple | None, drafts: bool,
+                 caching: bool) -> None:
+    """Raise ``KVTransferError`` where this engine (its cache ``layout``; ``drafts``: it runs the MTP layer;
+    ``caching``: its prefix caching is on) cannot take ``bundle`` for this prompt."""
+    if layout is None or not caching:
+        raise KVTransferError("this engine takes no transferred KV: " + (
+            "it was built without its KV layout" if layout is None else "it needs prefix_caching on"))
+    if bundle.layout != layout:
+        raise KVTransferError(f"the prefill replica's KV layout {_layout(bundle.layout)} differs from this replica's "
+                              f"{_layout(layout)}: give both the same model, dtype and kv_cache_dtype")
+    if drafts and not bundle.mtp:
+        raise KVTransferError("the prefill replica computed no MTP-layer KV, which this replica's drafts read: give "
+                              "the prefill replicas speculative_tokens too")
+    if tuple(prompt_ids[:len(bundle.token_ids)]) != bundle.token_ids or len(bundle.token_ids) > len(prompt_ids):
+        raise KVTransferError("the transferred KV is of another prompt")
+    if len(bundle.rows) != len(layout) or any(r.shape != (bundle.num_tokens, w * _itemsize(d)) or r.dtype != np.uint8
+                                               for r, (w, d) in zip(bundle.rows, layout)):
+        raise KVTransferError("the transferred KV's rows do not match its token count")
+
+
+def _itemsize(dtype: str) -> int:
+    return torch.empty((), dtype=getattr(torch, dtype)).element_size()
+
+
+def _layout(layout: tuple) -> str:
+    widths = sorted({f"{w}×{d}" for w, d in layout})
+    return f"({len(layout)} tensors: {', '.join(widths)})"
+
+
+def adopt_bundle(pool: BlockPool, prompt_ids: Sequence[int], salt: str | None,
+                 bundle: KVBundle) -> tuple[tuple[int, ...], tuple[np.ndarray, ...]] | None:
+    """Cache the bundle's whole blocks (of ``pool``'s block size: the prefill replica's may differ) that ``pool`` has
+    not cached, as many as its free blocks hold; returns (the blocks to write, their rows) for the worker's next
+    step, or None when there is nothing to write."""
+    bs, count = pool.block_size, bundle.num_tokens // pool.block_size
+    # the prompt's blocks cached on the device already are held meanwhile: an adoption must not evict its own prefix
+    cached = [b for n in pool.match(prompt_ids[:count * bs + 1], root(salt)) if (b := pool.block(n)) is not None]
+    pool.hold(cached)
+    room = pool.num_free                      # (past it an adoption would evict the blocks adopted before it)
+    parent, blocks, spans = root(salt), [], []
+    for j in range(count):
+        if len(blocks) == room:
+            break
+        parent, block = pool.adopt(parent, tuple(prompt_ids[j * bs:(j + 1) * bs + 1]))
+        if block is not None:
+            blocks.append(block)
+            spans.append(j)
+    pool.free(cached)
+    if not blocks:
+        return None
+    if spans == list(range(spans[0], spans[0] + len(spans))):        # one run of blocks: a view, no copy
+        return tuple(blocks), tuple(r[spans[0] * bs:(spans[-1] + 1) * bs] for r in bundle.rows)
+    at = np.array([j * bs + i for j in spans for i in range(bs)])
+    return tuple(blocks), tuple(r[at] for r in bundle.rows)
+
+
+class KVDepot:
+    """A prefill replica's bundles until a decode replica takes them: a Ray actor beside the replica, which owns it (it
+    ends with the replica). A bundle taken goes out as the call's result — an object the taker owns, freed once it
+    has written the rows (a reference passed along with the request instead would pin the bundle in the object store
+    until the whole answer had streamed); one not taken within ``ttl_s`` (its request gone) is dropped."""
+
+    def __init__(self, ttl_s: float = FETCH_TIMEOUT_S) -> None:
+        self.ttl_s, self.items = ttl_s, {}
+
+    def put(self, key: str, bundle: KVBundle) -> None:
+        now = time.monotonic()
+        self.items = {k: v for k, v in self.items.items() if now - v[0] < self.ttl_s}
+        self.items[key] = (now, bundle)
+
+    def take(self, key: str) -> KVBundle:
+        return self.items.pop(key)[1]          # (a KeyError: expired, or taken)
+
+
+def new_depot():
+    """A ``KVDepot`` actor on this replica's node, or None without Ray (a local engine: bundles are passed as they
+    are)."""
+    try:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    except ImportError:
+        return None
+    if not ray.is_initialized():
+        return None
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    return ray.remote(num_cpus=0)(KVDepot).options(scheduling_strategy=here).remote()
+
+
+async def stage_bundle(depot, bundle: KVBundle) -> Any:
+    """Leave ``bundle`` in ``depot`` (its copy into the object store off the event loop); returns what a decode
+    replica fetches it by: (the depot, a key) — or the bundle itself without a depot."""
+    if depot is None:
+        return bundle
+    key = uuid.uuid4().hex
+    await (await asyncio.to_thread(depot.put.remote, key, bundle))
+    return depot, key
+
+
+async def fetch_bundle(staged: Any, timeout_s: float = FETCH_TIMEOUT_S) -> KVBundle:
+    """The bundle ``stage_bundle`` left (raises where it is lost: its replica died, or it expired)."""
+    if isinstance(staged, KVBundle):
+        return staged
+    depot, key = staged
+    return await asyncio.wait_for(_resolve(depot.take.remote(key)), timeout_s)
+
+
+async def _resolve(ref) -> KVBundle:
+    return await ref
+
+
+# ---- the Serve application's prefill replicas (``cluster/serve.py``'s ``build_app`` argument ``prefill``) -----------
+DEPLOYMENT_KEYS = ("num_replicas", "autoscaling_config")
+SAME_KEYS = ("model", "load_format", "kv_cache_dtype")    # what the KV depends on (and the dtype, ``_dtype``)
+
+
+@dataclass(frozen=True)
+class PrefillPlan:
+    """The prefill replicas of an application: their engine config (the decode replicas', with the overrides), their
+    Serve deployment options, and the shortest prompt sent to them (shorter ones the decode replicas compute)."""
+
+    engine: dict
+    deployment: dict
+    min_prompt_tokens: int
+
+
+def _dtype(dtype: str, device: str) -> str | None:
+    """The dtype ``EngineConfig.resolved_dtype`` gives, where the device says (None: ``auto`` on an ``auto`` device)."""
+    return dtype if dtype != "auto" else {"cpu": "float32", "cuda": "bfloat16"}.get(device)
+
+
+def prefill_plan(decode: dict, spec: Any) -> PrefillPlan:
+    """``spec``: ``build_app``'s ``prefill`` — engine config fields overriding the decode replicas' for the prefill
+    replicas, ``num_replicas`` / ``autoscaling_config``, ``min_prompt_tokens``. Raises ``ValueError`` naming the
+    field (``prefill.<name>``) where the two sides could not exchange KV."""
+    from cluster.config import EngineConfig
+
+    if spec is True or spec is None:
+        spec = {}
+    if not isinstance(spec, dict):
+        raise ValueError(f"prefill must be a mapping of engine config fields and num_replicas / autoscaling_config / "
+                         f"min_prompt_tokens, got {type(spec).__name__}")
+    spec = dict(spec)
+    deployment = {k: spec.pop(k) for k in DEPLOYMENT_KEYS if k in spec}
+    least = spec.pop("min_prompt_tokens", 0)
+    if not isinstance(least, int) or isinstance(least, bool) or least < 0:
+        raise ValueError(f"prefill.min_prompt_tokens must be an int >= 0, got {least!r}")
+    try:
+        engine = EngineConfig.from_dict({**decode, **spec})
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"prefill: {e}") from None
+    for key in SAME_KEYS:
+        if getattr(engine, key) != decode[key]:
+            raise ValueError(f"prefill.{key} ({getattr(engine, key)!r}) must equal the decode replicas' "
+                             f"({decode[key]!r}): the KV they exchange must have one layout")
+    mine, theirs = _dtype(engine.dtype, engine.device), _dtype(decode["dtype"], decode["device"])
+    if mine != theirs or mine is None and engine.dtype != decode["dtype"]:
+        raise ValueError(f"prefill.dtype ({engine.dtype!r} on device {engine.device!r}) must come to the decode "
+                         f"replicas' ({decode['dtype']!r} on {decode['device']!r}): the KV they exchange must have one "
+                         "layout")
+    for key in DEPLOYMENT_KEYS[:1]:
+        if key in deployment and (not isinstance(deployment[key], int) or deployment[key] < 1):
+            raise ValueError(f"prefill.{key} must be an int >= 1, got {deployment[key]!r}")
+    if decode["speculative_tokens"] and not engine.speculative_tokens:
+        raise ValueError("prefill.speculative_tokens is 0 while the decode replicas draft: their drafts read the MTP "
+                         "layer's KV, which only a speculative prefill replica computes")
+    if not decode["prefix_caching"]:
+        raise ValueError("prefix_caching must be on for disaggregated prefill: the decode replicas take the "
+                         "transferred KV into their prefix cache")
+    return PrefillPlan(engine.to_dict(), deployment, least)

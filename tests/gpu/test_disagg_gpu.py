@@ -1,0 +1,69 @@
+"""Disaggregated prefill on a CUDA GPU (``cluster/disagg.py``), the embedded trained model with ``kernels: auto``: the
+prefill engine's rows leave the GPU and the decode engine's come back onto it, both engines on CUDA graphs (prompt
+chunks riding graph steps, look-ahead, MTP drafting graphs) — in fp32 the tokens equal one engine's that computed the
+prompt (and with speculation the drafts' acceptance), with bf16 and with FP8 KV rows (Triton's packed store) the rows
+the decode engine holds are byte for byte the prefill engine's.
+
+Run on a lent GPU: ``PYTHONPATH=. python -m pytest -q tests/gpu/test_disagg_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+pytest.importorskip("triton")
+
+from glmkernels import ops  # noqa: E402
+from models.loader import load_model  # noqa: E402
+from scheduler.request import SamplingParams  # noqa: E402
+from tests.integration.test_disagg import BS, GREEDY, alike, alone, decode, ids, make_engine, prefill  # noqa: E402
+
+_MODELS: dict = {}
+
+
+def model(dtype: torch.dtype):
+    from cluster.config import DEFAULT_MODEL
+
+    ops.configure("auto", "cuda")
+    if dtype not in _MODELS:
+        _MODELS[dtype] = load_model(DEFAULT_MODEL, dtype=dtype, device="cuda", progress=False)
+    return _MODELS[dtype]
+
+
+@pytest.mark.parametrize("k", [0, 3])
+@pytest.mark.parametrize("budget", [512, 32])
+def test_fp32_tokens_equal_one_engines_on_graphs(k, budget):
+    m = model(torch.float32)
+    vocab = m.config.vocab_size
+    pre, dec = make_engine(m, k=k, budget=budget, graphs=True), make_engine(m, k=k, graphs=True)
+    params = SamplingParams(max_tokens=20, temperature=0.0, logprobs=0)
+    for n in (20, 33, 90, 300):
+        prompt = ids(n, n, vocab)
+        one = make_engine(m, k=k, caching=False, graphs=True)
+        want = alone(one, prompt, params)
+        before = dict(dec.stats)
+        assert alike(decode(dec, prompt, params, prefill(pre, prompt, params), f"d{n}"), want), n
+        if k:
+            assert dec.stats["drafts_accepted"] - before["drafts_accepted"] == one.stats["drafts_accepted"], n
+    assert dec.stats["graph_steps"] > 0 and dec.stats["kv_imported_tokens"] > 0
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_bf16_rows_arrive_byte_for_byte(fp8):
+    m = model(torch.bfloat16)
+    prompt = ids(200, 5, m.config.vocab_size)
+    pre, dec = make_engine(m, fp8=fp8, graphs=True), make_engine(m, fp8=fp8, graphs=True)
+    bundle = prefill(pre, prompt, GREEDY)
+    assert bundle.num_tokens == (200 - 1) // BS * BS
+    dec.add_request(prompt, SamplingParams(max_tokens=8, temperature=0.0), "d", kv=bundle)
+    dec.step()
+    table = dec.scheduler.get("d").block_ids
+    got = dec.executor.runner.cache.read_blocks(table[:bundle.num_tokens // BS], BS)
+    assert all(np.array_equal(a, b) for a, b in zip(got, bundle.rows, strict=True))
+    while dec.has_work():
+        dec.step()

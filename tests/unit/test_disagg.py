@@ -1,0 +1,243 @@
+"""Disaggregated prefill's pure parts (``cluster/disagg.py``): a block adopted from another replica's KV (the pool's
+keys, idle and evictable, no host copy), a bundle taken into a pool of another block size or too few free blocks, the
+cache's layout and block rows, and the application's ``prefill`` settings (each error names its field)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from cluster.config import EngineConfig
+from cluster.disagg import KVBundle, adopt_bundle, exported_blocks, prefill_params, prefill_plan
+from models.cache import KVCache
+from models.config import ModelConfig
+from scheduler import BlockPool, SamplingParams
+from scheduler.block_pool import ROOT, root
+
+
+def bundle(tokens: int, width: int = 3) -> KVBundle:
+    """A bundle of ``tokens`` positions whose rows hold their position (one uint8 tensor)."""
+    ids = tuple(range(100, 100 + tokens + 1))
+    rows = np.repeat(np.arange(tokens, dtype=np.uint8)[:, None], width, axis=1)
+    return KVBundle(ids, ((width, "uint8"),), False, (rows,))
+
+
+def test_an_adopted_block_is_cached_idle_and_found_by_its_key():
+    pool = BlockPool(4, 2, host_blocks=4)
+    node, block = pool.adopt(ROOT, (1, 2, 3))
+    assert block is not None and pool.is_cached(block) and pool.num_free == 4 and pool.num_used == 0
+    assert pool.match([1, 2, 3, 9]) == [node]
+    assert pool.adopt(ROOT, (1, 2, 3)) == (node, None)          # cached already: nothing to write
+    assert pool.num_host_cached == 0 and pool.drain() == ((), ())  # no host copy, no save
+    pool.allocate(4)                                             # evicted as any idle cached block
+    assert pool.match([1, 2, 3, 9]) == [] and not pool.is_cached(block)
+
+
+def test_a_bundle_is_adopted_in_the_pools_own_blocks():
+    b = bundle(12)                                   # 12 positions: 3 blocks of 4, or 1 of 8 (the 2nd would need 16)
+    ids = list(b.token_ids) + [7, 7]
+    pool = BlockPool(8, 4)
+    blocks, rows = adopt_bundle(pool, ids, None, b)
+    assert len(blocks) == 3 and rows[0][:, 0].tolist() == list(range(12))
+    assert len(pool.match(ids)) == 3
+    assert adopt_bundle(pool, ids, None, b) is None                      # all cached: nothing to write
+    wide = BlockPool(8, 8)
+    blocks, rows = adopt_bundle(wide, ids, "salt", b)
+    assert len(blocks) == 1 and rows[0][:, 0].tolist() == list(range(8))
+    assert wide.match(ids) == [] and len(wide.match(ids, root("salt"))) == 1
+
+
+def test_a_bundle_takes_at_most_the_pools_free_blocks():
+    pool = BlockPool(4, 4)
+    held = pool.allocate(2)
+    blocks, rows = adopt_bundle(pool, list(bundle(16).token_ids), None, bundle(16))
+    assert len(blocks) == 2 and rows[0].shape == (8, 3) and not set(blocks) & set(held)
+
+
+def test_exported_blocks_stop_before_the_prompts_last_token():
+    assert [exported_blocks(n, 16) for n in (1, 16, 17, 32, 33)] == [0, 0, 1, 1, 2]
+
+
+def test_prefill_params_keep_only_what_the_kv_depends_on():
+    p = prefill_params(SamplingParams(max_tokens=100, temperature=0.7, stop=("x",), logprobs=3, priority=0,
+                                      cache_salt="s", json_schema="{}"))
+    assert (p.max_tokens, p.is_greedy, p.ignore_eos, p.cache_salt, p.json_schema, p.stop) == (1, True, True, "s",
+                                                                                           None, ())
+
+
+def test_the_cache_layout_is_its_tensors(tiny_config):
+    config = ModelConfig.from_dict(tiny_config) if isinstance(tiny_config, dict) else tiny_config
+    for fp8 in (False, True):
+        cache = KVCache(config, 64, torch.bfloat16, fp8=fp8)
+        want = tuple((t.shape[1], str(t.dtype).removeprefix("torch.")) for t in cache.tensors())
+        assert KVCache.layout(config, torch.bfloat16, fp8) == want
+        for t in cache.tensors():
+            t.copy_(torch.randint(0, 100, t.shape).to(t.dtype))
+        other = KVCache(config, 64, torch.bfloat16, fp8=fp8)
+        other.write_blocks([3, 1], 8, cache.read_blocks([0, 2], 8))
+        assert all(torch.equal(a[24:32], b[0:8]) and torch.equal(a[8:16], b[16:24])
+                   for a, b in zip(other.tensors(), cache.tensors()))
+        assert all(r.dtype == np.uint8 for r in cache.read_blocks([0], 8))
+
+
+def test_prefill_settings_name_the_field_in_error():
+    decode = EngineConfig(model="m", speculative_tokens=3).to_dict()
+    plan = prefill_plan(decode, {"num_replicas": 2, "max_num_batched_tokens": 8192, "min_prompt_tokens": 512})
+    assert plan.deployment == {"num_replicas": 2} and plan.min_prompt_tokens == 512
+    assert plan.engine["max_num_batched_tokens"] == 8192 and plan.engine["speculative_tokens"] == 3
+    assert prefill_plan(decode, True).engine == decode
+    for spec, words in [({"dtype": "float32"}, "prefill.dtype"), ({"kv_cache_dtype": "fp8"}, "prefill.kv_cache_dtype"),
+                        ({"model": "other"}, "prefill.model"),
+                        ({"speculative_tokens": 0}, "prefill.speculative_tokens"),
+                        ({"bogus": 1}, "bogus"), ({"min_prompt_tokens": -1}, "prefill.min_prompt_tokens"),
+                        ("yes", "prefill must be a mapping")]:
+        with pytest.raises(ValueError, match=words):
+            prefill_plan(decode, spec)
+    with pytest.raises(ValueError, match="prefix_caching"):
+        prefill_plan(EngineConfig(model="m", prefix_caching=False).to_dict(), {})
+    # the dtype as each side resolves it: auto is float32 on a CPU, bfloat16 on a GPU
+    gpu = EngineConfig(model="m", device="cuda").to_dict()
+    assert prefill_plan(gpu, {"dtype": "bfloat16"}).engine["dtype"] == "bfloat16"
+    for spec, words in [({"device": "cpu"}, "prefill.dtype"), ({"load_format": "dummy"}, "prefill.load_format"),
+                        ({"num_replicas": 0}, "prefill.num_replicas")]:
+        with pytest.raises(ValueError, match=words):
+            prefill_plan(gpu, spec)
+    with pytest.raises(ValueError, match="prefill.dtype"):      # unknown devices: the same setting, or refused
+        prefill_plan(EngineConfig(model="m").to_dict(), {"dtype": "float32"})
+
+
+def test_the_ingress_asks_a_prefill_replica_and_falls_back_to_decoding_whole(monkeypatch):
+    """``OpenAIIngress._prefilled``: which prompts go to a prefill replica, and what its answers become — a bundle is
+    passed on; a full prefill tier is the client's 429; any other refusal, a failure, or no replica taking the request
+    within PREFILL_REACH_S leaves the prompt to the decode replica (and after a missing replica, the next requests for
+    PREFILL_PAUSE_S do not try)."""
+    import asyncio
+    import types
+
+    from cluster import serve as serve_mod
+    from cluster.disagg import PrefillResult
+    from scheduler.scheduler import AdmissionError
+
+    monkeypatch.setattr(serve_mod, "PREFILL_REACH_S", 0.05)
+    calls: list[str] = []
+    answers: dict[str, object] = {}
+
+    def remote(ids, params, req_id):
+        calls.append(req_id)
+
+        class Stream:                     # a streaming handle call: ``None`` once a replica took it, then the answer
+            items = [None, answers[req_id]]
+
+            async def __anext__(self):
+                if answers[req_id] == "hang":
+                    await asyncio.sleep(60)
+                return self.items.pop(0)
+
+            def cancel(self):
+                calls.append(f"cancel {req_id}")
+        return Stream()
+
+    handle = types.SimpleNamespace(options=lambda **kw: types.SimpleNamespace(prefill=types.SimpleNamespace(
+        remote=remote)))
+    ing = types.SimpleNamespace(prefill=handle, min_prefill_tokens=0, prefill_block=16, prefill_paused_until=0.0)
+    params, long = SamplingParams(), list(range(40))
+
+    def ask(req_id, answer, ids=long, p=params):
+        answers[req_id] = answer
+        return asyncio.run(serve_mod.OpenAIIngress._prefilled(ing, ids, p, req_id))
+
+    ok = PrefillResult(bundle="ref", num_tokens=32)
+    assert ask("a", ok) is ok
+    assert ask("b", PrefillResult()) is None and ask("c", PrefillResult(error="step failed")) is None
+    assert ask("d", PrefillResult(refused=AdmissionError("too_long", "prompt", "long"))) is None
+    with pytest.raises(AdmissionError):
+        ask("e", PrefillResult(refused=AdmissionError("queue_full", "queue", "full")))
+    assert ask("f", ok, ids=long[:16]) is None and ask("g", ok, p=SamplingParams(prompt_logprobs=0)) is None
+    assert calls == ["a", "b", "c", "d", "e"]                      # short prompts and prompt logprobs: not asked
+    assert ask("h", "hang") is None and ing.prefill_paused_until > 0
+    assert ask("i", ok) is None and calls[-2:] == ["h", "cancel h"]  # cancelled; then paused: not asked
+    ing.prefill_paused_until = 0.0
+    assert ask("j", ok) is ok
+
+
+def _engine(num_ranks: int = 1, blocks: int = 64, seqs: int = 4):
+    from cluster.engine import Engine
+    from scheduler import SchedulerConfig
+    from tests.conftest import RecordingExecutor
+
+    cfg = SchedulerConfig(num_blocks=blocks, block_size=4, max_model_len=200, vocab_size=1000, eos_token_ids=(),
+                          max_num_seqs=seqs, max_num_batched_tokens=64, prefix_caching=True)
+    return Engine(RecordingExecutor(), cfg, num_ranks=num_ranks, kv_layout=((4, "uint8"),))
+
+
+def _bundle_of(prompt: list[int], bs: int = 4) -> KVBundle:
+    n = (len(prompt) - 1) // bs * bs
+    return KVBundle(tuple(prompt[:n + 1]), ((4, "uint8"),), False, (np.zeros((n, 4), np.uint8),))
+
+
+def test_an_adoption_keeps_the_prompts_own_cached_prefix():
+    """Into a pool of idle cached blocks, the prompt's first blocks among them (the least recently used): adopting the
+    rest must not evict them, or the blocks after them would hang off a prefix no longer cached."""
+    e = _engine(blocks=12)
+    system = list(range(1, 9))
+    for rid, prompt in (("a", system + [50]), ("filler", list(range(100, 141)))):
+        e.add_request(prompt, SamplingParams(max_tokens=1), rid)
+        while e.has_work():
+            e.step()
+    y = system + list(range(200, 225))
+    e.add_request(y, SamplingParams(max_tokens=1), "y", kv=_bundle_of(y))
+    assert e.scheduler.cached_blocks(y) == 8
+    e.step()
+    assert [s.start_pos for s in e.executor.steps[-1][0].seqs] == [32]       # only the last token computed
+
+
+def test_a_request_bringing_kv_goes_to_a_rank_with_a_seat():
+    """Two ranks, the less loaded one with no free seat: the request (and its imported blocks) go to the other, where it
+    runs — a waiting request may be moved to another rank, and its imported KV would not go with it."""
+    e = _engine(num_ranks=2)
+    p = SamplingParams(max_tokens=50, ignore_eos=True)
+    for rid, prompt in (("a0", list(range(1, 6))), ("b1", list(range(10, 90))), ("a1", list(range(100, 105)))):
+        e.add_request(prompt, p, rid)
+    for _ in range(3):
+        e.step()
+    y = list(range(300, 341))
+    e.add_request(y, p, "y", kv=_bundle_of(y))
+    rank = e._rank_of["y"]
+    assert e.schedulers[rank].free_seats >= 0 and e._imports[rank]
+    e.step()
+    assert e._rank_of["y"] == rank
+    assert [s.start_pos for s in e.executor.steps[-1][rank].seqs if s.req_id == "y"] == [40]
+
+
+def test_a_cancel_while_the_kv_is_adopted_aborts_the_request():
+    """The client goes away while ``add_request`` adopts its KV in a thread: the request is aborted once added, not
+    left decoding for no one."""
+    import asyncio
+    import time
+
+    from cluster.engine import AsyncEngine
+
+    e = _engine()
+    add, execute = e.add_request, e.executor.execute
+    e.add_request = lambda *a, **k: (time.sleep(0.2), add(*a, **k))[1]
+    e.executor.execute = lambda steps: (time.sleep(0.01), execute(steps))[1]     # 100 tokens: a second at least
+    ae = AsyncEngine(e)
+    y = list(range(300, 341))
+
+    async def main():
+        async def consume():
+            async for _ in ae.generate(y, SamplingParams(max_tokens=100, ignore_eos=True), "y", kv=_bundle_of(y)):
+                pass
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.4)
+
+    try:
+        asyncio.run(main())
+        assert "y" not in e._rank_of and e.stats["generated_tokens"] < 100
+    finally:
+        ae.shutdown()
