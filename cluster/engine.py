@@ -519,7 +519,7 @@ class Engine:
                 exports = {rid: self._exports[rid] for rid in res.kv if rid in self._exports}
                 events += [out for ev in sch.update(plan, res.sampled, res.drafts) if ev.req_id in self._streams
                            for out in self._emit(ev, res)]
-                for out in events:
+                for out in events if exports else ():
                     if out.finished and out.req_id in exports and not out.error:
                         out.kv = KVBundle(exports[out.req_id], self.kv_layout, self.speculative_tokens > 0,
                                           res.kv[out.req_id])
@@ -601,7 +601,8 @@ class Engine:
         return [WorkerStep(p.step_id, p.seqs, tuple(self._unsent.pop(s.req_id) for s in p.seqs
                                                     if s.req_id in self._unsent), tuple(f), shape, num_drafts, graph,
                            draft_graph, lookahead, use_ahead, masks=self._masks(p), kv_saves=p.kv_saves,
-                           kv_loads=p.kv_loads, kv_exports=self._exporting(p), kv_imports=tuple(i))
+                           kv_loads=p.kv_loads, kv_exports=self._exporting(p) if self._exports else (),
+                           kv_imports=tuple(i))
                 for p, f, i in zip(plans, forget, imports)]
 
     def _exporting(self, plan: StepPlan) -> tuple[tuple[str, tuple[int, ...]], ...]:
