@@ -274,7 +274,7 @@ class Coordinator:
         else:
             if self._depot is None:
                 self._depot = new_depot()
-            yield PrefillResult(bundle=await stage_bundle(self._depot, ev.kv), num_tokens=ev.kv.num_tokens)
+            yield PrefillResult(bundle=await stage_bundle(self._depot, ev.kv))
 
     async def abort(self, req_id: str) -> None:
         self.aengine.abort(req_id)

@@ -49,21 +49,16 @@ class KVBundle:
     def num_tokens(self) -> int:
         return len(self.token_ids) - 1
 
-    @property
-    def nbytes(self) -> int:
-        return sum(r.nbytes for r in self.rows)
-
 
 @dataclass(frozen=True)
 class PrefillResult:
-    """What a prefill replica answers (``Coordinator.prefill``): the bundle (a ``KVBundle``, or a Ray reference to
-    one), or why there is none — ``refused``, the admission error to answer the client with; ``error``, a failure
+    """What a prefill replica answers (``Coordinator.prefill``): the bundle (a ``KVBundle``, or where a ``KVDepot``
+    holds one), or why there is none — ``refused``, the admission error to answer the client with; ``error``, a failure
     (the decode replica then computes the prompt itself)."""
 
     bundle: Any = None
     refused: Exception | None = None
     error: str | None = None
-    num_tokens: int = 0
 
 
 class KVTransferError(ValueError):
@@ -186,11 +181,7 @@ async def fetch_bundle(staged: Any, timeout_s: float = FETCH_TIMEOUT_S) -> KVBun
     if isinstance(staged, KVBundle):
         return staged
     depot, key = staged
-    return await asyncio.wait_for(_resolve(depot.take.remote(key)), timeout_s)
-
-
-async def _resolve(ref) -> KVBundle:
-    return await ref
+    return await asyncio.wait_for(depot.take.remote(key), timeout_s)
 
 
 # ---- the Serve application's prefill replicas (``cluster/serve.py``'s ``build_app`` argument ``prefill``) -----------

@@ -147,7 +147,7 @@ def test_the_ingress_asks_a_prefill_replica_and_falls_back_to_decoding_whole(mon
         answers[req_id] = answer
         return asyncio.run(serve_mod.OpenAIIngress._prefilled(ing, ids, p, req_id))
 
-    ok = PrefillResult(bundle="ref", num_tokens=32)
+    ok = PrefillResult(bundle="ref")
     assert ask("a", ok) is ok
     assert ask("b", PrefillResult()) is None and ask("c", PrefillResult(error="step failed")) is None
     assert ask("d", PrefillResult(refused=AdmissionError("too_long", "prompt", "long"))) is None
