@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python bench/disagg.py transfer [--device cuda] [--tokens 1024 8192] [--out DIR]
     PYTHONPATH=. python bench/disagg.py serve [--seconds 40] [--out DIR]
+    PYTHONPATH=. python bench/disagg.py turns [--conversations 4 --turns 6] [--out DIR]
 
 ``transfer``: a GLM-5.2 prompt's KV at full depth (78 layers + the MTP layer, 21 + 1 indexer layers; bf16 and FP8
 rows) through each leg of its way — the prefill rank's gather to host memory (``KVCache.read_blocks``), the step
@@ -13,6 +14,10 @@ two ways over HTTP with the embedded tiny model — two ordinary replicas, or a 
 under one workload: 6 streams decoding 96 tokens after short prompts, over and over, while one client sends prompts of
 1500 tokens (4 tokens each) back to back. Reports the decoding streams' inter-token latency (a long prompt's chunks
 stall the decodes of the replica that computes them) and tokens/s, and the long prompts' time to first token.
+
+``turns``: the same two setups under multi-turn conversations (a coding agent's: each turn repeats the history and adds
+a little): the first and later turns' time to first token, and the prompt tokens whose KV moved between replicas (a
+decode replica asks only for the part of a prompt it does not hold cached).
 """
 
 from __future__ import annotations
@@ -212,7 +217,9 @@ async def _workload(url: str, seconds: float) -> dict:
             "long_ttft_p50": statistics.median(ttfts) * 1e3, "long_ttft_max": max(ttfts) * 1e3}
 
 
-def serve_ab(seconds: float, rounds: int, out: Path) -> None:
+def _runs(workload, rounds: int, pd: dict | None = None) -> dict[str, list[dict]]:
+    """``workload(url)`` against each setup (the same hardware split two ways; ``pd``: a third, disaggregated with
+    these prefill settings), ``rounds`` times, alternating."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
@@ -229,17 +236,24 @@ def serve_ab(seconds: float, rounds: int, out: Path) -> None:
     base = {"model": DEFAULT_MODEL, "device": "cpu", "max_num_batched_tokens": 512}
     setups = {"2 replicas (prefill + decode in each)": {**base, "num_replicas": 2},
               "1 prefill + 1 decode replica": {**base, "prefill": {"num_replicas": 1}}}
+    if pd:
+        setups[f"1 prefill + 1 decode replica, {json.dumps(pd)}"] = {**base, "prefill": {"num_replicas": 1, **pd}}
     results: dict[str, list[dict]] = {k: [] for k in setups}
     for r in range(rounds):
         for name, args in setups.items():
             serve.run(build_app(args), name="ab", route_prefix="/ab",
                       logging_config={"enable_access_log": False, "log_level": "WARNING"})
-            res = asyncio.run(_workload(f"http://127.0.0.1:{port}/ab", seconds))
+            res = asyncio.run(workload(f"http://127.0.0.1:{port}/ab"))
             results[name].append(res)
             print(f"round {r}: {name}: {json.dumps({k: round(v, 1) for k, v in res.items()})}", flush=True)
             serve.delete("ab")
     serve.shutdown()
     ray.shutdown()
+    return results
+
+
+def serve_ab(seconds: float, rounds: int, out: Path) -> None:
+    results = _runs(lambda url: _workload(url, seconds), rounds)
     lines = ["# Disaggregated prefill over HTTP (CPU, tiny model)", "",
              f"`PYTHONPATH=. python bench/disagg.py serve --seconds {seconds:g} --rounds {rounds}` — "
              f"{time.strftime('%Y-%m-%d %H:%M')}; 2 cores, each replica's one worker computing on one thread; "
@@ -258,6 +272,66 @@ def serve_ab(seconds: float, rounds: int, out: Path) -> None:
     print("\n".join(lines))
 
 
+async def _conversation(client, model: str, i: int, turns: int, ttfts: list) -> None:
+    """A coding agent's session: a long first prompt, then turns that each repeat the history (prompts and answers)
+    and add a short message. ``ttfts[t]``: turn t's times to first token."""
+    rng = random.Random(2000 + i)
+    history = _long_prompt(100 + i, 1100)
+    for t in range(turns):
+        t0 = time.perf_counter()
+        stream = await client.completions.create(model=model, prompt=history, max_tokens=16, temperature=0,
+                                                 stream=True, extra_body={"ignore_eos": True})
+        first, text = None, ""
+        async for c in stream:
+            if c.choices and c.choices[0].text:
+                first = first or time.perf_counter() - t0
+                text += c.choices[0].text
+        ttfts[t].append(first)
+        history += text + f" [turn {t + 1}] " + " ".join(rng.choice(WORDS) for _ in range(40))
+
+
+HUB_S = 11.0    # a Coordinator replica's health-check period (10 s), and a second
+
+
+async def _turns(url: str, conversations: int, turns: int) -> dict:
+    import openai
+
+    from tests.integration.test_serve import metric
+
+    async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", timeout=600, max_retries=0) as client:
+        model = (await client.models.list()).data[0].id
+        await client.completions.create(model=model, prompt=_long_prompt(-1), max_tokens=2)      # warm both sides
+        await asyncio.sleep(HUB_S)      # (the prefill replica's metrics reach /metrics at its health checks)
+        moved = metric(url, "glmserve_kv_exported_tokens")
+        ttfts: list[list[float]] = [[] for _ in range(turns)]
+        start = time.perf_counter()
+        await asyncio.gather(*[_conversation(client, model, i, turns, ttfts) for i in range(conversations)])
+        wall = time.perf_counter() - start
+        await asyncio.sleep(HUB_S)
+        moved = metric(url, "glmserve_kv_exported_tokens") - moved
+    later = [x for t in ttfts[1:] for x in t]
+    return {"turn1_ttft_p50": statistics.median(ttfts[0]) * 1e3, "later_ttft_p50": statistics.median(later) * 1e3,
+            "later_ttft_max": max(later) * 1e3, "kv_moved_tokens": moved, "wall_s": wall}
+
+
+def turns_ab(conversations: int, turns: int, rounds: int, out: Path) -> None:
+    results = _runs(lambda url: _turns(url, conversations, turns), rounds, {"min_prompt_tokens": 256})
+    lines = ["# Multi-turn conversations, disaggregated prefill over HTTP (CPU, tiny model)", "",
+             f"`PYTHONPATH=. python bench/disagg.py turns --conversations {conversations} --turns {turns} --rounds "
+             f"{rounds}` — {time.strftime('%Y-%m-%d %H:%M')}; 2 cores. {conversations} conversations at once, each a "
+             f"first prompt of ~1100 tokens, then {turns - 1} turns that repeat the history and add ~45 tokens "
+             "(16-token answers). KV moved: prompt tokens whose KV the prefill replica sent.", "",
+             "| setup | turn 1 TTFT p50 (ms) | later turns' TTFT p50 / max (ms) | KV moved (tokens) | wall (s) |",
+             "|---|---:|---|---:|---:|"]
+    for name, runs in results.items():
+        for res in runs:
+            lines.append(f"| {name} | {res['turn1_ttft_p50']:.0f} | {res['later_ttft_p50']:.0f} / "
+                         f"{res['later_ttft_max']:.0f} | {res['kv_moved_tokens']:.0f} | {res['wall_s']:.1f} |")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "disagg_turns_cpu.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="what", required=True)
@@ -269,9 +343,16 @@ def main() -> None:
     s.add_argument("--seconds", type=float, default=40.0)
     s.add_argument("--rounds", type=int, default=2)
     s.add_argument("--out", type=Path, default=Path("bench/results/session49"))
+    m = sub.add_parser("turns")
+    m.add_argument("--conversations", type=int, default=4)
+    m.add_argument("--turns", type=int, default=6)
+    m.add_argument("--rounds", type=int, default=2)
+    m.add_argument("--out", type=Path, default=Path("bench/results/session50"))
     a = ap.parse_args()
     if a.what == "transfer":
         transfer(a.device, a.tokens, a.out)
+    elif a.what == "turns":
+        turns_ab(a.conversations, a.turns, a.rounds, a.out)
     else:
         serve_ab(a.seconds, a.rounds, a.out)
 

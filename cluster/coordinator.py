@@ -12,10 +12,10 @@ import contextvars
 import logging
 import time
 from collections import deque
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from cluster.config import EngineConfig
-from cluster.disagg import PrefillResult, fetch_bundle, new_depot, prefill_params, stage_bundle
+from cluster.disagg import KVBundle, PrefillResult, fetch_bundle, new_depot, prefill_params, stage_bundle
 from cluster.engine import AsyncEngine, Engine, TokenEvent
 from cluster.local import guides, load_tokenizer, report, report_pool, scheduler_config
 from cluster.metrics_hub import app_metrics_hub
@@ -26,6 +26,8 @@ TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 LENGTH_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
+PREFILL_REACH_S = 5.0    # disaggregated prefill: how long a request waits for a prefill replica to take it
+PREFILL_PAUSE_S = 10.0   # after one did not: how long this decode replica computes every prompt itself
 
 
 class Metrics:
@@ -50,6 +52,9 @@ class Metrics:
         self.refused = Counter("glmserve_refused_requests", "requests refused at admission (queue_full: the 429s; a "
                                "priority's displaced ones too)", ["reason"], registry=r)
         self.tokens = Counter("glmserve_generated_tokens", "tokens generated", registry=r)
+        self.local_prompts = Counter("glmserve_prefill_local_prompts", "prompts computed here though prefill replicas "
+                                     "serve the app: the part not cached here was short (below the prefill's "
+                                     "min_prompt_tokens, or a block)", ["reason"], registry=r)
         self.kv_lost = Counter("glmserve_kv_transfer_lost", "prompts whose KV from a prefill replica could not be "
                                "fetched or taken (computed here instead; the replica's log says why)", registry=r)
         Gauge("glmserve_kv_exported_tokens", "prompt tokens whose KV went to decode replicas (disaggregated prefill)",
@@ -162,7 +167,9 @@ def _replica_id() -> str:
 class Coordinator:
     """Serve deployment body: build the worker group and engine, stream token events per request."""
 
-    def __init__(self, engine_config: dict):
+    def __init__(self, engine_config: dict, prefill=None, min_prefill_tokens: int = 0):
+        """``prefill``: a handle of the app's prefill replicas (disaggregated prefill, ``cluster/disagg.py``), which
+        compute the prompts of at least ``min_prefill_tokens`` tokens not cached here."""
         from models.config import ModelConfig
 
         self.cfg = cfg = self._resolve(EngineConfig.from_dict(engine_config))
@@ -189,6 +196,8 @@ class Coordinator:
         self._stats_log: asyncio.Task | None = None
         self._hub = None                # the app's MetricsHub (``check_health``)
         self._depot = None              # a prefill replica's KVDepot (cluster/disagg.py), made at its first bundle
+        self.prefill_tier, self.min_prefill_tokens = prefill, min_prefill_tokens
+        self.prefill_paused_until = 0.0
 
     def _warm_up(self, cfg: EngineConfig) -> None:
         """The engine's start-up warm-up (before the replica takes requests); a failure fails the replica's start."""
@@ -213,31 +222,23 @@ class Coordinator:
 
         return RayWorkerGroup(cfg, num_blocks)
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, req_id: str,
-                       kv: PrefillResult | None = None) -> AsyncIterator[TokenEvent]:
-        """Stream the request's events; a refused request's one event carries its AdmissionError (``refused``).
-        ``kv``: a prefill replica's answer (disaggregated prefill): its prompt's KV is taken into the prefix cache
-        first — or, where it cannot be fetched or taken (``KVTransferError``: the replicas disagree), the prompt is
-        computed here."""
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, req_id: str) -> AsyncIterator[TokenEvent]:
+        """Stream the request's events; a refused request's one event carries its AdmissionError (``refused``). With
+        prefill replicas, the part of the prompt not cached here may be computed there first (``_prefilled``)."""
         arrival = last = time.monotonic()
-        bundle = None
-        if kv is not None and kv.bundle is not None:
-            try:
-                bundle = await fetch_bundle(kv.bundle)
-                self.engine.check_kv(prompt_ids, bundle)
-            except Exception as e:  # noqa: BLE001 — its prefill replica died, the object was lost, or the replicas
-                bundle = None       # disagree (a deploy error: KVTransferError names it): compute the prompt here
-                logging.getLogger("ray.serve").warning("glmserve: KV of %s not taken (%s: %s); computing its prompt",
-                                                       req_id, type(e).__name__, e)
-                self.metrics.kv_lost.inc()
-        first, finished = True, False
+        first, finished, release = True, False, None
         if self._stats_log is None and self.cfg.log_stats_interval_s > 0:      # a context of its own: not this request's
             self._stats_log = contextvars.Context().run(asyncio.get_running_loop().create_task,
                                                         self._log_stats(self.cfg.log_stats_interval_s))
         try:
+            bundle, release = None, None
+            if self.prefill_tier is not None:       # disaggregated prefill: the rest of the prompt computed there
+                bundle, release = await self._prefilled(prompt_ids, params, req_id)
             stream = self.aengine.generate(prompt_ids, params, req_id, kv=bundle)
             bundle = None           # (the rows are freed once the engine has written them, not at the answer's end)
             async for ev in stream:
+                if release is not None:         # the request holds its cached prefix now
+                    release = release()
                 now = time.monotonic()
                 self.metrics.observe(ev, now, last if not first else arrival, first, arrival)
                 if ev.token_ids:
@@ -252,16 +253,70 @@ class Coordinator:
         except AdmissionError as e:     # an answer (400 / 429), not a failure: an event, where a raise would have Serve
             self.metrics.refused.labels(e.reason).inc()      # log each refusal as an ERROR with its traceback
             yield TokenEvent(req_id, [], "", True, FinishReason.ABORT, error=str(e), refused=e)
+        finally:
+            if release is not None:
+                release()
 
-    async def prefill(self, prompt_ids: list[int], params: SamplingParams,
-                      req_id: str) -> AsyncIterator[PrefillResult | None]:
+    async def _prefilled(self, ids: list[int], params: SamplingParams,
+                         req_id: str) -> tuple[KVBundle | None, Callable[[], None] | None]:
+        """Disaggregated prefill, a decode replica's side: the KV of the prompt past what this replica holds cached,
+        computed by a prefill replica — (the bundle, the release of the cached prefix it continues, held meanwhile) —
+        or (None, ...) where this replica computes the rest itself: a rest shorter than ``min_prefill_tokens`` or a
+        block, a request for its prompt's logprobs (computed where it runs), a prefill replica that failed or refused
+        it for other reasons than a full queue (a full prefill tier is the client's 429: raised), a bundle lost or not
+        fitting this replica (``KVTransferError`` names why), or no prefill replica taking it within
+        ``PREFILL_REACH_S`` (their tier is down or restarting: the next ``PREFILL_PAUSE_S`` of requests do not try)."""
+        if params.prompt_logprobs is not None or time.monotonic() < self.prefill_paused_until:
+            return None, None
+        start, release = self.engine.hold_prefix(ids, params.cache_salt)
+        bs, log = self.sched_config.block_size, logging.getLogger("ray.serve")
+        if len(ids) - start < max(self.min_prefill_tokens, 1) or (len(ids) - 1) // bs * bs <= start:
+            self.metrics.local_prompts.labels("cached" if start else "short").inc()
+            release()
+            return None, None
+        gen, done = self.prefill_tier.options(stream=True).prefill.remote(ids, params, req_id, start), False
+        try:
+            try:
+                await asyncio.wait_for(gen.__anext__(), PREFILL_REACH_S)      # a replica took it
+                res = await gen.__anext__()
+                done = True
+            except Exception as e:  # noqa: BLE001 — no prefill replica answered: this replica computes the prompt
+                self.prefill_paused_until = time.monotonic() + PREFILL_PAUSE_S
+                log.warning("glmserve: prefill of %s failed (%s); this replica computes prompts for %.0f s", req_id,
+                            type(e).__name__, PREFILL_PAUSE_S)
+                return None, release
+            finally:
+                if not done:
+                    gen.cancel()
+            if res.refused is not None and res.refused.reason == "queue_full":
+                raise res.refused
+            if res.bundle is None:
+                return None, release
+            bundle = await fetch_bundle(res.bundle)
+            self.engine.check_kv(ids, bundle)
+            return bundle, release
+        except AdmissionError:
+            release()
+            raise
+        except Exception as e:  # noqa: BLE001 — its prefill replica died, the object was lost, or the replicas
+            log.warning("glmserve: KV of %s not taken (%s: %s); computing its prompt", req_id, type(e).__name__, e)
+            self.metrics.kv_lost.inc()      # disagree (a deploy error: KVTransferError names it): computed here
+            return None, release
+        except BaseException:           # cancelled: the client went away
+            release()
+            raise
+
+    async def prefill(self, prompt_ids: list[int], params: SamplingParams, req_id: str,
+                      start: int = 0) -> AsyncIterator[PrefillResult | None]:
         """A prefill replica's part of a request (``cluster/disagg.py``): ``None`` at once (a replica took it: the
-        ingress bounds its wait for that, not for the prompt's computation), then the result — where the prompt's KV
-        waits (this replica's ``KVDepot``), or why there is none (a refusal: the client's 429 / 400)."""
+        decode replica bounds its wait for that, not for the prompt's computation), then the result — where the KV of
+        the prompt from position ``start`` on waits (this replica's ``KVDepot``), or why there is none (a refusal: the
+        client's 429 / 400)."""
         yield None
         ev = None
         try:
-            async for ev in self.aengine.generate(prompt_ids, prefill_params(params), req_id, export_kv=True):
+            async for ev in self.aengine.generate(prompt_ids, prefill_params(params), req_id, export_kv=True,
+                                                  export_from=start):
                 pass
         except AdmissionError as e:
             self.metrics.refused.labels(e.reason).inc()

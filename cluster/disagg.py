@@ -1,12 +1,15 @@
 """Disaggregated prefill: one replica computes a prompt's KV, another decodes with it.
 
-A prefill replica runs the prompt as a request of one token (``prefill_params``) whose engine sends back, from the
-step that completes the prompt, the KV rows of its whole blocks before the last token (``WorkerStep.kv_exports``):
-a ``KVBundle``. The decode replica takes the bundle into its prefix cache (``BlockPool.adopt``: each block under its
-key, as if that replica had computed it; the rows go to its worker with the next step, ``WorkerStep.kv_imports``)
-and then runs the request as any other: its prefix is found cached, and it computes only the prompt's tail — at most
-a block and the last token — before sampling the first token itself. Whatever the bundle held, the output is the
-one the decode replica alone would give (its prefix cache's reuse, tested to equal a computed prompt).
+The decode replica a request is routed to holds the prompt's blocks it has cached (``hold_prefix``: a conversation's
+earlier turns) and asks a prefill replica for the rest (``Coordinator._prefilled``). The prefill replica runs the prompt
+as a request of one token (``prefill_params``) whose engine sends back, from the step that completes the prompt, the KV
+rows of its whole blocks before the last token, from the position asked for on (``WorkerStep.kv_exports``): a
+``KVBundle``. The decode replica takes the bundle into its prefix cache (``BlockPool.adopt``: each block under its key,
+after the blocks it held, as if that replica had computed it; the rows go to its worker with the next step,
+``WorkerStep.kv_imports``) and then runs the request as any other: its prefix is found cached, and it computes only the
+prompt's tail — at most a block and the last token — before sampling the first token itself. Whatever the bundle held,
+the output is the one the decode replica alone would give (its prefix cache's reuse, tested to equal a computed
+prompt).
 
 The rows are staged in host memory and wait in a ``KVDepot`` actor beside the prefill replica until the decode replica
 takes them (through Ray's object store); nothing crosses GPUs directly (no NIXL / RDMA here). A bundle the decode
@@ -18,10 +21,11 @@ the whole prompt, as it does when a bundle is lost (its prefill replica died).
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -34,16 +38,18 @@ FETCH_TIMEOUT_S = 120.0     # a decode replica's wait for a bundle from the obje
 
 @dataclass(frozen=True)
 class KVBundle:
-    """A prompt's KV: ``rows[i]`` holds cache tensor i's rows of positions ``0 .. len(token_ids) - 2`` (whole blocks
-    of the prefill replica's; ``KVCache.tensors`` order), as bytes (``KVCache.read_blocks``). ``token_ids``: the
-    prompt's tokens they cover and the one after (a block's prefix-cache key holds it, and so does the MTP layer's
+    """A prompt's KV: ``rows[i]`` holds cache tensor i's rows of positions ``start .. len(token_ids) - 2`` (up to a
+    whole block of the prefill replica's; ``KVCache.tensors`` order), as bytes (``KVCache.read_blocks``). ``token_ids``:
+    the prompt's tokens they cover and the one after (a block's prefix-cache key holds it, and so does the MTP layer's
     KV). ``layout``: ``KVCache.layout`` of the cache they came from; ``mtp``: whether the MTP layer's rows were computed
-    (a speculative prefill engine)."""
+    (a speculative prefill engine); ``start``: the prefix the decode replica holds cached already (at one of its block
+    boundaries), whose rows do not move."""
 
     token_ids: tuple[int, ...]
     layout: tuple[tuple[int, str], ...]
     mtp: bool
     rows: tuple[np.ndarray, ...]
+    start: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -79,9 +85,9 @@ def exported_blocks(prompt_len: int, block_size: int) -> int:
 
 
 def check_bundle(bundle: KVBundle, prompt_ids: Sequence[int], layout: tuple | None, drafts: bool,
-                 caching: bool) -> None:
+                 caching: bool, block_size: int) -> None:
     """Raise ``KVTransferError`` where this engine (its cache ``layout``; ``drafts``: it runs the MTP layer;
-    ``caching``: its prefix caching is on) cannot take ``bundle`` for this prompt."""
+    ``caching``: its prefix caching is on; its ``block_size``) cannot take ``bundle`` for this prompt."""
     if layout is None or not caching:
         raise KVTransferError("this engine takes no transferred KV: " + (
             "it was built without its KV layout" if layout is None else "it needs prefix_caching on"))
@@ -93,7 +99,11 @@ def check_bundle(bundle: KVBundle, prompt_ids: Sequence[int], layout: tuple | No
                               "the prefill replicas speculative_tokens too")
     if tuple(prompt_ids[:len(bundle.token_ids)]) != bundle.token_ids or len(bundle.token_ids) > len(prompt_ids):
         raise KVTransferError("the transferred KV is of another prompt")
-    if len(bundle.rows) != len(layout) or any(r.shape != (bundle.num_tokens, w * _itemsize(d)) or r.dtype != np.uint8
+    if bundle.start % block_size or not 0 <= bundle.start <= bundle.num_tokens:
+        raise KVTransferError(f"the transferred KV starts at position {bundle.start}, not at one of this replica's "
+                              f"blocks (of {block_size} tokens) within the prompt")
+    count = bundle.num_tokens - bundle.start
+    if len(bundle.rows) != len(layout) or any(r.shape != (count, w * _itemsize(d)) or r.dtype != np.uint8
                                                for r, (w, d) in zip(bundle.rows, layout)):
         raise KVTransferError("the transferred KV's rows do not match its token count")
 
@@ -111,20 +121,24 @@ def adopt_bundle(pool: BlockPool, prompt_ids: Sequence[int], salt: str | None,
                  bundle: KVBundle) -> tuple[tuple[int, ...], tuple[np.ndarray, ...]] | None:
     """Cache the bundle's whole blocks (of ``pool``'s block size: the prefill replica's may differ) that ``pool`` has
     not cached, as many as its free blocks hold; returns (the blocks to write, their rows) for the worker's next
-    step, or None when there is nothing to write."""
-    bs, count = pool.block_size, bundle.num_tokens // pool.block_size
+    step, or None when there is nothing to write — or when the prefix the bundle continues (``bundle.start``) is no
+    longer cached here: the request then computes its prompt past what is."""
+    bs, count, first = pool.block_size, bundle.num_tokens // pool.block_size, bundle.start // pool.block_size
+    nodes = pool.match(prompt_ids[:count * bs + 1], root(salt))
+    if len(nodes) < first:
+        return None
     # the prompt's blocks cached on the device already are held meanwhile: an adoption must not evict its own prefix
-    cached = [b for n in pool.match(prompt_ids[:count * bs + 1], root(salt)) if (b := pool.block(n)) is not None]
+    cached = [b for n in nodes if (b := pool.block(n)) is not None]
     pool.hold(cached)
     room = pool.num_free                      # (past it an adoption would evict the blocks adopted before it)
-    parent, blocks, spans = root(salt), [], []
-    for j in range(count):
+    parent, blocks, spans = nodes[first - 1] if first else root(salt), [], []
+    for j in range(first, count):
         if len(blocks) == room:
             break
         parent, block = pool.adopt(parent, tuple(prompt_ids[j * bs:(j + 1) * bs + 1]))
         if block is not None:
             blocks.append(block)
-            spans.append(j)
+            spans.append(j - first)
     pool.free(cached)
     if not blocks:
         return None
@@ -132,6 +146,34 @@ def adopt_bundle(pool: BlockPool, prompt_ids: Sequence[int], salt: str | None,
         return tuple(blocks), tuple(r[spans[0] * bs:(spans[-1] + 1) * bs] for r in bundle.rows)
     at = np.array([j * bs + i for j in spans for i in range(bs)])
     return tuple(blocks), tuple(r[at] for r in bundle.rows)
+
+
+def hold_prefix(pools: Sequence[BlockPool], prompt_ids: Sequence[int], salt: str | None,
+                lock: threading.Lock) -> tuple[int, Callable[[], None]]:
+    """The leading tokens of a prompt whose KV one of ``pools`` (a rank's) holds on the device, in whole blocks — the
+    prefix a decode replica does not ask a prefill replica for — and a call that releases them (under ``lock``): until
+    then they are held (not evicted: the bundle that comes continues them). The caller holds ``lock``."""
+    blocks, held = [], None
+    for pool in pools:
+        run = []
+        for node in pool.match(prompt_ids, root(salt)):
+            if (b := pool.block(node)) is None:       # only the host holds it: the transfer starts here
+                break
+            run.append(b)
+        if len(run) > len(blocks):
+            blocks, held = run, pool
+    if held is None:
+        return 0, lambda: None
+    held.hold(blocks)
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        with lock:
+            if not released:
+                released = True
+                held.free(blocks)
+    return len(blocks) * held.block_size, release
 
 
 class KVDepot:

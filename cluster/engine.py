@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
-from cluster.disagg import KVBundle, adopt_bundle, check_bundle, exported_blocks
+from cluster.disagg import KVBundle, adopt_bundle, check_bundle, exported_blocks, hold_prefix
 from cluster.stream import OutputStream, TokenEvent
 from scheduler.request import FinishReason, Request, SamplingParams
 from scheduler.scheduler import (
@@ -33,16 +33,14 @@ from scheduler.scheduler import (
     StepPlan,
 )
 from scheduler.shapes import (
-    GRAPH_BUCKETS,
-    StepShape,
-    graph_rows,
+    decode_rows,
+    graph_key,
     graph_shape,
-    graph_width,
     graph_widths,
-    next_pow2,
     place_request,
     plan_step_shapes,
     rank_seqs,
+    warm_keys,
 )
 from workers.runner import NewRequest, StepResult, WorkerStep
 from workers.sampler import StepMasks
@@ -51,53 +49,6 @@ if TYPE_CHECKING:
     from cluster.guided import Budget, Guide, Guides, Prefix
 
 __all__ = ["AdmissionError", "AsyncEngine", "Engine", "GroupFailure", "LocalExecutor", "TokenEvent"]
-
-
-def graph_key(shape: StepShape, plans: Sequence[StepPlan], chunk_rows: int = 0) -> tuple[int, int, bool] | None:
-    """(rows bucket, block-table width, span) when the step is graph-shaped on every rank — only decode /
-    verify rows (each request feeds 1 + num_drafts and samples), or prompt chunks too in a dp step of at most
-    ``chunk_rows`` a rank that drafts nothing (a chunk's rows are a verify's: consecutive positions of one request,
-    its block table on each), at most ``graph_rows`` a rank (the largest bucket
-    whose dp step's MoE, which takes every rank's rows, stays within ``GRAPH_MOE_ROWS``) — else None. Width:
-    ``graph_width`` of the step's longest block table. Span: a span step's comm phases differ from a dp step's of
-    the same bucket (AG selects the owner's stripe, RS gathers every partial), so it is a graph of its own. The
-    same key goes to every rank, so all ranks replay (or capture) the same graph and its comm phases line up."""
-    seqs = [s for p in plans for s in p.seqs]
-    if not seqs or shape.rows_per_rank > graph_rows(len(plans)):
-        return None
-    chunks = shape.rows_per_rank <= chunk_rows and not shape.is_span and not any(s.num_drafts for s in seqs)
-    if not all(s.sample and len(s.token_ids) == 1 + s.num_drafts or chunks for s in seqs):
-        return None
-    return shape.rows_per_rank, graph_width(max(len(s.block_ids) for s in seqs)), shape.is_span
-
-
-def decode_rows(num_ranks: int, seqs_per_rank: int) -> int:
-    """The largest dp bucket a rank's decode steps can fill: its running requests rounded up to a bucket, at most
-    ``graph_rows`` (the warm-up captures these; prompt chunks ride them too)."""
-    return min(graph_rows(num_ranks), next_pow2(seqs_per_rank))
-
-
-def warm_keys(num_ranks: int, span: bool, drafts: int, widths: Sequence[int],
-              seqs_per_rank: int | None = None) -> list[tuple[tuple, tuple[int, ...]]]:
-    """The graph keys an engine's steps can take at these widths, each with the draft counts whose MTP graphs can
-    follow it (``WorkerStep.warm``): every dp bucket of at most ``graph_rows`` that a rank's ``seqs_per_rank``
-    running requests can fill (drafts ride only for a solo request) — 0 drafts (several requests: the extend
-    alone), and ``drafts`` where a solo request's 1 + drafts verify rows land (one row in a group whose solo verify
-    rides a span) — and in a group with span steps, the span buckets of a solo request's 1 + d rows, d = 1 …
-    drafts."""
-    solo = next_pow2(1 + drafts) if num_ranks == 1 or not span else 1
-    most = graph_rows(num_ranks) if not seqs_per_rank else \
-        max(min(solo, graph_rows(num_ranks)), decode_rows(num_ranks, seqs_per_rank))
-    keys = []
-    for w in widths:
-        for b in GRAPH_BUCKETS:
-            if b <= most:
-                keys.append(((b, w, False), () if not drafts else (0, drafts) if b <= solo else (0,)))
-        if span and num_ranks > 1:
-            keys += [((b, w, True), (drafts,)) for b in sorted({next_pow2(max(num_ranks, 1 + d))
-                                                               for d in range(1, drafts + 1)})
-                     if b <= graph_rows(num_ranks)]
-    return keys
 
 
 def _advanced(launched: tuple, graph, plans: Sequence[StepPlan]) -> bool:
@@ -200,7 +151,8 @@ class Engine:
                  special_ids: Collection[int] = (), guides: Guides | None = None, kv_layout: tuple | None = None):
         self.executor, self.config, self.decode, self.span = executor, config, decode, span
         self.kv_layout = kv_layout
-        self._exports: dict[str, tuple[int, ...]] = {}     # request -> the prompt tokens its KV bundle covers
+        # request -> (the prompt tokens its KV bundle covers, the position its rows start at)
+        self._exports: dict[str, tuple[tuple[int, ...], int]] = {}
         self._imports: list[list] = [[] for _ in range(num_ranks)]   # a rank's blocks to write with its next step
         self.guides = guides                          # structured output (cluster/guided.py); None: refused
         # the requests with a json_schema, tool_grammar, forced_paths or thinking_budget
@@ -247,10 +199,11 @@ class Engine:
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams, req_id: str | None = None,
-                    export_kv: bool = False, kv: KVBundle | None = None) -> str:
+                    export_kv: bool = False, kv: KVBundle | None = None, export_from: int = 0) -> str:
         """Queue a request; raises AdmissionError (with .field and .reason) if it can never run. ``export_kv``: its
-        final event carries its prompt's KV (``TokenEvent.kv``); ``kv``: its prompt's KV from another replica, taken
-        into the prefix cache of the rank it runs on (``KVTransferError`` if this engine cannot take it)."""
+        final event carries its prompt's KV (``TokenEvent.kv``) from position ``export_from`` on (what the decode
+        replica lacks); ``kv``: its prompt's KV from another replica, taken into the prefix cache of the rank it runs on
+        (``KVTransferError`` if this engine cannot take it)."""
         req_id = req_id if req_id is not None else f"req-{next(self._ids)}"
         if kv is not None:
             self.check_kv(prompt_ids, kv)
@@ -268,8 +221,12 @@ class Engine:
             hits = [s.cached_blocks(ids, params.cache_salt) if look else 0 for s in self.schedulers]
             loads = {r: s.kv_load - hits[r] for r, s in enumerate(self.schedulers)}
             if kv is not None:   # its prompt's KV comes along, to a rank with a seat (one that waits may be moved)
-                loads = {r: s.kv_load for r, s in enumerate(self.schedulers) if s.free_seats > 0} or loads
-                hits = [max(h, kv.num_tokens // self.config.block_size) for h in hits]
+                holders = [r for r, h in enumerate(hits) if h >= kv.start // self.config.block_size]
+                if holders:      # (ranks holding the prefix it continues: a rank without takes none of it)
+                    loads = {r: self.schedulers[r].kv_load for r in holders if self.schedulers[r].free_seats > 0} \
+                        or {r: loads[r] for r in holders}
+                    hits = [max(h, kv.num_tokens // self.config.block_size) if r in holders else h
+                            for r, h in enumerate(hits)]
             rank = place_request(loads)
             queued, over = self._queued_tokens_over(len(ids) - hits[rank] * self.config.block_size)
             displaced = self._displaceable(params.priority, full, over) if full or over else []
@@ -286,8 +243,9 @@ class Engine:
             if kv is not None and (writes := adopt_bundle(self.schedulers[rank].pool, ids, params.cache_salt, kv)):
                 self._imports[rank].append(writes)         # the rows go to the rank's worker with its next step
                 self.stats["kv_imported_tokens"] += len(writes[0]) * self.config.block_size
-            if export_kv and (n := exported_blocks(len(ids), self.config.block_size)):
-                self._exports[req_id] = tuple(ids[:n * self.config.block_size + 1])
+            if export_kv and (n := exported_blocks(len(ids), self.config.block_size)) * self.config.block_size > \
+                    export_from:
+                self._exports[req_id] = tuple(ids[:n * self.config.block_size + 1]), export_from
             req = self.schedulers[rank].add_request(req_id, ids, params)
             self._rank_of[req_id] = rank
             self._streams[req_id] = OutputStream.open(ids, params, self.decode, self.config.eos_token_ids, request=req,
@@ -300,7 +258,14 @@ class Engine:
 
     def check_kv(self, prompt_ids: Sequence[int], kv: KVBundle) -> None:
         """Raise ``KVTransferError`` where this engine cannot take ``kv`` for this prompt (``add_request`` does too)."""
-        check_bundle(kv, prompt_ids, self.kv_layout, self.speculative_tokens > 0, self.config.prefix_caching)
+        check_bundle(kv, prompt_ids, self.kv_layout, self.speculative_tokens > 0, self.config.prefix_caching,
+                     self.config.block_size)
+
+    def hold_prefix(self, prompt_ids: Sequence[int], salt: str | None) -> tuple[int, Callable[[], None]]:
+        """``cluster/disagg.py``'s ``hold_prefix`` on this engine's ranks: (the prompt's tokens cached, their release)."""
+        with self._lock:
+            return hold_prefix([s.pool for s in self.schedulers if s.config.prefix_caching], prompt_ids, salt,
+                               self._lock)
 
     def _displaceable(self, priority: int, seat: bool, tokens: int) -> list[tuple[int, Request]] | None:
         """Priority: an engine that has no seat for a request (``seat``), or whose queue has no room for ``tokens``
@@ -521,9 +486,11 @@ class Engine:
                            for out in self._emit(ev, res)]
                 for out in events if exports else ():
                     if out.finished and out.req_id in exports and not out.error:
-                        out.kv = KVBundle(exports[out.req_id], self.kv_layout, self.speculative_tokens > 0,
-                                          res.kv[out.req_id])
-                        self.stats["kv_exported_tokens"] += out.kv.num_tokens
+                        tokens, start = exports[out.req_id]
+                        skip = start % self.config.block_size     # (the rows came from ``start``'s block on)
+                        out.kv = KVBundle(tokens, self.kv_layout, self.speculative_tokens > 0,
+                                          tuple(r[skip:] for r in res.kv[out.req_id]), start)
+                        self.stats["kv_exported_tokens"] += out.kv.num_tokens - start
             return events
 
     def _rebalance(self) -> None:
@@ -607,8 +574,10 @@ class Engine:
 
     def _exporting(self, plan: StepPlan) -> tuple[tuple[str, tuple[int, ...]], ...]:
         """The requests of ``plan`` whose prompt this step completes and whose KV goes back (``export_kv``)."""
-        return tuple((s.req_id, s.block_ids[:(len(self._exports[s.req_id]) - 1) // self.config.block_size])
-                     for s in plan.seqs if s.sample and s.num_generated == 0 and s.req_id in self._exports)
+        bs = self.config.block_size
+        return tuple((s.req_id, s.block_ids[start // bs:(len(tokens) - 1) // bs])
+                     for s in plan.seqs if s.sample and s.num_generated == 0 and s.req_id in self._exports
+                     for tokens, start in (self._exports[s.req_id],))
 
     def _masks(self, plan: StepPlan) -> StepMasks | None:
         """The allowed-token bitmasks of each guided request of ``plan`` that samples — its row's, or its verify rows'
@@ -747,7 +716,8 @@ class AsyncEngine:
         loop.call_soon_threadsafe(q.put_nowait, ev)
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, req_id: str | None = None,
-                       export_kv: bool = False, kv: KVBundle | None = None) -> AsyncIterator[TokenEvent]:
+                       export_kv: bool = False, kv: KVBundle | None = None,
+                       export_from: int = 0) -> AsyncIterator[TokenEvent]:
         """Stream the request's events; raises AdmissionError before the first event if refused.
         Leaving the iteration early (a client disconnect) aborts the request and frees its KV."""
         q: asyncio.Queue = asyncio.Queue()
@@ -755,10 +725,10 @@ class AsyncEngine:
         self._queues[req_id] = (asyncio.get_running_loop(), q)   # before the loop can emit for it
         try:
             if not _guided(params) and kv is None:
-                self.engine.add_request(prompt_ids, params, req_id, export_kv)
+                self.engine.add_request(prompt_ids, params, req_id, export_kv, export_from=export_from)
             else:       # its grammar compiles (~0.1-0.3 s a new schema at GLM-5's vocabulary), its KV is adopted: off
                 adding = asyncio.ensure_future(asyncio.to_thread(      # the loop, and shielded: a cancel meanwhile
-                    self.engine.add_request, prompt_ids, params, req_id, export_kv, kv))   # aborts it once added
+                    self.engine.add_request, prompt_ids, params, req_id, export_kv, kv, export_from))  # aborts it, added
                 try:
                     await asyncio.shield(adding)
                 except asyncio.CancelledError:

@@ -15,7 +15,6 @@ import functools
 import importlib.metadata
 import json
 import re
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator
@@ -247,9 +246,6 @@ def _check_context(body, ids: list[int], max_tokens: int, chat: bool, context: i
 
 
 _TURNS = ("<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")   # the role tokens that start a turn
-PREFILL_REACH_S = 5.0    # disaggregated prefill: how long a request waits for a prefill replica to take it
-PREFILL_PAUSE_S = 10.0   # after one did not: how long the decode replicas compute every prompt themselves
-
 HEALTH_PROBE_S = 2.0    # /health before the model first answered: how long it asks the coordinator before a 503
 HUB_TIMEOUT_S = 5.0     # /metrics: how long it waits for the other replicas' metrics
 
@@ -259,18 +255,11 @@ HUB_TIMEOUT_S = 5.0     # /metrics: how long it waits for the other replicas' me
 class OpenAIIngress:
     """HTTP edge: parse and validate, template and tokenize, stream events back as OpenAI chunks."""
 
-    def __init__(self, coordinator, engine_config: dict, prefill=None, prefill_config: dict | None = None,
-                 min_prefill_tokens: int = 0):
+    def __init__(self, coordinator, engine_config: dict):
         from cluster.local import load_tokenizer, max_model_len
         from models.config import ModelConfig
 
         self.coord = coordinator
-        # disaggregated prefill (cluster/disagg.py): the prefill replicas compute prompts of at least ``min_tokens``
-        # with a whole block before their last token; the coordinator's replicas decode
-        self.prefill = prefill
-        self.prefill_block = prefill_config["block_size"] if prefill_config else 0
-        self.min_prefill_tokens = min_prefill_tokens
-        self.prefill_paused_until = 0.0
         self.cfg = EngineConfig.from_dict(engine_config)
         self.model_name = _model_name(self.cfg)
         self.tokenizer = load_tokenizer(self.cfg.model)
@@ -629,42 +618,13 @@ class OpenAIIngress:
                          return_ids=body.return_token_ids)
         return fmt, _merge(streams, first)
 
-    async def _prefilled(self, ids: list[int], params, req_id: str):
-        """Disaggregated prefill: the prompt's KV from a prefill replica (a ``PrefillResult``), or None where the
-        decode replica computes the prompt itself — a short prompt, one whose logprobs are asked for (computed where
-        the request runs), a prefill replica that failed or refused it for other reasons than a full queue (a
-        full prefill tier answers the client's 429), or no prefill replica taking it within ``PREFILL_REACH_S`` (their
-        tier is down or restarting: the next ``PREFILL_PAUSE_S`` of requests do not try it)."""
-        if self.prefill is None or params.prompt_logprobs is not None or len(ids) < self.min_prefill_tokens \
-                or len(ids) <= self.prefill_block or time.monotonic() < self.prefill_paused_until:
-            return None
-        gen = self.prefill.options(stream=True).prefill.remote(ids, params, req_id)
-        done = False
-        try:
-            await asyncio.wait_for(gen.__anext__(), PREFILL_REACH_S)      # a replica took it
-            res = await gen.__anext__()
-            done = True
-        except Exception as e:  # noqa: BLE001 — no prefill replica answered: the decode replica computes it
-            self.prefill_paused_until = time.monotonic() + PREFILL_PAUSE_S
-            print(f"glmserve: prefill of {req_id} failed ({type(_cause(e)).__name__}); the decode replicas compute "
-                  f"prompts for {PREFILL_PAUSE_S:.0f} s", flush=True)
-            return None
-        finally:
-            if not done:
-                gen.cancel()
-        if res.refused is not None and res.refused.reason == "queue_full":
-            raise res.refused
-        return res if res.bundle is not None else None
-
     async def _open(self, ids, params, req_id) -> AsyncIterator:
         gen = None
         started = finished = False
         self.in_flight += 1
         self.open_ids.add(req_id)
         try:
-            kv = await self._prefilled(ids, params, req_id) if self.prefill is not None else None
-            gen = self.coord.options(stream=True).generate.remote(ids, params, req_id, kv)
-            del kv              # (its KV's reference: not held while the answer streams)
+            gen = self.coord.options(stream=True).generate.remote(ids, params, req_id)
             try:
                 async for ev in gen:
                     if ev.refused is not None and not started:
@@ -700,18 +660,19 @@ def build_app(args: dict | None = None):
     scaling = {k: args.pop(k) for k in ("num_replicas", "autoscaling_config") if k in args}
     prefill = args.pop("prefill", None)
     cfg = EngineConfig.from_dict(args)
-    coord = _coordinator("Coordinator", cfg.to_dict(), scaling)
+    pd = ()
+    if prefill is not None and prefill is not False:    # disaggregated prefill: replicas of their own, which the
+        plan = prefill_plan(cfg.to_dict(), prefill)     # Coordinator's replicas ask (cluster/disagg.py)
+        pd = _coordinator("PrefillCoordinator", plan.engine, plan.deployment), plan.min_prompt_tokens
+    coord = _coordinator("Coordinator", cfg.to_dict(), scaling, *pd)
     ingress = serve.deployment(OpenAIIngress, name="OpenAIIngress", ray_actor_options={"num_cpus": 0},
                                max_ongoing_requests=INGRESS_MAX_ONGOING, max_queued_requests=512)
-    if prefill is None or prefill is False:
-        return ingress.bind(coord, cfg.to_dict())
-    plan = prefill_plan(cfg.to_dict(), prefill)     # disaggregated prefill: replicas of their own (cluster/disagg.py)
-    return ingress.bind(coord, cfg.to_dict(), _coordinator("PrefillCoordinator", plan.engine, plan.deployment),
-                        plan.engine, plan.min_prompt_tokens)
+    return ingress.bind(coord, cfg.to_dict())
 
 
-def _coordinator(name: str, engine: dict, scaling: dict):
-    """A bound Coordinator deployment: ``engine``'s model replicas, scaled by ``scaling``."""
+def _coordinator(name: str, engine: dict, scaling: dict, *args):
+    """A bound Coordinator deployment: ``engine``'s model replicas, scaled by ``scaling`` (``args``: the rest of
+    ``Coordinator``'s)."""
     from cluster.coordinator import Coordinator
 
     scaling = dict(scaling)
@@ -721,7 +682,7 @@ def _coordinator(name: str, engine: dict, scaling: dict):
         scaling["request_router_config"] = RequestRouterConfig(
             request_router_class="cluster.routing.PrefixAffinityRouter")
     return serve.deployment(Coordinator, name=name, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=4096,
-                            health_check_period_s=10, health_check_timeout_s=60, **scaling).bind(engine)
+                            health_check_period_s=10, health_check_timeout_s=60, **scaling).bind(engine, *args)
 
 
 # Requests an ingress replica holds at once (each a stream it relays). Beyond what the engine admits — running

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from scheduler.scheduler import StepPlan
 
 DP = "dp"
 SPAN = "span"
@@ -112,3 +116,50 @@ def rank_seqs(max_num_seqs: int, num_ranks: int) -> list[int]:
     """Each rank's share of a replica's ``max_num_seqs`` running requests — even, the first ranks one more when it
     does not divide, at least one a rank (so ``num_ranks`` when ``max_num_seqs`` is smaller)."""
     return [max(1, max_num_seqs // num_ranks + (r < max_num_seqs % num_ranks)) for r in range(num_ranks)]
+
+
+def graph_key(shape: StepShape, plans: Sequence[StepPlan], chunk_rows: int = 0) -> tuple[int, int, bool] | None:
+    """(rows bucket, block-table width, span) when the step is graph-shaped on every rank — only decode /
+    verify rows (each request feeds 1 + num_drafts and samples), or prompt chunks too in a dp step of at most
+    ``chunk_rows`` a rank that drafts nothing (a chunk's rows are a verify's: consecutive positions of one request,
+    its block table on each), at most ``graph_rows`` a rank (the largest bucket
+    whose dp step's MoE, which takes every rank's rows, stays within ``GRAPH_MOE_ROWS``) — else None. Width:
+    ``graph_width`` of the step's longest block table. Span: a span step's comm phases differ from a dp step's of
+    the same bucket (AG selects the owner's stripe, RS gathers every partial), so it is a graph of its own. The
+    same key goes to every rank, so all ranks replay (or capture) the same graph and its comm phases line up."""
+    seqs = [s for p in plans for s in p.seqs]
+    if not seqs or shape.rows_per_rank > graph_rows(len(plans)):
+        return None
+    chunks = shape.rows_per_rank <= chunk_rows and not shape.is_span and not any(s.num_drafts for s in seqs)
+    if not all(s.sample and len(s.token_ids) == 1 + s.num_drafts or chunks for s in seqs):
+        return None
+    return shape.rows_per_rank, graph_width(max(len(s.block_ids) for s in seqs)), shape.is_span
+
+
+def decode_rows(num_ranks: int, seqs_per_rank: int) -> int:
+    """The largest dp bucket a rank's decode steps can fill: its running requests rounded up to a bucket, at most
+    ``graph_rows`` (the warm-up captures these; prompt chunks ride them too)."""
+    return min(graph_rows(num_ranks), next_pow2(seqs_per_rank))
+
+
+def warm_keys(num_ranks: int, span: bool, drafts: int, widths: Sequence[int],
+              seqs_per_rank: int | None = None) -> list[tuple[tuple, tuple[int, ...]]]:
+    """The graph keys an engine's steps can take at these widths, each with the draft counts whose MTP graphs can
+    follow it (``WorkerStep.warm``): every dp bucket of at most ``graph_rows`` that a rank's ``seqs_per_rank``
+    running requests can fill (drafts ride only for a solo request) — 0 drafts (several requests: the extend
+    alone), and ``drafts`` where a solo request's 1 + drafts verify rows land (one row in a group whose solo verify
+    rides a span) — and in a group with span steps, the span buckets of a solo request's 1 + d rows, d = 1 …
+    drafts."""
+    solo = next_pow2(1 + drafts) if num_ranks == 1 or not span else 1
+    most = graph_rows(num_ranks) if not seqs_per_rank else \
+        max(min(solo, graph_rows(num_ranks)), decode_rows(num_ranks, seqs_per_rank))
+    keys = []
+    for w in widths:
+        for b in GRAPH_BUCKETS:
+            if b <= most:
+                keys.append(((b, w, False), () if not drafts else (0, drafts) if b <= solo else (0,)))
+        if span and num_ranks > 1:
+            keys += [((b, w, True), (drafts,)) for b in sorted({next_pow2(max(num_ranks, 1 + d))
+                                                               for d in range(1, drafts + 1)})
+                     if b <= graph_rows(num_ranks)]
+    return keys

@@ -67,3 +67,27 @@ def test_bf16_rows_arrive_byte_for_byte(fp8):
     assert all(np.array_equal(a, b) for a, b in zip(got, bundle.rows, strict=True))
     while dec.has_work():
         dec.step()
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_a_next_turns_rows_arrive_after_the_cached_prefix_byte_for_byte(fp8):
+    """Turn 2 of a conversation: the decode engine (blocks of 8) holds turn 1 cached and asks for the KV past it; the
+    prefill engine (blocks of 16) trims its first block's rows to that position, and the decode engine's blocks after
+    its cached prefix hold the bundle's rows byte for byte."""
+    m = model(torch.bfloat16)
+    vocab = m.config.vocab_size
+    pre, dec = make_engine(m, fp8=fp8, graphs=True), make_engine(m, fp8=fp8, graphs=True, bs=8, blocks=256)
+    turn = ids(129, 8, vocab)
+    params = SamplingParams(max_tokens=11, temperature=0.0)
+    nxt = turn + decode(dec, turn, params, prefill(pre, turn, params)) + ids(60, 9, vocab)
+    start, release = dec.hold_prefix(nxt, None)
+    bundle = prefill(pre, nxt, params, "p2", start)
+    assert start == 136 and bundle.start == start and bundle.rows[0].shape[0] == bundle.num_tokens - start
+    dec.add_request(nxt, params, "d2", kv=bundle)
+    dec.step()
+    release()
+    table = dec.scheduler.get("d2").block_ids
+    got = dec.executor.runner.cache.read_blocks(table[start // 8:bundle.num_tokens // 8], 8)
+    assert all(np.array_equal(a, b) for a, b in zip(got, bundle.rows, strict=True))
+    while dec.has_work():
+        dec.step()

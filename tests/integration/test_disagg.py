@@ -46,9 +46,10 @@ def ids(n: int, seed: int, vocab: int) -> list[int]:
     return torch.randint(40, vocab, (n,), generator=g).tolist()
 
 
-def prefill(engine: Engine, prompt: list[int], params: SamplingParams, rid: str = "p") -> KVBundle | None:
-    """Run the prompt as a prefill replica does; its final event's bundle."""
-    engine.add_request(prompt, prefill_params(params), rid, export_kv=True)
+def prefill(engine: Engine, prompt: list[int], params: SamplingParams, rid: str = "p",
+            start: int = 0) -> KVBundle | None:
+    """Run the prompt as a prefill replica does; its final event's bundle (the KV from position ``start`` on)."""
+    engine.add_request(prompt, prefill_params(params), rid, export_kv=True, export_from=start)
     bundle = None
     while engine.has_work():
         for ev in engine.step():
@@ -141,6 +142,31 @@ def test_block_sizes_may_differ_between_the_replicas(model, to_bs):
         bundle = prefill(pre, prompt, GREEDY)
         assert alike(decode(dec, prompt, GREEDY, bundle, f"d{n}"), alone(one, prompt, GREEDY))
     assert dec.stats["kv_imported_tokens"] == sum((n - 1) // BS * BS // to_bs * to_bs for n in (33, 81))
+
+
+@pytest.mark.parametrize("to_bs", [16, 8])
+def test_a_conversations_next_turn_moves_only_the_kv_the_decode_replica_lacks(model, to_bs):
+    """Turn 2 repeats turn 1 (its prompt and answer) and adds to it: the decode engine holds turn 1's blocks cached,
+    asks for the KV past them (``hold_prefix``: held meanwhile), and decodes turn 2 to one engine's tokens — whatever
+    the two block sizes (the prefill engine's 16 trims its first block's rows to the decode engine's 8)."""
+    vocab = model.config.vocab_size
+    pre, dec = make_engine(model), make_engine(model, bs=to_bs, blocks=2048 // to_bs)
+    one = make_engine(model, caching=False)
+    params = SamplingParams(max_tokens=10, temperature=0.0)
+    turn = ids(45, 70, vocab)
+    for i in range(3):
+        start, release = dec.hold_prefix(turn, None)
+        assert start == (0 if i == 0 else (len(last) - 1) // to_bs * to_bs), i     # its prompt and answer, cached
+        bundle = prefill(pre, turn, params, f"p{i}", start)
+        assert bundle.start == start and bundle.rows[0].shape[0] == bundle.num_tokens - start == \
+            (len(turn) - 1) // BS * BS - start
+        imported = dec.stats["kv_imported_tokens"]
+        out = decode(dec, turn, params, bundle, f"d{i}")
+        release()
+        assert out == run_engine(one, {"r": (turn, params)})["r"], i
+        assert dec.stats["kv_imported_tokens"] - imported == bundle.num_tokens // to_bs * to_bs - start
+        last, turn = turn + out, turn + out + ids(20 + 7 * i, 71 + i, vocab)
+    assert dec.num_free_blocks() == 2048 // to_bs and pre.num_free_blocks() == 128 and not pre._exports
 
 
 def test_fp8_kv_moves_as_packed_rows(model):

@@ -1,8 +1,8 @@
 """Disaggregated prefill over HTTP (``cluster/disagg.py``): an app whose ``PrefillCoordinator`` replica computes the
 prompts (in chunks of 64 tokens) and hands their KV to the ``Coordinator`` replica, which decodes. Answers equal one
-engine's that computed the prompt itself; the decode replica reports the transferred tokens as cached; short prompts
-and prompt-logprob requests stay on the decode replica; a dead prefill replica costs the prompt's computation there,
-not the request."""
+engine's that computed the prompt itself; the decode replica reports the transferred tokens as cached, and asks only for
+the part of a prompt it does not hold cached; short prompts and prompt-logprob requests stay on the decode replica; a
+dead prefill replica costs the prompt's computation there, not the request."""
 
 from __future__ import annotations
 
@@ -76,6 +76,26 @@ def test_streamed_chat_through_both_replicas(url):
     assert text == whole.choices[0].message.content and chunks[-1].usage.completion_tokens == 10
 
 
+def test_a_next_turn_moves_only_the_kv_past_what_the_decode_replica_holds(url, reference):
+    """A conversation's turn 2 repeats turn 1 and adds to it: the decode replica holds turn 1's blocks and asks the
+    prefill replica for the rest only; the same prompt again is computed where it is cached (nothing to ask for)."""
+    first = STORY + "[turn one]"
+    status, out = post(url, "/v1/completions", {"model": MODEL, "prompt": first, "max_tokens": 8, "temperature": 0})
+    assert status == 200, out
+    imported, local = metric(url, "glmserve_kv_imported_tokens"), metric(url, "glmserve_prefill_local_prompts_total")
+    second = first + out["choices"][0]["text"] + " And then, in turn two, the fisherman said:"
+    status, out2 = post(url, "/v1/completions", {"model": MODEL, "prompt": second, "max_tokens": 8, "temperature": 0})
+    assert status == 200 and out2["choices"][0]["text"] == answer(reference, second, 8), out2
+    n1, n2 = out["usage"]["prompt_tokens"], out2["usage"]["prompt_tokens"]
+    moved = metric(url, "glmserve_kv_imported_tokens") - imported
+    assert 0 < moved <= (n2 - 1) // 16 * 16 - (n1 - 1) // 16 * 16, (moved, n1, n2)      # turn 1's blocks stayed
+    assert out2["usage"]["prompt_tokens_details"]["cached_tokens"] == (n2 - 1) // 16 * 16
+    status, out3 = post(url, "/v1/completions", {"model": MODEL, "prompt": second, "max_tokens": 8, "temperature": 0})
+    assert status == 200 and out3["choices"][0]["text"] == out2["choices"][0]["text"]
+    assert metric(url, "glmserve_kv_imported_tokens") - imported == moved
+    assert metric(url, 'glmserve_prefill_local_prompts_total{reason="cached"}') == local + 1
+
+
 def test_short_prompts_and_prompt_logprobs_stay_on_the_decode_replica(url, reference):
     before = metric(url, "glmserve_kv_imported_tokens")
     status, out = post(url, "/v1/completions", {"model": MODEL, "prompt": "The old man", "max_tokens": 5,
@@ -101,7 +121,7 @@ def test_a_dead_prefill_replica_costs_the_prompts_computation_not_the_request(ur
     PREFILL_REACH_S for a prefill replica, then its decode replica computes the prompt."""
     import ray
 
-    from cluster.serve import PREFILL_REACH_S
+    from cluster.coordinator import PREFILL_REACH_S
 
     replica = next(a for a in ray.util.list_named_actors(all_namespaces=True)
                    if "PrefillCoordinator" in a["name"])

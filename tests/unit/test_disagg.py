@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cluster.config import EngineConfig
-from cluster.disagg import KVBundle, adopt_bundle, exported_blocks, prefill_params, prefill_plan
+from cluster.disagg import KVBundle, KVTransferError, adopt_bundle, exported_blocks, prefill_params, prefill_plan
 from models.cache import KVCache
 from models.config import ModelConfig
 from scheduler import BlockPool, SamplingParams
@@ -53,6 +53,29 @@ def test_a_bundle_takes_at_most_the_pools_free_blocks():
     held = pool.allocate(2)
     blocks, rows = adopt_bundle(pool, list(bundle(16).token_ids), None, bundle(16))
     assert len(blocks) == 2 and rows[0].shape == (8, 3) and not set(blocks) & set(held)
+
+
+def test_a_bundle_continuing_a_cached_prefix_is_adopted_after_it_or_not_at_all():
+    """A bundle from position 8 (the decode replica held 8 tokens cached when it asked): its blocks hang off the cached
+    prefix; once that prefix is gone (evicted meanwhile), nothing is adopted — the request computes its prompt."""
+    from cluster.disagg import check_bundle
+
+    whole = bundle(16)
+    part = KVBundle(whole.token_ids, whole.layout, False, (whole.rows[0][8:],), start=8)
+    ids = list(whole.token_ids) + [7]
+    pool = BlockPool(8, 4)
+    assert adopt_bundle(pool, ids, None, part) is None and pool.num_cached == 0      # no prefix cached: none
+    first = pool.allocate(2)
+    pool.register(first[1], pool.register(first[0], ROOT, tuple(ids[:5])), tuple(ids[4:9]))
+    blocks, rows = adopt_bundle(pool, ids, None, part)
+    assert len(blocks) == 2 and rows[0][:, 0].tolist() == list(range(8, 16)) and len(pool.match(ids)) == 4
+    for bs, start, words in [(4, 6, "starts at position 6"), (4, 20, "position 20"), (16, 8, "blocks \\(of 16")]:
+        with pytest.raises(KVTransferError, match=words):
+            check_bundle(KVBundle(whole.token_ids, whole.layout, False, (whole.rows[0][start:],), start=start), ids,
+                         whole.layout, False, True, bs)
+    with pytest.raises(KVTransferError, match="rows do not match"):
+        check_bundle(KVBundle(whole.token_ids, whole.layout, False, whole.rows, start=8), ids, whole.layout, False,
+                     True, 4)
 
 
 def test_exported_blocks_stop_before_the_prompts_last_token():
@@ -107,24 +130,26 @@ def test_prefill_settings_name_the_field_in_error():
         prefill_plan(EngineConfig(model="m").to_dict(), {"dtype": "float32"})
 
 
-def test_the_ingress_asks_a_prefill_replica_and_falls_back_to_decoding_whole(monkeypatch):
-    """``OpenAIIngress._prefilled``: which prompts go to a prefill replica, and what its answers become — a bundle is
-    passed on; a full prefill tier is the client's 429; any other refusal, a failure, or no replica taking the request
-    within PREFILL_REACH_S leaves the prompt to the decode replica (and after a missing replica, the next requests for
+def test_a_decode_replica_asks_for_the_rest_of_its_cached_prefix_and_falls_back_to_computing_it(monkeypatch):
+    """``Coordinator._prefilled``: which prompts go to a prefill replica, from which position (past what this replica
+    holds cached, held meanwhile), and what its answers become — a bundle is taken; a full prefill tier is the client's
+    429; any other refusal, a failure, a bundle that does not fit, or no replica taking the request within
+    PREFILL_REACH_S leaves the prompt to this replica (and after a missing replica, the next requests for
     PREFILL_PAUSE_S do not try)."""
     import asyncio
     import types
 
-    from cluster import serve as serve_mod
+    from cluster import coordinator as coord_mod
+    from cluster.coordinator import Coordinator
     from cluster.disagg import PrefillResult
     from scheduler.scheduler import AdmissionError
 
-    monkeypatch.setattr(serve_mod, "PREFILL_REACH_S", 0.05)
-    calls: list[str] = []
+    monkeypatch.setattr(coord_mod, "PREFILL_REACH_S", 0.05)
+    calls: list = []
     answers: dict[str, object] = {}
 
-    def remote(ids, params, req_id):
-        calls.append(req_id)
+    def remote(ids, params, req_id, start):
+        calls.append((req_id, start))
 
         class Stream:                     # a streaming handle call: ``None`` once a replica took it, then the answer
             items = [None, answers[req_id]]
@@ -138,27 +163,59 @@ def test_the_ingress_asks_a_prefill_replica_and_falls_back_to_decoding_whole(mon
                 calls.append(f"cancel {req_id}")
         return Stream()
 
+    class Counter:
+        def __init__(self):
+            self.counts = {}
+
+        def labels(self, reason):
+            return types.SimpleNamespace(inc=lambda: self.counts.__setitem__(reason, self.counts.get(reason, 0) + 1))
+
+        def inc(self):
+            self.counts[None] = self.counts.get(None, 0) + 1
+
+    e = _engine(blocks=16)
     handle = types.SimpleNamespace(options=lambda **kw: types.SimpleNamespace(prefill=types.SimpleNamespace(
         remote=remote)))
-    ing = types.SimpleNamespace(prefill=handle, min_prefill_tokens=0, prefill_block=16, prefill_paused_until=0.0)
-    params, long = SamplingParams(), list(range(40))
+    metrics = types.SimpleNamespace(local_prompts=Counter(), kv_lost=Counter())
+    dec = types.SimpleNamespace(prefill_tier=handle, min_prefill_tokens=0, prefill_paused_until=0.0, engine=e,
+                                sched_config=e.config, metrics=metrics)
+    params, long = SamplingParams(), list(range(1, 42))
 
-    def ask(req_id, answer, ids=long, p=params):
-        answers[req_id] = answer
-        return asyncio.run(serve_mod.OpenAIIngress._prefilled(ing, ids, p, req_id))
+    def ask(req_id, answer, ids=long, p=params, min_tokens=0):
+        answers[req_id], dec.min_prefill_tokens = answer, min_tokens
+        bundle, release = asyncio.run(Coordinator._prefilled(dec, ids, p, req_id))
+        if release is not None:
+            release()
+        return bundle
 
-    ok = PrefillResult(bundle="ref")
-    assert ask("a", ok) is ok
+    ok = _bundle_of(long)
+    assert ask("a", PrefillResult(bundle=ok)) is ok
     assert ask("b", PrefillResult()) is None and ask("c", PrefillResult(error="step failed")) is None
     assert ask("d", PrefillResult(refused=AdmissionError("too_long", "prompt", "long"))) is None
     with pytest.raises(AdmissionError):
         ask("e", PrefillResult(refused=AdmissionError("queue_full", "queue", "full")))
-    assert ask("f", ok, ids=long[:16]) is None and ask("g", ok, p=SamplingParams(prompt_logprobs=0)) is None
-    assert calls == ["a", "b", "c", "d", "e"]                      # short prompts and prompt logprobs: not asked
-    assert ask("h", "hang") is None and ing.prefill_paused_until > 0
-    assert ask("i", ok) is None and calls[-2:] == ["h", "cancel h"]  # cancelled; then paused: not asked
-    ing.prefill_paused_until = 0.0
-    assert ask("j", ok) is ok
+    other = KVBundle(ok.token_ids, ((8, "uint8"),), False, (np.zeros((40, 8), np.uint8),))
+    assert ask("x", PrefillResult(bundle=other)) is None and metrics.kv_lost.counts == {None: 1}   # another layout
+    assert ask("f", ok, ids=long[:4]) is None and ask("g", ok, p=SamplingParams(prompt_logprobs=0)) is None
+    assert ask("f2", ok, min_tokens=42) is None and metrics.local_prompts.counts == {"short": 2}
+    assert [c[0] for c in calls] == ["a", "b", "c", "d", "e", "x"] and {c[1] for c in calls} == {0}
+    # 24 of its tokens cached here (the rest of the blocks evicted): the prefill replica is asked for the rest only,
+    # and the cached blocks are held until the request has them
+    e.add_request(long[:25] + [500] * 16, SamplingParams(max_tokens=1), "c1")
+    while e.has_work():
+        e.step()
+    free = e.scheduler.pool.num_free
+    answers["h"], dec.min_prefill_tokens = PrefillResult(bundle=ok), 0
+    bundle, release = asyncio.run(Coordinator._prefilled(dec, long, params, "h"))
+    assert calls[-1] == ("h", 24) and bundle is ok and e.scheduler.pool.num_free == free - 6
+    release()
+    release()                                                   # (once only)
+    assert e.scheduler.pool.num_free == free
+    assert ask("i", ok, min_tokens=20) is None and metrics.local_prompts.counts["cached"] == 1    # 17 to compute
+    assert ask("j", "hang") is None and dec.prefill_paused_until > 0
+    assert ask("k", ok) is None and calls[-2:] == [("j", 24), "cancel j"]  # cancelled; then paused: not asked
+    dec.prefill_paused_until = 0.0
+    assert ask("l", PrefillResult(bundle=ok)) is ok and e.scheduler.pool.num_free == free
 
 
 def _engine(num_ranks: int = 1, blocks: int = 64, seqs: int = 4):

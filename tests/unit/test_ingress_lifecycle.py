@@ -53,7 +53,7 @@ def test_close_streams_ends_open_requests_with_an_error():
     aborted: list[str] = []
     queues: dict[str, asyncio.Queue] = {}
 
-    async def generate(ids, params, req_id, kv=None):
+    async def generate(ids, params, req_id):
         q = queues.setdefault(req_id, asyncio.Queue())
         while True:
             ev = await q.get()
@@ -68,8 +68,7 @@ def test_close_streams_ends_open_requests_with_an_error():
     coord = types.SimpleNamespace(
         options=lambda **kw: types.SimpleNamespace(generate=types.SimpleNamespace(remote=generate)),
         abort=types.SimpleNamespace(remote=abort))
-    ingress = types.SimpleNamespace(coord=coord, in_flight=0, open_ids=set(), draining=False, closing=False,
-                                    prefill=None)
+    ingress = types.SimpleNamespace(coord=coord, in_flight=0, open_ids=set(), draining=False, closing=False)
     open_ = serve_mod.OpenAIIngress._open
 
     async def main():
@@ -127,8 +126,8 @@ def test_a_replica_failing_mid_request_ends_it_with_an_error():
     def ingress(events):
         coord = types.SimpleNamespace(
             options=lambda **kw: types.SimpleNamespace(generate=types.SimpleNamespace(
-                remote=lambda ids, params, req_id, kv: Stream(events))), abort=types.SimpleNamespace(remote=abort))
-        return types.SimpleNamespace(coord=coord, in_flight=0, open_ids=set(), closing=False, prefill=None)
+                remote=lambda ids, params, req_id: Stream(events))), abort=types.SimpleNamespace(remote=abort))
+        return types.SimpleNamespace(coord=coord, in_flight=0, open_ids=set(), closing=False)
 
     async def run(ing):
         return [ev async for ev in serve_mod.OpenAIIngress._open(ing, [1, 2], None, "r0")]
