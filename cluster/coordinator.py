@@ -20,7 +20,7 @@ from cluster.engine import AsyncEngine, Engine, TokenEvent
 from cluster.local import guides, load_tokenizer, report, report_pool, scheduler_config
 from cluster.metrics_hub import app_metrics_hub
 from scheduler.request import FinishReason, SamplingParams
-from scheduler.scheduler import AdmissionError
+from scheduler.scheduler import AdmissionError, common_prefix
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -198,6 +198,8 @@ class Coordinator:
         self._depot = None              # a prefill replica's KVDepot (cluster/disagg.py), made at its first bundle
         self.prefill_tier, self.min_prefill_tokens = prefill, min_prefill_tokens
         self.prefill_paused_until = 0.0
+        # requests asking a prefill replica for KV here: (prompt, salt, set once the KV is taken or not coming)
+        self._asking: dict[str, tuple[list[int], str | None, asyncio.Event]] = {}
 
     def _warm_up(self, cfg: EngineConfig) -> None:
         """The engine's start-up warm-up (before the replica takes requests); a failure fails the replica's start."""
@@ -269,11 +271,16 @@ class Coordinator:
         if params.prompt_logprobs is not None or time.monotonic() < self.prefill_paused_until:
             return None, None
         start, release = self.engine.hold_prefix(ids, params.cache_salt)
+        while (asked := self._asked(ids, params.cache_salt, start)) is not None:
+            release()           # another request asks for most of this one's rest: its KV is here soon, cached
+            await asked.wait()
+            start, release = self.engine.hold_prefix(ids, params.cache_salt)
         bs, log = self.sched_config.block_size, logging.getLogger("ray.serve")
         if len(ids) - start < max(self.min_prefill_tokens, 1) or (len(ids) - 1) // bs * bs <= start:
             self.metrics.local_prompts.labels("cached" if start else "short").inc()
             release()
             return None, None
+        release = self._asking_until(req_id, ids, params.cache_salt, release)
         gen, done = self.prefill_tier.options(stream=True).prefill.remote(ids, params, req_id, start), False
         try:
             try:
@@ -305,6 +312,30 @@ class Coordinator:
         except BaseException:           # cancelled: the client went away
             release()
             raise
+
+    def _asked(self, ids: list[int], salt: str | None, start: int) -> asyncio.Event | None:
+        """Whether a request asking a prefill replica now asks for KV of ``ids``'s prefix past ``start`` (its first
+        ``start`` tokens held cached here), a quarter or more of the rest: prompts that arrive together and share a long
+        head (``n`` choices, agents with one system prompt) move its KV once. Its event, set once that KV is here."""
+        bs = self.sched_config.block_size
+        for other, their_salt, taken in self._asking.values():
+            shared = (common_prefix(ids, other) - 1) // bs * bs - start
+            if their_salt == salt and shared > 0 and 4 * shared >= len(ids) - start:
+                return taken
+        return None
+
+    def _asking_until(self, req_id: str, ids: list[int], salt: str | None,
+                      release: Callable[[], None]) -> Callable[[], None]:
+        """Mark the request as asking for KV until ``release`` (wrapped: it ends the mark, wakes those who wait)."""
+        taken = asyncio.Event()
+        self._asking[req_id] = ids, salt, taken
+
+        def done() -> None:
+            release()
+            if self._asking.get(req_id, (None, None, None))[2] is taken:
+                del self._asking[req_id]
+            taken.set()
+        return done
 
     async def prefill(self, prompt_ids: list[int], params: SamplingParams, req_id: str,
                       start: int = 0) -> AsyncIterator[PrefillResult | None]:

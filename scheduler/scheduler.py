@@ -435,7 +435,7 @@ class Scheduler:
             return False
         bs, ids = self.pool.block_size, req.all_ids
         hits = len(self._hits(req))
-        pending = max((_common_prefix(ids, r.all_ids) - 1) // bs for r in prefilling) - hits
+        pending = max((common_prefix(ids, r.all_ids) - 1) // bs for r in prefilling) - hits
         return pending > 0 and 4 * pending * bs >= len(ids) - hits * bs
 
     def _chunk(self, req: Request, budget: int) -> tuple[list[int], int, int, int]:
@@ -633,7 +633,7 @@ def _insort(queue, req: Request) -> None:
     queue.insert(bisect_right(queue, req.rank, key=_rank), req)
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: list[int], b: list[int]) -> int:
     """The length of the longest common prefix of ``a`` and ``b`` (compared in growing slices: C speed, and a prompt
     that parts early costs a short compare)."""
     n, lo, step = min(len(a), len(b)), 0, 64

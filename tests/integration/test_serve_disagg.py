@@ -96,6 +96,22 @@ def test_a_next_turn_moves_only_the_kv_past_what_the_decode_replica_holds(url, r
     assert metric(url, 'glmserve_prefill_local_prompts_total{reason="cached"}') == local + 1
 
 
+def test_prompts_arriving_together_with_one_head_move_its_kv_once(url, reference):
+    """Three requests at once whose prompts share a long head (agents with one system prompt): one asks for the head's
+    KV, the others wait for it, then find the head cached and compute their short rest there."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    head = "[a shared system prompt] " + STORY * 2
+    local = metric(url, 'glmserve_prefill_local_prompts_total{reason="cached"}')
+    prompts = [head + f"[agent {i}]" for i in range(3)]
+    with ThreadPoolExecutor(3) as pool:
+        outs = list(pool.map(lambda p: post(url, "/v1/completions", {"model": MODEL, "prompt": p, "max_tokens": 6,
+                                                                   "temperature": 0}), prompts))
+    for p, (status, out) in zip(prompts, outs):
+        assert status == 200 and out["choices"][0]["text"] == answer(reference, p, 6), out
+    assert metric(url, 'glmserve_prefill_local_prompts_total{reason="cached"}') == local + 2
+
+
 def test_short_prompts_and_prompt_logprobs_stay_on_the_decode_replica(url, reference):
     before = metric(url, "glmserve_kv_imported_tokens")
     status, out = post(url, "/v1/completions", {"model": MODEL, "prompt": "The old man", "max_tokens": 5,

@@ -177,8 +177,7 @@ def test_a_decode_replica_asks_for_the_rest_of_its_cached_prefix_and_falls_back_
     handle = types.SimpleNamespace(options=lambda **kw: types.SimpleNamespace(prefill=types.SimpleNamespace(
         remote=remote)))
     metrics = types.SimpleNamespace(local_prompts=Counter(), kv_lost=Counter())
-    dec = types.SimpleNamespace(prefill_tier=handle, min_prefill_tokens=0, prefill_paused_until=0.0, engine=e,
-                                sched_config=e.config, metrics=metrics)
+    dec = _decode_replica(e, handle, metrics)
     params, long = SamplingParams(), list(range(1, 42))
 
     def ask(req_id, answer, ids=long, p=params, min_tokens=0):
@@ -216,6 +215,83 @@ def test_a_decode_replica_asks_for_the_rest_of_its_cached_prefix_and_falls_back_
     assert ask("k", ok) is None and calls[-2:] == [("j", 24), "cancel j"]  # cancelled; then paused: not asked
     dec.prefill_paused_until = 0.0
     assert ask("l", PrefillResult(bundle=ok)) is ok and e.scheduler.pool.num_free == free
+
+
+def _decode_replica(engine, handle, metrics):
+    """What ``Coordinator._prefilled`` reads of its replica."""
+    import types
+
+    from cluster.coordinator import Coordinator
+
+    dec = types.SimpleNamespace(prefill_tier=handle, min_prefill_tokens=0, prefill_paused_until=0.0, engine=engine,
+                                sched_config=engine.config, metrics=metrics, _asking={})
+    dec._asked, dec._asking_until = (types.MethodType(f, dec) for f in (Coordinator._asked, Coordinator._asking_until))
+    return dec
+
+
+def test_prompts_sharing_a_head_ask_for_its_kv_once():
+    """Three prompts arrive together: two share a 36-token head, the third another prompt. The second waits until the
+    first's KV is here (its release: the request took it), then asks only for the rest past it; the third does not
+    wait. A short shared head (a chat template's) is not waited for."""
+    import asyncio
+    import types
+
+    from cluster.coordinator import Coordinator
+    from cluster.disagg import PrefillResult
+
+    calls, gate = [], None
+    e = _engine(blocks=32)
+
+    def remote(ids, params, req_id, start):
+        calls.append((req_id, start))
+
+        class Stream:
+            items = [None]
+
+            async def __anext__(self):
+                if self.items:
+                    return self.items.pop()
+                if req_id == "a":
+                    await gate.wait()
+                return PrefillResult(bundle=_bundle_of(ids) if start == 0 else None)
+
+            def cancel(self):
+                pass
+        return Stream()
+
+    handle = types.SimpleNamespace(options=lambda **kw: types.SimpleNamespace(prefill=types.SimpleNamespace(
+        remote=remote)))
+    counter = types.SimpleNamespace(labels=lambda r: types.SimpleNamespace(inc=lambda: None), inc=lambda: None)
+    dec = _decode_replica(e, handle, types.SimpleNamespace(local_prompts=counter, kv_lost=counter))
+    head = list(range(1, 37))
+    a, b, c = head + list(range(100, 110)), head + list(range(200, 213)), list(range(300, 341))
+    short = head[:5] + list(range(400, 440))
+
+    async def main():
+        nonlocal gate
+        gate = asyncio.Event()
+        first = asyncio.create_task(Coordinator._prefilled(dec, a, SamplingParams(), "a"))
+        await asyncio.sleep(0.01)
+        second = asyncio.create_task(Coordinator._prefilled(dec, b, SamplingParams(), "b"))
+        third = asyncio.create_task(Coordinator._prefilled(dec, c, SamplingParams(), "c"))
+        fourth = asyncio.create_task(Coordinator._prefilled(dec, short, SamplingParams(), "d"))
+        await asyncio.sleep(0.05)
+        assert [r for r, _ in calls] == ["a", "c", "d"] and not second.done()
+        gate.set()
+        bundle, release = await first
+        e.add_request(a, SamplingParams(max_tokens=1), "a", kv=bundle)      # as ``generate`` does, then releases
+        e.step()
+        release()
+        await asyncio.sleep(0.01)
+        assert calls[-1] == ("b", 32)         # the rest past the head (its last block's key holds token 37)
+        for t in (second, third, fourth):
+            (await t)[1]()
+        assert not dec._asking
+
+    asyncio.run(main())
+    while e.has_work():
+        e.step()
+    assert e.num_free_blocks() == 32
 
 
 def _engine(num_ranks: int = 1, blocks: int = 64, seqs: int = 4):
