@@ -28,6 +28,7 @@ E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 60
 LENGTH_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
 PREFILL_REACH_S = 5.0    # disaggregated prefill: how long a request waits for a prefill replica to take it
 PREFILL_PAUSE_S = 10.0   # after one did not: how long this decode replica computes every prompt itself
+PREFILL_WAIT_S = 300.0   # then, for its answer (its prompt computed and staged) before this replica computes it
 
 
 class Metrics:
@@ -167,9 +168,10 @@ def _replica_id() -> str:
 class Coordinator:
     """Serve deployment body: build the worker group and engine, stream token events per request."""
 
-    def __init__(self, engine_config: dict, prefill=None, min_prefill_tokens: int = 0):
-        """``prefill``: a handle of the app's prefill replicas (disaggregated prefill, ``cluster/disagg.py``), which
-        compute the prompts of at least ``min_prefill_tokens`` tokens not cached here."""
+    def __init__(self, engine_config: dict, prefill=None, min_prefill_tokens: int = 0, prefill_block: int = 0):
+        """``prefill``: a handle of the app's prefill replicas (disaggregated prefill, ``cluster/disagg.py``; their KV
+        blocks of ``prefill_block`` tokens), which compute the prompts of at least ``min_prefill_tokens`` tokens not
+        cached here."""
         from models.config import ModelConfig
 
         self.cfg = cfg = self._resolve(EngineConfig.from_dict(engine_config))
@@ -196,7 +198,7 @@ class Coordinator:
         self._stats_log: asyncio.Task | None = None
         self._hub = None                # the app's MetricsHub (``check_health``)
         self._depot = None              # a prefill replica's KVDepot (cluster/disagg.py), made at its first bundle
-        self.prefill_tier, self.min_prefill_tokens = prefill, min_prefill_tokens
+        self.prefill_tier, self.min_prefill_tokens, self.prefill_block = prefill, min_prefill_tokens, prefill_block
         self.prefill_paused_until = 0.0
         # requests asking a prefill replica for KV here: (prompt, salt, set once the KV is taken or not coming)
         self._asking: dict[str, tuple[list[int], str | None, asyncio.Event]] = {}
@@ -236,11 +238,10 @@ class Coordinator:
             bundle, release = None, None
             if self.prefill_tier is not None:       # disaggregated prefill: the rest of the prompt computed there
                 bundle, release = await self._prefilled(prompt_ids, params, req_id)
-            stream = self.aengine.generate(prompt_ids, params, req_id, kv=bundle)
+            # the cached prefix the KV continues is held until the engine has the request (its blocks then adopted)
+            stream = self.aengine.generate(prompt_ids, params, req_id, kv=bundle, added=release)
             bundle = None           # (the rows are freed once the engine has written them, not at the answer's end)
             async for ev in stream:
-                if release is not None:         # the request holds its cached prefix now
-                    release = release()
                 now = time.monotonic()
                 self.metrics.observe(ev, now, last if not first else arrival, first, arrival)
                 if ev.token_ids:
@@ -256,7 +257,7 @@ class Coordinator:
             self.metrics.refused.labels(e.reason).inc()      # log each refusal as an ERROR with its traceback
             yield TokenEvent(req_id, [], "", True, FinishReason.ABORT, error=str(e), refused=e)
         finally:
-            if release is not None:
+            if release is not None:         # (where the engine never saw the request)
                 release()
 
     async def _prefilled(self, ids: list[int], params: SamplingParams,
@@ -267,7 +268,8 @@ class Coordinator:
         block, a request for its prompt's logprobs (computed where it runs), a prefill replica that failed or refused
         it for other reasons than a full queue (a full prefill tier is the client's 429: raised), a bundle lost or not
         fitting this replica (``KVTransferError`` names why), or no prefill replica taking it within
-        ``PREFILL_REACH_S`` (their tier is down or restarting: the next ``PREFILL_PAUSE_S`` of requests do not try)."""
+        ``PREFILL_REACH_S`` or answering within ``PREFILL_WAIT_S`` (their tier is down, restarting or stuck: the next
+        ``PREFILL_PAUSE_S`` of requests do not try). The held prefix is released once the engine has the request."""
         if params.prompt_logprobs is not None or time.monotonic() < self.prefill_paused_until:
             return None, None
         start, release = self.engine.hold_prefix(ids, params.cache_salt)
@@ -275,9 +277,9 @@ class Coordinator:
             release()           # another request asks for most of this one's rest: its KV is here soon, cached
             await asked.wait()
             start, release = self.engine.hold_prefix(ids, params.cache_salt)
-        bs, log = self.sched_config.block_size, logging.getLogger("ray.serve")
-        if len(ids) - start < max(self.min_prefill_tokens, 1) or (len(ids) - 1) // bs * bs <= start:
-            self.metrics.local_prompts.labels("cached" if start else "short").inc()
+        log = logging.getLogger("ray.serve")
+        if not self._worth_asking(len(ids), start):
+            self.metrics.local_prompts.labels("cached" if self._worth_asking(len(ids), 0) else "short").inc()
             release()
             return None, None
         release = self._asking_until(req_id, ids, params.cache_salt, release)
@@ -285,7 +287,7 @@ class Coordinator:
         try:
             try:
                 await asyncio.wait_for(gen.__anext__(), PREFILL_REACH_S)      # a replica took it
-                res = await gen.__anext__()
+                res = await asyncio.wait_for(gen.__anext__(), PREFILL_WAIT_S)
                 done = True
             except Exception as e:  # noqa: BLE001 — no prefill replica answered: this replica computes the prompt
                 self.prefill_paused_until = time.monotonic() + PREFILL_PAUSE_S
@@ -312,6 +314,13 @@ class Coordinator:
         except BaseException:           # cancelled: the client went away
             release()
             raise
+
+    def _worth_asking(self, length: int, start: int) -> bool:
+        """Whether a prompt of ``length`` tokens whose first ``start`` are cached here goes to a prefill replica: its
+        rest is ``min_prefill_tokens`` or more, and the whole blocks the prefill replica sends (of its block size)
+        hold one of this replica's past ``start``."""
+        bs, theirs = self.sched_config.block_size, self.prefill_block or self.sched_config.block_size
+        return length - start >= max(self.min_prefill_tokens, 1) and (length - 1) // theirs * theirs // bs * bs > start
 
     def _asked(self, ids: list[int], salt: str | None, start: int) -> asyncio.Event | None:
         """Whether a request asking a prefill replica now asks for KV of ``ids``'s prefix past ``start`` (its first

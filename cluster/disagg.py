@@ -15,7 +15,7 @@ The rows are staged in host memory and wait in a ``KVDepot`` actor beside the pr
 takes them (through Ray's object store); nothing crosses GPUs directly (no NIXL / RDMA here). A bundle the decode
 replica cannot use — another KV layout (model, dtype, ``kv_cache_dtype``), a prompt that is not its own, no MTP rows
 where it drafts — is refused with an error that names the difference (``KVTransferError``); the replica then computes
-the whole prompt, as it does when a bundle is lost (its prefill replica died).
+the prompt past what it holds cached, as it does when a bundle is lost (its prefill replica died).
 """
 
 from __future__ import annotations
@@ -150,9 +150,11 @@ def adopt_bundle(pool: BlockPool, prompt_ids: Sequence[int], salt: str | None,
 
 def hold_prefix(pools: Sequence[BlockPool], prompt_ids: Sequence[int], salt: str | None,
                 lock: threading.Lock) -> tuple[int, Callable[[], None]]:
-    """The leading tokens of a prompt whose KV one of ``pools`` (a rank's) holds on the device, in whole blocks — the
-    prefix a decode replica does not ask a prefill replica for — and a call that releases them (under ``lock``): until
-    then they are held (not evicted: the bundle that comes continues them). The caller holds ``lock``."""
+    """The leading tokens of a prompt whose KV one of ``pools`` (the ranks' with a free seat) holds on the device, in
+    whole blocks — the prefix a decode replica does not ask a prefill replica for — and a call that releases them
+    (under ``lock``): until then they are held (not evicted: the bundle that comes continues them), where a quarter of
+    the pool stays free besides (holds while prompts are computed elsewhere must not starve the requests that run).
+    The caller holds ``lock``."""
     blocks, held = [], None
     for pool in pools:
         run = []
@@ -160,7 +162,8 @@ def hold_prefix(pools: Sequence[BlockPool], prompt_ids: Sequence[int], salt: str
             if (b := pool.block(node)) is None:       # only the host holds it: the transfer starts here
                 break
             run.append(b)
-        if len(run) > len(blocks):
+        idle = sum(pool.is_idle(b) for b in run)
+        if len(run) > len(blocks) and pool.num_free - idle >= pool.num_blocks // 4:
             blocks, held = run, pool
     if held is None:
         return 0, lambda: None

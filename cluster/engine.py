@@ -221,12 +221,11 @@ class Engine:
             hits = [s.cached_blocks(ids, params.cache_salt) if look else 0 for s in self.schedulers]
             loads = {r: s.kv_load - hits[r] for r, s in enumerate(self.schedulers)}
             if kv is not None:   # its prompt's KV comes along, to a rank with a seat (one that waits may be moved)
-                holders = [r for r, h in enumerate(hits) if h >= kv.start // self.config.block_size]
-                if holders:      # (ranks holding the prefix it continues: a rank without takes none of it)
-                    loads = {r: self.schedulers[r].kv_load for r in holders if self.schedulers[r].free_seats > 0} \
-                        or {r: loads[r] for r in holders}
-                    hits = [max(h, kv.num_tokens // self.config.block_size) if r in holders else h
-                            for r, h in enumerate(hits)]
+                seats = {r: s.kv_load for r, s in enumerate(self.schedulers) if s.free_seats > 0}
+                holders = [r for r, h in enumerate(hits) if h >= kv.start // self.config.block_size and r in seats]
+                loads = {r: seats[r] for r in holders} or seats or loads   # (a rank without its prefix takes none)
+                hits = [max(h, kv.num_tokens // self.config.block_size) if r in holders else h
+                        for r, h in enumerate(hits)]
             rank = place_request(loads)
             queued, over = self._queued_tokens_over(len(ids) - hits[rank] * self.config.block_size)
             displaced = self._displaceable(params.priority, full, over) if full or over else []
@@ -263,9 +262,9 @@ class Engine:
 
     def hold_prefix(self, prompt_ids: Sequence[int], salt: str | None) -> tuple[int, Callable[[], None]]:
         """``cluster/disagg.py``'s ``hold_prefix`` on this engine's ranks: (the prompt's tokens cached, their release)."""
-        with self._lock:
-            return hold_prefix([s.pool for s in self.schedulers if s.config.prefix_caching], prompt_ids, salt,
-                               self._lock)
+        with self._lock:    # (on a rank with a free seat: a request bringing KV goes to one, ``add_request``)
+            return hold_prefix([s.pool for s in self.schedulers if s.config.prefix_caching and s.free_seats > 0],
+                               prompt_ids, salt, self._lock)
 
     def _displaceable(self, priority: int, seat: bool, tokens: int) -> list[tuple[int, Request]] | None:
         """Priority: an engine that has no seat for a request (``seat``), or whose queue has no room for ``tokens``
@@ -716,10 +715,11 @@ class AsyncEngine:
         loop.call_soon_threadsafe(q.put_nowait, ev)
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, req_id: str | None = None,
-                       export_kv: bool = False, kv: KVBundle | None = None,
-                       export_from: int = 0) -> AsyncIterator[TokenEvent]:
+                       export_kv: bool = False, kv: KVBundle | None = None, export_from: int = 0,
+                       added: Callable[[], None] | None = None) -> AsyncIterator[TokenEvent]:
         """Stream the request's events; raises AdmissionError before the first event if refused.
-        Leaving the iteration early (a client disconnect) aborts the request and frees its KV."""
+        Leaving the iteration early (a client disconnect) aborts the request and frees its KV. ``added``: called once
+        the engine has the request (or refused it)."""
         q: asyncio.Queue = asyncio.Queue()
         req_id = req_id if req_id is not None else f"areq-{next(self._ids)}"
         self._queues[req_id] = (asyncio.get_running_loop(), q)   # before the loop can emit for it
@@ -737,6 +737,9 @@ class AsyncEngine:
         except BaseException:
             self._queues.pop(req_id, None)
             raise
+        finally:
+            if added is not None:
+                added()
         kv = None           # (the engine holds what it writes: the rows are not kept for the stream's life)
         self._wake.set()
         finished = False

@@ -663,7 +663,8 @@ def build_app(args: dict | None = None):
     pd = ()
     if prefill is not None and prefill is not False:    # disaggregated prefill: replicas of their own, which the
         plan = prefill_plan(cfg.to_dict(), prefill)     # Coordinator's replicas ask (cluster/disagg.py)
-        pd = _coordinator("PrefillCoordinator", plan.engine, plan.deployment), plan.min_prompt_tokens
+        pd = (_coordinator("PrefillCoordinator", plan.engine, plan.deployment), plan.min_prompt_tokens,
+              plan.engine["block_size"])
     coord = _coordinator("Coordinator", cfg.to_dict(), scaling, *pd)
     ingress = serve.deployment(OpenAIIngress, name="OpenAIIngress", ray_actor_options={"num_cpus": 0},
                                max_ongoing_requests=INGRESS_MAX_ONGOING, max_queued_requests=512)

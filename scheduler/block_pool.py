@@ -183,6 +183,10 @@ class BlockPool:
     def is_cached(self, block_id: int) -> bool:
         return block_id in self._node_of_block
 
+    def is_idle(self, block_id: int) -> bool:
+        """Whether a block is held by no one (free, or idle with its cached prefix: counted in ``num_free``)."""
+        return self._refs[block_id] == 0
+
     def node(self, block_id: int) -> int:
         return self._node_of_block[block_id]
 

@@ -34,7 +34,7 @@ class DecodeGraphs:
     ``pad_slot``: a cache slot reserved for pad rows; ``max_blocks``: block-table columns at most (a power
     of two ≥ the blocks one request can hold); ``capture``: record CUDA graphs (needs a CUDA device and
     graph-capturable kernels and comm), else run the static forward eagerly. Which steps qualify and their
-    (bucket, width) is the engine's call (``cluster.engine.graph_key``): in a worker group every rank must
+    (bucket, width) is the engine's call (``scheduler.shapes.graph_key``): in a worker group every rank must
     run the same captured sequence of comm phases.
     """
 

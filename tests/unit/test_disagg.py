@@ -9,7 +9,14 @@ import pytest
 import torch
 
 from cluster.config import EngineConfig
-from cluster.disagg import KVBundle, KVTransferError, adopt_bundle, exported_blocks, prefill_params, prefill_plan
+from cluster.disagg import (
+    KVBundle,
+    KVTransferError,
+    adopt_bundle,
+    exported_blocks,
+    prefill_params,
+    prefill_plan,
+)
 from models.cache import KVCache
 from models.config import ModelConfig
 from scheduler import BlockPool, SamplingParams
@@ -182,7 +189,7 @@ def test_a_decode_replica_asks_for_the_rest_of_its_cached_prefix_and_falls_back_
 
     def ask(req_id, answer, ids=long, p=params, min_tokens=0):
         answers[req_id], dec.min_prefill_tokens = answer, min_tokens
-        bundle, release = asyncio.run(Coordinator._prefilled(dec, ids, p, req_id))
+        bundle, release = asyncio.run(dec._prefilled(ids, p, req_id))
         if release is not None:
             release()
         return bundle
@@ -205,12 +212,17 @@ def test_a_decode_replica_asks_for_the_rest_of_its_cached_prefix_and_falls_back_
         e.step()
     free = e.scheduler.pool.num_free
     answers["h"], dec.min_prefill_tokens = PrefillResult(bundle=ok), 0
-    bundle, release = asyncio.run(Coordinator._prefilled(dec, long, params, "h"))
+    bundle, release = asyncio.run(dec._prefilled(long, params, "h"))
     assert calls[-1] == ("h", 24) and bundle is ok and e.scheduler.pool.num_free == free - 6
     release()
     release()                                                   # (once only)
     assert e.scheduler.pool.num_free == free
     assert ask("i", ok, min_tokens=20) is None and metrics.local_prompts.counts["cached"] == 1    # 17 to compute
+    dec.prefill_block = 64                  # the prefill replica's blocks: none whole in 41 tokens, nothing to ask
+    assert ask("i2", ok) is None and metrics.local_prompts.counts["short"] == 3 and calls[-1][0] == "h"
+    dec.prefill_block = 32                  # one of 32: 8 tokens past the 24 cached here
+    assert ask("i3", PrefillResult(bundle=ok)) is ok and calls[-1] == ("i3", 24)
+    dec.prefill_block = 0
     assert ask("j", "hang") is None and dec.prefill_paused_until > 0
     assert ask("k", ok) is None and calls[-2:] == [("j", 24), "cancel j"]  # cancelled; then paused: not asked
     dec.prefill_paused_until = 0.0
@@ -224,9 +236,71 @@ def _decode_replica(engine, handle, metrics):
     from cluster.coordinator import Coordinator
 
     dec = types.SimpleNamespace(prefill_tier=handle, min_prefill_tokens=0, prefill_paused_until=0.0, engine=engine,
-                                sched_config=engine.config, metrics=metrics, _asking={})
-    dec._asked, dec._asking_until = (types.MethodType(f, dec) for f in (Coordinator._asked, Coordinator._asking_until))
+                                sched_config=engine.config, metrics=metrics, _asking={}, prefill_block=0)
+    for f in (Coordinator._asked, Coordinator._asking_until, Coordinator._worth_asking, Coordinator._prefilled):
+        setattr(dec, f.__name__, types.MethodType(f, dec))
     return dec
+
+
+def test_turns_holding_their_cached_prefixes_leave_the_pool_room_to_run():
+    """Two conversations' next turns arrive together at a pool of 12 blocks holding both first turns (5 blocks each).
+    A turn holds its cached prefix while its prompt is computed elsewhere only where a quarter of the pool stays free,
+    and until the engine has it (not its first token): both answer. (Holding both prefixes until their first tokens,
+    neither could get blocks for its rest — a deadlock a review found.)"""
+    import asyncio
+    import types
+
+    from cluster.coordinator import Coordinator
+    from cluster.disagg import PrefillResult
+    from cluster.engine import AsyncEngine
+
+    e = _engine(blocks=12)
+    a, b = list(range(1, 22)), list(range(100, 121))
+    for rid, prompt in (("a", a), ("b", b)):
+        e.add_request(prompt, SamplingParams(max_tokens=1), rid)
+        while e.has_work():
+            e.step()
+    starts = []
+
+    def remote(ids, params, req_id, start):
+        starts.append(start)
+        n = (len(ids) - 1) // 4 * 4
+
+        class Stream:
+            items = [None]
+
+            async def __anext__(self):
+                if self.items:
+                    return self.items.pop()
+                await asyncio.sleep(0.05)
+                return PrefillResult(bundle=KVBundle(tuple(ids[:n + 1]), ((4, "uint8"),), False,
+                                                     (np.zeros((n - start, 4), np.uint8),), start))
+
+            def cancel(self):
+                pass
+        return Stream()
+
+    counter = types.SimpleNamespace(labels=lambda r: types.SimpleNamespace(inc=lambda: None), inc=lambda: None)
+    handle = types.SimpleNamespace(options=lambda **kw: types.SimpleNamespace(prefill=types.SimpleNamespace(
+        remote=remote)))
+    metrics = types.SimpleNamespace(local_prompts=counter, kv_lost=counter, observe=lambda *a: None,
+                                    requests=counter, refused=counter)
+    dec = _decode_replica(e, handle, metrics)
+    dec.aengine, dec.cfg, dec._stats_log, dec.replica_id = AsyncEngine(e), types.SimpleNamespace(
+        log_stats_interval_s=0), None, "r"
+
+    async def turn(ids, rid):
+        return [t async for ev in Coordinator.generate(dec, ids, SamplingParams(max_tokens=2), rid)
+                for t in ev.token_ids]
+
+    async def main():
+        return await asyncio.wait_for(asyncio.gather(turn(a + list(range(300, 312)), "a2"),
+                                                     turn(b + list(range(400, 412)), "b2")), 10)
+    try:
+        assert asyncio.run(main()) == [[7, 7], [7, 7]] and sorted(starts) == [0, 20]
+    finally:
+        dec.aengine.shutdown()
+    assert e.num_free_blocks() == 12
 
 
 def test_prompts_sharing_a_head_ask_for_its_kv_once():
@@ -341,6 +415,30 @@ def test_a_request_bringing_kv_goes_to_a_rank_with_a_seat():
     e.step()
     assert e._rank_of["y"] == rank
     assert [s.start_pos for s in e.executor.steps[-1][rank].seqs if s.req_id == "y"] == [40]
+
+
+def test_a_prefix_on_a_rank_without_a_seat_is_not_continued():
+    """Two ranks; the one holding a prompt's cached prefix has no free seat. The decode side asks for the whole prompt
+    (nothing held there), and the request runs with it on the other rank — not placed where the prefix is and moved
+    off it, computing its prompt from the start (a review found that)."""
+    e = _engine(num_ranks=2)
+    head = list(range(1, 22))
+    e.add_request(head, SamplingParams(max_tokens=1), "p")
+    while e.has_work():
+        e.step()
+    for i in range(2):                  # two long requests sharing the head: on its rank, filling its seats
+        e.add_request(head + [500 + i] * 3, SamplingParams(max_tokens=150, ignore_eos=True), f"x{i}")
+    e.step()
+    (full,) = {e._rank_of["x0"], e._rank_of["x1"]}
+    assert e.schedulers[full].free_seats == 0 and e.schedulers[1 - full].cached_blocks(head) == 0
+    y = head + list(range(600, 620))
+    start, release = e.hold_prefix(y, None)
+    assert start == 0
+    e.add_request(y, SamplingParams(max_tokens=1), "y", kv=_bundle_of(y))
+    release()
+    e.step()
+    assert [(r, s.start_pos) for r, st in enumerate(e.executor.steps[-1]) for s in st.seqs if s.req_id == "y"] == \
+        [(1 - full, 40)] and e.stats["moves"] == 0
 
 
 def test_a_cancel_while_the_kv_is_adopted_aborts_the_request():
