@@ -147,7 +147,6 @@ def test_a_decode_replica_asks_for_the_rest_of_its_cached_prefix_and_falls_back_
     import types
 
     from cluster import coordinator as coord_mod
-    from cluster.coordinator import Coordinator
     from cluster.disagg import PrefillResult
     from scheduler.scheduler import AdmissionError
 
