@@ -5,11 +5,11 @@ earlier turns) and asks a prefill replica for the rest (``Coordinator._prefilled
 as a request of one token (``prefill_params``) whose engine sends back, from the step that completes the prompt, the KV
 rows of its whole blocks before the last token, from the position asked for on (``WorkerStep.kv_exports``): a
 ``KVBundle``. The decode replica takes the bundle into its prefix cache (``BlockPool.adopt``: each block under its key,
-after the blocks it held, as if that replica had computed it; the rows go to its worker with the next step,
-``WorkerStep.kv_imports``) and then runs the request as any other: its prefix is found cached, and it computes only the
-prompt's tail — at most a block and the last token — before sampling the first token itself. Whatever the bundle held,
-the output is the one the decode replica alone would give (its prefix cache's reuse, tested to equal a computed
-prompt).
+after the blocks it held, as if that replica had computed it; the rows go to its worker with the next steps, at most
+``IMPORT_STEP_BYTES`` a step, ``Imports`` / ``WorkerStep.kv_imports``) and then runs the request as any other, from the
+step that writes its last block: its prefix is found cached, and it computes only the prompt's tail — at most a block
+and the last token — before sampling the first token itself. Whatever the bundle held, the output is the one the
+decode replica alone would give (its prefix cache's reuse, tested to equal a computed prompt).
 
 The rows are staged in host memory and wait in a ``KVDepot`` actor beside the prefill replica until the decode replica
 takes them (through Ray's object store); nothing crosses GPUs directly (no NIXL / RDMA here). A bundle the decode
@@ -24,6 +24,7 @@ import asyncio
 import threading
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -34,6 +35,8 @@ from scheduler.block_pool import BlockPool, root
 from scheduler.request import SamplingParams
 
 FETCH_TIMEOUT_S = 120.0     # a decode replica's wait for a bundle from the object store before computing the prompt
+IMPORT_STEP_BYTES = 64 << 20    # a decode rank's step writes at most this much imported KV (and a block at least):
+# its decoding streams wait for the writes (a GLM-5.2 prompt at full depth: ~1200 FP8 tokens, ~30 ms a step)
 
 
 @dataclass(frozen=True)
@@ -117,12 +120,13 @@ def _layout(layout: tuple) -> str:
     return f"({len(layout)} tensors: {', '.join(widths)})"
 
 
-def adopt_bundle(pool: BlockPool, prompt_ids: Sequence[int], salt: str | None,
-                 bundle: KVBundle) -> tuple[tuple[int, ...], tuple[np.ndarray, ...]] | None:
+def adopt_bundle(pool: BlockPool, prompt_ids: Sequence[int], salt: str | None, bundle: KVBundle,
+                 pending: bool = False) -> tuple[tuple[int, ...], tuple[np.ndarray, ...]] | None:
     """Cache the bundle's whole blocks (of ``pool``'s block size: the prefill replica's may differ) that ``pool`` has
     not cached, as many as its free blocks hold; returns (the blocks to write, their rows) for the worker's next
     step, or None when there is nothing to write — or when the prefix the bundle continues (``bundle.start``) is no
-    longer cached here: the request then computes its prompt past what is."""
+    longer cached here: the request then computes its prompt past what is. ``pending``: ``BlockPool.adopt``'s (the
+    writes go with later steps, ``Imports``)."""
     bs, count, first = pool.block_size, bundle.num_tokens // pool.block_size, bundle.start // pool.block_size
     nodes = pool.match(prompt_ids[:count * bs + 1], root(salt))
     if len(nodes) < first:
@@ -135,7 +139,7 @@ def adopt_bundle(pool: BlockPool, prompt_ids: Sequence[int], salt: str | None,
     for j in range(first, count):
         if len(blocks) == room:
             break
-        parent, block = pool.adopt(parent, tuple(prompt_ids[j * bs:(j + 1) * bs + 1]))
+        parent, block = pool.adopt(parent, tuple(prompt_ids[j * bs:(j + 1) * bs + 1]), pending)
         if block is not None:
             blocks.append(block)
             spans.append(j - first)
@@ -146,6 +150,45 @@ def adopt_bundle(pool: BlockPool, prompt_ids: Sequence[int], salt: str | None,
         return tuple(blocks), tuple(r[spans[0] * bs:(spans[-1] + 1) * bs] for r in bundle.rows)
     at = np.array([j * bs + i for j in spans for i in range(bs)])
     return tuple(blocks), tuple(r[at] for r in bundle.rows)
+
+
+class Imports:
+    """A rank's imports on their way to its blocks, in arrival order: each a request's adopted blocks (pending: no
+    match reaches them) and their rows. A step takes whole blocks of them up to ``budget`` bytes (a block at least),
+    and settles them: their write goes with that step, before its forward, so the step's plan may take them."""
+
+    def __init__(self, budget: int = IMPORT_STEP_BYTES) -> None:
+        self.budget, self.queue = budget, deque()
+
+    def __bool__(self) -> bool:
+        return bool(self.queue)
+
+    def add(self, req_id: str, blocks: tuple[int, ...], rows: tuple[np.ndarray, ...]) -> None:
+        self.queue.append([req_id, blocks, rows, 0])
+
+    def take(self, pool: BlockPool) -> tuple[list[tuple], list[str]]:
+        """This step's writes ((blocks, rows) each), their blocks settled; and the requests whose imports end here."""
+        bs, writes, ended, left = pool.block_size, [], [], self.budget
+        while self.queue:
+            item = self.queue[0]
+            req_id, blocks, rows, at = item
+            k = min(len(blocks) - at, max(left // (bs * sum(r.shape[1] for r in rows)), 0 if writes else 1))
+            if k == 0:
+                break
+            pool.settle(blocks[at:at + k])
+            writes.append((blocks[at:at + k], tuple(r[at * bs:(at + k) * bs] for r in rows)))
+            left -= k * bs * sum(r.shape[1] for r in rows)
+            item[3] = at = at + k
+            if at == len(blocks):
+                self.queue.popleft()
+                ended.append(req_id)
+        return writes, ended
+
+    def drop(self, pool: BlockPool) -> None:
+        """Forget the imports still on their way (the workers were rebuilt): their blocks are released."""
+        for _, blocks, _, at in self.queue:
+            pool.settle(blocks[at:])
+        self.queue.clear()
 
 
 def hold_prefix(pools: Sequence[BlockPool], prompt_ids: Sequence[int], salt: str | None,

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
-from cluster.disagg import KVBundle, adopt_bundle, check_bundle, exported_blocks, hold_prefix
+from cluster.disagg import Imports, KVBundle, adopt_bundle, check_bundle, exported_blocks, hold_prefix
 from cluster.stream import OutputStream, TokenEvent
 from scheduler.request import FinishReason, Request, SamplingParams
 from scheduler.scheduler import (
@@ -153,7 +153,7 @@ class Engine:
         self.kv_layout = kv_layout
         # request -> (the prompt tokens its KV bundle covers, the position its rows start at)
         self._exports: dict[str, tuple[tuple[int, ...], int]] = {}
-        self._imports: list[list] = [[] for _ in range(num_ranks)]   # a rank's blocks to write with its next step
+        self._imports = [Imports() for _ in range(num_ranks)]   # a rank's blocks to write with its next steps
         self.guides = guides                          # structured output (cluster/guided.py); None: refused
         # the requests with a json_schema, tool_grammar, forced_paths or thinking_budget
         self._guides: dict[str, Guide | Prefix | Budget] = {}
@@ -239,13 +239,15 @@ class Engine:
             self.schedulers[rank].check_admission(req_id, ids, params, leaving=len(displaced))
             for victim in displaced:            # admitted: the requests it displaces are refused now
                 self._refuse(*victim)
-            if kv is not None and (writes := adopt_bundle(self.schedulers[rank].pool, ids, params.cache_salt, kv)):
-                self._imports[rank].append(writes)         # the rows go to the rank's worker with its next step
+            writes = kv and adopt_bundle(self.schedulers[rank].pool, ids, params.cache_salt, kv, pending=True)
+            if writes:      # the rows go to the rank's worker with its next steps; the request waits for them
+                self._imports[rank].add(req_id, *writes)
                 self.stats["kv_imported_tokens"] += len(writes[0]) * self.config.block_size
             if export_kv and (n := exported_blocks(len(ids), self.config.block_size)) * self.config.block_size > \
                     export_from:
                 self._exports[req_id] = tuple(ids[:n * self.config.block_size + 1]), export_from
             req = self.schedulers[rank].add_request(req_id, ids, params)
+            req.importing = bool(writes)
             self._rank_of[req_id] = rank
             self._streams[req_id] = OutputStream.open(ids, params, self.decode, self.config.eos_token_ids, request=req,
                                                       admitted=next(self._admitted))
@@ -339,7 +341,7 @@ class Engine:
         return any(s.has_unfinished() for s in self.schedulers)
 
     def has_work(self) -> bool:
-        return self.has_unfinished() or any(self._forget) or bool(self._refused) or any(self._imports)
+        return self.has_unfinished() or any(self._forget) or bool(self._refused) or any(map(bool, self._imports))
 
     def kv_usage(self) -> float:
         return sum(s.kv_usage for s in self.schedulers) / len(self.schedulers)
@@ -443,8 +445,9 @@ class Engine:
             # drafts ride only while one request is active (under the span policy they are free then)
             solo = sum(len(s.live_ids()) for s in self.schedulers) == 1
             k = self.speculative_tokens if solo else 0
-            plans = [s.schedule(max_drafts=k) for s in self.schedulers]
-            steps = self._worker_steps(plans, k)
+            imports = [self._take_imports(r) for r in range(len(self.schedulers))]    # (before the plans: they
+            plans = [s.schedule(max_drafts=k) for s in self.schedulers]                # may take those blocks)
+            steps = self._worker_steps(plans, imports, k)
         self._launched = None          # set again below if this step launches its successor ahead
         if steps is None:
             return []
@@ -503,18 +506,22 @@ class Engine:
             return
         for rank, taker in enumerate(self.schedulers):
             while taker.free_seats > 0 and any(g.free_seats < 0 for g in self.schedulers):
-                self._move(min(range(len(self.schedulers)), key=lambda r: self.schedulers[r].free_seats), rank)
+                if not self._move(min(range(len(self.schedulers)), key=lambda r: self.schedulers[r].free_seats), rank):
+                    break
         for rank, sch in enumerate(self.schedulers):
             while (req := sch.stalled()) is not None:
                 taker = max((r for r in range(len(self.schedulers)) if r != rank and self.schedulers[r].free_seats > 0),
                             key=lambda r: self.schedulers[r].spare_blocks, default=None)
-                if taker is None or self.schedulers[taker].spare_blocks < sch.pool.blocks_needed(req.num_tokens + 1):
+                if taker is None or self.schedulers[taker].spare_blocks < sch.pool.blocks_needed(req.num_tokens + 1) \
+                        or not self._move(rank, taker):
                     break
-                self._move(rank, taker)
 
-    def _move(self, giver: int, taker: int) -> None:
-        """The oldest request waiting on rank ``giver`` waits on ``taker`` from now on."""
+    def _move(self, giver: int, taker: int) -> bool:
+        """The oldest request waiting on rank ``giver`` waits on ``taker`` from now on (False: it stays, its KV on its
+        way to ``giver``'s blocks)."""
         req = self.schedulers[giver].release_waiting()
+        if req is None:
+            return False
         self.schedulers[taker].adopt(req)
         self.stats["moves"] += 1
         self._rank_of[req.req_id] = taker
@@ -522,6 +529,7 @@ class Engine:
             self._forget[giver].append(req.req_id)
             self._unsent[req.req_id] = NewRequest(req.req_id, tuple(req.prompt_ids), req.params,
                                                   tuple(req.output_ids))
+        return True
 
     def _count_drafts(self, plan: StepPlan, res: StepResult) -> None:
         for s in plan.seqs:
@@ -540,10 +548,18 @@ class Engine:
                 "mean_accepted_length": (self.stats["drafts_accepted"] + rounds) / rounds if rounds else 0.0,
                 "acceptance_by_position": [a / rounds if rounds else 0.0 for a in self.accepted_at[:-1]]}
 
-    def _worker_steps(self, plans: list[StepPlan], num_drafts: int = 0) -> list[WorkerStep] | None:
+    def _take_imports(self, rank: int) -> list[tuple]:
+        """This step's share of the rank's imports (``Imports.take``); a request whose import ends may start."""
+        writes, ended = self._imports[rank].take(self.schedulers[rank].pool)
+        for rid in ended:
+            if (req := self.schedulers[rank].get(rid)) is not None:
+                req.importing = False
+        return writes
+
+    def _worker_steps(self, plans: list[StepPlan], imports: list[list],
+                      num_drafts: int = 0) -> list[WorkerStep] | None:
         self.stats["preemptions"] += sum(len(p.preempted) for p in plans)
         forget, self._forget = self._forget, [[] for _ in self.schedulers]
-        imports, self._imports = self._imports, [[] for _ in self.schedulers]
         for r, i in enumerate(imports):
             if i and plans[r].is_empty:    # an import may take blocks whose save to host memory waits: saves go first
                 plans[r] = replace(plans[r], kv_saves=self.schedulers[r].pool.drain()[0])
@@ -614,7 +630,8 @@ class Engine:
             for sch in self.schedulers:          # the rebuilt workers' KV holds no prefix
                 sch.clear_prefix_cache()
             self._forget = [[] for _ in self.schedulers]     # the rebuilt workers start empty
-            self._imports = [[] for _ in self.schedulers]
+            for imports, sch in zip(self._imports, self.schedulers):
+                imports.drop(sch.pool)
             self._unsent.clear()
         self.executor.recover()
         return events

@@ -37,11 +37,13 @@ def root(salt: str | None) -> int | tuple:
 
 @dataclass(slots=True)
 class _Node:
-    """A cached prefix block: its key, and its copies (a device block, a host slot; one at least)."""
+    """A cached prefix block: its key, and its copies (a device block, a host slot; one at least). ``pending``: adopted,
+    its KV not yet on its way to the device (``adopt``): no prefix match reaches it until ``settle``."""
 
     key: tuple
     block: int | None
     slot: int | None = None
+    pending: bool = False
 
 
 class BlockPool:
@@ -145,7 +147,7 @@ class BlockPool:
         bs, nodes, node = self.block_size, [], first
         for end in range(bs, len(ids), bs):
             node = self._node_of_key.get((node, tuple(ids[end - bs:end + 1])))
-            if node is None:
+            if node is None or self._nodes[node].pending:
                 break
             nodes.append(node)
         return nodes
@@ -218,21 +220,31 @@ class BlockPool:
             self._saves[node.slot] = block_id
         return n
 
-    def adopt(self, parent: int | tuple, tokens: tuple[int, ...]) -> tuple[int, int | None]:
+    def adopt(self, parent: int | tuple, tokens: tuple[int, ...], pending: bool = False) -> tuple[int, int | None]:
         """Cache a block whose KV comes from elsewhere (another replica's prefill, ``cluster/disagg.py``): ``parent``
         and ``tokens`` as ``register``'s. Returns (the node, a fresh device block the caller writes the KV into before
         the next step's forward — None where the key is cached already). The block is held by no one (idle, evicted as
-        any cached block) and gets no host copy: a save would run before the write."""
+        any cached block) and gets no host copy: a save would run before the write. ``pending``: its write goes with a
+        later step — the block is held and no match reaches it until ``settle``."""
         key = (parent, tokens)
         assert len(tokens) == self.block_size + 1, len(tokens)
         if (n := self._node_of_key.get(key)) is not None:
             return n, None
         block = self.allocate(1)[0]
         n, self._next_node = self._next_node, self._next_node + 1
-        self._nodes[n] = _Node(key, block)
+        self._nodes[n] = _Node(key, block, pending=pending)
         self._node_of_key[key], self._node_of_block[block] = n, n
-        self.free([block])
+        if not pending:
+            self.free([block])
         return n, block
+
+    def settle(self, blocks: Sequence[int]) -> None:
+        """Pending adopted blocks whose write goes with the coming step: matches reach them, and they idle as any
+        cached block (blocks no longer cached — the cache was cleared meanwhile — are just released)."""
+        for b in blocks:
+            if (n := self._node_of_block.get(b)) is not None:
+                self._nodes[n].pending = False
+        self.free(blocks)
 
     def drain(self) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
         """The copies the next step runs first: (saves, loads), handed over once."""

@@ -279,8 +279,8 @@ class Scheduler:
     def release_waiting(self) -> Request | None:
         """Hand over the first waiting request (it holds no KV: never started, or preempted) for another rank to
         ``adopt``; None if none waits."""
-        req = self._waiting.popleft() if self._waiting else None
-        if req is not None:
+        req = self._waiting.popleft() if self._waiting and not self._waiting[0].importing else None
+        if req is not None:         # (one whose KV is on its way to this rank's blocks stays)
             del self._live[req.req_id]
         return req
 
@@ -355,8 +355,8 @@ class Scheduler:
         """Start waiting ``req``'s prefill if it has a running slot and blocks for its first chunk; else — where the
         running requests ranked after it (priority: it arrived later and outranks them) hold enough to give it both
         — they give theirs up, worst first. None: it waits."""
-        if budget <= 0 or self._waits_for_a_prefill(req):
-            return None     # (a prefill's blocks: those behind would have waited for its chunk anyway)
+        if budget <= 0 or req.importing or self._waits_for_a_prefill(req):
+            return None     # (a prefill's blocks, an import's: those behind would have waited for its chunk anyway)
         room = self._room_below(req, budget)
         if len(self._running) >= self.config.max_num_seqs:
             if not room:

@@ -205,15 +205,19 @@ def test_a_salted_prompts_transferred_kv_is_its_salts_only(model):
     assert dec.prefix_cache_tokens()[1] == before + 64
 
 
-@pytest.mark.parametrize("host,seed", [(0, 1), (16, 5), (8, 9)])   # (the seeds that met an import
-# evicted before its step, its block a load's destination: a step that loads before it imports fails them)
-def test_transfers_into_a_crowded_pool_keep_the_tokens(model, host, seed):
+@pytest.mark.parametrize("host,seed,step_blocks", [(0, 1, 0), (16, 5, 0), (8, 9, 0), (0, 3, 1), (16, 7, 2)])
+# (the seeds that met an import evicted before its step, its block a load's destination: a step that loads before it
+# imports fails them — at session 49's code, whose imports went whole with the next step; ``step_blocks``: imports go
+# a block or two a step, later requests arriving meanwhile)
+def test_transfers_into_a_crowded_pool_keep_the_tokens(model, host, seed, step_blocks):
     """A decode pool of 12 blocks for requests of up to 7, some with their prompt's KV and some without, prompts that
     repeat and share prefixes: imports evict cached blocks (and, with a host tier, blocks whose save to host memory is
     pending), are evicted before their request runs, or only partly fit, and cached prefixes come back from host memory
     into blocks an import took — every request's tokens equal an engine's alone."""
     vocab, rng = model.config.vocab_size, random.Random(seed)
     pre, dec = make_engine(model), make_engine(model, blocks=12, host=host)
+    if step_blocks:
+        dec._imports[0].budget = step_blocks * BS * KVCache.bytes_per_slot(model.config, torch.float32, False)
     system = ids(40, 99, vocab)
     bases = [(system if i % 2 else []) + ids(rng.randrange(10, 70), 100 + i, vocab) for i in range(6)]
     reqs, bundles = {}, {}

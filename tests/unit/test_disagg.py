@@ -393,9 +393,10 @@ def test_an_adoption_keeps_the_prompts_own_cached_prefix():
             e.step()
     y = system + list(range(200, 225))
     e.add_request(y, SamplingParams(max_tokens=1), "y", kv=_bundle_of(y))
-    assert e.scheduler.cached_blocks(y) == 8
+    assert e.scheduler.cached_blocks(y) == 1            # (the adopted blocks: matched once their write goes out)
     e.step()
     assert [s.start_pos for s in e.executor.steps[-1][0].seqs] == [32]       # only the last token computed
+    assert e.scheduler.cached_blocks(y) == 8
 
 
 def test_a_request_bringing_kv_goes_to_a_rank_with_a_seat():
@@ -438,6 +439,36 @@ def test_a_prefix_on_a_rank_without_a_seat_is_not_continued():
     e.step()
     assert [(r, s.start_pos) for r, st in enumerate(e.executor.steps[-1]) for s in st.seqs if s.req_id == "y"] == \
         [(1 - full, 40)] and e.stats["moves"] == 0
+
+
+def test_an_import_goes_a_few_blocks_a_step_and_its_request_waits_for_the_last():
+    """A step writes at most ``Imports.budget`` bytes of imported KV (here 3 blocks): a 10-block import goes over 4
+    steps beside a decoding request, its blocks matchable only once their write goes out, and its request starts in
+    the step that carries the last of them (computing only its last token); a request for the same prompt arriving
+    meanwhile waits behind it, then takes every block cached; an aborted import still settles its blocks."""
+    e = _engine(blocks=64)
+    e._imports[0].budget = 3 * 4 * 4                        # 3 blocks of 4 tokens × 4 bytes
+    e.add_request(list(range(500, 505)), SamplingParams(max_tokens=30, ignore_eos=True), "x")
+    e.step()
+    y = list(range(1, 42))
+    e.add_request(y, SamplingParams(max_tokens=2), "y", kv=_bundle_of(y))
+    sent = []
+    for i in range(4):
+        e.step()
+        step = e.executor.steps[-1][0]
+        sent.append(sum(len(blocks) for blocks, _ in step.kv_imports))
+        assert len(e.scheduler.pool.match(y)) == min(10, 3 * (i + 1))
+        started = [s.start_pos for s in step.seqs if s.req_id == "y"]
+        assert started == ([40] if i == 3 else []), i
+        if i == 0:
+            e.add_request(y, SamplingParams(max_tokens=2), "z")
+    assert sent == [3, 3, 3, 1]
+    e.add_request(list(range(60, 101)), SamplingParams(max_tokens=2), "w", kv=_bundle_of(list(range(60, 101))))
+    e.abort("w")
+    while e.has_work():
+        e.step()
+    z = [s.start_pos for steps in e.executor.steps for s in steps[0].seqs if s.req_id == "z"]
+    assert z[0] == 40 and not e._imports[0] and e.num_free_blocks() == 64
 
 
 def test_a_cancel_while_the_kv_is_adopted_aborts_the_request():
