@@ -153,7 +153,7 @@ def test_a_conversations_next_turn_moves_only_the_kv_the_decode_replica_lacks(mo
     pre, dec = make_engine(model), make_engine(model, bs=to_bs, blocks=2048 // to_bs)
     one = make_engine(model, caching=False)
     params = SamplingParams(max_tokens=10, temperature=0.0)
-    turn = ids(45, 70, vocab)
+    turn = last = ids(45, 70, vocab)
     for i in range(3):
         start, release = dec.hold_prefix(turn, None)
         assert start == (0 if i == 0 else (len(last) - 1) // to_bs * to_bs), i     # its prompt and answer, cached
