@@ -242,6 +242,8 @@ class Coordinator:
             stream = self.aengine.generate(prompt_ids, params, req_id, kv=bundle, added=release)
             bundle = None           # (the rows are freed once the engine has written them, not at the answer's end)
             async for ev in stream:
+                if first:               # (its prompt's KV is here: settled, matchable — not only adopted)
+                    self._asked_end(req_id)
                 now = time.monotonic()
                 self.metrics.observe(ev, now, last if not first else arrival, first, arrival)
                 if ev.token_ids:
@@ -259,6 +261,7 @@ class Coordinator:
         finally:
             if release is not None:         # (where the engine never saw the request)
                 release()
+            self._asked_end(req_id)
 
     async def _prefilled(self, ids: list[int], params: SamplingParams,
                          req_id: str) -> tuple[KVBundle | None, Callable[[], None] | None]:
@@ -276,13 +279,15 @@ class Coordinator:
         while (asked := self._asked(ids, params.cache_salt, start)) is not None:
             release()           # another request asks for most of this one's rest: its KV is here soon, cached
             await asked.wait()
+            if time.monotonic() < self.prefill_paused_until:       # that ask found no prefill replica
+                return None, None
             start, release = self.engine.hold_prefix(ids, params.cache_salt)
         log = logging.getLogger("ray.serve")
         if not self._worth_asking(len(ids), start):
             self.metrics.local_prompts.labels("cached" if self._worth_asking(len(ids), 0) else "short").inc()
             release()
             return None, None
-        release = self._asking_until(req_id, ids, params.cache_salt, release)
+        self._ask(req_id, ids, params.cache_salt)
         gen, done = self.prefill_tier.options(stream=True).prefill.remote(ids, params, req_id, start), False
         try:
             try:
@@ -306,6 +311,7 @@ class Coordinator:
             return bundle, release
         except AdmissionError:
             release()
+            self._asked_end(req_id)
             raise
         except Exception as e:  # noqa: BLE001 — its prefill replica died, the object was lost, or the replicas
             log.warning("glmserve: KV of %s not taken (%s: %s); computing its prompt", req_id, type(e).__name__, e)
@@ -313,6 +319,7 @@ class Coordinator:
             return None, release
         except BaseException:           # cancelled: the client went away
             release()
+            self._asked_end(req_id)
             raise
 
     def _worth_asking(self, length: int, start: int) -> bool:
@@ -325,7 +332,8 @@ class Coordinator:
     def _asked(self, ids: list[int], salt: str | None, start: int) -> asyncio.Event | None:
         """Whether a request asking a prefill replica now asks for KV of ``ids``'s prefix past ``start`` (its first
         ``start`` tokens held cached here), a quarter or more of the rest: prompts that arrive together and share a long
-        head (``n`` choices, agents with one system prompt) move its KV once. Its event, set once that KV is here."""
+        head (``n`` choices, agents with one system prompt) move its KV once. Its event, set once that KV is here (the
+        request's first token: its import may go over several steps, its blocks matchable only as they are written)."""
         bs = self.sched_config.block_size
         for other, their_salt, taken in self._asking.values():
             shared = (common_prefix(ids, other) - 1) // bs * bs - start
@@ -333,18 +341,15 @@ class Coordinator:
                 return taken
         return None
 
-    def _asking_until(self, req_id: str, ids: list[int], salt: str | None,
-                      release: Callable[[], None]) -> Callable[[], None]:
-        """Mark the request as asking for KV until ``release`` (wrapped: it ends the mark, wakes those who wait)."""
-        taken = asyncio.Event()
-        self._asking[req_id] = ids, salt, taken
+    def _ask(self, req_id: str, ids: list[int], salt: str | None) -> None:
+        """Mark the request as asking for KV (``_asked``) until ``_asked_end``."""
+        self._asking[req_id] = ids, salt, asyncio.Event()
 
-        def done() -> None:
-            release()
-            if self._asking.get(req_id, (None, None, None))[2] is taken:
-                del self._asking[req_id]
-            taken.set()
-        return done
+    def _asked_end(self, req_id: str) -> None:
+        """The request's prompt is in this replica's cache, or will not come from its ask (its first token, or its
+        end): those who wait for it look again."""
+        if (ask := self._asking.pop(req_id, None)) is not None:
+            ask[2].set()
 
     async def prefill(self, prompt_ids: list[int], params: SamplingParams, req_id: str,
                       start: int = 0) -> AsyncIterator[PrefillResult | None]:

@@ -191,6 +191,7 @@ def test_a_decode_replica_asks_for_the_rest_of_its_cached_prefix_and_falls_back_
         bundle, release = asyncio.run(dec._prefilled(ids, p, req_id))
         if release is not None:
             release()
+        dec._asked_end(req_id)                  # (as its request's first token does)
         return bundle
 
     ok = _bundle_of(long)
@@ -215,6 +216,7 @@ def test_a_decode_replica_asks_for_the_rest_of_its_cached_prefix_and_falls_back_
     assert calls[-1] == ("h", 24) and bundle is ok and e.scheduler.pool.num_free == free - 6
     release()
     release()                                                   # (once only)
+    dec._asked_end("h")
     assert e.scheduler.pool.num_free == free
     assert ask("i", ok, min_tokens=20) is None and metrics.local_prompts.counts["cached"] == 1    # 17 to compute
     dec.prefill_block = 64                  # the prefill replica's blocks: none whole in 41 tokens, nothing to ask
@@ -236,9 +238,50 @@ def _decode_replica(engine, handle, metrics):
 
     dec = types.SimpleNamespace(prefill_tier=handle, min_prefill_tokens=0, prefill_paused_until=0.0, engine=engine,
                                 sched_config=engine.config, metrics=metrics, _asking={}, prefill_block=0)
-    for f in (Coordinator._asked, Coordinator._asking_until, Coordinator._worth_asking, Coordinator._prefilled):
+    for f in (Coordinator._asked, Coordinator._ask, Coordinator._asked_end, Coordinator._worth_asking,
+              Coordinator._prefilled):
         setattr(dec, f.__name__, types.MethodType(f, dec))
     return dec
+
+
+def test_requests_waiting_on_an_ask_that_found_no_prefill_replica_do_not_ask_again(monkeypatch):
+    """The prefill tier is down: the request asking for a shared head waits PREFILL_REACH_S and pauses the tier; those
+    that waited on it compute their prompts at once, rather than each asking (and waiting) in turn (a QA pass found)."""
+    import asyncio
+    import types
+
+    from cluster import coordinator as coord_mod
+
+    monkeypatch.setattr(coord_mod, "PREFILL_REACH_S", 0.2)
+    calls = []
+
+    def remote(ids, params, req_id, start):
+        calls.append(req_id)
+
+        class Stream:
+            async def __anext__(self):
+                await asyncio.sleep(60)
+
+            def cancel(self):
+                pass
+        return Stream()
+
+    counter = types.SimpleNamespace(labels=lambda r: types.SimpleNamespace(inc=lambda: None), inc=lambda: None)
+    handle = types.SimpleNamespace(options=lambda **kw: types.SimpleNamespace(prefill=types.SimpleNamespace(
+        remote=remote)))
+    dec = _decode_replica(_engine(), handle, types.SimpleNamespace(local_prompts=counter, kv_lost=counter))
+    head = list(range(1, 41))
+
+    async def one(rid, tail):
+        bundle, release = await dec._prefilled(head + tail, SamplingParams(), rid)
+        if release is not None:
+            release()
+        dec._asked_end(rid)                     # (its request's end, as ``generate`` does)
+        return bundle
+
+    async def main():
+        return await asyncio.wait_for(asyncio.gather(*[one(f"r{i}", [100 + i] * 3) for i in range(3)]), 1.0)
+    assert asyncio.run(main()) == [None] * 3 and calls == ["r0"] and dec.prefill_paused_until > 0
 
 
 def test_turns_holding_their_cached_prefixes_leave_the_pool_room_to_run():
@@ -352,13 +395,17 @@ def test_prompts_sharing_a_head_ask_for_its_kv_once():
         assert [r for r, _ in calls] == ["a", "c", "d"] and not second.done()
         gate.set()
         bundle, release = await first
-        e.add_request(a, SamplingParams(max_tokens=1), "a", kv=bundle)      # as ``generate`` does, then releases
+        e.add_request(a, SamplingParams(max_tokens=1), "a", kv=bundle)      # as ``generate`` does: releases its
+        release()                                                          # prefix once the engine has it, and
+        await asyncio.sleep(0.01)
+        assert len(calls) == 3                  # (its import not written yet: the others still wait)
         e.step()
-        release()
+        dec._asked_end("a")                     # ends the ask at its first token
         await asyncio.sleep(0.01)
         assert calls[-1] == ("b", 32)         # the rest past the head (its last block's key holds token 37)
-        for t in (second, third, fourth):
+        for rid, t in (("b", second), ("c", third), ("d", fourth)):
             (await t)[1]()
+            dec._asked_end(rid)
         assert not dec._asking
 
     asyncio.run(main())
