@@ -180,10 +180,8 @@ def test_a_decode_replica_asks_for_the_rest_of_its_cached_prefix_and_falls_back_
             self.counts[None] = self.counts.get(None, 0) + 1
 
     e = _engine(blocks=16)
-    handle = types.SimpleNamespace(options=lambda **kw: types.SimpleNamespace(prefill=types.SimpleNamespace(
-        remote=remote)))
     metrics = types.SimpleNamespace(local_prompts=Counter(), kv_lost=Counter())
-    dec = _decode_replica(e, handle, metrics)
+    dec = _decode_replica(e, remote, metrics)
     params, long = SamplingParams(), list(range(1, 42))
 
     def ask(req_id, answer, ids=long, p=params, min_tokens=0):
@@ -230,12 +228,19 @@ def test_a_decode_replica_asks_for_the_rest_of_its_cached_prefix_and_falls_back_
     assert ask("l", PrefillResult(bundle=ok)) is ok and e.scheduler.pool.num_free == free
 
 
-def _decode_replica(engine, handle, metrics):
-    """What ``Coordinator._prefilled`` reads of its replica."""
+def _decode_replica(engine, remote, metrics=None):
+    """What ``Coordinator._prefilled`` reads of its replica: its prefill tier's handle (``remote``: the call of a
+    ``prefill`` stream) and metrics (silent ones where not given)."""
     import types
 
     from cluster.coordinator import Coordinator
 
+    handle = types.SimpleNamespace(options=lambda **kw: types.SimpleNamespace(prefill=types.SimpleNamespace(
+        remote=remote)))
+    if metrics is None:
+        counter = types.SimpleNamespace(labels=lambda r: types.SimpleNamespace(inc=lambda: None), inc=lambda: None)
+        metrics = types.SimpleNamespace(local_prompts=counter, kv_lost=counter, observe=lambda *a: None,
+                                        requests=counter, refused=counter)
     dec = types.SimpleNamespace(prefill_tier=handle, min_prefill_tokens=0, prefill_paused_until=0.0, engine=engine,
                                 sched_config=engine.config, metrics=metrics, _asking={}, prefill_block=0)
     for f in (Coordinator._asked, Coordinator._ask, Coordinator._asked_end, Coordinator._worth_asking,
@@ -248,7 +253,6 @@ def test_requests_waiting_on_an_ask_that_found_no_prefill_replica_do_not_ask_aga
     """The prefill tier is down: the request asking for a shared head waits PREFILL_REACH_S and pauses the tier; those
     that waited on it compute their prompts at once, rather than each asking (and waiting) in turn (a QA pass found)."""
     import asyncio
-    import types
 
     from cluster import coordinator as coord_mod
 
@@ -266,10 +270,7 @@ def test_requests_waiting_on_an_ask_that_found_no_prefill_replica_do_not_ask_aga
                 pass
         return Stream()
 
-    counter = types.SimpleNamespace(labels=lambda r: types.SimpleNamespace(inc=lambda: None), inc=lambda: None)
-    handle = types.SimpleNamespace(options=lambda **kw: types.SimpleNamespace(prefill=types.SimpleNamespace(
-        remote=remote)))
-    dec = _decode_replica(_engine(), handle, types.SimpleNamespace(local_prompts=counter, kv_lost=counter))
+    dec = _decode_replica(_engine(), remote)
     head = list(range(1, 41))
 
     async def one(rid, tail):
@@ -322,12 +323,7 @@ def test_turns_holding_their_cached_prefixes_leave_the_pool_room_to_run():
                 pass
         return Stream()
 
-    counter = types.SimpleNamespace(labels=lambda r: types.SimpleNamespace(inc=lambda: None), inc=lambda: None)
-    handle = types.SimpleNamespace(options=lambda **kw: types.SimpleNamespace(prefill=types.SimpleNamespace(
-        remote=remote)))
-    metrics = types.SimpleNamespace(local_prompts=counter, kv_lost=counter, observe=lambda *a: None,
-                                    requests=counter, refused=counter)
-    dec = _decode_replica(e, handle, metrics)
+    dec = _decode_replica(e, remote)
     dec.aengine, dec.cfg, dec._stats_log, dec.replica_id = AsyncEngine(e), types.SimpleNamespace(
         log_stats_interval_s=0), None, "r"
 
@@ -350,7 +346,6 @@ def test_prompts_sharing_a_head_ask_for_its_kv_once():
     first's KV is here (its release: the request took it), then asks only for the rest past it; the third does not
     wait. A short shared head (a chat template's) is not waited for."""
     import asyncio
-    import types
 
     from cluster.coordinator import Coordinator
     from cluster.disagg import PrefillResult
@@ -375,10 +370,7 @@ def test_prompts_sharing_a_head_ask_for_its_kv_once():
                 pass
         return Stream()
 
-    handle = types.SimpleNamespace(options=lambda **kw: types.SimpleNamespace(prefill=types.SimpleNamespace(
-        remote=remote)))
-    counter = types.SimpleNamespace(labels=lambda r: types.SimpleNamespace(inc=lambda: None), inc=lambda: None)
-    dec = _decode_replica(e, handle, types.SimpleNamespace(local_prompts=counter, kv_lost=counter))
+    dec = _decode_replica(e, remote)
     head = list(range(1, 37))
     a, b, c = head + list(range(100, 110)), head + list(range(200, 213)), list(range(300, 341))
     short = head[:5] + list(range(400, 440))
