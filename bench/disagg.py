@@ -3,6 +3,7 @@
     PYTHONPATH=. python bench/disagg.py transfer [--device cuda] [--tokens 1024 8192] [--out DIR]
     PYTHONPATH=. python bench/disagg.py serve [--seconds 40] [--out DIR]
     PYTHONPATH=. python bench/disagg.py turns [--conversations 4 --turns 6] [--out DIR]
+    PYTHONPATH=. python bench/disagg.py stall [--slice --device cuda] [--tokens 4096 32768] [--fp8] [--out DIR]
 
 ``transfer``: a GLM-5.2 prompt's KV at full depth (78 layers + the MTP layer, 21 + 1 indexer layers; bf16 and FP8
 rows) through each leg of its way — the prefill rank's gather to host memory (``KVCache.read_blocks``), the step
@@ -29,6 +30,7 @@ import os
 import random
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -332,6 +334,96 @@ def turns_ab(conversations: int, turns: int, rounds: int, out: Path) -> None:
     print("\n".join(lines))
 
 
+# ---- a decode engine taking a bundle -----------------------------------------------------------------------------
+def _decode_steps(engine, n: int) -> list[float]:
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        engine.step()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def stall(device: str, slice_: bool, token_counts: list[int], streams: int, fp8: bool, out: Path) -> None:
+    import numpy as np
+
+    from bench.prefix_cache import model_path
+    from cluster.config import EngineConfig
+    from cluster.disagg import IMPORT_STEP_BYTES, KVBundle, _itemsize
+    from cluster.local import build_local_engine
+    from scheduler.request import SamplingParams
+
+    top, answer = max(token_counts), 1024
+    with tempfile.TemporaryDirectory() as tmp:
+        model, fmt = model_path(slice_, tmp)
+        cfg = EngineConfig(model=model, load_format=fmt, device=device, max_num_seqs=streams + 1,
+                           kv_cache_tokens=2 * top + streams * (answer + 512), max_model_len=top + answer,
+                           kv_cache_dtype="fp8" if fp8 else "auto", warmup_tokens=answer + 512)
+        print("building the engine ...", flush=True)
+        engine, _ = build_local_engine(cfg, progress=False)
+    taken: list[int] = []
+    take = engine._take_imports
+
+    def counted(rank: int) -> list[tuple]:
+        writes = take(rank)
+        taken.append(sum(r.nbytes for _, rows in writes for r in rows))
+        return writes
+
+    engine._take_imports = counted
+    vocab, bs, rng = engine.schedulers[0].config.vocab_size, engine.config.block_size, random.Random(0)
+    per_token = sum(w * _itemsize(d) for w, d in engine.kv_layout)
+    what = "the GLM-5.2-width slice (4 layers, FP8 random weights)" if slice_ else "the tiny model"
+    lines = [f"# Disaggregated prefill: a decode engine taking a bundle ({device}, {what})", "",
+             f"`PYTHONPATH=. python bench/disagg.py stall --device {device}{' --slice' if slice_ else ''}"
+             f"{' --fp8' if fp8 else ''} --streams {streams} --tokens {' '.join(map(str, token_counts))}` — "
+             f"{time.strftime('%Y-%m-%d %H:%M')}. {streams} streams decode (256-token prompts) while a request "
+             f"arrives with its prompt's KV ({'FP8' if fp8 else 'bf16'} rows, {per_token} bytes a token on this "
+             f"model); the engine writes it over its next steps, at most {IMPORT_STEP_BYTES >> 20} MB a step. "
+             "Step times are the engine's whole step (plan, worker, outputs), medians, ms.", "",
+             "Steps writing: those that wrote a part of it; the last also computes the request's tail (the prompt's "
+             "last block and token) and samples its first token — a stall a step is the median of those before it "
+             "less the plain step's.", "",
+             "| bundle tokens | MB | steps writing | MB a step | step: plain / writing / the last | stall a step "
+             "| request's TTFT |", "|---:|---:|---:|---:|---|---:|---:|"]
+    for n, tokens in enumerate(token_counts):
+        tokens = tokens // bs * bs
+        for i in range(streams):
+            prompt = [rng.randrange(40, vocab) for _ in range(256)]
+            engine.add_request(prompt, SamplingParams(max_tokens=answer, ignore_eos=True), f"s{n}.{i}")
+        _decode_steps(engine, 8)
+        plain = _decode_steps(engine, 40)
+        prompt = [rng.randrange(40, vocab) for _ in range(tokens + 8)]
+        bundle = KVBundle(tuple(prompt[:tokens + 1]), engine.kv_layout, False,
+                          tuple(np.zeros((tokens, w * _itemsize(d)), np.uint8) for w, d in engine.kv_layout))
+        taken.clear()
+        t0 = time.perf_counter()
+        engine.add_request(prompt, SamplingParams(max_tokens=4, ignore_eos=True), f"kv{n}", kv=bundle)
+        steps, first = [], None
+        while first is None:
+            s0 = time.perf_counter()
+            events = engine.step()
+            steps.append(((time.perf_counter() - s0) * 1e3, taken[-1] if taken else 0))
+            if any(e.req_id == f"kv{n}" and e.token_ids for e in events):
+                first = (time.perf_counter() - t0) * 1e3
+        writing = [i for i, (_, b) in enumerate(steps) if b]
+        before = [steps[i][0] for i in writing[:-1]]
+        mb = sum(b for _, b in steps) / 1e6
+        base = statistics.median(plain)
+        busy = f"{statistics.median(before):.1f}" if before else "—"
+        cost = f"{statistics.median(before) - base:.1f}" if before else "—"
+        lines.append(f"| {tokens} | {mb:.0f} | {len(writing)} | {mb / len(writing):.0f} | {base:.1f} / {busy} / "
+                     f"{steps[writing[-1]][0]:.1f} | {cost} | {first:.0f} |")
+        print(lines[-1], flush=True)
+        for i in range(streams):
+            engine.abort(f"s{n}.{i}")
+        while engine.has_work():
+            engine.step()
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"disagg_stall_{device}{'_slice' if slice_ else ''}{'_fp8' if fp8 else ''}.md"
+    (out / name).write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="what", required=True)
@@ -348,8 +440,17 @@ def main() -> None:
     m.add_argument("--turns", type=int, default=6)
     m.add_argument("--rounds", type=int, default=2)
     m.add_argument("--out", type=Path, default=Path("bench/results/session50"))
+    st = sub.add_parser("stall")
+    st.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    st.add_argument("--slice", action="store_true", help="the GLM-5.2-width slice, random FP8 weights (a GPU)")
+    st.add_argument("--tokens", type=int, nargs="+", default=[4096, 32768])
+    st.add_argument("--streams", type=int, default=4)
+    st.add_argument("--fp8", action="store_true", help="FP8 KV rows (kv_cache_dtype: fp8)")
+    st.add_argument("--out", type=Path, default=Path("bench/results/session51"))
     a = ap.parse_args()
-    if a.what == "transfer":
+    if a.what == "stall":
+        stall(a.device, a.slice, a.tokens, a.streams, a.fp8, a.out)
+    elif a.what == "transfer":
         transfer(a.device, a.tokens, a.out)
     elif a.what == "turns":
         turns_ab(a.conversations, a.turns, a.rounds, a.out)

@@ -168,12 +168,15 @@ def _replica_id() -> str:
 class Coordinator:
     """Serve deployment body: build the worker group and engine, stream token events per request."""
 
-    def __init__(self, engine_config: dict, prefill=None, min_prefill_tokens: int = 0, prefill_block: int = 0):
+    def __init__(self, engine_config: dict, prefill=None, min_prefill_tokens: int = 0, prefill_block: int = 0,
+                 exports: bool = False):
         """``prefill``: a handle of the app's prefill replicas (disaggregated prefill, ``cluster/disagg.py``; their KV
         blocks of ``prefill_block`` tokens), which compute the prompts of at least ``min_prefill_tokens`` tokens not
-        cached here."""
+        cached here. ``exports``: this is one of them — its ``KVDepot`` starts with it (ready by its first bundle), and
+        its engine, which only computes prompts, captures no decode graphs."""
         from models.config import ModelConfig
 
+        self._depot = new_depot() if exports else None      # a prefill replica's KVDepot (else made at a first bundle)
         self.cfg = cfg = self._resolve(EngineConfig.from_dict(engine_config))
         model_config = ModelConfig.from_json(cfg.model)
         tokenizer = load_tokenizer(cfg.model)
@@ -188,28 +191,28 @@ class Coordinator:
         self.sched_config = scheduler_config(cfg, model_config, tokenizer, self.group.num_blocks)
         self.engine = Engine(self.group, self.sched_config, decode, num_ranks=cfg.num_workers,
                              speculative_tokens=cfg.speculative_tokens, graphs=cfg.graphs_mode() != "off",
+                             graph_prefill=not exports,
                              special_ids=tokenizer.special_ids if tokenizer else (),
                              guides=guides(tokenizer, model_config, self.sched_config),
                              kv_layout=cfg.kv_layout(model_config))
-        self._warm_up(cfg)
+        self._warm_up(cfg, decode=not exports)
         self.aengine = AsyncEngine(self.engine)
         self.metrics = Metrics(self.engine)
         self.replica_id = _replica_id()
         self._stats_log: asyncio.Task | None = None
         self._hub = None                # the app's MetricsHub (``check_health``)
-        self._depot = None              # a prefill replica's KVDepot (cluster/disagg.py), made at its first bundle
         self.prefill_tier, self.min_prefill_tokens, self.prefill_block = prefill, min_prefill_tokens, prefill_block
         self.prefill_paused_until = 0.0
         # requests asking a prefill replica for KV here: (prompt, salt, set once the KV is taken or not coming)
         self._asking: dict[str, tuple[list[int], str | None, asyncio.Event]] = {}
 
-    def _warm_up(self, cfg: EngineConfig) -> None:
+    def _warm_up(self, cfg: EngineConfig, decode: bool = True) -> None:
         """The engine's start-up warm-up (before the replica takes requests); a failure fails the replica's start."""
         tokens = cfg.resolved_warmup_tokens(self.sched_config.max_model_len)
         if not tokens:
             return
         try:
-            self.engine.warm_up(tokens, report)
+            self.engine.warm_up(tokens, report, decode)
         except BaseException:
             self.group.shutdown()
             raise

@@ -193,24 +193,23 @@ class Imports:
 
 def hold_prefix(pools: Sequence[BlockPool], prompt_ids: Sequence[int], salt: str | None,
                 lock: threading.Lock) -> tuple[int, Callable[[], None]]:
-    """The leading tokens of a prompt whose KV one of ``pools`` (the ranks' with a free seat) holds on the device, in
-    whole blocks — the prefix a decode replica does not ask a prefill replica for — and a call that releases them
-    (under ``lock``): until then they are held (not evicted: the bundle that comes continues them), where a quarter of
-    the pool stays free besides (holds while prompts are computed elsewhere must not starve the requests that run).
-    The caller holds ``lock``."""
-    blocks, held = [], None
+    """The leading tokens of a prompt whose KV one of ``pools`` (the ranks' with a free seat) holds cached, on the
+    device or in host memory, in whole blocks — the prefix a decode replica does not ask a prefill replica for — and a
+    call that releases them (under ``lock``): until then they are held (not evicted: the bundle that comes continues
+    them; the host copies pinned, ``BlockPool.pin``, and loaded when the request runs), where a quarter of the pool
+    stays free besides (holds while prompts are computed elsewhere must not starve the requests that run). The caller
+    holds ``lock``."""
+    nodes, held = [], None
     for pool in pools:
-        run = []
-        for node in pool.match(prompt_ids, root(salt)):
-            if (b := pool.block(node)) is None:       # only the host holds it: the transfer starts here
-                break
-            run.append(b)
-        idle = sum(pool.is_idle(b) for b in run)
-        if len(run) > len(blocks) and pool.num_free - idle >= pool.num_blocks // 4:
-            blocks, held = run, pool
+        run = pool.match(prompt_ids, root(salt))
+        idle = sum(b is not None and pool.is_idle(b) for b in map(pool.block, run))
+        if len(run) > len(nodes) and pool.num_free - idle >= pool.num_blocks // 4:
+            nodes, held = run, pool
     if held is None:
         return 0, lambda: None
+    blocks = [b for b in map(held.block, nodes) if b is not None]
     held.hold(blocks)
+    slots = held.pin([n for n in nodes if held.block(n) is None])       # (only the host holds these)
     released = False
 
     def release() -> None:
@@ -219,7 +218,8 @@ def hold_prefix(pools: Sequence[BlockPool], prompt_ids: Sequence[int], salt: str
             if not released:
                 released = True
                 held.free(blocks)
-    return len(blocks) * held.block_size, release
+                held.unpin(slots)
+    return len(nodes) * held.block_size, release
 
 
 class KVDepot:

@@ -355,20 +355,22 @@ class Engine:
             return sum(s.queued_tokens for s in self.schedulers)
 
     # ---- start-up ----------------------------------------------------------------------------
-    def warm_up(self, tokens: int, report: Callable[[str], None] | None = None) -> dict:
+    def warm_up(self, tokens: int, report: Callable[[str], None] | None = None, decode: bool = True) -> dict:
         """Before serving: capture every graph step of contexts up to ``tokens`` tokens (``warm_keys``: each bucket,
         dp and span, with the MTP drafting graphs after it) on pad rows, one warm step per key on every rank; then
         serve short requests, one per rank, at prompt lengths that meet the kernels' row classes (prefill and
-        sampling compile their kernels). A failure raises — a replica that cannot warm up cannot serve. The stats
-        start afresh after. Returns what was done."""
+        sampling compile their kernels). ``decode``: False for an engine that only computes prompts (a prefill
+        replica's, with ``graph_prefill`` off: it never runs a graph step) — no graphs, requests of one token. A
+        failure raises — a replica that cannot warm up cannot serve. The stats start afresh after. Returns what was
+        done."""
         start = time.perf_counter()
         keys = []
         if self.graphs and tokens > 0:
             cfg = self.config
             blocks = min(-(-tokens // cfg.block_size), -(-cfg.max_model_len // cfg.block_size), cfg.num_blocks)
             keys = warm_keys(len(self.schedulers), self.span, self.speculative_tokens, graph_widths(blocks),
-                             max(s.config.max_num_seqs for s in self.schedulers))
-            if report:
+                             max(s.config.max_num_seqs for s in self.schedulers)) if decode else []
+            if report and keys:
                 report(f"warm-up: capturing {len(keys)} graph steps (contexts up to {tokens} tokens) ...")
             for i, (key, drafts) in enumerate(keys):
                 shape = graph_shape(key[0], key[2], len(self.schedulers))
@@ -389,7 +391,7 @@ class Engine:
         lengths = sorted({min(n, top) for n in (top, top - 7, 200, 192, 128, 100, 48, 41, 24, 17, 16, 9) if n >= 1},
                          reverse=True)
         rng = random.Random(0)
-        params = SamplingParams(max_tokens=2 + self.speculative_tokens, ignore_eos=True, seed=0)
+        params = SamplingParams(max_tokens=2 + self.speculative_tokens if decode else 1, ignore_eos=True, seed=0)
         graph_prefill, self.graph_prefill = self.graph_prefill, False   # the prompts compile the eager path's kernels
         try:
             for n in lengths:

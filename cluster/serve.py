@@ -663,7 +663,7 @@ def build_app(args: dict | None = None):
     pd = ()
     if prefill is not None and prefill is not False:    # disaggregated prefill: replicas of their own, which the
         plan = prefill_plan(cfg.to_dict(), prefill)     # Coordinator's replicas ask (cluster/disagg.py)
-        pd = (_coordinator("PrefillCoordinator", plan.engine, plan.deployment), plan.min_prompt_tokens,
+        pd = (_coordinator("PrefillCoordinator", plan.engine, plan.deployment, exports=True), plan.min_prompt_tokens,
               plan.engine["block_size"])
     coord = _coordinator("Coordinator", cfg.to_dict(), scaling, *pd)
     ingress = serve.deployment(OpenAIIngress, name="OpenAIIngress", ray_actor_options={"num_cpus": 0},
@@ -671,9 +671,9 @@ def build_app(args: dict | None = None):
     return ingress.bind(coord, cfg.to_dict())
 
 
-def _coordinator(name: str, engine: dict, scaling: dict, *args):
-    """A bound Coordinator deployment: ``engine``'s model replicas, scaled by ``scaling`` (``args``: the rest of
-    ``Coordinator``'s)."""
+def _coordinator(name: str, engine: dict, scaling: dict, *args, **kwargs):
+    """A bound Coordinator deployment: ``engine``'s model replicas, scaled by ``scaling`` (``args``, ``kwargs``: the
+    rest of ``Coordinator``'s)."""
     from cluster.coordinator import Coordinator
 
     scaling = dict(scaling)
@@ -682,8 +682,9 @@ def _coordinator(name: str, engine: dict, scaling: dict, *args):
 
         scaling["request_router_config"] = RequestRouterConfig(
             request_router_class="cluster.routing.PrefixAffinityRouter")
-    return serve.deployment(Coordinator, name=name, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=4096,
-                            health_check_period_s=10, health_check_timeout_s=60, **scaling).bind(engine, *args)
+    deployment = serve.deployment(Coordinator, name=name, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=4096,
+                                  health_check_period_s=10, health_check_timeout_s=60, **scaling)
+    return deployment.bind(engine, *args, **kwargs)
 
 
 # Requests an ingress replica holds at once (each a stream it relays). Beyond what the engine admits — running

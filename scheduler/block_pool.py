@@ -75,9 +75,11 @@ class BlockPool:
         self._host_free: list[int] = list(range(host_blocks - 1, -1, -1))
         self._host_lru: OrderedDict[int, None] = OrderedDict()   # slots in use, least recently used first
         self._node_of_slot: dict[int, int] = {}
+        self._pins: Counter[int] = Counter()      # slot -> holds that keep it from eviction (``pin``)
         self._saves: dict[int, int] = {}          # slot -> block: device → host, before the next step's loads (a
                                                   # slot taken again in one plan: the last save only)
         self._loads: list[tuple[int, int]] = []    # (slot, block): host → device, before the next step's forward
+        self._written: list[tuple[int, int]] = []  # (block, node): adopted, written by the step being planned
 
     @property
     def num_free(self) -> int:
@@ -182,6 +184,22 @@ class BlockPool:
                 del self._idle[b]
             self._refs[b] += 1
 
+    def pin(self, nodes: Sequence[int]) -> list[int]:
+        """Keep the host copies of ``nodes`` (held only there: a prefix whose rest another replica computes,
+        ``cluster/disagg.py``) from eviction until ``unpin``; returns their slots. A copy that needs a slot while every
+        slot is pinned is not made."""
+        slots = [self._nodes[n].slot for n in nodes]
+        self._pins.update(slots)
+        return slots
+
+    def unpin(self, slots: Sequence[int]) -> None:
+        """Release ``pin``'s holds (those a cleared cache dropped are gone already)."""
+        for slot in slots:
+            if self._pins[slot] > 1:
+                self._pins[slot] -= 1
+            else:
+                self._pins.pop(slot, None)
+
     def is_cached(self, block_id: int) -> bool:
         return block_id in self._node_of_block
 
@@ -214,18 +232,16 @@ class BlockPool:
         n, self._next_node = self._next_node, self._next_node + 1
         node = self._nodes[n] = _Node(key, block_id)
         self._node_of_key[key], self._node_of_block[block_id] = n, n
-        if self.host_blocks:
-            node.slot = self._host_slot()
-            self._node_of_slot[node.slot] = n
-            self._saves[node.slot] = block_id
+        self._copy_to_host(n, block_id)
         return n
 
     def adopt(self, parent: int | tuple, tokens: tuple[int, ...], pending: bool = False) -> tuple[int, int | None]:
         """Cache a block whose KV comes from elsewhere (another replica's prefill, ``cluster/disagg.py``): ``parent``
         and ``tokens`` as ``register``'s. Returns (the node, a fresh device block the caller writes the KV into before
         the next step's forward — None where the key is cached already). The block is held by no one (idle, evicted as
-        any cached block) and gets no host copy: a save would run before the write. ``pending``: its write goes with a
-        later step — the block is held and no match reaches it until ``settle``."""
+        any cached block) and gets no host copy (its save would run before the write). ``pending``: its write goes
+        with a later step — the block is held, no match reaches it until ``settle``, and its host copy is made the step
+        after its write."""
         key = (parent, tokens)
         assert len(tokens) == self.block_size + 1, len(tokens)
         if (n := self._node_of_key.get(key)) is not None:
@@ -240,16 +256,24 @@ class BlockPool:
 
     def settle(self, blocks: Sequence[int]) -> None:
         """Pending adopted blocks whose write goes with the coming step: matches reach them, and they idle as any
-        cached block (blocks no longer cached — the cache was cleared meanwhile — are just released)."""
+        cached block (blocks no longer cached — the cache was cleared meanwhile — are just released). With a host tier
+        each is copied there by the step after (``drain``: saves run before a step's writes)."""
         for b in blocks:
             if (n := self._node_of_block.get(b)) is not None:
                 self._nodes[n].pending = False
+                if self.host_blocks:
+                    self._written.append((b, n))
         self.free(blocks)
 
     def drain(self) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
-        """The copies the next step runs first: (saves, loads), handed over once."""
+        """The copies the next step runs first: (saves, loads), handed over once. The blocks settled for this step get
+        their saves with the next one (those evicted meanwhile, none)."""
         out = tuple((b, slot) for slot, b in self._saves.items()), tuple(self._loads)
         self._saves, self._loads = {}, []
+        written, self._written = self._written, []
+        for b, n in written:
+            if self._node_of_block.get(b) == n and self._nodes[n].slot is None:
+                self._copy_to_host(n, b)
         return out
 
     def clear_cache(self) -> None:
@@ -263,14 +287,26 @@ class BlockPool:
         self._host_free = list(range(self.host_blocks - 1, -1, -1))
         self._host_lru.clear()
         self._node_of_slot.clear()
-        self._saves, self._loads = {}, []
+        self._pins.clear()
+        self._saves, self._loads, self._written = {}, [], []
 
-    def _host_slot(self) -> int:
-        """A host slot for a new copy: a free one, else the least recently used one's (that node loses its copy)."""
+    def _copy_to_host(self, n: int, block_id: int) -> None:
+        """With a host tier, node ``n`` gets a slot and its block a save (none where every slot is pinned)."""
+        if self.host_blocks and (slot := self._host_slot()) is not None:
+            self._nodes[n].slot = slot
+            self._node_of_slot[slot] = n
+            self._saves[slot] = block_id
+
+    def _host_slot(self) -> int | None:
+        """A host slot for a new copy: a free one, else the least recently used one's that is not pinned (that node
+        loses its copy); None where every slot is pinned."""
         if self._host_free:
             slot = self._host_free.pop()
         else:
-            slot, _ = self._host_lru.popitem(last=False)
+            slot = next((s for s in self._host_lru if s not in self._pins), None)
+            if slot is None:
+                return None
+            del self._host_lru[slot]
             n = self._node_of_slot.pop(slot)
             self._nodes[n].slot = None
             self._forget_if_gone(n)

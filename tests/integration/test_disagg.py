@@ -169,6 +169,31 @@ def test_a_conversations_next_turn_moves_only_the_kv_the_decode_replica_lacks(mo
     assert dec.num_free_blocks() == 2048 // to_bs and pre.num_free_blocks() == 128 and not pre._exports
 
 
+def test_a_next_turn_held_only_in_host_memory_is_loaded_there_not_asked_for(model):
+    """Turn 1 came as a bundle (its blocks copied to host memory the step after their write) and was evicted from the
+    decode engine's device by another prompt: turn 2 holds its prefix in the host tier (pinned: a third prompt's host
+    copies pass over it), asks only for the KV past it, loads it back and decodes one engine's tokens."""
+    vocab = model.config.vocab_size
+    pre, dec, one = make_engine(model), make_engine(model, blocks=16, host=24), make_engine(model, caching=False)
+    params = SamplingParams(max_tokens=10, temperature=0.0)
+    turn = ids(45, 80, vocab)
+    out = decode(dec, turn, params, prefill(pre, turn, params, "p1"), "d1")
+    decode(dec, ids(250, 81, vocab), SamplingParams(max_tokens=1), None, "x")      # fills the device
+    nxt, pool = turn + out + ids(30, 82, vocab), dec.scheduler.pool
+    assert [pool.block(n) for n in pool.match(nxt)] == [None] * 3
+    start, release = dec.hold_prefix(nxt, None)
+    assert start == 3 * BS
+    decode(dec, ids(200, 83, vocab), SamplingParams(max_tokens=1), None, "y")      # 12 host copies: 6 evict others
+    assert len(pool.match(nxt)) == 3
+    bundle = prefill(pre, nxt, params, "p2", start)
+    imported, loads = dec.stats["kv_imported_tokens"], dec.scheduler.host_loads
+    got = decode(dec, nxt, params, bundle, "d2")
+    release()
+    assert got == run_engine(one, {"r": (nxt, params)})["r"]
+    assert dec.stats["kv_imported_tokens"] - imported == 80 - start and dec.scheduler.host_loads - loads == 3
+    assert dec.num_free_blocks() == 16 and not pool._pins
+
+
 def test_fp8_kv_moves_as_packed_rows(model):
     prompt = ids(60, 3, model.config.vocab_size)
     pre, dec, one = make_engine(model, fp8=True), make_engine(model, fp8=True), make_engine(model, fp8=True)
@@ -248,7 +273,7 @@ def test_an_import_may_take_blocks_whose_save_to_host_memory_is_pending(model):
     arrives meanwhile into a full pool takes them: the step saves them before it writes the import, so the prompt comes
     back from host memory intact."""
     vocab = model.config.vocab_size
-    pre, dec = make_engine(model), make_engine(model, blocks=8, host=8)
+    pre, dec = make_engine(model), make_engine(model, blocks=8, host=16)
     first, other = ids(49, 60, vocab), ids(113, 61, vocab)
     one = SamplingParams(max_tokens=1, temperature=0.0, logprobs=0)
     decode(dec, first, one, None, "a")                     # 3 blocks cached, their saves due with the next step
@@ -312,7 +337,7 @@ def test_an_import_whose_request_never_runs_waits_for_the_pending_host_saves(mod
     step that writes the import (its rank plans no rows) still runs those saves first, so the prompt they hold comes
     back from host memory intact."""
     vocab = model.config.vocab_size
-    pre, dec = make_engine(model), make_engine(model, blocks=8, host=8)
+    pre, dec = make_engine(model), make_engine(model, blocks=8, host=16)
     first, other = ids(49, 60, vocab), ids(113, 61, vocab)
     decode(dec, first, SamplingParams(max_tokens=1, temperature=0.0), None, "a")
     dec.add_request(other, GREEDY, "b", kv=prefill(pre, other, GREEDY))

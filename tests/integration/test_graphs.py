@@ -156,6 +156,27 @@ def test_warm_up_runs_every_served_graph_key_and_changes_nothing(model, k):
         assert set(runner.draft_graphs.runs) <= drafting, (sorted(runner.draft_graphs.runs, key=str), drafting)
 
 
+def test_a_prefill_only_engine_runs_no_graph_step(model):
+    """A prefill replica's engine (``graph_prefill`` off, ``warm_up(decode=False)``: ``Coordinator(exports=True)``)
+    warms up without a graph step, and its prompts of one token — short ones, and cached prompts' tails of 1–3 tokens,
+    which ride graph steps where prompt chunks may — run none either, and sample an engine's without graphs."""
+    g = torch.Generator().manual_seed(31)
+    head = torch.randint(40, model.config.vocab_size, (40,), generator=g).tolist()
+    one = SamplingParams(max_tokens=1, temperature=0.0)
+    rounds = [{"a": (head, one), "b": (head[:7], one)},
+              {f"t{n}": (head[:BLOCK * 2] + [50 + n] * n, one) for n in (1, 2, 3)}]
+    plain = make_engine(model, graphs=False, caching=True)
+    want = [run(plain, reqs) for reqs in rounds]
+    for prefill_only in (True, False):
+        engine = make_engine(model, graphs=True, caching=True)
+        engine.graph_prefill = not prefill_only
+        done = engine.warm_up(48, decode=not prefill_only)
+        assert (done["graph_steps"] == 0) == prefill_only and bool(graph_runs(engine)) != prefill_only
+        graph_runs(engine).clear()
+        assert [run(engine, reqs) for reqs in rounds] == want
+        assert bool(graph_runs(engine)) != prefill_only, graph_runs(engine)     # (tails ride graph steps otherwise)
+
+
 def test_warm_keys_follow_the_step_shapes():
     """One process: every dp bucket, drafts after the buckets a solo verify of 1 + 3 rows lands in; a group with
     span steps: drafts after a one-row dp step and on the span buckets; without speculation no drafting graphs."""

@@ -1,6 +1,7 @@
 """Disaggregated prefill's pure parts (``cluster/disagg.py``): a block adopted from another replica's KV (the pool's
-keys, idle and evictable, no host copy), a bundle taken into a pool of another block size or too few free blocks, the
-cache's layout and block rows, and the application's ``prefill`` settings (each error names its field)."""
+keys, idle and evictable, a host copy the step after its write), a bundle taken into a pool of another block size or
+too few free blocks, the cache's layout and block rows, and the application's ``prefill`` settings (each error names
+its field)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,20 @@ def test_an_adopted_block_is_cached_idle_and_found_by_its_key():
     assert pool.num_host_cached == 0 and pool.drain() == ((), ())  # no host copy, no save
     pool.allocate(4)                                             # evicted as any idle cached block
     assert pool.match([1, 2, 3, 9]) == [] and not pool.is_cached(block)
+
+
+def test_a_settled_adopted_block_is_copied_to_the_host_by_the_step_after_its_write():
+    """A pending adoption's write goes with the step that settles it; its save to host memory with the next one (a
+    step's saves run before its writes) — none where that step's own plan evicted it."""
+    pool = BlockPool(4, 2, host_blocks=4)
+    (a, ba), (_, bb) = pool.adopt(ROOT, (1, 2, 3), pending=True), pool.adopt(ROOT, (4, 5, 6), pending=True)
+    pool.settle([ba, bb])                           # the step being planned writes them
+    fresh = pool.allocate(3)                        # and its plan evicts b's block (the least recently released)
+    assert pool.drain() == ((), ()) and pool.match([4, 5, 6]) == []
+    assert pool.drain() == (((ba, 0),), ()) and pool.num_host_cached == 1 and pool.drain() == ((), ())
+    pool.free(fresh)
+    pool.allocate(4)                                # a's device block evicted: its host copy holds it
+    assert pool.match([1, 2, 3]) == [a] and pool.block(a) is None
 
 
 def test_a_bundle_is_adopted_in_the_pools_own_blocks():

@@ -146,6 +146,39 @@ def test_a_block_registered_where_only_the_host_held_its_key_becomes_its_device_
     assert pool.drain() == (((b[0], 0),), ())       # no second host copy
 
 
+def test_a_pinned_host_copy_is_not_evicted_and_a_tier_all_pinned_copies_nothing():
+    """``pin``: the host's LRU passes over pinned slots (the next unpinned one goes); with every slot pinned a new
+    block gets no host copy (its device eviction forgets it); ``unpin`` counts holds, and a cleared cache drops them."""
+    pool = BlockPool(6, 2, host_blocks=2)
+    ids, other, third = [5, 6, 7, 8, 9], [1, 2, 3], [4, 4, 4]
+    blocks = pool.allocate(2)
+    nodes = _register(pool, blocks, ids)
+    pool.drain()
+    pool.free(blocks)
+    pool.allocate(6)                                # both evicted from the device: only the host holds them
+    pool.free(list(range(6)))
+    slots = pool.pin(nodes[:1]) + pool.pin(nodes[:1])   # ids' first block (its LRU slot), held twice
+    b = pool.allocate(1)
+    pool.register(b[0], ROOT, tuple(other))          # takes the unpinned slot (ids' second block's)
+    assert pool.drain()[0] == ((b[0], 1),) and _blocks(pool, ids) == [None]
+    pin2 = pool.pin(pool.match(other))
+    c = pool.allocate(1)
+    pool.register(c[0], ROOT, tuple(third))          # every slot pinned: no host copy
+    assert pool.drain() == ((), ()) and pool.num_host_cached == 2
+    pool.free(b + c)
+    pool.allocate(6)                                 # evicted from the device: third is gone, the pinned ones stay
+    pool.free(list(range(6)))
+    assert pool.match(third) == [] and _blocks(pool, ids) == [None] and _blocks(pool, other) == [None]
+    pool.unpin(slots[:1])
+    pool.unpin(pin2)
+    d = pool.allocate(1)
+    pool.register(d[0], ROOT, tuple(third))          # ids' slot is still pinned once: other's goes
+    assert pool.drain()[0] == ((d[0], 1),) and _blocks(pool, ids) == [None] and pool.match(other) == []
+    pool.clear_cache()
+    pool.unpin(slots[1:])                            # (a hold the cleared cache dropped)
+    assert not pool._pins
+
+
 def test_host_kv_moves_whole_blocks_of_every_layer():
     """HostKV: a save then a load round-trips every cache tensor's block (the MTP layer's and the indexer's too); a load
     reading a slot the save still holds back (written into place at the next copy) gets it."""
