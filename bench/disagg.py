@@ -219,9 +219,9 @@ async def _workload(url: str, seconds: float) -> dict:
             "long_ttft_p50": statistics.median(ttfts) * 1e3, "long_ttft_max": max(ttfts) * 1e3}
 
 
-def _runs(workload, rounds: int, pd: dict | None = None) -> dict[str, list[dict]]:
+def _runs(workload, rounds: int, pd: dict | None = None, engine: dict | None = None) -> dict[str, list[dict]]:
     """``workload(url)`` against each setup (the same hardware split two ways; ``pd``: a third, disaggregated with
-    these prefill settings), ``rounds`` times, alternating."""
+    these prefill settings; ``engine``: engine config fields for every replica), ``rounds`` times, alternating."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
@@ -235,7 +235,7 @@ def _runs(workload, rounds: int, pd: dict | None = None) -> dict[str, list[dict]
     port = 18971
     serve.start(http_options={"host": "127.0.0.1", "port": port},
                 logging_config={"enable_access_log": False, "log_level": "WARNING"})
-    base = {"model": DEFAULT_MODEL, "device": "cpu", "max_num_batched_tokens": 512}
+    base = {"model": DEFAULT_MODEL, "device": "cpu", "max_num_batched_tokens": 512, **(engine or {})}
     setups = {"2 replicas (prefill + decode in each)": {**base, "num_replicas": 2},
               "1 prefill + 1 decode replica": {**base, "prefill": {"num_replicas": 1}}}
     if pd:
@@ -316,11 +316,13 @@ async def _turns(url: str, conversations: int, turns: int) -> dict:
             "later_ttft_max": max(later) * 1e3, "kv_moved_tokens": moved, "wall_s": wall}
 
 
-def turns_ab(conversations: int, turns: int, rounds: int, out: Path) -> None:
-    results = _runs(lambda url: _turns(url, conversations, turns), rounds, {"min_prompt_tokens": 256})
+def turns_ab(conversations: int, turns: int, rounds: int, out: Path, engine: dict) -> None:
+    results = _runs(lambda url: _turns(url, conversations, turns), rounds, {"min_prompt_tokens": 256}, engine)
     lines = ["# Multi-turn conversations, disaggregated prefill over HTTP (CPU, tiny model)", "",
              f"`PYTHONPATH=. python bench/disagg.py turns --conversations {conversations} --turns {turns} --rounds "
-             f"{rounds}` — {time.strftime('%Y-%m-%d %H:%M')}; 2 cores. {conversations} conversations at once, each a "
+             f"{rounds}{''.join(f' --{k.replace(chr(95), chr(45))} {v}' for k, v in engine.items())}` — "
+             f"{time.strftime('%Y-%m-%d %H:%M')}; 2 cores{f', every replica {json.dumps(engine)}' if engine else ''}. "
+             f"{conversations} conversations at once, each a "
              f"first prompt of ~1100 tokens, then {turns - 1} turns that repeat the history and add ~45 tokens "
              "(16-token answers). KV moved: prompt tokens whose KV the prefill replica sent.", "",
              "| setup | turn 1 TTFT p50 (ms) | later turns' TTFT p50 / max (ms) | KV moved (tokens) | wall (s) |",
@@ -330,7 +332,7 @@ def turns_ab(conversations: int, turns: int, rounds: int, out: Path) -> None:
             lines.append(f"| {name} | {res['turn1_ttft_p50']:.0f} | {res['later_ttft_p50']:.0f} / "
                          f"{res['later_ttft_max']:.0f} | {res['kv_moved_tokens']:.0f} | {res['wall_s']:.1f} |")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "disagg_turns_cpu.md").write_text("\n".join(lines) + "\n")
+    (out / f"disagg_turns_cpu{'_kv' if engine else ''}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
@@ -361,12 +363,12 @@ def stall(device: str, slice_: bool, token_counts: list[int], streams: int, fp8:
                            kv_cache_dtype="fp8" if fp8 else "auto", warmup_tokens=answer + 512)
         print("building the engine ...", flush=True)
         engine, _ = build_local_engine(cfg, progress=False)
-    taken: list[int] = []
+    taken = [0]                                     # bytes written by the step under way (every rank's)
     take = engine._take_imports
 
     def counted(rank: int) -> list[tuple]:
         writes = take(rank)
-        taken.append(sum(r.nbytes for _, rows in writes for r in rows))
+        taken[0] += sum(r.nbytes for _, rows in writes for r in rows)
         return writes
 
     engine._take_imports = counted
@@ -395,14 +397,13 @@ def stall(device: str, slice_: bool, token_counts: list[int], streams: int, fp8:
         prompt = [rng.randrange(40, vocab) for _ in range(tokens + 8)]
         bundle = KVBundle(tuple(prompt[:tokens + 1]), engine.kv_layout, False,
                           tuple(np.zeros((tokens, w * _itemsize(d)), np.uint8) for w, d in engine.kv_layout))
-        taken.clear()
         t0 = time.perf_counter()
         engine.add_request(prompt, SamplingParams(max_tokens=4, ignore_eos=True), f"kv{n}", kv=bundle)
         steps, first = [], None
         while first is None:
-            s0 = time.perf_counter()
+            s0, taken[0] = time.perf_counter(), 0
             events = engine.step()
-            steps.append(((time.perf_counter() - s0) * 1e3, taken[-1] if taken else 0))
+            steps.append(((time.perf_counter() - s0) * 1e3, taken[0]))
             if any(e.req_id == f"kv{n}" and e.token_ids for e in events):
                 first = (time.perf_counter() - t0) * 1e3
         writing = [i for i, (_, b) in enumerate(steps) if b]
@@ -411,8 +412,9 @@ def stall(device: str, slice_: bool, token_counts: list[int], streams: int, fp8:
         base = statistics.median(plain)
         busy = f"{statistics.median(before):.1f}" if before else "—"
         cost = f"{statistics.median(before) - base:.1f}" if before else "—"
-        lines.append(f"| {tokens} | {mb:.0f} | {len(writing)} | {mb / len(writing):.0f} | {base:.1f} / {busy} / "
-                     f"{steps[writing[-1]][0]:.1f} | {cost} | {first:.0f} |")
+        last = f"{steps[writing[-1]][0]:.1f}" if writing else "— (nothing written: the pool had no room)"
+        lines.append(f"| {tokens} | {mb:.0f} | {len(writing)} | {mb / max(len(writing), 1):.0f} | {base:.1f} / "
+                     f"{busy} / {last} | {cost} | {first:.0f} |")
         print(lines[-1], flush=True)
         for i in range(streams):
             engine.abort(f"s{n}.{i}")
@@ -440,6 +442,8 @@ def main() -> None:
     m.add_argument("--turns", type=int, default=6)
     m.add_argument("--rounds", type=int, default=2)
     m.add_argument("--out", type=Path, default=Path("bench/results/session50"))
+    m.add_argument("--kv-cache-tokens", type=int, default=None, help="each replica's KV pool (a small one evicts)")
+    m.add_argument("--host-kv-cache-tokens", type=int, default=None, help="each replica's host tier")
     st = sub.add_parser("stall")
     st.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     st.add_argument("--slice", action="store_true", help="the GLM-5.2-width slice, random FP8 weights (a GPU)")
@@ -453,7 +457,8 @@ def main() -> None:
     elif a.what == "transfer":
         transfer(a.device, a.tokens, a.out)
     elif a.what == "turns":
-        turns_ab(a.conversations, a.turns, a.rounds, a.out)
+        engine = {k: v for k in ("kv_cache_tokens", "host_kv_cache_tokens") if (v := getattr(a, k)) is not None}
+        turns_ab(a.conversations, a.turns, a.rounds, a.out, engine)
     else:
         serve_ab(a.seconds, a.rounds, a.out)
 

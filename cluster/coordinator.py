@@ -12,10 +12,18 @@ import contextvars
 import logging
 import time
 from collections import deque
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator
 
 from cluster.config import EngineConfig
-from cluster.disagg import KVBundle, PrefillResult, fetch_bundle, new_depot, prefill_params, stage_bundle
+from cluster.disagg import (
+    HeldPrefix,
+    KVBundle,
+    PrefillResult,
+    fetch_bundle,
+    new_depot,
+    prefill_params,
+    stage_bundle,
+)
 from cluster.engine import AsyncEngine, Engine, TokenEvent
 from cluster.local import guides, load_tokenizer, report, report_pool, scheduler_config
 from cluster.metrics_hub import app_metrics_hub
@@ -191,11 +199,11 @@ class Coordinator:
         self.sched_config = scheduler_config(cfg, model_config, tokenizer, self.group.num_blocks)
         self.engine = Engine(self.group, self.sched_config, decode, num_ranks=cfg.num_workers,
                              speculative_tokens=cfg.speculative_tokens, graphs=cfg.graphs_mode() != "off",
-                             graph_prefill=not exports,
+                             prompts_only=exports,
                              special_ids=tokenizer.special_ids if tokenizer else (),
                              guides=guides(tokenizer, model_config, self.sched_config),
                              kv_layout=cfg.kv_layout(model_config))
-        self._warm_up(cfg, decode=not exports)
+        self._warm_up(cfg)
         self.aengine = AsyncEngine(self.engine)
         self.metrics = Metrics(self.engine)
         self.replica_id = _replica_id()
@@ -206,13 +214,13 @@ class Coordinator:
         # requests asking a prefill replica for KV here: (prompt, salt, set once the KV is taken or not coming)
         self._asking: dict[str, tuple[list[int], str | None, asyncio.Event]] = {}
 
-    def _warm_up(self, cfg: EngineConfig, decode: bool = True) -> None:
+    def _warm_up(self, cfg: EngineConfig) -> None:
         """The engine's start-up warm-up (before the replica takes requests); a failure fails the replica's start."""
         tokens = cfg.resolved_warmup_tokens(self.sched_config.max_model_len)
         if not tokens:
             return
         try:
-            self.engine.warm_up(tokens, report, decode)
+            self.engine.warm_up(tokens, report)
         except BaseException:
             self.group.shutdown()
             raise
@@ -233,20 +241,24 @@ class Coordinator:
         """Stream the request's events; a refused request's one event carries its AdmissionError (``refused``). With
         prefill replicas, the part of the prompt not cached here may be computed there first (``_prefilled``)."""
         arrival = last = time.monotonic()
-        first, finished, release = True, False, None
+        first, finished, held = True, False, None
         if self._stats_log is None and self.cfg.log_stats_interval_s > 0:      # a context of its own: not this request's
             self._stats_log = contextvars.Context().run(asyncio.get_running_loop().create_task,
                                                         self._log_stats(self.cfg.log_stats_interval_s))
         try:
-            bundle, release = None, None
+            bundle = None
             if self.prefill_tier is not None:       # disaggregated prefill: the rest of the prompt computed there
-                bundle, release = await self._prefilled(prompt_ids, params, req_id)
-            # the cached prefix the KV continues is held until the engine has the request (its blocks then adopted)
-            stream = self.aengine.generate(prompt_ids, params, req_id, kv=bundle, added=release)
+                bundle, held = await self._prefilled(prompt_ids, params, req_id)
+            # the cached prefix the KV continues is held (``HeldPrefix``): its device blocks until the engine has the
+            # request (their hold then its adoption's), its host copies until its first step has loaded them
+            stream = self.aengine.generate(prompt_ids, params, req_id, kv=bundle,
+                                           added=held.admitted if held is not None else None)
             bundle = None           # (the rows are freed once the engine has written them, not at the answer's end)
             async for ev in stream:
                 if first:               # (its prompt's KV is here: settled, matchable — not only adopted)
                     self._asked_end(req_id)
+                    if held is not None:
+                        held.release()
                 now = time.monotonic()
                 self.metrics.observe(ev, now, last if not first else arrival, first, arrival)
                 if ev.token_ids:
@@ -262,33 +274,33 @@ class Coordinator:
             self.metrics.refused.labels(e.reason).inc()      # log each refusal as an ERROR with its traceback
             yield TokenEvent(req_id, [], "", True, FinishReason.ABORT, error=str(e), refused=e)
         finally:
-            if release is not None:         # (where the engine never saw the request)
-                release()
+            if held is not None:            # (where the engine never saw the request, or it gave no token)
+                held.release()
             self._asked_end(req_id)
 
     async def _prefilled(self, ids: list[int], params: SamplingParams,
-                         req_id: str) -> tuple[KVBundle | None, Callable[[], None] | None]:
+                         req_id: str) -> tuple[KVBundle | None, HeldPrefix | None]:
         """Disaggregated prefill, a decode replica's side: the KV of the prompt past what this replica holds cached,
-        computed by a prefill replica — (the bundle, the release of the cached prefix it continues, held meanwhile) —
+        computed by a prefill replica — (the bundle, the cached prefix it continues, held meanwhile) —
         or (None, ...) where this replica computes the rest itself: a rest shorter than ``min_prefill_tokens`` or a
         block, a request for its prompt's logprobs (computed where it runs), a prefill replica that failed or refused
         it for other reasons than a full queue (a full prefill tier is the client's 429: raised), a bundle lost or not
         fitting this replica (``KVTransferError`` names why), or no prefill replica taking it within
         ``PREFILL_REACH_S`` or answering within ``PREFILL_WAIT_S`` (their tier is down, restarting or stuck: the next
-        ``PREFILL_PAUSE_S`` of requests do not try). The held prefix is released once the engine has the request."""
+        ``PREFILL_PAUSE_S`` of requests do not try)."""
         if params.prompt_logprobs is not None or time.monotonic() < self.prefill_paused_until:
             return None, None
-        start, release = self.engine.hold_prefix(ids, params.cache_salt)
-        while (asked := self._asked(ids, params.cache_salt, start)) is not None:
-            release()           # another request asks for most of this one's rest: its KV is here soon, cached
+        held = self.engine.hold_prefix(ids, params.cache_salt)
+        while (asked := self._asked(ids, params.cache_salt, held.start)) is not None:
+            held.release()      # another request asks for most of this one's rest: its KV is here soon, cached
             await asked.wait()
             if time.monotonic() < self.prefill_paused_until:       # that ask found no prefill replica
                 return None, None
-            start, release = self.engine.hold_prefix(ids, params.cache_salt)
-        log = logging.getLogger("ray.serve")
+            held = self.engine.hold_prefix(ids, params.cache_salt)
+        log, start = logging.getLogger("ray.serve"), held.start
         if not self._worth_asking(len(ids), start):
             self.metrics.local_prompts.labels("cached" if self._worth_asking(len(ids), 0) else "short").inc()
-            release()
+            held.release()
             return None, None
         self._ask(req_id, ids, params.cache_salt)
         gen, done = self.prefill_tier.options(stream=True).prefill.remote(ids, params, req_id, start), False
@@ -301,27 +313,27 @@ class Coordinator:
                 self.prefill_paused_until = time.monotonic() + PREFILL_PAUSE_S
                 log.warning("glmserve: prefill of %s failed (%s); this replica computes prompts for %.0f s", req_id,
                             type(e).__name__, PREFILL_PAUSE_S)
-                return None, release
+                return None, held
             finally:
                 if not done:
                     gen.cancel()
             if res.refused is not None and res.refused.reason == "queue_full":
                 raise res.refused
             if res.bundle is None:
-                return None, release
+                return None, held
             bundle = await fetch_bundle(res.bundle)
             self.engine.check_kv(ids, bundle)
-            return bundle, release
+            return bundle, held
         except AdmissionError:
-            release()
+            held.release()
             self._asked_end(req_id)
             raise
         except Exception as e:  # noqa: BLE001 — its prefill replica died, the object was lost, or the replicas
             log.warning("glmserve: KV of %s not taken (%s: %s); computing its prompt", req_id, type(e).__name__, e)
             self.metrics.kv_lost.inc()      # disagree (a deploy error: KVTransferError names it): computed here
-            return None, release
+            return None, held
         except BaseException:           # cancelled: the client went away
-            release()
+            held.release()
             self._asked_end(req_id)
             raise
 

@@ -26,7 +26,8 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from itertools import takewhile
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -191,35 +192,51 @@ class Imports:
         self.queue.clear()
 
 
+class HeldPrefix:
+    """The prefix of a prompt that a decode replica holds cached while a prefill replica computes the rest
+    (``hold_prefix``): ``start`` tokens on one rank. Its device blocks are held until ``admitted`` (the engine has the
+    request: ``AsyncEngine.generate``'s ``added``), its host copies pinned until ``release`` (the request's first token:
+    its first step loaded them; or its end) — so that nothing evicts them before the request takes them. Each once,
+    under the engine's lock."""
+
+    def __init__(self, start: int = 0, pool: BlockPool | None = None, blocks: Sequence[int] = (),
+                 pinned: Sequence[int] = (), lock: threading.Lock | None = None) -> None:
+        self.start, self._pool, self._blocks, self._pinned, self._lock = start, pool, blocks, pinned, lock
+
+    def admitted(self) -> None:
+        if self._blocks:
+            with self._lock:
+                blocks, self._blocks = self._blocks, ()
+                self._pool.free(blocks)
+
+    def release(self) -> None:
+        self.admitted()
+        if self._pinned:
+            with self._lock:
+                pinned, self._pinned = self._pinned, ()
+                self._pool.unpin(pinned)
+
+
 def hold_prefix(pools: Sequence[BlockPool], prompt_ids: Sequence[int], salt: str | None,
-                lock: threading.Lock) -> tuple[int, Callable[[], None]]:
-    """The leading tokens of a prompt whose KV one of ``pools`` (the ranks' with a free seat) holds cached, on the
-    device or in host memory, in whole blocks — the prefix a decode replica does not ask a prefill replica for — and a
-    call that releases them (under ``lock``): until then they are held (not evicted: the bundle that comes continues
-    them; the host copies pinned, ``BlockPool.pin``, and loaded when the request runs), where a quarter of the pool
-    stays free besides (holds while prompts are computed elsewhere must not starve the requests that run). The caller
-    holds ``lock``."""
-    nodes, held = [], None
+                lock: threading.Lock) -> HeldPrefix:
+    """The leading blocks of a prompt that one of ``pools`` (the ranks' with a free seat) holds cached — the prefix a
+    decode replica does not ask a prefill replica for — held (``HeldPrefix``): the bundle that comes continues them.
+    Their device blocks are held where a quarter of the pool stays free besides (holds while prompts are computed
+    elsewhere must not starve the requests that run); else only blocks with a host copy count, which pins hold. The
+    caller holds ``lock``."""
+    best: tuple | None = None
     for pool in pools:
         run = pool.match(prompt_ids, root(salt))
-        idle = sum(b is not None and pool.is_idle(b) for b in map(pool.block, run))
-        if len(run) > len(nodes) and pool.num_free - idle >= pool.num_blocks // 4:
-            nodes, held = run, pool
-    if held is None:
-        return 0, lambda: None
-    blocks = [b for b in map(held.block, nodes) if b is not None]
-    held.hold(blocks)
-    slots = held.pin([n for n in nodes if held.block(n) is None])       # (only the host holds these)
-    released = False
-
-    def release() -> None:
-        nonlocal released
-        with lock:
-            if not released:
-                released = True
-                held.free(blocks)
-                held.unpin(slots)
-    return len(nodes) * held.block_size, release
+        blocks = [b for b in map(pool.block, run) if b is not None]
+        if pool.num_free - sum(map(pool.is_idle, blocks)) < pool.num_blocks // 4:
+            run, blocks = list(takewhile(pool.has_host_copy, run)), []
+        if run and (best is None or len(run) > len(best[2])):
+            best = pool, blocks, run
+    if best is None:
+        return HeldPrefix()
+    pool, blocks, run = best
+    pool.hold(blocks)
+    return HeldPrefix(len(run) * pool.block_size, pool, blocks, pool.pin(run), lock)
 
 
 class KVDepot:

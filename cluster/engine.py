@@ -46,6 +46,7 @@ from workers.runner import NewRequest, StepResult, WorkerStep
 from workers.sampler import StepMasks
 
 if TYPE_CHECKING:
+    from cluster.disagg import HeldPrefix
     from cluster.guided import Budget, Guide, Guides, Prefix
 
 __all__ = ["AdmissionError", "AsyncEngine", "Engine", "GroupFailure", "LocalExecutor", "TokenEvent"]
@@ -139,7 +140,8 @@ class Engine:
     graph step's tokens sampled on the device, and tell them when the next step is that one (``WorkerStep.lookahead``
     / ``use_ahead``, decided here for all ranks alike; ``workers/runner.py``; off: for A/B measurements).
     ``graph_prefill``: prompt chunks ride graph steps too when the step fits a bucket that a rank's decode steps can
-    fill (``graph_key``; off: for A/B measurements).
+    fill (``graph_key``; off: for A/B measurements). ``prompts_only``: an engine that only computes prompts (a prefill
+    replica's) runs no graph step — a last chunk of one token looks like a decode row — and captures none.
     ``kv_layout`` (``KVCache.layout`` of the workers' caches): a request may bring its prompt's KV computed by another
     replica (``add_request``'s ``kv``) or send its own back (``export_kv``): disaggregated prefill
     (``cluster/disagg.py``).
@@ -148,7 +150,8 @@ class Engine:
     def __init__(self, executor: Executor, config: SchedulerConfig,
                  decode: Callable[[Sequence[int]], str] | None = None, num_ranks: int = 1, span: bool = True,
                  speculative_tokens: int = 0, graphs: bool = False, lookahead: bool = True, graph_prefill: bool = True,
-                 special_ids: Collection[int] = (), guides: Guides | None = None, kv_layout: tuple | None = None):
+                 prompts_only: bool = False, special_ids: Collection[int] = (), guides: Guides | None = None,
+                 kv_layout: tuple | None = None):
         self.executor, self.config, self.decode, self.span = executor, config, decode, span
         self.kv_layout = kv_layout
         # request -> (the prompt tokens its KV bundle covers, the position its rows start at)
@@ -159,6 +162,7 @@ class Engine:
         self._guides: dict[str, Guide | Prefix | Budget] = {}
         self.special_ids = frozenset(special_ids)
         self.graphs, self.lookahead, self.graph_prefill = graphs, lookahead, graph_prefill
+        self.prompts_only = prompts_only
         self._launched: tuple[tuple[int, int, bool], list[StepPlan]] | None = None   # (graph, plans) launched ahead
         self.speculative_tokens = speculative_tokens
         # the replica's bound (add_request) is the one that binds: a rank's own queue bound is the whole of it
@@ -262,8 +266,8 @@ class Engine:
         check_bundle(kv, prompt_ids, self.kv_layout, self.speculative_tokens > 0, self.config.prefix_caching,
                      self.config.block_size)
 
-    def hold_prefix(self, prompt_ids: Sequence[int], salt: str | None) -> tuple[int, Callable[[], None]]:
-        """``cluster/disagg.py``'s ``hold_prefix`` on this engine's ranks: (the prompt's tokens cached, their release)."""
+    def hold_prefix(self, prompt_ids: Sequence[int], salt: str | None) -> HeldPrefix:
+        """``cluster/disagg.py``'s ``hold_prefix`` on this engine's ranks: the prompt's tokens cached, held."""
         with self._lock:    # (on a rank with a free seat: a request bringing KV goes to one, ``add_request``)
             return hold_prefix([s.pool for s in self.schedulers if s.config.prefix_caching and s.free_seats > 0],
                                prompt_ids, salt, self._lock)
@@ -355,21 +359,19 @@ class Engine:
             return sum(s.queued_tokens for s in self.schedulers)
 
     # ---- start-up ----------------------------------------------------------------------------
-    def warm_up(self, tokens: int, report: Callable[[str], None] | None = None, decode: bool = True) -> dict:
+    def warm_up(self, tokens: int, report: Callable[[str], None] | None = None) -> dict:
         """Before serving: capture every graph step of contexts up to ``tokens`` tokens (``warm_keys``: each bucket,
         dp and span, with the MTP drafting graphs after it) on pad rows, one warm step per key on every rank; then
         serve short requests, one per rank, at prompt lengths that meet the kernels' row classes (prefill and
-        sampling compile their kernels). ``decode``: False for an engine that only computes prompts (a prefill
-        replica's, with ``graph_prefill`` off: it never runs a graph step) — no graphs, requests of one token. A
-        failure raises — a replica that cannot warm up cannot serve. The stats start afresh after. Returns what was
-        done."""
+        sampling compile their kernels; ``prompts_only``: no graph steps, requests of one token). A failure raises — a
+        replica that cannot warm up cannot serve. The stats start afresh after. Returns what was done."""
         start = time.perf_counter()
         keys = []
         if self.graphs and tokens > 0:
             cfg = self.config
             blocks = min(-(-tokens // cfg.block_size), -(-cfg.max_model_len // cfg.block_size), cfg.num_blocks)
             keys = warm_keys(len(self.schedulers), self.span, self.speculative_tokens, graph_widths(blocks),
-                             max(s.config.max_num_seqs for s in self.schedulers)) if decode else []
+                             max(s.config.max_num_seqs for s in self.schedulers)) if not self.prompts_only else []
             if report and keys:
                 report(f"warm-up: capturing {len(keys)} graph steps (contexts up to {tokens} tokens) ...")
             for i, (key, drafts) in enumerate(keys):
@@ -391,7 +393,8 @@ class Engine:
         lengths = sorted({min(n, top) for n in (top, top - 7, 200, 192, 128, 100, 48, 41, 24, 17, 16, 9) if n >= 1},
                          reverse=True)
         rng = random.Random(0)
-        params = SamplingParams(max_tokens=2 + self.speculative_tokens if decode else 1, ignore_eos=True, seed=0)
+        params = SamplingParams(max_tokens=1 if self.prompts_only else 2 + self.speculative_tokens, ignore_eos=True,
+                                seed=0)
         graph_prefill, self.graph_prefill = self.graph_prefill, False   # the prompts compile the eager path's kernels
         try:
             for n in lengths:
@@ -572,7 +575,7 @@ class Engine:
         shape = plan_step_shapes(len(plans), rows, num_active, self.span)
         self.stats["span_steps"] += shape.is_span
         chunk_rows = self._chunk_rows if self.graph_prefill and num_drafts == 0 else 0
-        graph = graph_key(shape, plans, chunk_rows) if self.graphs else None
+        graph = graph_key(shape, plans, chunk_rows) if self.graphs and not self.prompts_only else None
         self.stats["graph_steps"] += graph is not None
         # the MTP work of a graph step runs on graphs too: a greedy drafting request's drafts are picked inside one,
         # a drawn one's between them (its draft distributions are kept); the same mode goes to every rank

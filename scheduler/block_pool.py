@@ -75,7 +75,7 @@ class BlockPool:
         self._host_free: list[int] = list(range(host_blocks - 1, -1, -1))
         self._host_lru: OrderedDict[int, None] = OrderedDict()   # slots in use, least recently used first
         self._node_of_slot: dict[int, int] = {}
-        self._pins: Counter[int] = Counter()      # slot -> holds that keep it from eviction (``pin``)
+        self._pins: Counter[int] = Counter()      # node -> holds on its host copy (``pin``: not in the LRU)
         self._saves: dict[int, int] = {}          # slot -> block: device → host, before the next step's loads (a
                                                   # slot taken again in one plan: the last save only)
         self._loads: list[tuple[int, int]] = []    # (slot, block): host → device, before the next step's forward
@@ -168,7 +168,7 @@ class BlockPool:
                 if self._refs[node.block] == 0:
                     del self._idle[node.block]
                 self._refs[node.block] += 1
-            if node.slot is not None:
+            if node.slot is not None and node.slot in self._host_lru:        # (not pinned)
                 self._host_lru.move_to_end(node.slot)
         for n, node in zip(nodes, held):
             if node.block is None:
@@ -185,20 +185,27 @@ class BlockPool:
             self._refs[b] += 1
 
     def pin(self, nodes: Sequence[int]) -> list[int]:
-        """Keep the host copies of ``nodes`` (held only there: a prefix whose rest another replica computes,
-        ``cluster/disagg.py``) from eviction until ``unpin``; returns their slots. A copy that needs a slot while every
-        slot is pinned is not made."""
-        slots = [self._nodes[n].slot for n in nodes]
-        self._pins.update(slots)
-        return slots
+        """Keep the host copies of ``nodes`` from eviction until ``unpin`` (a prefix whose rest another replica
+        computes, ``cluster/disagg.py``): their slots leave the host's LRU meanwhile. Returns the nodes pinned: those
+        with a host copy. Where every slot is pinned, a block cached meanwhile gets no host copy."""
+        pinned = [n for n in nodes if self._nodes[n].slot is not None]
+        for n in pinned:
+            if not self._pins[n]:
+                del self._host_lru[self._nodes[n].slot]
+            self._pins[n] += 1
+        return pinned
 
-    def unpin(self, slots: Sequence[int]) -> None:
-        """Release ``pin``'s holds (those a cleared cache dropped are gone already)."""
-        for slot in slots:
-            if self._pins[slot] > 1:
-                self._pins[slot] -= 1
-            else:
-                self._pins.pop(slot, None)
+    def unpin(self, nodes: Sequence[int]) -> None:
+        """Release ``pin``'s holds (``nodes``: what it returned); a slot no longer pinned is the host's most recently
+        used. Holds a cleared cache dropped are gone already (node ids are never reused)."""
+        for n in nodes:
+            if self._pins[n] > 1:
+                self._pins[n] -= 1
+            elif self._pins.pop(n, None) is not None:
+                self._host_lru[self._nodes[n].slot] = None
+
+    def has_host_copy(self, node: int) -> bool:
+        return self._nodes[node].slot is not None
 
     def is_cached(self, block_id: int) -> bool:
         return block_id in self._node_of_block
@@ -298,15 +305,14 @@ class BlockPool:
             self._saves[slot] = block_id
 
     def _host_slot(self) -> int | None:
-        """A host slot for a new copy: a free one, else the least recently used one's that is not pinned (that node
-        loses its copy); None where every slot is pinned."""
+        """A host slot for a new copy: a free one, else the least recently used one's (that node loses its copy); None
+        where every slot is pinned."""
         if self._host_free:
             slot = self._host_free.pop()
+        elif not self._host_lru:
+            return None
         else:
-            slot = next((s for s in self._host_lru if s not in self._pins), None)
-            if slot is None:
-                return None
-            del self._host_lru[slot]
+            slot, _ = self._host_lru.popitem(last=False)
             n = self._node_of_slot.pop(slot)
             self._nodes[n].slot = None
             self._forget_if_gone(n)

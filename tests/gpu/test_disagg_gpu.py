@@ -80,12 +80,13 @@ def test_a_next_turns_rows_arrive_after_the_cached_prefix_byte_for_byte(fp8):
     turn = ids(129, 8, vocab)
     params = SamplingParams(max_tokens=11, temperature=0.0)
     nxt = turn + decode(dec, turn, params, prefill(pre, turn, params)) + ids(60, 9, vocab)
-    start, release = dec.hold_prefix(nxt, None)
+    held = dec.hold_prefix(nxt, None)
+    start = held.start
     bundle = prefill(pre, nxt, params, "p2", start)
     assert start == 136 and bundle.start == start and bundle.rows[0].shape[0] == bundle.num_tokens - start
     dec.add_request(nxt, params, "d2", kv=bundle)
     dec.step()
-    release()
+    held.release()
     table = dec.scheduler.get("d2").block_ids
     got = dec.executor.runner.cache.read_blocks(table[start // 8:bundle.num_tokens // 8], 8)
     assert all(np.array_equal(a, b) for a, b in zip(got, bundle.rows, strict=True))

@@ -155,14 +155,15 @@ def test_a_conversations_next_turn_moves_only_the_kv_the_decode_replica_lacks(mo
     params = SamplingParams(max_tokens=10, temperature=0.0)
     turn = last = ids(45, 70, vocab)
     for i in range(3):
-        start, release = dec.hold_prefix(turn, None)
+        held = dec.hold_prefix(turn, None)
+        start = held.start
         assert start == (0 if i == 0 else (len(last) - 1) // to_bs * to_bs), i     # its prompt and answer, cached
         bundle = prefill(pre, turn, params, f"p{i}", start)
         assert bundle.start == start and bundle.rows[0].shape[0] == bundle.num_tokens - start == \
             (len(turn) - 1) // BS * BS - start
         imported = dec.stats["kv_imported_tokens"]
         out = decode(dec, turn, params, bundle, f"d{i}")
-        release()
+        held.release()
         assert out == run_engine(one, {"r": (turn, params)})["r"], i
         assert dec.stats["kv_imported_tokens"] - imported == bundle.num_tokens // to_bs * to_bs - start
         last, turn = turn + out, turn + out + ids(20 + 7 * i, 71 + i, vocab)
@@ -181,14 +182,15 @@ def test_a_next_turn_held_only_in_host_memory_is_loaded_there_not_asked_for(mode
     decode(dec, ids(250, 81, vocab), SamplingParams(max_tokens=1), None, "x")      # fills the device
     nxt, pool = turn + out + ids(30, 82, vocab), dec.scheduler.pool
     assert [pool.block(n) for n in pool.match(nxt)] == [None] * 3
-    start, release = dec.hold_prefix(nxt, None)
+    held = dec.hold_prefix(nxt, None)
+    start = held.start
     assert start == 3 * BS
     decode(dec, ids(200, 83, vocab), SamplingParams(max_tokens=1), None, "y")      # 12 host copies: 6 evict others
     assert len(pool.match(nxt)) == 3
     bundle = prefill(pre, nxt, params, "p2", start)
     imported, loads = dec.stats["kv_imported_tokens"], dec.scheduler.host_loads
     got = decode(dec, nxt, params, bundle, "d2")
-    release()
+    held.release()
     assert got == run_engine(one, {"r": (nxt, params)})["r"]
     assert dec.stats["kv_imported_tokens"] - imported == 80 - start and dec.scheduler.host_loads - loads == 3
     assert dec.num_free_blocks() == 16 and not pool._pins

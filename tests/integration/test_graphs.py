@@ -156,25 +156,27 @@ def test_warm_up_runs_every_served_graph_key_and_changes_nothing(model, k):
         assert set(runner.draft_graphs.runs) <= drafting, (sorted(runner.draft_graphs.runs, key=str), drafting)
 
 
-def test_a_prefill_only_engine_runs_no_graph_step(model):
-    """A prefill replica's engine (``graph_prefill`` off, ``warm_up(decode=False)``: ``Coordinator(exports=True)``)
-    warms up without a graph step, and its prompts of one token — short ones, and cached prompts' tails of 1–3 tokens,
-    which ride graph steps where prompt chunks may — run none either, and sample an engine's without graphs."""
+def test_a_prompts_only_engine_runs_no_graph_step(model):
+    """A prefill replica's engine (``prompts_only``: ``Coordinator(exports=True)``) warms up without a graph step, and
+    its prompts of one token run none either — short ones, cached prompts' short tails, a prompt one token past the
+    step's budget and a cached prompt's last token alone (rows that look like decode rows) — and sample an engine's
+    without graphs. (A control engine runs such steps on graphs.)"""
     g = torch.Generator().manual_seed(31)
-    head = torch.randint(40, model.config.vocab_size, (40,), generator=g).tolist()
+    head = torch.randint(40, model.config.vocab_size, (65,), generator=g).tolist()
     one = SamplingParams(max_tokens=1, temperature=0.0)
-    rounds = [{"a": (head, one), "b": (head[:7], one)},
-              {f"t{n}": (head[:BLOCK * 2] + [50 + n] * n, one) for n in (1, 2, 3)}]
-    plain = make_engine(model, graphs=False, caching=True)
+    rounds = [{"a": (head[:40], one), "b": (head[:7], one)},
+              {f"t{n}": (head[:BLOCK * 2 + 1] + [50 + n] * n, one) for n in (1, 2, 3)},
+              {"c": (head[:BLOCK * 2 + 1], one)}, {"d": (head, one)}]
+    plain = make_engine(model, graphs=False, caching=True, budget=64)
     want = [run(plain, reqs) for reqs in rounds]
-    for prefill_only in (True, False):
-        engine = make_engine(model, graphs=True, caching=True)
-        engine.graph_prefill = not prefill_only
-        done = engine.warm_up(48, decode=not prefill_only)
-        assert (done["graph_steps"] == 0) == prefill_only and bool(graph_runs(engine)) != prefill_only
+    for prompts_only in (True, False):
+        engine = make_engine(model, graphs=True, caching=True, budget=64)
+        engine.prompts_only = prompts_only
+        done = engine.warm_up(48)
+        assert (done["graph_steps"] == 0) == prompts_only and bool(graph_runs(engine)) != prompts_only
         graph_runs(engine).clear()
         assert [run(engine, reqs) for reqs in rounds] == want
-        assert bool(graph_runs(engine)) != prefill_only, graph_runs(engine)     # (tails ride graph steps otherwise)
+        assert bool(graph_runs(engine)) != prompts_only, graph_runs(engine)
 
 
 def test_warm_keys_follow_the_step_shapes():

@@ -201,9 +201,9 @@ def test_a_decode_replica_asks_for_the_rest_of_its_cached_prefix_and_falls_back_
 
     def ask(req_id, answer, ids=long, p=params, min_tokens=0):
         answers[req_id], dec.min_prefill_tokens = answer, min_tokens
-        bundle, release = asyncio.run(dec._prefilled(ids, p, req_id))
-        if release is not None:
-            release()
+        bundle, held = asyncio.run(dec._prefilled(ids, p, req_id))
+        if held is not None:
+            held.release()
         dec._asked_end(req_id)                  # (as its request's first token does)
         return bundle
 
@@ -225,10 +225,10 @@ def test_a_decode_replica_asks_for_the_rest_of_its_cached_prefix_and_falls_back_
         e.step()
     free = e.scheduler.pool.num_free
     answers["h"], dec.min_prefill_tokens = PrefillResult(bundle=ok), 0
-    bundle, release = asyncio.run(dec._prefilled(long, params, "h"))
+    bundle, held = asyncio.run(dec._prefilled(long, params, "h"))
     assert calls[-1] == ("h", 24) and bundle is ok and e.scheduler.pool.num_free == free - 6
-    release()
-    release()                                                   # (once only)
+    held.release()
+    held.release()                                              # (once only)
     dec._asked_end("h")
     assert e.scheduler.pool.num_free == free
     assert ask("i", ok, min_tokens=20) is None and metrics.local_prompts.counts["cached"] == 1    # 17 to compute
@@ -289,9 +289,9 @@ def test_requests_waiting_on_an_ask_that_found_no_prefill_replica_do_not_ask_aga
     head = list(range(1, 41))
 
     async def one(rid, tail):
-        bundle, release = await dec._prefilled(head + tail, SamplingParams(), rid)
-        if release is not None:
-            release()
+        bundle, held = await dec._prefilled(head + tail, SamplingParams(), rid)
+        if held is not None:
+            held.release()
         dec._asked_end(rid)                     # (its request's end, as ``generate`` does)
         return bundle
 
@@ -401,17 +401,18 @@ def test_prompts_sharing_a_head_ask_for_its_kv_once():
         await asyncio.sleep(0.05)
         assert [r for r, _ in calls] == ["a", "c", "d"] and not second.done()
         gate.set()
-        bundle, release = await first
+        bundle, held = await first
         e.add_request(a, SamplingParams(max_tokens=1), "a", kv=bundle)      # as ``generate`` does: releases its
-        release()                                                          # prefix once the engine has it, and
+        held.admitted()                                                    # prefix once the engine has it, and
         await asyncio.sleep(0.01)
         assert len(calls) == 3                  # (its import not written yet: the others still wait)
         e.step()
         dec._asked_end("a")                     # ends the ask at its first token
         await asyncio.sleep(0.01)
         assert calls[-1] == ("b", 32)         # the rest past the head (its last block's key holds token 37)
+        held.release()
         for rid, t in (("b", second), ("c", third), ("d", fourth)):
-            (await t)[1]()
+            (await t)[1].release()
             dec._asked_end(rid)
         assert not dec._asking
 
@@ -486,10 +487,10 @@ def test_a_prefix_on_a_rank_without_a_seat_is_not_continued():
     (full,) = {e._rank_of["x0"], e._rank_of["x1"]}
     assert e.schedulers[full].free_seats == 0 and e.schedulers[1 - full].cached_blocks(head) == 0
     y = head + list(range(600, 620))
-    start, release = e.hold_prefix(y, None)
-    assert start == 0
+    held = e.hold_prefix(y, None)
+    assert held.start == 0
     e.add_request(y, SamplingParams(max_tokens=1), "y", kv=_bundle_of(y))
-    release()
+    held.release()
     e.step()
     assert [(r, s.start_pos) for r, st in enumerate(e.executor.steps[-1]) for s in st.seqs if s.req_id == "y"] == \
         [(1 - full, 40)] and e.stats["moves"] == 0
