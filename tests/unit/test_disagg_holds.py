@@ -185,6 +185,26 @@ def test_a_host_held_prefix_stays_pinned_while_its_request_waits_behind_another_
     assert not pool._pins
 
 
+def test_a_host_held_prefix_stays_pinned_after_admission_while_other_prompts_fill_the_host_tier():
+    """Admitted behind five prompts whose blocks, cached as they finish, give the host tier more copies than it has
+    slots besides the prefix's: pinned until the request's first token, the prefix is not among those they evict (let
+    go at admission, even as the host's most recently used, it was, and the request computed its whole prompt). The
+    transferred blocks are not held meanwhile: they are evicted as any idle ones, and computed again."""
+    e, ex = engine(blocks=24, host=3 + 23, budget=64)
+    head = list(range(1, 13))
+    pool = fill_host_only(e, head + [900])
+    nxt = head + [900] + list(range(100, 120))
+    held = e.hold_prefix(nxt, None)
+    for i in range(5):                              # 6 blocks cached each: 30 host copies
+        e.add_request([300 + 20 * i + j for j in range(25)], SamplingParams(max_tokens=1, ignore_eos=True), f"o{i}")
+    e.add_request(nxt, SamplingParams(max_tokens=1, ignore_eos=True), "d", kv=bundle_of(nxt, held.start))
+    held.admitted()
+    loads = e.scheduler.host_loads
+    started = first_token(e, "d", held)
+    assert not ex.errors and started[0] == 3 * BS and e.scheduler.host_loads - loads == 3, started
+    assert not pool._pins
+
+
 def test_a_tight_pool_holds_only_a_prefix_with_host_copies():
     """Where holding its idle device blocks would leave less than a quarter of the pool free, a prefix is held only as
     far as its blocks have host copies (pinned: no device block taken); without a host tier, not at all."""
@@ -311,3 +331,53 @@ def test_random_disaggregated_flows_read_only_their_own_kv():
 def test_random_flows_on_two_ranks_with_failed_steps_read_only_their_own_kv():
     for seed in range(40):
         _random_flow(seed, 2, failures=True)
+
+
+def test_the_coordinator_lets_go_of_the_pins_at_the_first_token_not_at_admission():
+    """``Coordinator.generate``'s order: the held prefix's device blocks go once the engine has the request
+    (``AsyncEngine.generate``'s ``added``), its host copies at the first token (here a stand-in runs the engine's
+    steps in the stream)."""
+    import asyncio
+    import types
+
+    from cluster.coordinator import Coordinator
+    from cluster.disagg import PrefillResult
+    from tests.unit.test_disagg import _decode_replica
+
+    e, ex = engine(blocks=24, host=3 + 23)
+    head = list(range(1, 13))
+    pool = fill_host_only(e, head + [900])
+    nxt, pinned = head + [900] + list(range(100, 140)), []
+
+    def remote(ids, params, req_id, start):
+        class Stream:
+            items = [PrefillResult(bundle=bundle_of(ids, start)), None]
+
+            async def __anext__(self):
+                return self.items.pop()
+
+            def cancel(self):
+                pass
+        return Stream()
+
+    async def generate(ids, params, rid, kv=None, added=None):
+        e.add_request(ids, params, rid, kv=kv)
+        added()
+        pinned.append(len(pool._pins))
+        while e.has_work():
+            for ev in e.step():
+                if ev.req_id == rid:
+                    pinned.append(len(pool._pins))
+                    yield ev
+
+    dec = _decode_replica(e, remote)
+    dec.aengine, dec.cfg, dec._stats_log, dec.replica_id = types.SimpleNamespace(generate=generate), \
+        types.SimpleNamespace(log_stats_interval_s=0), None, "r"
+
+    async def main():
+        return [t async for ev in Coordinator.generate(dec, nxt, SamplingParams(max_tokens=3, ignore_eos=True), "d")
+                for t in ev.token_ids]
+    assert len(asyncio.run(main())) == 3 and not ex.errors
+    assert pinned[:2] == [3, 3] and pinned[-1] == 0, pinned      # (the first token's event is seen before the release)
+    started = [s.start_pos for st in ex.steps for s in st[0].seqs if s.req_id == "d"]
+    assert started[0] == len(nxt) - 1 and e.num_free_blocks() == 24 and not pool._pins
