@@ -134,7 +134,7 @@ def _ray():
     except ImportError:              # (the GPU image has no Ray: that leg is left out)
         return None
     if not ray.is_initialized():
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     return ray
 
 
@@ -230,7 +230,7 @@ def _runs(workload, rounds: int, pd: dict | None = None, engine: dict | None = N
     from cluster.config import DEFAULT_MODEL
     from cluster.serve import build_app
 
-    ray.init(num_cpus=16, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=16, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}})
     port = 18971
     serve.start(http_options={"host": "127.0.0.1", "port": port},

@@ -71,9 +71,8 @@ def start_server(cfg: EngineConfig, host: str, port: int, ready_note: str = "", 
                   not cfg.max_model_len else cfg.resolved_warmup_tokens())
         print(f"glmserve: then a warm-up (warmup_tokens {tokens}: CUDA graphs captured, kernels "
               "compiled) before the replica takes requests", flush=True)
-    ray.init(num_cpus=max(16, 2 * cfg.num_workers * (1 + prefill_replicas)), include_dashboard=False,
-             log_to_driver=False,
-             namespace="glmserve")
+    ray.init(address="local", num_cpus=max(16, 2 * cfg.num_workers * (1 + prefill_replicas)),   # (a Ray of its own,
+             include_dashboard=False, log_to_driver=False, namespace="glmserve")    # not a `ray start` one found)
     serve.start(http_options={"host": host, "port": port},
                 logging_config={"enable_access_log": False, "log_level": "WARNING"})
     t0 = time.time()

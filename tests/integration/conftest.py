@@ -29,7 +29,8 @@ RAY_DEVICE_MEMORY = (2.0015, 4.0)
 def ray_session():
     ray = pytest.importorskip("ray")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    ray.init(num_cpus=32, num_gpus=8, include_dashboard=False, log_to_driver=False, namespace="glmserve-tests",
+    ray.init(address="local", num_cpus=32, num_gpus=8, include_dashboard=False, log_to_driver=False,
+             namespace="glmserve-tests",
              runtime_env={"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"],
                                        "GLMSERVE_DEVICE_MEMORY": ",".join(map(str, RAY_DEVICE_MEMORY))}})
     yield ray
