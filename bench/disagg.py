@@ -304,19 +304,34 @@ async def _turns(url: str, conversations: int, turns: int) -> dict:
         model = (await client.models.list()).data[0].id
         await client.completions.create(model=model, prompt=_long_prompt(-1), max_tokens=2)      # warm both sides
         await asyncio.sleep(HUB_S)      # (the prefill replica's metrics reach /metrics at its health checks)
-        moved = metric(url, "glmserve_kv_exported_tokens")
+        moved, computed = metric(url, "glmserve_kv_exported_tokens"), _computed(url)
         ttfts: list[list[float]] = [[] for _ in range(turns)]
         start = time.perf_counter()
         await asyncio.gather(*[_conversation(client, model, i, turns, ttfts) for i in range(conversations)])
         wall = time.perf_counter() - start
         await asyncio.sleep(HUB_S)
-        moved = metric(url, "glmserve_kv_exported_tokens") - moved
+        moved, computed = metric(url, "glmserve_kv_exported_tokens") - moved, \
+            tuple(a - b for a, b in zip(_computed(url), computed))
     later = [x for t in ttfts[1:] for x in t]
     return {"turn1_ttft_p50": statistics.median(ttfts[0]) * 1e3, "later_ttft_p50": statistics.median(later) * 1e3,
-            "later_ttft_max": max(later) * 1e3, "kv_moved_tokens": moved, "wall_s": wall}
+            "later_ttft_max": max(later) * 1e3, "kv_moved_tokens": moved, "wall_s": wall,
+            "prompt_tokens_computed": computed[0], "decode_computed": computed[1]}
 
 
-def turns_ab(conversations: int, turns: int, rounds: int, out: Path, engine: dict) -> None:
+def _computed(url: str) -> tuple[float, float]:
+    """Prompt tokens computed so far on every replica, and on the decode replicas alone (those that import KV; 0 with
+    none): the tokens looked up in a prefix cache and not found there (a prompt computed by a prefill replica and again
+    by its decode replica counts twice)."""
+    from tests.integration.test_serve import metric_series
+
+    queried, hits = (metric_series(url, f"glmserve_prefix_cache_{k}_tokens") for k in ("queried", "hit"))
+    exports = metric_series(url, "glmserve_kv_exported_tokens")
+    computed = {r: q - hits.get(r, 0.0) for r, q in queried.items()}
+    prefill = {r for r, n in exports.items() if n > 0}
+    return sum(computed.values()), sum(v for r, v in computed.items() if prefill and r not in prefill)
+
+
+def turns_ab(conversations: int, turns: int, rounds: int, out: Path, engine: dict, tag: str = "") -> None:
     results = _runs(lambda url: _turns(url, conversations, turns), rounds, {"min_prompt_tokens": 256}, engine)
     lines = ["# Multi-turn conversations, disaggregated prefill over HTTP (CPU, tiny model)", "",
              f"`PYTHONPATH=. python bench/disagg.py turns --conversations {conversations} --turns {turns} --rounds "
@@ -324,15 +339,19 @@ def turns_ab(conversations: int, turns: int, rounds: int, out: Path, engine: dic
              f"{time.strftime('%Y-%m-%d %H:%M')}; 2 cores{f', every replica {json.dumps(engine)}' if engine else ''}. "
              f"{conversations} conversations at once, each a "
              f"first prompt of ~1100 tokens, then {turns - 1} turns that repeat the history and add ~45 tokens "
-             "(16-token answers). KV moved: prompt tokens whose KV the prefill replica sent.", "",
-             "| setup | turn 1 TTFT p50 (ms) | later turns' TTFT p50 / max (ms) | KV moved (tokens) | wall (s) |",
-             "|---|---:|---|---:|---:|"]
+             "(16-token answers). KV moved: prompt tokens whose KV the prefill replica sent. Computed: prompt tokens "
+             "computed on any replica (looked up in its prefix cache, not found; a prompt that a prefill replica "
+             "computes and its decode replica computes again counts twice), and of them on the decode replica.", "",
+             "| setup | turn 1 TTFT p50 (ms) | later turns' TTFT p50 / max (ms) | KV moved (tokens) | computed (tokens) "
+             "| of them on the decode replica | wall (s) |", "|---|---:|---|---:|---:|---:|---:|"]
     for name, runs in results.items():
         for res in runs:
+            decode = f"{res['decode_computed']:.0f}" if res["kv_moved_tokens"] else "—"
             lines.append(f"| {name} | {res['turn1_ttft_p50']:.0f} | {res['later_ttft_p50']:.0f} / "
-                         f"{res['later_ttft_max']:.0f} | {res['kv_moved_tokens']:.0f} | {res['wall_s']:.1f} |")
+                         f"{res['later_ttft_max']:.0f} | {res['kv_moved_tokens']:.0f} | "
+                         f"{res['prompt_tokens_computed']:.0f} | {decode} | {res['wall_s']:.1f} |")
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"disagg_turns_cpu{'_kv' if engine else ''}.md").write_text("\n".join(lines) + "\n")
+    (out / f"disagg_turns_cpu{'_kv' if engine else ''}{tag}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
@@ -444,6 +463,7 @@ def main() -> None:
     m.add_argument("--out", type=Path, default=Path("bench/results/session50"))
     m.add_argument("--kv-cache-tokens", type=int, default=None, help="each replica's KV pool (a small one evicts)")
     m.add_argument("--host-kv-cache-tokens", type=int, default=None, help="each replica's host tier")
+    m.add_argument("--tag", default="", help="appended to the results file's name")
     st = sub.add_parser("stall")
     st.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     st.add_argument("--slice", action="store_true", help="the GLM-5.2-width slice, random FP8 weights (a GPU)")
@@ -458,7 +478,7 @@ def main() -> None:
         transfer(a.device, a.tokens, a.out)
     elif a.what == "turns":
         engine = {k: v for k in ("kv_cache_tokens", "host_kv_cache_tokens") if (v := getattr(a, k)) is not None}
-        turns_ab(a.conversations, a.turns, a.rounds, a.out, engine)
+        turns_ab(a.conversations, a.turns, a.rounds, a.out, engine, a.tag)
     else:
         serve_ab(a.seconds, a.rounds, a.out)
 

@@ -135,7 +135,8 @@ def adopt_bundle(pool: BlockPool, prompt_ids: Sequence[int], salt: str | None, b
     # the prompt's blocks cached on the device already are held meanwhile: an adoption must not evict its own prefix
     cached = [b for n in nodes if (b := pool.block(n)) is not None]
     pool.hold(cached)
-    room = pool.num_free                      # (past it an adoption would evict the blocks adopted before it)
+    # past this an adoption would evict the blocks adopted before it, or those waiting requests keep (theirs first)
+    room = pool.num_free - pool.num_kept
     parent, blocks, spans = nodes[first - 1] if first else root(salt), [], []
     for j in range(first, count):
         if len(blocks) == room:
@@ -167,9 +168,10 @@ class Imports:
     def add(self, req_id: str, blocks: tuple[int, ...], rows: tuple[np.ndarray, ...]) -> None:
         self.queue.append([req_id, blocks, rows, 0])
 
-    def take(self, pool: BlockPool) -> tuple[list[tuple], list[str]]:
-        """This step's writes ((blocks, rows) each), their blocks settled; and the requests whose imports end here."""
-        bs, writes, ended, left = pool.block_size, [], [], self.budget
+    def take(self, pool: BlockPool) -> tuple[list[tuple], list[tuple[str, tuple[int, ...]]], list[str]]:
+        """This step's writes ((blocks, rows) each), their blocks settled; whose blocks they are ((request, blocks)
+        each), and the requests whose imports end here."""
+        bs, writes, settled, ended, left = pool.block_size, [], [], [], self.budget
         while self.queue:
             item = self.queue[0]
             req_id, blocks, rows, at = item
@@ -177,13 +179,14 @@ class Imports:
             if k == 0:
                 break
             pool.settle(blocks[at:at + k])
+            settled.append((req_id, blocks[at:at + k]))
             writes.append((blocks[at:at + k], tuple(r[at * bs:(at + k) * bs] for r in rows)))
             left -= k * bs * sum(r.shape[1] for r in rows)
             item[3] = at = at + k
             if at == len(blocks):
                 self.queue.popleft()
                 ended.append(req_id)
-        return writes, ended
+        return writes, settled, ended
 
     def drop(self, pool: BlockPool) -> None:
         """Forget the imports still on their way (the workers were rebuilt): their blocks are released."""

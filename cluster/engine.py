@@ -554,11 +554,14 @@ class Engine:
                 "acceptance_by_position": [a / rounds if rounds else 0.0 for a in self.accepted_at[:-1]]}
 
     def _take_imports(self, rank: int) -> list[tuple]:
-        """This step's share of the rank's imports (``Imports.take``); a request whose import ends may start."""
-        writes, ended = self._imports[rank].take(self.schedulers[rank].pool)
-        for rid in ended:
-            if (req := self.schedulers[rank].get(rid)) is not None:
-                req.importing = False
+        """This step's share of the rank's imports (``Imports.take``): their requests keep the blocks written, and one
+        whose import ends may start."""
+        sched = self.schedulers[rank]
+        writes, settled, ended = self._imports[rank].take(sched.pool)
+        for rid, blocks in settled:
+            if (req := sched.get(rid)) is not None:
+                sched.imported(req, blocks)
+                req.importing = req.importing and rid not in ended
         return writes
 
     def _worker_steps(self, plans: list[StepPlan], imports: list[list],

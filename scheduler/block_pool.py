@@ -9,7 +9,10 @@ token *after* the block too: the MTP layer's KV at a position is computed from t
 state and the next token's embedding), so a block is valid for a prefix only where the token after it matches as well.
 
 A block no request holds but whose prefix is cached waits in an LRU of its own (counted free): ``allocate`` takes the
-never-cached free blocks first, then evicts the least recently released cached ones.
+never-cached free blocks first, then evicts the least recently released cached ones. A waiting request's cached prefix
+is *kept* (``keep``, until it starts): its idle blocks wait apart and are evicted only once no other cached block is
+left — the most recently kept first, so the newest waiter's tail goes before an older one's head. Kept blocks are still
+counted free, so a keep never makes the scheduler wait or preempt: it changes only which cached blocks go first.
 
 Host memory (``host_blocks`` > 0): a second tier of cached blocks. A block is copied there when it is registered
 (write-through: ``drain``'s saves), so evicting it from the device forgets nothing while the host holds its copy; a
@@ -68,6 +71,8 @@ class BlockPool:
         self._free_ids: list[int] = list(range(num_blocks - 1, -1, -1))
         self._refs = [0] * num_blocks                          # holders of each block
         self._idle: OrderedDict[int, None] = OrderedDict()    # cached blocks nobody holds, least recently released first
+        self._kept: OrderedDict[int, None] = OrderedDict()    # idle blocks a waiting request will take, oldest keep first
+        self._keeps: Counter[int] = Counter()     # node -> waiting requests that keep it (``keep``)
         self._nodes: dict[int, _Node] = {}                    # node -> its key and copies
         self._node_of_key: dict[tuple, int] = {}
         self._node_of_block: dict[int, int] = {}              # registered device block -> its node
@@ -84,7 +89,12 @@ class BlockPool:
     @property
     def num_free(self) -> int:
         """Blocks ``allocate`` can hand out: never cached, or cached and held by no request."""
-        return len(self._free_ids) + len(self._idle)
+        return len(self._free_ids) + len(self._idle) + len(self._kept)
+
+    @property
+    def num_kept(self) -> int:
+        """Idle blocks kept for waiting requests (``keep``): counted in ``num_free``, evicted last."""
+        return len(self._kept)
 
     @property
     def num_used(self) -> int:
@@ -119,8 +129,8 @@ class BlockPool:
         for _ in range(n):
             if self._free_ids:
                 b = self._free_ids.pop()
-            else:                                   # evict the least recently released cached block
-                b, _ = self._idle.popitem(last=False)
+            else:       # evict the least recently released cached block, else the most recently kept one
+                b, _ = self._idle.popitem(last=False) if self._idle else self._kept.popitem()
                 self._drop_block(b)
             self._refs[b] = 1
             ids.append(b)
@@ -129,16 +139,21 @@ class BlockPool:
     def free(self, block_ids: Sequence[int]) -> None:
         """Release one hold on each block; a block nobody holds any more goes back to the free list, or idles with its
         cached prefix. A request's table is released from its end, so its last blocks are evicted first (a prefix's
-        head is the part other requests share)."""
+        head is the part other requests share; kept blocks, head first, for the same reason)."""
+        kept = []
         for b in reversed(block_ids):
             assert 0 <= b < self.num_blocks, f"block id {b} outside the pool of {self.num_blocks}"
             assert self._refs[b] > 0, f"double free of block {b}"
             self._refs[b] -= 1
             if self._refs[b] == 0:
-                if b in self._node_of_block:
-                    self._idle[b] = None
-                else:
+                if (n := self._node_of_block.get(b)) is None:
                     self._free_ids.append(b)
+                elif self._keeps[n]:
+                    kept.append(b)
+                else:
+                    self._idle[b] = None
+        for b in reversed(kept):
+            self._kept[b] = None
 
     # ---- prefix caching ----------------------------------------------------------------------
 
@@ -165,9 +180,7 @@ class BlockPool:
         held = [self._nodes[n] for n in nodes]
         for node in held:                    # first: the fresh blocks below must not evict these
             if node.block is not None:
-                if self._refs[node.block] == 0:
-                    del self._idle[node.block]
-                self._refs[node.block] += 1
+                self.hold([node.block])
             if node.slot is not None and node.slot in self._host_lru:        # (not pinned)
                 self._host_lru.move_to_end(node.slot)
         for n, node in zip(nodes, held):
@@ -181,8 +194,28 @@ class BlockPool:
         """One more hold on each block (an idle cached one leaves the LRU: nothing evicts it until ``free``)."""
         for b in blocks:
             if self._refs[b] == 0:
-                del self._idle[b]
+                del (self._idle if b in self._idle else self._kept)[b]
             self._refs[b] += 1
+
+    def keep(self, nodes: Sequence[int]) -> list[int]:
+        """Evict the device blocks of ``nodes`` (``match``'s: a waiting request's cached prefix) after every other
+        cached block, until ``unkeep``; they stay counted free. Returns ``nodes`` (what ``unkeep`` takes)."""
+        for n in nodes:
+            self._keeps[n] += 1
+            if (b := self._nodes[n].block) is not None and b in self._idle:
+                del self._idle[b]
+                self._kept[b] = None
+        return list(nodes)
+
+    def unkeep(self, nodes: Sequence[int]) -> None:
+        """Release ``keep``'s holds; a block no longer kept idles as the most recently released. Nodes gone meanwhile
+        (evicted from both tiers, or a cleared cache) are skipped (node ids are never reused)."""
+        for n in nodes:
+            if self._keeps[n] > 1:
+                self._keeps[n] -= 1
+            elif self._keeps.pop(n, None) is not None and (b := self._nodes[n].block) is not None and b in self._kept:
+                del self._kept[b]
+                self._idle[b] = None
 
     def pin(self, nodes: Sequence[int]) -> list[int]:
         """Keep the host copies of ``nodes`` from eviction until ``unpin`` (a prefix whose rest another replica
@@ -287,7 +320,10 @@ class BlockPool:
         """Forget every cached prefix, on both tiers (the workers' KV is gone, after a failure): idle blocks become free,
         held ones are freed as usual when released."""
         self._free_ids.extend(self._idle)
+        self._free_ids.extend(self._kept)
         self._idle.clear()
+        self._kept.clear()
+        self._keeps.clear()
         self._nodes.clear()
         self._node_of_key.clear()
         self._node_of_block.clear()
@@ -330,3 +366,4 @@ class BlockPool:
         if node.block is None and node.slot is None:
             del self._node_of_key[node.key]
             del self._nodes[n]
+            self._keeps.pop(n, None)

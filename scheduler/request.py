@@ -232,6 +232,7 @@ class Request:
     cached_nodes: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0  # prompt tokens whose KV its first prefill found cached (the usage report's)
     hit_blocks: int = 0  # while it waits: its leading blocks cached on its rank when it began to wait there
+    kept: list[int] = field(default_factory=list)  # while it waits: the nodes of those blocks it keeps (BlockPool.keep)
     importing: bool = False  # its prompt's KV from another replica is still on its way to its blocks: it waits
 
     @property

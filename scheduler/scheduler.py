@@ -16,6 +16,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, replace
+from typing import Sequence
 
 from scheduler.block_pool import BlockPool, root
 from scheduler.request import FinishReason, Request, RequestStatus, SamplingParams
@@ -197,6 +198,25 @@ class Scheduler:
             return []
         return self.pool.match(req.all_ids, root(req.params.cache_salt))
 
+    def _rematch(self, req: Request) -> None:
+        """A waiting request's cached prefix as it stands now (on its arrival, its preemption): counted for its KV load,
+        and kept (``BlockPool.keep``: evicted after other cached blocks) until it starts."""
+        hits = self._hits(req)
+        kept, req.kept = req.kept, self.pool.keep(hits)
+        self.pool.unkeep(kept)
+        req.hit_blocks = len(hits)
+
+    def imported(self, req: Request, blocks: Sequence[int]) -> None:
+        """Blocks of waiting ``req``'s prompt written from another replica's KV (``cluster/disagg.py``'s ``Imports``,
+        settled): counted as cached, and kept as its prefix is."""
+        nodes = [self.pool.node(b) for b in blocks if self.pool.is_cached(b)]
+        req.kept += self.pool.keep(nodes)
+        req.hit_blocks += len(nodes)
+
+    def _unkeep(self, req: Request) -> None:
+        self.pool.unkeep(req.kept)
+        req.kept = []
+
     def get(self, req_id: str) -> Request | None:
         """The live (waiting or running) request, or None once it has ended."""
         return self._live.get(req_id)
@@ -212,7 +232,7 @@ class Scheduler:
         """``req`` waits here, the youngest of its priority (its arrival numbered in this scheduler's order)."""
         req.arrival = self._next_arrival
         self._next_arrival += 1
-        req.hit_blocks = len(self._hits(req))
+        self._rematch(req)
         _insort(self._waiting, req)
         self._live[req.req_id] = req
         return req
@@ -282,6 +302,7 @@ class Scheduler:
         req = self._waiting.popleft() if self._waiting and not self._waiting[0].importing else None
         if req is not None:         # (one whose KV is on its way to this rank's blocks stays)
             del self._live[req.req_id]
+            self._unkeep(req)
         return req
 
     def adopt(self, req: Request) -> None:
@@ -418,7 +439,7 @@ class Scheduler:
         self.pool.free(req.block_ids)
         req.block_ids = []
         req.cached_nodes = []
-        req.hit_blocks = len(self._hits(req))      # its own blocks, now idle, mostly
+        self._rematch(req)      # its own blocks, now idle, mostly: kept
         req.num_computed_tokens = 0
         req.status = RequestStatus.WAITING
         req.num_preemptions += 1
@@ -460,6 +481,7 @@ class Scheduler:
             return None
         if not req.block_ids and self.config.prefix_caching:
             req.block_ids, req.num_computed_tokens = self.pool.take(hits), start
+            self._unkeep(req)
             req.cached_nodes = list(hits)
             if req.num_preemptions == 0:         # the prompt's first prefill: what the usage report counts
                 req.num_cached_tokens = start
@@ -556,7 +578,7 @@ class Scheduler:
         for req in self._running:
             req.cached_nodes = []
         for req in self._waiting:     # their whole prompts to compute now (KV load, queued tokens)
-            req.hit_blocks = 0
+            req.hit_blocks, req.kept = 0, []
 
     def _release_surplus(self, req: Request) -> None:
         """Free blocks that only held rejected drafts (the accounting side of the rollback); the slack stays."""
@@ -614,6 +636,7 @@ class Scheduler:
         assert status.is_finished
         if req.status is RequestStatus.WAITING:
             self._waiting.remove(req)
+            self._unkeep(req)
         else:
             self._running.remove(req)
         self.pool.free(req.block_ids)

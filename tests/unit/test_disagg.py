@@ -526,6 +526,26 @@ def test_an_import_goes_a_few_blocks_a_step_and_its_request_waits_for_the_last()
     assert z[0] == 40 and not e._imports[0] and e.num_free_blocks() == 64
 
 
+def test_an_adoption_does_not_evict_the_blocks_an_earlier_import_keeps_for_its_waiting_request():
+    """x's import is written while x waits for the one seat: x keeps its 10 blocks. y's import, arriving next into a
+    pool with 8 blocks besides them, adopts 8 and computes the rest (before keeps it took 10, evicting x's tail: both
+    computed 13 tokens again); r's growth then takes y's newest kept block, not x's."""
+    e = _engine(blocks=20, seqs=1)
+    e.add_request(list(range(500, 505)), SamplingParams(max_tokens=6, ignore_eos=True), "r")
+    e.step()
+    x, y = list(range(1, 42)), list(range(300, 341))
+    e.add_request(x, SamplingParams(max_tokens=1), "x", kv=_bundle_of(x))
+    e.step()
+    pool = e.scheduler.pool
+    assert (pool.num_kept, e.stats["kv_imported_tokens"]) == (10, 40)
+    e.add_request(y, SamplingParams(max_tokens=1), "y", kv=_bundle_of(y))
+    assert e.stats["kv_imported_tokens"] == 40 + 32
+    while e.has_work():
+        e.step()
+    starts = {s.req_id: s.start_pos for steps in e.executor.steps for s in steps[0].seqs if s.req_id in "xy"}
+    assert starts == {"x": 40, "y": 28} and e.num_free_blocks() == 20 and not pool._keeps
+
+
 def test_a_cancel_while_the_kv_is_adopted_aborts_the_request():
     """The client goes away while ``add_request`` adopts its KV in a thread: the request is aborted once added, not
     left decoding for no one."""

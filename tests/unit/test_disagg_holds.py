@@ -189,7 +189,8 @@ def test_a_host_held_prefix_stays_pinned_after_admission_while_other_prompts_fil
     """Admitted behind five prompts whose blocks, cached as they finish, give the host tier more copies than it has
     slots besides the prefix's: pinned until the request's first token, the prefix is not among those they evict (let
     go at admission, even as the host's most recently used, it was, and the request computed its whole prompt). The
-    transferred blocks are not held meanwhile: they are evicted as any idle ones, and computed again."""
+    transferred blocks are kept, not held, meanwhile: evicted after every other cached block, tail first — here the
+    last two of five go to the others' prompts (before keeps, all five went), and are computed again."""
     e, ex = engine(blocks=24, host=3 + 23, budget=64)
     head = list(range(1, 13))
     pool = fill_host_only(e, head + [900])
@@ -201,8 +202,8 @@ def test_a_host_held_prefix_stays_pinned_after_admission_while_other_prompts_fil
     held.admitted()
     loads = e.scheduler.host_loads
     started = first_token(e, "d", held)
-    assert not ex.errors and started[0] == 3 * BS and e.scheduler.host_loads - loads == 3, started
-    assert not pool._pins
+    assert not ex.errors and started[0] == 6 * BS and e.scheduler.host_loads - loads == 3, started
+    assert not pool._pins and not pool._keeps and e.stats["kv_imported_tokens"] == 5 * BS
 
 
 def test_a_tight_pool_holds_only_a_prefix_with_host_copies():
@@ -320,7 +321,8 @@ def _random_flow(seed: int, num_ranks: int, failures: bool, steps: int = 400) ->
         held.release()
     assert not ex.errors, ex.errors[:5]
     for s in e.schedulers:
-        assert s.pool.num_free == s.pool.num_blocks and not s.pool._pins, (s.pool.num_free, s.pool._pins)
+        assert s.pool.num_free == s.pool.num_blocks and not s.pool._pins and not s.pool._keeps, \
+            (s.pool.num_free, s.pool._pins, s.pool._keeps)
 
 
 def test_random_disaggregated_flows_read_only_their_own_kv():

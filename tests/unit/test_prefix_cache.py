@@ -75,6 +75,62 @@ def test_released_cached_blocks_idle_counted_free_and_are_evicted_tail_first():
         pool.free(blocks[:1])
 
 
+def _check_idle_lists(pool: BlockPool) -> None:
+    """The pool's idle blocks: each in one list (kept or not, as its node's keeps say), held by no one, cached."""
+    assert not set(pool._idle) & set(pool._kept)
+    for b in [*pool._idle, *pool._kept]:
+        assert pool._refs[b] == 0 and pool.is_cached(b), b
+        assert (b in pool._kept) == (pool._keeps[pool.node(b)] > 0), b
+    assert pool.num_free == len(pool._free_ids) + len(pool._idle) + len(pool._kept)
+
+
+def test_a_kept_prefix_is_evicted_after_every_other_cached_block_and_stays_counted_free():
+    """``keep`` (a waiting request's prefix): kept blocks still count free, go only once no other cached block is left,
+    the most recently kept first and a prefix's tail before its head; ``unkeep`` makes them ordinary idle blocks (the
+    most recently released), holds are counted, and a cleared cache forgets them."""
+    pool = BlockPool(8, 2)
+    a, b = [1, 2, 3, 4, 5, 6, 7], [9, 8, 7, 6, 5]              # 3 and 2 full blocks
+    blocks = pool.allocate(5)
+    na, nb = _register(pool, blocks[:3], a), _register(pool, blocks[3:], b)
+    pool.free(blocks)
+    assert pool.keep(na) == na and pool.keep(na[:1]) == na[:1]
+    assert pool.num_free == 8 and pool.num_kept == 3 and pool.can_allocate(8)
+    _check_idle_lists(pool)
+    pool.allocate(5)                                    # 3 never cached, then b's two — a's are kept
+    assert _blocks(pool, a) == blocks[:3] and pool.match(b) == []
+    pool.allocate(1)                                    # then a kept one: a's tail
+    assert _blocks(pool, a) == blocks[:2] and pool.num_kept == 2
+    pool.unkeep(na)                                     # its head is kept twice: still kept, block 1 idles
+    assert pool.num_kept == 1 and pool.num_free == 2
+    _check_idle_lists(pool)
+    pool.allocate(1)
+    assert _blocks(pool, a) == blocks[:1]
+    pool.unkeep(na[:1])
+    assert pool.num_kept == 0 and not pool._keeps
+    pool.keep(na[:1])
+    pool.clear_cache()
+    assert pool.num_free == 1 and not pool._keeps and not pool._kept
+    pool.unkeep(na[:1])                                 # a stale release after the clear: nothing to do
+    assert pool.num_free == 1
+
+
+def test_a_kept_block_released_by_its_holder_idles_kept_and_a_taken_one_leaves_the_kept_list():
+    pool = BlockPool(6, 2)
+    ids = [1, 2, 3, 4, 5]
+    blocks = pool.allocate(2)
+    nodes = _register(pool, blocks, ids)
+    pool.keep(nodes)                                    # held: nothing moves yet
+    assert pool.num_kept == 0
+    pool.free(blocks)
+    assert pool.num_kept == 2 and list(pool._kept) == blocks     # head first: the tail goes first
+    _check_idle_lists(pool)
+    assert pool.take(pool.match(ids)) == blocks and pool.num_kept == 0 and pool.num_free == 4
+    pool.free(blocks)
+    pool.unkeep(nodes)
+    assert pool.num_kept == 0 and pool.num_free == 6 and not pool._keeps
+    _check_idle_lists(pool)
+
+
 def test_a_key_cached_twice_keeps_the_first_block_and_clear_forgets_everything():
     pool = BlockPool(6, 2)
     ids = [3, 4, 5, 6, 7]
@@ -326,6 +382,22 @@ def test_a_preempted_request_restarts_after_its_own_cached_blocks():
     assert sched.prefix_queried == 4 + 8 and sched.prefix_hits == 0   # counted at a prompt's first prefill only
 
 
+def test_a_waiting_request_keeps_its_cached_prefix_while_a_running_one_grows():
+    """w waits for the one seat while r decodes; r's growth evicts cached blocks — the other prompt's, not w's prefix,
+    which w kept as it arrived (before keeps the least recently released went first: w's own, and w computed all)."""
+    sched = _make(num_blocks=10, block_size=4, max_num_seqs=1, max_num_batched_tokens=64)
+    p, q = prompt(13, 1), prompt(9, 2)
+    w = p + prompt(4, 3)
+    outputs, plans = _drive(sched, {0: [("a", p, SamplingParams(max_tokens=1))],
+                                    2: [("b", q, SamplingParams(max_tokens=1))],
+                                    4: [("r", prompt(4, 4), SamplingParams(max_tokens=24))],    # 7 blocks
+                                    5: [("w", w, SamplingParams(max_tokens=2))]})
+    assert outputs["w"] == expected_output(w, 2)
+    assert [_first_seq(plans, r)[0] for r in "abrw"] == [0, 2, 4, 28]       # w waited for r's end
+    assert _first_seq(plans, "w")[1].start_pos == 12 and sched.cached_blocks(q) == 0
+    assert not sched.pool._keeps and sched.pool.num_kept == 0
+
+
 def _first_seq(plans, req_id):
     return next((i, s) for i, p in enumerate(plans) for s in p.seqs if s.req_id == req_id)
 
@@ -384,6 +456,8 @@ def test_random_shared_prefix_workloads_never_corrupt_or_leak(slack, host):
             specs[f"r{i}"] = (ids, max_tokens)
             arrivals.setdefault(rng.randrange(30), []).append((f"r{i}", ids, SamplingParams(max_tokens=max_tokens)))
         outputs, plans = _drive(sched, arrivals)
+        _check_idle_lists(sched.pool)
+        assert not sched.pool._keeps
         for rid, (ids, max_tokens) in specs.items():
             assert outputs[rid] == expected_output(ids, max_tokens), (trial, rid)
         hits += sched.prefix_hits
