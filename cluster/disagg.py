@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from scheduler.block_pool import BlockPool, root
-from scheduler.request import SamplingParams
+from scheduler.request import Request, SamplingParams
 
 FETCH_TIMEOUT_S = 120.0     # a decode replica's wait for a bundle from the object store before computing the prompt
 IMPORT_STEP_BYTES = 64 << 20    # a decode rank's step writes at most this much imported KV (and a block at least):
@@ -165,27 +165,27 @@ class Imports:
     def __bool__(self) -> bool:
         return bool(self.queue)
 
-    def add(self, req_id: str, blocks: tuple[int, ...], rows: tuple[np.ndarray, ...]) -> None:
-        self.queue.append([req_id, blocks, rows, 0])
+    def add(self, req: Request, blocks: tuple[int, ...], rows: tuple[np.ndarray, ...]) -> None:
+        self.queue.append([req, blocks, rows, 0])
 
-    def take(self, pool: BlockPool) -> tuple[list[tuple], list[tuple[str, tuple[int, ...]]], list[str]]:
+    def take(self, pool: BlockPool) -> tuple[list[tuple], list[tuple[Request, tuple[int, ...]]], list[Request]]:
         """This step's writes ((blocks, rows) each), their blocks settled; whose blocks they are ((request, blocks)
         each), and the requests whose imports end here."""
         bs, writes, settled, ended, left = pool.block_size, [], [], [], self.budget
         while self.queue:
             item = self.queue[0]
-            req_id, blocks, rows, at = item
+            req, blocks, rows, at = item
             k = min(len(blocks) - at, max(left // (bs * sum(r.shape[1] for r in rows)), 0 if writes else 1))
             if k == 0:
                 break
             pool.settle(blocks[at:at + k])
-            settled.append((req_id, blocks[at:at + k]))
+            settled.append((req, blocks[at:at + k]))
             writes.append((blocks[at:at + k], tuple(r[at * bs:(at + k) * bs] for r in rows)))
             left -= k * bs * sum(r.shape[1] for r in rows)
             item[3] = at = at + k
             if at == len(blocks):
                 self.queue.popleft()
-                ended.append(req_id)
+                ended.append(req)
         return writes, settled, ended
 
     def drop(self, pool: BlockPool) -> None:

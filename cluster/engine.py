@@ -244,14 +244,14 @@ class Engine:
             for victim in displaced:            # admitted: the requests it displaces are refused now
                 self._refuse(*victim)
             writes = kv and adopt_bundle(self.schedulers[rank].pool, ids, params.cache_salt, kv, pending=True)
-            if writes:      # the rows go to the rank's worker with its next steps; the request waits for them
-                self._imports[rank].add(req_id, *writes)
-                self.stats["kv_imported_tokens"] += len(writes[0]) * self.config.block_size
             if export_kv and (n := exported_blocks(len(ids), self.config.block_size)) * self.config.block_size > \
                     export_from:
                 self._exports[req_id] = tuple(ids[:n * self.config.block_size + 1]), export_from
             req = self.schedulers[rank].add_request(req_id, ids, params)
-            req.importing = bool(writes)
+            if writes:      # the rows go to the rank's worker with its next steps; the request waits for them
+                self._imports[rank].add(req, *writes)
+                self.stats["kv_imported_tokens"] += len(writes[0]) * self.config.block_size
+                req.importing = True
             self._rank_of[req_id] = rank
             self._streams[req_id] = OutputStream.open(ids, params, self.decode, self.config.eos_token_ids, request=req,
                                                       admitted=next(self._admitted))
@@ -558,10 +558,11 @@ class Engine:
         whose import ends may start."""
         sched = self.schedulers[rank]
         writes, settled, ended = self._imports[rank].take(sched.pool)
-        for rid, blocks in settled:
-            if (req := sched.get(rid)) is not None:
+        for req, blocks in settled:
+            if sched.get(req.req_id) is req:            # (not ended meanwhile: its id may be another's now)
                 sched.imported(req, blocks)
-                req.importing = req.importing and rid not in ended
+        for req in ended:
+            req.importing = False
         return writes
 
     def _worker_steps(self, plans: list[StepPlan], imports: list[list],

@@ -11,7 +11,8 @@ state and the next token's embedding), so a block is valid for a prefix only whe
 A block no request holds but whose prefix is cached waits in an LRU of its own (counted free): ``allocate`` takes the
 never-cached free blocks first, then evicts the least recently released cached ones. A waiting request's cached prefix
 is *kept* (``keep``, until it starts): its idle blocks wait apart and are evicted only once no other cached block is
-left — the most recently kept first, so the newest waiter's tail goes before an older one's head. Kept blocks are still
+left — in the scheduler's order from the back: the last waiter's deepest block first, so a later waiter's tail goes
+before an earlier one's head (a block several waiters keep ranks as the first of them has it). Kept blocks are still
 counted free, so a keep never makes the scheduler wait or preempt: it changes only which cached blocks go first.
 
 Host memory (``host_blocks`` > 0): a second tier of cached blocks. A block is copied there when it is registered
@@ -25,6 +26,7 @@ on registration, between plans; a slot reused within one plan's saves keeps the 
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
@@ -71,8 +73,9 @@ class BlockPool:
         self._free_ids: list[int] = list(range(num_blocks - 1, -1, -1))
         self._refs = [0] * num_blocks                          # holders of each block
         self._idle: OrderedDict[int, None] = OrderedDict()    # cached blocks nobody holds, least recently released first
-        self._kept: OrderedDict[int, None] = OrderedDict()    # idle blocks a waiting request will take, oldest keep first
-        self._keeps: Counter[int] = Counter()     # node -> waiting requests that keep it (``keep``)
+        self._kept: dict[int, tuple] = {}         # idle block a waiting request will take -> its order (``keep``)
+        self._kept_heap: list[tuple] = []         # (the order negated, block): the last first; stale entries skipped
+        self._keeps: dict[int, Counter[tuple]] = {}   # node -> the orders its keepers give it
         self._nodes: dict[int, _Node] = {}                    # node -> its key and copies
         self._node_of_key: dict[tuple, int] = {}
         self._node_of_block: dict[int, int] = {}              # registered device block -> its node
@@ -130,7 +133,7 @@ class BlockPool:
             if self._free_ids:
                 b = self._free_ids.pop()
             else:       # evict the least recently released cached block, else the most recently kept one
-                b, _ = self._idle.popitem(last=False) if self._idle else self._kept.popitem()
+                b = self._idle.popitem(last=False)[0] if self._idle else self._pop_kept()
                 self._drop_block(b)
             self._refs[b] = 1
             ids.append(b)
@@ -139,8 +142,7 @@ class BlockPool:
     def free(self, block_ids: Sequence[int]) -> None:
         """Release one hold on each block; a block nobody holds any more goes back to the free list, or idles with its
         cached prefix. A request's table is released from its end, so its last blocks are evicted first (a prefix's
-        head is the part other requests share; kept blocks, head first, for the same reason)."""
-        kept = []
+        head is the part other requests share)."""
         for b in reversed(block_ids):
             assert 0 <= b < self.num_blocks, f"block id {b} outside the pool of {self.num_blocks}"
             assert self._refs[b] > 0, f"double free of block {b}"
@@ -148,12 +150,10 @@ class BlockPool:
             if self._refs[b] == 0:
                 if (n := self._node_of_block.get(b)) is None:
                     self._free_ids.append(b)
-                elif self._keeps[n]:
-                    kept.append(b)
+                elif n in self._keeps:
+                    self._set_kept(b, min(self._keeps[n]))
                 else:
                     self._idle[b] = None
-        for b in reversed(kept):
-            self._kept[b] = None
 
     # ---- prefix caching ----------------------------------------------------------------------
 
@@ -194,28 +194,54 @@ class BlockPool:
         """One more hold on each block (an idle cached one leaves the LRU: nothing evicts it until ``free``)."""
         for b in blocks:
             if self._refs[b] == 0:
-                del (self._idle if b in self._idle else self._kept)[b]
+                if self._idle.pop(b, 0) is not None:        # (an idle block's value is None)
+                    del self._kept[b]
             self._refs[b] += 1
 
-    def keep(self, nodes: Sequence[int]) -> list[int]:
-        """Evict the device blocks of ``nodes`` (``match``'s: a waiting request's cached prefix) after every other
-        cached block, until ``unkeep``; they stay counted free. Returns ``nodes`` (what ``unkeep`` takes)."""
-        for n in nodes:
-            self._keeps[n] += 1
-            if (b := self._nodes[n].block) is not None and b in self._idle:
-                del self._idle[b]
-                self._kept[b] = None
-        return list(nodes)
+    def keep(self, nodes: Sequence[int], rank: tuple, first: int = 0) -> None:
+        """Evict the device blocks of ``nodes`` (a waiting request's cached prefix, ``match``'s, from its block
+        ``first`` on) after every other cached block, until ``unkeep``; they stay counted free. ``rank``: the request's
+        place in the scheduler's order — among kept blocks the last request's go first, its deepest first."""
+        for depth, n in enumerate(nodes, first):
+            order = (*rank, depth)
+            self._keeps.setdefault(n, Counter())[order] += 1
+            if (b := self._nodes[n].block) is not None and self._refs[b] == 0:
+                if self._idle.pop(b, 0) is None or order < self._kept[b]:      # (an idle block's value is None)
+                    self._set_kept(b, order)
 
-    def unkeep(self, nodes: Sequence[int]) -> None:
-        """Release ``keep``'s holds; a block no longer kept idles as the most recently released. Nodes gone meanwhile
-        (evicted from both tiers, or a cleared cache) are skipped (node ids are never reused)."""
-        for n in nodes:
-            if self._keeps[n] > 1:
-                self._keeps[n] -= 1
-            elif self._keeps.pop(n, None) is not None and (b := self._nodes[n].block) is not None and b in self._kept:
+    def unkeep(self, nodes: Sequence[int], rank: tuple, first: int = 0) -> None:
+        """Release ``keep``'s holds (the same arguments); a block no longer kept idles as the most recently released.
+        Nodes gone meanwhile (evicted from both tiers, or a cleared cache) are skipped (node ids are never reused)."""
+        for depth, n in enumerate(nodes, first):
+            order = (*rank, depth)
+            if (orders := self._keeps.get(n)) is None or not orders[order]:
+                continue
+            orders[order] -= 1
+            if orders[order]:
+                continue
+            del orders[order]
+            b = self._nodes[n].block
+            if not orders:
+                del self._keeps[n]
+                if self._kept.pop(b, None) is not None:
+                    self._idle[b] = None
+            elif self._kept.get(b) == order:        # its first keeper left: the next one's order
+                self._set_kept(b, min(orders))
+
+    def _set_kept(self, b: int, order: tuple) -> None:
+        self._kept[b] = order
+        heapq.heappush(self._kept_heap, (tuple(-x for x in order), b))
+        if len(self._kept_heap) > 2 * len(self._kept) + 64:       # drop the stale entries now and then
+            self._kept_heap = [(tuple(-x for x in o), k) for k, o in self._kept.items()]
+            heapq.heapify(self._kept_heap)
+
+    def _pop_kept(self) -> int:
+        """The kept block that goes first (the last in the scheduler's order), out of the kept ones."""
+        while True:
+            neg, b = heapq.heappop(self._kept_heap)
+            if self._kept.get(b) == tuple(-x for x in neg):
                 del self._kept[b]
-                self._idle[b] = None
+                return b
 
     def pin(self, nodes: Sequence[int]) -> list[int]:
         """Keep the host copies of ``nodes`` from eviction until ``unpin`` (a prefix whose rest another replica
@@ -323,6 +349,7 @@ class BlockPool:
         self._free_ids.extend(self._kept)
         self._idle.clear()
         self._kept.clear()
+        self._kept_heap.clear()
         self._keeps.clear()
         self._nodes.clear()
         self._node_of_key.clear()

@@ -198,23 +198,26 @@ class Scheduler:
             return []
         return self.pool.match(req.all_ids, root(req.params.cache_salt))
 
-    def _rematch(self, req: Request) -> None:
-        """A waiting request's cached prefix as it stands now (on its arrival, its preemption): counted for its KV load,
-        and kept (``BlockPool.keep``: evicted after other cached blocks) until it starts."""
-        hits = self._hits(req)
-        kept, req.kept = req.kept, self.pool.keep(hits)
-        self.pool.unkeep(kept)
-        req.hit_blocks = len(hits)
+    def _keep_prefix(self, req: Request) -> None:
+        """A request that begins to wait here (arrived, moved here, preempted): its cached prefix, counted for its KV
+        load, is kept (``BlockPool.keep``: evicted after other cached blocks, in its order) until it starts."""
+        assert not req.kept, req.req_id
+        req.kept = self._hits(req)
+        self.pool.keep(req.kept, req.rank)
+        req.hit_blocks = len(req.kept)
 
     def imported(self, req: Request, blocks: Sequence[int]) -> None:
         """Blocks of waiting ``req``'s prompt written from another replica's KV (``cluster/disagg.py``'s ``Imports``,
-        settled): counted as cached, and kept as its prefix is."""
+        settled): counted as cached, and kept past its prefix."""
+        if req.status is not RequestStatus.WAITING:
+            return
         nodes = [self.pool.node(b) for b in blocks if self.pool.is_cached(b)]
-        req.kept += self.pool.keep(nodes)
+        self.pool.keep(nodes, req.rank, len(req.kept))
+        req.kept += nodes
         req.hit_blocks += len(nodes)
 
     def _unkeep(self, req: Request) -> None:
-        self.pool.unkeep(req.kept)
+        self.pool.unkeep(req.kept, req.rank)
         req.kept = []
 
     def get(self, req_id: str) -> Request | None:
@@ -232,7 +235,7 @@ class Scheduler:
         """``req`` waits here, the youngest of its priority (its arrival numbered in this scheduler's order)."""
         req.arrival = self._next_arrival
         self._next_arrival += 1
-        self._rematch(req)
+        self._keep_prefix(req)
         _insort(self._waiting, req)
         self._live[req.req_id] = req
         return req
@@ -439,7 +442,7 @@ class Scheduler:
         self.pool.free(req.block_ids)
         req.block_ids = []
         req.cached_nodes = []
-        self._rematch(req)      # its own blocks, now idle, mostly: kept
+        self._keep_prefix(req)      # its own blocks, now idle, mostly: kept
         req.num_computed_tokens = 0
         req.status = RequestStatus.WAITING
         req.num_preemptions += 1
@@ -636,9 +639,9 @@ class Scheduler:
         assert status.is_finished
         if req.status is RequestStatus.WAITING:
             self._waiting.remove(req)
-            self._unkeep(req)
         else:
             self._running.remove(req)
+        self._unkeep(req)
         self.pool.free(req.block_ids)
         req.block_ids = []
         req.status = status

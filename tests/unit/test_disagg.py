@@ -546,6 +546,49 @@ def test_an_adoption_does_not_evict_the_blocks_an_earlier_import_keeps_for_its_w
     assert starts == {"x": 40, "y": 28} and e.num_free_blocks() == 20 and not pool._keeps
 
 
+def test_an_aborted_import_settling_on_leaves_no_keep_with_a_request_that_takes_its_id():
+    """x's import goes a block a step; x is aborted after one and a new request takes its id: the old import's blocks
+    still settle, and must not be credited to (kept by) the new x — which would keep them past its end."""
+    e = _engine(blocks=64)
+    e._imports[0].budget = 4 * 4
+    x = list(range(1, 42))
+    e.add_request(x, SamplingParams(max_tokens=1), "x", kv=_bundle_of(x))
+    e.step()
+    e.abort("x")
+    e.add_request(list(range(600, 610)), SamplingParams(max_tokens=20, ignore_eos=True), "x")
+    for _ in range(4):
+        e.step()
+    assert e.scheduler.get("x").kept == [] and e.scheduler.get("x").hit_blocks == 0
+    while e.has_work():
+        e.step()
+    assert not e.scheduler.pool._keeps and e.scheduler.pool.num_kept == 0 and e.num_free_blocks() == 64
+
+
+def test_an_import_written_over_steps_keeps_its_place_before_a_later_waiter():
+    """x (a 10-block import, a block a step) waits ahead of w, which arrives meanwhile and keeps w0's cached blocks;
+    r's growth then evicts kept blocks: two of w's (behind x in the queue), its tail first, none of x's later-written
+    ones (when kept blocks went by the time they were kept, x lost two: 32, 12)."""
+    e = _engine(blocks=20, seqs=1)
+    e._imports[0].budget = 4 * 4
+    w0 = list(range(700, 713))
+    e.add_request(w0, SamplingParams(max_tokens=1), "w0")
+    while e.has_work():
+        e.step()
+    e.add_request(list(range(500, 505)), SamplingParams(max_tokens=30, ignore_eos=True), "r")
+    e.step()
+    x = list(range(1, 42))
+    e.add_request(x, SamplingParams(max_tokens=1), "x", kv=_bundle_of(x))
+    e.step()
+    e.add_request(w0 + [9, 9, 9], SamplingParams(max_tokens=1), "w")
+    while e.has_work():
+        e.step()
+    starts = {}
+    for steps in e.executor.steps:
+        for seq in steps[0].seqs:
+            starts.setdefault(seq.req_id, seq.start_pos)
+    assert (starts["x"], starts["w"]) == (40, 4), starts        # w lost two tail blocks, x none
+
+
 def test_a_cancel_while_the_kv_is_adopted_aborts_the_request():
     """The client goes away while ``add_request`` adopts its KV in a thread: the request is aborted once added, not
     left decoding for no one."""

@@ -15,6 +15,7 @@ import numpy as np
 from cluster.disagg import KVBundle, hold_prefix
 from scheduler import BlockPool, SamplingParams
 from scheduler.block_pool import ROOT
+from tests.unit.test_prefix_cache import _check_idle_lists
 
 BS = 4
 _ids: dict[tuple, int] = {}
@@ -262,15 +263,16 @@ def test_a_stale_release_after_a_cleared_cache_leaves_a_newer_hold_pinned():
 
 def _random_flow(seed: int, num_ranks: int, failures: bool, steps: int = 400) -> None:
     """Requests arrive, hold their cached prefix, get their rest as a bundle a few steps later (rows from the held
-    position), are aborted, and steps fail (the cache cleared): every forward reads its own prefix's KV, and at the
-    end no block is held and no slot pinned."""
+    position), are aborted (their ids taken again by later requests), and steps fail (the cache cleared): every forward
+    reads its own prefix's KV, after every step only waiting requests keep blocks (``BlockPool.keep``), and at the end
+    no block is held, kept or pinned."""
     rng = random.Random(seed)
     e, ex = engine(num_ranks=num_ranks, blocks=rng.choice([16, 24, 32]), host=rng.choice([4, 8, 16]),
                    seqs=rng.choice([2, 4]), budget=rng.choice([16, 32, 64]))
     for imp in e._imports:
         imp.budget = BS * 4 * rng.choice([1, 2, 8, 100])
     convs = [[rng.randrange(1, 999) for _ in range(rng.randrange(5, 30))] for _ in range(4)]
-    asking, holds, live, n = [], {}, set(), 0        # asking: [steps left, prompt, held, rid]
+    asking, holds, live, ended, n = [], {}, set(), [], 0        # asking: [steps left, prompt, held, rid]
     for _ in range(steps):
         r = rng.random()
         if r < 0.25 and len(asking) < 4:            # a request arrives: hold its prefix, ask a "prefill replica"
@@ -279,12 +281,14 @@ def _random_flow(seed: int, num_ranks: int, failures: bool, steps: int = 400) ->
             if rng.random() < 0.5:
                 convs[c] = prompt
             prompt = prompt[:e.config.num_blocks * BS // 2]
-            asking.append([rng.randrange(0, 4), prompt, e.hold_prefix(prompt, None), f"r{n}"])
+            rid = ended.pop(rng.randrange(len(ended))) if ended and rng.random() < 0.3 else f"r{n}"
+            asking.append([rng.randrange(0, 4), prompt, e.hold_prefix(prompt, None), rid])
             n += 1
         elif r < 0.3 and live:                      # a client goes away
             rid = rng.choice(sorted(live))
             e.abort(rid)
             live.discard(rid)
+            ended.append(rid)
         elif r < 0.33 and failures:
             ex.fail_next = True
         for item in list(asking):
@@ -299,6 +303,7 @@ def _random_flow(seed: int, num_ranks: int, failures: bool, steps: int = 400) ->
                     holds[rid] = held
                 except Exception:                   # noqa: BLE001 (refused: the queue is full)
                     held.release()
+                    ended.append(rid)
                 held.admitted()
         try:
             events = e.step()
@@ -308,10 +313,13 @@ def _random_flow(seed: int, num_ranks: int, failures: bool, steps: int = 400) ->
             if ev.token_ids or ev.finished:
                 if (held := holds.pop(ev.req_id, None)) is not None:
                     held.release()
-            if ev.finished:
+            if ev.finished and ev.req_id in live:
                 live.discard(ev.req_id)
+                ended.append(ev.req_id)
         for rid in [r for r in holds if r not in live]:
             holds.pop(rid).release()
+        for sched in e.schedulers:
+            _check_keeps(sched)
     for item in asking:
         item[2].release()
     for rid in list(live):
@@ -323,6 +331,19 @@ def _random_flow(seed: int, num_ranks: int, failures: bool, steps: int = 400) ->
     for s in e.schedulers:
         assert s.pool.num_free == s.pool.num_blocks and not s.pool._pins and not s.pool._keeps, \
             (s.pool.num_free, s.pool._pins, s.pool._keeps)
+
+
+def _check_keeps(sched) -> None:
+    """The pool's idle lists are sound, and its keeps are exactly the waiting requests'."""
+    _check_idle_lists(sched.pool)
+    want: dict[int, int] = {}
+    for rid in sched.live_ids():
+        req = sched.get(rid)
+        assert not req.kept or req in sched.waiting(), rid
+        for n in req.kept:
+            want[n] = want.get(n, 0) + 1
+    got = {n: sum(orders.values()) for n, orders in sched.pool._keeps.items()}
+    assert {n: c for n, c in want.items() if n in sched.pool._nodes} == got, (want, got)
 
 
 def test_random_disaggregated_flows_read_only_their_own_kv():

@@ -76,42 +76,71 @@ def test_released_cached_blocks_idle_counted_free_and_are_evicted_tail_first():
 
 
 def _check_idle_lists(pool: BlockPool) -> None:
-    """The pool's idle blocks: each in one list (kept or not, as its node's keeps say), held by no one, cached."""
+    """The pool's idle blocks: each in one list (kept or not, as its node's keeps say — in the first keeper's order),
+    held by no one, cached."""
     assert not set(pool._idle) & set(pool._kept)
     for b in [*pool._idle, *pool._kept]:
         assert pool._refs[b] == 0 and pool.is_cached(b), b
-        assert (b in pool._kept) == (pool._keeps[pool.node(b)] > 0), b
+        n = pool.node(b)
+        assert (b in pool._kept) == (n in pool._keeps), b
+        assert b not in pool._kept or pool._kept[b] == min(pool._keeps[n]), b
+    assert all(all(c > 0 for c in orders.values()) and orders for orders in pool._keeps.values())
     assert pool.num_free == len(pool._free_ids) + len(pool._idle) + len(pool._kept)
 
 
 def test_a_kept_prefix_is_evicted_after_every_other_cached_block_and_stays_counted_free():
-    """``keep`` (a waiting request's prefix): kept blocks still count free, go only once no other cached block is left,
-    the most recently kept first and a prefix's tail before its head; ``unkeep`` makes them ordinary idle blocks (the
-    most recently released), holds are counted, and a cleared cache forgets them."""
+    """``keep`` (a waiting request's prefix, with its place in the scheduler's order): kept blocks still count free,
+    go only once no other cached block is left — the last waiter's deepest first; ``unkeep`` makes a block no one keeps
+    an ordinary idle one (the most recently released); a cleared cache forgets every keep."""
     pool = BlockPool(8, 2)
     a, b = [1, 2, 3, 4, 5, 6, 7], [9, 8, 7, 6, 5]              # 3 and 2 full blocks
     blocks = pool.allocate(5)
-    na, nb = _register(pool, blocks[:3], a), _register(pool, blocks[3:], b)
+    na, _ = _register(pool, blocks[:3], a), _register(pool, blocks[3:], b)
     pool.free(blocks)
-    assert pool.keep(na) == na and pool.keep(na[:1]) == na[:1]
+    pool.keep(na, (0, 1))                               # a later waiter keeps all of a
+    pool.keep(na[:1], (0, 0))                           # an earlier one its head
     assert pool.num_free == 8 and pool.num_kept == 3 and pool.can_allocate(8)
     _check_idle_lists(pool)
     pool.allocate(5)                                    # 3 never cached, then b's two — a's are kept
     assert _blocks(pool, a) == blocks[:3] and pool.match(b) == []
-    pool.allocate(1)                                    # then a kept one: a's tail
+    pool.allocate(1)                                    # then a kept one: the later waiter's deepest
     assert _blocks(pool, a) == blocks[:2] and pool.num_kept == 2
-    pool.unkeep(na)                                     # its head is kept twice: still kept, block 1 idles
-    assert pool.num_kept == 1 and pool.num_free == 2
+    pool.unkeep(na, (0, 1))                             # the head is still kept: block 1 idles
+    assert pool.num_kept == 1 and pool.num_free == 2 and pool._kept[blocks[0]] == (0, 0, 0)
     _check_idle_lists(pool)
     pool.allocate(1)
     assert _blocks(pool, a) == blocks[:1]
-    pool.unkeep(na[:1])
+    pool.unkeep(na[:1], (0, 0))
     assert pool.num_kept == 0 and not pool._keeps
-    pool.keep(na[:1])
+    pool.keep(na[:1], (0, 0))
     pool.clear_cache()
     assert pool.num_free == 1 and not pool._keeps and not pool._kept
-    pool.unkeep(na[:1])                                 # a stale release after the clear: nothing to do
+    pool.unkeep(na[:1], (0, 0))                         # a stale release after the clear: nothing to do
     assert pool.num_free == 1
+
+
+def test_kept_blocks_go_in_the_scheduler_order_from_the_back_whenever_they_were_kept():
+    """Two waiters keep their prompts' blocks: the one behind in the queue loses its deepest first, though it kept them
+    first; a head a running request still held when it was kept (a shared one) goes after its waiter's tail, and a
+    node kept by two waiters ranks as the first of them has it."""
+    pool = BlockPool(12, 2)
+    x, y = [1, 2, 3, 4, 5, 6, 7], [9, 8, 7, 6, 5, 4, 3]
+    bx, by = pool.allocate(3), pool.allocate(3)
+    nx, ny = _register(pool, bx, x), _register(pool, by, y)
+    pool.free(bx[1:] + by)                              # x's head is still held
+    pool.keep(ny, (0, 9))                               # y: behind x in the queue, kept first
+    pool.keep(nx, (0, 4))
+    pool.free(bx[:1])                                   # x's head idles now: kept, as x's first block
+    assert pool.num_kept == 6
+    _check_idle_lists(pool)
+    pool.allocate(6 + 3)                                # the never-cached 6, then y's three, tail first
+    assert _blocks(pool, y) == [] and _blocks(pool, x) == bx
+    pool.allocate(1)
+    assert _blocks(pool, x) == bx[:2]                   # x's tail, not its head
+    pool.keep(nx[:1], (0, 2))                           # a third waiter, ahead of x, shares the head
+    pool.unkeep(nx, (0, 4))
+    assert pool._kept[bx[0]] == (0, 2, 0) and pool.num_kept == 1 and pool.num_free == 2
+    _check_idle_lists(pool)
 
 
 def test_a_kept_block_released_by_its_holder_idles_kept_and_a_taken_one_leaves_the_kept_list():
@@ -119,14 +148,14 @@ def test_a_kept_block_released_by_its_holder_idles_kept_and_a_taken_one_leaves_t
     ids = [1, 2, 3, 4, 5]
     blocks = pool.allocate(2)
     nodes = _register(pool, blocks, ids)
-    pool.keep(nodes)                                    # held: nothing moves yet
+    pool.keep(nodes, (0, 0))                            # held: nothing moves yet
     assert pool.num_kept == 0
     pool.free(blocks)
-    assert pool.num_kept == 2 and list(pool._kept) == blocks     # head first: the tail goes first
+    assert pool.num_kept == 2
     _check_idle_lists(pool)
     assert pool.take(pool.match(ids)) == blocks and pool.num_kept == 0 and pool.num_free == 4
     pool.free(blocks)
-    pool.unkeep(nodes)
+    pool.unkeep(nodes, (0, 0))
     assert pool.num_kept == 0 and pool.num_free == 6 and not pool._keeps
     _check_idle_lists(pool)
 
@@ -396,6 +425,21 @@ def test_a_waiting_request_keeps_its_cached_prefix_while_a_running_one_grows():
     assert [_first_seq(plans, r)[0] for r in "abrw"] == [0, 2, 4, 28]       # w waited for r's end
     assert _first_seq(plans, "w")[1].start_pos == 12 and sched.cached_blocks(q) == 0
     assert not sched.pool._keeps and sched.pool.num_kept == 0
+
+
+def test_a_shared_head_that_idles_after_its_waiter_kept_it_goes_after_the_waiters_tail():
+    """W waits, keeping S+T: S's block is still held by R (it shares S), T's are idle. When R ends, S's block idles
+    kept as W's first block — evicted after W's tail, not before it (which would leave W's tail kept and unmatchable:
+    W computed everything)."""
+    sched = _make(num_blocks=10, block_size=4, max_num_seqs=2, max_num_batched_tokens=64)
+    s, t = prompt(8, 1), prompt(8, 2)
+    outputs, plans = _drive(sched, {0: [("t0", s + t + [7], SamplingParams(max_tokens=1))],
+                                    2: [("R", s + [3, 3, 3], SamplingParams(max_tokens=8, ignore_eos=True)),
+                                        ("G", prompt(4, 9), SamplingParams(max_tokens=12, ignore_eos=True))],
+                                    3: [("Z", prompt(12, 8), SamplingParams(max_tokens=12, ignore_eos=True)),
+                                        ("W", s + t + [5], SamplingParams(max_tokens=1))]})
+    assert outputs["W"] == expected_output(s + t + [5], 1)
+    assert _first_seq(plans, "W")[1].start_pos == 8        # S's two blocks: 0 with keeps by time, 4 without keeps
 
 
 def _first_seq(plans, req_id):
