@@ -39,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.decode_slice import SLICE  # noqa: E402
-from models.cache import KVCache  # noqa: E402
+from models.cache import ImportWriter, KVCache  # noqa: E402
 from models.config import ModelConfig  # noqa: E402
 
 # GLM-5.2 at full depth: the bench slice's widths (``bench/decode_slice.py``) with its 78 layers, IndexShare's 21
@@ -73,9 +73,12 @@ def transfer(device: str, token_counts: list[int], out: Path) -> None:
              "Each leg's ms (GB/s). Gather: the prefill rank's `read_blocks` (device rows to host memory); channel: "
              "the step channel's send and receive over a local socket (rank → its engine; the decode side pays it "
              "again, engine → rank); object store: left in a `KVDepot` actor and taken back (`stage_bundle` / "
-             "`fetch_bundle`: two copies); write: the decode rank's `write_blocks` (host rows into its blocks).", "",
-             "| KV rows | tokens | MB | gather | channel | object store | write | total ms | ms per 1k tokens |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "`fetch_bundle`: two copies); write: the decode rank's `write_blocks` (host rows into its blocks, a "
+             "pageable copy); staged write: the engine's since session 53 (`ImportWriter`: the rows copied into pinned "
+             "memory on a thread — the fill, beside the step — then to the device and into their blocks; here waited "
+             "for whole). The total counts the staged write.", "",
+             "| KV rows | tokens | MB | gather | channel | object store | write | staged write (of it the fill) "
+             "| total ms | ms per 1k tokens |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     ray = _ray()
     for fp8 in (False, True):
         for tokens in token_counts:
@@ -93,11 +96,18 @@ def transfer(device: str, token_counts: list[int], out: Path) -> None:
             store = _store_ms(ray, rows) if ray is not None else float("nan")
             write = _ms(lambda: dst.write_blocks(order, BLOCK, rows), device)
             assert all((a == b).all() for a, b in zip(dst.read_blocks(order, BLOCK), rows))
-            total = gather + channel + (store if store == store else 0.0) + write
+            for t in dst.tensors():
+                t.zero_()
+            writer = ImportWriter(dst, BLOCK)
+            staged = _ms(lambda: writer.write(writer.stage([(order, rows)])), device)
+            fill = _ms(lambda: (h := writer.stage([(order, rows)])).filling and h.filling.result(), device)
+            assert all((a == b).all() for a, b in zip(dst.read_blocks(order, BLOCK), rows))
+            total = gather + channel + (store if store == store else 0.0) + staged
             lines.append(f"| {'FP8' if fp8 else 'bf16'} | {tokens} | {nbytes / 1e6:.0f} | "
                          + " | ".join(f"{v:.0f} ({gb / (v / 1e3):.1f})" if v == v else "—"
                                       for v in (gather, channel, store, write))
-                         + f" | {total:.0f}{'' if store == store else ' (no Ray)'} | {total / tokens * 1e3:.1f} |")
+                         + f" | {staged:.0f} ({gb / (staged / 1e3):.1f}; {fill:.0f}) "
+                         + f"| {total:.0f}{'' if store == store else ' (no Ray)'} | {total / tokens * 1e3:.1f} |")
             print(lines[-1], flush=True)
     per = KVCache.bytes_per_slot(cfg, torch.bfloat16), KVCache.bytes_per_slot(cfg, torch.bfloat16, True)
     lines += ["", f"A token's KV at full depth: {per[0]} bytes bf16, {per[1]} FP8 (a rank's, whose requests it holds "
@@ -365,7 +375,8 @@ def _decode_steps(engine, n: int) -> list[float]:
     return times
 
 
-def stall(device: str, slice_: bool, token_counts: list[int], streams: int, fp8: bool, out: Path) -> None:
+def stall(device: str, slice_: bool, token_counts: list[int], streams: int, fp8: bool, out: Path,
+          pageable: bool = False) -> None:
     import numpy as np
 
     from bench.prefix_cache import model_path
@@ -382,31 +393,40 @@ def stall(device: str, slice_: bool, token_counts: list[int], streams: int, fp8:
                            kv_cache_dtype="fp8" if fp8 else "auto", warmup_tokens=answer + 512)
         print("building the engine ...", flush=True)
         engine, _ = build_local_engine(cfg, progress=False)
+    if pageable:
+        runner = engine.executor.runner
+        runner.imports = ImportWriter(runner.cache, runner.block_size, staged=False)
     taken = [0]                                     # bytes written by the step under way (every rank's)
-    take = engine._take_imports
 
-    def counted(rank: int) -> list[tuple]:
-        writes = take(rank)
-        taken[0] += sum(r.nbytes for _, rows in writes for r in rows)
-        return writes
+    def counted(take):
+        def take_counted(block_size: int) -> list[tuple]:
+            writes = take(block_size)
+            taken[0] += sum(r.nbytes for _, rows in writes for r in rows)
+            return writes
+        return take_counted
 
-    engine._take_imports = counted
+    for imports in engine._imports:
+        imports.take = counted(imports.take)
     vocab, bs, rng = engine.schedulers[0].config.vocab_size, engine.config.block_size, random.Random(0)
     per_token = sum(w * _itemsize(d) for w, d in engine.kv_layout)
     what = "the GLM-5.2-width slice (4 layers, FP8 random weights)" if slice_ else "the tiny model"
     lines = [f"# Disaggregated prefill: a decode engine taking a bundle ({device}, {what})", "",
              f"`PYTHONPATH=. python bench/disagg.py stall --device {device}{' --slice' if slice_ else ''}"
-             f"{' --fp8' if fp8 else ''} --streams {streams} --tokens {' '.join(map(str, token_counts))}` — "
+             f"{' --fp8' if fp8 else ''}{' --pageable' if pageable else ''} --streams {streams} --tokens "
+             f"{' '.join(map(str, token_counts))}` — "
              f"{time.strftime('%Y-%m-%d %H:%M')}. {streams} streams decode (256-token prompts) while a request "
              f"arrives with its prompt's KV ({'FP8' if fp8 else 'bf16'} rows, {per_token} bytes a token on this "
              f"model); the engine writes it over its next steps, at most {IMPORT_STEP_BYTES >> 20} MB a step. "
              "Step times are the engine's whole step (plan, worker, outputs), medians, ms.", "",
-             "Steps writing: those that wrote a part of it; the last also computes the request's tail (the prompt's "
-             "last block and token) and samples its first token — a stall a step is the median of those before it "
-             "less the plain step's.", "",
-             "| bundle tokens | MB | steps writing | MB a step | step: plain / writing / the last | stall a step "
+             "Steps writing: those that carried a part of it (the worker writes it after the step's work: "
+             f"{'from pageable memory, waited for, as before session 53' if pageable else 'through pinned memory'}"
+             "); the step after the last computes the request's tail "
+             "(the prompt's last block and token) and samples its first token. A stall a step: the median writing "
+             "step less the plain one. A first round at the first size warms the shapes up (not shown).", "",
+             "| bundle tokens | MB | steps writing | MB a step | step: plain / writing / the first token's "
+             "| stall a step "
              "| request's TTFT |", "|---:|---:|---:|---:|---|---:|---:|"]
-    for n, tokens in enumerate(token_counts):
+    for n, tokens in enumerate([token_counts[0], *token_counts]):       # the first round warms the shapes up
         tokens = tokens // bs * bs
         for i in range(streams):
             prompt = [rng.randrange(40, vocab) for _ in range(256)]
@@ -414,8 +434,8 @@ def stall(device: str, slice_: bool, token_counts: list[int], streams: int, fp8:
         _decode_steps(engine, 8)
         plain = _decode_steps(engine, 40)
         prompt = [rng.randrange(40, vocab) for _ in range(tokens + 8)]
-        bundle = KVBundle(tuple(prompt[:tokens + 1]), engine.kv_layout, False,
-                          tuple(np.zeros((tokens, w * _itemsize(d)), np.uint8) for w, d in engine.kv_layout))
+        bundle = KVBundle(tuple(prompt[:tokens + 1]), engine.kv_layout, False,        # (touched pages, as received)
+                          tuple(np.full((tokens, w * _itemsize(d)), 1, np.uint8) for w, d in engine.kv_layout))
         t0 = time.perf_counter()
         engine.add_request(prompt, SamplingParams(max_tokens=4, ignore_eos=True), f"kv{n}", kv=bundle)
         steps, first = [], None
@@ -425,22 +445,23 @@ def stall(device: str, slice_: bool, token_counts: list[int], streams: int, fp8:
             steps.append(((time.perf_counter() - s0) * 1e3, taken[0]))
             if any(e.req_id == f"kv{n}" and e.token_ids for e in events):
                 first = (time.perf_counter() - t0) * 1e3
-        writing = [i for i, (_, b) in enumerate(steps) if b]
-        before = [steps[i][0] for i in writing[:-1]]
+        writing = [t for t, b in steps if b]
         mb = sum(b for _, b in steps) / 1e6
         base = statistics.median(plain)
-        busy = f"{statistics.median(before):.1f}" if before else "—"
-        cost = f"{statistics.median(before) - base:.1f}" if before else "—"
-        last = f"{steps[writing[-1]][0]:.1f}" if writing else "— (nothing written: the pool had no room)"
-        lines.append(f"| {tokens} | {mb:.0f} | {len(writing)} | {mb / max(len(writing), 1):.0f} | {base:.1f} / "
-                     f"{busy} / {last} | {cost} | {first:.0f} |")
-        print(lines[-1], flush=True)
+        busy = f"{statistics.median(writing):.1f}" if writing else "— (nothing written: the pool had no room)"
+        cost = f"{statistics.median(writing) - base:.1f}" if writing else "—"
+        row = (f"| {tokens} | {mb:.0f} | {len(writing)} | {mb / max(len(writing), 1):.0f} | {base:.1f} / "
+               f"{busy} / {steps[-1][0]:.1f} | {cost} | {first:.0f} |")
+        if n:
+            lines.append(row)
+        print(row if n else f"(warm-up) {row}", flush=True)
         for i in range(streams):
             engine.abort(f"s{n}.{i}")
         while engine.has_work():
             engine.step()
     out.mkdir(parents=True, exist_ok=True)
-    name = f"disagg_stall_{device}{'_slice' if slice_ else ''}{'_fp8' if fp8 else ''}.md"
+    name = "_".join(["disagg_stall", device, *(["slice"] if slice_ else []), *(["fp8"] if fp8 else []),
+                     *(["pageable"] if pageable else [])]) + ".md"
     (out / name).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -470,10 +491,12 @@ def main() -> None:
     st.add_argument("--tokens", type=int, nargs="+", default=[4096, 32768])
     st.add_argument("--streams", type=int, default=4)
     st.add_argument("--fp8", action="store_true", help="FP8 KV rows (kv_cache_dtype: fp8)")
-    st.add_argument("--out", type=Path, default=Path("bench/results/session51"))
+    st.add_argument("--pageable", action="store_true",
+                    help="write the rows as before session 53: a pageable copy, waited for (the A/B's other side)")
+    st.add_argument("--out", type=Path, default=Path("bench/results/session53"))
     a = ap.parse_args()
     if a.what == "stall":
-        stall(a.device, a.slice, a.tokens, a.streams, a.fp8, a.out)
+        stall(a.device, a.slice, a.tokens, a.streams, a.fp8, a.out, a.pageable)
     elif a.what == "transfer":
         transfer(a.device, a.tokens, a.out)
     elif a.what == "turns":

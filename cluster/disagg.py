@@ -156,40 +156,47 @@ def adopt_bundle(pool: BlockPool, prompt_ids: Sequence[int], salt: str | None, b
 
 class Imports:
     """A rank's imports on their way to its blocks, in arrival order: each a request's adopted blocks (pending: no
-    match reaches them) and their rows. A step takes whole blocks of them up to ``budget`` bytes (a block at least),
-    and settles them: their write goes with that step, before its forward, so the step's plan may take them."""
+    match reaches them) and their rows. A step takes whole blocks of them up to ``budget`` bytes (a block at least);
+    the worker writes them after that step's work (``ImportWriter``: on a GPU without holding the step up), and once
+    the step has returned they settle (``written``), so the next step's plan may take them."""
 
     def __init__(self, budget: int = IMPORT_STEP_BYTES) -> None:
-        self.budget, self.queue = budget, deque()
+        self.budget, self.queue, self.writing = budget, deque(), []
 
     def __bool__(self) -> bool:
-        return bool(self.queue)
+        return bool(self.queue or self.writing)
 
     def add(self, req: Request, blocks: tuple[int, ...], rows: tuple[np.ndarray, ...]) -> None:
         self.queue.append([req, blocks, rows, 0])
 
-    def take(self, pool: BlockPool) -> tuple[list[tuple], list[tuple[Request, tuple[int, ...]]], list[Request]]:
-        """This step's writes ((blocks, rows) each), their blocks settled; whose blocks they are ((request, blocks)
-        each), and the requests whose imports end here."""
-        bs, writes, settled, ended, left = pool.block_size, [], [], [], self.budget
+    def take(self, block_size: int) -> list[tuple]:
+        """This step's writes ((blocks, rows) each); their blocks stay pending until ``written``."""
+        bs, writes, left = block_size, [], self.budget
         while self.queue:
             item = self.queue[0]
             req, blocks, rows, at = item
             k = min(len(blocks) - at, max(left // (bs * sum(r.shape[1] for r in rows)), 0 if writes else 1))
             if k == 0:
                 break
-            pool.settle(blocks[at:at + k])
-            settled.append((req, blocks[at:at + k]))
             writes.append((blocks[at:at + k], tuple(r[at * bs:(at + k) * bs] for r in rows)))
             left -= k * bs * sum(r.shape[1] for r in rows)
             item[3] = at = at + k
+            self.writing.append((req, blocks[at - k:at], at == len(blocks)))
             if at == len(blocks):
                 self.queue.popleft()
-                ended.append(req)
-        return writes, settled, ended
+        return writes
+
+    def written(self, pool: BlockPool) -> tuple[list[tuple[Request, tuple[int, ...]]], list[Request]]:
+        """The blocks the last step wrote, settled: whose they are ((request, blocks) each), and the requests whose
+        imports ended with it."""
+        writing, self.writing = self.writing, []
+        for _, blocks, _ in writing:
+            pool.settle(blocks)
+        return [(req, blocks) for req, blocks, _ in writing], [req for req, _, last in writing if last]
 
     def drop(self, pool: BlockPool) -> None:
         """Forget the imports still on their way (the workers were rebuilt): their blocks are released."""
+        self.written(pool)
         for _, blocks, _, at in self.queue:
             pool.settle(blocks[at:])
         self.queue.clear()

@@ -450,8 +450,8 @@ class Engine:
             # drafts ride only while one request is active (under the span policy they are free then)
             solo = sum(len(s.live_ids()) for s in self.schedulers) == 1
             k = self.speculative_tokens if solo else 0
-            imports = [self._take_imports(r) for r in range(len(self.schedulers))]    # (before the plans: they
-            plans = [s.schedule(max_drafts=k) for s in self.schedulers]                # may take those blocks)
+            imports = [i.take(self.config.block_size) for i in self._imports]   # written after this step's work
+            plans = [s.schedule(max_drafts=k) for s in self.schedulers]
             steps = self._worker_steps(plans, imports, k)
         self._launched = None          # set again below if this step launches its successor ahead
         if steps is None:
@@ -467,6 +467,7 @@ class Engine:
             with self._lock:
                 for sch in self.schedulers:      # what the failed step wrote is unknown: no prefix is trusted
                     sch.clear_prefix_cache()
+                self._settle_imports()
                 ids = [s.req_id for p in plans for s in p.seqs]
                 return [self._end(ev) for r, sch in enumerate(self.schedulers)
                         for ev in sch.fail([i for i in ids if self._rank_of.get(i) == r],
@@ -474,6 +475,7 @@ class Engine:
         if steps[0].lookahead:         # the workers launched the next step ahead
             self._launched = (steps[0].graph, plans)
         with self._lock:
+            self._settle_imports()
             self.stats["steps"] += 1
             # the executor's wall time vs the busiest rank's own: the difference is the group's per-step cost
             self.stats["step_seconds"] += time.perf_counter() - start
@@ -553,17 +555,16 @@ class Engine:
                 "mean_accepted_length": (self.stats["drafts_accepted"] + rounds) / rounds if rounds else 0.0,
                 "acceptance_by_position": [a / rounds if rounds else 0.0 for a in self.accepted_at[:-1]]}
 
-    def _take_imports(self, rank: int) -> list[tuple]:
-        """This step's share of the rank's imports (``Imports.take``): their requests keep the blocks written, and one
-        whose import ends may start."""
-        sched = self.schedulers[rank]
-        writes, settled, ended = self._imports[rank].take(sched.pool)
-        for req, blocks in settled:
-            if sched.get(req.req_id) is req:            # (not ended meanwhile: its id may be another's now)
-                sched.imported(req, blocks)
-        for req in ended:
-            req.importing = False
-        return writes
+    def _settle_imports(self) -> None:
+        """After a step: the imported blocks it wrote are cached, their requests keep them, and one whose import ended
+        may start (``Imports.written``; a failed step's blocks are released: the prefix cache was cleared)."""
+        for sched, imports in zip(self.schedulers, self._imports):
+            settled, ended = imports.written(sched.pool)
+            for req, blocks in settled:
+                if sched.get(req.req_id) is req:            # (not ended meanwhile: its id may be another's now)
+                    sched.imported(req, blocks)
+            for req in ended:
+                req.importing = False
 
     def _worker_steps(self, plans: list[StepPlan], imports: list[list],
                       num_drafts: int = 0) -> list[WorkerStep] | None:

@@ -321,9 +321,9 @@ class BlockPool:
         return n, block
 
     def settle(self, blocks: Sequence[int]) -> None:
-        """Pending adopted blocks whose write goes with the coming step: matches reach them, and they idle as any
-        cached block (blocks no longer cached — the cache was cleared meanwhile — are just released). With a host tier
-        each is copied there by the step after (``drain``: saves run before a step's writes)."""
+        """Pending adopted blocks, written by the step just run: matches reach them, and they idle as any cached block
+        (blocks no longer cached — the cache was cleared meanwhile — are just released). With a host tier each is
+        copied there by a later step (``drain``)."""
         for b in blocks:
             if (n := self._node_of_block.get(b)) is not None:
                 self._nodes[n].pending = False

@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from models.cache import HostKV, KVCache, build_batch
+from models.cache import HostKV, ImportWriter, KVCache, build_batch
 from models.glm5 import GlmForCausalLM
 from scheduler.request import SamplingParams
 from scheduler.scheduler import ScheduledSeq
@@ -73,7 +73,7 @@ class WorkerStep:
     kv_loads: tuple[tuple[int, int], ...] = ()   # (host block, block): cached prefixes back, before the forward
     memory: bool = False               # no rows: report the device's free and total bytes (after the warm-up)
     # disaggregated prefill (``cluster/disagg.py``): (request, blocks) whose KV rows go back after the step
-    # (``StepResult.kv``); (blocks, rows) written into those blocks after the saves, before the loads and the forward
+    # (``StepResult.kv``); (blocks, rows) written into those blocks after the step's work (``ImportWriter``)
     kv_exports: tuple[tuple[str, tuple[int, ...]], ...] = ()
     kv_imports: tuple[tuple[tuple[int, ...], tuple[np.ndarray, ...]], ...] = ()
 
@@ -183,6 +183,7 @@ class ModelRunner:
         pad_slot = num_slots + self.extra_slots(max_drafting) - 1     # written by the graphs' pad rows, read by no one
         self.cache = KVCache(model.config, pad_slot + 1, dtype, device, fp8=kv_fp8)
         self.host = HostKV(self.cache, host_blocks, block_size) if host_blocks else None   # the prefix cache's 2nd tier
+        self.imports = ImportWriter(self.cache, block_size)      # other replicas' KV, written after a step
         if graphs not in ("off", "eager", "capture"):
             raise ValueError(f"graphs must be 'off', 'eager' or 'capture', got {graphs!r}")
         self.graphs = None if graphs == "off" else DecodeGraphs(
@@ -216,10 +217,12 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, step: WorkerStep) -> StepResult:
+        staged = self.imports.stage(step.kv_imports)    # (on a GPU: into pinned memory while the step runs)
         result = self._execute(step)
         if step.kv_exports:            # after the step's forward and MTP passes: the prompt's KV is complete
             result = replace(result, kv={rid: self.cache.read_blocks(blocks, self.block_size)
                                          for rid, blocks in step.kv_exports})
+        self.imports.write(staged)     # last: no plan takes the blocks before the step has returned
         return result
 
     def _execute(self, step: WorkerStep) -> StepResult:
@@ -231,13 +234,10 @@ class ModelRunner:
                 if has_penalties(nr.params) else None
             self.requests[nr.req_id] = _RequestState(nr.params, len(nr.prompt_ids),
                                                      [*nr.prompt_ids, *nr.output_ids], counts)
-        # saves first (a saved block may be an import's or a load's destination), then imports (a block imported and
-        # evicted since may be a load's destination), then loads
+        # saves first (a saved block may be a load's destination, or an import's: those are written after the step)
         if step.kv_saves or step.kv_loads:
             assert self.host is not None and not (step.use_ahead and step.kv_loads), "host copies this runner can't run"
             self.host.save(step.kv_saves)
-        for blocks, rows in step.kv_imports:
-            self.cache.write_blocks(blocks, self.block_size, rows)
         if step.kv_loads:
             self.host.load(step.kv_loads)
         ahead, self._ahead = self._ahead, None           # used by this step, or dropped

@@ -21,7 +21,8 @@ pytest.importorskip("triton")
 from glmkernels import ops  # noqa: E402
 from models.loader import load_model  # noqa: E402
 from scheduler.request import SamplingParams  # noqa: E402
-from tests.integration.test_disagg import BS, GREEDY, alike, alone, decode, ids, make_engine, prefill  # noqa: E402
+from tests.integration.test_disagg import (  # noqa: E402
+    BS, GREEDY, alike, alone, decode, ids, imports_beside_streams, make_engine, prefill)
 
 _MODELS: dict = {}
 
@@ -61,6 +62,7 @@ def test_bf16_rows_arrive_byte_for_byte(fp8):
     bundle = prefill(pre, prompt, GREEDY)
     assert bundle.num_tokens == (200 - 1) // BS * BS
     dec.add_request(prompt, SamplingParams(max_tokens=8, temperature=0.0), "d", kv=bundle)
+    dec.step()                      # writes the rows, after its work; the request starts with the next
     dec.step()
     table = dec.scheduler.get("d").block_ids
     got = dec.executor.runner.cache.read_blocks(table[:bundle.num_tokens // BS], BS)
@@ -86,9 +88,16 @@ def test_a_next_turns_rows_arrive_after_the_cached_prefix_byte_for_byte(fp8):
     assert start == 136 and bundle.start == start and bundle.rows[0].shape[0] == bundle.num_tokens - start
     dec.add_request(nxt, params, "d2", kv=bundle)
     dec.step()
+    dec.step()
     held.release()
     table = dec.scheduler.get("d2").block_ids
     got = dec.executor.runner.cache.read_blocks(table[start // 8:bundle.num_tokens // 8], 8)
     assert all(np.array_equal(a, b) for a, b in zip(got, bundle.rows, strict=True))
     while dec.has_work():
         dec.step()
+
+
+
+def test_imports_over_many_steps_beside_decoding_streams_keep_every_token():
+    """``tests/integration/test_disagg.py``'s case on CUDA graphs, the rows through pinned memory."""
+    imports_beside_streams(model(torch.float32), graphs=True)

@@ -13,7 +13,7 @@ import torch
 
 from cluster.disagg import KVBundle, KVTransferError, prefill_params
 from cluster.engine import Engine, LocalExecutor
-from models.cache import KVCache
+from models.cache import ImportWriter, KVCache
 from models.loader import load_model
 from scheduler.request import SamplingParams
 from scheduler.scheduler import SchedulerConfig
@@ -111,7 +111,9 @@ def test_the_imported_rows_are_the_prefill_engines_kv(model):
     pre, dec = make_engine(model), make_engine(model, blocks=64)
     bundle = prefill(pre, prompt, GREEDY)
     dec.add_request(prompt, SamplingParams(max_tokens=30, temperature=0.0), "d", kv=bundle)
-    dec.step()
+    dec.step()                      # writes the rows (after its work)
+    assert not dec.scheduler.get("d").block_ids
+    dec.step()                      # the request starts: its table holds them
     table = dec.scheduler.get("d").block_ids
     got = dec.executor.runner.cache.read_blocks(table[:bundle.num_tokens // BS], BS)
     assert all(np.array_equal(a, b) for a, b in zip(got, bundle.rows, strict=True))
@@ -287,6 +289,41 @@ def test_an_import_may_take_blocks_whose_save_to_host_memory_is_pending(model):
     again = decode(dec, first, GREEDY, None, "c")          # found on the host (loaded), not computed
     assert dec.scheduler.host_loads >= 2
     assert alike(again, alone(make_engine(model), first, GREEDY))
+
+
+def imports_beside_streams(model, graphs: bool = False, staged: bool | None = None) -> None:
+    """Two prompts' rows arrive while three streams decode; each goes a block a step (written after the step's work:
+    ``ImportWriter``, ``staged`` as on a GPU), a host tier saving and loading beside them — every request's tokens and
+    logprobs equal one engine's that computed its prompt."""
+    vocab = model.config.vocab_size
+    pre, dec = make_engine(model), make_engine(model, graphs=graphs, blocks=96, host=32)
+    if staged is not None:
+        dec.executor.runner.imports = ImportWriter(dec.executor.runner.cache, BS, staged=staged)
+    dec._imports[0].budget = BS * KVCache.bytes_per_slot(model.config, next(model.parameters()).dtype)
+    params = SamplingParams(max_tokens=40, temperature=0.0, logprobs=0)
+    streams = {f"s{i}": ids(30 + 7 * i, 300 + i, vocab) for i in range(3)}
+    imported = {f"k{i}": ids(170 + 40 * i, 400 + i, vocab) for i in range(2)}
+    bundles = {rid: prefill(pre, p, params, f"p{rid}") for rid, p in imported.items()}
+    for rid, p in streams.items():
+        dec.add_request(p, params, rid)
+    got = {rid: [] for rid in [*streams, *imported]}
+    for n in range(400):
+        if n in (3, 5):                                   # the second arrives while the first is on its way
+            rid = f"k{n // 4}"
+            dec.add_request(imported[rid], params, rid, kv=bundles[rid])
+        for ev in dec.step():
+            assert ev.error is None, ev.error
+            got[ev.req_id] += [(t, lp.logprob) for t, lp in zip(ev.token_ids, ev.logprobs)]
+        if n > 5 and not dec.has_work():
+            break
+    assert dec.stats["kv_imported_tokens"] == sum(b.num_tokens for b in bundles.values())
+    for rid, p in {**streams, **imported}.items():
+        assert alike(got[rid], alone(make_engine(model, caching=False), p, params)), rid
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_imports_over_many_steps_beside_decoding_streams_keep_every_token(model, staged):
+    imports_beside_streams(model, staged=staged)
 
 
 def test_kv_moves_between_worker_groups(tiny_ckpt, tiny_config):

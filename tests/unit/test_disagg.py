@@ -18,7 +18,7 @@ from cluster.disagg import (
     prefill_params,
     prefill_plan,
 )
-from models.cache import KVCache
+from models.cache import ImportWriter, KVCache
 from models.config import ModelConfig
 from scheduler import BlockPool, SamplingParams
 from scheduler.block_pool import ROOT, root
@@ -124,6 +124,32 @@ def test_the_cache_layout_is_its_tensors(tiny_config):
         assert all(torch.equal(a[24:32], b[0:8]) and torch.equal(a[8:16], b[16:24])
                    for a, b in zip(other.tensors(), cache.tensors()))
         assert all(r.dtype == np.uint8 for r in cache.read_blocks([0], 8))
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_imported_rows_land_in_their_blocks(tiny_config, staged):
+    """``ImportWriter``: a step's writes (two imports, blocks in any order; read-only rows, as Ray hands them over) go
+    into exactly their blocks, bf16 and FP8 rows — ``staged`` takes the GPU's way (one buffer of slot ids then rows,
+    filled on a thread) on the CPU; nothing is written until ``write``, and a dropped handle writes nothing."""
+    config = ModelConfig.from_dict(tiny_config) if isinstance(tiny_config, dict) else tiny_config
+    for fp8 in (False, True):
+        src = KVCache(config, 64, torch.bfloat16, fp8=fp8)
+        for t in src.tensors():
+            t.view(torch.uint8).copy_(torch.randint(0, 256, t.view(torch.uint8).shape, dtype=torch.uint8))
+        rows = [src.read_blocks(b, 8) for b in ([0, 2], [5])]
+        for r in (r for rs in rows for r in rs):
+            r.flags.writeable = False
+        dst = KVCache(config, 64, torch.bfloat16, fp8=fp8)
+        writer = ImportWriter(dst, 8, staged=staged)
+        assert (writer._thread is not None) == staged
+        writer.stage([([7, 1], rows[0])])                       # dropped: never written
+        handle = writer.stage([([3, 1], rows[0]), ([6], rows[1])])
+        assert all(not t.any() for t in dst.tensors())
+        writer.write(handle)
+        for d, s in ((d.view(torch.uint8), s.view(torch.uint8)) for d, s in zip(dst.tensors(), src.tensors())):
+            assert torch.equal(d[24:32], s[0:8]) and torch.equal(d[8:16], s[16:24]) and torch.equal(d[48:56], s[40:48])
+            assert not d[56:64].any() and not d[:8].any()
+    assert writer.stage([]) is None
 
 
 def test_prefill_settings_name_the_field_in_error():
@@ -448,10 +474,12 @@ def test_an_adoption_keeps_the_prompts_own_cached_prefix():
             e.step()
     y = system + list(range(200, 225))
     e.add_request(y, SamplingParams(max_tokens=1), "y", kv=_bundle_of(y))
-    assert e.scheduler.cached_blocks(y) == 1            # (the adopted blocks: matched once their write goes out)
+    assert e.scheduler.cached_blocks(y) == 1            # (the adopted blocks: matched once written)
+    e.step()                                            # the step that writes them runs without y
+    assert e.executor.steps[-1][0].kv_imports and not e.executor.steps[-1][0].seqs
+    assert e.scheduler.cached_blocks(y) == 8
     e.step()
     assert [s.start_pos for s in e.executor.steps[-1][0].seqs] == [32]       # only the last token computed
-    assert e.scheduler.cached_blocks(y) == 8
 
 
 def test_a_request_bringing_kv_goes_to_a_rank_with_a_seat():
@@ -467,6 +495,7 @@ def test_a_request_bringing_kv_goes_to_a_rank_with_a_seat():
     e.add_request(y, p, "y", kv=_bundle_of(y))
     rank = e._rank_of["y"]
     assert e.schedulers[rank].free_seats >= 0 and e._imports[rank]
+    e.step()                                            # writes its KV; it starts in the step after
     e.step()
     assert e._rank_of["y"] == rank
     assert [s.start_pos for s in e.executor.steps[-1][rank].seqs if s.req_id == "y"] == [40]
@@ -492,15 +521,17 @@ def test_a_prefix_on_a_rank_without_a_seat_is_not_continued():
     e.add_request(y, SamplingParams(max_tokens=1), "y", kv=_bundle_of(y))
     held.release()
     e.step()
+    e.step()
     assert [(r, s.start_pos) for r, st in enumerate(e.executor.steps[-1]) for s in st.seqs if s.req_id == "y"] == \
         [(1 - full, 40)] and e.stats["moves"] == 0
 
 
 def test_an_import_goes_a_few_blocks_a_step_and_its_request_waits_for_the_last():
     """A step writes at most ``Imports.budget`` bytes of imported KV (here 3 blocks): a 10-block import goes over 4
-    steps beside a decoding request, its blocks matchable only once their write goes out, and its request starts in
-    the step that carries the last of them (computing only its last token); a request for the same prompt arriving
-    meanwhile waits behind it, then takes every block cached; an aborted import still settles its blocks."""
+    steps beside a decoding request, its blocks matchable only once the step that writes them has returned, and its
+    request starts in the step after the one that carries the last of them (computing only its last token); a request
+    for the same prompt arriving meanwhile waits behind it, then takes every block cached; an aborted import still
+    settles its blocks."""
     e = _engine(blocks=64)
     e._imports[0].budget = 3 * 4 * 4                        # 3 blocks of 4 tokens × 4 bytes
     e.add_request(list(range(500, 505)), SamplingParams(max_tokens=30, ignore_eos=True), "x")
@@ -508,16 +539,17 @@ def test_an_import_goes_a_few_blocks_a_step_and_its_request_waits_for_the_last()
     y = list(range(1, 42))
     e.add_request(y, SamplingParams(max_tokens=2), "y", kv=_bundle_of(y))
     sent = []
-    for i in range(4):
+    for i in range(5):
+        assert len(e.scheduler.pool.match(y)) == min(10, 3 * i)
         e.step()
         step = e.executor.steps[-1][0]
         sent.append(sum(len(blocks) for blocks, _ in step.kv_imports))
         assert len(e.scheduler.pool.match(y)) == min(10, 3 * (i + 1))
         started = [s.start_pos for s in step.seqs if s.req_id == "y"]
-        assert started == ([40] if i == 3 else []), i
+        assert started == ([40] if i == 4 else []), i
         if i == 0:
             e.add_request(y, SamplingParams(max_tokens=2), "z")
-    assert sent == [3, 3, 3, 1]
+    assert sent == [3, 3, 3, 1, 0]
     e.add_request(list(range(60, 101)), SamplingParams(max_tokens=2), "w", kv=_bundle_of(list(range(60, 101))))
     e.abort("w")
     while e.has_work():
