@@ -4,6 +4,7 @@
     PYTHONPATH=. python bench/disagg.py serve [--seconds 40] [--out DIR]
     PYTHONPATH=. python bench/disagg.py turns [--conversations 4 --turns 6] [--out DIR]
     PYTHONPATH=. python bench/disagg.py stall [--slice --device cuda] [--tokens 4096 32768] [--fp8] [--out DIR]
+    PYTHONPATH=. python bench/disagg.py fill [--tokens 1024 4096] [--out DIR]           (a GPU)
 
 ``transfer``: a GLM-5.2 prompt's KV at full depth (78 layers + the MTP layer, 21 + 1 indexer layers; bf16 and FP8
 rows) through each leg of its way — the prefill rank's gather to host memory (``KVCache.read_blocks``), the step
@@ -100,7 +101,7 @@ def transfer(device: str, token_counts: list[int], out: Path) -> None:
                 t.zero_()
             writer = ImportWriter(dst, BLOCK)
             staged = _ms(lambda: writer.write(writer.stage([(order, rows)])), device)
-            fill = _ms(lambda: (h := writer.stage([(order, rows)])).filling and h.filling.result(), device)
+            fill = _ms(lambda: writer.stage([(order, rows)]).wait(), device)
             assert all((a == b).all() for a, b in zip(dst.read_blocks(order, BLOCK), rows))
             total = gather + channel + (store if store == store else 0.0) + staged
             lines.append(f"| {'FP8' if fp8 else 'bf16'} | {tokens} | {nbytes / 1e6:.0f} | "
@@ -115,6 +116,37 @@ def transfer(device: str, token_counts: list[int], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"disagg_transfer_{device}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def fill(token_counts: list[int], out: Path) -> None:
+    """The decode rank's write of a step's rows (GLM-5.2's full depth, FP8 rows, blocks anywhere in the pool) by each
+    way: the pageable copy (``write_blocks``), and ``ImportWriter`` with 1-16 helper threads — its fill of the pinned
+    buffer (the part beside the step) and the whole write, waited for."""
+    cfg = ModelConfig.from_dict(GLM52)
+    lines = ["# The decode rank's write of imported KV rows (cuda, GLM-5.2 full depth, FP8 rows)", "",
+             f"`PYTHONPATH=. python bench/disagg.py fill --tokens {' '.join(map(str, token_counts))}` — "
+             f"{time.strftime('%Y-%m-%d %H:%M')}; best of 3, ms (GB/s); {os.cpu_count()} host cores.", "",
+             "| tokens | MB | pageable write | " + " | ".join(f"{t} threads: fill / write" for t in (1, 2, 4, 8, 16))
+             + " |", "|---:|---:|---:|" + "---|" * 5]
+    for tokens in token_counts:
+        blocks = tokens // BLOCK
+        src, dst = (KVCache(cfg, blocks * BLOCK, torch.bfloat16, "cuda", fp8=True) for _ in range(2))
+        for t in src.tensors():
+            t.view(torch.uint8).random_()
+        order = random.Random(0).sample(range(blocks), blocks)
+        rows = src.read_blocks(order, BLOCK)
+        gb = sum(r.nbytes for r in rows) / 1e9
+        cells = [f"{v:.1f} ({gb / (v / 1e3):.1f})" for v in [_ms(lambda: dst.write_blocks(order, BLOCK, rows), "cuda")]]
+        for threads in (1, 2, 4, 8, 16):
+            w = ImportWriter(dst, BLOCK, threads=threads)
+            f = _ms(lambda: w.stage([(order, rows)]).wait(), "cuda")
+            whole = _ms(lambda: w.write(w.stage([(order, rows)])), "cuda")
+            cells.append(f"{f:.1f} ({gb / (f / 1e3):.1f}) / {whole:.1f} ({gb / (whole / 1e3):.1f})")
+        assert all((a == b).all() for a, b in zip(dst.read_blocks(order, BLOCK), rows))
+        lines.append(f"| {tokens} | {gb * 1e3:.0f} | " + " | ".join(cells) + " |")
+        print(lines[-1], flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "disagg_fill_cuda.md").write_text("\n".join(lines) + "\n")
 
 
 def _over_channel(rows) -> None:
@@ -485,6 +517,9 @@ def main() -> None:
     m.add_argument("--kv-cache-tokens", type=int, default=None, help="each replica's KV pool (a small one evicts)")
     m.add_argument("--host-kv-cache-tokens", type=int, default=None, help="each replica's host tier")
     m.add_argument("--tag", default="", help="appended to the results file's name")
+    fi = sub.add_parser("fill")
+    fi.add_argument("--tokens", type=int, nargs="+", default=[1024, 4096])
+    fi.add_argument("--out", type=Path, default=Path("bench/results/session53"))
     st = sub.add_parser("stall")
     st.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     st.add_argument("--slice", action="store_true", help="the GLM-5.2-width slice, random FP8 weights (a GPU)")
@@ -495,7 +530,9 @@ def main() -> None:
                     help="write the rows as before session 53: a pageable copy, waited for (the A/B's other side)")
     st.add_argument("--out", type=Path, default=Path("bench/results/session53"))
     a = ap.parse_args()
-    if a.what == "stall":
+    if a.what == "fill":
+        fill(a.tokens, a.out)
+    elif a.what == "stall":
         stall(a.device, a.slice, a.tokens, a.streams, a.fp8, a.out, a.pageable)
     elif a.what == "transfer":
         transfer(a.device, a.tokens, a.out)

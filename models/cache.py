@@ -9,6 +9,7 @@ positions) and the engine's paged pool.
 
 from __future__ import annotations
 
+import os
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -159,37 +160,46 @@ class HostKV:
 class ImportWriter:
     """Rows from another replica's cache (``read_blocks``') written into this cache's blocks after a step
     (``WorkerStep.kv_imports``; the engine settles those blocks once the step has returned, so no step reads them
-    before). On a GPU the step does not wait for them: ``stage`` copies the rows into one pinned buffer on a helper
-    thread while the step runs (host work only: a CUDA graph captured meanwhile on the step's thread forbids other
-    threads' CUDA calls), and ``write``, once the step is done, moves the buffer to the device and the rows into their
-    slots asynchronously, on the step's stream (the next step queues behind them). A pageable copy held the step at
-    ~7 GB/s (session 52). On a CPU ``write`` copies the rows in place (``staged``: as on a GPU, unpinned; tests)."""
+    before). On a GPU ``stage`` copies the rows into one pinned buffer on ``threads`` helper threads while the step
+    runs (host work only: a CUDA graph captured meanwhile on the step's thread forbids other threads' CUDA calls), and
+    ``write``, once the step is done, moves the buffer to the device and the rows into their slots asynchronously, on
+    the step's stream (the next step queues behind them). A pageable copy held the step at ~6 GB/s, one host core's
+    memcpy (sessions 52–53). On a CPU ``write`` copies the rows in place (``staged``: as on a GPU, unpinned; tests)."""
 
-    def __init__(self, cache: KVCache, block_size: int, staged: bool | None = None):
+    CHUNK = 4 << 20          # bytes a helper copies at a time
+
+    def __init__(self, cache: KVCache, block_size: int, staged: bool | None = None, threads: int | None = None):
         self.cache, self.block_size, self.device = cache, block_size, cache.kv[0].device
         self.pin = self.device.type == "cuda"
-        self._thread = ThreadPoolExecutor(1, "kv-import") if (self.pin if staged is None else staged) else None
+        threads = threads or min(8, os.cpu_count() or 1)
+        self._pool = ThreadPoolExecutor(threads, "kv-import") if (self.pin if staged is None else staged) else None
 
     def stage(self, writes: Sequence[tuple[Sequence[int], Sequence[np.ndarray]]]) -> Staged | None:
         """Start on ``writes`` ((blocks, rows) each); the handle goes to ``write`` (or is dropped: nothing written)."""
         if not writes:
             return None
-        if self._thread is None:
+        if self._pool is None:
             return Staged(writes)
         slots = np.concatenate([_block_rows(b, self.block_size, "cpu").numpy() for b, _ in writes])
-        parts = [slots.view(np.uint8), *(r.reshape(-1) for _, rows in writes for r in rows)]
+        parts = [slots.view(np.uint8), *(r.reshape(-1).view(np.uint8) for _, rows in writes for r in rows)]
         host = torch.empty(sum(p.nbytes for p in parts), dtype=torch.uint8, pin_memory=self.pin)
-        return Staged(writes, host, self._thread.submit(_fill, host.numpy(), parts))
+        dst, at, copies = host.numpy(), 0, []
+        for p in parts:
+            for i in range(0, p.nbytes, self.CHUNK):
+                n = min(self.CHUNK, p.nbytes - i)
+                copies.append(self._pool.submit(np.copyto, dst[at + i:at + i + n], p[i:i + n]))
+            at += p.nbytes
+        return Staged(writes, host, copies)
 
     def write(self, staged: Staged | None) -> None:
         if staged is None:
             return
         writes, host, filling = staged
-        if filling is None:
+        if host is None:
             for blocks, rows in writes:
                 self.cache.write_blocks(blocks, self.block_size, rows)
             return
-        filling.result()
+        staged.wait()
         flat = host.to(self.device, non_blocking=True)      # (on a CPU: the buffer itself)
         n = sum(len(b) for b, _ in writes) * self.block_size
         slots, at = flat[:8 * n].view(torch.long), 8 * n
@@ -203,20 +213,16 @@ class ImportWriter:
 
 class Staged(NamedTuple):
     """``ImportWriter.stage``'s handle: the writes, and on a GPU their pinned buffer (slot ids, then the rows) and the
-    helper thread's fill of it."""
+    helpers' copies into it."""
 
     writes: Sequence[tuple[Sequence[int], Sequence[np.ndarray]]]
     host: torch.Tensor | None = None
-    filling: Future | None = None
+    filling: Sequence[Future] = ()
 
-
-def _fill(host: np.ndarray, parts: list[np.ndarray]) -> None:
-    """Copy ``parts`` one after another into ``host`` (numpy's copy lets go of the GIL)."""
-    at = 0
-    for p in parts:
-        host[at:at + p.nbytes] = p.view(np.uint8)
-        at += p.nbytes
-
+    def wait(self) -> None:
+        """Until the buffer is filled (numpy's copies let go of the GIL: the helpers run beside the step)."""
+        for f in self.filling:
+            f.result()
 
 @dataclass
 class Batch:

@@ -141,7 +141,7 @@ def test_imported_rows_land_in_their_blocks(tiny_config, staged):
             r.flags.writeable = False
         dst = KVCache(config, 64, torch.bfloat16, fp8=fp8)
         writer = ImportWriter(dst, 8, staged=staged)
-        assert (writer._thread is not None) == staged
+        assert (writer._pool is not None) == staged
         writer.stage([([7, 1], rows[0])])                       # dropped: never written
         handle = writer.stage([([3, 1], rows[0]), ([6], rows[1])])
         assert all(not t.any() for t in dst.tensors())
