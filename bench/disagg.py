@@ -486,7 +486,8 @@ def stall(device: str, slice_: bool, token_counts: list[int], streams: int, fp8:
                f"{busy} / {steps[-1][0]:.1f} | {cost} | {first:.0f} |")
         if n:
             lines.append(row)
-        print(row if n else f"(warm-up) {row}", flush=True)
+        print(row if n else f"(warm-up) {row}", "writing steps (ms):", " ".join(f"{t:.1f}" for t in writing),
+              flush=True)
         for i in range(streams):
             engine.abort(f"s{n}.{i}")
         while engine.has_work():

@@ -166,13 +166,22 @@ class ImportWriter:
     the step's stream (the next step queues behind them). A pageable copy held the step at ~6 GB/s, one host core's
     memcpy (sessions 52–53). On a CPU ``write`` copies the rows in place (``staged``: as on a GPU, unpinned; tests)."""
 
-    CHUNK = 4 << 20          # bytes a helper copies at a time
-
     def __init__(self, cache: KVCache, block_size: int, staged: bool | None = None, threads: int | None = None):
         self.cache, self.block_size, self.device = cache, block_size, cache.kv[0].device
         self.pin = self.device.type == "cuda"
-        threads = threads or min(8, os.cpu_count() or 1)
-        self._pool = ThreadPoolExecutor(threads, "kv-import") if (self.pin if staged is None else staged) else None
+        self.threads = threads or min(8, os.cpu_count() or 1)
+        self._pool = ThreadPoolExecutor(self.threads, "kv-import") if (self.pin if staged is None else staged) else None
+        self._buffers: list[tuple[torch.Tensor, Staged]] = []     # two, taken in turn: (buffer, its last use)
+
+    def _buffer(self, nbytes: int) -> torch.Tensor:
+        """A host buffer of at least ``nbytes`` that no earlier fill or copy still uses (two in turn: the older one's
+        copy went a step ago). Kept, not freed: pinning fresh memory costs more than the copy."""
+        host, done = self._buffers.pop(0) if len(self._buffers) == 2 else (None, None)
+        if done is not None:
+            done.wait()
+        if host is None or host.numel() < nbytes:
+            host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin)
+        return host
 
     def stage(self, writes: Sequence[tuple[Sequence[int], Sequence[np.ndarray]]]) -> Staged | None:
         """Start on ``writes`` ((blocks, rows) each); the handle goes to ``write`` (or is dropped: nothing written)."""
@@ -182,25 +191,36 @@ class ImportWriter:
             return Staged(writes)
         slots = np.concatenate([_block_rows(b, self.block_size, "cpu").numpy() for b, _ in writes])
         parts = [slots.view(np.uint8), *(r.reshape(-1).view(np.uint8) for _, rows in writes for r in rows)]
-        host = torch.empty(sum(p.nbytes for p in parts), dtype=torch.uint8, pin_memory=self.pin)
-        dst, at, copies = host.numpy(), 0, []
+        total = sum(p.nbytes for p in parts)
+        buffer = self._buffer(total)
+        host = buffer[:total]
+        share, dst = -(-total // self.threads), host.numpy()
+        pieces, at = [[] for _ in range(self.threads)], 0      # each helper one run of the buffer, across parts
         for p in parts:
-            for i in range(0, p.nbytes, self.CHUNK):
-                n = min(self.CHUNK, p.nbytes - i)
-                copies.append(self._pool.submit(np.copyto, dst[at + i:at + i + n], p[i:i + n]))
+            i = 0
+            while i < p.nbytes:
+                k = (at + i) // share
+                n = min(p.nbytes - i, (k + 1) * share - (at + i))
+                pieces[k].append((dst[at + i:at + i + n], p[i:i + n]))
+                i += n
             at += p.nbytes
-        return Staged(writes, host, copies)
+        staged = Staged(writes, host, [self._pool.submit(_copy, run) for run in pieces if run], [])
+        self._buffers.append((buffer, staged))
+        return staged
 
     def write(self, staged: Staged | None) -> None:
         if staged is None:
             return
-        writes, host, filling = staged
+        writes, host = staged.writes, staged.host
         if host is None:
             for blocks, rows in writes:
                 self.cache.write_blocks(blocks, self.block_size, rows)
             return
         staged.wait()
         flat = host.to(self.device, non_blocking=True)      # (on a CPU: the buffer itself)
+        if self.pin:
+            staged.copied.append(torch.cuda.Event())
+            staged.copied[0].record()
         n = sum(len(b) for b, _ in writes) * self.block_size
         slots, at = flat[:8 * n].view(torch.long), 8 * n
         for blocks, rows in writes:
@@ -211,6 +231,11 @@ class ImportWriter:
                 at += r.nbytes
 
 
+def _copy(run: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    for dst, src in run:
+        np.copyto(dst, src)
+
+
 class Staged(NamedTuple):
     """``ImportWriter.stage``'s handle: the writes, and on a GPU their pinned buffer (slot ids, then the rows) and the
     helpers' copies into it."""
@@ -218,11 +243,16 @@ class Staged(NamedTuple):
     writes: Sequence[tuple[Sequence[int], Sequence[np.ndarray]]]
     host: torch.Tensor | None = None
     filling: Sequence[Future] = ()
+    copied: list[torch.cuda.Event] | tuple = ()      # its copy to the device, once ``write`` sent it
 
     def wait(self) -> None:
-        """Until the buffer is filled (numpy's copies let go of the GIL: the helpers run beside the step)."""
+        """Until the buffer is filled (numpy's copies let go of the GIL: the helpers run beside the step), and its copy
+        to the device, if sent, is done."""
         for f in self.filling:
             f.result()
+        for e in self.copied:
+            e.synchronize()
+
 
 @dataclass
 class Batch:
