@@ -178,7 +178,7 @@ class ImportWriter:
         copy went a step ago). Kept, not freed: pinning fresh memory costs more than the copy."""
         host, done = self._buffers.pop(0) if len(self._buffers) == 2 else (None, None)
         if done is not None:
-            done.wait()
+            done.wait()          # (a use of it without its rows: they go with the engine's last reference)
         if host is None or host.numel() < nbytes:           # (a power of two: pinning costs ~1 GB/s, call it rarely)
             host = torch.empty(1 << (nbytes - 1).bit_length(), dtype=torch.uint8, pin_memory=self.pin)
         return host
@@ -205,7 +205,7 @@ class ImportWriter:
                 i += n
             at += p.nbytes
         staged = Staged(writes, host, [self._pool.submit(_copy, run) for run in pieces if run], [])
-        self._buffers.append((buffer, staged))
+        self._buffers.append((buffer, staged._replace(writes=())))
         return staged
 
     def write(self, staged: Staged | None) -> None:
