@@ -451,7 +451,7 @@ def stall(device: str, slice_: bool, token_counts: list[int], streams: int, fp8:
              f"model); the engine writes it over its next steps, at most {IMPORT_STEP_BYTES >> 20} MB a step. "
              "Step times are the engine's whole step (plan, worker, outputs), medians, ms.", "",
              "Steps writing: those that carried a part of it (the worker writes it after the step's work: "
-             f"{'from pageable memory, waited for, as before session 53' if pageable else 'through pinned memory'}"
+             f"{'pageable, waited for: the copy before session 53' if pageable else 'through pinned memory'}"
              "); the step after the last computes the request's tail "
              "(the prompt's last block and token) and samples its first token. A stall a step: the median writing "
              "step less the plain one. A first round at the first size warms the shapes up (not shown).", "",

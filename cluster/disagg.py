@@ -37,7 +37,8 @@ from scheduler.request import Request, SamplingParams
 
 FETCH_TIMEOUT_S = 120.0     # a decode replica's wait for a bundle from the object store before computing the prompt
 IMPORT_STEP_BYTES = 64 << 20    # a decode rank's step writes at most this much imported KV (and a block at least):
-# its decoding streams wait for the writes (a GLM-5.2 prompt at full depth: ~1200 FP8 tokens, ~30 ms a step)
+# on a GPU after the step's work, through pinned memory (a GLM-5.2 prompt at full depth: ~1200 FP8 tokens a step; the
+# slice's decode steps waited 4-5 ms a step for them on an H100 host, 11-16 ms from pageable memory: session 53)
 
 
 @dataclass(frozen=True)
@@ -194,12 +195,15 @@ class Imports:
             pool.settle(blocks)
         return [(req, blocks) for req, blocks, _ in writing], [req for req, _, last in writing if last]
 
-    def drop(self, pool: BlockPool) -> None:
-        """Forget the imports still on their way (the workers were rebuilt): their blocks are released."""
-        self.written(pool)
+    def drop(self, pool: BlockPool) -> list[Request]:
+        """Forget the imports still on their way (the workers were rebuilt, or a step failed: the prefix cache was
+        cleared): their blocks are released. Returns their requests."""
+        settled, _ = self.written(pool)
         for _, blocks, _, at in self.queue:
             pool.settle(blocks[at:])
+        reqs = {id(r): r for r in [*(r for r, _ in settled), *(item[0] for item in self.queue)]}
         self.queue.clear()
+        return list(reqs.values())
 
 
 class HeldPrefix:

@@ -157,6 +157,7 @@ class Engine:
         # request -> (the prompt tokens its KV bundle covers, the position its rows start at)
         self._exports: dict[str, tuple[tuple[int, ...], int]] = {}
         self._imports = [Imports() for _ in range(num_ranks)]   # a rank's blocks to write with its next steps
+        self._imported: list[Request] = []     # requests whose import the last step ended (``Request.imported``)
         self.guides = guides                          # structured output (cluster/guided.py); None: refused
         # the requests with a json_schema, tool_grammar, forced_paths or thinking_budget
         self._guides: dict[str, Guide | Prefix | Budget] = {}
@@ -452,6 +453,9 @@ class Engine:
             k = self.speculative_tokens if solo else 0
             imports = [i.take(self.config.block_size) for i in self._imports]   # written after this step's work
             plans = [s.schedule(max_drafts=k) for s in self.schedulers]
+            for req in self._imported:          # (planned once where its KV is: it may move from now on)
+                req.imported = False
+            self._imported.clear()
             steps = self._worker_steps(plans, imports, k)
         self._launched = None          # set again below if this step launches its successor ahead
         if steps is None:
@@ -467,7 +471,9 @@ class Engine:
             with self._lock:
                 for sch in self.schedulers:      # what the failed step wrote is unknown: no prefix is trusted
                     sch.clear_prefix_cache()
-                self._settle_imports()
+                for imports, sch in zip(self._imports, self.schedulers):    # nor imported KV: their requests compute
+                    for req in imports.drop(sch.pool):
+                        req.importing = False
                 ids = [s.req_id for p in plans for s in p.seqs]
                 return [self._end(ev) for r, sch in enumerate(self.schedulers)
                         for ev in sch.fail([i for i in ids if self._rank_of.get(i) == r],
@@ -564,7 +570,8 @@ class Engine:
                 if sched.get(req.req_id) is req:            # (not ended meanwhile: its id may be another's now)
                     sched.imported(req, blocks)
             for req in ended:
-                req.importing = False
+                req.importing, req.imported = False, True
+                self._imported.append(req)
 
     def _worker_steps(self, plans: list[StepPlan], imports: list[list],
                       num_drafts: int = 0) -> list[WorkerStep] | None:

@@ -166,10 +166,15 @@ class ImportWriter:
     the step's stream (the next step queues behind them). A pageable copy held the step at ~6 GB/s, one host core's
     memcpy (sessions 52–53). On a CPU ``write`` copies the rows in place (``staged``: as on a GPU, unpinned; tests)."""
 
+    # the buffers' least size: a step's imports (``cluster/disagg.py``'s IMPORT_STEP_BYTES, 64 MiB, a block more at
+    # most) and their slot ids fit; pinning memory runs at ~1 GB/s on an H100 host (session 53: 30-100 ms a step that
+    # grew a buffer), so each is pinned once
+    BUFFER = 128 << 20
+
     def __init__(self, cache: KVCache, block_size: int, staged: bool | None = None, threads: int | None = None):
         self.cache, self.block_size, self.device = cache, block_size, cache.kv[0].device
         self.pin = self.device.type == "cuda"
-        self.threads = threads or min(4, os.cpu_count() or 1)     # (the fastest at 56 MB on an H100 host)
+        self.threads = threads or min(4, len(os.sched_getaffinity(0)))     # (the fastest at 56 MB on an H100 host)
         self._pool = ThreadPoolExecutor(self.threads, "kv-import") if (self.pin if staged is None else staged) else None
         self._buffers: list[tuple[torch.Tensor, Staged]] = []     # two, taken in turn: (buffer, its last use)
 
@@ -179,8 +184,8 @@ class ImportWriter:
         host, done = self._buffers.pop(0) if len(self._buffers) == 2 else (None, None)
         if done is not None:
             done.wait()          # (a use of it without its rows: they go with the engine's last reference)
-        if host is None or host.numel() < nbytes:           # (a power of two: pinning costs ~1 GB/s, call it rarely)
-            host = torch.empty(1 << (nbytes - 1).bit_length(), dtype=torch.uint8, pin_memory=self.pin)
+        if host is None or host.numel() < nbytes:
+            host = torch.empty(max(self.BUFFER, 1 << (nbytes - 1).bit_length()), dtype=torch.uint8, pin_memory=self.pin)
         return host
 
     def stage(self, writes: Sequence[tuple[Sequence[int], Sequence[np.ndarray]]]) -> Staged | None:

@@ -306,8 +306,8 @@ class BlockPool:
         and ``tokens`` as ``register``'s. Returns (the node, a fresh device block the caller writes the KV into before
         the next step's forward — None where the key is cached already). The block is held by no one (idle, evicted as
         any cached block) and gets no host copy (its save would run before the write). ``pending``: its write goes
-        with a later step — the block is held, no match reaches it until ``settle``, and its host copy is made the step
-        after its write."""
+        with a later step — the block is held, no match reaches it until ``settle``, and its host copy is made two
+        steps after its write."""
         key = (parent, tokens)
         assert len(tokens) == self.block_size + 1, len(tokens)
         if (n := self._node_of_key.get(key)) is not None:
@@ -323,7 +323,8 @@ class BlockPool:
     def settle(self, blocks: Sequence[int]) -> None:
         """Pending adopted blocks, written by the step just run: matches reach them, and they idle as any cached block
         (blocks no longer cached — the cache was cleared meanwhile — are just released). With a host tier each is
-        copied there by a later step (``drain``)."""
+        copied there by a later step (``drain``: the one after the next plan's — two steps after the write, where one
+        would do; saving with the next step's own drain let a load and a new copy share a host slot, session 53)."""
         for b in blocks:
             if (n := self._node_of_block.get(b)) is not None:
                 self._nodes[n].pending = False

@@ -234,6 +234,7 @@ class Request:
     hit_blocks: int = 0  # while it waits: its leading blocks cached on its rank when it began to wait there
     kept: list[int] = field(default_factory=list)  # while it waits: the nodes of those blocks it keeps (BlockPool.keep)
     importing: bool = False  # its prompt's KV from another replica is still on its way to its blocks: it waits
+    imported: bool = False   # that KV was written by the last step: the next plan finds it here (no rank move)
 
     @property
     def all_ids(self) -> list[int]:

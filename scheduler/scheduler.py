@@ -302,8 +302,9 @@ class Scheduler:
     def release_waiting(self) -> Request | None:
         """Hand over the first waiting request (it holds no KV: never started, or preempted) for another rank to
         ``adopt``; None if none waits."""
-        req = self._waiting.popleft() if self._waiting and not self._waiting[0].importing else None
-        if req is not None:         # (one whose KV is on its way to this rank's blocks stays)
+        head = self._waiting[0] if self._waiting else None
+        req = self._waiting.popleft() if head is not None and not (head.importing or head.imported) else None
+        if req is not None:         # (one whose KV is on its way to this rank's blocks, or just written there, stays)
             del self._live[req.req_id]
             self._unkeep(req)
         return req

@@ -235,8 +235,9 @@ def test_a_salted_prompts_transferred_kv_is_its_salts_only(model):
 
 
 @pytest.mark.parametrize("host,seed,step_blocks", [(0, 1, 0), (16, 5, 0), (8, 9, 0), (0, 3, 1), (16, 7, 2)])
-# (the seeds that met an import evicted before its step, its block a load's destination: a step that loads before it
-# imports fails them — at session 49's code, whose imports went whole with the next step; ``step_blocks``: imports go
+# (the seeds that met an import evicted before its step, its block a load's destination: a step that loaded before it
+# imported failed them at session 49's code, whose imports went whole with the next step and settled as it was planned
+# — since session 53 an import settles after its step, so no load shares a step with it; ``step_blocks``: imports go
 # a block or two a step, later requests arriving meanwhile)
 def test_transfers_into_a_crowded_pool_keep_the_tokens(model, host, seed, step_blocks):
     """A decode pool of 12 blocks for requests of up to 7, some with their prompt's KV and some without, prompts that

@@ -1,9 +1,9 @@
 """Session 53's review (``bench/results/session53/review.md``): imports settled once their step has returned.
 
-``test_a_finished_import_starts_on_its_rank_before_any_move`` fails at f99eb18 / ab22776 (finding 1): the plan after
-the import's last step rebalances before it schedules, and moves the request — its KV written on its rank, a running
-slot open for it there — to another rank, where it computes its whole prompt. It passes at 6f4a232 (the plan that
-settled the import scheduled it before any rebalance).
+``test_a_finished_import_starts_on_its_rank_before_any_move`` failed at f99eb18 / ab22776 / 1560e24 (finding 1): the
+plan after the import's last step rebalanced before it scheduled, and moved the request — its KV written on its rank, a
+running slot open for it there — to another rank, where it computed its whole prompt. It passed at 6f4a232 (the plan
+that settled the import scheduled it before any rebalance), and passes since ``Request.imported``.
 
 ``test_a_failed_step_carrying_an_imports_last_blocks_leaves_its_request_to_run`` passes now: it guards the settle in
 ``Engine._step``'s failure path, which no other test reaches (without it the request waits for its import forever and
@@ -65,4 +65,29 @@ def test_a_failed_step_carrying_an_imports_last_blocks_leaves_its_request_to_run
         events += e.step()
     assert not e.has_work() and not any(e._imports)
     assert [(ev.req_id, ev.finished) for ev in events if ev.token_ids] == [("y", False), ("y", True)]
+    assert e.num_free_blocks() == 64
+
+
+def test_a_failed_step_drops_the_imports_still_on_their_way():
+    """y's import goes a block a step; a step fails after its first: the prefix cache is cleared, so the rest is not
+    written — y stops waiting for it at once and computes its prompt from the start; every block comes back."""
+    e = _engine()
+    e._imports[0].budget = 4 * 4
+    y = list(range(300, 341))
+    e.add_request(y, SamplingParams(max_tokens=2), "y", kv=_bundle_of(y))
+    e.step()
+    execute = e.executor.execute
+
+    def failing(steps):
+        e.executor.execute = execute
+        raise RuntimeError("injected")
+
+    e.executor.execute = failing
+    e.step()
+    assert not any(e._imports) and not e.scheduler.get("y").importing
+    e.step()
+    step = e.executor.steps[-1][0]
+    assert not step.kv_imports and [s.start_pos for s in step.seqs if s.req_id == "y"] == [0]
+    while e.has_work():
+        e.step()
     assert e.num_free_blocks() == 64

@@ -43,12 +43,12 @@ def test_an_adopted_block_is_cached_idle_and_found_by_its_key():
 
 
 def test_a_settled_adopted_block_is_copied_to_the_host_by_the_step_after_its_write():
-    """A pending adoption's write goes with the step that settles it; its save to host memory with the next one (a
-    step's saves run before its writes) — none where that step's own plan evicted it."""
+    """A pending adoption settles once the step that wrote it has returned; its save to host memory goes with a later
+    step (the drain after the next plan's) — none where that plan evicted it."""
     pool = BlockPool(4, 2, host_blocks=4)
     (a, ba), (_, bb) = pool.adopt(ROOT, (1, 2, 3), pending=True), pool.adopt(ROOT, (4, 5, 6), pending=True)
-    pool.settle([ba, bb])                           # the step being planned writes them
-    fresh = pool.allocate(3)                        # and its plan evicts b's block (the least recently released)
+    pool.settle([ba, bb])                           # the step that wrote them has returned
+    fresh = pool.allocate(3)                        # the next plan evicts b's block (the least recently released)
     assert pool.drain() == ((), ()) and pool.match([4, 5, 6]) == []
     assert pool.drain() == (((ba, 0),), ()) and pool.num_host_cached == 1 and pool.drain() == ((), ())
     pool.free(fresh)

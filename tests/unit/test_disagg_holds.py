@@ -1,7 +1,7 @@
 """Disaggregated prefill's holds on a decode replica's cached prefix (``cluster/disagg.py``'s ``hold_prefix`` /
 ``HeldPrefix``, ``BlockPool.pin``) and the host copies of adopted blocks, against a fake executor (``ShadowKV``, written
 by session 51's review) that keeps, per rank, what each device block and host slot holds — the prefix each position's
-KV belongs to — runs a step's copies in the worker's order (saves, imports, loads, forward) and checks that every
+KV belongs to — runs a step's copies in the worker's order (saves, loads, forward, then imports) and checks that every
 forward reads the KV of its own prefix. Requests are released as the Coordinator does: the device blocks once the
 engine has the request (``admitted``), the host copies at its first token (``release``)."""
 
@@ -66,10 +66,6 @@ class ShadowKV:
             for nr in st.new_requests:
                 ids[nr.req_id] = [*nr.prompt_ids, *nr.output_ids]
             saved = {slot: list(dev[b]) for b, slot in st.kv_saves}      # gathered before anything else
-            for blocks, rows in st.kv_imports:
-                vals = rows[0].view(np.uint32).reshape(-1)
-                for i, b in enumerate(blocks):
-                    dev[b] = [int(v) for v in vals[i * BS:(i + 1) * BS]]
             for slot, v in saved.items():
                 host[slot] = v
             for slot, b in st.kv_loads:
@@ -88,6 +84,10 @@ class ShadowKV:
                     tok = 1 + (sum(seq_ids) * 7 + len(seq_ids)) % 997
                     sampled[s.req_id] = [tok]
                     seq_ids.append(tok)
+            for blocks, rows in st.kv_imports:                           # after the step's work
+                vals = rows[0].view(np.uint32).reshape(-1)
+                for i, b in enumerate(blocks):
+                    dev[b] = [int(v) for v in vals[i * BS:(i + 1) * BS]]
             results.append(StepResult(st.step_id, sampled))
         return results
 
