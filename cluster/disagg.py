@@ -34,6 +34,7 @@ import torch
 
 from scheduler.block_pool import BlockPool, root
 from scheduler.request import Request, SamplingParams
+from scheduler.scheduler import Scheduler
 
 FETCH_TIMEOUT_S = 120.0     # a decode replica's wait for a bundle from the object store before computing the prompt
 IMPORT_STEP_BYTES = 64 << 20    # a decode rank's step writes at most this much imported KV (and a block at least):
@@ -187,22 +188,30 @@ class Imports:
                 self.queue.popleft()
         return writes
 
-    def written(self, pool: BlockPool) -> tuple[list[tuple[Request, tuple[int, ...]]], list[Request]]:
-        """The blocks the last step wrote, settled: whose they are ((request, blocks) each), and the requests whose
-        imports ended with it."""
+    def written(self, sched: Scheduler) -> list[Request]:
+        """After a step: the blocks it wrote settle, their requests (if still live: an id may be another's now) keep
+        them (``Scheduler.imported``); returns the requests whose imports ended with it, no longer ``importing`` and
+        ``imported`` (the next plan finds them on this rank before any move)."""
         writing, self.writing = self.writing, []
-        for _, blocks, _ in writing:
-            pool.settle(blocks)
-        return [(req, blocks) for req, blocks, _ in writing], [req for req, _, last in writing if last]
+        for req, blocks, _ in writing:
+            sched.pool.settle(blocks)
+            if sched.get(req.req_id) is req:
+                sched.imported(req, blocks)
+        ended = [req for req, _, last in writing if last]
+        for req in ended:
+            req.importing, req.imported = False, True
+        return ended
 
-    def drop(self, pool: BlockPool) -> list[Request]:
-        """Forget the imports still on their way (the workers were rebuilt, or a step failed: the prefix cache was
-        cleared): their blocks are released. Returns their requests."""
-        settled, _ = self.written(pool)
+    def drop(self, sched: Scheduler) -> list[Request]:
+        """Forget the imports on their way (the workers were rebuilt, or a step failed: the prefix cache was cleared):
+        their blocks are released, their requests (returned) no longer wait for them."""
+        reqs = {id(r): r for r in [*(r for r, _, _ in self.writing), *(item[0] for item in self.queue)]}
+        self.written(sched)
         for _, blocks, _, at in self.queue:
-            pool.settle(blocks[at:])
-        reqs = {id(r): r for r in [*(r for r, _ in settled), *(item[0] for item in self.queue)]}
+            sched.pool.settle(blocks[at:])
         self.queue.clear()
+        for req in reqs.values():
+            req.importing = req.imported = False
         return list(reqs.values())
 
 

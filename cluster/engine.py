@@ -472,8 +472,7 @@ class Engine:
                 for sch in self.schedulers:      # what the failed step wrote is unknown: no prefix is trusted
                     sch.clear_prefix_cache()
                 for imports, sch in zip(self._imports, self.schedulers):    # nor imported KV: their requests compute
-                    for req in imports.drop(sch.pool):
-                        req.importing = False
+                    imports.drop(sch)
                 ids = [s.req_id for p in plans for s in p.seqs]
                 return [self._end(ev) for r, sch in enumerate(self.schedulers)
                         for ev in sch.fail([i for i in ids if self._rank_of.get(i) == r],
@@ -481,7 +480,8 @@ class Engine:
         if steps[0].lookahead:         # the workers launched the next step ahead
             self._launched = (steps[0].graph, plans)
         with self._lock:
-            self._settle_imports()
+            for imports, sch in zip(self._imports, self.schedulers):    # the blocks this step wrote
+                self._imported += imports.written(sch)
             self.stats["steps"] += 1
             # the executor's wall time vs the busiest rank's own: the difference is the group's per-step cost
             self.stats["step_seconds"] += time.perf_counter() - start
@@ -561,18 +561,6 @@ class Engine:
                 "mean_accepted_length": (self.stats["drafts_accepted"] + rounds) / rounds if rounds else 0.0,
                 "acceptance_by_position": [a / rounds if rounds else 0.0 for a in self.accepted_at[:-1]]}
 
-    def _settle_imports(self) -> None:
-        """After a step: the imported blocks it wrote are cached, their requests keep them, and one whose import ended
-        may start (``Imports.written``; a failed step's blocks are released: the prefix cache was cleared)."""
-        for sched, imports in zip(self.schedulers, self._imports):
-            settled, ended = imports.written(sched.pool)
-            for req, blocks in settled:
-                if sched.get(req.req_id) is req:            # (not ended meanwhile: its id may be another's now)
-                    sched.imported(req, blocks)
-            for req in ended:
-                req.importing, req.imported = False, True
-                self._imported.append(req)
-
     def _worker_steps(self, plans: list[StepPlan], imports: list[list],
                       num_drafts: int = 0) -> list[WorkerStep] | None:
         self.stats["preemptions"] += sum(len(p.preempted) for p in plans)
@@ -648,7 +636,7 @@ class Engine:
                 sch.clear_prefix_cache()
             self._forget = [[] for _ in self.schedulers]     # the rebuilt workers start empty
             for imports, sch in zip(self._imports, self.schedulers):
-                imports.drop(sch.pool)
+                imports.drop(sch)
             self._unsent.clear()
         self.executor.recover()
         return events
