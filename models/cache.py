@@ -156,7 +156,6 @@ class HostKV:
             dev.index_copy_(0, dst, rows.pin_memory().to(self.device, non_blocking=True) if self.pin else rows)
 
 
-
 class ImportWriter:
     """Rows from another replica's cache (``read_blocks``') written into this cache's blocks after a step
     (``WorkerStep.kv_imports``; the engine settles those blocks once the step has returned, so no step reads them
