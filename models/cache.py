@@ -166,7 +166,7 @@ class ImportWriter:
     memcpy (sessions 52–53). On a CPU ``write`` copies the rows in place (``staged``: as on a GPU, unpinned; tests)."""
 
     # the buffers' least size: a step's imports (``cluster/disagg.py``'s IMPORT_STEP_BYTES, 64 MiB, a block more at
-    # most) and their slot ids fit; pinning memory runs at ~1 GB/s on an H100 host (session 53: 30-100 ms a step that
+    # most) and their slot ids fit; pinning memory ran at ~1-3 GB/s on H100 hosts (session 53: 30-100 ms a step that
     # grew a buffer), so each is pinned once
     BUFFER = 128 << 20
 
