@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.decode_slice import SLICE  # noqa: E402
 from models.cache import ImportWriter, KVCache  # noqa: E402
 from models.config import ModelConfig  # noqa: E402
+from workers.runner import WorkerStep  # noqa: E402
 
 # GLM-5.2 at full depth: the bench slice's widths (``bench/decode_slice.py``) with its 78 layers, IndexShare's 21
 # indexer layers and the MTP layer
@@ -408,7 +409,7 @@ def _decode_steps(engine, n: int) -> list[float]:
 
 
 def stall(device: str, slice_: bool, token_counts: list[int], streams: int, fp8: bool, out: Path,
-          pageable: bool = False) -> None:
+          pageable: bool = False, unpaced: bool = False, reserve: bool = True) -> None:
     import numpy as np
 
     from bench.prefix_cache import model_path
@@ -428,27 +429,31 @@ def stall(device: str, slice_: bool, token_counts: list[int], streams: int, fp8:
     if pageable:
         runner = engine.executor.runner
         runner.imports = ImportWriter(runner.cache, runner.block_size, staged=False)
+    if reserve:                                     # as a decode replica of a disaggregated app starts
+        engine.executor.execute([WorkerStep(-1, (), reserve=True)] * len(engine.schedulers))
     taken = [0]                                     # bytes written by the step under way (every rank's)
 
     def counted(take):
-        def take_counted(block_size: int) -> list[tuple]:
-            writes = take(block_size)
+        def take_counted(*args) -> list[tuple]:
+            writes = take(*args)
             taken[0] += sum(r.nbytes for _, rows in writes for r in rows)
             return writes
         return take_counted
 
     for imports in engine._imports:
-        imports.take = counted(imports.take)
+        imports.take, imports.paced = counted(imports.take), not unpaced
     vocab, bs, rng = engine.schedulers[0].config.vocab_size, engine.config.block_size, random.Random(0)
     per_token = sum(w * _itemsize(d) for w, d in engine.kv_layout)
     what = "the GLM-5.2-width slice (4 layers, FP8 random weights)" if slice_ else "the tiny model"
     lines = [f"# Disaggregated prefill: a decode engine taking a bundle ({device}, {what})", "",
              f"`PYTHONPATH=. python bench/disagg.py stall --device {device}{' --slice' if slice_ else ''}"
-             f"{' --fp8' if fp8 else ''}{' --pageable' if pageable else ''} --streams {streams} --tokens "
+             f"{' --fp8' if fp8 else ''}{' --pageable' if pageable else ''}{' --unpaced' if unpaced else ''}"
+             f"{'' if reserve else ' --no-reserve'} --streams {streams} --tokens "
              f"{' '.join(map(str, token_counts))}` — "
              f"{time.strftime('%Y-%m-%d %H:%M')}. {streams} streams decode (256-token prompts) while a request "
              f"arrives with its prompt's KV ({'FP8' if fp8 else 'bf16'} rows, {per_token} bytes a token on this "
-             f"model); the engine writes it over its next steps, at most {IMPORT_STEP_BYTES >> 20} MB a step. "
+             f"model); the engine writes it over its next steps, at most {IMPORT_STEP_BYTES >> 20} MB a step"
+             f"{' (unpaced: session 53)' if unpaced else ', paced beside the streams (IMPORT_PACE)'}. "
              "Step times are the engine's whole step (plan, worker, outputs), medians, ms.", "",
              "Steps writing: those that carried a part of it (the worker writes it after the step's work: "
              f"{'pageable, waited for: the copy before session 53' if pageable else 'through pinned memory'}"
@@ -494,7 +499,7 @@ def stall(device: str, slice_: bool, token_counts: list[int], streams: int, fp8:
             engine.step()
     out.mkdir(parents=True, exist_ok=True)
     name = "_".join(["disagg_stall", device, *(["slice"] if slice_ else []), *(["fp8"] if fp8 else []),
-                     *(["pageable"] if pageable else [])]) + ".md"
+                     *(["pageable"] if pageable else []), *(["unpaced"] if unpaced else [])]) + ".md"
     (out / name).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -529,12 +534,14 @@ def main() -> None:
     st.add_argument("--fp8", action="store_true", help="FP8 KV rows (kv_cache_dtype: fp8)")
     st.add_argument("--pageable", action="store_true",
                     help="write the rows as before session 53: a pageable copy, waited for (the A/B's other side)")
-    st.add_argument("--out", type=Path, default=Path("bench/results/session53"))
+    st.add_argument("--unpaced", action="store_true", help="64 MB a step beside the streams too (session 53)")
+    st.add_argument("--no-reserve", action="store_true", help="pin the import buffers at the first import")
+    st.add_argument("--out", type=Path, default=Path("bench/results/session54"))
     a = ap.parse_args()
     if a.what == "fill":
         fill(a.tokens, a.out)
     elif a.what == "stall":
-        stall(a.device, a.slice, a.tokens, a.streams, a.fp8, a.out, a.pageable)
+        stall(a.device, a.slice, a.tokens, a.streams, a.fp8, a.out, a.pageable, a.unpaced, not a.no_reserve)
     elif a.what == "transfer":
         transfer(a.device, a.tokens, a.out)
     elif a.what == "turns":

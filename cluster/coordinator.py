@@ -29,6 +29,7 @@ from cluster.local import guides, load_tokenizer, report, report_pool, scheduler
 from cluster.metrics_hub import app_metrics_hub
 from scheduler.request import FinishReason, SamplingParams
 from scheduler.scheduler import AdmissionError, common_prefix
+from workers.runner import WorkerStep
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -204,6 +205,8 @@ class Coordinator:
                              guides=guides(tokenizer, model_config, self.sched_config),
                              kv_layout=cfg.kv_layout(model_config))
         self._warm_up(cfg)
+        if prefill is not None:     # a decode replica: its imports' pinned buffers now, not at its first imports
+            self.engine.executor.execute([WorkerStep(-1, (), reserve=True)] * cfg.num_workers)
         self.aengine = AsyncEngine(self.engine)
         self.metrics = Metrics(self.engine)
         self.replica_id = _replica_id()

@@ -40,6 +40,8 @@ FETCH_TIMEOUT_S = 120.0     # a decode replica's wait for a bundle from the obje
 IMPORT_STEP_BYTES = 64 << 20    # a decode rank's step writes at most this much imported KV (and a block at least):
 # on a GPU after the step's work, through pinned memory (a GLM-5.2 prompt at full depth: ~1200 FP8 tokens a step; the
 # slice's decode steps waited 4-5 ms a step for them on an H100 host, 11-16 ms from pageable memory: session 53)
+IMPORT_PACE = 0.8, 8 << 20      # beside running requests, a step's imports are what its worker's helpers fill in this
+# share of a recent step's work (the fill runs beside it: session 53's 64 MB outlasted a 2.6 ms step), this much at least
 
 
 @dataclass(frozen=True)
@@ -158,12 +160,15 @@ def adopt_bundle(pool: BlockPool, prompt_ids: Sequence[int], salt: str | None, b
 
 class Imports:
     """A rank's imports on their way to its blocks, in arrival order: each a request's adopted blocks (pending: no
-    match reaches them) and their rows. A step takes whole blocks of them up to ``budget`` bytes (a block at least);
-    the worker writes them after that step's work (``ImportWriter``: on a GPU without holding the step up), and once
-    the step has returned they settle (``written``), so the next step's plan may take them."""
+    match reaches them) and their rows. A step takes whole blocks of them up to ``budget`` bytes (a block at least) —
+    beside running requests, where the worker's helpers fill a pinned buffer with them (a GPU), as much as they fill
+    while a step works (``IMPORT_PACE``; ``written`` learns both rates), so the decode steps do not wait for the fill;
+    the worker writes them after that step's work (``ImportWriter``), and once the step has returned they settle
+    (``written``), so the next step's plan may take them."""
 
-    def __init__(self, budget: int = IMPORT_STEP_BYTES) -> None:
+    def __init__(self, budget: int = IMPORT_STEP_BYTES, paced: bool = True) -> None:
         self.budget, self.queue, self.writing = budget, deque(), []
+        self.paced, self.rate, self.windows, self._beside = paced, None, deque(maxlen=8), False  # (bytes a s, ms)
 
     def __bool__(self) -> bool:
         return bool(self.queue or self.writing)
@@ -171,9 +176,18 @@ class Imports:
     def add(self, req: Request, blocks: tuple[int, ...], rows: tuple[np.ndarray, ...]) -> None:
         self.queue.append([req, blocks, rows, 0])
 
-    def take(self, block_size: int) -> list[tuple]:
+    def step_budget(self, beside: bool) -> int:
+        """The bytes a step takes: ``budget``, or beside running requests (``beside``) once fills were measured, what
+        the helpers fill in ``IMPORT_PACE``'s share of the shortest of the last steps' work."""
+        if not (self.paced and beside and self.rate and self.windows):
+            return self.budget
+        share, least = IMPORT_PACE
+        return min(self.budget, max(least, int(self.rate * min(self.windows) / 1e3 * share)))
+
+    def take(self, block_size: int, beside: bool = False) -> list[tuple]:
         """This step's writes ((blocks, rows) each); their blocks stay pending until ``written``."""
-        bs, writes, left = block_size, [], self.budget
+        bs, writes, left = block_size, [], self.step_budget(beside)
+        self._beside = beside
         while self.queue:
             item = self.queue[0]
             req, blocks, rows, at = item
@@ -188,10 +202,17 @@ class Imports:
                 self.queue.popleft()
         return writes
 
-    def written(self, sched: Scheduler) -> list[Request]:
+    def written(self, sched: Scheduler, fill: tuple[int, float] | None = None, work_ms: float = 0.0) -> list[Request]:
         """After a step: the blocks it wrote settle, their requests (if still live: an id may be another's now) keep
         them (``Scheduler.imported``); returns the requests whose imports ended with it, no longer ``importing`` and
-        ``imported`` (the next plan finds them on this rank before any move)."""
+        ``imported`` (the next plan finds them on this rank before any move). ``fill``: the worker's (bytes, seconds)
+        filling their buffer (``StepResult.import_fill``; one of 1 MiB or more counts), ``work_ms``: the step's work
+        (the busiest rank's), counted where requests ran."""
+        if fill and fill[0] >= 1 << 20:
+            rate = fill[0] / max(fill[1], 1e-6)
+            self.rate = rate if self.rate is None else (self.rate + rate) / 2
+        if self._beside and work_ms > 0:
+            self.windows.append(work_ms)
         writing, self.writing = self.writing, []
         for req, blocks, _ in writing:
             sched.pool.settle(blocks)

@@ -451,7 +451,8 @@ class Engine:
             # drafts ride only while one request is active (under the span policy they are free then)
             solo = sum(len(s.live_ids()) for s in self.schedulers) == 1
             k = self.speculative_tokens if solo else 0
-            imports = [i.take(self.config.block_size) for i in self._imports]   # written after this step's work
+            beside = any(s.num_running for s in self.schedulers)        # (imports paced beside running requests)
+            imports = [i.take(self.config.block_size, beside) for i in self._imports]   # written after the step's work
             plans = [s.schedule(max_drafts=k) for s in self.schedulers]
             for req in self._imported:          # (planned once where its KV is: it may move from now on)
                 req.imported = False
@@ -480,12 +481,13 @@ class Engine:
         if steps[0].lookahead:         # the workers launched the next step ahead
             self._launched = (steps[0].graph, plans)
         with self._lock:
-            for imports, sch in zip(self._imports, self.schedulers):    # the blocks this step wrote
-                self._imported += imports.written(sch)
+            busy = max(r.busy_ms for r in results)
+            for imports, sch, res in zip(self._imports, self.schedulers, results):    # the blocks this step wrote
+                self._imported += imports.written(sch, res.import_fill, busy)
             self.stats["steps"] += 1
             # the executor's wall time vs the busiest rank's own: the difference is the group's per-step cost
             self.stats["step_seconds"] += time.perf_counter() - start
-            self.stats["worker_busy_seconds"] += max(r.busy_ms for r in results) / 1e3
+            self.stats["worker_busy_seconds"] += busy / 1e3
             events = []
             for sch, plan, res in zip(self.schedulers, plans, results):
                 self._count_drafts(plan, res)

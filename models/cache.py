@@ -10,6 +10,7 @@ positions) and the engine's paged pool.
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -212,14 +213,23 @@ class ImportWriter:
         self._buffers.append((buffer, staged._replace(writes=())))
         return staged
 
-    def write(self, staged: Staged | None) -> None:
+    def reserve(self) -> None:
+        """Pin both buffers now (a decode replica of a disaggregated app, before it serves: pinning ran at ~1-3 GB/s,
+        30-120 ms a buffer on a first import otherwise)."""
+        while self._pool is not None and len(self._buffers) < 2:
+            self._buffers.append((self._buffer(0), Staged(())))
+
+    def write(self, staged: Staged | None) -> tuple[int, float] | None:
+        """Send ``stage``'s rows to their blocks; returns (bytes, the fill's seconds) where helpers filled a buffer
+        (``Imports.written`` paces the next steps' imports by it), else None."""
         if staged is None:
-            return
+            return None
         writes, host = staged.writes, staged.host
         if host is None:
             for blocks, rows in writes:
                 self.cache.write_blocks(blocks, self.block_size, rows)
-            return
+            return None
+        spans = [f.result() for f in staged.filling]
         staged.wait()
         flat = host.to(self.device, non_blocking=True)      # (on a CPU: the buffer itself)
         if self.pin:
@@ -233,11 +243,14 @@ class ImportWriter:
                 assert r.shape == (dst.numel(), t.shape[1] * t.element_size()), (r.shape, t.shape)
                 t.index_copy_(0, dst, flat[at:at + r.nbytes].view(t.dtype).view(-1, t.shape[1]))
                 at += r.nbytes
+        return host.numel(), max(end for _, end in spans) - min(begin for begin, _ in spans)
 
 
-def _copy(run: list[tuple[np.ndarray, np.ndarray]]) -> None:
+def _copy(run: list[tuple[np.ndarray, np.ndarray]]) -> tuple[float, float]:
+    begin = time.perf_counter()
     for dst, src in run:
         np.copyto(dst, src)
+    return begin, time.perf_counter()
 
 
 class Staged(NamedTuple):

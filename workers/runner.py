@@ -72,6 +72,7 @@ class WorkerStep:
     kv_saves: tuple[tuple[int, int], ...] = ()   # (block, host block): cached blocks to host memory, first
     kv_loads: tuple[tuple[int, int], ...] = ()   # (host block, block): cached prefixes back, before the forward
     memory: bool = False               # no rows: report the device's free and total bytes (after the warm-up)
+    reserve: bool = False              # no rows: pin the imports' buffers now (``ImportWriter.reserve``)
     # disaggregated prefill (``cluster/disagg.py``): (request, blocks) whose KV rows go back after the step
     # (``StepResult.kv``); (blocks, rows) written into those blocks after the step's work (``ImportWriter``)
     kv_exports: tuple[tuple[str, tuple[int, ...]], ...] = ()
@@ -98,6 +99,7 @@ class StepResult:
     draft_ms: float = 0.0    # of which the MTP passes (extend + proposals)
     memory: tuple[int, int] | None = None   # a GPU's (free, total) bytes, where the step asked (``WorkerStep.memory``)
     kv: dict[str, tuple[np.ndarray, ...]] = field(default_factory=dict)   # ``WorkerStep.kv_exports``' rows (bytes)
+    import_fill: tuple[int, float] | None = None   # ``kv_imports``' pinned bytes and their fill's seconds (a GPU)
 
 
 @dataclass
@@ -222,8 +224,8 @@ class ModelRunner:
         if step.kv_exports:            # after the step's forward and MTP passes: the prompt's KV is complete
             result = replace(result, kv={rid: self.cache.read_blocks(blocks, self.block_size)
                                          for rid, blocks in step.kv_exports})
-        self.imports.write(staged)     # last: no plan takes the blocks before the step has returned
-        return result
+        fill = self.imports.write(staged)     # last: no plan takes the blocks before the step has returned
+        return replace(result, import_fill=fill) if fill else result
 
     def _execute(self, step: WorkerStep) -> StepResult:
         start = time.perf_counter()
@@ -241,6 +243,9 @@ class ModelRunner:
         if step.kv_loads:
             self.host.load(step.kv_loads)
         ahead, self._ahead = self._ahead, None           # used by this step, or dropped
+        if step.reserve:                    # (before serving: no rows)
+            self.imports.reserve()
+            return StepResult(step.step_id)
         if step.memory:
             return StepResult(step.step_id, memory=device_memory(self.device) if self.device.type == "cuda" else None)
         if step.warm is not None:

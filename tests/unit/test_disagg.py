@@ -652,3 +652,68 @@ def test_a_cancel_while_the_kv_is_adopted_aborts_the_request():
         assert "y" not in e._rank_of and e.stats["generated_tokens"] < 100
     finally:
         ae.shutdown()
+
+
+def test_imports_beside_running_requests_go_as_fast_as_the_worker_fills_them(monkeypatch):
+    """Paced imports (``IMPORT_PACE``): once the worker reported a fill (``StepResult.import_fill``: 1 MiB or more),
+    a step beside running requests takes what its helpers fill in 0.8 of the shortest recent step's work — here 30 kB a
+    second × 2 ms × 0.8 = 3 blocks of 16 bytes — not the whole budget; with nothing running (nothing to hold up), and
+    unpaced, an import goes whole; small fills and steps without running requests teach nothing."""
+    from dataclasses import replace
+
+    import cluster.disagg as disagg
+    from tests.conftest import RecordingExecutor
+
+    monkeypatch.setattr(disagg, "IMPORT_PACE", (0.8, 16))        # (the floor: a block)
+
+    class Filling(RecordingExecutor):
+        def execute(self, steps):
+            return [replace(r, busy_ms=2.0, import_fill=(1 << 20, (1 << 20) / 30e3) if st.kv_imports else None)
+                    for r, st in zip(super().execute(steps), steps)]
+
+    e = _engine(blocks=128)
+    e.executor = Filling()
+    imports = e._imports[0]
+
+    def sent(prompt, rid):
+        e.add_request(prompt, SamplingParams(max_tokens=2), rid, kv=_bundle_of(prompt))
+        counts = []
+        while imports:
+            e.step()
+            counts.append(sum(len(b) for b, _ in e.executor.steps[-1][0].kv_imports))
+        return counts
+
+    e.add_request(list(range(500, 505)), SamplingParams(max_tokens=60, ignore_eos=True), "x")
+    e.step()
+    assert sent(list(range(1, 42)), "y") == [10]
+    assert imports.rate == pytest.approx(30e3) and list(imports.windows) == [2.0]
+    assert imports.step_budget(True) == 48 and imports.step_budget(False) == imports.budget
+    assert sent(list(range(100, 141)), "w") == [3, 3, 3, 1]
+    imports.paced = False
+    assert sent(list(range(200, 241)), "u") == [10]
+    imports.paced = True
+    e.abort("x")
+    while e.has_work():
+        e.step()
+    windows = list(imports.windows)
+    assert sent(list(range(300, 341)), "v") == [10] and list(imports.windows) == windows     # nothing ran beside it
+    imports.written(e.scheduler, (1 << 19, 1.0))
+    assert imports.rate == pytest.approx(30e3)                   # (half a MiB: thread start-up, not the rate)
+
+
+def test_a_reserved_import_writer_fills_its_two_buffers_and_reports_the_fill(tiny_config):
+    """``ImportWriter.reserve`` (a decode replica's start) makes both buffers at once; the imports after it fill them in
+    turn — no buffer made at an import — and ``write`` reports the bytes and the fill's seconds (``import_fill``)."""
+    config = ModelConfig.from_dict(tiny_config) if isinstance(tiny_config, dict) else tiny_config
+    src, dst = KVCache(config, 64, torch.bfloat16), KVCache(config, 64, torch.bfloat16)
+    writer = ImportWriter(dst, 8, staged=True)
+    writer.reserve()
+    buffers = {b.data_ptr() for b, _ in writer._buffers}
+    assert len(buffers) == 2 and all(b.numel() == ImportWriter.BUFFER for b, _ in writer._buffers)
+    rows = src.read_blocks([0, 1], 8)
+    for _ in range(3):
+        nbytes, seconds = writer.write(writer.stage([([4, 5], rows)]))
+        assert nbytes == 2 * 8 * 8 + sum(r.nbytes for r in rows) and seconds > 0
+        assert {b.data_ptr() for b, _ in writer._buffers} == buffers
+    plain = ImportWriter(dst, 8, staged=False)
+    assert plain.write(plain.stage([([4, 5], rows)])) is None                 # (a CPU: written in place)
