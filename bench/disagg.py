@@ -409,7 +409,7 @@ def _decode_steps(engine, n: int) -> list[float]:
 
 
 def stall(device: str, slice_: bool, token_counts: list[int], streams: int, fp8: bool, out: Path,
-          pageable: bool = False, unpaced: bool = False, reserve: bool = True) -> None:
+          pageable: bool = False, unpaced: bool = False, reserve: bool = True, profile: bool = False) -> None:
     import numpy as np
 
     from bench.prefix_cache import model_path
@@ -434,10 +434,10 @@ def stall(device: str, slice_: bool, token_counts: list[int], streams: int, fp8:
     taken = [0]                                     # bytes written by the step under way (every rank's)
 
     def counted(take):
-        def take_counted(*args) -> list[tuple]:
-            writes = take(*args)
-            taken[0] += sum(r.nbytes for _, rows in writes for r in rows)
-            return writes
+        def take_counted(*args):
+            took = take(*args)
+            taken[0] += sum(r.nbytes for _, rows in took.writes for r in rows)
+            return took
         return take_counted
 
     for imports in engine._imports:
@@ -473,6 +473,11 @@ def stall(device: str, slice_: bool, token_counts: list[int], streams: int, fp8:
         prompt = [rng.randrange(40, vocab) for _ in range(tokens + 8)]
         bundle = KVBundle(tuple(prompt[:tokens + 1]), engine.kv_layout, False,        # (touched pages, as received)
                           tuple(np.full((tokens, w * _itemsize(d)), 1, np.uint8) for w, d in engine.kv_layout))
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                  torch.profiler.ProfilerActivity.CUDA]) \
+            if profile and n == len(token_counts) else None        # (the last round)
+        if prof:
+            prof.__enter__()
         t0 = time.perf_counter()
         engine.add_request(prompt, SamplingParams(max_tokens=4, ignore_eos=True), f"kv{n}", kv=bundle)
         steps, first = [], None
@@ -482,6 +487,11 @@ def stall(device: str, slice_: bool, token_counts: list[int], streams: int, fp8:
             steps.append(((time.perf_counter() - s0) * 1e3, taken[0]))
             if any(e.req_id == f"kv{n}" and e.token_ids for e in events):
                 first = (time.perf_counter() - t0) * 1e3
+        if prof:
+            prof.__exit__(None, None, None)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "stall_profile.txt").write_text(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30))
+            prof.export_chrome_trace(str(out / "stall_trace.json"))
         writing = [t for t, b in steps if b]
         mb = sum(b for _, b in steps) / 1e6
         base = statistics.median(plain)
@@ -536,12 +546,14 @@ def main() -> None:
                     help="write the rows as before session 53: a pageable copy, waited for (the A/B's other side)")
     st.add_argument("--unpaced", action="store_true", help="64 MB a step beside the streams too (session 53)")
     st.add_argument("--no-reserve", action="store_true", help="pin the import buffers at the first import")
+    st.add_argument("--profile", action="store_true", help="the last round under torch.profiler: a table, a trace")
     st.add_argument("--out", type=Path, default=Path("bench/results/session54"))
     a = ap.parse_args()
     if a.what == "fill":
         fill(a.tokens, a.out)
     elif a.what == "stall":
-        stall(a.device, a.slice, a.tokens, a.streams, a.fp8, a.out, a.pageable, a.unpaced, not a.no_reserve)
+        stall(a.device, a.slice, a.tokens, a.streams, a.fp8, a.out, a.pageable, a.unpaced, not a.no_reserve,
+              a.profile)
     elif a.what == "transfer":
         transfer(a.device, a.tokens, a.out)
     elif a.what == "turns":

@@ -27,7 +27,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass
 from itertools import takewhile
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -41,7 +41,7 @@ IMPORT_STEP_BYTES = 64 << 20    # a decode rank's step writes at most this much 
 # on a GPU after the step's work, through pinned memory (a GLM-5.2 prompt at full depth: ~1200 FP8 tokens a step; the
 # slice's decode steps waited 4-5 ms a step for them on an H100 host, 11-16 ms from pageable memory: session 53)
 IMPORT_PACE = 0.8, 8 << 20      # beside running requests, a step's imports are what its worker's helpers fill in this
-# share of a recent step's work (the fill runs beside it: session 53's 64 MB outlasted a 2.6 ms step), this much at least
+# share of a recent step's work (the fill runs beside it: session 53's 64 MB outlasted a 2.6 ms step); this at least
 
 
 @dataclass(frozen=True)
@@ -158,34 +158,44 @@ def adopt_bundle(pool: BlockPool, prompt_ids: Sequence[int], salt: str | None, b
     return tuple(blocks), tuple(r[at] for r in bundle.rows)
 
 
+class Take(NamedTuple):
+    """A rank's imports for one step (``Imports.take``): the writes it sends, and whether the rows the last step sent
+    land after its work (``WorkerStep.kv_imports`` / ``kv_land``)."""
+
+    writes: tuple
+    land: bool
+
+
 class Imports:
     """A rank's imports on their way to its blocks, in arrival order: each a request's adopted blocks (pending: no
     match reaches them) and their rows. A step takes whole blocks of them up to ``budget`` bytes (a block at least) —
     beside running requests, where the worker's helpers fill a pinned buffer with them (a GPU), as much as they fill
     while a step works (``IMPORT_PACE``; ``written`` learns both rates), so the decode steps do not wait for the fill;
-    the worker writes them after that step's work (``ImportWriter``), and once the step has returned they settle
-    (``written``), so the next step's plan may take them."""
+    the worker sends them to the device after that step's work and into their blocks after the next step's
+    (``ImportWriter``: the copy runs beside that step), and once that one has returned they settle (``written``), so
+    the plan after it may take them."""
 
     def __init__(self, budget: int = IMPORT_STEP_BYTES, paced: bool = True) -> None:
-        self.budget, self.queue, self.writing = budget, deque(), []
-        self.paced, self.rate, self.windows, self._beside = paced, None, deque(maxlen=8), False  # (bytes a s, ms)
+        self.budget, self.queue, self.writing, self.landing = budget, deque(), [], []
+        self.paced, self.rate, self.windows = paced, None, deque(maxlen=8)     # (bytes a second; ms)
+        self._beside, self._quiet = False, True
 
     def __bool__(self) -> bool:
-        return bool(self.queue or self.writing)
+        return bool(self.queue or self.writing or self.landing)
 
     def add(self, req: Request, blocks: tuple[int, ...], rows: tuple[np.ndarray, ...]) -> None:
         self.queue.append([req, blocks, rows, 0])
 
     def step_budget(self, beside: bool) -> int:
         """The bytes a step takes: ``budget``, or beside running requests (``beside``) once fills were measured, what
-        the helpers fill in ``IMPORT_PACE``'s share of the shortest of the last steps' work."""
+        the helpers fill in ``IMPORT_PACE``'s share of the shortest of the last plain steps' work (``written``)."""
         if not (self.paced and beside and self.rate and self.windows):
             return self.budget
         share, least = IMPORT_PACE
         return min(self.budget, max(least, int(self.rate * min(self.windows) / 1e3 * share)))
 
-    def take(self, block_size: int, beside: bool = False) -> list[tuple]:
-        """This step's writes ((blocks, rows) each); their blocks stay pending until ``written``."""
+    def take(self, block_size: int, beside: bool = False) -> Take:
+        """This step's writes ((blocks, rows) each; their blocks stay pending until ``written`` after the next step)."""
         bs, writes, left = block_size, [], self.step_budget(beside)
         self._beside = beside
         while self.queue:
@@ -200,34 +210,43 @@ class Imports:
             self.writing.append((req, blocks[at - k:at], at == len(blocks)))
             if at == len(blocks):
                 self.queue.popleft()
-        return writes
+        return Take(tuple(writes), bool(self.landing))
 
-    def written(self, sched: Scheduler, fill: tuple[int, float] | None = None, work_ms: float = 0.0) -> list[Request]:
-        """After a step: the blocks it wrote settle, their requests (if still live: an id may be another's now) keep
-        them (``Scheduler.imported``); returns the requests whose imports ended with it, no longer ``importing`` and
-        ``imported`` (the next plan finds them on this rank before any move). ``fill``: the worker's (bytes, seconds)
-        filling their buffer (``StepResult.import_fill``; one of 1 MiB or more counts), ``work_ms``: the step's work
-        (the busiest rank's), counted where requests ran."""
+    def written(self, sched: Scheduler, fill: tuple[int, float] | None = None,
+                work_ms: float | None = None) -> list[Request]:
+        """After a step: the blocks the step before sent landed — they settle, their requests (if still live: an id may
+        be another's now) keep them (``Scheduler.imported``) — and this step's are on their way. Returns the requests
+        whose imports ended, no longer ``importing`` and ``imported`` (the next plan finds them on this rank before any
+        move). ``fill``: the worker's (bytes, seconds) filling a buffer (``StepResult.import_fill``; one of 1 MiB or
+        more counts); ``work_ms``: the step's work (the busiest rank's) where no rank sent imports — None where one
+        did. A plain step beside running requests after another such step counts (a copy that the step before sent
+        runs beside it: counted, the budget would grow with itself)."""
         if fill and fill[0] >= 1 << 20:
             rate = fill[0] / max(fill[1], 1e-6)
             self.rate = rate if self.rate is None else (self.rate + rate) / 2
-        if self._beside and work_ms > 0:
+        if work_ms is not None and self._beside and self._quiet:
             self.windows.append(work_ms)
-        writing, self.writing = self.writing, []
-        for req, blocks, _ in writing:
+        self._quiet = work_ms is not None
+        landed, self.landing, self.writing = self.landing, self.writing, []
+        return self._settle(sched, landed)
+
+    @staticmethod
+    def _settle(sched: Scheduler, landed: list) -> list[Request]:
+        for req, blocks, _ in landed:
             sched.pool.settle(blocks)
             if sched.get(req.req_id) is req:
                 sched.imported(req, blocks)
-        ended = [req for req, _, last in writing if last]
+        ended = [req for req, _, last in landed if last]
         for req in ended:
             req.importing, req.imported = False, True
         return ended
 
     def drop(self, sched: Scheduler) -> list[Request]:
-        """Forget the imports on their way (the workers were rebuilt, or a step failed: the prefix cache was cleared):
-        their blocks are released, their requests (returned) no longer wait for them."""
-        reqs = {id(r): r for r in [*(r for r, _, _ in self.writing), *(item[0] for item in self.queue)]}
-        self.written(sched)
+        """Forget the imports on their way (the workers were rebuilt, or a step failed: the prefix cache was cleared;
+        the next step lands nothing): their blocks are released, their requests (returned) no longer wait for them."""
+        landed, self.landing, self.writing = [*self.landing, *self.writing], [], []
+        reqs = {id(r): r for r in [*(r for r, _, _ in landed), *(item[0] for item in self.queue)]}
+        self._settle(sched, landed)
         for _, blocks, _, at in self.queue:
             sched.pool.settle(blocks[at:])
         self.queue.clear()

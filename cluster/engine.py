@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
-from cluster.disagg import Imports, KVBundle, adopt_bundle, check_bundle, exported_blocks, hold_prefix
+from cluster.disagg import Imports, KVBundle, Take, adopt_bundle, check_bundle, exported_blocks, hold_prefix
 from cluster.stream import OutputStream, TokenEvent
 from scheduler.request import FinishReason, Request, SamplingParams
 from scheduler.scheduler import (
@@ -452,7 +452,7 @@ class Engine:
             solo = sum(len(s.live_ids()) for s in self.schedulers) == 1
             k = self.speculative_tokens if solo else 0
             beside = any(s.num_running for s in self.schedulers)        # (imports paced beside running requests)
-            imports = [i.take(self.config.block_size, beside) for i in self._imports]   # written after the step's work
+            imports = [i.take(self.config.block_size, beside) for i in self._imports]   # sent after the step's work
             plans = [s.schedule(max_drafts=k) for s in self.schedulers]
             for req in self._imported:          # (planned once where its KV is: it may move from now on)
                 req.imported = False
@@ -482,8 +482,9 @@ class Engine:
             self._launched = (steps[0].graph, plans)
         with self._lock:
             busy = max(r.busy_ms for r in results)
+            plain = None if any(st.kv_imports for st in steps) else busy
             for imports, sch, res in zip(self._imports, self.schedulers, results):    # the blocks this step wrote
-                self._imported += imports.written(sch, res.import_fill, busy)
+                self._imported += imports.written(sch, res.import_fill, plain)
             self.stats["steps"] += 1
             # the executor's wall time vs the busiest rank's own: the difference is the group's per-step cost
             self.stats["step_seconds"] += time.perf_counter() - start
@@ -563,14 +564,14 @@ class Engine:
                 "mean_accepted_length": (self.stats["drafts_accepted"] + rounds) / rounds if rounds else 0.0,
                 "acceptance_by_position": [a / rounds if rounds else 0.0 for a in self.accepted_at[:-1]]}
 
-    def _worker_steps(self, plans: list[StepPlan], imports: list[list],
+    def _worker_steps(self, plans: list[StepPlan], imports: list[Take],
                       num_drafts: int = 0) -> list[WorkerStep] | None:
         self.stats["preemptions"] += sum(len(p.preempted) for p in plans)
         forget, self._forget = self._forget, [[] for _ in self.schedulers]
         for r, i in enumerate(imports):
-            if i and plans[r].is_empty:    # an import may take blocks whose save to host memory waits: saves go first
+            if i.writes and plans[r].is_empty:    # an import may take blocks whose save to host waits: saves go first
                 plans[r] = replace(plans[r], kv_saves=self.schedulers[r].pool.drain()[0])
-        if all(p.is_empty for p in plans) and not any(forget) and not any(imports):
+        if all(p.is_empty for p in plans) and not any(forget) and not any(i.writes or i.land for i in imports):
             return None
         rows = {r: p.num_tokens for r, p in enumerate(plans)}
         num_active = sum(s.num_running for s in self.schedulers)
@@ -591,7 +592,7 @@ class Engine:
                                                     if s.req_id in self._unsent), tuple(f), shape, num_drafts, graph,
                            draft_graph, lookahead, use_ahead, masks=self._masks(p), kv_saves=p.kv_saves,
                            kv_loads=p.kv_loads, kv_exports=self._exporting(p) if self._exports else (),
-                           kv_imports=tuple(i))
+                           kv_imports=i.writes, kv_land=i.land)
                 for p, f, i in zip(plans, forget, imports)]
 
     def _exporting(self, plan: StepPlan) -> tuple[tuple[str, tuple[int, ...]], ...]:
@@ -617,9 +618,11 @@ class Engine:
         requests' decode step again as far as the engine can tell — nothing waits to be prefilled, every row's next
         position is in its blocks (the schedulers hold one position of slack), and some request goes on. Requests
         that end meanwhile (by length, a stop token or string, an abort) leave the next step without their rows: it
-        is still the launched one (``_advanced``)."""
+        is still the launched one (``_advanced``). A request waiting for its imported KV waits on unless its last rows
+        land with this step (then it starts with the next: ``Imports.landing``)."""
         if not (self.lookahead and graph is not None and self.speculative_tokens == 0) \
-                or any(sch.num_waiting for sch in self.schedulers):
+                or any(not r.importing for sch in self.schedulers for r in sch.waiting()) \
+                or any(last for i in self._imports for _, _, last in i.landing):
             return False
         bs, goes_on = self.config.block_size, False
         for p in plans:

@@ -158,13 +158,15 @@ class HostKV:
 
 
 class ImportWriter:
-    """Rows from another replica's cache (``read_blocks``') written into this cache's blocks after a step
-    (``WorkerStep.kv_imports``; the engine settles those blocks once the step has returned, so no step reads them
-    before). On a GPU ``stage`` copies the rows into one pinned buffer on ``threads`` helper threads while the step
-    runs (host work only: a CUDA graph captured meanwhile on the step's thread forbids other threads' CUDA calls), and
-    ``write``, once the step is done, moves the buffer to the device and the rows into their slots asynchronously, on
-    the step's stream (the next step queues behind them). A pageable copy held the step at ~6 GB/s, one host core's
-    memcpy (sessions 52–53). On a CPU ``write`` copies the rows in place (``staged``: as on a GPU, unpinned; tests)."""
+    """Rows from another replica's cache (``read_blocks``') written into this cache's blocks over two steps
+    (``WorkerStep.kv_imports``, then ``kv_land``; the engine settles those blocks once the second has returned, so no
+    step reads them before). On a GPU ``stage`` copies a step's rows into one pinned buffer on ``threads`` helper
+    threads while the step runs (host work only: a CUDA graph captured meanwhile on the step's thread forbids other
+    threads' CUDA calls); ``write``, once the step's work is queued, sends the buffer to the device on a side stream,
+    beside the next step's work, and after that step's work (``land``) moves the rows into their slots on the step's
+    stream. A pageable copy held the step at ~6 GB/s, one host core's memcpy (sessions 52–53); a 64 MB copy to the
+    device in the step's stream took 1.2 ms of it (session 54's traces). On a CPU ``write`` copies the rows in place
+    at once (``staged``: as on a GPU, unpinned and without a copy; tests)."""
 
     # the buffers' least size: a step's imports (``cluster/disagg.py``'s IMPORT_STEP_BYTES, 64 MiB, a block more at
     # most) and their slot ids fit; pinning memory ran at ~1-3 GB/s on H100 hosts (session 53: 30-100 ms a step that
@@ -177,6 +179,9 @@ class ImportWriter:
         self.threads = threads or min(4, len(os.sched_getaffinity(0)))     # (the fastest at 56 MB on an H100 host)
         self._pool = ThreadPoolExecutor(self.threads, "kv-import") if (self.pin if staged is None else staged) else None
         self._buffers: list[tuple[torch.Tensor, Staged]] = []     # two, taken in turn: (buffer, its last use)
+        self._device: list[tuple[torch.Tensor, torch.cuda.Event]] = []    # two, in turn: (buffer, its rows landed)
+        self._stream = torch.cuda.Stream(self.device) if self.pin and self._pool else None
+        self._sent: Sent | None = None      # the last step's rows, to land after this step's work
 
     def _buffer(self, nbytes: int) -> torch.Tensor:
         """A host buffer of at least ``nbytes`` that no earlier fill or copy still uses (two in turn: the older one's
@@ -185,8 +190,25 @@ class ImportWriter:
         if done is not None:
             done.wait()          # (a use of it without its rows: they go with the engine's last reference)
         if host is None or host.numel() < nbytes:
-            host = torch.empty(max(self.BUFFER, 1 << (nbytes - 1).bit_length()), dtype=torch.uint8, pin_memory=self.pin)
+            host = torch.empty(_size(nbytes, self.BUFFER), dtype=torch.uint8, pin_memory=self.pin)
         return host
+
+    def _device_buffer(self, nbytes: int) -> torch.Tensor:
+        """A device buffer of at least ``nbytes`` whose rows landed (two in turn), for the side stream."""
+        dev, landed = self._device.pop(0) if len(self._device) == 2 else (None, None)
+        if landed is not None:
+            self._stream.wait_event(landed)
+        if dev is None or dev.numel() < nbytes:
+            dev = torch.empty(_size(nbytes, self.BUFFER), dtype=torch.uint8, device=self.device)
+        return dev
+
+    def reserve(self) -> None:
+        """Make both buffers of each kind now (a decode replica of a disaggregated app, before it serves: pinning
+        ran at ~1-3 GB/s, 30-120 ms a buffer on a first import otherwise)."""
+        while self._pool is not None and len(self._buffers) < 2:
+            self._buffers.append((self._buffer(0), Staged(())))
+        while self._stream is not None and len(self._device) < 2:
+            self._device.append((self._device_buffer(0), None))
 
     def stage(self, writes: Sequence[tuple[Sequence[int], Sequence[np.ndarray]]]) -> Staged | None:
         """Start on ``writes`` ((blocks, rows) each); the handle goes to ``write`` (or is dropped: nothing written)."""
@@ -213,15 +235,13 @@ class ImportWriter:
         self._buffers.append((buffer, staged._replace(writes=())))
         return staged
 
-    def reserve(self) -> None:
-        """Pin both buffers now (a decode replica of a disaggregated app, before it serves: pinning ran at ~1-3 GB/s,
-        30-120 ms a buffer on a first import otherwise)."""
-        while self._pool is not None and len(self._buffers) < 2:
-            self._buffers.append((self._buffer(0), Staged(())))
-
-    def write(self, staged: Staged | None) -> tuple[int, float] | None:
-        """Send ``stage``'s rows to their blocks; returns (bytes, the fill's seconds) where helpers filled a buffer
-        (``Imports.written`` paces the next steps' imports by it), else None."""
+    def write(self, staged: Staged | None, land: bool) -> tuple[int, float] | None:
+        """After a step's work: the rows the last step sent go into their slots (``land``: the engine still wants them
+        — else they are dropped), then ``staged`` goes to the device. Returns (bytes, the fill's seconds) where helpers
+        filled a buffer (``Imports.written`` paces the next steps' imports by it), else None."""
+        sent, self._sent = self._sent, None
+        if sent is not None and land:
+            self._land(sent)
         if staged is None:
             return None
         writes, host = staged.writes, staged.host
@@ -230,11 +250,21 @@ class ImportWriter:
                 self.cache.write_blocks(blocks, self.block_size, rows)
             return None
         spans = [f.result() for f in staged.filling]
-        staged.wait()
-        flat = host.to(self.device, non_blocking=True)      # (on a CPU: the buffer itself)
-        if self.pin:
-            staged.copied.append(torch.cuda.Event())
-            staged.copied[0].record()
+        if self._stream is None:            # (staged on a CPU: the buffer itself lands)
+            self._sent = Sent(writes, host)
+        else:
+            dev = self._device_buffer(host.numel())
+            with torch.cuda.stream(self._stream):
+                flat = dev[:host.numel()].copy_(host, non_blocking=True)
+                staged.copied.append(torch.cuda.Event())
+                staged.copied[0].record()
+            self._sent = Sent(writes, flat, dev, staged.copied[0])
+        return host.numel(), max(end for _, end in spans) - min(begin for begin, _ in spans)
+
+    def _land(self, sent: Sent) -> None:
+        if sent.copied is not None:
+            torch.cuda.current_stream(self.device).wait_event(sent.copied)
+        flat, writes = sent.flat, sent.writes
         n = sum(len(b) for b, _ in writes) * self.block_size
         slots, at = flat[:8 * n].view(torch.long), 8 * n
         for blocks, rows in writes:
@@ -243,7 +273,20 @@ class ImportWriter:
                 assert r.shape == (dst.numel(), t.shape[1] * t.element_size()), (r.shape, t.shape)
                 t.index_copy_(0, dst, flat[at:at + r.nbytes].view(t.dtype).view(-1, t.shape[1]))
                 at += r.nbytes
-        return host.numel(), max(end for _, end in spans) - min(begin for begin, _ in spans)
+        if sent.buffer is not None:
+            landed = torch.cuda.Event()
+            landed.record()
+            self._device.append((sent.buffer, landed))
+
+    def drop(self) -> None:
+        """Forget the rows on their way (a failed step: the engine drops its imports, their blocks may go elsewhere)."""
+        if self._sent is not None and self._sent.buffer is not None:
+            self._device.append((self._sent.buffer, None))       # (the side stream's copy into it came first)
+        self._sent = None
+
+
+def _size(nbytes: int, least: int) -> int:
+    return max(least, 1 << (nbytes - 1).bit_length())
 
 
 def _copy(run: list[tuple[np.ndarray, np.ndarray]]) -> tuple[float, float]:
@@ -269,6 +312,16 @@ class Staged(NamedTuple):
             f.result()
         for e in self.copied:
             e.synchronize()
+
+
+class Sent(NamedTuple):
+    """A step's rows on their way (``ImportWriter.write``): slot ids then rows, on the device (``buffer``'s first bytes,
+    there once ``copied``) or, staged on a CPU, the host buffer."""
+
+    writes: Sequence[tuple[Sequence[int], Sequence[np.ndarray]]]
+    flat: torch.Tensor
+    buffer: torch.Tensor | None = None
+    copied: torch.cuda.Event | None = None
 
 
 @dataclass

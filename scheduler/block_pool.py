@@ -202,12 +202,15 @@ class BlockPool:
         """Evict the device blocks of ``nodes`` (a waiting request's cached prefix, ``match``'s, from its block
         ``first`` on) after every other cached block, until ``unkeep``; they stay counted free. ``rank``: the request's
         place in the scheduler's order — among kept blocks the last request's go first, its deepest first."""
+        neg = tuple(-x for x in rank)          # (a step's imports keep hundreds of nodes: the loop stays lean)
         for depth, n in enumerate(nodes, first):
             order = (*rank, depth)
-            self._keeps.setdefault(n, Counter())[order] += 1
+            if (orders := self._keeps.get(n)) is None:
+                orders = self._keeps[n] = Counter()
+            orders[order] += 1
             if (b := self._nodes[n].block) is not None and self._refs[b] == 0:
                 if self._idle.pop(b, 0) is None or order < self._kept[b]:      # (an idle block's value is None)
-                    self._set_kept(b, order)
+                    self._set_kept(b, order, (*neg, -depth))
 
     def unkeep(self, nodes: Sequence[int], rank: tuple, first: int = 0) -> None:
         """Release ``keep``'s holds (the same arguments); a block no longer kept idles as the most recently released.
@@ -228,9 +231,9 @@ class BlockPool:
             elif self._kept.get(b) == order:        # its first keeper left: the next one's order
                 self._set_kept(b, min(orders))
 
-    def _set_kept(self, b: int, order: tuple) -> None:
+    def _set_kept(self, b: int, order: tuple, neg: tuple | None = None) -> None:
         self._kept[b] = order
-        heapq.heappush(self._kept_heap, (tuple(-x for x in order), b))
+        heapq.heappush(self._kept_heap, (neg or tuple(-x for x in order), b))
         if len(self._kept_heap) > 2 * len(self._kept) + 64:       # drop the stale entries now and then
             self._kept_heap = [(tuple(-x for x in o), k) for k, o in self._kept.items()]
             heapq.heapify(self._kept_heap)

@@ -72,11 +72,13 @@ class WorkerStep:
     kv_saves: tuple[tuple[int, int], ...] = ()   # (block, host block): cached blocks to host memory, first
     kv_loads: tuple[tuple[int, int], ...] = ()   # (host block, block): cached prefixes back, before the forward
     memory: bool = False               # no rows: report the device's free and total bytes (after the warm-up)
-    reserve: bool = False              # no rows: pin the imports' buffers now (``ImportWriter.reserve``)
+    reserve: bool = False              # no rows: make the imports' buffers now (``ImportWriter.reserve``)
     # disaggregated prefill (``cluster/disagg.py``): (request, blocks) whose KV rows go back after the step
-    # (``StepResult.kv``); (blocks, rows) written into those blocks after the step's work (``ImportWriter``)
+    # (``StepResult.kv``); (blocks, rows) sent to the device after the step's work, into their blocks after the next
+    # step's where it says ``kv_land`` (``ImportWriter``; without it they are dropped)
     kv_exports: tuple[tuple[str, tuple[int, ...]], ...] = ()
     kv_imports: tuple[tuple[tuple[int, ...], tuple[np.ndarray, ...]], ...] = ()
+    kv_land: bool = False
 
 
 @dataclass(frozen=True)
@@ -185,7 +187,7 @@ class ModelRunner:
         pad_slot = num_slots + self.extra_slots(max_drafting) - 1     # written by the graphs' pad rows, read by no one
         self.cache = KVCache(model.config, pad_slot + 1, dtype, device, fp8=kv_fp8)
         self.host = HostKV(self.cache, host_blocks, block_size) if host_blocks else None   # the prefix cache's 2nd tier
-        self.imports = ImportWriter(self.cache, block_size)      # other replicas' KV, written after a step
+        self.imports = ImportWriter(self.cache, block_size)      # other replicas' KV, written after the steps
         if graphs not in ("off", "eager", "capture"):
             raise ValueError(f"graphs must be 'off', 'eager' or 'capture', got {graphs!r}")
         self.graphs = None if graphs == "off" else DecodeGraphs(
@@ -216,15 +218,22 @@ class ModelRunner:
         """Forget every request (after a group failure the scheduler starts over; KV is overwritten)."""
         self.requests.clear()
         self._ahead = None
+        self.imports.drop()
 
     @torch.inference_mode()
     def execute(self, step: WorkerStep) -> StepResult:
         staged = self.imports.stage(step.kv_imports)    # (on a GPU: into pinned memory while the step runs)
-        result = self._execute(step)
+        try:
+            result = self._execute(step)
+        except BaseException:
+            self.imports.drop()            # (the engine drops the imports of a failed step: their blocks go elsewhere)
+            raise
         if step.kv_exports:            # after the step's forward and MTP passes: the prompt's KV is complete
             result = replace(result, kv={rid: self.cache.read_blocks(blocks, self.block_size)
                                          for rid, blocks in step.kv_exports})
-        fill = self.imports.write(staged)     # last: no plan takes the blocks before the step has returned
+        if step.step_id < 0:               # a warm-up's or a report's (no rows): imports on their way stay so
+            return result
+        fill = self.imports.write(staged, step.kv_land)    # last: no plan takes the blocks before the next step
         return replace(result, import_fill=fill) if fill else result
 
     def _execute(self, step: WorkerStep) -> StepResult:

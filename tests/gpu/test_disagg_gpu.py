@@ -62,7 +62,8 @@ def test_bf16_rows_arrive_byte_for_byte(fp8):
     bundle = prefill(pre, prompt, GREEDY)
     assert bundle.num_tokens == (200 - 1) // BS * BS
     dec.add_request(prompt, SamplingParams(max_tokens=8, temperature=0.0), "d", kv=bundle)
-    dec.step()                      # writes the rows, after its work; the request starts with the next
+    dec.step()                      # sends the rows, after its work; the next step lands them, and the request
+    dec.step()                      # starts with the step after
     dec.step()
     table = dec.scheduler.get("d").block_ids
     got = dec.executor.runner.cache.read_blocks(table[:bundle.num_tokens // BS], BS)
@@ -87,8 +88,8 @@ def test_a_next_turns_rows_arrive_after_the_cached_prefix_byte_for_byte(fp8):
     bundle = prefill(pre, nxt, params, "p2", start)
     assert start == 136 and bundle.start == start and bundle.rows[0].shape[0] == bundle.num_tokens - start
     dec.add_request(nxt, params, "d2", kv=bundle)
-    dec.step()
-    dec.step()
+    for _ in range(3):              # sends, lands, starts
+        dec.step()
     held.release()
     table = dec.scheduler.get("d2").block_ids
     got = dec.executor.runner.cache.read_blocks(table[start // 8:bundle.num_tokens // 8], 8)
@@ -101,3 +102,26 @@ def test_a_next_turns_rows_arrive_after_the_cached_prefix_byte_for_byte(fp8):
 def test_imports_over_many_steps_beside_decoding_streams_keep_every_token():
     """``tests/integration/test_disagg.py``'s case on CUDA graphs, the rows through pinned memory."""
     imports_beside_streams(model(torch.float32), graphs=True)
+
+
+def test_rows_sent_by_one_write_land_with_the_next_byte_for_byte():
+    """``ImportWriter`` on CUDA: a write sends its step's rows (pinned, then to the device on a side stream) and the
+    next one lands them (``land``) — byte for byte, over rounds that take both pinned and both device buffers in turn;
+    rows the next write does not land are never written."""
+    from models.cache import ImportWriter, KVCache
+
+    config = model(torch.bfloat16).config
+    src, dst = (KVCache(config, 64 * BS, torch.bfloat16, "cuda") for _ in range(2))
+    for t in src.tensors():
+        t.view(torch.uint8).copy_(torch.randint(0, 256, t.view(torch.uint8).shape, dtype=torch.uint8, device="cuda"))
+    writer = ImportWriter(dst, BS)
+    writer.reserve()
+    rounds = [([3, 9], [0, 1]), ([20], [5]), ([30, 31, 32], [6, 7, 8]), ([40], [9]), ([41, 2], [10, 11])]
+    for i, (to, frm) in enumerate(rounds):
+        writer.write(writer.stage([(to, src.read_blocks(frm, BS))]), land=i != 3)     # (round 2's: dropped)
+    writer.write(None, land=True)
+    torch.cuda.synchronize()
+    for i, (to, frm) in enumerate(rounds):
+        got, want = dst.read_blocks(to, BS), src.read_blocks(frm, BS)
+        assert all(np.array_equal(a, b) != (i == 2) for a, b in zip(got, want, strict=True)), i
+    assert not any(r.any() for r in dst.read_blocks([30, 31, 32], BS))

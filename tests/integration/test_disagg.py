@@ -111,7 +111,8 @@ def test_the_imported_rows_are_the_prefill_engines_kv(model):
     pre, dec = make_engine(model), make_engine(model, blocks=64)
     bundle = prefill(pre, prompt, GREEDY)
     dec.add_request(prompt, SamplingParams(max_tokens=30, temperature=0.0), "d", kv=bundle)
-    dec.step()                      # writes the rows (after its work)
+    dec.step()                      # sends the rows (after its work)
+    dec.step()                      # lands them (on a CPU: written at once)
     assert not dec.scheduler.get("d").block_ids
     dec.step()                      # the request starts: its table holds them
     table = dec.scheduler.get("d").block_ids

@@ -130,7 +130,8 @@ def test_the_cache_layout_is_its_tensors(tiny_config):
 def test_imported_rows_land_in_their_blocks(tiny_config, staged):
     """``ImportWriter``: a step's writes (two imports, blocks in any order; read-only rows, as Ray hands them over) go
     into exactly their blocks, bf16 and FP8 rows — ``staged`` takes the GPU's way (one buffer of slot ids then rows,
-    filled on a thread) on the CPU; nothing is written until ``write``, and a dropped handle writes nothing."""
+    filled on a thread, landing after the next step: ``write(..., land=True)``) on the CPU; nothing is written until
+    ``write``, a dropped handle writes nothing, nor rows sent that the next step does not land."""
     config = ModelConfig.from_dict(tiny_config) if isinstance(tiny_config, dict) else tiny_config
     for fp8 in (False, True):
         src = KVCache(config, 64, torch.bfloat16, fp8=fp8)
@@ -143,9 +144,14 @@ def test_imported_rows_land_in_their_blocks(tiny_config, staged):
         writer = ImportWriter(dst, 8, staged=staged)
         assert (writer._pool is not None) == staged
         writer.stage([([7, 1], rows[0])])                       # dropped: never written
+        if staged:                                              # sent, then not landed: never written
+            writer.write(writer.stage([([7, 0], rows[0])]), land=False)
         handle = writer.stage([([3, 1], rows[0]), ([6], rows[1])])
         assert all(not t.any() for t in dst.tensors())
-        writer.write(handle)
+        writer.write(handle, land=False)
+        if staged:
+            assert all(not t.any() for t in dst.tensors())
+            writer.write(None, land=True)                       # (the next step's: it sent nothing)
         for d, s in ((d.view(torch.uint8), s.view(torch.uint8)) for d, s in zip(dst.tensors(), src.tensors())):
             assert torch.equal(d[24:32], s[0:8]) and torch.equal(d[8:16], s[16:24]) and torch.equal(d[48:56], s[40:48])
             assert not d[56:64].any() and not d[:8].any()
@@ -432,7 +438,8 @@ def test_prompts_sharing_a_head_ask_for_its_kv_once():
         held.admitted()                                                    # prefix once the engine has it, and
         await asyncio.sleep(0.01)
         assert len(calls) == 3                  # (its import not written yet: the others still wait)
-        e.step()
+        e.step()                                # sends its rows
+        e.step()                                # lands them
         dec._asked_end("a")                     # ends the ask at its first token
         await asyncio.sleep(0.01)
         assert calls[-1] == ("b", 32)         # the rest past the head (its last block's key holds token 37)
@@ -475,8 +482,11 @@ def test_an_adoption_keeps_the_prompts_own_cached_prefix():
     y = system + list(range(200, 225))
     e.add_request(y, SamplingParams(max_tokens=1), "y", kv=_bundle_of(y))
     assert e.scheduler.cached_blocks(y) == 1            # (the adopted blocks: matched once written)
-    e.step()                                            # the step that writes them runs without y
+    e.step()                                            # the step that sends them runs without y
     assert e.executor.steps[-1][0].kv_imports and not e.executor.steps[-1][0].seqs
+    assert e.scheduler.cached_blocks(y) == 1
+    e.step()                                            # and the one that lands them
+    assert e.executor.steps[-1][0].kv_land and not e.executor.steps[-1][0].seqs
     assert e.scheduler.cached_blocks(y) == 8
     e.step()
     assert [s.start_pos for s in e.executor.steps[-1][0].seqs] == [32]       # only the last token computed
@@ -495,7 +505,8 @@ def test_a_request_bringing_kv_goes_to_a_rank_with_a_seat():
     e.add_request(y, p, "y", kv=_bundle_of(y))
     rank = e._rank_of["y"]
     assert e.schedulers[rank].free_seats >= 0 and e._imports[rank]
-    e.step()                                            # writes its KV; it starts in the step after
+    e.step()                                            # sends its KV, the next step lands it; it starts in the
+    e.step()                                            # step after
     e.step()
     assert e._rank_of["y"] == rank
     assert [s.start_pos for s in e.executor.steps[-1][rank].seqs if s.req_id == "y"] == [40]
@@ -520,16 +531,17 @@ def test_a_prefix_on_a_rank_without_a_seat_is_not_continued():
     assert held.start == 0
     e.add_request(y, SamplingParams(max_tokens=1), "y", kv=_bundle_of(y))
     held.release()
-    e.step()
-    e.step()
+    for _ in range(3):                  # sends its KV, lands it, starts
+        e.step()
     assert [(r, s.start_pos) for r, st in enumerate(e.executor.steps[-1]) for s in st.seqs if s.req_id == "y"] == \
         [(1 - full, 40)] and e.stats["moves"] == 0
 
 
 def test_an_import_goes_a_few_blocks_a_step_and_its_request_waits_for_the_last():
-    """A step writes at most ``Imports.budget`` bytes of imported KV (here 3 blocks): a 10-block import goes over 4
-    steps beside a decoding request, its blocks matchable only once the step that writes them has returned, and its
-    request starts in the step after the one that carries the last of them (computing only its last token); a request
+    """A step sends at most ``Imports.budget`` bytes of imported KV (here 3 blocks): a 10-block import goes over 4
+    steps beside a decoding request, its blocks matchable only once the step after the one that sends them (which
+    lands them) has returned, and its request starts in the step after the one that lands the last of them (computing
+    only its last token); a request
     for the same prompt arriving meanwhile waits behind it, then takes every block cached; an aborted import still
     settles its blocks."""
     e = _engine(blocks=64)
@@ -539,17 +551,18 @@ def test_an_import_goes_a_few_blocks_a_step_and_its_request_waits_for_the_last()
     y = list(range(1, 42))
     e.add_request(y, SamplingParams(max_tokens=2), "y", kv=_bundle_of(y))
     sent = []
-    for i in range(5):
-        assert len(e.scheduler.pool.match(y)) == min(10, 3 * i)
+    for i in range(6):
+        assert len(e.scheduler.pool.match(y)) == min(10, 3 * max(i - 1, 0))
         e.step()
         step = e.executor.steps[-1][0]
         sent.append(sum(len(blocks) for blocks, _ in step.kv_imports))
-        assert len(e.scheduler.pool.match(y)) == min(10, 3 * (i + 1))
+        assert len(e.scheduler.pool.match(y)) == min(10, 3 * i)         # what the step before sent: landed
+        assert step.kv_land == (1 <= i <= 4)
         started = [s.start_pos for s in step.seqs if s.req_id == "y"]
-        assert started == ([40] if i == 4 else []), i
+        assert started == ([40] if i == 5 else []), i
         if i == 0:
             e.add_request(y, SamplingParams(max_tokens=2), "z")
-    assert sent == [3, 3, 3, 1, 0]
+    assert sent == [3, 3, 3, 1, 0, 0]
     e.add_request(list(range(60, 101)), SamplingParams(max_tokens=2), "w", kv=_bundle_of(list(range(60, 101))))
     e.abort("w")
     while e.has_work():
@@ -561,13 +574,14 @@ def test_an_import_goes_a_few_blocks_a_step_and_its_request_waits_for_the_last()
 def test_an_adoption_does_not_evict_the_blocks_an_earlier_import_keeps_for_its_waiting_request():
     """x's import is written while x waits for the one seat: x keeps its 10 blocks. y's import, arriving next into a
     pool with 8 blocks besides them, adopts 8 and computes the rest (before keeps it took 10, evicting x's tail: both
-    computed 13 tokens again); r's growth then takes y's newest kept block, not x's."""
+    computed 13 tokens again); r's growth, once y's blocks landed, then takes y's newest kept block, not x's."""
     e = _engine(blocks=20, seqs=1)
-    e.add_request(list(range(500, 505)), SamplingParams(max_tokens=6, ignore_eos=True), "r")
+    e.add_request(list(range(500, 504)), SamplingParams(max_tokens=6, ignore_eos=True), "r")    # grows at step 6
     e.step()
     x, y = list(range(1, 42)), list(range(300, 341))
     e.add_request(x, SamplingParams(max_tokens=1), "x", kv=_bundle_of(x))
-    e.step()
+    e.step()                                            # sends them
+    e.step()                                            # lands them
     pool = e.scheduler.pool
     assert (pool.num_kept, e.stats["kv_imported_tokens"]) == (10, 40)
     e.add_request(y, SamplingParams(max_tokens=1), "y", kv=_bundle_of(y))
@@ -656,9 +670,10 @@ def test_a_cancel_while_the_kv_is_adopted_aborts_the_request():
 
 def test_imports_beside_running_requests_go_as_fast_as_the_worker_fills_them(monkeypatch):
     """Paced imports (``IMPORT_PACE``): once the worker reported a fill (``StepResult.import_fill``: 1 MiB or more),
-    a step beside running requests takes what its helpers fill in 0.8 of the shortest recent step's work — here 30 kB a
-    second × 2 ms × 0.8 = 3 blocks of 16 bytes — not the whole budget; with nothing running (nothing to hold up), and
-    unpaced, an import goes whole; small fills and steps without running requests teach nothing."""
+    a step beside running requests takes what its helpers fill in 0.8 of the shortest recent plain step's work — here
+    30 kB a second × 2 ms × 0.8 = 3 blocks of 16 bytes — not the whole budget; with nothing running (nothing to hold
+    up), and unpaced, an import goes whole; small fills teach nothing, nor steps without running requests, steps that
+    write imports and the steps after them (their copies land there: the budget would feed on itself)."""
     from dataclasses import replace
 
     import cluster.disagg as disagg
@@ -667,8 +682,12 @@ def test_imports_beside_running_requests_go_as_fast_as_the_worker_fills_them(mon
     monkeypatch.setattr(disagg, "IMPORT_PACE", (0.8, 16))        # (the floor: a block)
 
     class Filling(RecordingExecutor):
+        """Steps work 2 ms; 9 where they send imports, 5 right after (their copy to the device runs beside it)."""
+
         def execute(self, steps):
-            return [replace(r, busy_ms=2.0, import_fill=(1 << 20, (1 << 20) / 30e3) if st.kv_imports else None)
+            after = bool(self.steps) and any(st.kv_imports for st in self.steps[-1])
+            busy = 9.0 if any(st.kv_imports for st in steps) else 5.0 if after else 2.0
+            return [replace(r, busy_ms=busy, import_fill=(1 << 20, (1 << 20) / 30e3) if st.kv_imports else None)
                     for r, st in zip(super().execute(steps), steps)]
 
     e = _engine(blocks=128)
@@ -685,18 +704,20 @@ def test_imports_beside_running_requests_go_as_fast_as_the_worker_fills_them(mon
 
     e.add_request(list(range(500, 505)), SamplingParams(max_tokens=60, ignore_eos=True), "x")
     e.step()
-    assert sent(list(range(1, 42)), "y") == [10]
+    # (x did not run at the first step; the step sending y's rows and the one after it, landing them, do not count)
+    assert sent(list(range(1, 42)), "y") == [10, 0] and not imports.windows
+    e.step()
     assert imports.rate == pytest.approx(30e3) and list(imports.windows) == [2.0]
     assert imports.step_budget(True) == 48 and imports.step_budget(False) == imports.budget
-    assert sent(list(range(100, 141)), "w") == [3, 3, 3, 1]
+    assert sent(list(range(100, 141)), "w") == [3, 3, 3, 1, 0]
     imports.paced = False
-    assert sent(list(range(200, 241)), "u") == [10]
+    assert sent(list(range(200, 241)), "u") == [10, 0]
     imports.paced = True
     e.abort("x")
     while e.has_work():
         e.step()
     windows = list(imports.windows)
-    assert sent(list(range(300, 341)), "v") == [10] and list(imports.windows) == windows     # nothing ran beside it
+    assert sent(list(range(300, 341)), "v") == [10, 0] and list(imports.windows) == windows  # nothing ran beside it
     imports.written(e.scheduler, (1 << 19, 1.0))
     assert imports.rate == pytest.approx(30e3)                   # (half a MiB: thread start-up, not the rate)
 
@@ -712,8 +733,8 @@ def test_a_reserved_import_writer_fills_its_two_buffers_and_reports_the_fill(tin
     assert len(buffers) == 2 and all(b.numel() == ImportWriter.BUFFER for b, _ in writer._buffers)
     rows = src.read_blocks([0, 1], 8)
     for _ in range(3):
-        nbytes, seconds = writer.write(writer.stage([([4, 5], rows)]))
+        nbytes, seconds = writer.write(writer.stage([([4, 5], rows)]), land=True)
         assert nbytes == 2 * 8 * 8 + sum(r.nbytes for r in rows) and seconds > 0
         assert {b.data_ptr() for b, _ in writer._buffers} == buffers
     plain = ImportWriter(dst, 8, staged=False)
-    assert plain.write(plain.stage([([4, 5], rows)])) is None                 # (a CPU: written in place)
+    assert plain.write(plain.stage([([4, 5], rows)]), land=True) is None       # (a CPU: written in place)

@@ -35,12 +35,16 @@ GARBAGE = -1
 
 
 class ShadowKV:
-    """A RecordingExecutor that tracks KV contents and checks what every forward reads."""
+    """A RecordingExecutor that tracks KV contents and checks what every forward reads. Imported rows land as a
+    worker's ``ImportWriter`` lands them: after the work of the step after the one that sent them, where it says
+    ``kv_land`` (else never); a failed step garbles what it wrote, and its ranks keep its imports on their way (as a
+    rank that got through would): only the engine's ``kv_land`` keeps them out."""
 
     def __init__(self, num_ranks: int, blocks: int, host: int):
         self.dev = [[[0] * BS for _ in range(blocks)] for _ in range(num_ranks)]
         self.host = [[[0] * BS for _ in range(max(host, 1))] for _ in range(num_ranks)]
         self.ids = [{} for _ in range(num_ranks)]
+        self.sent = [() for _ in range(num_ranks)]
         self.steps, self.fail_next, self.errors = [], False, []
 
     def execute(self, steps):
@@ -52,11 +56,12 @@ class ShadowKV:
             for r, st in enumerate(steps):       # what the failed step wrote is unknown
                 for b, slot in st.kv_saves:
                     self.host[r][slot] = [GARBAGE] * BS
-                for blocks, _ in st.kv_imports:
+                for blocks, _ in (*st.kv_imports, *(self.sent[r] if st.kv_land else ())):
                     for b in blocks:
                         self.dev[r][b] = [GARBAGE] * BS
                 for _, b in st.kv_loads:
                     self.dev[r][b] = [GARBAGE] * BS
+                self.sent[r] = st.kv_imports
             raise RuntimeError("injected step failure")
         results = []
         for r, st in enumerate(steps):
@@ -84,10 +89,11 @@ class ShadowKV:
                     tok = 1 + (sum(seq_ids) * 7 + len(seq_ids)) % 997
                     sampled[s.req_id] = [tok]
                     seq_ids.append(tok)
-            for blocks, rows in st.kv_imports:                           # after the step's work
+            for blocks, rows in self.sent[r] if st.kv_land else ():      # after the step's work: the last step's
                 vals = rows[0].view(np.uint32).reshape(-1)
                 for i, b in enumerate(blocks):
                     dev[b] = [int(v) for v in vals[i * BS:(i + 1) * BS]]
+            self.sent[r] = st.kv_imports
             results.append(StepResult(st.step_id, sampled))
         return results
 
@@ -187,18 +193,19 @@ def test_a_host_held_prefix_stays_pinned_while_its_request_waits_behind_another_
 
 
 def test_a_host_held_prefix_stays_pinned_after_admission_while_other_prompts_fill_the_host_tier():
-    """Admitted behind five prompts whose blocks, cached as they finish, give the host tier more copies than it has
+    """Admitted behind seven prompts whose blocks, cached as they finish, give the host tier more copies than it has
     slots besides the prefix's: pinned until the request's first token, the prefix is not among those they evict (let
     go at admission, even as the host's most recently used, it was, and the request computed its whole prompt). The
     transferred blocks are kept, not held, meanwhile: evicted after every other cached block, tail first — here the
-    last two of five go to the others' prompts (before keeps, all five went), and are computed again."""
+    last two of five go to the others' prompts, and are computed again (five prompts evicted none since imports land
+    a step later, session 54)."""
     e, ex = engine(blocks=24, host=3 + 23, budget=64)
     head = list(range(1, 13))
     pool = fill_host_only(e, head + [900])
     nxt = head + [900] + list(range(100, 120))
     held = e.hold_prefix(nxt, None)
-    for i in range(5):                              # 6 blocks cached each: 30 host copies
-        e.add_request([300 + 20 * i + j for j in range(25)], SamplingParams(max_tokens=1, ignore_eos=True), f"o{i}")
+    for i in range(7):                              # 7 blocks cached each: 49 host copies
+        e.add_request([300 + 20 * i + j for j in range(29)], SamplingParams(max_tokens=1, ignore_eos=True), f"o{i}")
     e.add_request(nxt, SamplingParams(max_tokens=1, ignore_eos=True), "d", kv=bundle_of(nxt, held.start))
     held.admitted()
     loads = e.scheduler.host_loads

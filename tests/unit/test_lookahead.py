@@ -127,3 +127,30 @@ def test_warm_up_prompts_run_eagerly():
     engine.step()                                          # a's decode row beside b's whole prompt
     assert [len(s.token_ids) for s in rec.steps[-1][0].seqs] == [1, 5] and rec.steps[-1][0].graph == (8, 1, False)
     _drain(engine)
+
+
+def test_look_ahead_goes_on_while_a_request_waits_for_its_imported_kv():
+    """A request bringing KV (a decode replica's, disaggregated prefill) waits while its rows go over steps (3 blocks
+    a step, each landing after the step after it): the other request's decode steps look ahead meanwhile, and use
+    what they launched — but not the step whose write lands the last rows (the request starts with the next plan,
+    which the launched step would not be)."""
+    from tests.unit.test_disagg import _bundle_of
+
+    cfg = SchedulerConfig(num_blocks=64, block_size=BS, max_model_len=400, vocab_size=1000, max_num_seqs=4,
+                          max_num_batched_tokens=64, prefix_caching=True)
+    engine = Engine(RecordingExecutor(), cfg, graphs=True, kv_layout=((4, "uint8"),))
+    rec = engine.executor
+    engine._imports[0].budget = 3 * BS * 4
+    engine.add_request(list(range(500, 503)), SamplingParams(max_tokens=60, temperature=0.0), "x")
+    engine.step()
+    engine.step()                                  # x decodes at position 3: no block edge before 16
+    y = list(range(1, 162))
+    engine.add_request(y, SamplingParams(max_tokens=2, temperature=0.0), "y", kv=_bundle_of(y, BS))
+    first = len(rec.steps)
+    while not any(s.req_id == "y" for s in rec.steps[-1][0].seqs):
+        engine.step()
+    steps = [st[0] for st in rec.steps[first:]]
+    assert [sum(len(b) for b, _ in st.kv_imports) for st in steps] == [3, 3, 3, 1, 0, 0]
+    assert [st.kv_land for st in steps] == [False, True, True, True, True, False]
+    assert [st.lookahead for st in steps[:5]] == [True, True, True, True, False]
+    assert all(st.use_ahead for st in steps[1:5]) and not steps[5].use_ahead
