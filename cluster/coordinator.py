@@ -204,9 +204,7 @@ class Coordinator:
                              special_ids=tokenizer.special_ids if tokenizer else (),
                              guides=guides(tokenizer, model_config, self.sched_config),
                              kv_layout=cfg.kv_layout(model_config))
-        self._warm_up(cfg)
-        if prefill is not None:     # a decode replica: its imports' pinned buffers now, not at its first imports
-            self.engine.executor.execute([WorkerStep(-1, (), reserve=True)] * cfg.num_workers)
+        self._warm_up(cfg, reserve=prefill is not None)
         self.aengine = AsyncEngine(self.engine)
         self.metrics = Metrics(self.engine)
         self.replica_id = _replica_id()
@@ -217,13 +215,16 @@ class Coordinator:
         # requests asking a prefill replica for KV here: (prompt, salt, set once the KV is taken or not coming)
         self._asking: dict[str, tuple[list[int], str | None, asyncio.Event]] = {}
 
-    def _warm_up(self, cfg: EngineConfig) -> None:
-        """The engine's start-up warm-up (before the replica takes requests); a failure fails the replica's start."""
+    def _warm_up(self, cfg: EngineConfig, reserve: bool = False) -> None:
+        """The engine's start-up warm-up (before the replica takes requests), and where it is a decode replica
+        (``reserve``) its imports' buffers made (``ImportWriter.reserve``: not at its first imports); a failure fails
+        the replica's start."""
         tokens = cfg.resolved_warmup_tokens(self.sched_config.max_model_len)
-        if not tokens:
-            return
         try:
-            self.engine.warm_up(tokens, report)
+            if tokens:
+                self.engine.warm_up(tokens, report)
+            if reserve:
+                self.engine.executor.execute([WorkerStep(-1, (), reserve=True)] * cfg.num_workers)
         except BaseException:
             self.group.shutdown()
             raise

@@ -177,8 +177,7 @@ class Imports:
 
     def __init__(self, budget: int = IMPORT_STEP_BYTES, paced: bool = True) -> None:
         self.budget, self.queue, self.writing, self.landing = budget, deque(), [], []
-        self.paced, self.rate, self.windows = paced, None, deque(maxlen=8)     # (bytes a second; ms)
-        self._beside, self._quiet = False, True
+        self.paced, self.rate, self.windows, self._beside = paced, None, deque(maxlen=8), False  # (bytes a s; ms)
 
     def __bool__(self) -> bool:
         return bool(self.queue or self.writing or self.landing)
@@ -188,7 +187,7 @@ class Imports:
 
     def step_budget(self, beside: bool) -> int:
         """The bytes a step takes: ``budget``, or beside running requests (``beside``) once fills were measured, what
-        the helpers fill in ``IMPORT_PACE``'s share of the shortest of the last plain steps' work (``written``)."""
+        the helpers fill in ``IMPORT_PACE``'s share of the shortest of the last steps' work (``written``)."""
         if not (self.paced and beside and self.rate and self.windows):
             return self.budget
         share, least = IMPORT_PACE
@@ -212,21 +211,19 @@ class Imports:
                 self.queue.popleft()
         return Take(tuple(writes), bool(self.landing))
 
-    def written(self, sched: Scheduler, fill: tuple[int, float] | None = None,
-                work_ms: float | None = None) -> list[Request]:
+    def written(self, sched: Scheduler, fill: tuple[int, float] | None = None, work_ms: float = 0.0) -> list[Request]:
         """After a step: the blocks the step before sent landed — they settle, their requests (if still live: an id may
         be another's now) keep them (``Scheduler.imported``) — and this step's are on their way. Returns the requests
         whose imports ended, no longer ``importing`` and ``imported`` (the next plan finds them on this rank before any
         move). ``fill``: the worker's (bytes, seconds) filling a buffer (``StepResult.import_fill``; one of 1 MiB or
-        more counts); ``work_ms``: the step's work (the busiest rank's) where no rank sent imports — None where one
-        did. A plain step beside running requests after another such step counts (a copy that the step before sent
-        runs beside it: counted, the budget would grow with itself)."""
+        more counts); ``work_ms``: the step's work (the busiest rank's), counted where requests ran — steps sending
+        imports too (their copies run beside the next step's work, on a side stream: session 53's, on the step's
+        stream, let the budget grow with itself; counting only quiet steps froze it under a steady flow of imports)."""
         if fill and fill[0] >= 1 << 20:
             rate = fill[0] / max(fill[1], 1e-6)
             self.rate = rate if self.rate is None else (self.rate + rate) / 2
-        if work_ms is not None and self._beside and self._quiet:
+        if work_ms > 0 and self._beside:
             self.windows.append(work_ms)
-        self._quiet = work_ms is not None
         landed, self.landing, self.writing = self.landing, self.writing, []
         return self._settle(sched, landed)
 

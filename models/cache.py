@@ -169,9 +169,9 @@ class ImportWriter:
     at once (``staged``: as on a GPU, unpinned and without a copy; tests)."""
 
     # the buffers' least size: a step's imports (``cluster/disagg.py``'s IMPORT_STEP_BYTES, 64 MiB, a block more at
-    # most) and their slot ids fit; pinning memory ran at ~1-3 GB/s on H100 hosts (session 53: 30-100 ms a step that
-    # grew a buffer), so each is pinned once
-    BUFFER = 128 << 20
+    # most: ~1.5 MB at GLM-5.2's full depth) and their slot ids fit; pinning memory ran at ~1-3 GB/s on H100 hosts
+    # (session 53: 30-100 ms a step that grew a buffer), so each is made once
+    BUFFER = 80 << 20
 
     def __init__(self, cache: KVCache, block_size: int, staged: bool | None = None, threads: int | None = None):
         self.cache, self.block_size, self.device = cache, block_size, cache.kv[0].device
@@ -200,6 +200,7 @@ class ImportWriter:
             self._stream.wait_event(landed)
         if dev is None or dev.numel() < nbytes:
             dev = torch.empty(_size(nbytes, self.BUFFER), dtype=torch.uint8, device=self.device)
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))    # (memory the step's kernels freed)
         return dev
 
     def reserve(self) -> None:
@@ -239,9 +240,10 @@ class ImportWriter:
         """After a step's work: the rows the last step sent go into their slots (``land``: the engine still wants them
         — else they are dropped), then ``staged`` goes to the device. Returns (bytes, the fill's seconds) where helpers
         filled a buffer (``Imports.written`` paces the next steps' imports by it), else None."""
-        sent, self._sent = self._sent, None
-        if sent is not None and land:
+        if land and self._sent is not None:
+            sent, self._sent = self._sent, None
             self._land(sent)
+        self.drop()
         if staged is None:
             return None
         writes, host = staged.writes, staged.host
@@ -279,9 +281,10 @@ class ImportWriter:
             self._device.append((sent.buffer, landed))
 
     def drop(self) -> None:
-        """Forget the rows on their way (a failed step: the engine drops its imports, their blocks may go elsewhere)."""
+        """Forget the rows on their way (a failed step: the engine drops its imports, their blocks may go elsewhere).
+        Their device buffer goes back to the turn: the side stream's next copy into it follows the last."""
         if self._sent is not None and self._sent.buffer is not None:
-            self._device.append((self._sent.buffer, None))       # (the side stream's copy into it came first)
+            self._device.append((self._sent.buffer, None))
         self._sent = None
 
 

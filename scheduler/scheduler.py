@@ -324,7 +324,7 @@ class Scheduler:
         (the caller passes 0 while drafts cannot ride for free, e.g. more than one request is active)."""
         preempted: list[str] = []
         seqs = self._schedule_in_rank_order(self.config.max_num_batched_tokens, preempted, max_drafts)
-        if self.slack and not self._waiting:
+        if self.slack and all(r.importing for r in self._waiting):    # (an import holds its blocks: it takes none)
             seqs = [self._with_slack(s) for s in seqs]
         copies = self.pool.drain() if seqs else ((), ())      # an empty plan may not run: they wait for one that does
         self.host_loads += len(copies[1])

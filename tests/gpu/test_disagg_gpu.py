@@ -107,7 +107,7 @@ def test_imports_over_many_steps_beside_decoding_streams_keep_every_token():
 def test_rows_sent_by_one_write_land_with_the_next_byte_for_byte():
     """``ImportWriter`` on CUDA: a write sends its step's rows (pinned, then to the device on a side stream) and the
     next one lands them (``land``) — byte for byte, over rounds that take both pinned and both device buffers in turn;
-    rows the next write does not land are never written."""
+    rows the next write does not land are never written, and their device buffer stays in the turn."""
     from models.cache import ImportWriter, KVCache
 
     config = model(torch.bfloat16).config
@@ -116,6 +116,7 @@ def test_rows_sent_by_one_write_land_with_the_next_byte_for_byte():
         t.view(torch.uint8).copy_(torch.randint(0, 256, t.view(torch.uint8).shape, dtype=torch.uint8, device="cuda"))
     writer = ImportWriter(dst, BS)
     writer.reserve()
+    reserved = {b.data_ptr() for b, _ in writer._device}
     rounds = [([3, 9], [0, 1]), ([20], [5]), ([30, 31, 32], [6, 7, 8]), ([40], [9]), ([41, 2], [10, 11])]
     for i, (to, frm) in enumerate(rounds):
         writer.write(writer.stage([(to, src.read_blocks(frm, BS))]), land=i != 3)     # (round 2's: dropped)
@@ -125,3 +126,4 @@ def test_rows_sent_by_one_write_land_with_the_next_byte_for_byte():
         got, want = dst.read_blocks(to, BS), src.read_blocks(frm, BS)
         assert all(np.array_equal(a, b) != (i == 2) for a, b in zip(got, want, strict=True)), i
     assert not any(r.any() for r in dst.read_blocks([30, 31, 32], BS))
+    assert {b.data_ptr() for b, _ in writer._device} == reserved      # (a dropped send's buffer came back)

@@ -132,8 +132,9 @@ def test_warm_up_prompts_run_eagerly():
 def test_look_ahead_goes_on_while_a_request_waits_for_its_imported_kv():
     """A request bringing KV (a decode replica's, disaggregated prefill) waits while its rows go over steps (3 blocks
     a step, each landing after the step after it): the other request's decode steps look ahead meanwhile, and use
-    what they launched — but not the step whose write lands the last rows (the request starts with the next plan,
-    which the launched step would not be)."""
+    what they launched, past a block edge too (an importing request takes no free block: the scheduler's slack is
+    given) — but not the step whose write lands the last rows (the request starts with the next plan, which the
+    launched step would not be)."""
     from tests.unit.test_disagg import _bundle_of
 
     cfg = SchedulerConfig(num_blocks=64, block_size=BS, max_model_len=400, vocab_size=1000, max_num_seqs=4,
@@ -141,9 +142,9 @@ def test_look_ahead_goes_on_while_a_request_waits_for_its_imported_kv():
     engine = Engine(RecordingExecutor(), cfg, graphs=True, kv_layout=((4, "uint8"),))
     rec = engine.executor
     engine._imports[0].budget = 3 * BS * 4
-    engine.add_request(list(range(500, 503)), SamplingParams(max_tokens=60, temperature=0.0), "x")
+    engine.add_request(list(range(500, 513)), SamplingParams(max_tokens=60, temperature=0.0), "x")
     engine.step()
-    engine.step()                                  # x decodes at position 3: no block edge before 16
+    engine.step()                                  # x decodes at 13: its next block comes during the import, as slack
     y = list(range(1, 162))
     engine.add_request(y, SamplingParams(max_tokens=2, temperature=0.0), "y", kv=_bundle_of(y, BS))
     first = len(rec.steps)
@@ -153,4 +154,5 @@ def test_look_ahead_goes_on_while_a_request_waits_for_its_imported_kv():
     assert [sum(len(b) for b, _ in st.kv_imports) for st in steps] == [3, 3, 3, 1, 0, 0]
     assert [st.kv_land for st in steps] == [False, True, True, True, True, False]
     assert [st.lookahead for st in steps[:5]] == [True, True, True, True, False]
-    assert all(st.use_ahead for st in steps[1:5]) and not steps[5].use_ahead
+    assert [len(st.seqs[0].block_ids) for st in steps[:5]] == [1, 2, 2, 2, 2]       # (x at 14 … 18)
+    assert [st.use_ahead for st in steps[1:6]] == [False, True, True, True, False]  # (1: the graph's width grew)
