@@ -482,7 +482,7 @@ class Engine:
             self._launched = (steps[0].graph, plans)
         with self._lock:
             busy = max(r.busy_ms for r in results)
-            for imports, sch, res in zip(self._imports, self.schedulers, results):    # the blocks this step wrote
+            for imports, sch, res in zip(self._imports, self.schedulers, results):    # the blocks landed now
                 self._imported += imports.written(sch, res.import_fill, busy)
             self.stats["steps"] += 1
             # the executor's wall time vs the busiest rank's own: the difference is the group's per-step cost
