@@ -740,3 +740,31 @@ def test_a_reserved_import_writer_fills_its_two_buffers_and_reports_the_fill(tin
         assert {b.data_ptr() for b, _ in writer._buffers} == buffers
     plain = ImportWriter(dst, 8, staged=False)
     assert plain.write(plain.stage([([4, 5], rows)]), land=True) is None       # (a CPU: written in place)
+
+
+def test_a_runner_whose_step_raises_drops_the_rows_it_sent(tiny_config):
+    """``ModelRunner.execute``: rows a step sent (staged: they land after the next step's work) are dropped when the
+    next step raises — the engine releases their blocks, which may go to other requests — while a report's step (id
+    -1) leaves them on their way; a later step told to land writes nothing."""
+    from models.loader import dummy_model
+    from workers.runner import ModelRunner, WorkerStep
+
+    runner = ModelRunner(dummy_model(tiny_config, torch.float32), 16, 8, torch.float32)
+    runner.imports = ImportWriter(runner.cache, 8, staged=True)
+    src = KVCache(tiny_config, 16 * 8, torch.float32)
+    for t in src.tensors():
+        t.view(torch.uint8).copy_(torch.randint(1, 256, t.view(torch.uint8).shape, dtype=torch.uint8))
+    runner.execute(WorkerStep(0, (), kv_imports=(((3, 4), src.read_blocks([0, 1], 8)),)))
+    runner.execute(WorkerStep(-1, (), memory=True))
+    assert runner.imports._sent is not None
+
+    def failing(step):
+        raise RuntimeError("injected")
+
+    runner._execute = failing
+    with pytest.raises(RuntimeError, match="injected"):
+        runner.execute(WorkerStep(1, (), kv_land=True))
+    del runner._execute
+    assert runner.imports._sent is None
+    runner.execute(WorkerStep(2, (), kv_land=True))
+    assert not any(t.view(torch.uint8)[3 * 8:5 * 8].any() for t in runner.cache.tensors())
