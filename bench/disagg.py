@@ -42,7 +42,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.decode_slice import SLICE  # noqa: E402
 from models.cache import ImportWriter, KVCache  # noqa: E402
 from models.config import ModelConfig  # noqa: E402
-from workers.runner import WorkerStep  # noqa: E402
 
 # GLM-5.2 at full depth: the bench slice's widths (``bench/decode_slice.py``) with its 78 layers, IndexShare's 21
 # indexer layers and the MTP layer
@@ -430,7 +429,7 @@ def stall(device: str, slice_: bool, token_counts: list[int], streams: int, fp8:
         runner = engine.executor.runner
         runner.imports = ImportWriter(runner.cache, runner.block_size, staged=False)
     if reserve:                                     # as a decode replica of a disaggregated app starts
-        engine.executor.execute([WorkerStep(-1, (), reserve=True)] * len(engine.schedulers))
+        engine.executor.runner.imports.reserve()
     taken = [0]                                     # bytes written by the step under way (every rank's)
 
     def counted(take):

@@ -29,7 +29,6 @@ from cluster.local import guides, load_tokenizer, report, report_pool, scheduler
 from cluster.metrics_hub import app_metrics_hub
 from scheduler.request import FinishReason, SamplingParams
 from scheduler.scheduler import AdmissionError, common_prefix
-from workers.runner import WorkerStep
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -189,7 +188,8 @@ class Coordinator:
         self.cfg = cfg = self._resolve(EngineConfig.from_dict(engine_config))
         model_config = ModelConfig.from_json(cfg.model)
         tokenizer = load_tokenizer(cfg.model)
-        self.group = self._build_group(cfg, cfg.num_blocks)
+        # a decode replica of a disaggregated app makes its imports' buffers at setup (a rebuilt group's too)
+        self.group = self._build_group(cfg, cfg.num_blocks, imports=prefill is not None)
         try:
             cfg.check_pool(self.group.num_blocks)     # a pool sized to memory is known only now
         except ValueError:
@@ -204,7 +204,7 @@ class Coordinator:
                              special_ids=tokenizer.special_ids if tokenizer else (),
                              guides=guides(tokenizer, model_config, self.sched_config),
                              kv_layout=cfg.kv_layout(model_config))
-        self._warm_up(cfg, reserve=prefill is not None)
+        self._warm_up(cfg)
         self.aengine = AsyncEngine(self.engine)
         self.metrics = Metrics(self.engine)
         self.replica_id = _replica_id()
@@ -215,16 +215,12 @@ class Coordinator:
         # requests asking a prefill replica for KV here: (prompt, salt, set once the KV is taken or not coming)
         self._asking: dict[str, tuple[list[int], str | None, asyncio.Event]] = {}
 
-    def _warm_up(self, cfg: EngineConfig, reserve: bool = False) -> None:
-        """The engine's start-up warm-up (before the replica takes requests), and where it is a decode replica
-        (``reserve``) its imports' buffers made (``ImportWriter.reserve``: not at its first imports); a failure fails
-        the replica's start."""
+    def _warm_up(self, cfg: EngineConfig) -> None:
+        """The engine's start-up warm-up (before the replica takes requests); a failure fails the replica's start."""
         tokens = cfg.resolved_warmup_tokens(self.sched_config.max_model_len)
         try:
             if tokens:
                 self.engine.warm_up(tokens, report)
-            if reserve:
-                self.engine.executor.execute([WorkerStep(-1, (), reserve=True)] * cfg.num_workers)
         except BaseException:
             self.group.shutdown()
             raise
@@ -236,10 +232,10 @@ class Coordinator:
         return resolve_device(cfg)
 
     @staticmethod
-    def _build_group(cfg: EngineConfig, num_blocks: int):
+    def _build_group(cfg: EngineConfig, num_blocks: int, imports: bool = False):
         from cluster.workers import RayWorkerGroup
 
-        return RayWorkerGroup(cfg, num_blocks)
+        return RayWorkerGroup(cfg, num_blocks, imports=imports)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, req_id: str) -> AsyncIterator[TokenEvent]:
         """Stream the request's events; a refused request's one event carries its AdmissionError (``refused``). With

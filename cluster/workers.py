@@ -35,8 +35,9 @@ from workers.runner import StepResult, WorkerStep
 from workers.worker import Worker, WorkerSpec
 
 
-def worker_specs(cfg: EngineConfig, num_blocks: int) -> list[WorkerSpec]:
-    """Every rank's spec; ``num_blocks`` 0: the ranks size their KV pool to memory (``gpu_memory_utilization``)."""
+def worker_specs(cfg: EngineConfig, num_blocks: int, imports: bool = False) -> list[WorkerSpec]:
+    """Every rank's spec; ``num_blocks`` 0: the ranks size their KV pool to memory (``gpu_memory_utilization``);
+    ``imports``: a decode replica of a disaggregated app (``WorkerSpec.imports``)."""
     device = cfg.resolved_device()
     max_rows = cfg.num_workers * _next_pow2(cfg.max_num_batched_tokens)
     return [WorkerSpec(model=cfg.model, rank=r, world_size=cfg.num_workers, moe=cfg.moe, comm=cfg.comm,
@@ -47,7 +48,7 @@ def worker_specs(cfg: EngineConfig, num_blocks: int) -> list[WorkerSpec]:
                        kv_fp8=cfg.kv_cache_dtype == "fp8",
                        timeout_s=min(cfg.step_timeout_s, 30.0), speculative=cfg.speculative_tokens > 0,
                        graphs=cfg.graphs_mode(), pieces=cfg.pieces(), lm_head_split=cfg.lm_head_split,
-                       load_format=cfg.load_format)
+                       load_format=cfg.load_format, imports=imports)
             for r in range(cfg.num_workers)]
 
 
@@ -303,10 +304,10 @@ class RayWorkerGroup(_ConnGroup):
     (``serve run`` on a fresh cluster sees 0 GPUs; CPU mode must not wait for GPUs it cannot get)."""
 
     def __init__(self, cfg: EngineConfig, num_blocks: int, setup_timeout_s: float = 300.0,
-                 worker_cls: type = Worker):
+                 worker_cls: type = Worker, imports: bool = False):
         import ray
 
-        self.cfg, self.num_blocks, self.setup_timeout_s = cfg, num_blocks, setup_timeout_s
+        self.cfg, self.num_blocks, self.setup_timeout_s, self.imports = cfg, num_blocks, setup_timeout_s, imports
         self.worker_cls = worker_cls          # injectable (tests use a worker whose setup fails)
         self._pg = None
         self._board = ray.remote(num_cpus=0)(_Board).remote()
@@ -341,7 +342,7 @@ class RayWorkerGroup(_ConnGroup):
         prefix = f"g{next(self._generation)}-{uuid.uuid4().hex[:6]}/"
         cls = ray.remote(_WorkerActor).options(**self._actor_options())
         self.actors = [cls.remote(spec, self._board, prefix, self.worker_cls)
-                       for spec in worker_specs(self.cfg, self.num_blocks)]
+                       for spec in worker_specs(self.cfg, self.num_blocks, self.imports)]
         try:
             self._sized(self._wait([a.ready.remote() for a in self.actors], self.setup_timeout_s, "setup"))
             if self.cfg.step_channel == "socket":
@@ -446,8 +447,8 @@ class ProcessWorkerGroup(_ConnGroup):
     takes GPU r % (visible GPUs): one GPU each when there are N, else several share (ipc only: NCCL
     refuses two ranks on one GPU)."""
 
-    def __init__(self, cfg: EngineConfig, num_blocks: int, setup_timeout_s: float = 300.0):
-        self.cfg, self.num_blocks, self.setup_timeout_s = cfg, num_blocks, setup_timeout_s
+    def __init__(self, cfg: EngineConfig, num_blocks: int, setup_timeout_s: float = 300.0, imports: bool = False):
+        self.cfg, self.num_blocks, self.setup_timeout_s, self.imports = cfg, num_blocks, setup_timeout_s, imports
         self._ctx = mp.get_context("spawn")
         self._manager = self._ctx.Manager()
         self._generation = itertools.count()
@@ -457,7 +458,7 @@ class ProcessWorkerGroup(_ConnGroup):
         board = self._manager.dict()
         prefix = f"g{next(self._generation)}/"
         self.conns, self.procs = [], []
-        for spec in _place_on_gpus(worker_specs(self.cfg, self.num_blocks)):
+        for spec in _place_on_gpus(worker_specs(self.cfg, self.num_blocks, self.imports)):
             parent, child = self._ctx.Pipe()
             p = self._ctx.Process(target=_process_main, args=(spec, board, prefix, child), daemon=True)
             p.start()

@@ -72,7 +72,6 @@ class WorkerStep:
     kv_saves: tuple[tuple[int, int], ...] = ()   # (block, host block): cached blocks to host memory, first
     kv_loads: tuple[tuple[int, int], ...] = ()   # (host block, block): cached prefixes back, before the forward
     memory: bool = False               # no rows: report the device's free and total bytes (after the warm-up)
-    reserve: bool = False              # no rows: make the imports' buffers now (``ImportWriter.reserve``)
     # disaggregated prefill (``cluster/disagg.py``): (request, blocks) whose KV rows go back after the step
     # (``StepResult.kv``); (blocks, rows) sent to the device after the step's work, into their blocks after the next
     # step's where it says ``kv_land`` (``ImportWriter``; without it they are dropped)
@@ -252,9 +251,6 @@ class ModelRunner:
         if step.kv_loads:
             self.host.load(step.kv_loads)
         ahead, self._ahead = self._ahead, None           # used by this step, or dropped
-        if step.reserve:                    # (before serving: no rows)
-            self.imports.reserve()
-            return StepResult(step.step_id)
         if step.memory:
             return StepResult(step.step_id, memory=device_memory(self.device) if self.device.type == "cuda" else None)
         if step.warm is not None:

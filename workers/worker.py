@@ -218,6 +218,8 @@ class WorkerSpec:
     pieces: bool = False        # with graphs on, the other steps run on per-layer pieces (``workers/pieces.py``)
     lm_head_split: bool = True  # graph steps and drafting graphs split the lm_head by vocabulary (``StepComm``)
     load_format: str = "auto"   # auto: the checkpoint | dummy: random weights (benchmarks)
+    imports: bool = False       # a decode replica of a disaggregated app: its KV imports' buffers made at setup
+                                # (``ImportWriter.reserve``; pinning them at a first import took 30-120 ms)
 
 
 class Worker:
@@ -257,6 +259,8 @@ class Worker:
                                   speculative=spec.speculative, graphs=self._graphs_mode(), select=self._select,
                                   pieces=(spec.max_rows // spec.world_size, spec.graphs == "capture")
                                   if spec.pieces else None, host_blocks=spec.host_blocks, kv_fp8=spec.kv_fp8)
+        if spec.imports:
+            self.runner.imports.reserve()
 
     def _fit_blocks(self, config, dtype: torch.dtype, rendezvous: Rendezvous) -> int:
         """The group's KV blocks sized to memory: weights and comm buffers are in place on every rank (the comm

@@ -103,8 +103,8 @@ def process_coordinator():
         procs = []
 
         @staticmethod
-        def _build_group(cfg, num_blocks):
-            group = ProcessWorkerGroup(cfg, num_blocks)
+        def _build_group(cfg, num_blocks, imports=False):
+            group = ProcessWorkerGroup(cfg, num_blocks, imports=imports)
             Coord.procs = list(group.procs)
             return group
 

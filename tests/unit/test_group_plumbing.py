@@ -391,3 +391,25 @@ def test_lm_head_split_off_reads_the_whole_lm_head_without_phases():
     assert on.split_fits(4, torch.float32, head)
     with pytest.raises(AssertionError, match="ran a phase"):
         on.bucket_logits(rows, head)
+
+
+def test_a_decode_replicas_ranks_reserve_their_import_buffers_at_setup(tiny_ckpt, monkeypatch):
+    """``imports`` (a decode replica of a disaggregated app: ``Coordinator`` with prefill replicas) reaches every rank's
+    spec, and a rank built from it makes its ``ImportWriter`` buffers during setup — a group rebuilt after a failure
+    (``recover``) builds its ranks from the same specs, so its first imports pin nothing either."""
+    from models.cache import ImportWriter
+    from workers.comm import DictRendezvous
+    from workers.worker import Worker
+
+    cfg = EngineConfig(model=str(tiny_ckpt), device="cpu", num_workers=2, kv_cache_tokens=256)
+    assert [s.imports for s in worker_specs(cfg, 16, imports=True)] == [True, True]
+    assert [s.imports for s in worker_specs(cfg, 16)] == [False, False]
+    reserved = []
+    monkeypatch.setattr(ImportWriter, "reserve", lambda self: reserved.append(self))
+    for imports in (False, True):
+        spec = worker_specs(EngineConfig(model=str(tiny_ckpt), device="cpu", kv_cache_tokens=256), 16, imports)[0]
+        worker = Worker(spec, DictRendezvous({}, 1))
+        try:
+            assert reserved == ([worker.runner.imports] if imports else [])
+        finally:
+            worker.close()
