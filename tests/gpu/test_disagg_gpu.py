@@ -127,3 +127,22 @@ def test_rows_sent_by_one_write_land_with_the_next_byte_for_byte():
         assert all(np.array_equal(a, b) != (i == 2) for a, b in zip(got, want, strict=True)), i
     assert not any(r.any() for r in dst.read_blocks([30, 31, 32], BS))
     assert {b.data_ptr() for b, _ in writer._device} == reserved      # (a dropped send's buffer came back)
+
+
+def test_a_decode_replicas_rank_holds_its_import_buffers_from_setup(tiny_ckpt):
+    """``WorkerSpec.imports`` (a decode replica of a disaggregated app, a rebuilt group's ranks too): the rank's
+    ``ImportWriter`` has both pinned and both device buffers before its first import."""
+    from cluster.config import EngineConfig
+    from cluster.workers import worker_specs
+    from models.cache import ImportWriter
+    from workers.comm import DictRendezvous
+    from workers.worker import Worker
+
+    spec = worker_specs(EngineConfig(model=str(tiny_ckpt), device="cuda", kv_cache_tokens=256), 16, imports=True)[0]
+    worker = Worker(spec, DictRendezvous({}, 1))
+    try:
+        writer = worker.runner.imports
+        assert [(b.is_pinned(), b.numel()) for b, _ in writer._buffers] == [(True, ImportWriter.BUFFER)] * 2
+        assert [(d.is_cuda, d.numel()) for d, _ in writer._device] == [(True, ImportWriter.BUFFER)] * 2
+    finally:
+        worker.close()
