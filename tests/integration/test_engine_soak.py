@@ -1,0 +1,160 @@
+"""Random request mixes through the engine leave nothing behind. Requests that finish by length, EOS, stop strings or
+stop token ids; greedy, seeded and unseeded draws; with logprobs and prompt logprobs; held to a JSON schema or a
+thinking budget; sharing prefixes; aborted at random points (before their first step, mid-prompt, while decoding) —
+over a plain engine, a speculative one, one that launches steps ahead, and one whose pool is small enough to preempt
+and to evict cached prefixes to a host tier. Once all have ended: every per-request map of the engine and the runner
+is empty and every KV block is free again. The same through ``AsyncEngine`` with clients that leave mid-stream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+import pytest
+
+from scheduler.request import SamplingParams
+from scheduler.scheduler import AdmissionError
+
+pytest.importorskip("xgrammar", reason="structured output needs xgrammar (the 'serve' and 'test' extras)")
+
+SETUPS = {
+    "plain": {},
+    "mtp": dict(speculative_tokens=2),
+    "ahead": dict(cuda_graphs="eager"),
+    "crowded": dict(kv_cache_tokens=320, max_model_len=256, max_num_seqs=8, max_num_batched_tokens=64, host_kv_cache_tokens=512),
+}
+SCHEMA = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
+WORDS = "the old man said to the sea that the night was long and the fish was near".split()
+
+
+def engine_for(setup: str):
+    from cluster.config import EngineConfig
+    from cluster.local import build_local_engine
+
+    kw = {"kv_cache_tokens": 4096, "max_model_len": 512, "warmup_tokens": 0, **SETUPS[setup]}
+    return build_local_engine(EngineConfig(**kw), progress=False)
+
+
+def random_request(rng: random.Random, tok, shared: list[int]) -> tuple[list[int], SamplingParams]:
+    """A prompt (a chat, plain text, or a shared prefix and more) and one of the kinds of sampling a client asks for."""
+    text = " ".join(rng.choices(WORDS, k=rng.randint(2, 40)))
+    form = rng.random()
+    ids = (tok.encode_chat([{"role": "user", "content": text}], enable_thinking=rng.random() < 0.5) if form < 0.4
+           else shared + tok.encode(text) if form < 0.7 else tok.encode(text))
+    kind = rng.choice(["greedy", "seeded", "drawn", "stop", "stop_ids", "logprobs", "prompt_logprobs", "schema",
+                       "budget", "eos"])
+    kw: dict = {"max_tokens": rng.choice([1, 4, 24, 64]), "temperature": 0.0}
+    if kind in ("seeded", "drawn"):
+        kw.update(temperature=1.0, top_p=0.9, seed=rng.randint(0, 99) if kind == "seeded" else None)
+    elif kind == "stop":
+        kw.update(stop=(rng.choice(WORDS), " a"))
+    elif kind == "stop_ids":
+        kw.update(stop_token_ids=tuple(rng.sample(range(10, 6000), 40)))
+    elif kind == "logprobs":
+        kw.update(logprobs=2)
+    elif kind == "prompt_logprobs":
+        kw.update(prompt_logprobs=1)
+    elif kind == "schema":
+        kw.update(max_tokens=rng.randint(4, 40), json_schema=SCHEMA)
+    elif kind == "budget":
+        kw.update(thinking_budget=rng.randint(0, 4))
+    else:
+        kw.update(ignore_eos=False, temperature=1.0, seed=rng.randint(0, 99))
+    return ids, SamplingParams(**kw)
+
+
+def assert_nothing_left(engine) -> None:
+    runner = engine.executor.runner
+    assert not engine.has_work()
+    assert not (engine._streams or engine._rank_of or engine._guides or engine._unsent or engine._exports)
+    assert not any(engine._forget) and not runner.requests
+    for sch in engine.schedulers:
+        assert not sch.live_ids() and sch.pool.num_free == sch.pool.num_blocks, (sch.pool.num_free, sch.pool.num_blocks)
+
+
+@pytest.mark.parametrize("setup", list(SETUPS))
+def test_random_request_mixes_with_aborts_leave_nothing_behind(setup):
+    engine, tok = engine_for(setup)
+    rng = random.Random(f"soak-{setup}")
+    shared = tok.encode(" ".join(rng.choices(WORDS, k=40)))         # a prefix several prompts share (cached blocks)
+    live, ended, n = set(), set(), 0
+    for step in range(240):
+        for _ in range(rng.choice([0, 0, 1, 1, 2, 4]) if step % 60 < 40 else 0):      # (then quiet: a request alone)
+            ids, params = random_request(rng, tok, shared)
+            rid, n = f"q{n}", n + 1
+            try:
+                engine.add_request(ids, params, rid)
+                live.add(rid)
+            except AdmissionError:
+                ended.add(rid)
+        if live and rng.random() < 0.15:
+            rid = rng.choice(sorted(live))
+            if engine.abort(rid) is not None:
+                live.discard(rid)
+                ended.add(rid)
+        for ev in engine.step():
+            assert ev.error is None, ev.error
+            if ev.finished:
+                assert ev.req_id in live, ev.req_id         # one end a request, never after its abort
+                live.discard(ev.req_id)
+                ended.add(ev.req_id)
+    for _ in range(2000):
+        if not engine.has_work():
+            break
+        for ev in engine.step():
+            assert ev.error is None and (not ev.finished or ev.req_id in live), (ev.req_id, ev.error)
+            if ev.finished:
+                live.discard(ev.req_id)
+    assert not live and n > 150, (live, n)
+    assert_nothing_left(engine)
+    queried, hits = engine.prefix_cache_tokens()
+    assert hits > 0 and {"mtp": engine.stats["drafts_proposed"], "ahead": engine.stats["ahead_steps"],
+                         "crowded": engine.stats["preemptions"]}.get(setup, 1) > 0, engine.stats
+
+
+def test_async_clients_that_leave_mid_stream_leave_nothing_behind():
+    """``AsyncEngine.generate`` streams left after a random number of events (the client went away), refused ones,
+    and guided ones cancelled while their grammar compiles: every stream's queue goes, the engine ends empty."""
+    from cluster.engine import AsyncEngine
+
+    engine, tok = engine_for("mtp")
+    aengine = AsyncEngine(engine)
+    rng = random.Random("soak-async")
+    shared = tok.encode(" ".join(rng.choices(WORDS, k=40)))
+
+    async def client(i: int) -> None:
+        ids, params = random_request(rng, tok, shared)
+        leave = rng.choice([None, 0, 1, 3])
+        try:
+            if leave == 0 and params.json_schema is not None:       # gone while the grammar compiles
+                task = asyncio.ensure_future(anext(aengine.generate(ids, params, f"a{i}")))
+                await asyncio.sleep(0)
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                return
+            stream = aengine.generate(ids, params, f"a{i}")
+            got = 0
+            async for ev in stream:
+                assert ev.error is None, ev.error
+                got += 1
+                if leave is not None and got >= leave:
+                    break
+            await stream.aclose()
+        except AdmissionError:
+            pass
+
+    async def main() -> None:
+        for wave in range(6):
+            await asyncio.gather(*(client(wave * 12 + i) for i in range(12)))
+
+    try:
+        asyncio.run(main())
+        for _ in range(200):                     # the aborts land with the loop's next steps
+            if not engine.has_work() and not aengine._queues:
+                break
+            asyncio.run(asyncio.sleep(0.05))
+        assert not aengine._queues
+    finally:
+        aengine.shutdown()
+    assert_nothing_left(engine)
