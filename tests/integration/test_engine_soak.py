@@ -3,7 +3,8 @@ stop token ids; greedy, seeded and unseeded draws; with logprobs and prompt logp
 thinking budget; sharing prefixes; aborted at random points (before their first step, mid-prompt, while decoding) —
 over a plain engine, a speculative one, one that launches steps ahead, and one whose pool is small enough to preempt
 and to evict cached prefixes to a host tier. Once all have ended: every per-request map of the engine and the runner
-is empty and every KV block is free again. The same through ``AsyncEngine`` with clients that leave mid-stream."""
+is empty and every KV block is free again. The same through ``AsyncEngine`` with clients that leave mid-stream, and
+through a replica (``Coordinator``) over two spawned ranks."""
 
 from __future__ import annotations
 
@@ -113,6 +114,46 @@ def test_random_request_mixes_with_aborts_leave_nothing_behind(setup):
                          "crowded": engine.stats["preemptions"]}.get(setup, 1) > 0, engine.stats
 
 
+async def leaving_clients(generate, tok, seed: str, waves: int = 6, width: int = 12) -> None:
+    """Waves of clients streaming through ``generate`` (``AsyncEngine.generate``'s or ``Coordinator.generate``'s
+    arguments): some read to the end, some leave after a few events, guided ones may leave while their grammar
+    compiles; refusals are answers."""
+    rng = random.Random(seed)
+    shared = tok.encode(" ".join(rng.choices(WORDS, k=40)))
+
+    async def client(i: int) -> None:
+        ids, params = random_request(rng, tok, shared)
+        leave = rng.choice([None, 0, 1, 3])
+        if leave == 0 and params.json_schema is not None:         # gone while the grammar compiles
+            task = asyncio.ensure_future(anext(generate(ids, params, f"a{i}")))
+            await asyncio.sleep(0)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return
+        stream, got = generate(ids, params, f"a{i}"), 0
+        try:
+            async for ev in stream:
+                assert ev.error is None or ev.refused is not None, ev.error
+                got += 1
+                if leave is not None and got >= leave:
+                    break
+        except AdmissionError:
+            pass
+        finally:
+            await stream.aclose()
+
+    for wave in range(waves):
+        await asyncio.gather(*(client(wave * width + i) for i in range(width)))
+
+
+def settle(engine, queues: dict) -> None:
+    """Wait for the engine's loop to take the last aborts (a few steps)."""
+    for _ in range(200):
+        if not engine.has_work() and not queues:
+            return
+        asyncio.run(asyncio.sleep(0.05))
+
+
 def test_async_clients_that_leave_mid_stream_leave_nothing_behind():
     """``AsyncEngine.generate`` streams left after a random number of events (the client went away), refused ones,
     and guided ones cancelled while their grammar compiles: every stream's queue goes, the engine ends empty."""
@@ -120,41 +161,33 @@ def test_async_clients_that_leave_mid_stream_leave_nothing_behind():
 
     engine, tok = engine_for("mtp")
     aengine = AsyncEngine(engine)
-    rng = random.Random("soak-async")
-    shared = tok.encode(" ".join(rng.choices(WORDS, k=40)))
-
-    async def client(i: int) -> None:
-        ids, params = random_request(rng, tok, shared)
-        leave = rng.choice([None, 0, 1, 3])
-        try:
-            if leave == 0 and params.json_schema is not None:       # gone while the grammar compiles
-                task = asyncio.ensure_future(anext(aengine.generate(ids, params, f"a{i}")))
-                await asyncio.sleep(0)
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-                return
-            stream = aengine.generate(ids, params, f"a{i}")
-            got = 0
-            async for ev in stream:
-                assert ev.error is None, ev.error
-                got += 1
-                if leave is not None and got >= leave:
-                    break
-            await stream.aclose()
-        except AdmissionError:
-            pass
-
-    async def main() -> None:
-        for wave in range(6):
-            await asyncio.gather(*(client(wave * 12 + i) for i in range(12)))
-
     try:
-        asyncio.run(main())
-        for _ in range(200):                     # the aborts land with the loop's next steps
-            if not engine.has_work() and not aengine._queues:
-                break
-            asyncio.run(asyncio.sleep(0.05))
+        asyncio.run(leaving_clients(aengine.generate, tok, "soak-async"))
+        settle(engine, aengine._queues)
         assert not aengine._queues
     finally:
         aengine.shutdown()
     assert_nothing_left(engine)
+
+
+def test_a_two_rank_replica_with_leaving_clients_ends_empty():
+    """A replica (``Coordinator``) over two spawned ranks (ep, ipc): requests placed on either rank and moved between
+    them, clients leaving mid-stream — the engine's maps, the coordinator's asks and every block of both ranks end free."""
+    from cluster.config import EngineConfig
+    from cluster.local import load_tokenizer
+    from tests.integration.test_kv_memory_engine import process_coordinator
+
+    cfg = EngineConfig(device="cpu", num_workers=2, moe="ep", comm="ipc", kv_cache_tokens=640, max_model_len=256,
+                       max_num_seqs=8, max_num_batched_tokens=64, warmup_tokens=0, log_stats_interval_s=0)
+    coord = process_coordinator()(cfg.to_dict())
+    try:
+        asyncio.run(leaving_clients(coord.generate, load_tokenizer(cfg.model), "soak-ranks", waves=4))
+        settle(coord.engine, coord.aengine._queues)
+        engine = coord.engine
+        assert not (coord.aengine._queues or coord._asking or engine.has_work())
+        assert not (engine._streams or engine._rank_of or engine._guides or engine._unsent or engine._exports)
+        assert all(not sch.live_ids() and sch.pool.num_free == sch.pool.num_blocks for sch in engine.schedulers)
+        assert engine.stats["generated_tokens"] > 0 and all(p.is_alive() for p in coord.group.procs)
+    finally:
+        coord.aengine.shutdown()
+        coord.group.shutdown()

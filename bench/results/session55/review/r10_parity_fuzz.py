@@ -59,21 +59,25 @@ for n in range(400):
     try:
         ref_w, ref_s, _ = formatted(hand_events(sc, per_token=True, finish_reason=fr), thinking, True, S)
         ref = whole_view(ref_w[0])
+        rs = lambda v: {**v, "content": v["content"].rstrip()}     # r11's class: trailing whitespace after calls
+        only_ws = True
         bad = [] if ref_s[0] == ref else [f"per-token streamed != whole:\n    whole    {ref}\n    streamed {ref_s[0]}"]
         for c in ref["calls"]:
             json.loads(c["arguments"], parse_constant=lambda x: (_ for _ in ()).throw(ValueError(x)))
         for j in range(3):
             w, s, _ = formatted(events_of(random_groups(sc, rng, rng.choice([2, 4, 7])), fr), thinking, True, S)
+            only_ws &= rs(whole_view(w[0])) == rs(ref) and rs(s[0]) == rs(ref) and s[0] == whole_view(w[0])
             if whole_view(w[0]) != ref:
                 bad.append(f"split {j}: whole differs: {whole_view(w[0])}")
             if s[0] != ref:
                 bad.append(f"split {j}: streamed differs: {s[0]}")
     except Exception as e:  # noqa: BLE001
-        bad = [f"CRASH {type(e).__name__}: {e}"]
+        bad, only_ws = [f"CRASH {type(e).__name__}: {e}"], False
     if bad:
-        failed.append((sc, thinking, fr, [f"reference (per token): {ref}"] + bad))
-print(f"{400 - len(failed)}/400 scripts OK")
-for sc, thinking, fr, bad in failed[:5]:
+        failed.append((sc, thinking, fr, only_ws, [f"reference (per token): {ref}"] + bad))
+print(f"{400 - len(failed)}/400 scripts OK; of the {len(failed)} failing, "
+      f"{sum(f[3] for f in failed)} differ only in trailing whitespace after calls (r11) and whole == streamed")
+for sc, thinking, fr, _, bad in [f for f in failed if not f[3]][:5] + [f for f in failed if f[3]][:2]:
     print(f"--- thinking={thinking} {fr}: {TOK.decode(sc, skip_special_tokens=False)!r}")
     for b in bad[:2]:
         print("   ", b)

@@ -33,5 +33,9 @@ for kw in ({}, {"enable_thinking": True}, {"enable_thinking": False}):
     ids = TOK.encode_chat([{"role": "user", "content": "hi"}], add_generation_prompt=True, **kw)
     print(f"=== C. {kw or 'default'}: prompt ends {TOK.decode(ids[-2:], skip_special_tokens=False)!r} -> split starts "
           f"in {'reasoning' if OpenAIIngress._thinking(ingress, ids) else 'content'}")
+ids = TOK.encode_chat([{"role": "user", "content": "hi"}], add_generation_prompt=True, enable_thinking=False)[:-1] + \
+    [SP["<think>"]]         # a template that ignores enable_thinking false (vLLM #54744's): the prompt opens the thought
+print(f"=== C'. enable_thinking false sent, prompt still ends '<|assistant|><think>' -> split starts in "
+      f"{'reasoning' if OpenAIIngress._thinking(ingress, ids) else 'content'} (decided by the prompt, not the flag)")
 print("\n".join(failed) or "OK")
 assert not failed
