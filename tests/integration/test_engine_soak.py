@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
+import signal
 
 import pytest
 
@@ -114,26 +116,33 @@ def test_random_request_mixes_with_aborts_leave_nothing_behind(setup):
                          "crowded": engine.stats["preemptions"]}.get(setup, 1) > 0, engine.stats
 
 
-async def leaving_clients(generate, tok, seed: str, waves: int = 6, width: int = 12) -> None:
+async def leaving_clients(generate, tok, seed: str, waves: int = 6, width: int = 12, fault=None) -> list[str]:
     """Waves of clients streaming through ``generate`` (``AsyncEngine.generate``'s or ``Coordinator.generate``'s
     arguments): some read to the end, some leave after a few events, guided ones may leave while their grammar
-    compiles; refusals are answers."""
+    compiles; refusals are answers. ``fault``: called at the first event (a rank killed) — then the requests in
+    flight may end in an error (returned), and must end."""
     rng = random.Random(seed)
     shared = tok.encode(" ".join(rng.choices(WORDS, k=40)))
+    faults, errors = [fault] if fault else [], []
 
     async def client(i: int) -> None:
         ids, params = random_request(rng, tok, shared)
         leave = rng.choice([None, 0, 1, 3])
+        rid = f"{seed}-{i}"
         if leave == 0 and params.json_schema is not None:         # gone while the grammar compiles
-            task = asyncio.ensure_future(anext(generate(ids, params, f"a{i}")))
+            task = asyncio.ensure_future(anext(generate(ids, params, rid)))
             await asyncio.sleep(0)
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             return
-        stream, got = generate(ids, params, f"a{i}"), 0
+        stream, got = generate(ids, params, rid), 0
         try:
             async for ev in stream:
-                assert ev.error is None or ev.refused is not None, ev.error
+                if faults:
+                    faults.pop()()                  # (once: at the run's first event)
+                if ev.error is not None and ev.refused is None:
+                    assert fault is not None, ev.error
+                    errors.append(ev.error)
                 got += 1
                 if leave is not None and got >= leave:
                     break
@@ -144,6 +153,7 @@ async def leaving_clients(generate, tok, seed: str, waves: int = 6, width: int =
 
     for wave in range(waves):
         await asyncio.gather(*(client(wave * width + i) for i in range(width)))
+    return errors
 
 
 def settle(engine, queues: dict) -> None:
@@ -171,8 +181,9 @@ def test_async_clients_that_leave_mid_stream_leave_nothing_behind():
 
 
 def test_a_two_rank_replica_with_leaving_clients_ends_empty():
-    """A replica (``Coordinator``) over two spawned ranks (ep, ipc): requests placed on either rank and moved between
-    them, clients leaving mid-stream — the engine's maps, the coordinator's asks and every block of both ranks end free."""
+    """A replica (``Coordinator``) over two spawned ranks (ep, ipc): requests placed on either rank, clients leaving
+    mid-stream, a rank killed under a wave (its requests in flight end in an error; the group is rebuilt and serves the
+    next waves, no error) — the engine's maps, the coordinator's asks and every block of both ranks end free."""
     from cluster.config import EngineConfig
     from cluster.local import load_tokenizer
     from tests.integration.test_kv_memory_engine import process_coordinator
@@ -181,7 +192,12 @@ def test_a_two_rank_replica_with_leaving_clients_ends_empty():
                        max_num_seqs=8, max_num_batched_tokens=64, warmup_tokens=0, log_stats_interval_s=0)
     coord = process_coordinator()(cfg.to_dict())
     try:
-        asyncio.run(leaving_clients(coord.generate, load_tokenizer(cfg.model), "soak-ranks", waves=4))
+        tok = load_tokenizer(cfg.model)
+        asyncio.run(leaving_clients(coord.generate, tok, "soak-ranks", waves=2))
+        kill = lambda: os.kill(coord.group.procs[1].pid, signal.SIGKILL)        # rank 1 dies under a wave
+        errors = asyncio.run(leaving_clients(coord.generate, tok, "soak-kill", waves=1, width=16, fault=kill))
+        assert errors and all("worker group failed" in e for e in errors), errors
+        asyncio.run(leaving_clients(coord.generate, tok, "soak-rebuilt", waves=2))      # the rebuilt group serves
         settle(coord.engine, coord.aengine._queues)
         engine = coord.engine
         assert not (coord.aengine._queues or coord._asking or engine.has_work())
