@@ -150,6 +150,9 @@ class Formatter:
             lps[i].append(self._logprobs(ev, i))
             if ev.finished:
                 reasons[i], stops[i] = ev.finish_reason, ev.stop_str
+                if self.reasoning[i].skipped(ev):          # no thought: the answer
+                    texts[i], thoughts[i] = texts[i] + thoughts[i], ""
+                    self.reasoning_tokens -= self.reasoning[i].tokens
         choices = []
         for i in range(n):
             lp = join_logprobs(lps[i], self.chat) if self.logprobs is not None else None
@@ -226,15 +229,21 @@ class Formatter:
                 thought = self.reasoning[i].takes(ev)
                 self.reasoning_tokens += len(ev.token_ids) if thought else 0
                 text, calls = ("", []) if thought else self.tools[i].feed(ev)
-                # a tool call's delta holds no content (OpenAI's: the client reads it as a call, not text)
+                role = {} if i in started else {"role": "assistant"}
+                started.add(i)
+                if calls and text:      # a tool call's chunk holds no content (a client reads it as a call, not text):
+                    yield self._chunk([{"index": i, "delta": {**role, "tool_calls": calls}, "logprobs": None,
+                                        "finish_reason": None}])         # the call's end, then the text after it
+                    role, calls = {}, []
                 delta = {"reasoning_content": ev.text} if thought else {"content": text} if text or not calls else {}
                 if calls:
                     delta["tool_calls"] = calls
                 if ev.finished and self.tools[i].calls and ev.finish_reason == "stop":
                     ev.finish_reason = "tool_calls"
-                if i not in started:
-                    delta["role"] = "assistant"
-                    started.add(i)
+                if ev.finished and self.reasoning[i].skipped(ev):    # no thought: the answer, once more as content
+                    delta["content"] = self.reasoning[i].text
+                    self.reasoning_tokens -= self.reasoning[i].tokens
+                delta.update(role)
                 choice = {"index": i, "delta": delta, "logprobs": self._logprobs(ev, i),
                           "finish_reason": ev.finish_reason if ev.finished else None}
             else:

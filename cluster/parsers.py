@@ -21,17 +21,27 @@ TOOL_MARKERS = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_
 class ReasoningSplit:
     """Text before ``</think>`` is reasoning_content, after it content. A tool call's start (``tool_start``: tool calls
     are parsed) ends the reasoning too — a model that calls a tool before closing its thought (seen in GLM-5.1
-    traffic at long context, vLLM #42400) still makes the call."""
+    traffic at long context, vLLM #42400) still makes the call. An output that stops (EOS, a stop token or string)
+    inside the thought the prompt opened — the model skipped thinking and answered (sglang #37645) — is the answer:
+    ``skipped``."""
 
     def __init__(self, think_end: int | None, thinking: bool, tool_start: int | None = None):
         self.ends = {think_end, tool_start} - {None}
         self.in_reasoning = thinking and think_end is not None
+        self.text, self.tokens = "", 0          # the reasoning so far
 
     def takes(self, ev) -> bool:
         """Whether ``ev`` is reasoning (else it is content, as is everything after it)."""
         if self.in_reasoning and ev.token_ids and ev.token_ids[0] in self.ends:
             self.in_reasoning = False
+        if self.in_reasoning:
+            self.text, self.tokens = self.text + ev.text, self.tokens + len(ev.token_ids)
         return self.in_reasoning
+
+    def skipped(self, ev) -> bool:
+        """Whether the output ended with ``ev`` stopped inside the thought — its text (``text``) is the answer; cut by
+        ``max_tokens`` (``length``) it stays a thought."""
+        return ev.finished and ev.finish_reason == "stop" and self.in_reasoning
 
 
 def json_or_text(v: str):
@@ -62,9 +72,10 @@ class _Call:
 
 class ToolCalls:
     """GLM tool calls: ``<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>…</tool_call>`` → OpenAI
-    ``tool_calls``. Text outside calls stays content (whitespace alone after a call does not: the newline a model
-    writes after its calls). A value is its text where the tool's schema types the argument as a string (``strings``:
-    GLM's template writes those raw), else JSON where it parses as such.
+    ``tool_calls``. Text outside calls stays content (whitespace that ends the output after a call does not: the
+    newline a model writes after its calls). A value is its text where the tool's schema types the argument as a string
+    (``strings``: GLM's template writes those raw), else JSON where it parses as such; a value written without its
+    ``<arg_value>`` (or a key without its ``</arg_key>``) is read as if the marker were there.
 
     Streamed, a call's name and id go out at its first argument (or its end), then its arguments as JSON pieces — a
     string value as its text comes — that add up to the whole response's ``arguments``. A call the output's end cuts
@@ -105,8 +116,10 @@ class ToolCalls:
             else:
                 deltas += self._end()
         text, self.spilt = self.spilt + text, ""
-        if self.calls and self.call is None and text:    # the newline a model writes after its calls is no content
-            text, self.held = (self.held + text, "") if (self.held + text).strip() else ("", self.held + text)
+        if self.calls and self.call is None and text:    # the newline a model writes after its calls is no content:
+            whole = self.held + text                     # trailing whitespace waits for more text, whatever the
+            text = whole.rstrip()                        # tokens' grouping into events (speculative steps)
+            self.held = whole[len(text):]
         return text, _merged(deltas)
 
     def _edge(self, marker: str) -> list[dict]:
@@ -115,24 +128,46 @@ class ToolCalls:
             return out
         if c.part == "value" and marker != "</arg_value>":     # a value left open ends at the next marker
             out += self._value()
+        if marker == "<arg_value>" and c.part == "key":         # ... and a key left open at its value
+            c.key = self.decode(c.ids).strip()
+        if marker != "<arg_value>":
+            out += self._unmarked()
         if marker == "<arg_key>":
             c.part, c.ids, c.key = "key", [], None
         elif marker == "</arg_key>" and c.part == "key":
-            c.key, c.part = self.decode(c.ids).strip(), "between"
+            c.key, c.part, c.ids = self.decode(c.ids).strip(), "between", []
         elif marker == "<arg_value>" and c.key is not None:
-            c.part, c.ids = "value", []
-            c.string = IncrementalDetokenizer(self.decode) if c.key in self.strings.get(c.name, ()) else None
-            out += self._args(("{" if not c.text else ", ") + json.dumps(c.key, ensure_ascii=False) + ": "
-                              + ('"' if c.string else ""))
+            out += self._open_value()
         elif marker == "</arg_value>" and c.part == "value":
             out += self._value()
         return out
+
+    def _open_value(self) -> list[dict]:
+        """The value of the key read starts: its JSON up to the value."""
+        c = self.call
+        c.part, c.ids = "value", []
+        c.string = IncrementalDetokenizer(self.decode) if c.key in self.strings.get(c.name, ()) else None
+        return self._args(("{" if not c.text else ", ") + json.dumps(c.key, ensure_ascii=False) + ": "
+                          + ('"' if c.string else ""))
+
+    def _unmarked(self) -> list[dict]:
+        """Text after a key's ``</arg_key>`` that no ``<arg_value>`` opened (a model skips it, vLLM #49248): its value,
+        at the marker after it — blank, there was none."""
+        c = self.call
+        if c.part != "between" or c.key is None or not self.decode(c.ids).strip():
+            return []
+        ids, out = c.ids, self._open_value()
+        if c.string is not None:
+            out += self._args(_escaped(c.string.add(ids)))
+        else:
+            c.ids = ids
+        return out + self._value()
 
     def _read(self, ids: list[int]) -> list[dict]:
         c = self.call
         if c.part == "value" and c.string is not None:
             return self._args(_escaped(c.string.add(ids)))
-        if c.part != "between":
+        if c.part != "between" or c.key is not None:      # (between: a value with no <arg_value>, maybe)
             c.ids += ids
         return []
 
@@ -164,7 +199,7 @@ class ToolCalls:
             return out
         if c.part == "value":
             out += self._value()
-        out += self._args("}" if c.text else "{}")
+        out += self._unmarked() + self._args("}" if c.text else "{}")
         self.calls.append({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.text}})
         self.call = None
         return out

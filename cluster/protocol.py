@@ -138,7 +138,8 @@ class _Sampling(OpenAIBody):
         return v
 
     def sampling_params(self, max_tokens: int, logprobs: int | None, seed_offset: int = 0,
-                        text_breaks: tuple[int, ...] = (), tool_guidance: dict | None = None) -> SamplingParams:
+                        text_breaks: tuple[int, ...] = (), tool_guidance: dict | None = None,
+                        tool_call_span: tuple[int, ...] = ()) -> SamplingParams:
         """``tool_guidance``: the SamplingParams fields that hold the tool calls (``serve._tool_guidance``)."""
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
@@ -150,7 +151,8 @@ class _Sampling(OpenAIBody):
                               include_stop_str_in_output=self.include_stop_str_in_output,
                               allowed_token_ids=tuple(self.allowed_token_ids or ()),
                               min_tokens=min(self.min_tokens, max_tokens),
-                              logprobs=logprobs, text_breaks=text_breaks, logit_bias=self.bias_pairs(),
+                              logprobs=logprobs, text_breaks=text_breaks, tool_call_span=tool_call_span,
+                              logit_bias=self.bias_pairs(),
                               json_schema=self.guidance[0], grammar=self.guidance[1], priority=self.priority,
                               thinking_budget=self.thinking_token_budget, prompt_logprobs=self.prompt_alternatives(),
                               cache_salt=self.cache_salt, **(tool_guidance or {}))

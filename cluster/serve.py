@@ -571,8 +571,9 @@ class OpenAIIngress:
         tools = _tool_guidance(body, self.tool_ids if self.cfg.tool_parser == "glm" else None, self.tokenizer) \
             if chat else {}
         try:
+            span = (tool_ids["<tool_call>"], tool_ids["</tool_call>"]) if tool_ids else ()
             params = [body.sampling_params(max_tokens, logprobs, seed_offset=i, text_breaks=breaks,
-                                           tool_guidance=tools) for i in range(body.n)]
+                                           tool_guidance=tools, tool_call_span=span) for i in range(body.n)]
         except ValueError as e:
             raise ApiError(400, str(e)) from None
         choices = len(prompts) * body.n

@@ -50,6 +50,8 @@ class OutputStream:
     admitted: int = 0                      # the engine's admission order (ranks number their arrivals apart)
     prompt_lps: list[TokenLogprobs] | None = None   # SamplingParams.prompt_logprobs' so far (None: not asked, or sent)
     min_tokens: int = 0                    # SamplingParams.min_tokens: no stop string cuts the output before them
+    call_span: tuple[int, ...] = ()        # SamplingParams.tool_call_span
+    in_call: bool = False                  # between its markers: no stop string applies
 
     def event(self, req_id: str, finished: bool = False, reason: str | None = None,
               error: str | None = None) -> TokenEvent:
@@ -74,16 +76,20 @@ class OutputStream:
         return cls(len(prompt_ids), IncrementalDetokenizer(decode, list(prompt_ids)) if decode else None,
                    StopStringMatcher(params.stop, params.include_stop_str_in_output), frozenset(params.text_breaks),
                    frozenset(stop_ids), params.include_stop_str_in_output,
-                   prompt_lps=None if params.prompt_logprobs is None else [], min_tokens=params.min_tokens, **kw)
+                   prompt_lps=None if params.prompt_logprobs is None else [], min_tokens=params.min_tokens,
+                   call_span=params.tool_call_span, **kw)
 
     def text(self, ids: Sequence[int], last: bool, held: bool = False, stop_token: bool = False) -> tuple[str, bool]:
         """(the text that ``ids`` finalise, whether a stop string ended it); ``last``: the request's final ids — the
         text held back (a split character, a stop string's possible start) goes out with them. ``held``: a grammar
         chose ``ids`` (structured output): stop strings do not apply — the grammar says where the output ends. Nor
-        does one end in the text of the output's first ``min_tokens`` tokens (vLLM's count). ``stop_token``: the last
-        id is the EOS or stop token id that ended the output: its text is no part of it (vLLM's), unless
-        ``keep_stop``."""
+        does one end in the text of the output's first ``min_tokens`` tokens (vLLM's count), nor inside a tool call
+        (``call_span``). ``stop_token``: the last id is the EOS or stop token id that ended the output: its text is no
+        part of it (vLLM's), unless ``keep_stop``."""
         armed = self.num_output + len(ids) > self.min_tokens
+        for t in ids if self.call_span else ():
+            self.in_call = t == self.call_span[0] or (self.in_call and t != self.call_span[1])
+        held = held or self.in_call
         text = self.detok.add(list(ids[:-1] if stop_token and not self.keep_stop else ids)) if self.detok else ""
         if last and self.detok:
             text += self.detok.flush()

@@ -67,6 +67,9 @@ class SamplingParams:
     # special ids where the front end's parsers split the text into fields (</think>, tool-call markers): no stop string
     # spans one, and the text held back for a stop string's possible start goes out before it
     text_breaks: tuple[int, ...] = ()
+    # (open, close): a tool call's markers (the front end parses calls): no stop string applies between them — a call's
+    # text is its arguments, not content (a stop string in a file's content would cut the call)
+    tool_call_span: tuple[int, ...] = ()
     ignore_eos: bool = False
     # vLLM's: the first min_tokens tokens are none of the tokens that would stop the output (and no stop string cuts it
     # before then); the engine fills ``min_tokens_ban`` with those ids (EOS unless ignore_eos, stop_token_ids)
@@ -105,6 +108,7 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "text_breaks", tuple(self.text_breaks))
+        object.__setattr__(self, "tool_call_span", tuple(self.tool_call_span))
         object.__setattr__(self, "forced_paths", tuple(tuple(p) for p in self.forced_paths))
         object.__setattr__(self, "guide_after", tuple(self.guide_after))
         object.__setattr__(self, "min_tokens_ban", tuple(self.min_tokens_ban))

@@ -657,6 +657,7 @@ def test_the_parsers_markers_reach_the_engine_as_text_breaks(reasoning, tools, b
 
     asyncio.run(answer())
     assert [p.text_breaks for p in sent] == [tuple(sorted(sp[n] for n in breaks))] * 2
+    assert [p.tool_call_span for p in sent] == [(sp["<tool_call>"], sp["</tool_call>"]) if tools else ()] * 2
 
 
 @pytest.mark.parametrize("body", [

@@ -81,7 +81,9 @@ def engine_events(script: list[int], k: int = 0, thinking: bool = True, tools: b
     cfg = SchedulerConfig(num_blocks=64, block_size=16, vocab_size=TOK.vocab_size, eos_token_ids=TOK.eos_token_ids)
     engine = Engine(ScriptedExecutor(script), cfg, lambda ids: TOK.decode(ids, skip_special_tokens=True),
                     speculative_tokens=k, special_ids=TOK.special_ids)
-    sp = SamplingParams(max_tokens=max_tokens or len(script), text_breaks=breaks_for(thinking, tools), **params)
+    span = (SP["<tool_call>"], SP["</tool_call>"]) if tools else ()     # (as serve.py sets them: session 55)
+    sp = SamplingParams(max_tokens=max_tokens or len(script), text_breaks=breaks_for(thinking, tools),
+                        tool_call_span=span, **params)
     rid = engine.add_request([5, 6, 7], sp)
     events = []
     while engine.scheduler.has_unfinished():

@@ -51,6 +51,14 @@ def script():
     return ids + ([EOS] if rng.random() < 0.7 else [])
 
 
+def skip(s, w):
+    """The streamed view, where a skipped thought (the output stopped inside the thought the prompt opened: the answer,
+    sglang #37645; session 55) went out as reasoning deltas and then once as content — as the whole response's."""
+    if not w["reasoning"] and s["reasoning"] and s["reasoning"] == s["content"] == w["content"]:
+        return {**s, "reasoning": ""}
+    return s
+
+
 failed = []
 for n in range(400):
     sc = script()
@@ -61,11 +69,12 @@ for n in range(400):
         ref = whole_view(ref_w[0])
         rs = lambda v: {**v, "content": v["content"].rstrip()}     # r11's class: trailing whitespace after calls
         only_ws = True
-        bad = [] if ref_s[0] == ref else [f"per-token streamed != whole:\n    whole    {ref}\n    streamed {ref_s[0]}"]
+        bad = [] if skip(ref_s[0], ref) == ref else [f"per-token streamed != whole:\n    whole    {ref}\n    streamed {ref_s[0]}"]
         for c in ref["calls"]:
             json.loads(c["arguments"], parse_constant=lambda x: (_ for _ in ()).throw(ValueError(x)))
         for j in range(3):
             w, s, _ = formatted(events_of(random_groups(sc, rng, rng.choice([2, 4, 7])), fr), thinking, True, S)
+            s[0] = skip(s[0], whole_view(w[0]))
             only_ws &= rs(whole_view(w[0])) == rs(ref) and rs(s[0]) == rs(ref) and s[0] == whole_view(w[0])
             if whole_view(w[0]) != ref:
                 bad.append(f"split {j}: whole differs: {whole_view(w[0])}")

@@ -6,8 +6,18 @@ Exits non-zero on any difference."""
 import json
 import random
 
-from _harness import EOS, SP, call, enc, engine_events, events_of, formatted, hand_events, joined, random_groups, \
-    whole_view
+from _harness import (
+    EOS,
+    SP,
+    call,
+    enc,
+    engine_events,
+    events_of,
+    formatted,
+    hand_events,
+    random_groups,
+    whole_view,
+)
 
 STRINGS = {"write_file": {"path", "content"}, "get_weather": {"city"}}
 script = (enc("Need two calls.") + [SP["</think>"]] + enc("Sure — 好的.")

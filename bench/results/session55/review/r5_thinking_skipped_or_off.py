@@ -11,6 +11,7 @@ Exits non-zero when A puts the whole answer in reasoning_content."""
 import types
 
 from _harness import EOS, SP, TOK, enc, run_variants, show
+
 from cluster.serve import _TURNS, OpenAIIngress
 
 failed = []

@@ -6,7 +6,20 @@ import asyncio
 import copy
 import json
 
-from _harness import EOS, SP, _Aclose, _Ingress, TOOL_IDS, call, enc, engine_events, formatted, joined, whole_view
+from _harness import (
+    EOS,
+    SP,
+    TOOL_IDS,
+    _Aclose,
+    _Ingress,
+    call,
+    enc,
+    engine_events,
+    formatted,
+    joined,
+    whole_view,
+)
+
 from cluster.formatter import Formatter
 
 S = {"get_weather": {"city"}}

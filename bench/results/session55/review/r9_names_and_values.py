@@ -3,7 +3,7 @@ Asserted: every call's arguments are valid strict JSON (no NaN / Infinity), whol
 crash. Printed (informational): what each value parses to, and what a call to an unknown tool becomes."""
 import json
 
-from _harness import EOS, SP, call, enc, parity_failures, run_variants
+from _harness import EOS, SP, call, parity_failures, run_variants
 
 S = {"f": {"s_raw", "s_json", "s_ws", "s_empty"}}      # the string-typed parameters (raw text)
 vals = [("s_raw", 'He said "hi" \\ \t</x> {not json}'), ("s_json", '"quoted"'), ("s_ws", "  two  spaces\n"),
