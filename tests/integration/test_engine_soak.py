@@ -31,11 +31,12 @@ SCHEMA = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}},
 WORDS = "the old man said to the sea that the night was long and the fish was near".split()
 
 
-def engine_for(setup: str):
+def engine_for(setup: str, **kw):
+    """The embedded model's engine in one of ``SETUPS`` (``kw``: more config, e.g. a CUDA device)."""
     from cluster.config import EngineConfig
     from cluster.local import build_local_engine
 
-    kw = {"kv_cache_tokens": 4096, "max_model_len": 512, "warmup_tokens": 0, **SETUPS[setup]}
+    kw = {"kv_cache_tokens": 4096, "max_model_len": 512, "warmup_tokens": 0, **SETUPS[setup], **kw}
     return build_local_engine(EngineConfig(**kw), progress=False)
 
 
@@ -78,7 +79,11 @@ def assert_nothing_left(engine) -> None:
 
 @pytest.mark.parametrize("setup", list(SETUPS))
 def test_random_request_mixes_with_aborts_leave_nothing_behind(setup):
-    engine, tok = engine_for(setup)
+    soak(*engine_for(setup), setup)
+
+
+def soak(engine, tok, setup: str) -> None:
+    """240 steps of random arrivals (quiet stretches between: a request alone) and aborts, then the rest run out."""
     rng = random.Random(f"soak-{setup}")
     shared = tok.encode(" ".join(rng.choices(WORDS, k=40)))         # a prefix several prompts share (cached blocks)
     live, ended, n = set(), set(), 0
