@@ -68,7 +68,7 @@ class MessagesRequest(OpenAIBody):
             if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1024:
                 raise ApiError(400, f"thinking.budget_tokens must be an integer >= 1024, got {budget!r}",
                                "thinking.budget_tokens")
-            if budget >= self.max_tokens:
+            if self.max_tokens is not None and budget >= self.max_tokens:
                 raise ApiError(400, f"max_tokens ({self.max_tokens}) must be greater than thinking.budget_tokens "
                                f"({budget})", "max_tokens")
         choice = (self.tool_choice or {}).get("type", "auto")
@@ -128,9 +128,10 @@ class MessagesRequest(OpenAIBody):
                         raise ApiError(400, f"{where}.content[{j}].tool_use_id must be the id of a tool_use block "
                                        f"before it, got {b.get('tool_use_id')!r}", f"{where}.content[{j}].tool_use_id")
                     result = b.get("content", "")
-                    out.append({"role": "tool", "tool_call_id": b["tool_use_id"],
-                                "content": result if isinstance(result, str) else
-                                _text(result, f"{where}.content[{j}].content")})
+                    result = result if isinstance(result, str) else _text(result, f"{where}.content[{j}].content")
+                    if b.get("is_error") is True:       # (a failed or refused tool run: the chat has no field for it)
+                        result = f"Error: {result}" if result else "Error"
+                    out.append({"role": "tool", "tool_call_id": b["tool_use_id"], "content": result})
                 elif b.get("type") == "text" and isinstance(b.get("text"), str):
                     text.append(b["text"])
                 else:
@@ -143,9 +144,10 @@ class MessagesRequest(OpenAIBody):
 
 
 class CountTokensRequest(MessagesRequest):
-    """``POST /v1/messages/count_tokens``: a message's fields, ``max_tokens`` not needed."""
+    """``POST /v1/messages/count_tokens``: a message's fields, ``max_tokens`` not needed (nor held above a thinking
+    budget: no answer is made)."""
 
-    max_tokens: int = Field(default=1, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)
 
 
 def _assistant_turn(blocks: list[dict], where: str, calls: set[str]) -> dict:
@@ -218,7 +220,8 @@ def error_response(e: ApiError) -> JSONResponse:
 class MessageEvents:
     """A chat stream's chunks as the Messages API's events: a content block opens when its kind of delta first comes
     (thinking, text, each tool_use) and closes when another opens or the stream ends, in the order the model wrote
-    them; ``whole`` gives the message they make instead."""
+    them; ``whole`` gives the message they make instead (where the model skipped its thought, the chat's
+    ``reasoning_skipped``: its text as the answer alone — streamed, a thinking block went out before it)."""
 
     def __init__(self, req: MessagesRequest, model: str, input_tokens: int, clamped: bool = False):
         """``clamped``: ``max_tokens`` was cut to what the context leaves (an answer cut there filled the window)."""
@@ -228,6 +231,7 @@ class MessageEvents:
                         "usage": {"input_tokens": input_tokens, "output_tokens": 0}}
         self.open: dict | None = None       # the block being streamed: it, and a tool_use's JSON text so far
         self.failure: ApiError | None = None
+        self.skipped = False                # the thought was the answer (``Formatter.chunks``' reasoning_skipped)
 
     @staticmethod
     def _event(kind: str, **fields) -> dict:
@@ -243,6 +247,8 @@ class MessageEvents:
             pass
         if self.failure is not None:
             raise self.failure
+        if self.skipped:
+            self.message["content"] = [b for b in self.message["content"] if b["type"] != "thinking"]
         return self.message
 
     async def events(self, chunks: AsyncIterator[dict]) -> AsyncIterator[dict]:
@@ -274,6 +280,7 @@ class MessageEvents:
                 return
             choice = chunk["choices"][0]
             finish, stop = choice["finish_reason"] or finish, choice.get("stop_reason") or stop
+            self.skipped |= choice.get("reasoning_skipped", False)
             for kind, piece in delta_pieces(choice["delta"]):
                 for out in self._call(piece) if kind == "call" else self._text(
                         "thinking" if kind == "reasoning" else "text", piece):

@@ -240,12 +240,15 @@ class Formatter:
                     delta["tool_calls"] = calls
                 if ev.finished and self.tools[i].calls and ev.finish_reason == "stop":
                     ev.finish_reason = "tool_calls"
-                if ev.finished and self.reasoning[i].skipped(ev):    # no thought: the answer, once more as content
+                skipped = ev.finished and self.reasoning[i].skipped(ev)
+                if skipped:                     # no thought: the answer, once more as content
                     delta["content"] = self.reasoning[i].text
                     self.reasoning_tokens -= self.reasoning[i].tokens
                 delta.update(role)
                 choice = {"index": i, "delta": delta, "logprobs": self._logprobs(ev, i),
                           "finish_reason": ev.finish_reason if ev.finished else None}
+                if skipped:                     # (for the Messages and Responses answers: not sent in a chat's)
+                    choice["reasoning_skipped"] = True
             else:
                 text = ev.text if i in started else self.echo[i] + ev.text
                 started.add(i)
@@ -268,6 +271,8 @@ class Formatter:
     async def sse(self, merged, include_usage: bool) -> AsyncIterator[str]:
         try:
             async for chunk in self.chunks(merged):
+                for choice in chunk.get("choices", ()):     # (an error's body has none)
+                    choice.pop("reasoning_skipped", None)
                 if include_usage or chunk.get("choices", True):
                     yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
             yield "data: [DONE]\n\n"

@@ -340,6 +340,7 @@ class ResponseEvents:
         self.output: list[dict] = []       # closed items
         self.open: dict | None = None      # the item being streamed: the item, its text so far (and a call's index)
         self.failure: ApiError | None = None   # how the stream failed, if it did
+        self.skipped = False               # the thought was the answer (``Formatter.chunks``' reasoning_skipped)
 
     def _event(self, kind: str, **fields) -> dict:
         self.seq += 1
@@ -360,6 +361,8 @@ class ResponseEvents:
             last = event
         if last["type"] == "response.failed":
             raise self.failure
+        if self.skipped:                    # the thought was the answer: the message alone (streamed, both went out)
+            last["response"]["output"] = [o for o in last["response"]["output"] if o["type"] != "reasoning"]
         return last["response"]
 
     async def events(self, chunks: AsyncIterator[dict]) -> AsyncIterator[dict]:
@@ -388,6 +391,7 @@ class ResponseEvents:
                 return
             choice = chunk["choices"][0]
             finish = choice["finish_reason"] or finish
+            self.skipped |= choice.get("reasoning_skipped", False)
             for kind, piece in delta_pieces(choice["delta"]):
                 for out in self._call(piece) if kind == "call" else self._text(
                         "reasoning" if kind == "reasoning" else "message", piece):

@@ -161,3 +161,48 @@ def test_an_error_mid_stream_is_an_error_event_and_fails_the_whole_message():
     assert [e["type"] for e in _events(chunks)][-2:] == ["content_block_stop", "error"]
     with pytest.raises(ApiError, match="worker group failed"):
         asyncio.run(MessageEvents(_req(), "m", 3).whole(_feed(chunks)))
+
+
+def test_a_thought_the_model_skipped_is_the_answer_alone_in_the_whole_message_and_response():
+    """The chat's ``reasoning_skipped`` (``ReasoningSplit.skipped``: the output stopped inside the thought the prompt
+    opened — the answer): its text went out as thinking and came once more as content; the whole Message is one text
+    block, the whole Response one message item — as the chat's whole answer (streamed, both went out)."""
+    from cluster.responses import ResponseEvents
+    from tests.unit.test_responses import _req as responses_req
+
+    last = _chunk({"reasoning_content": "s.", "content": "Paris is."}, "stop")
+    last["choices"][0]["reasoning_skipped"] = True
+    chunks = [_chunk({"role": "assistant", "reasoning_content": "Paris i"}), last, _chunk(usage=_USAGE)]
+    whole = asyncio.run(MessageEvents(_req(), "m", 3).whole(_feed(chunks)))
+    assert whole["content"] == [{"type": "text", "text": "Paris is."}] and whole["stop_reason"] == "end_turn"
+    response = asyncio.run(ResponseEvents(responses_req(), "m").whole(_feed(chunks)))
+    assert [(o["type"], o["content"][0]["text"]) for o in response["output"]] == [("message", "Paris is.")]
+    assert [e["type"] for e in _events(chunks)].count("content_block_start") == 2      # streamed: thinking, then text
+
+
+def test_count_tokens_takes_thinking_without_max_tokens():
+    """``/v1/messages/count_tokens`` has no max_tokens: an enabled thinking budget is not held above one (it was a 400
+    naming max_tokens, a field the client never sent); the budget's own floor still holds."""
+    from cluster.anthropic import CountTokensRequest
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    req = CountTokensRequest.model_validate({**body, "thinking": {"type": "enabled", "budget_tokens": 2048}})
+    req.check_supported()
+    assert req.to_chat().thinking_token_budget == 2048
+    with pytest.raises(ApiError) as e:
+        CountTokensRequest.model_validate({**body, "thinking": {"type": "enabled", "budget_tokens": 10}}
+                                          ).check_supported()
+    assert e.value.param == "thinking.budget_tokens"
+
+
+def test_a_failed_tool_runs_result_says_so():
+    """``tool_result.is_error`` (Claude Code's failed or refused tool run): the chat's tool message has no field for
+    it, so its text says it — the model can tell a failure from the tool's output."""
+    turn = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "weather", "input": {}}]}
+    result = lambda **kw: _req(tools=[WEATHER], messages=[{"role": "user", "content": "hi"}, turn, {
+        "role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", **kw}]}]
+                               ).to_chat().template_messages()[-1]
+    assert result(content="exit status 2", is_error=True)["content"] == "Error: exit status 2"
+    assert result(content=[{"type": "text", "text": "denied"}], is_error=True)["content"] == "Error: denied"
+    assert result(is_error=True)["content"] == "Error"
+    assert result(content="exit status 2", is_error=False)["content"] == "exit status 2"
