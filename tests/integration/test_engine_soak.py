@@ -118,6 +118,12 @@ def soak(engine, tok, setup: str) -> None:
                 live.discard(ev.req_id)
     assert not live and n > 150, (live, n)
     assert_nothing_left(engine)
+    # a last request alone, greedy: it drafts (mtp) and looks ahead (ahead) whatever the mix left to chance
+    engine.add_request(shared + tok.encode(" the end"), SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True),
+                       "last")
+    while engine.has_work():
+        assert all(ev.error is None for ev in engine.step())
+    assert_nothing_left(engine)
     queried, hits = engine.prefix_cache_tokens()
     assert hits > 0 and {"mtp": engine.stats["drafts_proposed"], "ahead": engine.stats["ahead_steps"],
                          "crowded": engine.stats["preemptions"]}.get(setup, 1) > 0, engine.stats
