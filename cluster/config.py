@@ -119,6 +119,18 @@ class EngineConfig:
                              f"cache holds ({source} {num_blocks * self.block_size} tokens): {fix} or lower "
                              "max_model_len")
 
+    def check_model(self, model) -> None:
+        """What the checkpoint's config (a ``ModelConfig``) bounds, checked before any worker loads it: a context past
+        its positions (its output would degrade silently there), drafts from an MTP layer it does not have."""
+        if self.max_model_len is not None and self.max_model_len > model.max_position_embeddings:
+            raise ValueError(f"engine config field 'max_model_len' ({self.max_model_len}) is more than the model's "
+                             f"positions (max_position_embeddings {model.max_position_embeddings} in its config.json): "
+                             "lower max_model_len")
+        if self.speculative_tokens and not model.num_nextn_predict_layers:
+            raise ValueError(f"engine config field 'speculative_tokens' ({self.speculative_tokens}) needs the "
+                             "checkpoint's MTP layer, and its config.json has none (num_nextn_predict_layers 0): set "
+                             "speculative_tokens to 0")
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EngineConfig:
         known = {f.name for f in fields(cls)}

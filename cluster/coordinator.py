@@ -187,6 +187,7 @@ class Coordinator:
         self._depot = new_depot() if exports else None      # a prefill replica's KVDepot (else made at a first bundle)
         self.cfg = cfg = self._resolve(EngineConfig.from_dict(engine_config))
         model_config = ModelConfig.from_json(cfg.model)
+        cfg.check_model(model_config)
         tokenizer = load_tokenizer(cfg.model)
         # a decode replica of a disaggregated app makes its imports' buffers at setup (a rebuilt group's too)
         self.group = self._build_group(cfg, cfg.num_blocks, imports=prefill is not None)

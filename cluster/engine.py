@@ -215,6 +215,7 @@ class Engine:
         if params.min_tokens:            # the ids that would stop it, which its first min_tokens tokens may not be
             stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.config.eos_token_ids))
             params = replace(params, min_tokens_ban=tuple(sorted(stops)))
+        self.schedulers[0].check_request(prompt_ids, params)     # (first: a request that can never run is no 429)
         guide = self._guide(prompt_ids, params)
         with self._lock:
             if req_id in self._rank_of:
@@ -241,7 +242,7 @@ class Engine:
                 raise AdmissionError("queue_full", "queue", f"the engine's queue holds {queued} prompt tokens still to "
                                      f"compute; {len(ids) - hits[rank] * self.config.block_size} more would pass "
                                      f"max_waiting_tokens ({self.config.max_waiting_tokens}); retry later")
-            self.schedulers[rank].check_admission(req_id, ids, params, leaving=len(displaced))
+            self.schedulers[rank].check_admission(req_id, ids, params, leaving=len(displaced), checked=True)
             for victim in displaced:            # admitted: the requests it displaces are refused now
                 self._refuse(*victim)
             writes = kv and adopt_bundle(self.schedulers[rank].pool, ids, params.cache_salt, kv, pending=True)

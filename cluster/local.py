@@ -46,11 +46,13 @@ def build_local_engine(cfg: EngineConfig, progress: bool = True) -> tuple[Engine
     import torch
 
     from glmkernels import ops
+    from models.config import ModelConfig
     from models.loader import load_model
     from workers.memory import fit_kv_blocks
     from workers.runner import ModelRunner
 
     device = cfg.resolved_device()
+    cfg.check_model(ModelConfig.from_json(cfg.model))
     ops.configure(cfg.kernels, device, cfg.kernel_overrides())
     model = load_model(cfg.model, dtype=cfg.resolved_dtype(), device=device, progress=progress,
                        load_format=cfg.load_format)

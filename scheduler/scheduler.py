@@ -240,19 +240,26 @@ class Scheduler:
         self._live[req.req_id] = req
         return req
 
-    def check_admission(self, req_id: str, prompt_ids: list[int], params: SamplingParams, leaving: int = 0) -> None:
+    def check_admission(self, req_id: str, prompt_ids: list[int], params: SamplingParams, leaving: int = 0,
+                        checked: bool = False) -> None:
         """Raise the AdmissionError ``add_request`` would raise for this request once ``leaving`` waiting requests have
-        left, if any."""
-        cfg = self.config
+        left, if any: one it can never run with first (``check_request``'s, unless ``checked``), then a full queue."""
         if req_id in self._live:
             raise AdmissionError("duplicate", "req_id", f"req_id {req_id!r} is already in flight")
+        if not checked:
+            self.check_request(prompt_ids, params)
+        if len(self._waiting) - leaving >= self.config.max_waiting:
+            raise AdmissionError(
+                "queue_full", "queue", f"waiting queue is full ({self.config.max_waiting} requests); retry later"
+            )
+
+    def check_request(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        """Raise the AdmissionError of a request that can never run, however empty the queue (a 400, never a 429 that a
+        client would retry)."""
+        cfg = self.config
         if params.priority and cfg.policy != "priority":
             raise AdmissionError("priority", "priority", f"priority {params.priority} needs the priority scheduling "
                                  "policy (scheduling_policy: priority); under fcfs every request's priority is 0")
-        if len(self._waiting) - leaving >= cfg.max_waiting:
-            raise AdmissionError(
-                "queue_full", "queue", f"waiting queue is full ({cfg.max_waiting} requests); retry later"
-            )
         if not prompt_ids:
             raise AdmissionError("empty_prompt", "prompt", "prompt must hold at least one token")
         bad = next((t for t in prompt_ids if not 0 <= t < cfg.vocab_size), None)

@@ -54,6 +54,19 @@ def test_max_num_seqs_and_max_waiting_bound_the_replica(ranks):
     assert sum(running) + sum(waiting) == 6
 
 
+def test_a_full_engine_refuses_a_request_that_can_never_run_for_what_it_is():
+    """A token id outside the vocabulary, a context past max_model_len, an empty prompt: their 400s whether or not the
+    engine is full — a full engine's 429 would have a client retry what can never run (session 55's review 3)."""
+    engine = _engine(1, max_num_seqs=2, max_waiting=1)
+    for i in range(3):
+        engine.add_request([1 + i, 2, 3], SamplingParams(max_tokens=40, ignore_eos=True), f"r{i}")
+    for ids, max_tokens, want in (([99], 4, "bad_token"), ([1, 2], 300, "too_long"), ([], 4, "empty_prompt"),
+                                  ([9], 4, "queue_full")):            # (vocab_size 64, max_model_len 256)
+        with pytest.raises(AdmissionError) as err:
+            engine.add_request(ids, SamplingParams(max_tokens=max_tokens), "hopeless")
+        assert err.value.reason == want, err.value
+
+
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_max_waiting_tokens_bounds_the_prompt_tokens_queued_in_the_replica(ranks):
     """Prompt tokens still to compute (waiting prompts past their cached blocks, prefilling ones' rest), over every

@@ -413,3 +413,21 @@ def test_a_decode_replicas_ranks_reserve_their_import_buffers_at_setup(tiny_ckpt
             assert reserved == ([worker.runner.imports] if imports else [])
         finally:
             worker.close()
+
+
+def test_what_the_checkpoint_bounds_is_checked_before_it_loads(tmp_path):
+    """A max_model_len past the model's positions (its output would degrade silently past them) and drafts from a
+    checkpoint without an MTP layer fail the start naming the field — before a worker loads a weight."""
+    import json
+
+    from cluster.config import DEFAULT_MODEL
+    from cluster.local import build_local_engine
+    from models.config import ModelConfig
+
+    positions = ModelConfig.from_json(DEFAULT_MODEL).max_position_embeddings
+    with pytest.raises(ValueError, match=rf"'max_model_len' \({positions + 1}\) is more than the model's positions"):
+        build_local_engine(EngineConfig(max_model_len=positions + 1, kv_cache_tokens=2 * positions), progress=False)
+    config = json.loads((Path(DEFAULT_MODEL) / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 0}))
+    with pytest.raises(ValueError, match="'speculative_tokens' \\(2\\) needs the checkpoint's MTP layer"):
+        build_local_engine(EngineConfig(model=str(tmp_path), speculative_tokens=2, kv_cache_tokens=256), progress=False)
