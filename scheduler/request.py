@@ -67,8 +67,8 @@ class SamplingParams:
     # special ids where the front end's parsers split the text into fields (</think>, tool-call markers): no stop string
     # spans one, and the text held back for a stop string's possible start goes out before it
     text_breaks: tuple[int, ...] = ()
-    # (open, close): a tool call's markers (the front end parses calls): no stop string applies between them — a call's
-    # text is its arguments, not content (a stop string in a file's content would cut the call)
+    # (open, close): a tool call's markers (the front end parses calls): no stop string applies between them — a
+    # call's text is its arguments, not content (a stop string in a file's content would cut the call)
     tool_call_span: tuple[int, ...] = ()
     ignore_eos: bool = False
     # vLLM's: the first min_tokens tokens are none of the tokens that would stop the output (and no stop string cuts it

@@ -28,7 +28,8 @@ SETUPS = {
     "plain": {},
     "mtp": dict(speculative_tokens=2),
     "ahead": dict(cuda_graphs="eager"),
-    "crowded": dict(kv_cache_tokens=320, max_model_len=256, max_num_seqs=8, max_num_batched_tokens=64, host_kv_cache_tokens=512),
+    "crowded": dict(kv_cache_tokens=320, max_model_len=256, max_num_seqs=8, max_num_batched_tokens=64,
+                    host_kv_cache_tokens=512),
 }
 SCHEMA = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
 WORDS = "the old man said to the sea that the night was long and the fish was near".split()

@@ -1,8 +1,8 @@
-"""The GLM output parsers (``cluster/parsers.py``) on the engine's real events (``Engine._emit``: an event at each special
-token; k = 3 commits several tokens a step) through the front end's formatter, whole and streamed — the cases that
-session 55's review (``bench/results/session55/review/``) found wrong, as vLLM's and SGLang's users met them with GLM: a
-value the model wrote without ``<arg_value>``, a thought the model skipped, a stop string inside a call's arguments,
-whitespace after the calls, and a call's chunk carrying text."""
+"""The GLM output parsers (``cluster/parsers.py``) on the engine's real events (``Engine._emit``: an event at each
+special token; k = 3 commits several tokens a step) through the front end's formatter, whole and streamed — the cases
+that session 55's review (``bench/results/session55/review/``) found wrong, as vLLM's and SGLang's users met them with
+GLM: a value the model wrote without ``<arg_value>``, a thought the model skipped, a stop string inside a call's
+arguments, whitespace after the calls, and a call's chunk carrying text."""
 
 from __future__ import annotations
 
@@ -66,8 +66,8 @@ def test_a_value_the_model_wrote_without_its_marker_is_still_the_arguments(tok, 
 
 def test_a_thought_the_model_skipped_is_the_answer(tok):
     """sglang #37645: the prompt opens a thought, the model answers at once and stops (EOS) without ``</think>``: that
-    text is the answer (content), not a thought — streamed, the reasoning deltas it went out as are followed by it once
-    as content. Cut by max_tokens it stays a thought (the model was still thinking)."""
+    text is the answer (content), not a thought — streamed, the reasoning deltas it went out as are followed by it
+    once as content. Cut by max_tokens it stays a thought (the model was still thinking)."""
     script = script_of(tok, "The capital of France is Paris.")
     for whole, streamed in answers(tok, script):
         assert whole["message"]["content"] == "The capital of France is Paris." and whole["finish_reason"] == "stop"
