@@ -71,8 +71,9 @@ def check_schema(schema: str) -> None:
     except RecursionError:
         raise ValueError("the schema is nested too deeply") from None
     if where is not None:
-        raise ValueError(f"{where} cannot be held by the grammar (not, uniqueItems, allOf of several schemas and "
-                         "$refs outside the schema are not supported)")
+        raise ValueError(f"{where} cannot be held by the grammar (not, uniqueItems, allOf of several schemas, $refs "
+                         "outside the schema, if / then, multipleOf, an empty anyOf / oneOf and required keys missing "
+                         "from properties are not supported)")
     _built(lambda: _xgrammar().Grammar.from_json_schema(schema))
 
 
@@ -87,11 +88,21 @@ _SUBSCHEMAS = {**dict.fromkeys(("items", "additionalProperties", "additionalItem
 def _unheld(schema, path: str = "schema") -> str | None:
     """The path of the first keyword in ``schema`` that xgrammar accepts but does not hold (measured with xgrammar's
     matcher: output breaking it passes), or None: ``not``, ``uniqueItems: true``, ``allOf`` of several schemas, a
-    ``$ref`` that is not a ``#`` pointer. Enums' and consts' values are data, not walked."""
+    ``$ref`` that is not a ``#`` pointer, ``if`` (then / else), ``multipleOf``, an empty ``anyOf`` / ``oneOf``, a
+    ``required`` key not in ``properties`` (session 55's review 5). ``oneOf`` is held as ``anyOf``: a value several
+    branches take passes. Enums' and consts' values are data, not walked."""
     if not isinstance(schema, dict):
         return None
-    if "not" in schema:
-        return f"{path}.not"
+    for key in ("not", "if", "multipleOf"):
+        if key in schema:
+            return f"{path}.{key}"
+    for key in ("anyOf", "oneOf"):
+        if schema.get(key) == []:
+            return f"{path}.{key}"
+    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    if (props or schema.get("type") == "object") and isinstance(schema.get("required"), list) and \
+            any(k not in props for k in schema["required"]):        # (an allOf part's keys may be its parent's)
+        return f"{path}.required"
     if schema.get("uniqueItems") is True:
         return f"{path}.uniqueItems"
     if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
@@ -312,16 +323,20 @@ class _Gated:
     those it did not allow. ``starts_on``: a token that ends every wait and is the guide's own first (a tool call's
     ``<tool_call>``: a call the model opens before closing its reasoning is held too). ``hold``: the mask of its rows
     while it waits (every token but the stop tokens), or None: unmasked. ``budget``: the reasoning tokens it may take
-    before ``</think>`` (its first wait, ``think_end``) is the only token allowed; None: no bound."""
+    before ``</think>`` (``think_end``) is the only token allowed — where the prompt opens the reasoning (``thinking``;
+    by default: its first wait is ``</think>``); None: no bound. The count ends at ``</think>``, ``starts_on`` or the
+    first wait."""
 
     done = False                                # a guide that constrains nothing more (``Prefix``) may be dropped
 
     def __init__(self, vocab_size: int, waits: Sequence[int], starts_on: int | None = None,
-                 hold: np.ndarray | None = None, budget: int | None = None, think_end: int | None = None):
+                 hold: np.ndarray | None = None, budget: int | None = None, think_end: int | None = None,
+                 thinking: bool | None = None):
         self.vocab_size, self.waits, self.starts_on, self.hold = vocab_size, list(waits), starts_on, hold
         self.rejected = 0                       # none while its masks apply
-        self.left = budget if budget is not None and self.waits[:1] == [think_end] else None
-        self.think_end = think_end
+        thinking = self.waits[:1] == [think_end] if thinking is None else thinking
+        self.left = budget if budget is not None and thinking else None
+        self.think_end, self.uncounted = think_end, {think_end, starts_on, *self.waits[:1]} - {None}
 
     @property
     def _held(self) -> np.ndarray | None:
@@ -351,7 +366,7 @@ class _Gated:
         waits, left = list(self.waits), self.left
         for t in committed:
             if waits:
-                left = None if t in (self.starts_on, self.think_end) else left if left is None else left - 1
+                left = None if t in self.uncounted else left if left is None else left - 1
                 waits = [] if t == self.starts_on else waits[1:] if t == waits[0] else waits
         if not waits:                           # it constrains: each verify row gets its mask (``masks``)
             return len(drafts)
@@ -367,7 +382,7 @@ class _Gated:
     def accept(self, ids: Sequence[int]) -> None:
         for t in ids:
             if self.left is not None:
-                self.left = None if t in (self.starts_on, self.think_end) else max(0, self.left - 1)
+                self.left = None if t in self.uncounted else max(0, self.left - 1)
             if self.waits and t == self.starts_on:
                 self.waits.clear()
             if self.waits:
@@ -387,8 +402,8 @@ class Guide(_Gated):
 
     def __init__(self, matcher, vocab_size: int, waits: Sequence[int], starts_on: int | None = None,
                  hold: np.ndarray | None = None, budget: int | None = None, think_end: int | None = None,
-                 ends: np.ndarray | None = None):
-        super().__init__(vocab_size, waits, starts_on, hold, budget, think_end)
+                 ends: np.ndarray | None = None, thinking: bool | None = None):
+        super().__init__(vocab_size, waits, starts_on, hold, budget, think_end, thinking)
         self.matcher, self.ends = matcher, ends
 
     def mask(self) -> np.ndarray | None:
@@ -553,8 +568,9 @@ class Guides:
 
     @functools.lru_cache(maxsize=64)
     def _compiled(self, schema: str):
-        return _built(lambda: self._compiler.compile_json_schema(schema, max_whitespace_cnt=MAX_WHITESPACE),
-                      "json_schema: ")
+        # (check_schema: the front end checked it; an engine's own caller may not have)
+        return _built(lambda: check_schema(schema) or self._compiler.compile_json_schema(
+            schema, max_whitespace_cnt=MAX_WHITESPACE), "json_schema: ")
 
     @functools.lru_cache(maxsize=64)
     def _compiled_grammar(self, grammar: tuple[str, str]):
@@ -607,9 +623,10 @@ class Guides:
         ``<tool_call>``: wherever the model opens a call, in its reasoning too), else after the reasoning — or from
         a ``<tool_call>`` the model opens before closing it."""
         matcher = _xgrammar().GrammarMatcher(self._compiled_tools(source))
-        if after:                               # (no budget: the guide waits for a call, not the reasoning's end)
-            return Guide(matcher, self.vocab_size, after, ends=self._ends)
         waits = self._waits(prompt_ids)
+        if after:                               # (the budget counts the reasoning the prompt opens, till a call)
+            return Guide(matcher, self.vocab_size, after, budget=budget, think_end=self.think_end, ends=self._ends,
+                         thinking=bool(waits))
         return Guide(matcher, self.vocab_size, waits, self.tokenizer.special_ids_by_token()["<tool_call>"],
                      self._hold_for(waits), budget, self.think_end, self._ends)
 

@@ -95,6 +95,11 @@ def test_a_schema_the_grammar_cannot_follow_is_a_value_error(guides, tok):
     ({"allOf": [{"type": "integer"}, {"minimum": 5}]}, "schema.allOf"),
     ({"anyOf": [{"type": "string"}, {"$ref": "https://example.com/s.json"}]}, "schema.anyOf.1.$ref"),
     ({"type": "object", "$defs": {"q": {"not": {}}}, "properties": {"a": {"$ref": "#/$defs/q"}}}, "schema.$defs.q.not"),
+    ({"type": "object", "required": ["id"]}, "schema.required"),                # (session 55's review 5: these too)
+    ({"type": "object", "properties": {"k": {"const": "a"}}, "if": {"properties": {"k": {"const": "a"}}},
+      "then": {"required": ["x"]}}, "schema.if"),
+    ({"type": "number", "multipleOf": 0.25}, "schema.multipleOf"),
+    ({"type": "object", "properties": {"a": {"anyOf": []}}}, "schema.properties.a.anyOf"),
 ])
 def test_a_keyword_the_grammar_would_pass_over_is_refused_naming_it(schema, where):
     """Keywords xgrammar accepts without holding them (output that breaks them passed its matcher, session 44) are
@@ -278,6 +283,26 @@ def test_a_thinking_budget_allows_only_the_reasoning_end_once_spent(tok, guides)
                                     for m in g.masks([])] == [{end}]
     g.accept([end])
     assert g.active and tok.encode("{")[0] in allowed(g)
+
+
+def test_a_thinking_budget_holds_beside_a_strict_tool_under_tool_choice_auto(tok, guides, marks):
+    """tool_choice auto with a strict function: the guide waits for the model's ``<tool_call>``, and still counts the
+    reasoning the prompt opens — spent, ``</think>`` alone; a call opened first ends the count (session 55's review 5:
+    the budget was not applied there)."""
+    from cluster.guided import tool_grammar
+
+    think = tok.special_ids_by_token()
+    prompt, after = [*tok.encode("hi"), think["<think>"]], (marks["<tool_call>"],)
+    source = tool_grammar([WEATHER], marks, opened=True)
+    g = guides.tool_guide(source, prompt, after=after, budget=2)
+    g.accept([5, 6])
+    assert g.masked and allowed(g) == {think["</think>"]}
+    g.accept([think["</think>"], 7])
+    assert not g.masked and not g.active                        # free text until the model opens a call
+    early = guides.tool_guide(source, prompt, after=after, budget=2)
+    early.accept([5, marks["<tool_call>"]])
+    assert early.active and starts(tok, allowed(early), "get_weather")
+    assert guides.tool_guide(source, tok.encode("hi"), after=after, budget=2).left is None   # no reasoning: no count
 
 
 def test_drafts_stop_before_the_token_that_ends_a_guides_wait(tok, guides):
