@@ -62,14 +62,23 @@ def _built(build, what: str = ""):
         raise ValueError(what + (first or type(e).__name__)) from None
 
 
+MAX_ENUM_VALUES = 1000    # a schema's enum values, all its enums together: compiling grows with them (8,000 took 4.4 s
+# on the tiny model's 6,144-token vocabulary, 100,000 over 40 s: session 55's review 5; GLM's is 25 times larger)
+
+
 @functools.lru_cache(maxsize=256)                 # an agent sends the same schema request after request
 def check_schema(schema: str) -> None:
     """Raise ValueError naming the problem if ``schema`` (JSON text) is not a JSON schema the grammar supports: one
-    xgrammar refuses, or one using a keyword it would pass over unheld (``_unheld``)."""
+    xgrammar refuses, one using a keyword it would pass over unheld (``_unheld``), or one whose enums hold more than
+    ``MAX_ENUM_VALUES`` values."""
     try:
-        where = _unheld(json.loads(schema))
+        parsed = json.loads(schema)
+        where, values = _unheld(parsed), _enum_values(parsed)
     except RecursionError:
         raise ValueError("the schema is nested too deeply") from None
+    if values > MAX_ENUM_VALUES:
+        raise ValueError(f"the schema's enums hold {values} values; at most {MAX_ENUM_VALUES} (its grammar would take "
+                         "long to compile)")
     if where is not None:
         raise ValueError(f"{where} cannot be held by the grammar (not, uniqueItems, allOf of several schemas, $refs "
                          "outside the schema, if / then, multipleOf, an empty anyOf / oneOf and required keys missing "
@@ -83,6 +92,19 @@ _SUBSCHEMAS = {**dict.fromkeys(("items", "additionalProperties", "additionalItem
                **dict.fromkeys(("anyOf", "oneOf", "allOf", "prefixItems"), "list"),
                **dict.fromkeys(("properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
                                 "dependencies"), "map")}
+
+
+def _enum_values(schema) -> int:
+    """How many values the enums of ``schema`` and its subschemas hold together."""
+    if not isinstance(schema, dict):
+        return 0
+    n = len(schema["enum"]) if isinstance(schema.get("enum"), list) else 0
+    for key, how in _SUBSCHEMAS.items():
+        sub = schema.get(key)
+        subs = [sub] if how == "one" else sub if how == "list" and isinstance(sub, list) else \
+            list(sub.values()) if how == "map" and isinstance(sub, dict) else []
+        n += sum(map(_enum_values, subs))
+    return n
 
 
 def _unheld(schema, path: str = "schema") -> str | None:
@@ -280,6 +302,9 @@ def _value(schema, params: dict) -> str:
         return "RAW"
     if (where := _unheld(schema, "argument")) is not None:
         raise ValueError(f"{where} cannot be held by the grammar")
+    if (n := _enum_values(schema)) > MAX_ENUM_VALUES:
+        raise ValueError(f"its enums hold {n} values; at most {MAX_ENUM_VALUES} (its grammar would take long to "
+                         "compile)")
     if is_raw_string(schema):
         values = [schema["const"]] if "const" in schema else schema.get("enum")
         if values:

@@ -116,6 +116,24 @@ def test_a_keyword_the_grammar_would_pass_over_is_refused_naming_it(schema, wher
 
 
 
+def test_enums_past_their_bound_are_refused_before_they_compile(marks):
+    """A schema's enums (all of them together) or a strict argument's past ``MAX_ENUM_VALUES`` values: a ValueError (a
+    400) at the edge — compiling one took seconds to minutes (session 55's review 5)."""
+    import json
+
+    from cluster.guided import MAX_ENUM_VALUES, check_schema, tool_grammar
+
+    enum = lambda n: {"enum": [f"v{i}" for i in range(n)]}
+    check_schema(json.dumps({"type": "object", "properties": {"a": enum(MAX_ENUM_VALUES)}}))
+    with pytest.raises(ValueError, match=f"enums hold {MAX_ENUM_VALUES + 1} values"):
+        check_schema(json.dumps({"type": "object", "properties": {"a": enum(MAX_ENUM_VALUES // 2),
+                                                                  "b": {"items": enum(MAX_ENUM_VALUES // 2 + 1)}}}))
+    fn = {"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+        "type": "object", "properties": {"a": enum(MAX_ENUM_VALUES + 1)}}}}
+    with pytest.raises(ValueError, match="function 'f', argument 'a': its enums hold"):
+        tool_grammar([fn], marks)
+
+
 def test_a_strict_string_argument_with_a_keyword_the_grammar_would_pass_over_is_refused():
     from cluster.guided import _value
 
