@@ -43,8 +43,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-waiting", type=int, default=256,
                    help="requests that may wait for a slot; beyond it the server answers 429 (default: 256)")
     p.add_argument("--max-waiting-tokens", type=int, default=0,
-                   help="prompt tokens the queued requests may still have to compute; a request past it is answered "
-                        "429 (0 or at least max_model_len; default: 0, no bound)")
+                   help="a queue with this many prompt tokens still to compute answers new requests 429 (0 or at "
+                        "least max_model_len; default: 0, no bound)")
     p.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
                    help="compute every prompt whole (default: reuse the KV of an earlier request's same leading "
                         "tokens)")

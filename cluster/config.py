@@ -36,7 +36,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 512   # tokens one rank's step takes at most
     max_waiting: int = 256              # queue bound (the replica's): beyond it requests are refused (HTTP 429)
     max_waiting_tokens: int = 0         # queue bound in prompt tokens still to compute (the replica's; 0: none, else
-                                        # at least max_model_len): beyond it requests are refused (HTTP 429)
+                                        # at least max_model_len): at it requests are refused (HTTP 429)
     prefix_caching: bool = True         # a prompt's leading full blocks reuse the KV an earlier request left (same
                                         # tokens from position 0, on the same rank); false: every prompt is computed
     host_kv_cache_tokens: int = 0       # host-memory KV slots per worker that keep cached prefixes evicted from the

@@ -223,7 +223,7 @@ class Engine:
             full = sum(s.num_running + s.num_waiting for s in self.schedulers) >= self._admits
             ids = list(prompt_ids)
             # the rank its blocks add the least KV load to: the least loaded, less the blocks it holds cached
-            look = (len(self.schedulers) > 1 or self.config.max_waiting_tokens) and params.prompt_logprobs is None
+            look = len(self.schedulers) > 1 and params.prompt_logprobs is None
             hits = [s.cached_blocks(ids, params.cache_salt) if look else 0 for s in self.schedulers]
             loads = {r: s.kv_load - hits[r] for r, s in enumerate(self.schedulers)}
             if kv is not None:   # its prompt's KV comes along, to a rank with a seat (one that waits may be moved)
@@ -233,15 +233,15 @@ class Engine:
                 hits = [max(h, kv.num_tokens // self.config.block_size) if r in holders else h
                         for r, h in enumerate(hits)]
             rank = place_request(loads)
-            queued, over = self._queued_tokens_over(len(ids) - hits[rank] * self.config.block_size)
+            queued, over = self._queued_tokens_over()
             displaced = self._displaceable(params.priority, full, over) if full or over else []
             if displaced is None and full:
                 raise AdmissionError("queue_full", "queue", f"the engine is full ({self.config.max_num_seqs} running "
                                      f"+ {self.config.max_waiting} waiting requests); retry later")
             if displaced is None:
                 raise AdmissionError("queue_full", "queue", f"the engine's queue holds {queued} prompt tokens still to "
-                                     f"compute; {len(ids) - hits[rank] * self.config.block_size} more would pass "
-                                     f"max_waiting_tokens ({self.config.max_waiting_tokens}); retry later")
+                                     f"compute, max_waiting_tokens ({self.config.max_waiting_tokens}) or more; retry "
+                                     "later")
             self.schedulers[rank].check_admission(req_id, ids, params, leaving=len(displaced), checked=True)
             for victim in displaced:            # admitted: the requests it displaces are refused now
                 self._refuse(*victim)
@@ -275,8 +275,8 @@ class Engine:
                                prompt_ids, salt, self._lock)
 
     def _displaceable(self, priority: int, seat: bool, tokens: int) -> list[tuple[int, Request]] | None:
-        """Priority: an engine that has no seat for a request (``seat``), or whose queue has no room for ``tokens``
-        more of its prompt tokens (past ``max_waiting_tokens``), admits it by refusing, after the fact, waiting requests
+        """Priority: an engine that has no seat for a request (``seat``), or whose queue must lose ``tokens`` of its
+        prompt tokens to be below ``max_waiting_tokens``, admits it by refusing, after the fact, waiting requests
         of a lower priority that have had no output yet and never ran — the lowest priority first, the latest of it
         first — until a seat and the tokens are free. Their clients have had no answer yet, and get the 429 this one
         would have had (``AsyncEngine.generate`` raises it before any event). Those requests and their ranks, or None
@@ -306,13 +306,13 @@ class Engine:
         ev.error, ev.finish_reason = str(ev.refused), FinishReason.ABORT
         self._refused.append(ev)
 
-    def _queued_tokens_over(self, new: int) -> tuple[int, int]:
-        """``max_waiting_tokens``: (the prompt tokens queued in the replica still to compute, how many of them past
-        the bound ``new`` more would take it; 0: they fit). A prompt past it is refused (its time to first token
-        would be theirs too). The bound is at least ``max_model_len``: an idle queue takes any prompt."""
+    def _queued_tokens_over(self) -> tuple[int, int]:
+        """``max_waiting_tokens``: (the prompt tokens queued in the replica still to compute, how many must go before
+        it admits a prompt). Below the bound it takes a prompt of any length (had the prompt to fit, short ones would
+        take every opening under load, a long one never: session 56's review), so it holds < bound + max_model_len."""
         bound = self.config.max_waiting_tokens
         queued = sum(s.queued_tokens for s in self.schedulers) if bound else 0   # the caller holds the lock
-        return queued, max(0, queued + new - bound) if bound else 0
+        return queued, max(0, queued - bound + 1) if bound else 0
 
     def _guide(self, prompt_ids: Sequence[int], params: SamplingParams) -> Guide | Prefix | Budget | None:
         budget = params.thinking_budget
@@ -749,6 +749,9 @@ class AsyncEngine:
         the engine has the request (or refused it)."""
         q: asyncio.Queue = asyncio.Queue()
         req_id = req_id if req_id is not None else f"areq-{next(self._ids)}"
+        if req_id in self._queues:      # (the live request keeps its stream)
+            added is None or added()
+            raise AdmissionError("duplicate", "req_id", f"req_id {req_id!r} is already in flight")
         self._queues[req_id] = (asyncio.get_running_loop(), q)   # before the loop can emit for it
         try:
             if not _guided(params) and kv is None:

@@ -398,6 +398,14 @@ def test_async_stream_and_disconnect_frees_kv(model):
         async for ev in agen:
             break                           # the client goes away after the first event
         await agen.aclose()
+        live = aeng.generate(list(range(2, 30)), SamplingParams(max_tokens=8, temperature=0.0), "x")
+        first = await live.__anext__()
+        with pytest.raises(AdmissionError, match="already in flight"):      # an id in flight is refused, and its
+            await aeng.generate([5, 6], SamplingParams(max_tokens=2), "x").__anext__()   # stream goes on (session 56)
+        async def drain():
+            return [ev async for ev in live]
+        events = [first] + await asyncio.wait_for(drain(), 60)     # (it hung before)
+        assert events[-1].finished and [t for ev in events for t in ev.token_ids][:5] == toks
         return toks
 
     try:

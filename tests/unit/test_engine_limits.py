@@ -70,19 +70,23 @@ def test_a_full_engine_refuses_a_request_that_can_never_run_for_what_it_is():
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_max_waiting_tokens_bounds_the_prompt_tokens_queued_in_the_replica(ranks):
     """Prompt tokens still to compute (waiting prompts past their cached blocks, prefilling ones' rest), over every
-    rank: a request that would pass the bound is a queue_full naming it; the bound is at least max_model_len."""
+    rank: a queue at the bound refuses a request (a queue_full naming it); below it, a prompt of any length gets in —
+    a long prompt is not left out while short ones take each opening (session 56's review). The bound is at least
+    max_model_len."""
     cfg = SchedulerConfig(num_blocks=64, block_size=16, max_model_len=160, vocab_size=64, max_num_seqs=4,
                           max_num_batched_tokens=64, max_waiting=8, max_waiting_tokens=160, prefix_caching=True)
     engine = Engine(RecordingExecutor(), cfg, num_ranks=ranks)
     params = SamplingParams(max_tokens=2, ignore_eos=True)
     big = [5] * 150
     engine.add_request(big, params, "big")
+    engine.add_request([1] * 11, params, "small")                 # 150 queued: below the bound
     with pytest.raises(AdmissionError) as err:
-        engine.add_request([1] * 11, params, "small")
-    assert err.value.reason == "queue_full" and "max_waiting_tokens (160)" in str(err.value)
-    engine.step()                                                 # 64 of big's tokens computed: 86 queued
-    assert sum(s.queued_tokens for s in engine.schedulers) == 86
-    engine.add_request([1] * 74, params, "fits")                  # 86 + 74 = 160
+        engine.add_request([2], params, "over")
+    assert err.value.reason == "queue_full" and "holds 161 prompt tokens still to compute, max_waiting_tokens (160) " \
+        "or more" in str(err.value)
+    engine.step()                                                 # 64 tokens a rank computed
+    assert sum(s.queued_tokens for s in engine.schedulers) == (97 if ranks == 1 else 86)
+    engine.add_request([4] * 150, params, "long")                 # below the bound: the whole prompt gets in
     with pytest.raises(AdmissionError):
         engine.add_request([2], params, "over")
     while engine.has_unfinished():
@@ -254,27 +258,54 @@ def test_a_warm_up_out_of_memory_names_the_knobs():
             Engine(Capture(), cfg, graphs=True).warm_up(64)
 
 
+def test_a_long_prompt_gets_in_under_a_stream_of_short_ones():
+    """Overloaded by short prompts, the queue sits at ``max_waiting_tokens``; a long prompt (400 of 512) retried among
+    the arrivals gets in at the first opening it meets — had it to fit below the bound, it never would (session 56's
+    review) — and the queue stays below the bound + max_model_len."""
+    import random
+
+    cfg = SchedulerConfig(num_blocks=256, block_size=16, max_model_len=512, vocab_size=64, max_num_seqs=4,
+                          max_num_batched_tokens=64, max_waiting=16, max_waiting_tokens=512, prefix_caching=False)
+    engine = Engine(RecordingExecutor(), cfg)
+    rng, params, admitted, peak = random.Random(0), SamplingParams(max_tokens=4, ignore_eos=True), None, 0
+    for step in range(200):
+        arrivals = [f"s{step}-0", f"s{step}-1"] + (["long"] if admitted is None and step >= 10 else [])
+        rng.shuffle(arrivals)
+        for rid in arrivals:
+            try:
+                engine.add_request([2 + (rid == "long")] * (400 if rid == "long" else 48), params, rid)
+                admitted = step if rid == "long" else admitted
+            except AdmissionError as e:
+                assert e.reason == "queue_full", e
+        peak = max(peak, engine.queued_tokens())
+        engine.step()
+    assert admitted is not None and peak < 512 + 512, (admitted, peak)
+    assert peak >= 512 - 64                         # (the engine was overloaded throughout)
+
+
 def test_a_higher_priority_displaces_queued_prompt_tokens_past_max_waiting_tokens():
-    """Under the priority policy, a prompt past ``max_waiting_tokens`` is admitted by refusing waiting requests of a
-    lower priority that never ran — the lowest priority first — until its tokens fit; none is refused where they
-    cannot free enough, and the arrival is refused as under FCFS."""
+    """Under the priority policy, a prompt that meets a queue at ``max_waiting_tokens`` is admitted by refusing waiting
+    requests of a lower priority that never ran — the lowest priority first — until the queue is below the bound; none
+    is refused where they cannot free enough, and the arrival is refused as under FCFS."""
     cfg = SchedulerConfig(num_blocks=64, block_size=16, max_model_len=160, vocab_size=64, max_num_seqs=4,
                           max_num_batched_tokens=64, max_waiting=8, max_waiting_tokens=160, policy="priority")
     engine = Engine(RecordingExecutor(), cfg)
     add = lambda rid, n, p: engine.add_request([1 + len(rid)] * n, SamplingParams(max_tokens=2, priority=p), rid)
     add("low2", 100, 2)
-    add("low1", 50, 1)
-    add("vip", 60, 0)                               # 210 > 160: low2 (the lowest) goes, low1 (enough) stays
-    assert sorted(r.req_id for s in engine.schedulers for r in s.waiting()) == ["low1", "vip"]
-    with pytest.raises(AdmissionError, match=r"holds 110 prompt tokens still to compute; 100 more would pass "
-                                             r"max_waiting_tokens \(160\)"):
-        add("mid", 100, 1)                          # nothing below priority 1 is left
-    add("vip2", 100, 0)                             # low1's 50 tokens make room
+    add("low1", 50, 1)                              # 150 queued: below the bound, so
+    add("vip", 60, 0)                               # any prompt gets in: 210
+    add("mid", 100, 1)                              # at the bound: low2 (the lowest; 51 must go) makes room
+    assert sorted(r.req_id for s in engine.schedulers for r in s.waiting()) == ["low1", "mid", "vip"]
+    with pytest.raises(AdmissionError, match=r"holds 210 prompt tokens still to compute, max_waiting_tokens \(160\) "
+                                             r"or more"):
+        add("x", 10, 1)                             # nothing below priority 1 is left
+    add("vip2", 10, 0)                              # mid (priority 1, the latest of it) goes: 120
+    add("vip3", 100, 0)                             # 220
     with pytest.raises(AdmissionError, match="max_waiting_tokens"):
-        add("x", 10, 0)                             # only its peers are queued
+        add("vip4", 10, 0)                          # low1's 50 tokens cannot bring 220 below the bound
     refused = [ev for ev in engine.step() if ev.refused]
-    assert [ev.req_id for ev in refused] == ["low2", "low1"] and all(
+    assert [ev.req_id for ev in refused] == ["low2", "mid"] and all(
         "max_waiting_tokens 160) and a request of a higher priority took" in ev.error for ev in refused)
-    assert engine.stats["prompt_tokens"] == 60 + 100             # the refused prompts' are not counted
+    assert engine.stats["prompt_tokens"] == 50 + 60 + 10 + 100             # the refused prompts' are not counted
     while engine.has_unfinished():
         engine.step()
