@@ -20,16 +20,22 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help="checkpoint folder (default: the embedded tiny model)")
     p.add_argument("--served-model-name", default=None,
                    help="the model name the API serves and expects in requests (default: the checkpoint folder's name)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
-    p.add_argument("--kernels", default="auto", choices=["auto", "reference"])
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="auto: CUDA where the workers see a GPU, else CPU (default: auto)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="activations and unquantized weights (default: auto, float32 on CPU, bfloat16 on GPU)")
+    p.add_argument("--kernels", default="auto", choices=["auto", "reference"],
+                   help="auto: the Triton / Gluon kernels on a GPU; reference: the PyTorch ops (default: auto)")
     p.add_argument("--prefill-activations", default="bf16", choices=["bf16", "fp8"],
                    help="fp8: prefill chunks quantize activations per 128 columns and run FP8 GEMMs (GPU; faster "
-                        "time to first token, ~2-3 %% relative error per linear against bf16 activations)")
-    p.add_argument("--kv-cache-tokens", type=int, default=32768)
+                        "time to first token, ~2-3 %% relative error per linear against bf16 activations; default: "
+                        "bf16)")
+    p.add_argument("--kv-cache-tokens", type=int, default=32768, help="KV slots per worker (default: 32768)")
+    p.add_argument("--block-size", type=int, default=16, help="tokens a KV block holds (default: 16)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.0,
                    help="size the KV cache to memory instead of --kv-cache-tokens: weights, comm buffers and KV take "
-                        "this fraction of each worker's device (e.g. 0.9; on CPU, of the host's memory)")
+                        "this fraction of each worker's device (e.g. 0.9; on CPU, of the host's memory; default: 0, "
+                        "off)")
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
                    help="fp8: the cache's rows packed in FP8 as FlashMLA and DeepSeek-V3.2 pack them (e4m3 with a "
                         "scale a 128 values; MLA's rope key in dtype): ~1.75x the tokens in the same memory (default: "
@@ -39,7 +45,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                         "blocks))")
     p.add_argument("--max-num-seqs", type=int, default=64,
                    help="requests running at once, over all worker ranks (default: 64)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=512)
+    p.add_argument("--max-num-batched-tokens", type=int, default=512,
+                   help="tokens one rank's step takes at most: prompt chunks and decode rows (default: 512)")
     p.add_argument("--max-waiting", type=int, default=256,
                    help="requests that may wait for a slot; beyond it the server answers 429 (default: 256)")
     p.add_argument("--max-waiting-tokens", type=int, default=0,
@@ -54,14 +61,30 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
                    help="priority: requests go by their 'priority' field (lower first, then arrival; one that outranks "
                         "running requests takes the worst one's place, which is recomputed later); default: fcfs")
-    p.add_argument("--num-workers", type=int, default=1, choices=[1, 2, 4, 8])
-    p.add_argument("--moe", default="tp", choices=["tp", "ep"])
-    p.add_argument("--comm", default="torch", choices=["torch", "ipc"])
-    p.add_argument("--speculative-tokens", type=int, default=0)
+    p.add_argument("--num-workers", type=int, default=1, choices=[1, 2, 4, 8],
+                   help="worker ranks of the replica, a GPU each on CUDA (default: 1)")
+    p.add_argument("--moe", default="tp", choices=["tp", "ep"],
+                   help="the experts split by width (tp) or by expert (ep) over the ranks (default: tp)")
+    p.add_argument("--comm", default="torch", choices=["torch", "ipc"],
+                   help="the ranks' collectives: torch.distributed (NCCL / gloo) or shared-memory ipc (default: torch)")
+    p.add_argument("--speculative-tokens", type=int, default=0,
+                   help="MTP drafts a round, 0 to 7; needs the checkpoint's MTP layer (default: 0, off)")
     p.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
-                   help="dummy: random weights from config.json alone (benchmarks; outputs are meaningless)")
+                   help="dummy: random weights from config.json alone (benchmarks; outputs are meaningless; default: "
+                        "auto, the checkpoint's)")
+    p.add_argument("--step-timeout", type=float, default=60.0,
+                   help="seconds a step may take before its requests fail and the worker group is rebuilt (default: "
+                        "60)")
+    p.add_argument("--cuda-graphs", default="auto", choices=["auto", "off", "eager"],
+                   help="auto: decode / verify steps replay CUDA graphs; eager: the same static steps run eagerly (to "
+                        "debug a suspected capture problem); off (default: auto)")
+    p.add_argument("--no-piece-graphs", dest="piece_graphs", action="store_false",
+                   help="run the steps no decode graph holds eagerly (default: per-layer graphs)")
+    p.add_argument("--no-lm-head-split", dest="lm_head_split", action="store_false",
+                   help="each rank of a group reads the whole lm_head (default: split by vocabulary)")
     p.add_argument("--step-channel", default="socket", choices=["socket", "ray"],
-                   help="how serve's worker group gets its steps: a TCP connection per actor, or Ray actor calls")
+                   help="how serve's worker group gets its steps: a TCP connection per actor, or Ray actor calls "
+                        "(default: socket)")
     p.add_argument("--warmup-tokens", type=int, default=None,
                    help="at start-up, capture the decode graphs of contexts up to this many tokens and serve short "
                         "requests (default: every context, max_model_len, with CUDA graphs, else 0; 0: compile and "
@@ -77,6 +100,8 @@ def _engine_config(a: argparse.Namespace):
 
     return EngineConfig(model=a.model, served_model_name=a.served_model_name, device=a.device, dtype=a.dtype,
                         kernels=a.kernels, prefill_activations=a.prefill_activations, kv_cache_tokens=a.kv_cache_tokens,
+                        block_size=a.block_size, step_timeout_s=a.step_timeout, cuda_graphs=a.cuda_graphs,
+                        piece_graphs=a.piece_graphs, lm_head_split=a.lm_head_split,
                         gpu_memory_utilization=a.gpu_memory_utilization,
                         kv_cache_dtype=a.kv_cache_dtype, max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs,
                         max_num_batched_tokens=a.max_num_batched_tokens, max_waiting=a.max_waiting,
@@ -141,11 +166,14 @@ def cmd_make_checkpoint(a: argparse.Namespace) -> int:
 
 def cmd_serve(a: argparse.Namespace) -> int:
     from cluster.server import run_server
+    from models.config import ModelConfig
 
     if a.prefill_replicas < 0:
         print("glmserve: error: --prefill-replicas must be >= 0", file=sys.stderr)
         return 2
-    return run_server(_engine_config(a), host=a.host, port=a.port, drain_timeout_s=a.drain_timeout,
+    cfg = _engine_config(a)
+    cfg.check_model(ModelConfig.from_json(cfg.model))     # before Ray starts: an error in seconds, not minutes
+    return run_server(cfg, host=a.host, port=a.port, drain_timeout_s=a.drain_timeout,
                       stats_interval_s=a.stats_interval, prefill_replicas=a.prefill_replicas)
 
 
@@ -182,10 +210,10 @@ def parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="stream a completion to the terminal")
     _add_engine_args(g)
     g.add_argument("prompt")
-    g.add_argument("--max-tokens", type=int, default=64)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--max-tokens", type=int, default=64, help="(default: 64)")
+    g.add_argument("--temperature", type=float, default=0.0, help="(default: 0, greedy)")
+    g.add_argument("--top-p", type=float, default=1.0, help="(default: 1)")
+    g.add_argument("--seed", type=int, default=None, help="(default: none)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     g.add_argument("--json-schema", default=None, metavar="SCHEMA",
                    help="hold the output to this JSON schema (its JSON text; '{\"type\": \"object\"}': any object)")
@@ -193,8 +221,8 @@ def parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("serve", help="OpenAI-compatible server (Ray Serve)")
     _add_engine_args(s)
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--host", default="127.0.0.1", help="the API's address (default: 127.0.0.1)")
+    s.add_argument("--port", type=int, default=8000, help="the API's port (default: 8000)")
     s.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on Ctrl-C / SIGTERM, seconds to let requests in flight finish (new ones get 503) before "
                         "shutting down (default: 30)")
@@ -221,10 +249,11 @@ def parser() -> argparse.ArgumentParser:
     m = sub.add_parser("make-checkpoint", help="write a random checkpoint in Hugging Face layout")
     m.add_argument("out", type=Path)
     m.add_argument("--config", required=True, type=Path, help="a config.json (e.g. models/configs/*.json)")
-    m.add_argument("--seed", type=int, default=0)
-    m.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    m.add_argument("--seed", type=int, default=0, help="(default: 0)")
+    m.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"],
+                   help="(default: bfloat16)")
     m.add_argument("--fp8", action="store_true", help="FP8 e4m3 weights with 128x128 block scales")
-    m.add_argument("--shards", type=int, default=1)
+    m.add_argument("--shards", type=int, default=1, help="safetensors files (default: 1)")
     m.set_defaults(fn=cmd_make_checkpoint)
     return p
 

@@ -66,41 +66,45 @@ class EngineConfig:
             value = getattr(self, f.name)
             if not _has_type(value, f.type):
                 raise ValueError(f"engine config field '{f.name}' has an invalid value {value!r}: it takes {f.type}")
-        checks = {
-            "device": self.device in ("auto", "cpu", "cuda"),
-            "dtype": self.dtype in ("auto", "float32", "bfloat16"),
-            "kernels": self.kernels in ("auto", "reference"),
-            "prefill_activations": self.prefill_activations in ("bf16", "fp8"),
-            "load_format": self.load_format in ("auto", "dummy"),
-            "block_size": self.block_size >= 1,
-            "kv_cache_tokens": self.kv_cache_tokens >= self.block_size,
-            "kv_cache_dtype": self.kv_cache_dtype in ("auto", "fp8"),
-            "gpu_memory_utilization": 0.0 <= self.gpu_memory_utilization < 1.0,
-            "max_num_seqs": self.max_num_seqs >= 1,
-            "max_num_batched_tokens": self.max_num_batched_tokens >= self.max_num_seqs,
-            "max_waiting": self.max_waiting >= 0,
-            "max_waiting_tokens": self.max_waiting_tokens >= 0,
-            "scheduling_policy": self.scheduling_policy in ("fcfs", "priority"),
-            "host_kv_cache_tokens": self.host_kv_cache_tokens >= 0 and (self.prefix_caching or
-                                                                        not self.host_kv_cache_tokens),
-            "num_workers": self.num_workers in (1, 2, 4, 8),
-            "moe": self.moe in ("tp", "ep"),
-            "comm": self.comm in ("torch", "ipc"),
-            "step_timeout_s": self.step_timeout_s > 0,
-            "log_stats_interval_s": self.log_stats_interval_s >= 0,
-            "step_channel": self.step_channel in ("socket", "ray"),
-            "speculative_tokens": 0 <= self.speculative_tokens <= 7,
-            "reasoning_parser": self.reasoning_parser in ("none", "glm"),
-            "tool_parser": self.tool_parser in ("none", "glm"),
-            "max_model_len": self.max_model_len is None or self.max_model_len >= 1,
-            "cuda_graphs": self.cuda_graphs in ("auto", "off", "eager"),
-            "warmup_tokens": self.warmup_tokens is None or self.warmup_tokens >= 0,
+        one_of = lambda name, *values: (getattr(self, name) in values, f"one of {', '.join(map(repr, values))}")
+        checks = {      # field: (whether its value holds, the rule it breaks otherwise)
+            "device": one_of("device", "auto", "cpu", "cuda"),
+            "dtype": one_of("dtype", "auto", "float32", "bfloat16"),
+            "kernels": one_of("kernels", "auto", "reference"),
+            "prefill_activations": one_of("prefill_activations", "bf16", "fp8"),
+            "load_format": one_of("load_format", "auto", "dummy"),
+            "block_size": (self.block_size >= 1, "at least 1"),
+            "kv_cache_tokens": (self.kv_cache_tokens >= self.block_size, f"at least block_size ({self.block_size})"),
+            "kv_cache_dtype": one_of("kv_cache_dtype", "auto", "fp8"),
+            "gpu_memory_utilization": (0.0 <= self.gpu_memory_utilization < 1.0,
+                                       "a fraction in [0, 1) (0: kv_cache_tokens sizes the pool)"),
+            "max_num_seqs": (self.max_num_seqs >= 1, "at least 1"),
+            "max_num_batched_tokens": (self.max_num_batched_tokens >= self.max_num_seqs,
+                                       f"at least max_num_seqs ({self.max_num_seqs}): a step takes a row of each"),
+            "max_waiting": (self.max_waiting >= 0, "at least 0"),
+            "max_waiting_tokens": (self.max_waiting_tokens >= 0, "at least 0"),
+            "scheduling_policy": one_of("scheduling_policy", "fcfs", "priority"),
+            "host_kv_cache_tokens": (self.host_kv_cache_tokens >= 0 and (self.prefix_caching or
+                                                                         not self.host_kv_cache_tokens),
+                                     "at least 0, and 0 without prefix_caching (the tier keeps cached prefixes)"),
+            "num_workers": one_of("num_workers", 1, 2, 4, 8),
+            "moe": one_of("moe", "tp", "ep"),
+            "comm": one_of("comm", "torch", "ipc"),
+            "step_timeout_s": (self.step_timeout_s > 0, "more than 0"),
+            "log_stats_interval_s": (self.log_stats_interval_s >= 0, "at least 0"),
+            "step_channel": one_of("step_channel", "socket", "ray"),
+            "speculative_tokens": (0 <= self.speculative_tokens <= 7, "0 to 7"),
+            "reasoning_parser": one_of("reasoning_parser", "none", "glm"),
+            "tool_parser": one_of("tool_parser", "none", "glm"),
+            "max_model_len": (self.max_model_len is None or self.max_model_len >= 1, "at least 1 (or unset)"),
+            "cuda_graphs": one_of("cuda_graphs", "auto", "off", "eager"),
+            "warmup_tokens": (self.warmup_tokens is None or self.warmup_tokens >= 0, "at least 0 (or unset)"),
         }
-        for name, ok in checks.items():
+        for name, (ok, rule) in checks.items():
             if not ok:
-                hint = {"gpu_memory_utilization": ": it takes a fraction in [0, 1) (0: kv_cache_tokens sizes the pool)"}
-                raise ValueError(f"engine config field '{name}' has an invalid value {getattr(self, name)!r}"
-                                 f"{hint.get(name, '')}")
+                verb = "takes" if rule.startswith(("one of", "a fraction")) else "must be"
+                raise ValueError(f"engine config field '{name}' has an invalid value {getattr(self, name)!r}: it "
+                                 f"{verb} {rule}")
         if self.prefill_activations == "fp8" and (self.kernels != "auto" or self.device == "cpu"):
             raise ValueError("engine config field 'prefill_activations' is 'fp8', which needs the Triton kernels on a "
                              f"CUDA device (kernels: auto, device: cuda or auto); got kernels {self.kernels!r}, "

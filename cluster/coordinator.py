@@ -14,6 +14,7 @@ import time
 from collections import deque
 from typing import AsyncIterator
 
+from cluster.async_engine import AsyncEngine
 from cluster.config import EngineConfig
 from cluster.disagg import (
     HeldPrefix,
@@ -24,7 +25,7 @@ from cluster.disagg import (
     prefill_params,
     stage_bundle,
 )
-from cluster.engine import AsyncEngine, Engine, TokenEvent
+from cluster.engine import Engine, TokenEvent
 from cluster.local import guides, load_tokenizer, report, report_pool, scheduler_config
 from cluster.metrics_hub import app_metrics_hub
 from scheduler.request import FinishReason, SamplingParams
@@ -426,6 +427,8 @@ class Coordinator:
     async def check_health(self) -> None:
         if not self.aengine.is_alive():
             raise RuntimeError("the engine loop has stopped")
+        if self.engine.down is not None:    # a rebuild of the worker group failed: Serve replaces the replica
+            raise RuntimeError(f"the worker group is down: {self.engine.down}")
         try:                # Serve asks every replica: its metrics reach the app's /metrics whichever one answers it
             if self._hub is None:
                 self._hub = app_metrics_hub()

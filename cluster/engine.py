@@ -1,8 +1,8 @@
 """The engine: per-rank schedulers + an executor (the local runner, or the worker group) + detokenizer.
 
-``Engine`` is synchronous: ``add_request``, ``abort``, ``step() -> [TokenEvent]``. ``AsyncEngine`` runs
-that step loop in a background thread and hands each request an async stream of ``TokenEvent`` —
-the API the HTTP front end drives. One step is plan → execute → update:
+``Engine`` is synchronous: ``add_request``, ``abort``, ``step() -> [TokenEvent]``. ``AsyncEngine``
+(``cluster/async_engine.py``) runs that step loop in a background thread and hands each request an async stream of
+``TokenEvent`` — the API the HTTP front end drives. One step is plan → execute → update:
 
     plans = [s.schedule(max_drafts) for s in schedulers]          # pure: rows, block ids, drafts
     results = executor.execute(worker_steps(plans, shape))        # every rank, one bucket shape
@@ -11,13 +11,12 @@ the API the HTTP front end drives. One step is plan → execute → update:
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import random
 import threading
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
@@ -49,7 +48,7 @@ if TYPE_CHECKING:
     from cluster.disagg import HeldPrefix
     from cluster.guided import Budget, Guide, Guides, Prefix
 
-__all__ = ["AdmissionError", "AsyncEngine", "Engine", "GroupFailure", "LocalExecutor", "TokenEvent"]
+__all__ = ["AdmissionError", "Engine", "GroupFailure", "LocalExecutor", "TokenEvent"]
 
 
 def _advanced(launched: tuple, graph, plans: Sequence[StepPlan]) -> bool:
@@ -73,7 +72,8 @@ def _follows(seqs: Sequence[ScheduledSeq], before: Sequence[ScheduledSeq]) -> bo
 
 class Executor(Protocol):
     """Runs one step on every rank: ``steps[r]`` is rank r's part; returns one result per rank.
-    Raises ``GroupFailure`` when the worker group is lost (then ``recover()`` rebuilds it)."""
+    Raises ``GroupFailure`` when the worker group is lost (then ``recover()`` rebuilds it). A group may also have
+    ``dead() -> str | None``: between steps, why a rank is gone (``Engine.probe``)."""
 
     def execute(self, steps: list[WorkerStep]) -> list[StepResult]: ...
 
@@ -182,6 +182,9 @@ class Engine:
         self._ids = itertools.count()
         self._admitted = itertools.count()
         self.warmed: dict | None = None               # what ``warm_up`` did, if it ran
+        self.rebuild_at: float | None = None          # the group failed: ``step`` rebuilds it from this (monotonic) time
+        self.down: str | None = None                  # why the last rebuild failed: requests are refused meanwhile
+        self._failed_rebuilds = 0
         self._reset_stats()
 
     def _reset_stats(self) -> None:
@@ -218,6 +221,9 @@ class Engine:
         self.schedulers[0].check_request(prompt_ids, params)     # (first: a request that can never run is no 429)
         guide = self._guide(prompt_ids, params)
         with self._lock:
+            if self.down is not None:
+                raise AdmissionError("unavailable", "model", f"the replica's worker group is down ({self.down}); it "
+                                     f"is rebuilt again in {max(0.0, self.rebuild_at - time.monotonic()):.0f} s")
             if req_id in self._rank_of:
                 raise AdmissionError("duplicate", "req_id", f"req_id {req_id!r} is already in flight")
             full = sum(s.num_running + s.num_waiting for s in self.schedulers) >= self._admits
@@ -347,7 +353,14 @@ class Engine:
         return any(s.has_unfinished() for s in self.schedulers)
 
     def has_work(self) -> bool:
-        return self.has_unfinished() or any(self._forget) or bool(self._refused) or any(map(bool, self._imports))
+        return self.has_unfinished() or any(self._forget) or bool(self._refused) or any(map(bool, self._imports)) \
+            or (self.rebuild_at is not None and time.monotonic() >= self.rebuild_at)
+
+    def probe(self) -> list[TokenEvent]:
+        """An idle engine's look at its group: a rank found dead (the executor's ``dead()``, where it has one) has the
+        group rebuilt now, not when the next request arrives (session 56's review)."""
+        why = getattr(self.executor, "dead", lambda: None)()
+        return self._fail_all(f"worker group failed: {why}") if why is not None and self.rebuild_at is None else []
 
     def kv_usage(self) -> float:
         return sum(s.kv_usage for s in self.schedulers) / len(self.schedulers)
@@ -439,7 +452,10 @@ class Engine:
 
     # ---- the step loop -----------------------------------------------------------------------
     def step(self) -> list[TokenEvent]:
-        """One step of every rank: its requests' events (first those ``_refuse`` refused since the last step)."""
+        """One step of every rank: its requests' events (first those ``_refuse`` refused since the last step); after
+        a step that lost the group (its requests failed at once), the group's rebuild (``_recover``)."""
+        if self.rebuild_at is not None:
+            return self._recover() if time.monotonic() >= self.rebuild_at else []
         if not self._refused:           # (one added meanwhile goes out with the next step)
             return self._step()
         with self._lock:
@@ -634,6 +650,29 @@ class Engine:
         return goes_on
 
     def _fail_all(self, msg: str) -> list[TokenEvent]:
+        """The group is lost: every live request fails now — its client hears at once, not after the rebuild (a
+        model's load: minutes), which the next step does (session 56's review)."""
+        events = self._fail_live(msg)
+        self.rebuild_at = time.monotonic()
+        return events
+
+    def _recover(self) -> list[TokenEvent]:
+        """Rebuild the worker group. A rebuild that fails fails the requests admitted meanwhile, refuses new ones
+        (``down``: the replica's health check fails then) and is tried again 1, 2, 4 ... 60 s later."""
+        try:
+            self.executor.recover()
+        except Exception as e:  # noqa: BLE001 — a GroupFailure, or whatever the setup raised
+            self.down = f"{type(e).__name__}: {e}"
+            self._failed_rebuilds += 1
+            self.rebuild_at = time.monotonic() + min(60.0, 2.0 ** (self._failed_rebuilds - 1))
+            print(f"glmserve: rebuilding the worker group failed ({self.down}); trying again in "
+                  f"{self.rebuild_at - time.monotonic():.0f} s", flush=True)
+            return self._fail_live(f"worker group rebuild failed: {self.down}")
+        self.rebuild_at = self.down = None
+        self._failed_rebuilds = 0
+        return []
+
+    def _fail_live(self, msg: str) -> list[TokenEvent]:
         with self._lock:
             events = [self._end(ev) for sch in self.schedulers
                       for ev in sch.fail(sch.live_ids(), msg)]
@@ -643,7 +682,6 @@ class Engine:
             for imports, sch in zip(self._imports, self.schedulers):
                 imports.drop(sch)
             self._unsent.clear()
-        self.executor.recover()
         return events
 
     def _emit(self, ev: RequestEvent, result: StepResult) -> list[TokenEvent]:
@@ -704,97 +742,3 @@ class Engine:
         rank = self._rank_of.pop(req_id)
         if self._unsent.pop(req_id, None) is None:
             self._forget[rank].append(req_id)
-
-
-class AsyncEngine:
-    """Runs ``Engine.step`` in a background thread; each request gets an async stream of events."""
-
-    def __init__(self, engine: Engine):
-        self.engine = engine
-        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
-        self._wake = threading.Event()
-        self._stop = False
-        self._ids = itertools.count()
-        self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._stop:
-            if not self.engine.has_work():
-                self._wake.wait(0.05)
-                self._wake.clear()
-                continue
-            try:
-                events = self.engine.step()
-            except Exception as e:  # noqa: BLE001 — an engine bug: the requests in flight fail, the loop goes on
-                traceback.print_exc()
-                events = self.engine._fail_all(f"engine error: {type(e).__name__}: {e}")
-            for ev in events:
-                self._deliver(ev)
-
-    def _deliver(self, ev: TokenEvent) -> None:
-        target = self._queues.get(ev.req_id)
-        if target is None:
-            return
-        loop, q = target
-        if ev.finished:
-            self._queues.pop(ev.req_id, None)
-        loop.call_soon_threadsafe(q.put_nowait, ev)
-
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, req_id: str | None = None,
-                       export_kv: bool = False, kv: KVBundle | None = None, export_from: int = 0,
-                       added: Callable[[], None] | None = None) -> AsyncIterator[TokenEvent]:
-        """Stream the request's events; raises AdmissionError before the first event if refused.
-        Leaving the iteration early (a client disconnect) aborts the request and frees its KV. ``added``: called once
-        the engine has the request (or refused it)."""
-        q: asyncio.Queue = asyncio.Queue()
-        req_id = req_id if req_id is not None else f"areq-{next(self._ids)}"
-        if req_id in self._queues:      # (the live request keeps its stream)
-            added is None or added()
-            raise AdmissionError("duplicate", "req_id", f"req_id {req_id!r} is already in flight")
-        self._queues[req_id] = (asyncio.get_running_loop(), q)   # before the loop can emit for it
-        try:
-            if not _guided(params) and kv is None:
-                self.engine.add_request(prompt_ids, params, req_id, export_kv, export_from=export_from)
-            else:       # its grammar compiles (~0.1-0.3 s a new schema at GLM-5's vocabulary), its KV is adopted: off
-                adding = asyncio.ensure_future(asyncio.to_thread(      # the loop, and shielded: a cancel meanwhile
-                    self.engine.add_request, prompt_ids, params, req_id, export_kv, kv, export_from))  # aborts it, added
-                try:
-                    await asyncio.shield(adding)
-                except asyncio.CancelledError:
-                    adding.add_done_callback(lambda f: f.cancelled() or f.exception() or self.engine.abort(req_id))
-                    raise
-        except BaseException:
-            self._queues.pop(req_id, None)
-            raise
-        finally:
-            if added is not None:
-                added()
-        kv = None           # (the engine holds what it writes: the rows are not kept for the stream's life)
-        self._wake.set()
-        finished = False
-        try:
-            while not finished:
-                ev = await q.get()
-                finished = ev.finished
-                if ev.refused is not None:          # refused to make way for a higher priority: as if at admission
-                    raise ev.refused
-                yield ev
-        finally:
-            if not finished:
-                self._queues.pop(req_id, None)
-                self.engine.abort(req_id)
-
-    def is_alive(self) -> bool:
-        """False once the step loop has died (an engine bug): the replica's health check fails then."""
-        return self._thread.is_alive()
-
-    def abort(self, req_id: str) -> None:
-        ev = self.engine.abort(req_id)
-        if ev:
-            self._deliver(ev)
-
-    def shutdown(self) -> None:
-        self._stop = True
-        self._wake.set()
-        self._thread.join(timeout=10)

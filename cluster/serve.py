@@ -185,6 +185,8 @@ def _forced_call(body, tool_ids: dict[str, int], tokenizer) -> tuple[tuple[int, 
 def _admission_error(e: AdmissionError) -> ApiError:
     if e.reason == "queue_full":
         return ApiError(429, str(e), None, "rate_limit_error", {"Retry-After": "1"})
+    if e.reason == "unavailable":       # the replica's worker group is down (a rebuild failed): another may answer
+        return ApiError(503, str(e), None, "service_unavailable", {"Retry-After": "5"})
     return ApiError(400, str(e), {"prompt": "prompt", "max_tokens": "max_tokens"}.get(e.field, e.field),
                     code="context_length_exceeded" if e.reason in ("too_long", "kv_capacity") else None)
 

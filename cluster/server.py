@@ -28,13 +28,9 @@ def run_server(cfg: EngineConfig, host: str = "127.0.0.1", port: int = 8000, dra
     ``stats_interval_s`` while requests come (0: never), wait for Ctrl-C / SIGTERM; then drain — new requests get
     503, those in flight finish, for up to ``drain_timeout_s`` — and shut down. ``prefill_replicas`` > 0:
     disaggregated prefill, that many replicas of the same engine computing the prompts (``cluster/disagg.py``)."""
-    import signal
-
-    if (code := start_server(cfg, host, port, "; Ctrl-C to stop", prefill_replicas)) != 0:
-        return code
     stop = _Stop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    if (code := start_server(cfg, host, port, "; Ctrl-C to stop", prefill_replicas, stop)) != 0:
+        return code
     stats = _Stats(serve.get_app_handle("glmserve"))
     while not stop.wait(stats_interval_s if stats_interval_s > 0 else None):
         stats.report()
@@ -51,18 +47,28 @@ def stop_server() -> None:
     ray.shutdown()
 
 
-def start_server(cfg: EngineConfig, host: str, port: int, ready_note: str = "", prefill_replicas: int = 0) -> int:
+def start_server(cfg: EngineConfig, host: str, port: int, ready_note: str = "", prefill_replicas: int = 0,
+                 stop: "_Stop | None" = None) -> int:
     """A local Ray and Serve in this process with the app deployed on ``host:port``, progress printed while the
     workers load, then the ready line (``ready_note`` at its end): 0, or 2 (the reason printed) where the port is
-    taken or the deployment failed."""
+    taken or the deployment failed. ``stop``: SIGINT / SIGTERM set it from the start (Ray's own SIGTERM handler left a
+    crash dump and its agents running); set before the ready line, what started is shut down and 130 returned."""
     import os
+    import signal
     import threading
+
+    def on_signals() -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+
+    if stop is not None:
+        on_signals()
 
     if _port_taken(host, port):
         print(f"glmserve: error: {host}:{port} is in use (another server?): stop it or choose --port", flush=True)
         return 2
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")    # (Ray's token auth stays on unless the environment turns it
+    # off: the server's Ray listens beyond loopback, whatever --host says — session 56's operator review)
     import ray
 
     print(f"glmserve: starting Ray and loading {cfg.model} on {cfg.num_workers} worker(s) ...", flush=True)
@@ -73,6 +79,10 @@ def start_server(cfg: EngineConfig, host: str, port: int, ready_note: str = "", 
               "compiled) before the replica takes requests", flush=True)
     ray.init(address="local", num_cpus=max(16, 2 * cfg.num_workers * (1 + prefill_replicas)),   # (a Ray of its own,
              include_dashboard=False, log_to_driver=False, namespace="glmserve")    # not a `ray start` one found)
+    if stop is not None:
+        on_signals()                                # (ray.init put its own SIGTERM handler in place of ours)
+        if stop.is_set():
+            return _stopped()
     serve.start(http_options={"host": host, "port": port},
                 logging_config={"enable_access_log": False, "log_level": "WARNING"})
     t0 = time.time()
@@ -90,7 +100,12 @@ def start_server(cfg: EngineConfig, host: str, port: int, ready_note: str = "", 
     deployer.start()
     last = None
     while deployer.is_alive():                      # progress while the workers load the checkpoint
-        deployer.join(3)
+        for _ in range(30):
+            if stop is not None and stop.is_set():
+                return _stopped()
+            deployer.join(0.1)
+            if not deployer.is_alive():
+                break
         try:
             app_status = serve.status().applications.get("glmserve")
             now = None if app_status is None else ", ".join(
@@ -107,6 +122,12 @@ def start_server(cfg: EngineConfig, host: str, port: int, ready_note: str = "", 
     print(f"glmserve: ready in {time.time() - t0:.0f} s — OpenAI API at http://{host}:{port}/v1 "
           f"(model {_model_name(cfg)!r}){ready_note}", flush=True)
     return 0
+
+
+def _stopped() -> int:
+    print("glmserve: stopped before it was ready; shutting down what started", flush=True)
+    stop_server()
+    return 130
 
 
 def _port_taken(host: str, port: int) -> bool:

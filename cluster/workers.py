@@ -19,6 +19,7 @@ import itertools
 import multiprocessing as mp
 import os
 import pickle
+import select
 import socket
 import struct
 import threading
@@ -35,9 +36,11 @@ from workers.runner import StepResult, WorkerStep
 from workers.worker import Worker, WorkerSpec
 
 
-def worker_specs(cfg: EngineConfig, num_blocks: int, imports: bool = False) -> list[WorkerSpec]:
+def worker_specs(cfg: EngineConfig, num_blocks: int, imports: bool = False,
+                 setup_timeout_s: float = 300.0) -> list[WorkerSpec]:
     """Every rank's spec; ``num_blocks`` 0: the ranks size their KV pool to memory (``gpu_memory_utilization``);
-    ``imports``: a decode replica of a disaggregated app (``WorkerSpec.imports``)."""
+    ``imports``: a decode replica of a disaggregated app (``WorkerSpec.imports``). A rank waits for its peers 0.9 of
+    the group's ``setup_timeout_s``: the one that gives up first names the rank it waited for."""
     device = cfg.resolved_device()
     max_rows = cfg.num_workers * _next_pow2(cfg.max_num_batched_tokens)
     return [WorkerSpec(model=cfg.model, rank=r, world_size=cfg.num_workers, moe=cfg.moe, comm=cfg.comm,
@@ -48,7 +51,7 @@ def worker_specs(cfg: EngineConfig, num_blocks: int, imports: bool = False) -> l
                        kv_fp8=cfg.kv_cache_dtype == "fp8",
                        timeout_s=min(cfg.step_timeout_s, 30.0), speculative=cfg.speculative_tokens > 0,
                        graphs=cfg.graphs_mode(), pieces=cfg.pieces(), lm_head_split=cfg.lm_head_split,
-                       load_format=cfg.load_format, imports=imports)
+                       load_format=cfg.load_format, imports=imports, setup_timeout_s=0.9 * setup_timeout_s)
             for r in range(cfg.num_workers)]
 
 
@@ -170,35 +173,54 @@ def _serve(worker: Worker, conn) -> None:
             return
 
 
-def _send(conn, obj) -> None:
+def _send(conn, obj, deadline: float | None = None) -> None:
     """One message of the channel: pickled by value, its large buffers (a transferred prompt's KV rows) out of band —
     written from where they lie, not copied into the pickle and out again. (``Connection.send``'s pickler would pass a
-    tensor as a file descriptor of shared memory, which only processes of one multiprocessing family can open.)"""
+    tensor as a file descriptor of shared memory, which only processes of one multiprocessing family can open.) Past
+    ``deadline`` (monotonic; the driver's side) it raises ``TimeoutError``: a rank that stopped reading holds no one."""
     buffers: list[pickle.PickleBuffer] = []
     head = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
     views = [buf.raw() for buf in buffers]
-    conn.send_bytes(struct.pack(f"<I{len(views)}Q", len(views), *(v.nbytes for v in views)) + head)
-    for view in views:
-        while view.nbytes:
-            view = view[os.write(conn.fileno(), view):]
+    frame = struct.pack(f"<QI{len(views)}Q", len(head), len(views), *(v.nbytes for v in views))
+    for view in (memoryview(frame + head), *views):
+        _transfer(conn.fileno(), view, True, deadline)
 
 
-def _recv(conn):
-    """A message ``_send`` sent: its buffers read straight into their own memory."""
-    head = memoryview(conn.recv_bytes())
-    count = struct.unpack_from("<I", head)[0]
-    sizes, start = struct.unpack_from(f"<{count}Q", head, 4), 4 + 8 * count
-    buffers = []
-    for size in sizes:
-        buf = bytearray(size)
-        view = memoryview(buf)
+def _recv(conn, deadline: float | None = None):
+    """A message ``_send`` sent: its buffers read straight into their own memory; ``deadline`` as ``_send``'s (an
+    answer that stops arriving halfway fails at it too)."""
+    fixed = bytearray(12)
+    _transfer(conn.fileno(), memoryview(fixed), False, deadline)
+    size, count = struct.unpack("<QI", fixed)
+    rest = bytearray(8 * count + size)
+    _transfer(conn.fileno(), memoryview(rest), False, deadline)
+    buffers = [bytearray(n) for n in struct.unpack_from(f"<{count}Q", rest)]
+    for buf in buffers:
+        _transfer(conn.fileno(), memoryview(buf), False, deadline)
+    return pickle.loads(memoryview(rest)[8 * count:], buffers=buffers)
+
+
+def _transfer(fd: int, view: memoryview, write: bool, deadline: float | None) -> None:
+    """All of ``view`` written to (read from) ``fd``. With a deadline the fd does not block meanwhile, and a wait
+    for it past the deadline raises ``TimeoutError``."""
+    if deadline is not None:
+        os.set_blocking(fd, False)
+    try:
         while view.nbytes:
-            got = os.readv(conn.fileno(), [view])
-            if got == 0:
-                raise EOFError("the channel closed inside a message")
-            view = view[got:]
-        buffers.append(buf)
-    return pickle.loads(head[start:], buffers=buffers)
+            try:
+                n = os.write(fd, view) if write else os.readv(fd, [view])
+            except BlockingIOError:
+                poll = select.poll()
+                poll.register(fd, select.POLLOUT if write else select.POLLIN)
+                if not poll.poll(max(0.0, deadline - time.monotonic()) * 1000):
+                    raise TimeoutError(f"{view.nbytes} bytes not {'sent' if write else 'received'} in time") from None
+                continue
+            if n == 0 and not write:
+                raise EOFError("the channel closed")
+            view = view[n:]
+    finally:
+        if deadline is not None:
+            os.set_blocking(fd, True)
 
 
 def _listen(host: str) -> socket.socket:
@@ -245,6 +267,15 @@ class _ConnGroup:
     def _dead(self, rank: int) -> str | None:
         return None
 
+    def dead(self) -> str | None:
+        """Between steps: why a rank is gone (its process ended; its channel closed: nothing else arrives between
+        steps), or None (``Engine.probe``)."""
+        for rank in range(len(self.conns)):
+            if (why := self._dead(rank)) is not None:
+                return f"rank {rank} died ({why})"
+        ready = mp_connection.wait(self.conns, 0) if self.conns else []
+        return f"rank {self.conns.index(ready[0])} died (its channel closed)" if ready else None
+
     def _collect(self, timeout_s: float, what: str) -> list:
         """One answer per rank; the first failure to arrive (an error, a dead rank) is the one reported."""
         deadline = time.monotonic() + timeout_s
@@ -257,7 +288,10 @@ class _ConnGroup:
                     continue
                 if conn.poll():
                     try:
-                        kind, value = _recv(conn)
+                        kind, value = _recv(conn, deadline)
+                    except TimeoutError:
+                        raise GroupFailure(f"{what}: rank {rank}'s answer did not arrive whole within "
+                                           f"{timeout_s:.0f} s") from None
                     except (EOFError, OSError):
                         raise GroupFailure(f"{what}: rank {rank} died ({self._dead(rank) or 'connection closed'})") \
                             from None
@@ -279,17 +313,21 @@ class _ConnGroup:
                                f"{self.num_blocks or 'a pool sized to memory'})")
         self.num_blocks = blocks[0]
 
-    def _send_all(self, steps: list, what: str) -> None:
+    def _send_all(self, steps: list, what: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
         for rank, (conn, step) in enumerate(zip(self.conns, steps)):
             try:
-                _send(conn, step)
+                _send(conn, step, deadline)
+            except TimeoutError:
+                raise GroupFailure(f"{what}: rank {rank} did not take its message within {timeout_s:.0f} s") \
+                    from None
             except OSError:
                 raise GroupFailure(f"{what}: rank {rank} died ({self._dead(rank) or 'connection closed'})") from None
 
     def _close_conns(self) -> None:
         """Ask every rank to close its worker (all at once: ipc rank 0 waits for its peers), briefly wait."""
         try:
-            self._send_all([None] * len(self.conns), "shutdown")
+            self._send_all([None] * len(self.conns), "shutdown", 10.0)
             self._collect(10.0, "shutdown")
         except GroupFailure:
             pass
@@ -342,7 +380,7 @@ class RayWorkerGroup(_ConnGroup):
         prefix = f"g{next(self._generation)}-{uuid.uuid4().hex[:6]}/"
         cls = ray.remote(_WorkerActor).options(**self._actor_options())
         self.actors = [cls.remote(spec, self._board, prefix, self.worker_cls)
-                       for spec in worker_specs(self.cfg, self.num_blocks, self.imports)]
+                       for spec in worker_specs(self.cfg, self.num_blocks, self.imports, self.setup_timeout_s)]
         try:
             self._sized(self._wait([a.ready.remote() for a in self.actors], self.setup_timeout_s, "setup"))
             if self.cfg.step_channel == "socket":
@@ -367,7 +405,8 @@ class RayWorkerGroup(_ConnGroup):
         while pending:
             ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
-                raise GroupFailure(f"{what}: {len(pending)} rank(s) did not answer within {timeout_s:.0f} s")
+                raise GroupFailure(f"{what}: rank(s) {sorted(refs.index(r) for r in pending)} did not answer within "
+                                   f"{timeout_s:.0f} s")
             try:
                 done[ready[0]] = ray.get(ready[0])
             except Exception as e:   # RayActorError (a dead rank), or the rank's own exception
@@ -376,7 +415,7 @@ class RayWorkerGroup(_ConnGroup):
 
     def execute(self, steps: list[WorkerStep]) -> list[StepResult]:
         if self.conns:
-            self._send_all(steps, "step")
+            self._send_all(steps, "step", self.cfg.step_timeout_s)
             return self._collect(self.cfg.step_timeout_s, "step")
         refs = [a.execute.remote(s) for a, s in zip(self.actors, steps)]
         return self._wait(refs, self.cfg.step_timeout_s, "step")
@@ -422,6 +461,9 @@ def _root_cause(e: BaseException) -> str:
 
 # ---- plain processes (no Ray: GPU benchmarks, tests) ----------------------------------------------
 def _process_main(spec: WorkerSpec, board: Any, prefix: str, conn) -> None:
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())    # not its default multiprocessing lock: a named semaphore a killed rank leaks
     try:
         worker = Worker(spec, DictRendezvous(board, spec.world_size, prefix))
         _send(conn, ("ok", worker.num_blocks))
@@ -458,7 +500,7 @@ class ProcessWorkerGroup(_ConnGroup):
         board = self._manager.dict()
         prefix = f"g{next(self._generation)}/"
         self.conns, self.procs = [], []
-        for spec in _place_on_gpus(worker_specs(self.cfg, self.num_blocks, self.imports)):
+        for spec in _place_on_gpus(worker_specs(self.cfg, self.num_blocks, self.imports, self.setup_timeout_s)):
             parent, child = self._ctx.Pipe()
             p = self._ctx.Process(target=_process_main, args=(spec, board, prefix, child), daemon=True)
             p.start()
@@ -475,7 +517,7 @@ class ProcessWorkerGroup(_ConnGroup):
         return None if proc.is_alive() else f"exit code {proc.exitcode}"
 
     def execute(self, steps: list[WorkerStep]) -> list[StepResult]:
-        self._send_all(steps, "step")
+        self._send_all(steps, "step", self.cfg.step_timeout_s)
         return self._collect(self.cfg.step_timeout_s, "step")
 
     def recover(self) -> None:

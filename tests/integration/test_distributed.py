@@ -8,8 +8,9 @@ import time
 import pytest
 import torch
 
+from cluster.async_engine import AsyncEngine
 from cluster.config import EngineConfig
-from cluster.engine import AsyncEngine, Engine, GroupFailure, LocalExecutor, warm_keys
+from cluster.engine import Engine, GroupFailure, LocalExecutor, warm_keys
 from cluster.local import scheduler_config
 from cluster.workers import RayWorkerGroup
 from models.loader import load_model

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from cluster.engine import AsyncEngine, Engine, LocalExecutor
+from cluster.async_engine import AsyncEngine
+from cluster.engine import Engine, LocalExecutor
 from models.loader import load_model
 from scheduler.request import SamplingParams
 from scheduler.scheduler import AdmissionError, SchedulerConfig

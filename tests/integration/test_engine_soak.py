@@ -181,7 +181,7 @@ def settle(engine, queues: dict) -> None:
 def test_async_clients_that_leave_mid_stream_leave_nothing_behind():
     """``AsyncEngine.generate`` streams left after a random number of events (the client went away), refused ones,
     and guided ones cancelled while their grammar compiles: every stream's queue goes, the engine ends empty."""
-    from cluster.engine import AsyncEngine
+    from cluster.async_engine import AsyncEngine
 
     engine, tok = engine_for("mtp")
     aengine = AsyncEngine(engine)

@@ -340,9 +340,9 @@ def test_turns_holding_their_cached_prefixes_leave_the_pool_room_to_run():
     import asyncio
     import types
 
+    from cluster.async_engine import AsyncEngine
     from cluster.coordinator import Coordinator
     from cluster.disagg import PrefillResult
-    from cluster.engine import AsyncEngine
 
     e = _engine(blocks=12)
     a, b = list(range(1, 22)), list(range(100, 121))
@@ -641,7 +641,7 @@ def test_a_cancel_while_the_kv_is_adopted_aborts_the_request():
     import asyncio
     import time
 
-    from cluster.engine import AsyncEngine
+    from cluster.async_engine import AsyncEngine
 
     e = _engine()
     add, execute = e.add_request, e.executor.execute

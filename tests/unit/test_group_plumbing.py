@@ -3,8 +3,13 @@ the engine config's field checks."""
 
 from __future__ import annotations
 
+import os
+import re
 import socket
 import threading
+import time
+import types
+from multiprocessing import connection as mp_connection
 from pathlib import Path
 
 import pytest
@@ -14,7 +19,17 @@ from cluster.config import EngineConfig
 from cluster.disagg import prefill_plan
 from cluster.engine import Engine, GroupFailure, LocalExecutor
 from cluster.local import scheduler_config
-from cluster.workers import _accept, _connect, _ConnGroup, _listen, _place_on_gpus, _serve, worker_specs
+from cluster.workers import (
+    _accept,
+    _connect,
+    _ConnGroup,
+    _listen,
+    _place_on_gpus,
+    _recv,
+    _send,
+    _serve,
+    worker_specs,
+)
 from models.loader import dummy_model
 from scheduler.request import SamplingParams
 from tests.conftest import run_engine
@@ -70,9 +85,9 @@ def test_step_channel_serves_only_the_token_holder_and_reports_errors(host):
     assert intruder.recv(1) == b""
     group = _ConnGroup()
     group.conns = [_connect(address, token, 5.0)]
-    group._send_all([21], "step")
+    group._send_all([21], "step", 5.0)
     assert group._collect(5.0, "step") == [42]
-    group._send_all(["boom"], "step")
+    group._send_all(["boom"], "step", 5.0)
     with pytest.raises(GroupFailure, match="step: rank 0 failed: ValueError: bad step"):
         group._collect(5.0, "step")
     group._close_conns()                                         # None: the rank closes its worker, the loop ends
@@ -94,6 +109,45 @@ def test_a_closed_step_channel_fails_the_step_fast():
     server.close()
 
 
+def test_a_rank_that_stops_mid_message_fails_the_step_at_its_deadline():
+    """Sending a step a rank does not read, and an answer that stops arriving halfway, fail at the deadline naming
+    the rank — they blocked forever before (session 56's fault review); whole messages still pass, buffers and all."""
+    import numpy as np
+
+    a, b = socket.socketpair()
+    group, rank = _ConnGroup(), mp_connection.Connection(b.detach())
+    group.conns = [mp_connection.Connection(a.detach())]
+    payload = np.arange(1 << 22, dtype=np.int32)                 # 16 MB: more than the socket buffers hold
+    with pytest.raises(GroupFailure, match=r"step: rank 0 did not take its message within 1 s"):
+        group._send_all([payload], "step", 1.0)                   # the rank reads nothing
+    whole = []
+    writer = threading.Thread(target=lambda: _send(rank, ("ok", payload)), daemon=True)
+    reader = threading.Thread(target=lambda: whole.append(_recv(group.conns[0], time.monotonic() + 10)), daemon=True)
+    for t in (reader, writer):
+        t.start()
+    reader.join(20)
+    assert whole[0][0] == "ok" and np.array_equal(whole[0][1], payload)
+    pipe_r, pipe_w = os.pipe()                                    # the bytes of a whole answer, then half of them sent
+    message = []
+    threading.Thread(target=lambda: message.append(b"".join(iter(lambda: os.read(pipe_r, 1 << 20), b""))),
+                     daemon=True).start()
+    with os.fdopen(pipe_w, "wb", buffering=0) as w:
+        _send(types.SimpleNamespace(fileno=w.fileno), ("ok", payload))
+    while not message:
+        time.sleep(0.01)
+    half = memoryview(message[0])[:len(message[0]) // 2]
+    threading.Thread(target=_sendall, args=(rank.fileno(), half), daemon=True).start()
+    started = time.monotonic()
+    with pytest.raises(GroupFailure, match=r"step: rank 0's answer did not arrive whole within 2 s"):
+        group._collect(2.0, "step")
+    assert time.monotonic() - started < 5
+
+
+def _sendall(fd: int, view: memoryview) -> None:
+    while view.nbytes:
+        view = view[os.write(fd, view):]
+
+
 @pytest.mark.parametrize("field,value", [("step_channel", "zmq"), ("comm", "mpi"), ("num_workers", 3),
                                          ("prefill_activations", "int8"), ("prefill_activations", "fp8"),
                                          ("warmup_tokens", -1), ("warmup_tokens", 1.5),
@@ -111,8 +165,19 @@ def test_bad_engine_config_names_the_field(field, value):
         EngineConfig.from_dict({"step_chanel": "ray"})
 
 
+@pytest.mark.parametrize("change,rule", [({"max_num_batched_tokens": 32}, "at least max_num_seqs (64)"),
+                                         ({"kv_cache_tokens": 8}, "at least block_size (16)"),
+                                         ({"speculative_tokens": 9}, "0 to 7"),
+                                         ({"device": "tpu"}, "one of 'auto', 'cpu', 'cuda'")])
+def test_a_bad_value_is_told_the_rule_it_breaks(change, rule):
+    """A value valid on its own but not beside another field's says which rule (session 56's operator review)."""
+    with pytest.raises(ValueError, match=re.escape(f"has an invalid value {next(iter(change.values()))!r}: it ") +
+                       r"(must be|takes) " + re.escape(rule)):
+        EngineConfig(**change)
+
+
 def test_a_host_tier_needs_prefix_caching():
-    with pytest.raises(ValueError, match="field 'host_kv_cache_tokens'"):
+    with pytest.raises(ValueError, match="field 'host_kv_cache_tokens'.*0 without prefix_caching"):
         EngineConfig(prefix_caching=False, host_kv_cache_tokens=4096)
     assert EngineConfig(host_kv_cache_tokens=4100).host_blocks == 256
     from cluster.workers import worker_specs
@@ -186,9 +251,7 @@ def test_systemd_unit_serves_the_gpu_files_engine_and_drains():
     a = parser().parse_args(argv[1:])
     gpu = yaml.safe_load((deploy / "glm5-8xh200.yaml").read_text())["applications"][0]["args"]
     cfg = _engine_config(a).to_dict()
-    same = ("model", "served_model_name", "device", "dtype", "num_workers", "comm", "gpu_memory_utilization",
-            "max_num_seqs", "max_num_batched_tokens", "max_waiting", "reasoning_parser", "tool_parser")
-    assert {k: cfg[k] for k in same} == {k: gpu[k] for k in same}
+    assert {k: cfg[k] for k in gpu} == gpu      # every field the file sets (session 56: two were left out)
     assert unit["KillMode"] == "mixed" and int(unit["TimeoutStopSec"]) >= a.drain_timeout + 30
 
 
@@ -431,3 +494,19 @@ def test_what_the_checkpoint_bounds_is_checked_before_it_loads(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 0}))
     with pytest.raises(ValueError, match="'speculative_tokens' \\(2\\) needs the checkpoint's MTP layer"):
         build_local_engine(EngineConfig(model=str(tmp_path), speculative_tokens=2, kv_cache_tokens=256), progress=False)
+
+
+def test_serve_refuses_a_bad_checkpoint_before_starting_ray(capsys, tmp_path):
+    """``glmserve serve`` reads the checkpoint's config.json before Ray and Serve start (an error in a second, not after
+    a cluster's start: session 56's operator review); every engine field the deploy guide names has a flag."""
+    from cluster.cli import _engine_config, main, parser
+
+    assert main(["serve", "--model", str(tmp_path / "none")]) == 2
+    assert "config.json not found" in capsys.readouterr().err
+    assert main(["serve", "--max-model-len", "4096"]) == 2           # the tiny model has 2048 positions
+    assert "max_position_embeddings 2048" in capsys.readouterr().err
+    a = parser().parse_args(["serve", "--block-size", "32", "--step-timeout", "120", "--cuda-graphs", "eager",
+                             "--no-piece-graphs", "--no-lm-head-split"])
+    cfg = _engine_config(a)
+    assert (cfg.block_size, cfg.step_timeout_s, cfg.cuda_graphs, cfg.piece_graphs, cfg.lm_head_split) == (
+        32, 120.0, "eager", False, False)

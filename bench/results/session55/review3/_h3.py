@@ -83,7 +83,7 @@ class FakeRequest:
 
 def ingress(eng, cfg_kw: dict):
     """The real OpenAIIngress code (its methods), without Ray: ``_open`` streams from an AsyncEngine over ``eng``."""
-    from cluster.engine import AsyncEngine
+    from cluster.async_engine import AsyncEngine
     from cluster.serve import OpenAIIngress
 
     class Ing:
