@@ -55,21 +55,26 @@ def start_server(cfg: EngineConfig, host: str, port: int, ready_note: str = "", 
     crash dump and its agents running); set before the ready line, what started is shut down and 130 returned."""
     import os
     import signal
-    import threading
 
     def on_signals() -> None:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
+        if handled:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda *_: stop.set())
 
-    if stop is not None:
-        on_signals()
+    handled, stop = stop is not None, stop or _Stop()      # (without a caller's, a flag nothing sets)
+    on_signals()
 
     if _port_taken(host, port):
         print(f"glmserve: error: {host}:{port} is in use (another server?): stop it or choose --port", flush=True)
         return 2
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")    # (Ray's token auth stays on unless the environment turns it
-    # off: the server's Ray listens beyond loopback, whatever --host says — session 56's operator review)
+    # (Ray's token auth stays on unless the environment turns it off: the server's Ray listens beyond loopback,
+    # whatever --host says — session 56's operator review)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import logging
+
     import ray
+
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)   # (its INFO lines in the driver read as failures)
 
     print(f"glmserve: starting Ray and loading {cfg.model} on {cfg.num_workers} worker(s) ...", flush=True)
     if cfg.resolved_warmup_tokens():
@@ -77,56 +82,67 @@ def start_server(cfg: EngineConfig, host: str, port: int, ready_note: str = "", 
                   not cfg.max_model_len else cfg.resolved_warmup_tokens())
         print(f"glmserve: then a warm-up (warmup_tokens {tokens}: CUDA graphs captured, kernels "
               "compiled) before the replica takes requests", flush=True)
-    ray.init(address="local", num_cpus=max(16, 2 * cfg.num_workers * (1 + prefill_replicas)),   # (a Ray of its own,
-             include_dashboard=False, log_to_driver=False, namespace="glmserve")    # not a `ray start` one found)
-    if stop is not None:
-        on_signals()                                # (ray.init put its own SIGTERM handler in place of ours)
-        if stop.is_set():
-            return _stopped()
+    import ray._private.utils as ray_utils
+
+    # ray.init puts its own SIGTERM handlers in place (they exit mid-start, leaving the node's agents running): while
+    # it starts, a SIGTERM only sets our flag, and what it started is shut down whole after it
+    keep = ray_utils.set_sigterm_handler
+    ray_utils.set_sigterm_handler = (lambda handler: None) if handled else keep
+    try:
+        ray.init(address="local", num_cpus=max(16, 2 * cfg.num_workers * (1 + prefill_replicas)),   # (a Ray of its
+                 include_dashboard=False, log_to_driver=False, namespace="glmserve")    # own, not a `ray start` one)
+    except (SystemExit, KeyboardInterrupt):
+        return _stopped()
+    finally:
+        ray_utils.set_sigterm_handler = keep
+    on_signals()                    # (Ray's core worker put its C++ handler, which dumps and aborts, in place of ours)
+    if stop.is_set():
+        return _stopped()
     serve.start(http_options={"host": host, "port": port},
                 logging_config={"enable_access_log": False, "log_level": "WARNING"})
     t0 = time.time()
-    errors: list[BaseException] = []
-
-    def deploy():
-        try:
-            args = cfg.to_dict() | ({"prefill": {"num_replicas": prefill_replicas}} if prefill_replicas else {})
-            serve.run(build_app(args), name="glmserve", route_prefix="/",
-                      logging_config={"enable_access_log": False, "log_level": "WARNING"})
-        except BaseException as e:  # reported below; the process exits with an error
-            errors.append(e)
-
-    deployer = threading.Thread(target=deploy, daemon=True)
-    deployer.start()
+    try:    # not waited for here (a thread inside serve.run outlived a stop before "ready" and crashed Ray's worker)
+        args = cfg.to_dict() | ({"prefill": {"num_replicas": prefill_replicas}} if prefill_replicas else {})
+        serve.run_many([serve.RunTarget(build_app(args), name="glmserve", route_prefix="/",
+                                        logging_config={"enable_access_log": False, "log_level": "WARNING"})],
+                       wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
+    except Exception as e:  # noqa: BLE001 — reported; the process exits with an error
+        print(f"glmserve: error: the deployment failed: {e}", flush=True)
+        stop_server()
+        return 2
     last = None
-    while deployer.is_alive():                      # progress while the workers load the checkpoint
-        for _ in range(30):
-            if stop is not None and stop.is_set():
-                return _stopped()
-            deployer.join(0.1)
-            if not deployer.is_alive():
-                break
+    while True:                                     # progress while the workers load the checkpoint
+        if stop.wait(0.5):
+            return _stopped()
         try:
             app_status = serve.status().applications.get("glmserve")
-            now = None if app_status is None else ", ".join(
-                f"{name} {d.status.value.lower()}" for name, d in app_status.deployments.items())
-        except Exception:
-            now = None
+        except Exception:   # noqa: BLE001 — asked again
+            continue
+        state = app_status and app_status.status.value
+        if state == "RUNNING":
+            break
+        if state in ("DEPLOY_FAILED", "UNHEALTHY"):
+            print(f"glmserve: error: the deployment failed: {app_status.message}\n{_failure_reason()}", flush=True)
+            stop_server()
+            return 2
+        now = app_status and ", ".join(f"{name} {d.status.value.lower()}"
+                                       for name, d in app_status.deployments.items())
         if now and now != last:
             print(f"glmserve: [{time.time() - t0:4.0f} s] {now}", flush=True)
             last = now
-    if errors:
-        print(f"glmserve: error: the deployment failed: {errors[0]}\n{_failure_reason()}", flush=True)
-        stop_server()
-        return 2
     print(f"glmserve: ready in {time.time() - t0:.0f} s — OpenAI API at http://{host}:{port}/v1 "
           f"(model {_model_name(cfg)!r}){ready_note}", flush=True)
     return 0
 
 
 def _stopped() -> int:
+    import ray
+
     print("glmserve: stopped before it was ready; shutting down what started", flush=True)
-    stop_server()
+    if ray.is_initialized():
+        stop_server()
+    else:                   # (ray.init interrupted: the node's processes it started still go)
+        ray.shutdown()
     return 130
 
 

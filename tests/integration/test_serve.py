@@ -735,7 +735,7 @@ def test_glmserve_serve_one_command_and_sigterm():
     exe = os.path.join(os.path.dirname(sys.executable), "glmserve")
     bad = subprocess.run([exe, "serve", "--model", "/nonexistent", "--port", "18801"], env=env, cwd=REPO,
                          capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and "config.json not found at /nonexistent" in bad.stdout
+    assert bad.returncode == 2 and "config.json not found at /nonexistent" in bad.stderr     # (before Ray starts)
     # The drain's window is wide: the stream was cut once in CI (at c546ce7, a loaded machine), likeliest at the
     # default 30 s window's end — not what this checks; a cut stream now shows what the server printed.
     proc = subprocess.Popen([exe, "serve", "--port", "18802", "--tool-parser", "glm", "--reasoning-parser", "glm",
