@@ -346,13 +346,13 @@ async def _turns(url: str, conversations: int, turns: int) -> dict:
         model = (await client.models.list()).data[0].id
         await client.completions.create(model=model, prompt=_long_prompt(-1), max_tokens=2)      # warm both sides
         await asyncio.sleep(HUB_S)      # (the prefill replica's metrics reach /metrics at its health checks)
-        moved, computed = metric(url, "glmserve_kv_exported_tokens"), _computed(url)
+        moved, computed = metric(url, "glmserve_kv_exported_tokens_total"), _computed(url)
         ttfts: list[list[float]] = [[] for _ in range(turns)]
         start = time.perf_counter()
         await asyncio.gather(*[_conversation(client, model, i, turns, ttfts) for i in range(conversations)])
         wall = time.perf_counter() - start
         await asyncio.sleep(HUB_S)
-        moved, computed = metric(url, "glmserve_kv_exported_tokens") - moved, \
+        moved, computed = metric(url, "glmserve_kv_exported_tokens_total") - moved, \
             tuple(a - b for a, b in zip(_computed(url), computed))
     later = [x for t in ttfts[1:] for x in t]
     return {"turn1_ttft_p50": statistics.median(ttfts[0]) * 1e3, "later_ttft_p50": statistics.median(later) * 1e3,
@@ -366,8 +366,8 @@ def _computed(url: str) -> tuple[float, float]:
     by its decode replica counts twice)."""
     from tests.integration.test_serve import metric_series
 
-    queried, hits = (metric_series(url, f"glmserve_prefix_cache_{k}_tokens") for k in ("queried", "hit"))
-    exports = metric_series(url, "glmserve_kv_exported_tokens")
+    queried, hits = (metric_series(url, f"glmserve_prefix_cache_{k}_tokens_total") for k in ("queried", "hit"))
+    exports = metric_series(url, "glmserve_kv_exported_tokens_total")
     computed = {r: q - hits.get(r, 0.0) for r, q in queried.items()}
     prefill = {r for r, n in exports.items() if n > 0}
     return sum(computed.values()), sum(v for r, v in computed.items() if prefill and r not in prefill)

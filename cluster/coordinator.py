@@ -67,11 +67,8 @@ class Metrics:
                                      "min_prompt_tokens, or a block)", ["reason"], registry=r)
         self.kv_lost = Counter("glmserve_kv_transfer_lost", "prompts whose KV from a prefill replica could not be "
                                "fetched or taken (computed here instead; the replica's log says why)", registry=r)
-        Gauge("glmserve_kv_exported_tokens", "prompt tokens whose KV went to decode replicas (disaggregated prefill)",
-              registry=r).set_function(lambda: engine.stats["kv_exported_tokens"])
-        Gauge("glmserve_kv_imported_tokens", "prompt tokens whose KV came from prefill replicas, taken into the "
-              "prefix cache", registry=r).set_function(lambda: engine.stats["kv_imported_tokens"])
-        Gauge("glmserve_prompt_tokens", "prompt tokens of the requests admitted so far", registry=r).set_function(
+        Gauge("glmserve_prompt_tokens", "prompt tokens of the requests admitted so far (less those displaced by "
+              "a higher priority before they ran: not a counter)", registry=r).set_function(
             lambda: engine.stats["prompt_tokens"])
         Gauge("glmserve_queue_depth", "requests waiting", registry=r).set_function(
             lambda: sum(s.num_waiting for s in engine.schedulers))
@@ -84,35 +81,13 @@ class Metrics:
             engine.num_free_blocks)
         Gauge("glmserve_kv_cache_tokens", "KV slots a worker holds (kv_cache_tokens, or as memory sized them)",
               registry=r).set(engine.schedulers[0].config.num_blocks * engine.schedulers[0].config.block_size)
-        Gauge("glmserve_prefix_cache_queried_tokens", "prompt tokens looked up in the prefix cache", registry=r
-              ).set_function(lambda: engine.prefix_cache_tokens()[0])
-        Gauge("glmserve_prefix_cache_hit_tokens", "of which their KV was found cached (not computed)", registry=r
-              ).set_function(lambda: engine.prefix_cache_tokens()[1])
         Gauge("glmserve_prefix_cache_blocks", "KV blocks registered under a cached prefix (all ranks)", registry=r
               ).set_function(lambda: sum(s.pool.num_cached for s in engine.schedulers))
         Gauge("glmserve_prefix_cache_host_blocks", "host-memory blocks holding a cached prefix (all ranks)", registry=r
               ).set_function(lambda: sum(s.pool.num_host_cached for s in engine.schedulers))
-        Gauge("glmserve_prefix_cache_host_loads", "cached blocks copied back from host memory", registry=r
-              ).set_function(lambda: sum(s.host_loads for s in engine.schedulers))
+        r.register(_Totals(engine))
         Gauge("glmserve_tokens_per_second", "generated tokens/s over the last 10 s", registry=r).set_function(
             self.tokens_per_second)
-        Gauge("glmserve_preemptions", "requests preempted so far", registry=r).set_function(
-            lambda: engine.stats["preemptions"])
-        Gauge("glmserve_rank_moves", "waiting requests moved to a rank with a free slot or KV blocks", registry=r
-              ).set_function(lambda: engine.stats["moves"])
-        Gauge("glmserve_step_seconds", "time in worker-group steps so far (send, every rank's work, collect)",
-              registry=r).set_function(lambda: engine.stats["step_seconds"])
-        Gauge("glmserve_worker_busy_seconds", "of which the busiest rank worked (forward, sampling, drafting)",
-              registry=r).set_function(lambda: engine.stats["worker_busy_seconds"])
-        Gauge("glmserve_steps", "engine steps so far", registry=r).set_function(lambda: engine.stats["steps"])
-        Gauge("glmserve_graph_steps", "of which CUDA-graph decode steps", registry=r).set_function(
-            lambda: engine.stats["graph_steps"])
-        Gauge("glmserve_ahead_steps", "of which the workers had launched ahead (look-ahead)", registry=r).set_function(
-            lambda: engine.stats["ahead_steps"])
-        Gauge("glmserve_spec_drafts_proposed", "speculative drafts proposed", registry=r).set_function(
-            lambda: engine.stats["drafts_proposed"])
-        Gauge("glmserve_spec_drafts_accepted", "speculative drafts accepted", registry=r).set_function(
-            lambda: engine.stats["drafts_accepted"])
         Gauge("glmserve_spec_mean_accepted_length", "tokens per verify round", registry=r).set_function(
             lambda: engine.spec_metrics()["mean_accepted_length"])
         per_pos = Gauge("glmserve_spec_acceptance_rate", "acceptance rate of draft position i", ["position"],
@@ -143,6 +118,46 @@ class Metrics:
         from prometheus_client import generate_latest
 
         return generate_latest(self.registry).decode()
+
+
+class _Totals:
+    """The engine's running totals as Prometheus counters (``<name>_total``), read at each scrape (session 56: they
+    were gauges, which ``rate()`` and counter-aware tools mistreat)."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily
+
+        e, stats = self.engine, self.engine.stats
+        queried, hit = e.prefix_cache_tokens()
+        for name, doc, value in (
+                ("kv_exported_tokens", "prompt tokens whose KV went to decode replicas (disaggregated prefill)",
+                 stats["kv_exported_tokens"]),
+                ("kv_imported_tokens", "prompt tokens whose KV came from prefill replicas, taken into the prefix "
+                 "cache", stats["kv_imported_tokens"]),
+                ("prefix_cache_queried_tokens", "prompt tokens looked up in the prefix cache", queried),
+                ("prefix_cache_hit_tokens", "of which their KV was found cached (not computed)", hit),
+                ("prefix_cache_host_loads", "cached blocks copied back from host memory",
+                 sum(s.host_loads for s in e.schedulers)),
+                ("preemptions", "requests preempted", stats["preemptions"]),
+                ("rank_moves", "waiting requests moved to a rank with a free slot or KV blocks", stats["moves"]),
+                ("step_seconds", "time in worker-group steps (send, every rank's work, collect)",
+                 stats["step_seconds"]),
+                ("worker_busy_seconds", "of which the busiest rank worked (forward, sampling, drafting)",
+                 stats["worker_busy_seconds"]),
+                ("steps", "engine steps", stats["steps"]),
+                ("graph_steps", "of which CUDA-graph decode steps", stats["graph_steps"]),
+                ("ahead_steps", "of which the workers had launched ahead (look-ahead)", stats["ahead_steps"]),
+                ("spec_drafts_proposed", "speculative drafts proposed", stats["drafts_proposed"]),
+                ("spec_drafts_accepted", "speculative drafts accepted", stats["drafts_accepted"])):
+            family = CounterMetricFamily(f"glmserve_{name}", doc)
+            family.add_metric([], value)
+            yield family
 
 
 def stats_line(before: tuple[float, dict] | None, now: float, info: dict) -> str | None:

@@ -652,7 +652,7 @@ class Engine:
     def _fail_all(self, msg: str) -> list[TokenEvent]:
         """The group is lost: every live request fails now — its client hears at once, not after the rebuild (a
         model's load: minutes), which the next step does (session 56's review)."""
-        events = self._fail_live(msg)
+        events = self._fail_live(msg, restart=True)
         self.rebuild_at = time.monotonic()
         return events
 
@@ -672,16 +672,22 @@ class Engine:
         self._failed_rebuilds = 0
         return []
 
-    def _fail_live(self, msg: str) -> list[TokenEvent]:
+    def _fail_live(self, msg: str, restart: bool = False) -> list[TokenEvent]:
+        """Fail the live requests; with ``restart``, those waiting without output (or KV on its way) start over on the
+        rebuilt group instead — their clients never hear of the failure (session 56's fault review)."""
         with self._lock:
-            events = [self._end(ev) for sch in self.schedulers
-                      for ev in sch.fail(sch.live_ids(), msg)]
-            for sch in self.schedulers:          # the rebuilt workers' KV holds no prefix
-                sch.clear_prefix_cache()
+            again = [[r.req_id for r in sch.waiting() if restart and not r.output_ids and not r.importing]
+                     for sch in self.schedulers]
+            events = [self._end(ev) for sch, kept in zip(self.schedulers, again)
+                      for ev in sch.fail([i for i in sch.live_ids() if i not in kept], msg)]
+            for sch, kept in zip(self.schedulers, again):
+                sch.restart(kept)
+                sch.clear_prefix_cache()         # the rebuilt workers' KV holds no prefix
             self._forget = [[] for _ in self.schedulers]     # the rebuilt workers start empty
             for imports, sch in zip(self._imports, self.schedulers):
                 imports.drop(sch)
-            self._unsent.clear()
+            self._unsent = {i: NewRequest(i, tuple(req.prompt_ids), req.params) for sch, kept in
+                            zip(self.schedulers, again) for i in kept if (req := sch.get(i)) is not None}
         return events
 
     def _emit(self, ev: RequestEvent, result: StepResult) -> list[TokenEvent]:

@@ -497,8 +497,8 @@ class ProcessWorkerGroup(_ConnGroup):
         self._start()
 
     def _start(self) -> None:
-        board = self._manager.dict()
-        prefix = f"g{next(self._generation)}/"
+        self._board = board = self._manager.dict()
+        self._prefix = prefix = f"g{next(self._generation)}/"
         self.conns, self.procs = [], []
         for spec in _place_on_gpus(worker_specs(self.cfg, self.num_blocks, self.imports, self.setup_timeout_s)):
             parent, child = self._ctx.Pipe()
@@ -529,6 +529,15 @@ class ProcessWorkerGroup(_ConnGroup):
             p.kill()
             p.join(5)
         self.procs, self.conns = [], []
+        try:    # an ipc segment rank 0 made and no peer attached (it unlinks the name once all have): gone with it
+            name = self._board.get(f"{self._prefix}ipc/shm")
+            if name:
+                os.unlink(f"/dev/shm/{name}")
+                from multiprocessing import resource_tracker
+
+                resource_tracker.unregister(f"/{name}", "shared_memory")     # (the ranks registered it with ours)
+        except (OSError, EOFError):     # (already unlinked; the manager gone)
+            pass
 
     def shutdown(self) -> None:
         self._close_conns()

@@ -216,6 +216,15 @@ class Scheduler:
         req.kept += nodes
         req.hit_blocks += len(nodes)
 
+    def restart(self, req_ids: Sequence[str]) -> None:
+        """Waiting requests that have had no output start over on a rebuilt worker group, which holds nothing of them:
+        the blocks they held freed, nothing computed (their streams never knew of the failure)."""
+        for req in map(self._live.__getitem__, req_ids):
+            assert req.status is RequestStatus.WAITING and not req.output_ids, req.req_id
+            self._unkeep(req)
+            self.pool.free(req.block_ids)
+            req.block_ids, req.cached_nodes, req.num_computed_tokens = [], [], 0
+
     def _unkeep(self, req: Request) -> None:
         self.pool.unkeep(req.kept, req.rank)
         req.kept = []

@@ -117,7 +117,7 @@ def test_a_repeated_prompt_reports_its_cached_tokens(client, base_url):
     """Prefix caching (on by default): the second request finds the first's blocks; its usage says how many tokens, a
     stream's too, and /metrics counts them."""
     prompt = "Once upon a time, in a quiet village by the sea, there lived a fisherman and his wife, who " * 2
-    hits = metric(base_url, "glmserve_prefix_cache_hit_tokens")
+    hits = metric(base_url, "glmserve_prefix_cache_hit_tokens_total")
     first = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0)
     again = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0)
     assert first.usage.prompt_tokens_details.cached_tokens == 0 and again.choices[0].text == first.choices[0].text
@@ -126,18 +126,18 @@ def test_a_repeated_prompt_reports_its_cached_tokens(client, base_url):
     stream = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0, stream=True,
                                             stream_options={"include_usage": True}))
     assert stream[-1].usage.prompt_tokens_details.cached_tokens == cached
-    assert metric(base_url, "glmserve_prefix_cache_hit_tokens") >= hits + 2 * cached
+    assert metric(base_url, "glmserve_prefix_cache_hit_tokens_total") >= hits + 2 * cached
 
 
 def test_n_choices_after_the_first_find_its_prompt_cached(client, base_url):
     """n > 1: the other choices start once the first has its first token, so they reuse its prompt's blocks instead of
     each computing the prompt beside it."""
     prompt = "In a hole in the ground there lived a hobbit, not a nasty, dirty, wet hole, filled with the ends of " * 3
-    hits = metric(base_url, "glmserve_prefix_cache_hit_tokens")
+    hits = metric(base_url, "glmserve_prefix_cache_hit_tokens_total")
     out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, n=3, temperature=0)
     assert len(out.choices) == 3 and out.usage.prompt_tokens_details.cached_tokens == 0     # the first's: a new prompt
     full = (out.usage.prompt_tokens - 1) // 16 * 16
-    assert metric(base_url, "glmserve_prefix_cache_hit_tokens") - hits >= 2 * full > 0
+    assert metric(base_url, "glmserve_prefix_cache_hit_tokens_total") - hits >= 2 * full > 0
 
 
 def test_the_responses_api_answers_as_the_chat_does(client, base_url):
@@ -473,10 +473,10 @@ def test_unusual_input_is_a_json_400_naming_the_field(base_url, client, path, bo
 
 def test_step_time_metrics(client, base_url):
     client.completions.create(model=MODEL, prompt="The old man", max_tokens=4, temperature=0)
-    steps, step_s, busy_s = (metric(base_url, f"glmserve_{n}") for n in ("steps", "step_seconds",
+    steps, step_s, busy_s = (metric(base_url, f"glmserve_{n}_total") for n in ("steps", "step_seconds",
                                                                          "worker_busy_seconds"))
     assert steps >= 4 and step_s >= busy_s > 0
-    graph, ahead = metric(base_url, "glmserve_graph_steps"), metric(base_url, "glmserve_ahead_steps")
+    graph, ahead = metric(base_url, "glmserve_graph_steps_total"), metric(base_url, "glmserve_ahead_steps_total")
     assert 0 <= ahead <= graph <= steps
     text = urllib.request.urlopen(base_url + "/metrics", timeout=30).read().decode()
     assert "\nglmserve_queued_prompt_tokens{" in text               # max_waiting_tokens's count (0 with nothing queued)
@@ -529,7 +529,7 @@ def test_speculative_replica_streams_what_plain_decode_does(serve_session, text_
         # the plain replica parses nothing: its content is all of it; the tiny model never closes its thought — one it
         # stopped inside (EOS) is the answer, sent once more as content; cut by max_tokens it stays the thought
         assert (content if chunks[-1].finish_reason == "stop" else reasoning) == plain.content
-        assert metric(serve_session + "/spec", "glmserve_spec_drafts_accepted") > 0
+        assert metric(serve_session + "/spec", "glmserve_spec_drafts_accepted_total") > 0
         # vLLM's thinking_token_budget: the reasoning closes after 5 tokens (never, unbounded), an answer follows
         budget = {**chat, "extra_body": {"thinking_token_budget": 5, "ignore_eos": True}}
         whole = spec.chat.completions.create(**budget)

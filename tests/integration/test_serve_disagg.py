@@ -62,7 +62,7 @@ def test_a_prompt_prefilled_on_another_replica_decodes_to_one_engines_answer(url
         # the decode replica never saw the prompt: what it found cached came from the prefill replica
         assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == (n - 1) // 16 * 16 > 0, (i, out["usage"])
         assert out["choices"][0]["text"] == answer(reference, prompt, 12)
-    assert metric(url, "glmserve_kv_imported_tokens") > 0
+    assert metric(url, "glmserve_kv_imported_tokens_total") > 0
 
 
 def test_streamed_chat_through_both_replicas(url):
@@ -82,17 +82,17 @@ def test_a_next_turn_moves_only_the_kv_past_what_the_decode_replica_holds(url, r
     first = STORY + "[turn one]"
     status, out = post(url, "/v1/completions", {"model": MODEL, "prompt": first, "max_tokens": 8, "temperature": 0})
     assert status == 200, out
-    imported, local = metric(url, "glmserve_kv_imported_tokens"), metric(url, "glmserve_prefill_local_prompts_total")
+    imported, local = metric(url, "glmserve_kv_imported_tokens_total"), metric(url, "glmserve_prefill_local_prompts_total")
     second = first + out["choices"][0]["text"] + " And then, in turn two, the fisherman said:"
     status, out2 = post(url, "/v1/completions", {"model": MODEL, "prompt": second, "max_tokens": 8, "temperature": 0})
     assert status == 200 and out2["choices"][0]["text"] == answer(reference, second, 8), out2
     n1, n2 = out["usage"]["prompt_tokens"], out2["usage"]["prompt_tokens"]
-    moved = metric(url, "glmserve_kv_imported_tokens") - imported
+    moved = metric(url, "glmserve_kv_imported_tokens_total") - imported
     assert 0 < moved <= (n2 - 1) // 16 * 16 - (n1 - 1) // 16 * 16, (moved, n1, n2)      # turn 1's blocks stayed
     assert out2["usage"]["prompt_tokens_details"]["cached_tokens"] == (n2 - 1) // 16 * 16
     status, out3 = post(url, "/v1/completions", {"model": MODEL, "prompt": second, "max_tokens": 8, "temperature": 0})
     assert status == 200 and out3["choices"][0]["text"] == out2["choices"][0]["text"]
-    assert metric(url, "glmserve_kv_imported_tokens") - imported == moved
+    assert metric(url, "glmserve_kv_imported_tokens_total") - imported == moved
     assert metric(url, 'glmserve_prefill_local_prompts_total{reason="cached"}') == local + 1
 
 
@@ -113,7 +113,7 @@ def test_prompts_arriving_together_with_one_head_move_its_kv_once(url, reference
 
 
 def test_short_prompts_and_prompt_logprobs_stay_on_the_decode_replica(url, reference):
-    before = metric(url, "glmserve_kv_imported_tokens")
+    before = metric(url, "glmserve_kv_imported_tokens_total")
     status, out = post(url, "/v1/completions", {"model": MODEL, "prompt": "The old man", "max_tokens": 5,
                                                 "temperature": 0})
     assert status == 200 and out["choices"][0]["text"] == answer(reference, "The old man", 5)
@@ -122,7 +122,7 @@ def test_short_prompts_and_prompt_logprobs_stay_on_the_decode_replica(url, refer
                                                 "echo": True, "logprobs": 0})
     assert status == 200 and out["choices"][0]["text"] == prompt + answer(reference, prompt, 5)
     assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-    assert metric(url, "glmserve_kv_imported_tokens") == before
+    assert metric(url, "glmserve_kv_imported_tokens_total") == before
 
 
 def test_bad_requests_are_answered_as_without_disaggregation(url):

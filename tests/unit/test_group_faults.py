@@ -46,8 +46,8 @@ class FlakyGroup(RecordingExecutor):
         return self.gone
 
 
-def _engine(group) -> Engine:
-    cfg = SchedulerConfig(num_blocks=64, block_size=16, max_model_len=256, vocab_size=64, max_num_seqs=4,
+def _engine(group, max_num_seqs: int = 4) -> Engine:
+    cfg = SchedulerConfig(num_blocks=64, block_size=16, max_model_len=256, vocab_size=64, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=64, max_waiting=8)
     return Engine(group, cfg, num_ranks=2)
 
@@ -79,6 +79,26 @@ def test_a_lost_groups_requests_fail_before_its_rebuild_and_later_ones_run_after
     assert all(r[1] == "error" and "rank 1 died" in r[2] for r in failed), failed
     assert later[:3] == ([7, 7, 7], "length", None)
     assert aeng.engine.rebuild_at is None and not aeng.engine.has_unfinished()
+
+
+def test_requests_that_never_ran_start_over_on_the_rebuilt_group():
+    """Two run (a seat a rank), two wait; the group is lost: the two running fail, the two waiting — no output, nothing
+    the client saw — run on the rebuilt group, their blocks and the engine's maps as if they had just arrived."""
+    group = FlakyGroup(fail_at=3)
+    engine = _engine(group, max_num_seqs=2)
+    aeng = AsyncEngine(engine)
+
+    async def main():
+        return await asyncio.wait_for(asyncio.gather(*[_run(aeng, p, 20) for p in (1, 2, 3, 4)]), 20)
+
+    try:
+        runs = asyncio.run(main())
+    finally:
+        aeng.shutdown()
+    assert [r[1] for r in runs] == ["error", "error", "length", "length"], runs
+    assert runs[2][0] == runs[3][0] == [7] * 20 and group.recovers == 1
+    assert not engine.has_work() and all(s.pool.num_free == 64 for s in engine.schedulers)
+    assert not engine._streams and not engine._rank_of and not engine._unsent
 
 
 def test_a_failed_rebuild_fails_whats_waiting_refuses_new_requests_then_tries_again():

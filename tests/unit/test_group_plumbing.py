@@ -230,6 +230,8 @@ def test_deploy_files_are_engine_configs_and_kuberay_inlines_the_gpu_one():
     assert {d["name"] for d in pd["applications"][0]["deployments"]} == {"Coordinator", "PrefillCoordinator",
                                                                           "OpenAIIngress"}
     assert kuberay["applications"] == gpu["applications"]
+    head = yaml.safe_load((deploy / "kuberay-rayservice.yaml").read_text())["spec"]["rayClusterConfig"]["headGroupSpec"]
+    assert head["rayStartParams"]["num-cpus"] == "0"     # replicas go to the GPU pods (session 56's operator review)
     cfg = EngineConfig.from_dict(gpu["applications"][0]["args"])
     assert cfg.num_blocks == 0 and cfg.resolved_warmup_tokens(202752) == 202752   # pool sized at start; all contexts
 
@@ -510,3 +512,20 @@ def test_serve_refuses_a_bad_checkpoint_before_starting_ray(capsys, tmp_path):
     cfg = _engine_config(a)
     assert (cfg.block_size, cfg.step_timeout_s, cfg.cuda_graphs, cfg.piece_graphs, cfg.lm_head_split) == (
         32, 120.0, "eager", False, False)
+
+
+def test_a_killed_group_unlinks_the_ipc_segment_no_peer_attached():
+    """A rank dying inside the ipc setup left rank 0's shared-memory segment in /dev/shm until the driver exited
+    (session 56's fault review): the group's kill unlinks the name rank 0 published, if it is still there."""
+    from multiprocessing import shared_memory
+
+    from cluster.workers import ProcessWorkerGroup
+
+    shm = shared_memory.SharedMemory("glmserve_comm_test_" + os.urandom(4).hex(), create=True, size=4096)
+    group = ProcessWorkerGroup.__new__(ProcessWorkerGroup)
+    group.procs, group.conns, group._board, group._prefix = [], [], {"g3/ipc/shm": shm.name}, "g3/"
+    group._kill()
+    assert not os.path.exists(f"/dev/shm/{shm.name}")
+    shm.close()
+    group._board = {}
+    group._kill()                                               # nothing published: nothing to do
