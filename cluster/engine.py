@@ -454,12 +454,12 @@ class Engine:
     def step(self) -> list[TokenEvent]:
         """One step of every rank: its requests' events (first those ``_refuse`` refused since the last step); after
         a step that lost the group (its requests failed at once), the group's rebuild (``_recover``)."""
+        refused = []
+        if self._refused:               # (one added meanwhile goes out with the next step)
+            with self._lock:
+                refused, self._refused = self._refused, []
         if self.rebuild_at is not None:
-            return self._recover() if time.monotonic() >= self.rebuild_at else []
-        if not self._refused:           # (one added meanwhile goes out with the next step)
-            return self._step()
-        with self._lock:
-            refused, self._refused = self._refused, []
+            return refused + (self._recover() if time.monotonic() >= self.rebuild_at else [])
         return refused + self._step()
 
     def _step(self) -> list[TokenEvent]:

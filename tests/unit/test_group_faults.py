@@ -97,7 +97,7 @@ def test_requests_that_never_ran_start_over_on_the_rebuilt_group():
         aeng.shutdown()
     assert [r[1] for r in runs] == ["error", "error", "length", "length"], runs
     assert runs[2][0] == runs[3][0] == [7] * 20 and group.recovers == 1
-    assert not engine.has_work() and all(s.pool.num_free == 64 for s in engine.schedulers)
+    assert not engine.has_unfinished() and all(s.pool.num_free == 64 for s in engine.schedulers)
     assert not engine._streams and not engine._rank_of and not engine._unsent
 
 
