@@ -201,26 +201,27 @@ def _recv(conn, deadline: float | None = None):
 
 
 def _transfer(fd: int, view: memoryview, write: bool, deadline: float | None) -> None:
-    """All of ``view`` written to (read from) ``fd``. With a deadline the fd does not block meanwhile, and a wait
-    for it past the deadline raises ``TimeoutError``."""
-    if deadline is not None:
-        os.set_blocking(fd, False)
-    try:
-        while view.nbytes:
-            try:
-                n = os.write(fd, view) if write else os.readv(fd, [view])
-            except BlockingIOError:
-                poll = select.poll()
-                poll.register(fd, select.POLLOUT if write else select.POLLIN)
-                if not poll.poll(max(0.0, deadline - time.monotonic()) * 1000):
-                    raise TimeoutError(f"{view.nbytes} bytes not {'sent' if write else 'received'} in time") from None
-                continue
-            if n == 0 and not write:
-                raise EOFError("the channel closed")
-            view = view[n:]
-    finally:
-        if deadline is not None:
-            os.set_blocking(fd, True)
+    """All of ``view`` written to (read from) ``fd``. On a descriptor that does not block (the driver's, ``_driver``)
+    a wait past ``deadline`` raises ``TimeoutError``; a rank's blocks (it has nothing else to do)."""
+    while view.nbytes:
+        try:
+            n = os.write(fd, view) if write else os.readv(fd, [view])
+        except BlockingIOError:
+            poll = select.poll()
+            poll.register(fd, select.POLLOUT if write else select.POLLIN)
+            if not poll.poll(-1 if deadline is None else max(0.0, deadline - time.monotonic()) * 1000):
+                raise TimeoutError(f"{view.nbytes} bytes not {'sent' if write else 'received'} in time") from None
+            continue
+        if n == 0 and not write:
+            raise EOFError("the channel closed")
+        view = view[n:]
+
+
+def _driver(conn: mp_connection.Connection) -> mp_connection.Connection:
+    """The driver's side of a rank's channel: its descriptor does not block, so a step's deadline holds while a
+    rank stops reading or writing mid-message (session 56's fault review)."""
+    os.set_blocking(conn.fileno(), False)
+    return conn
 
 
 def _listen(host: str) -> socket.socket:
@@ -387,7 +388,7 @@ class RayWorkerGroup(_ConnGroup):
                 token = os.urandom(32)
                 addresses = self._wait([a.open_channel.remote(token) for a in self.actors], 30.0, "setup")
                 try:
-                    self.conns = [_connect(tuple(addr), token, 30.0) for addr in addresses]
+                    self.conns = [_driver(_connect(tuple(addr), token, 30.0)) for addr in addresses]
                 except OSError as e:
                     raise GroupFailure(f"setup: cannot reach a rank's step channel ({e}); "
                                        "step_channel: ray sends steps as Ray calls instead") from None
@@ -504,7 +505,7 @@ class ProcessWorkerGroup(_ConnGroup):
             parent, child = self._ctx.Pipe()
             p = self._ctx.Process(target=_process_main, args=(spec, board, prefix, child), daemon=True)
             p.start()
-            self.conns.append(parent)
+            self.conns.append(_driver(parent))
             self.procs.append(p)
         try:
             self._sized(self._collect(self.setup_timeout_s, "setup"))

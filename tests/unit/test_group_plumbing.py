@@ -23,6 +23,7 @@ from cluster.workers import (
     _accept,
     _connect,
     _ConnGroup,
+    _driver,
     _listen,
     _place_on_gpus,
     _recv,
@@ -84,7 +85,7 @@ def test_step_channel_serves_only_the_token_holder_and_reports_errors(host):
     intruder.sendall(b"x" * 32)                                  # a wrong token: closed, nothing unpickled
     assert intruder.recv(1) == b""
     group = _ConnGroup()
-    group.conns = [_connect(address, token, 5.0)]
+    group.conns = [_driver(_connect(address, token, 5.0))]
     group._send_all([21], "step", 5.0)
     assert group._collect(5.0, "step") == [42]
     group._send_all(["boom"], "step", 5.0)
@@ -116,7 +117,7 @@ def test_a_rank_that_stops_mid_message_fails_the_step_at_its_deadline():
 
     a, b = socket.socketpair()
     group, rank = _ConnGroup(), mp_connection.Connection(b.detach())
-    group.conns = [mp_connection.Connection(a.detach())]
+    group.conns = [_driver(mp_connection.Connection(a.detach()))]
     payload = np.arange(1 << 22, dtype=np.int32)                 # 16 MB: more than the socket buffers hold
     with pytest.raises(GroupFailure, match=r"step: rank 0 did not take its message within 1 s"):
         group._send_all([payload], "step", 1.0)                   # the rank reads nothing
