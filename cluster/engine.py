@@ -182,7 +182,7 @@ class Engine:
         self._ids = itertools.count()
         self._admitted = itertools.count()
         self.warmed: dict | None = None               # what ``warm_up`` did, if it ran
-        self.rebuild_at: float | None = None          # the group failed: ``step`` rebuilds it from this (monotonic) time
+        self.rebuild_at: float | None = None          # the group failed: ``step`` rebuilds it from this monotonic time
         self.down: str | None = None                  # why the last rebuild failed: requests are refused meanwhile
         self._failed_rebuilds = 0
         self._reset_stats()

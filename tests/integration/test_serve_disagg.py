@@ -82,7 +82,8 @@ def test_a_next_turn_moves_only_the_kv_past_what_the_decode_replica_holds(url, r
     first = STORY + "[turn one]"
     status, out = post(url, "/v1/completions", {"model": MODEL, "prompt": first, "max_tokens": 8, "temperature": 0})
     assert status == 200, out
-    imported, local = metric(url, "glmserve_kv_imported_tokens_total"), metric(url, "glmserve_prefill_local_prompts_total")
+    imported = metric(url, "glmserve_kv_imported_tokens_total")
+    local = metric(url, "glmserve_prefill_local_prompts_total")
     second = first + out["choices"][0]["text"] + " And then, in turn two, the fisherman said:"
     status, out2 = post(url, "/v1/completions", {"model": MODEL, "prompt": second, "max_tokens": 8, "temperature": 0})
     assert status == 200 and out2["choices"][0]["text"] == answer(reference, second, 8), out2

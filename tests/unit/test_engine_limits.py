@@ -285,8 +285,8 @@ def test_a_long_prompt_gets_in_under_a_stream_of_short_ones():
 
 def test_a_higher_priority_displaces_queued_prompt_tokens_past_max_waiting_tokens():
     """Under the priority policy, a prompt that meets a queue at ``max_waiting_tokens`` is admitted by refusing waiting
-    requests of a lower priority that never ran — the lowest priority first — until the queue is below the bound; none
-    is refused where they cannot free enough, and the arrival is refused as under FCFS."""
+    requests of a lower priority that never ran — the lowest priority first — until the queue is below the bound;
+    none is refused where they cannot free enough, and the arrival is refused as under FCFS."""
     cfg = SchedulerConfig(num_blocks=64, block_size=16, max_model_len=160, vocab_size=64, max_num_seqs=4,
                           max_num_batched_tokens=64, max_waiting=8, max_waiting_tokens=160, policy="priority")
     engine = Engine(RecordingExecutor(), cfg)

@@ -82,8 +82,9 @@ def test_a_lost_groups_requests_fail_before_its_rebuild_and_later_ones_run_after
 
 
 def test_requests_that_never_ran_start_over_on_the_rebuilt_group():
-    """Two run (a seat a rank), two wait; the group is lost: the two running fail, the two waiting — no output, nothing
-    the client saw — run on the rebuilt group, their blocks and the engine's maps as if they had just arrived."""
+    """Two run (a seat a rank), two wait; the group is lost: the two running fail, the two waiting — no output,
+    nothing the client saw — run on the rebuilt group, their blocks and the engine's maps as if they had just
+    arrived."""
     group = FlakyGroup(fail_at=3)
     engine = _engine(group, max_num_seqs=2)
     aeng = AsyncEngine(engine)
