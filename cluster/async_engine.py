@@ -79,10 +79,12 @@ class AsyncEngine:
         the engine has the request (or refused it)."""
         q: asyncio.Queue = asyncio.Queue()
         req_id = req_id if req_id is not None else f"areq-{next(self._ids)}"
-        refused = AdmissionError("duplicate", "req_id", f"req_id {req_id!r} is already in flight") \
-            if req_id in self._queues else None if self.is_alive() else \
-            AdmissionError("unavailable", "model", "the engine loop has stopped")
-        if refused is not None:         # (a live request keeps its stream)
+        refused = None
+        if req_id in self._queues:      # (the live request keeps its stream)
+            refused = AdmissionError("duplicate", "req_id", f"req_id {req_id!r} is already in flight")
+        elif not self.is_alive():
+            refused = AdmissionError("unavailable", "model", "the engine loop has stopped")
+        if refused is not None:
             if added is not None:
                 added()
             raise refused

@@ -56,12 +56,12 @@ def start_server(cfg: EngineConfig, host: str, port: int, ready_note: str = "", 
     import os
     import signal
 
-    def on_signals() -> None:
-        if handled:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, lambda *_: stop.set())
-
     handled, stop = stop is not None, stop or _Stop()      # (without a caller's, a flag nothing sets)
+
+    def on_signals() -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM) if handled else ():
+            signal.signal(sig, lambda *_: stop.set())
+
     on_signals()
 
     if _port_taken(host, port):
