@@ -1,7 +1,7 @@
 """What a worker group adds to each engine step: plain processes, Ray actors reached over the socket step
 channel, and Ray actors called per step (``step_channel: ray``) — the same ranks and model.
 
-    PYTHONPATH=. python bench/group_overhead.py [--workers 2] [--device cpu|cuda]
+    PYTHONPATH=. python bench/group_overhead.py [--workers 2] [--device cpu|cuda] [--groups processes ray ray-calls]
 
 (CUDA: the engine replays CUDA graphs as a server would; Ray needs as many GPUs as ranks.)
 
@@ -51,19 +51,25 @@ def measure(group_cls, cfg: EngineConfig, num_blocks: int) -> tuple[float, float
 
 
 def main() -> None:
-    import ray
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--groups", nargs="+", choices=("processes", "ray", "ray-calls"),
+                    default=["processes", "ray", "ray-calls"], help="which groups (processes alone need no Ray)")
     args = ap.parse_args()
-    ray.init(num_cpus=16, include_dashboard=False, log_to_driver=False)        # GPUs: as detected
+    with_ray = any(g.startswith("ray") for g in args.groups)
+    if with_ray:
+        import ray
+
+        ray.init(num_cpus=16, include_dashboard=False, log_to_driver=False)        # GPUs: as detected
     cfg = EngineConfig(device=args.device, num_workers=args.workers, comm="ipc", kv_cache_tokens=2048)
     print(f"{args.workers} ranks on {args.device}, tiny model; median ms per decode step")
     print(f"{'group':<26}{'step':>8}{'owner busy':>12}{'group cost':>12}")
-    groups = [("processes (pipes)", ProcessWorkerGroup, cfg), ("Ray (socket channel)", RayWorkerGroup, cfg),
-              ("Ray (actor calls)", RayWorkerGroup, replace(cfg, step_channel="ray"))]
+    groups = {"processes": ("processes (pipes)", ProcessWorkerGroup, cfg),
+              "ray": ("Ray (socket channel)", RayWorkerGroup, cfg),
+              "ray-calls": ("Ray (actor calls)", RayWorkerGroup, replace(cfg, step_channel="ray"))}
+    groups = [groups[g] for g in args.groups]
     outputs = set()
     for _ in range(args.repeats):
         for name, cls, group_cfg in groups:
@@ -71,7 +77,8 @@ def main() -> None:
             outputs.add(tuple(tokens))
             print(f"{name:<26}{step:>8.2f}{busy:>12.2f}{step - busy:>12.2f}", flush=True)
     print(f"greedy tokens identical across groups and repeats: {'yes' if len(outputs) == 1 else 'NO'}")
-    ray.shutdown()
+    if with_ray:
+        ray.shutdown()
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ class Formatter:
                  thinking: bool = False, n: int = 1, tool_ids: dict[str, int] | None = None,
                  echoes: list[str] | None = None, string_args: dict[str, set[str]] | None = None,
                  echo_only: bool = False, prompt_top: int | None = None, token_ids_as_names: bool = False,
-                 continuous_usage: bool = False, return_ids: bool = False):
+                 continuous_usage: bool = False, return_ids: bool = False, reasoning_parser: bool = False):
         self.ing, self.rid, self.chat, self.logprobs, self.n = ingress, rid, chat, logprobs, n
         self.prompts = prompts                      # choice c answers prompts[c // n]
         self.num_prompt = sum(map(len, prompts))
@@ -34,7 +34,8 @@ class Formatter:
         self.text_len = [len(e) for e in self.echo]  # characters of each choice's text so far (text_offset)
         choices = len(prompts) * n
         tool_start = tool_ids["<tool_call>"] if tool_ids else None
-        self.reasoning = [ReasoningSplit(ingress.think_end, thinking, tool_start) for _ in range(choices)]
+        opens = ingress.think_start if reasoning_parser else None   # thinking off, an output may open a thought
+        self.reasoning = [ReasoningSplit(ingress.think_end, thinking, tool_start, opens) for _ in range(choices)]
         decode = (lambda ids: ingress.tokenizer.decode(ids)) if ingress.tokenizer else str
         self.tools = [ToolCalls(tool_ids, decode, string_args) for _ in range(choices)]
         self.created = int(time.time())

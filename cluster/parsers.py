@@ -23,25 +23,32 @@ class ReasoningSplit:
     are parsed) ends the reasoning too — a model that calls a tool before closing its thought (seen in GLM-5.1
     traffic at long context, vLLM #42400) still makes the call. An output that stops (EOS, a stop token or string)
     inside the thought the prompt opened — the model skipped thinking and answered (sglang #37645) — is the answer:
-    ``skipped``."""
+    ``skipped``. Where the prompt opened none (thinking off), an output that opens one itself (``think_start`` its
+    first token: a model that thinks though told not to) has it as reasoning too, as vLLM's GLM parser."""
 
-    def __init__(self, think_end: int | None, thinking: bool, tool_start: int | None = None):
+    def __init__(self, think_end: int | None, thinking: bool, tool_start: int | None = None,
+                 think_start: int | None = None):
         self.ends = {think_end, tool_start} - {None}
-        self.in_reasoning = thinking and think_end is not None
+        self.in_reasoning = self.prompt_opened = thinking and think_end is not None
+        self.opens = think_start if think_end is not None and not self.in_reasoning else None
         self.text, self.tokens = "", 0          # the reasoning so far
 
     def takes(self, ev) -> bool:
         """Whether ``ev`` is reasoning (else it is content, as is everything after it)."""
-        if self.in_reasoning and ev.token_ids and ev.token_ids[0] in self.ends:
+        opened = False                          # (a special token starts an event: the marker, then thought)
+        if self.opens is not None and ev.token_ids:     # the output's first token, and only it, may open a thought
+            opened = self.in_reasoning = ev.token_ids[0] == self.opens
+            self.opens = None
+        if self.in_reasoning and not opened and ev.token_ids and ev.token_ids[0] in self.ends:
             self.in_reasoning = False
         if self.in_reasoning:
             self.text, self.tokens = self.text + ev.text, self.tokens + len(ev.token_ids)
         return self.in_reasoning
 
     def skipped(self, ev) -> bool:
-        """Whether the output ended with ``ev`` stopped inside the thought — its text (``text``) is the answer; cut by
-        ``max_tokens`` (``length``) it stays a thought."""
-        return ev.finished and ev.finish_reason == "stop" and self.in_reasoning
+        """Whether the output ended with ``ev`` stopped inside the thought the prompt opened — its text (``text``) is
+        the answer; cut by ``max_tokens`` (``length``), or a thought the output opened itself, it stays a thought."""
+        return ev.finished and ev.finish_reason == "stop" and self.in_reasoning and self.prompt_opened
 
 
 def json_or_text(v: str):

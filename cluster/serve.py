@@ -565,10 +565,11 @@ class OpenAIIngress:
             max(1, self.max_model_len - len(ids)) if chat else 16)
         for p in prompts:
             _check_context(body, p, max_tokens, chat, self.max_model_len)
-        thinking = chat and self.cfg.reasoning_parser == "glm" and self._thinking(ids)
+        reasoning = chat and self.cfg.reasoning_parser == "glm"
+        thinking = reasoning and self._thinking(ids)
         tool_ids = self.tool_ids if chat and body.parses_tool_calls and self.cfg.tool_parser == "glm" else None
         # the markers where the parsers below split the text into fields (SamplingParams.text_breaks)
-        breaks = {self.think_end} if thinking and self.think_end is not None else set()
+        breaks = {self.think_end} if reasoning and self.think_end is not None else set()
         breaks = tuple(sorted(breaks | set(tool_ids.values() if tool_ids else ())))
         tools = _tool_guidance(body, self.tool_ids if self.cfg.tool_parser == "glm" else None, self.tokenizer) \
             if chat else {}
@@ -618,7 +619,7 @@ class OpenAIIngress:
                          body.string_arguments if tool_ids else None, echo_only=body.max_tokens == 0,
                          prompt_top=body.prompt_logprobs, token_ids_as_names=body.return_tokens_as_token_ids,
                          continuous_usage=body.include_usage and body.stream_options.continuous_usage_stats,
-                         return_ids=body.return_token_ids)
+                         return_ids=body.return_token_ids, reasoning_parser=reasoning)
         return fmt, _merge(streams, first)
 
     async def _open(self, ids, params, req_id) -> AsyncIterator:

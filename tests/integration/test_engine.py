@@ -431,16 +431,18 @@ def _glm_turn(tok, thought: bool = True) -> list[int]:
                                                        tok.eos_token_ids[0]]
 
 
-def _formatted(tok, events) -> tuple[dict, dict]:
-    """The chat body and the streamed deltas (joined) the front end makes of one request's events."""
+def _formatted(tok, events, thinking: bool = True) -> tuple[dict, dict]:
+    """The chat body and the streamed deltas (joined) the front end makes of one request's events (the prompt opened
+    a thought: ``thinking``; the reasoning parser on)."""
     from cluster.formatter import Formatter
     from cluster.parsers import TOOL_MARKERS
 
     sp = tok.special_ids_by_token()
-    ingress = type("I", (), {"model_name": "m", "tokenizer": tok, "think_end": sp["</think>"]})()
+    ingress = type("I", (), {"model_name": "m", "tokenizer": tok, "think_end": sp["</think>"],
+                             "think_start": sp["<think>"]})()
     tool_ids = {n: sp[n] for n in TOOL_MARKERS}
-    fmt = lambda: Formatter(ingress, "c", True, [[0] * 3], None, thinking=True, tool_ids=tool_ids,
-                            string_args={"get_weather": {"city"}})
+    fmt = lambda: Formatter(ingress, "c", True, [[0] * 3], None, thinking=thinking, tool_ids=tool_ids,
+                            string_args={"get_weather": {"city"}}, reasoning_parser=True)
 
     async def source():
         for ev in events:

@@ -28,9 +28,10 @@ def script_of(tok, *pieces: str) -> list[int]:
     return [t for p in pieces for t in ([sp[p]] if p in sp else tok.encode(p))] + [tok.eos_token_ids[0]]
 
 
-def answers(tok, script: list[int], ks=(0, 3), **params) -> list[tuple[dict, dict]]:
-    """(whole choice, streamed view) for each k — the engine's events of ``script`` as a chat's, thinking, calls
-    parsed (the request's ``text_breaks`` and ``tool_call_span`` as the front end sets them)."""
+def answers(tok, script: list[int], ks=(0, 3), thinking: bool = True, **params) -> list[tuple[dict, dict]]:
+    """(whole choice, streamed view) for each k — the engine's events of ``script`` as a chat's, thinking (the prompt
+    opened a thought) or not, calls parsed (the request's ``text_breaks`` and ``tool_call_span`` as the front end sets
+    them)."""
     from cluster.parsers import TOOL_MARKERS
 
     sp = tok.special_ids_by_token()
@@ -43,7 +44,7 @@ def answers(tok, script: list[int], ks=(0, 3), **params) -> list[tuple[dict, dic
         events = []
         while engine.scheduler.has_unfinished():
             events += [ev for ev in engine.step() if ev.req_id == rid]
-        out.append(_formatted(tok, events))
+        out.append(_formatted(tok, events, thinking))
     return out
 
 
@@ -75,6 +76,23 @@ def test_a_thought_the_model_skipped_is_the_answer(tok):
     for whole, streamed in answers(tok, script, max_tokens=4):
         assert whole["message"]["content"] == "" and whole["message"]["reasoning_content"] == streamed["reasoning"]
         assert whole["finish_reason"] == "length" and streamed["content"] == ""
+
+
+def test_a_thought_the_model_opens_with_thinking_off_is_reasoning(tok):
+    """``enable_thinking: false`` (the prompt closes the thought) and the model thinks anyway: an output whose first
+    token is ``<think>`` has its thought as reasoning_content up to ``</think>`` (as vLLM's GLM parser), whole and
+    streamed; stopped before ``</think>`` it stays a thought (the prompt did not open it: no skipped thought). A
+    ``<think>`` later in the output, or none, leaves all of it content."""
+    for whole, streamed in answers(tok, script_of(tok, "<think>", "Let me see.", "</think>", "Paris."), thinking=False):
+        assert whole["message"]["reasoning_content"] == streamed["reasoning"] == "Let me see."
+        assert whole["message"]["content"] == streamed["content"] == "Paris."
+    for whole, streamed in answers(tok, script_of(tok, "<think>", "Let me see."), thinking=False):
+        assert whole["message"]["reasoning_content"] == streamed["reasoning"] == "Let me see."
+        assert whole["message"]["content"] == streamed["content"] == "" and whole["finish_reason"] == "stop"
+    for script in (script_of(tok, "Paris.", "<think>", "no.", "</think>", "Yes."), script_of(tok, "Paris.")):
+        for whole, streamed in answers(tok, script, thinking=False):
+            assert "reasoning_content" not in whole["message"] and streamed["reasoning"] == ""
+            assert whole["message"]["content"] == streamed["content"] == tok.decode(script[:-1])
 
 
 def test_a_stop_string_inside_a_calls_arguments_does_not_cut_the_call(tok):
