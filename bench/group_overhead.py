@@ -22,7 +22,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 from bench.cluster_slice import TimedExecutor  # noqa: E402
-from cluster.config import DEFAULT_MODEL, EngineConfig  # noqa: E402
+from cluster.config import EngineConfig  # noqa: E402
 from cluster.engine import Engine  # noqa: E402
 from cluster.local import scheduler_config  # noqa: E402
 from cluster.workers import ProcessWorkerGroup, RayWorkerGroup  # noqa: E402
