@@ -16,6 +16,7 @@ from typing import AsyncIterator
 
 from cluster.async_engine import AsyncEngine
 from cluster.config import EngineConfig
+from cluster.detok import TextOf
 from cluster.disagg import (
     HeldPrefix,
     KVBundle,
@@ -213,7 +214,7 @@ class Coordinator:
             self.group.shutdown()
             raise
         report_pool(cfg, model_config, self.group.num_blocks)
-        decode = (lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer else None
+        decode = TextOf(tokenizer) if tokenizer else None
         self.sched_config = scheduler_config(cfg, model_config, tokenizer, self.group.num_blocks)
         self.engine = Engine(self.group, self.sched_config, decode, num_ranks=cfg.num_workers,
                              speculative_tokens=cfg.speculative_tokens, graphs=cfg.graphs_mode() != "off",

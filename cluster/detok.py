@@ -5,10 +5,14 @@ recent ids twice, without and with the new ids, and emit the difference. Decodin
 one id at a time keeps tokenizers that strip or merge across ids (SentencePiece's leading space,
 byte-level pieces of one UTF-8 char) right, and keeps the cost O(window) per token. While the window
 ends in U+FFFD (a multibyte char split across tokens) nothing is emitted and the window grows.
+``ByteDetokenizer`` does a byte-level BPE tokenizer's (GLM's) in O(1) a token: each id's bytes through an incremental
+UTF-8 decoder — a byte that can never belong to a character is U+FFFD at once, where the window method holds it (and
+decodes a growing window every step) to the end. ``TextOf`` is the engine's ``decode``, and picks one of them.
 """
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Callable, Sequence
 
 REPLACEMENT_CHAR = "\ufffd"
@@ -64,6 +68,54 @@ class IncrementalDetokenizer:
         return delta
 
 
+class ByteDetokenizer:
+    """A byte-level BPE tokenizer's generated ids to text: each id's bytes (``token_bytes``; ``skip``: special ids, no
+    text) through one incremental UTF-8 decoder, errors replaced — the text of all ids is ``decode(ids)``'s, and a
+    delta holds back only a character still incomplete. No left context: byte-level tokens strip and merge nothing."""
+
+    def __init__(self, token_bytes: Callable[[int], bytes], skip: frozenset[int] = frozenset()) -> None:
+        self._bytes, self._skip = token_bytes, skip
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        self._chunks: list[str] = []
+
+    @property
+    def text(self) -> str:
+        return "".join(self._chunks)
+
+    def add(self, token_ids: list[int]) -> str:
+        delta = "".join(self._utf8.decode(self._bytes(t)) for t in token_ids if t not in self._skip)
+        self._chunks.append(delta)
+        return delta
+
+    def flush(self) -> str:
+        delta = self._utf8.decode(b"", final=True)       # an incomplete character at the end: U+FFFD
+        self._chunks.append(delta)
+        return delta
+
+
+class TextOf:
+    """The engine's ``decode`` for ``tokenizer``: ids → text, special tokens left out; ``stream`` a request's
+    detokenizer — ``ByteDetokenizer`` for a byte-level BPE tokenizer, else the window method over the prompt's last
+    ids."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer, self._bytes = tokenizer, {}
+        self._skip = frozenset(tokenizer.special_ids)
+
+    def __call__(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def token_bytes(self, t: int) -> bytes:
+        if (b := self._bytes.get(t)) is None:
+            b = self._bytes[t] = self.tokenizer.token_bytes(t)
+        return b
+
+    def stream(self, prompt_ids: Sequence[int]) -> ByteDetokenizer | IncrementalDetokenizer:
+        if self.tokenizer.byte_level:
+            return ByteDetokenizer(self.token_bytes, self._skip)
+        return IncrementalDetokenizer(self, list(prompt_ids))
+
+
 class StopStringMatcher:
     """Cuts streamed text at the earliest stop string, even one split across deltas.
 
@@ -91,7 +143,8 @@ class StopStringMatcher:
         if self.stopped:
             return "", True
         buf = self._held + delta
-        hit = self._earliest_stop(buf, self._quiet) if armed else None
+        quiet = self._quiet if armed else len(buf)     # leading chars of ``buf`` in which no stop string may end
+        hit = self._earliest_stop(buf, quiet) if armed else None
         if hit is not None:
             self._held = ""
             self.stopped = True
@@ -99,14 +152,12 @@ class StopStringMatcher:
             if self._keep:                   # the tail searched again was out already
                 return buf[len(buf) - len(delta):cut + len(self.matched)], True
             return buf[:cut], True
-        if self._keep:                       # nothing held back: the text out is the same whether a stop comes or not
-            self._held = buf[len(buf) - self._max_hold:] if self._max_hold else ""
-            self._quiet = 0 if armed else len(self._held)
-            return delta, False
-        hold = self._partial_stop_len(buf)
+        # nothing held back with ``keep``: the text out is the same whether a stop comes or not (the tail is only
+        # searched again)
+        hold = (min(len(buf), self._max_hold) if self._keep else self._partial_stop_len(buf))
         self._held = buf[len(buf) - hold:] if hold else ""
-        self._quiet = 0 if armed else len(self._held)
-        return buf[:len(buf) - hold], False
+        self._quiet = max(0, quiet - (len(buf) - hold))  # those chars still at the front of the held tail
+        return (delta if self._keep else buf[:len(buf) - hold]), False
 
     def flush(self) -> str:
         """At finish without a stop: release the held-back tail (with ``keep``, out already)."""

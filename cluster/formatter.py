@@ -32,6 +32,8 @@ class Formatter:
         self.continuous_usage = continuous_usage    # vLLM's continuous_usage_stats: each chunk its choice's usage
         self.return_ids = return_ids                # vLLM's return_token_ids: the prompt's and the output's token ids
         self.text_len = [len(e) for e in self.echo]  # characters of each choice's text so far (text_offset)
+        self.decoded = list(self.text_len)          # … and of its tokens' bytes decoded so far (where the next starts)
+        self.utf8 = [codecs.getincrementaldecoder("utf-8")("replace") for _ in self.echo]
         choices = len(prompts) * n
         tool_start = tool_ids["<tool_call>"] if tool_ids else None
         opens = ingress.think_start if reasoning_parser else None   # thinking off, an output may open a thought
@@ -44,6 +46,7 @@ class Formatter:
         self.fingerprint = ""
         self.object = "chat.completion" if chat else "text_completion"
         self._names: dict[int, str] = {}
+        self._completion_names: dict[int, str] = {}
 
     def _tok(self, tid: int) -> str:
         """A token's text, decoded once a response (a long prompt's logprobs name each id many times)."""
@@ -53,15 +56,28 @@ class Formatter:
         return text
 
     def _name(self, tid: int) -> str:
-        """How logprobs name a token: its text, or with ``as_ids`` "token_id:<id>"."""
-        return f"token_id:{tid}" if self.as_ids else self._tok(tid)
+        """How logprobs name a token: its text, or with ``as_ids`` "token_id:<id>"; a completion's token that holds
+        part of a UTF-8 character by its bytes, OpenAI's "bytes:\\xe4\\xb8" (its text, U+FFFD, would merge distinct
+        tokens in a ``top_logprobs`` dict)."""
+        if self.as_ids:
+            return f"token_id:{tid}"
+        if self.chat or self.ing.tokenizer is None:
+            return self._tok(tid)
+        if (name := self._completion_names.get(tid)) is None:
+            raw = self.ing.tokenizer.token_bytes(tid)
+            try:
+                raw.decode("utf-8")
+                name = self._tok(tid)
+            except UnicodeDecodeError:
+                name = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+            self._completion_names[tid] = name
+        return name
 
     def _bytes(self, tid: int) -> list[int]:
         tok = self.ing.tokenizer
         return list(tok.token_bytes(tid) if tok else str(tid).encode())
 
     def _logprobs(self, ev, choice: int) -> Any:
-        start = self.text_len[choice]
         self.text_len[choice] += len(ev.text)
         if self.logprobs is None:
             return None
@@ -70,12 +86,15 @@ class Formatter:
                                  "top_logprobs": [{"token": self._name(i), "logprob": v, "bytes": self._bytes(i)}
                                                   for i, v in lp.top]}
                                 for t, lp in zip(ev.token_ids, ev.logprobs)]}
-        # Each token starts where the ones before it in this event end, within this event's text: an EOS or a token
-        # cut by a stop string adds no text, and a partial UTF-8 character shows only once it completes.
-        offsets, at = [], 0
+        # Each token starts where its bytes start in the text: the tokens before it decoded (a token inside a UTF-8
+        # character adds it once it completes; a special token adds nothing), within the text a finished choice kept
+        # (a stop string cut what follows).
+        specials, tok = self.ing.tokenizer.special_ids if self.ing.tokenizer else (), self.ing.tokenizer
+        offsets, end = [], self.text_len[choice] if ev.finished else None
         for t in ev.token_ids:
-            offsets.append(start + min(at, len(ev.text)))
-            at += len(self._tok(t))
+            offsets.append(self.decoded[choice] if end is None else min(self.decoded[choice], end))
+            if tok is not None and t not in specials:
+                self.decoded[choice] += len(self.utf8[choice].decode(tok.token_bytes(t)))
         out = self._token_logprobs(ev.token_ids, ev.logprobs, offsets)
         if ev.prompt_logprobs is not None and self.echo_logprobs:   # the prompt's tokens first, the first's null
             ids = self.prompts[choice // self.n]
@@ -88,8 +107,10 @@ class Formatter:
         """A completion's logprobs of tokens ``ids`` (a None logprob: the prompt's first token's) at ``offsets``; each
         token's top ``logprobs`` with the token itself among them (OpenAI's: up to logprobs + 1)."""
         def top(t: int, lp) -> dict[str, float]:
-            out = {self._name(i): v for i, v in lp.top[:self.logprobs]}
-            out.setdefault(self._name(t), lp.logprob)
+            out: dict[str, float] = {}
+            for i, v in lp.top[:self.logprobs]:       # (best first: two tokens of one name keep the better's)
+                out.setdefault(self._name(i), v)
+            out[self._name(t)] = lp.logprob
             return out
 
         return {"tokens": [self._name(t) for t in ids], "token_logprobs": [lp.logprob if lp else None for lp in lps],

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from cluster.config import EngineConfig
+from cluster.detok import TextOf
 from cluster.engine import Engine, LocalExecutor
 from cluster.guided import Guides
 from scheduler.scheduler import SchedulerConfig
@@ -68,7 +69,7 @@ def build_local_engine(cfg: EngineConfig, progress: bool = True) -> tuple[Engine
                          speculative=cfg.speculative_tokens > 0, graphs=cfg.graphs_mode(),
                          pieces=(cfg.max_num_batched_tokens, cfg.graphs_mode() == "capture")
                          if cfg.pieces() else None, host_blocks=cfg.host_blocks, kv_fp8=cfg.kv_cache_dtype == "fp8")
-    decode = (lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer else None
+    decode = TextOf(tokenizer) if tokenizer else None
     engine = Engine(LocalExecutor(runner), sched, decode, speculative_tokens=cfg.speculative_tokens,
                     graphs=cfg.graphs_mode() != "off", special_ids=tokenizer.special_ids if tokenizer else (),
                     guides=guides(tokenizer, model.config, sched), kv_layout=cfg.kv_layout(model.config))

@@ -73,6 +73,7 @@ class _Sampling(OpenAIBody):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    skip_special_tokens: bool = True    # vLLM's: only true (the text leaves special tokens out; return_token_ids)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(default=1.0, gt=0.0)
@@ -188,6 +189,11 @@ class _Sampling(OpenAIBody):
         """Refuse (400, naming the field) what the engine would otherwise ignore; the no-op values clients send by
         default pass, so that they keep working."""
         self.bias_pairs()
+        if self.stream_options is not None and not self.stream:
+            raise ApiError(400, "stream_options is only allowed when stream is true", "stream_options")
+        if not self.skip_special_tokens:
+            raise ApiError(400, "skip_special_tokens false is not supported: the text leaves special tokens out "
+                           "(return_token_ids gives every id)", "skip_special_tokens")
         if self.prompt_logprobs is not None and self.stream:
             raise ApiError(400, "prompt_logprobs is not streamed: ask for it without stream (or stream echo with "
                            "logprobs)", "prompt_logprobs")

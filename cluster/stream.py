@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cluster.detok import IncrementalDetokenizer, StopStringMatcher
+from cluster.detok import IncrementalDetokenizer, StopStringMatcher, TextOf
 from scheduler.request import Request, SamplingParams
 from scheduler.scheduler import AdmissionError
 from workers.runner import TokenLogprobs
@@ -70,10 +70,12 @@ class OutputStream:
     @classmethod
     def open(cls, prompt_ids: Sequence[int], params: SamplingParams, decode, eos: Sequence[int] = (),
              **kw) -> OutputStream:
-        """A request's stream: its detokenizer over ``decode`` (None: token ids only), its stop strings and ids (an EOS
-        id among them is EOS: no stop_reason, as vLLM's)."""
+        """A request's stream: its detokenizer over ``decode`` (None: token ids only; a ``TextOf`` picks its own), its
+        stop strings and ids (an EOS id among them is EOS: no stop_reason, as vLLM's)."""
         stop_ids = set(params.stop_token_ids) - (set() if params.ignore_eos else set(eos))
-        return cls(len(prompt_ids), IncrementalDetokenizer(decode, list(prompt_ids)) if decode else None,
+        detok = None if decode is None else decode.stream(prompt_ids) if isinstance(decode, TextOf) else \
+            IncrementalDetokenizer(decode, list(prompt_ids))
+        return cls(len(prompt_ids), detok,
                    StopStringMatcher(params.stop, params.include_stop_str_in_output), frozenset(params.text_breaks),
                    frozenset(stop_ids), params.include_stop_str_in_output,
                    prompt_lps=None if params.prompt_logprobs is None else [], min_tokens=params.min_tokens,

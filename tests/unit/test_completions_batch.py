@@ -62,8 +62,10 @@ def _echo_case(tok, echo_only: bool = False):
     text = "Hello 日本 world"
     ids = tok.encode(text)
     prompt_lps = [TokenLogprobs(-0.25 * j, ((ids[j], -0.25 * j), (7, -3.0)), 1) for j in range(1, len(ids))]
-    evs = [(0, TokenEvent("r", [40], " it", logprobs=[TokenLogprobs(-1.5, ((40, -1.5),))], prompt_logprobs=prompt_lps)),
-           (0, TokenEvent("r", [41], "!", True, "length", logprobs=[TokenLogprobs(-2.5, ((41, -2.5),))]))]
+    a, b = tok.encode(" it")[0], tok.encode("!")[0]       # (one token each)
+    evs = [(0, TokenEvent("r", [a], tok.decode([a]), logprobs=[TokenLogprobs(-1.5, ((a, -1.5),))],
+                          prompt_logprobs=prompt_lps)),
+           (0, TokenEvent("r", [b], "!", True, "length", logprobs=[TokenLogprobs(-2.5, ((b, -2.5),))]))]
     return text, ids, evs, Formatter(_ingress(tok), "c", False, [ids], 1, echoes=[text], echo_only=echo_only)
 
 
@@ -73,13 +75,16 @@ def test_echo_with_logprobs_puts_the_prompts_tokens_first():
     choice = asyncio.run(fmt.whole(_choices(evs), 1))["choices"][0]
     lp = choice["logprobs"]
     assert choice["text"] == text + " it!"
-    assert lp["tokens"] == [tok.decode([t], skip_special_tokens=False) for t in [*ids, 40, 41]]
+    every = [*ids, *(ev.token_ids[0] for _, ev in evs)]
+    names = [tok.decode([t], skip_special_tokens=False) for t in every]        # (a piece of a character: its bytes)
+    assert lp["tokens"] == [n if "\ufffd" not in n else "bytes:" + "".join(f"\\x{b:02x}" for b in tok.token_bytes(t))
+                            for n, t in zip(names, every)]
     assert lp["token_logprobs"] == [None] + [-0.25 * j for j in range(1, len(ids))] + [-1.5, -2.5]
     assert lp["top_logprobs"][0] is None and len(lp["top_logprobs"][1]) == 1      # logprobs 1 of the 2 computed
     prompt_offsets = lp["text_offset"][:len(ids)]
     assert prompt_offsets[0] == 0 and prompt_offsets == sorted(prompt_offsets)
     for token, at in zip(lp["tokens"][:len(ids)], prompt_offsets):
-        assert token == "\ufffd" or text[at:].startswith(token), (token, at)
+        assert token.startswith("bytes:\\x") or text[at:].startswith(token), (token, at)
     assert lp["text_offset"][len(ids):] == [len(text), len(text) + 3]
 
     async def stream():
@@ -173,3 +178,43 @@ def test_logprobs_up_to_twenty_as_vllm():
     with pytest.raises(ValidationError) as e:
         CompletionRequest.model_validate({"model": "m", "prompt": "p", "logprobs": 21})
     assert validation_error(e.value).param == "logprobs"
+
+
+def test_text_offsets_of_a_speculative_steps_tokens_and_partial_characters_by_their_bytes():
+    """Session 57's stream review: a step that commits several tokens (MTP) among which a character split in byte
+    tokens or a special token: each token sits where its bytes start in the text (日 in three: all at 日; the special
+    token adds nothing), whole and streamed alike; a token that holds part of a character is named by its bytes
+    (OpenAI's "bytes:\\xe6"), so that two of them in one position's top_logprobs keep their own entries, and the
+    sampled token's entry is its own logprob."""
+    tok = _tok()
+    pieces = [tok.token_bytes(t) for t in tok.encode("日")]
+    assert len(pieces) == 3 and all(len(p) == 1 for p in pieces)       # the tiny tokenizer splits it in bytes
+    ids = [*tok.encode("日"), *tok.encode("x"), *tok.encode("y"), tok.special_ids_by_token()["</think>"],
+           *tok.encode("z")]
+    lps = [TokenLogprobs(-1.0, ((ids[1], -0.5), (ids[2], -2.0), (t, -1.0))) for t in ids]
+    evs = [(0, TokenEvent("r", ids[:4], "日x", logprobs=lps[:4])),
+           (0, TokenEvent("r", ids[4:], "yz", True, "length", logprobs=lps[4:]))]
+    want = [0, 0, 0, 1, 2, 3, 3]
+    fmt = Formatter(_ingress(tok), "c", False, [[1]], 2)
+    lp = asyncio.run(fmt.whole(_choices(evs), 1))["choices"][0]["logprobs"]
+    assert lp["text_offset"] == want and lp["tokens"][:3] == [f"bytes:\\x{p[0]:02x}" for p in pieces]
+    assert list(lp["top_logprobs"][0].items()) == [(lp["tokens"][1], -0.5), (lp["tokens"][2], -2.0),
+                                                  (lp["tokens"][0], -1.0)]
+
+    async def streamed():
+        fmt = Formatter(_ingress(tok), "c", False, [[1]], 2)
+        return [json.loads(c[6:]) async for c in fmt.sse(_choices(evs), False) if c.startswith("data: {")]
+
+    assert sum((c["choices"][0]["logprobs"]["text_offset"] for c in asyncio.run(streamed())), []) == want
+
+
+@pytest.mark.parametrize("field,body", [("stream_options", {"stream_options": {"include_usage": True}}),
+                                        ("skip_special_tokens", {"skip_special_tokens": False, "stream": True})])
+def test_fields_the_server_would_not_apply_are_refused(field, body):
+    """OpenAI's and vLLM's 400 for ``stream_options`` without ``stream``; vLLM's ``skip_special_tokens: false`` is
+    not applied here (the text always leaves special tokens out): a 400 naming it, not a silent answer without them."""
+    with pytest.raises(ApiError) as e:
+        CompletionRequest.model_validate({"model": "m", "prompt": "p", **body}).check_supported()
+    assert (e.value.status, e.value.param) == (400, field)
+    CompletionRequest.model_validate({"model": "m", "prompt": "p", "stream": True, "skip_special_tokens": True,
+                                      "stream_options": {"include_usage": True}}).check_supported()

@@ -161,3 +161,61 @@ def test_no_stop_ends_in_unarmed_text_but_one_may_start_there():
     m = StopStringMatcher(["ab", "abcdef"])
     assert m.feed("xabcd", armed=False) == ("x", False)                # "abcd" held for "abcdef"; "ab" inside it
     assert m.feed("zab") == ("abcdz", True) and m.matched == "ab"      # the "ab" that ends past it stops the text
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_long_stop_string_met_a_character_at_a_time(keep):
+    """A stop string longer than 3 characters whose text comes a character a token (or none: a token inside a UTF-8
+    character), with and without include_stop_str_in_output (session 57's stream review: kept, the held tail shrank
+    and the stop was never seen)."""
+    m = StopStringMatcher(["abcd"], keep=keep)
+    out = [m.feed(c) for c in ["x", "y", "", "a", "b", "", "c", "d", "z"]]
+    assert [stopped for _, stopped in out] == [False] * 7 + [True, True] and m.matched == "abcd"
+    assert "".join(text for text, _ in out) == ("xyabcd" if keep else "xy")
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_stop_string_inside_unarmed_text_does_not_match_a_step_later(keep):
+    """``min_tokens``: "a" ends in the unarmed text, and the held tail (a possible start of "a b c") still holds it
+    when the next, armed, text comes — it must not stop the output then (session 57's review)."""
+    m = StopStringMatcher(["a", "a b c"], keep=keep)
+    out = [m.feed("a", armed=False), m.feed(" "), m.feed("x"), m.feed(" a")]
+    if keep:
+        assert out == [("a", False), (" ", False), ("x", False), (" a", True)] and m.matched == "a"
+    else:
+        assert out == [("", False), ("", False), ("a x", False), (" ", True)] and m.matched == "a"
+
+
+def test_byte_detokenizer_is_the_whole_decode_and_holds_nothing_it_cannot_complete():
+    """GLM's byte-level BPE streams through ``ByteDetokenizer`` (``TextOf.stream``): for random ids — bytes that split
+    characters or never make one, special tokens — the deltas add up to ``decode(ids)``, each id's bytes are read
+    once (O(1) a token: the window method decoded a growing window every step while its text ended in U+FFFD), and a
+    byte that can never belong to a character is out at once."""
+    import random
+
+    from cluster.config import DEFAULT_MODEL
+    from cluster.detok import ByteDetokenizer, TextOf
+    from cluster.local import load_tokenizer
+
+    tok = load_tokenizer(DEFAULT_MODEL)
+    text_of = TextOf(tok)
+    reads = []
+    text_of.token_bytes = lambda t, read=text_of.token_bytes: reads.append(t) or read(t)
+    high = [i for i in range(tok.vocab_size) if len(tok.token_bytes(i)) == 1 and tok.token_bytes(i)[0] >= 0x80]
+    bytes_ = [tok.encode(c)[0] for c in ("a", "b")] + high
+    rng = random.Random(0)
+    for _ in range(200):
+        pool = (bytes_, range(tok.vocab_size), sorted(tok.special_ids))
+        ids = [rng.choice(pool[rng.choices((0, 1, 2), (6, 3, 1))[0]]) for _ in range(rng.randrange(1, 40))]
+        detok = text_of.stream([5, 6])
+        assert isinstance(detok, ByteDetokenizer)
+        reads.clear()
+        deltas, at = [], 0
+        while at < len(ids):
+            step = rng.randrange(1, 4)
+            deltas.append(detok.add(ids[at:at + step]))
+            at += step
+        assert "".join(deltas) + detok.flush() == tok.decode(ids, skip_special_tokens=True) == detok.text, ids
+        assert len(reads) == sum(t not in tok.special_ids for t in ids)
+    lone = next(i for i in bytes_ if 0x80 <= tok.token_bytes(i)[0] < 0xc0)   # a continuation byte alone: no char
+    assert text_of.stream([]).add([lone] * 3) == "\ufffd" * 3

@@ -603,10 +603,11 @@ def test_completion_text_offset_is_each_tokens_place_in_the_text():
     text = "Hello 日本 world"
     evs = _completion_events(tok, text)
     lp = asyncio.run(Formatter(ingress, "c", False, [[0] * 3], 1).whole(_events(evs), 1))["choices"][0]["logprobs"]
-    assert len(lp["text_offset"]) == len(evs) and lp["text_offset"][0] == 0
-    for token, at in zip(lp["tokens"], lp["text_offset"]):
-        assert token == "\ufffd" or text[at:].startswith(token), (token, at)
-    assert lp["text_offset"][-1] == text.index(" world")
+    ids = tok.encode(text)          # each token at the characters its bytes before it complete (日 in 3: all at 日)
+    assert lp["text_offset"] == [len(b"".join(map(tok.token_bytes, ids[:j])).decode(errors="ignore")) for j in
+                                 range(len(ids))] and lp["text_offset"][-1] == text.index(" world")
+    for token, t, at in zip(lp["tokens"], ids, lp["text_offset"]):    # a piece of a character by its bytes (OpenAI)
+        assert text[at:].startswith(token) or token == "bytes:" + "".join(f"\\x{b:02x}" for b in tok.token_bytes(t))
 
 
 def test_echo_puts_the_prompt_before_the_completion():
