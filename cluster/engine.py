@@ -695,7 +695,6 @@ class Engine:
         commits several). Token by token, as a plain decode: a stop string ends the request at the token that
         completes it, and the tokens after it, which a plain decode would not have sampled, are dropped."""
         st, ids, lps = self._streams[ev.req_id], ev.new_token_ids, result.logprobs.get(ev.req_id, [])
-        self.stats["generated_tokens"] += len(ids)
         events: list[TokenEvent] = []
         for i in range(max(len(ids), 1)):
             tok, last = ids[i:i + 1], ev.finished and i >= len(ids) - 1
@@ -716,6 +715,7 @@ class Engine:
             stop_token = last and ev.finish_reason == FinishReason.STOP and bool(tok)    # (EOS or a stop token id)
             text, stopped = st.text(tok, last, by_grammar, stop_token)
             st.num_output += len(tok)
+            self.stats["generated_tokens"] += len(tok)      # (a draft run's tokens past a stop string: dropped)
             if not events or tok[0] in self.special_ids:
                 events.append(st.event(ev.req_id))
             out = events[-1]

@@ -66,7 +66,7 @@ class _Sampling(OpenAIBody):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0)
+    top_k: int = Field(default=0, ge=-1)  # 0 or -1 (vLLM's clients send it): off
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     n: int = Field(default=1, ge=1, le=8)
     seed: int | None = None
@@ -144,7 +144,7 @@ class _Sampling(OpenAIBody):
         """``tool_guidance``: the SamplingParams fields that hold the tool calls (``serve._tool_guidance``)."""
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
-                              top_k=self.top_k, min_p=self.min_p,
+                              top_k=max(0, self.top_k), min_p=self.min_p,
                               seed=None if self.seed is None else self.seed + seed_offset,
                               presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                               repetition_penalty=self.repetition_penalty, stop=stop, ignore_eos=self.ignore_eos,

@@ -244,3 +244,31 @@ def test_verify_preserves_target_distribution():
         assert chi2 < 25.0, f"chi2 {chi2:.1f} for {V - 1} dof over {len(emitted)} rounds"   # p < 1e-3 under H0
     naive = torch.bincount(torch.tensor([ds[0] for ds in drafts]), minlength=V).double() / T
     assert float(((naive - p[0].double()) ** 2 / p[0].double()).sum() * T) > 100, "q must differ from p"
+
+
+def test_a_stop_string_inside_an_accepted_run_counts_only_the_output(model, text_ckpt):
+    """A stop string completed by a draft inside a run of accepted drafts: the tokens after it are dropped (plain
+    decode never sampled them) — from the output and from the generated-tokens count (session 57's sampling review:
+    the count took the whole round). Each token's text that is met first there ends the output in turn, so the stop
+    falls at every place in a round."""
+    from cluster.detok import TextOf
+    from cluster.local import load_tokenizer
+
+    text_of = TextOf(load_tokenizer(text_ckpt))
+    ids = prompts(1, model.config.vocab_size, seed=3)[0]
+    truth = run(make_engine(model, 0), {"p": (ids, SamplingParams(max_tokens=20, temperature=0.0))})["p"]
+    text = text_of(truth)
+    stops = {p: text_of(truth[:p + 1])[len(text_of(truth[:p])):] for p in range(2, 16)}
+    stops = {p: s for p, s in stops.items() if s and text.find(s) == len(text_of(truth[:p]))}
+    assert len(stops) >= 4, stops
+    for p, stop in stops.items():
+        greedy = SamplingParams(max_tokens=20, temperature=0.0, stop=(stop,))
+        plain = make_engine(model, 0)
+        plain.decode = text_of
+        want = run(plain, {"p": (ids, greedy)})["p"]
+        spec = make_engine(model, K)
+        spec.decode, runner = text_of, spec.executor.runner
+        runner.drafter = OracleDrafter(runner.drafter, truth, len(ids), K)
+        got = run(spec, {"s": (ids, greedy)})["s"]
+        assert got == want == truth[:p + 1], (p, stop)         # (the token that completes it ends the ids)
+        assert spec.stats["generated_tokens"] == len(got) == plain.stats["generated_tokens"], (p, stop)
