@@ -32,8 +32,9 @@ from cluster.metrics_hub import app_metrics_hub
 from scheduler.request import FinishReason, SamplingParams
 from scheduler.scheduler import AdmissionError, common_prefix
 
-TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+# (vLLM's ranges: a queued long prompt's first token takes minutes, a decode behind a long prefill chunk seconds)
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 LENGTH_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
 PREFILL_REACH_S = 5.0    # disaggregated prefill: how long a request waits for a prefill replica to take it
@@ -68,9 +69,6 @@ class Metrics:
                                      "min_prompt_tokens, or a block)", ["reason"], registry=r)
         self.kv_lost = Counter("glmserve_kv_transfer_lost", "prompts whose KV from a prefill replica could not be "
                                "fetched or taken (computed here instead; the replica's log says why)", registry=r)
-        Gauge("glmserve_prompt_tokens", "prompt tokens of the requests admitted so far (less those displaced by "
-              "a higher priority before they ran: not a counter)", registry=r).set_function(
-            lambda: engine.stats["prompt_tokens"])
         Gauge("glmserve_queue_depth", "requests waiting", registry=r).set_function(
             lambda: sum(s.num_waiting for s in engine.schedulers))
         Gauge("glmserve_queued_prompt_tokens", "prompt tokens still to compute before first tokens", registry=r
@@ -104,7 +102,7 @@ class Metrics:
             self._recent.append((now, len(ev.token_ids)))
         if ev.finished:
             self.requests.labels(ev.finish_reason or "unknown").inc()
-            if not ev.error:
+            if not ev.error and ev.finish_reason != FinishReason.ABORT:     # (finished requests: as vLLM's)
                 self.e2e.observe(now - arrival)
                 self.prompt_len.observe(ev.num_prompt_tokens)
                 self.output_len.observe(ev.num_output_tokens)
@@ -141,6 +139,8 @@ class _Totals:
                  stats["kv_exported_tokens"]),
                 ("kv_imported_tokens", "prompt tokens whose KV came from prefill replicas, taken into the prefix "
                  "cache", stats["kv_imported_tokens"]),
+                ("prompt_tokens", "prompt tokens of requests at their first prefill (computed or found cached)",
+                 sum(s.prompt_started for s in e.schedulers)),
                 ("prefix_cache_queried_tokens", "prompt tokens looked up in the prefix cache", queried),
                 ("prefix_cache_hit_tokens", "of which their KV was found cached (not computed)", hit),
                 ("prefix_cache_host_loads", "cached blocks copied back from host memory",
@@ -169,7 +169,8 @@ def stats_line(before: tuple[float, dict] | None, now: float, info: dict) -> str
     if before is None or not (info["running"] or info["waiting"] or s != before[1]):
         return None
     dt, b = max(now - before[0], 1e-9), before[1]
-    return (f"prompt {(s['prompt_tokens'] - b['prompt_tokens']) / dt:.1f} tokens/s, generation "
+    # (prompts count as they start, not as they are admitted: a queue's prompts spread over the steps that run them)
+    return (f"prompt {(s['prompt_started'] - b['prompt_started']) / dt:.1f} tokens/s, generation "
             f"{(s['generated_tokens'] - b['generated_tokens']) / dt:.1f} tokens/s, {info['running']} running, "
             f"{info['waiting']} waiting, KV {100 * info['kv_usage']:.1f} % used, "
             f"{s['preemptions'] - b['preemptions']} preempted"
@@ -396,8 +397,7 @@ class Coordinator:
             async for ev in self.aengine.generate(prompt_ids, prefill_params(params), req_id, export_kv=True,
                                                   export_from=start):
                 pass
-        except AdmissionError as e:
-            self.metrics.refused.labels(e.reason).inc()
+        except AdmissionError as e:     # (the decode replica counts a client's refusal, once)
             yield PrefillResult(refused=e)
             return
         if ev is None or ev.error:
@@ -419,6 +419,7 @@ class Coordinator:
     async def info(self) -> dict:
         stats = dict(self.engine.stats)
         stats["prefix_queried"], stats["prefix_hits"] = self.engine.prefix_cache_tokens()
+        stats["prompt_started"] = sum(s.prompt_started for s in self.engine.schedulers)
         return {"max_model_len": self.sched_config.max_model_len, "vocab_size": self.sched_config.vocab_size,
                 "num_workers": self.cfg.num_workers, "stats": stats, "warmup": self.engine.warmed,
                 "free_blocks": self.engine.num_free_blocks(), "kv_usage": self.engine.kv_usage(),
@@ -440,11 +441,17 @@ class Coordinator:
                 log.warning("glmserve: no stats (%s: %s)", type(e).__name__, e)
             await asyncio.sleep(interval_s)
 
-    async def check_health(self) -> None:
+    async def unhealthy(self) -> str | None:
+        """Why this replica cannot serve (the ingress's /health), or None."""
         if not self.aengine.is_alive():
-            raise RuntimeError("the engine loop has stopped")
+            return "the engine loop has stopped"
         if self.engine.down is not None:    # a rebuild of the worker group failed: Serve replaces the replica
-            raise RuntimeError(f"the worker group is down: {self.engine.down}")
+            return f"the worker group is down: {self.engine.down}"
+        return None
+
+    async def check_health(self) -> None:
+        if (why := await self.unhealthy()) is not None:
+            raise RuntimeError(why)
         try:                # Serve asks every replica: its metrics reach the app's /metrics whichever one answers it
             if self._hub is None:
                 self._hub = app_metrics_hub()

@@ -194,7 +194,7 @@ class Engine:
                       "kv_exported_tokens": 0, "kv_imported_tokens": 0}
         self.accepted_at = [0] * (self.speculative_tokens + 1)   # rounds whose draft i was accepted
         for sch in self.schedulers:
-            sch.prefix_queried = sch.prefix_hits = sch.host_loads = 0
+            sch.prompt_started = sch.prefix_queried = sch.prefix_hits = sch.host_loads = 0
 
     def prefix_cache_tokens(self) -> tuple[int, int]:
         """(prompt tokens looked up in the prefix cache, of which found cached) since the stats started."""
@@ -228,10 +228,13 @@ class Engine:
                 raise AdmissionError("duplicate", "req_id", f"req_id {req_id!r} is already in flight")
             full = sum(s.num_running + s.num_waiting for s in self.schedulers) >= self._admits
             ids = list(prompt_ids)
-            # the rank its blocks add the least KV load to: the least loaded, less the blocks it holds cached
+            # the rank its blocks add the least KV load to: the least loaded (the live requests' expected growth
+            # counted), less the blocks it holds cached — those a running request holds count twice: they are in its
+            # load already, and each rank computes them again (the n > 1 choices of a prompt, a shared system prompt)
             look = len(self.schedulers) > 1 and params.prompt_logprobs is None
-            hits = [s.cached_blocks(ids, params.cache_salt) if look else 0 for s in self.schedulers]
-            loads = {r: s.kv_load - hits[r] for r, s in enumerate(self.schedulers)}
+            found = [s.cached_and_held(ids, params.cache_salt) if look else (0, 0) for s in self.schedulers]
+            hits = [h for h, _ in found]
+            loads = {r: s.placement_load - sum(found[r]) for r, s in enumerate(self.schedulers)}
             if kv is not None:   # its prompt's KV comes along, to a rank with a seat (one that waits may be moved)
                 seats = {r: s.kv_load for r, s in enumerate(self.schedulers) if s.free_seats > 0}
                 holders = [r for r, h in enumerate(hits) if h >= kv.start // self.config.block_size and r in seats]

@@ -324,12 +324,17 @@ class OpenAIIngress:
     async def health(self) -> dict:
         if self.draining:                  # a load balancer stops sending requests here
             raise ApiError(503, "the server is shutting down", None, "server_error")
-        if not self.ready:                 # this ingress is up before the coordinator has loaded the model
-            try:
-                await asyncio.wait_for(self.coord.info.remote(), HEALTH_PROBE_S)
-            except Exception:  # noqa: BLE001 — still loading (or gone): not ready for traffic yet
-                raise ApiError(503, "the model is loading", None, "server_error") from None
-            self.ready = True              # later failures: Serve's health checks of the coordinator replicas
+        # the coordinator asked each time: before it first answers it is loading the model; later a replica whose worker
+        # group is down (rebuilt again and again) refuses every request with a 503 until Serve replaces it — a load
+        # balancer must hear that too (a handle reaches one replica: "a replica here can serve")
+        try:
+            why = await asyncio.wait_for(self.coord.unhealthy.remote(), HEALTH_PROBE_S)
+        except Exception:  # noqa: BLE001 — still loading, or gone / stuck
+            raise ApiError(503, "the model replica does not answer" if self.ready else "the model is loading", None,
+                           "server_error") from None
+        if why is not None:
+            raise ApiError(503, f"the model replica cannot serve: {why}", None, "server_error")
+        self.ready = True
         return {"status": "ok"}
 
     @app.get("/ping")                       # vLLM's (SageMaker's probe): /health's answer

@@ -21,6 +21,8 @@ from typing import Sequence
 from scheduler.block_pool import BlockPool, root
 from scheduler.request import FinishReason, Request, RequestStatus, SamplingParams
 
+GROWTH_TOKENS = 256     # placement's guess of the tokens a live request still adds to its KV (its max_tokens left, at most)
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -137,6 +139,7 @@ class Scheduler:
         self._live: dict[str, Request] = {}  # waiting + running
         self._next_arrival = 0
         self._next_step = 0
+        self.prompt_started = 0  # prompt tokens of requests at their first prefill (the stats line's prompt rate)
         self.prefix_queried = 0  # prompt tokens looked up in the prefix cache at a request's first prefill
         self.prefix_hits = 0     # of which found cached
         self.host_loads = 0      # cached blocks copied back from host memory (the prefix cache's second tier)
@@ -180,6 +183,14 @@ class Scheduler:
                                         for r in self._waiting)
 
     @property
+    def placement_load(self) -> int:
+        """``kv_load`` and the blocks the live requests are expected to grow by — each its tokens still allowed, at most
+        ``GROWTH_TOKENS`` — where a new request goes (a rank of long answers fills as its outputs grow: one long prompt
+        must not hide it)."""
+        grow = sum(min(r.params.max_tokens - len(r.output_ids), GROWTH_TOKENS) for r in self._live.values())
+        return self.kv_load + max(0, grow) // self.pool.block_size
+
+    @property
     def queued_tokens(self) -> int:
         """Prompt tokens the requests without a first token yet still have to compute here: the waiting ones' beyond
         the blocks they found cached, the prefilling ones' rest (a preempted request's outputs count: recomputed)."""
@@ -189,7 +200,14 @@ class Scheduler:
 
     def cached_blocks(self, ids: list[int], salt: str | None = None) -> int:
         """How many of ``ids``'s leading blocks this rank holds cached under ``salt`` (0 without prefix caching)."""
-        return len(self.pool.match(ids, root(salt))) if self.config.prefix_caching else 0
+        return self.cached_and_held(ids, salt)[0]
+
+    def cached_and_held(self, ids: list[int], salt: str | None = None) -> tuple[int, int]:
+        """(``cached_blocks``, how many of them a live request holds now)."""
+        if not self.config.prefix_caching:
+            return 0, 0
+        nodes = self.pool.match(ids, root(salt))
+        return len(nodes), len(nodes) - self.pool.cost(nodes)
 
     def _hits(self, req: Request) -> list:
         """The cached blocks of ``req``'s prefix that it may take: none without prefix caching, or for a request that
@@ -499,6 +517,8 @@ class Scheduler:
         hits, start, num_new, need = self._chunk(req, budget)
         if num_new <= 0 or not self.pool.can_allocate(need + self.pool.cost(hits)):
             return None
+        if not req.block_ids and req.num_preemptions == 0:
+            self.prompt_started += len(req.prompt_ids)
         if not req.block_ids and self.config.prefix_caching:
             req.block_ids, req.num_computed_tokens = self.pool.take(hits), start
             self._unkeep(req)

@@ -116,7 +116,7 @@ def test_preempted_request_moves_rank_and_samples_as_alone(model):
     g = torch.Generator().manual_seed(3)
     prompt = lambda n: torch.randint(2, 1024, (n,), generator=g).tolist()
     reqs = {"old": (prompt(20), SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)),
-            "brief": (prompt(40), SamplingParams(max_tokens=1, temperature=0.0)),
+            "brief": (prompt(56), SamplingParams(max_tokens=1, temperature=0.0)),
             "young": (prompt(10), SamplingParams(max_tokens=30, temperature=0.9, seed=11, repetition_penalty=1.3,
                                                   frequency_penalty=0.5, ignore_eos=True))}
     alone = {rid: run(make_engine(model), {rid: r})[rid] for rid, r in reqs.items()}

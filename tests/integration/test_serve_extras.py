@@ -226,12 +226,12 @@ def _sse(url, path, body) -> list[dict]:
 
 def test_request_level_metrics(url):
     """vLLM's request-level series (its dashboards read them): end-to-end latency, prompt and generation lengths of
-    finished requests, prompt tokens admitted."""
+    finished requests, prompt tokens started (a counter since session 57)."""
     from tests.integration.test_serve import metric
 
     before = {k: metric(url, k) for k in ("glmserve_e2e_request_latency_seconds_count",
                                                    "glmserve_request_generation_tokens_sum",
-                                                   "glmserve_request_prompt_tokens_sum", "glmserve_prompt_tokens")}
+                                                   "glmserve_request_prompt_tokens_sum", "glmserve_prompt_tokens_total")}
     out = complete(url, prompt=STORY, max_tokens=7, ignore_eos=True)
     after = {k: metric(url, k) for k in before}
     assert after["glmserve_e2e_request_latency_seconds_count"] == before[
@@ -239,4 +239,4 @@ def test_request_level_metrics(url):
     assert after["glmserve_request_generation_tokens_sum"] - before["glmserve_request_generation_tokens_sum"] == 7
     prompt = out["usage"]["prompt_tokens"]
     assert after["glmserve_request_prompt_tokens_sum"] - before["glmserve_request_prompt_tokens_sum"] == prompt
-    assert after["glmserve_prompt_tokens"] - before["glmserve_prompt_tokens"] == prompt
+    assert after["glmserve_prompt_tokens_total"] - before["glmserve_prompt_tokens_total"] == prompt

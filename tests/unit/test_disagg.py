@@ -522,7 +522,7 @@ def test_a_prefix_on_a_rank_without_a_seat_is_not_continued():
     while e.has_work():
         e.step()
     for i in range(2):                  # two long requests sharing the head: on its rank, filling its seats
-        e.add_request(head + [500 + i] * 3, SamplingParams(max_tokens=150, ignore_eos=True), f"x{i}")
+        e.add_request(head + [500 + i] * 3, SamplingParams(max_tokens=8, ignore_eos=True), f"x{i}")
     e.step()
     (full,) = {e._rank_of["x0"], e._rank_of["x1"]}
     assert e.schedulers[full].free_seats == 0 and e.schedulers[1 - full].cached_blocks(head) == 0

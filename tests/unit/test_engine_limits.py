@@ -167,8 +167,8 @@ def test_a_request_stalled_for_kv_moves_to_a_rank_with_room():
     engine = Engine(RecordingExecutor(), cfg, num_ranks=2)
     long = SamplingParams(max_tokens=12, ignore_eos=True)
     engine.add_request([1] * 3, long, "old")                                      # rank 0
-    engine.add_request([2] * 9, SamplingParams(max_tokens=1), "brief")            # rank 1 (ends at once)
-    engine.add_request([3] * 3, long, "young")                                    # rank 0: less load than 1's
+    engine.add_request([2] * 13, SamplingParams(max_tokens=1), "brief")           # rank 1 (ends at once)
+    engine.add_request([3] * 3, long, "young")                                    # rank 0: no more load than 1's
     assert [engine._rank_of[r] for r in ("old", "brief", "young")] == [0, 1, 0]
     where = []
     while engine.has_unfinished():

@@ -316,7 +316,7 @@ def test_stats_line_reads_rates_between_two_readings_and_stays_quiet_when_idle()
     from cluster.coordinator import stats_line
 
     def info(prompt, generated, running=0, waiting=0, preempted=0):
-        return {"stats": {"prompt_tokens": prompt, "generated_tokens": generated, "preemptions": preempted},
+        return {"stats": {"prompt_started": prompt, "generated_tokens": generated, "preemptions": preempted},
                 "running": running, "waiting": waiting, "kv_usage": 0.25}
 
     first = info(100, 50, running=2)
@@ -330,6 +330,27 @@ def test_stats_line_reads_rates_between_two_readings_and_stays_quiet_when_idle()
     cached["stats"].update(prefix_queried=400, prefix_hits=150)             # prefix caching: the interval's hit rate
     before = {**idle["stats"], "prefix_queried": 100, "prefix_hits": 0}
     assert stats_line((2.0, before), 12.0, cached).endswith(", 0 preempted, prefix cache hit 50.0 %")
+
+
+def test_prompt_tokens_count_as_their_prompts_start():
+    """The stats line's prompt rate and ``glmserve_prompt_tokens_total`` count a prompt at its first prefill — not at
+    admission (a queue's prompts all fell in the interval they arrived, and a displaced one came off again: a
+    negative rate, session 57's metrics review) — and a preempted request's prompt once."""
+    from cluster.engine import Engine
+    from scheduler import SchedulerConfig
+    from tests.conftest import RecordingExecutor
+
+    cfg = SchedulerConfig(num_blocks=64, block_size=4, max_model_len=64, vocab_size=64, max_num_seqs=1,
+                          max_num_batched_tokens=64)
+    engine = Engine(RecordingExecutor(), cfg)
+    for i in range(3):
+        engine.add_request([1 + i] * 10, SamplingParams(max_tokens=2), f"r{i}")
+    started = []
+    while engine.has_unfinished():
+        engine.step()
+        started.append(engine.scheduler.prompt_started)
+    assert started[0] == 10 and started[-1] == 30 and engine.stats["prompt_tokens"] == 30
+    assert sorted(set(started)) == [10, 20, 30]                 # one prompt at a time, as each starts
 
 
 def test_the_coordinator_logs_its_stats_line_while_requests_come(caplog):
@@ -347,7 +368,7 @@ def test_the_coordinator_logs_its_stats_line_while_requests_come(caplog):
         if (reading := next(readings)) is None:
             raise RuntimeError("a reading failed")        # a warning, and the loop goes on
         prompt, generated, running = reading
-        return {"stats": {"prompt_tokens": prompt, "generated_tokens": generated, "preemptions": 0},
+        return {"stats": {"prompt_started": prompt, "generated_tokens": generated, "preemptions": 0},
                 "running": running, "waiting": 0, "kv_usage": 0.5}
 
     coord = object.__new__(Coordinator)             # its logging loop alone: no engine, no Ray

@@ -12,7 +12,9 @@ pytest.importorskip("ray")
 
 def test_health_is_503_until_the_model_answers(monkeypatch):
     """The ingress is up before the coordinator has loaded the model: /health says 503 "loading" until the coordinator
-    first answers (then 200 without asking again), and 503 "shutting down" once draining."""
+    first answers, then 200 while it says it can serve — 503 with its reason while its worker group is down (session
+    57's metrics review: 200 after the first answer whatever came later), 503 when it stops answering — and 503
+    "shutting down" once draining."""
     import types
 
     from cluster import serve as serve_mod
@@ -21,21 +23,29 @@ def test_health_is_503_until_the_model_answers(monkeypatch):
     monkeypatch.setattr(serve_mod, "HEALTH_PROBE_S", 0.05)
     calls = []
 
-    async def info():
+    async def unhealthy():
         calls.append(1)
         if not ingress.loaded:
-            await asyncio.sleep(10)                   # the coordinator replica still loading its weights
-        return {}
+            await asyncio.sleep(10)                   # the coordinator replica still loading its weights (or stuck)
+        return ingress.down
 
-    ingress = types.SimpleNamespace(draining=False, ready=False, loaded=False,
-                                    coord=types.SimpleNamespace(info=types.SimpleNamespace(remote=info)))
+    ingress = types.SimpleNamespace(draining=False, ready=False, loaded=False, down=None,
+                                    coord=types.SimpleNamespace(unhealthy=types.SimpleNamespace(remote=unhealthy)))
     health = serve_mod.OpenAIIngress.health
     with pytest.raises(ApiError) as e:
         asyncio.run(health(ingress))
     assert e.value.status == 503 and e.value.message == "the model is loading"
     ingress.loaded = True
     assert asyncio.run(health(ingress)) == {"status": "ok"} and asyncio.run(health(ingress)) == {"status": "ok"}
-    assert len(calls) == 2                            # once ready, not asked again
+    ingress.down = "the worker group is down: rank 1 died"
+    with pytest.raises(ApiError) as e:
+        asyncio.run(health(ingress))
+    assert e.value.status == 503 and "rank 1 died" in e.value.message
+    ingress.down, ingress.loaded = None, False
+    with pytest.raises(ApiError) as e:
+        asyncio.run(health(ingress))
+    assert e.value.status == 503 and e.value.message == "the model replica does not answer"
+    assert len(calls) == 5
     ingress.draining = True
     with pytest.raises(ApiError) as e:
         asyncio.run(health(ingress))

@@ -29,3 +29,29 @@ def test_every_replicas_samples_under_one_family_labelled_by_replica():
     assert {(s.labels["replica"], s.labels["le"]) for s in buckets} == {(r, le) for r in ("r1", "r2")
                                                                         for le in ("0.1", "1.0", "+Inf")}
     assert merge({}) == ""
+
+
+def test_latency_buckets_reach_minutes_and_aborts_are_not_finished_requests():
+    """Session 57's metrics review: TTFTs of minutes (a long prompt queued) and ITLs of seconds landed in +Inf (p99
+    read 30 s / 2.5 s), as vLLM's ranges do not; a request the server aborted was observed as a finished one (a client
+    that left was not)."""
+    from cluster.coordinator import Metrics
+    from cluster.engine import Engine, TokenEvent
+    from scheduler import SchedulerConfig
+    from tests.conftest import RecordingExecutor
+
+    m = Metrics(Engine(RecordingExecutor(), SchedulerConfig(num_blocks=8, max_model_len=64, vocab_size=64)))
+    m.observe(TokenEvent("a", [5], "x"), now=200.0, last=20.0, first=True, arrival=20.0)          # TTFT 3 minutes
+    m.observe(TokenEvent("a", [6], "y"), now=204.0, last=200.0, first=False, arrival=20.0)        # ITL 4 s
+    m.observe(TokenEvent("a", [], "", True, "abort"), now=205.0, last=204.0, first=False, arrival=20.0)
+
+    def samples(hist) -> dict:
+        return {(s.name, s.labels.get("le")): s.value for f in hist.collect() for s in f.samples}
+
+    ttft, itl = samples(m.ttft), samples(m.itl)
+    assert ttft[("glmserve_time_to_first_token_seconds_bucket", "160.0")] == 0
+    assert ttft[("glmserve_time_to_first_token_seconds_bucket", "640.0")] == 1
+    assert itl[("glmserve_inter_token_latency_seconds_bucket", "2.5")] == 0
+    assert itl[("glmserve_inter_token_latency_seconds_bucket", "5.0")] == 1
+    assert samples(m.e2e)[("glmserve_e2e_request_latency_seconds_count", None)] == 0
+    assert samples(m.output_len)[("glmserve_request_generation_tokens_count", None)] == 0

@@ -568,8 +568,8 @@ def test_off_by_default_in_the_scheduler_and_clear_forgets():
 # ---- the engine: placement and the counts ------------------------------------------------
 
 
-def _engine(ranks: int) -> Engine:
-    cfg = SchedulerConfig(num_blocks=64, block_size=4, max_model_len=128, vocab_size=64, max_num_seqs=8,
+def _engine(ranks: int, seqs: int = 8) -> Engine:
+    cfg = SchedulerConfig(num_blocks=64, block_size=4, max_model_len=128, vocab_size=64, max_num_seqs=seqs,
                           max_num_batched_tokens=64, prefix_caching=True)
     return Engine(RecordingExecutor(), cfg, num_ranks=ranks)
 
@@ -590,8 +590,8 @@ def test_a_request_goes_to_the_rank_that_holds_its_prefix_and_reports_its_cached
     engine.add_request([50, 51, 52], SamplingParams(max_tokens=2), "other")          # rank 1
     assert engine._rank_of == {"first": 0, "other": 1}
     _finish(engine)
-    engine.add_request([60] * 6, SamplingParams(max_tokens=30, ignore_eos=True), "busy")
-    assert engine._rank_of["busy"] == 0             # both idle: the lowest rank; 2 blocks of load there now
+    engine.add_request([60] * 6, SamplingParams(max_tokens=8, ignore_eos=True), "busy")
+    assert engine._rank_of["busy"] == 0             # both idle: the lowest rank; 4 blocks of load there now (2 held, 2 to grow)
     engine.add_request(system + [42, 43, 44], SamplingParams(max_tokens=2), "second")
     assert engine._rank_of["second"] == 0           # the 6 blocks it would not add outweigh the load
     events = _finish(engine)
@@ -641,3 +641,34 @@ def test_waiting_requests_weigh_what_they_add_beyond_their_cached_blocks():
     assert engine._rank_of == {"u1": 0, "u2": 0}
     _finish(engine)
     assert engine.prefix_cache_tokens()[1] == 2 * 36
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_the_other_choices_of_a_prompt_join_the_rank_whose_running_lead_holds_it(ranks):
+    """The front end's n > 1: the first choice runs until its first token, then the others come — to its rank, where
+    a running request holds the prompt's blocks (they add no load there, and each other rank would compute the prompt
+    again), not to an empty rank (session 57's distributed review: 0 of the prompt's tokens were found cached on 4
+    ranks)."""
+    engine = _engine(ranks, seqs=4 * ranks)         # (4 seats a rank: the four choices fit beside each other)
+    prompt = list(range(2, 42))                     # 40 tokens: 9 cached blocks once computed
+    engine.add_request(prompt, SamplingParams(max_tokens=8, ignore_eos=True), "c0")
+    while not any(ev.req_id == "c0" and ev.token_ids for ev in engine.step()):
+        pass
+    for i in range(1, 4):
+        engine.add_request(prompt, SamplingParams(max_tokens=8, ignore_eos=True, seed=i), f"c{i}")
+    assert {engine._rank_of[f"c{i}"] for i in range(4)} == {0}
+    _finish(engine)
+    queried, hit = engine.prefix_cache_tokens()
+    assert hit == 3 * 36 and queried == 4 * 40
+
+
+def test_a_rank_of_long_answers_counts_what_they_will_grow_by():
+    """Placement weighs the tokens live requests may still add (``GROWTH_TOKENS`` a request at most): a long prompt
+    with a short answer on one rank does not send every long-answer chat to the other (session 57's review: rank 0
+    sat empty for 70 steps while rank 1 preempted 18 times)."""
+    engine = _engine(2)
+    engine.add_request(list(range(2, 62)), SamplingParams(max_tokens=2), "long")           # 15 blocks on rank 0
+    for i in range(8):
+        engine.add_request([50 + i, 3, 4], SamplingParams(max_tokens=100, ignore_eos=True), f"chat{i}")
+    ranks = [engine._rank_of[f"chat{i}"] for i in range(8)]
+    assert ranks.count(0) >= 3 and ranks.count(1) >= 3, ranks
