@@ -45,7 +45,7 @@ PREFILL_WAIT_S = 300.0   # then, for its answer (its prompt computed and staged)
 class Metrics:
     """Prometheus metrics of one coordinator (its own registry, rendered by ``text()``)."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, role: str = "serve"):
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.engine = engine
@@ -85,6 +85,9 @@ class Metrics:
         Gauge("glmserve_prefix_cache_host_blocks", "host-memory blocks holding a cached prefix (all ranks)", registry=r
               ).set_function(lambda: sum(s.pool.num_host_cached for s in engine.schedulers))
         r.register(_Totals(engine))
+        Gauge("glmserve_replica_role", "1, labelled with this replica's part: serve (prefill and decode), or prefill / "
+              "decode where prefill replicas serve the app (each counts a disaggregated prompt)", ["role"],
+              registry=r).labels(role).set(1)
         Gauge("glmserve_tokens_per_second", "generated tokens/s over the last 10 s", registry=r).set_function(
             self.tokens_per_second)
         Gauge("glmserve_spec_mean_accepted_length", "tokens per verify round", registry=r).set_function(
@@ -225,7 +228,7 @@ class Coordinator:
                              kv_layout=cfg.kv_layout(model_config))
         self._warm_up(cfg)
         self.aengine = AsyncEngine(self.engine)
-        self.metrics = Metrics(self.engine)
+        self.metrics = Metrics(self.engine, "prefill" if exports else "decode" if prefill is not None else "serve")
         self.replica_id = _replica_id()
         self._stats_log: asyncio.Task | None = None
         self._hub = None                # the app's MetricsHub (``check_health``)

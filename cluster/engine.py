@@ -261,7 +261,8 @@ class Engine:
             req = self.schedulers[rank].add_request(req_id, ids, params)
             if writes:      # the rows go to the rank's worker with its next steps; the request waits for them
                 self._imports[rank].add(req, *writes)
-                self.stats["kv_imported_tokens"] += len(writes[0]) * self.config.block_size
+                req.imported_tokens = len(writes[0]) * self.config.block_size
+                self.stats["kv_imported_tokens"] += req.imported_tokens
                 req.importing = True
             self._rank_of[req_id] = rank
             self._streams[req_id] = OutputStream.open(ids, params, self.decode, self.config.eos_token_ids, request=req,

@@ -239,6 +239,7 @@ class Request:
     kept: list[int] = field(default_factory=list)  # while it waits: the nodes of those blocks it keeps (BlockPool.keep)
     importing: bool = False  # its prompt's KV from another replica is still on its way to its blocks: it waits
     imported: bool = False   # that KV was written by the last step: the next plan finds it here (no rank move)
+    imported_tokens: int = 0  # prompt tokens whose KV came from another replica (no prefix-cache hits of this one)
 
     @property
     def all_ids(self) -> list[int]:

@@ -525,8 +525,9 @@ class Scheduler:
             req.cached_nodes = list(hits)
             if req.num_preemptions == 0:         # the prompt's first prefill: what the usage report counts
                 req.num_cached_tokens = start
-                self.prefix_queried += len(req.prompt_ids)
-                self.prefix_hits += start
+                imported = min(start, req.imported_tokens)     # (another replica's KV: no hits of this cache's)
+                self.prefix_queried += len(req.prompt_ids) - imported
+                self.prefix_hits += start - imported
         req.block_ids += self.pool.allocate(need)
         return self._make_seq(req, num_new)
 

@@ -480,6 +480,7 @@ def test_an_adoption_keeps_the_prompts_own_cached_prefix():
         while e.has_work():
             e.step()
     y = system + list(range(200, 225))
+    queried, hits = e.prefix_cache_tokens()
     e.add_request(y, SamplingParams(max_tokens=1), "y", kv=_bundle_of(y))
     assert e.scheduler.cached_blocks(y) == 1            # (the adopted blocks: matched once written)
     e.step()                                            # the step that sends them runs without y
@@ -490,6 +491,10 @@ def test_an_adoption_keeps_the_prompts_own_cached_prefix():
     assert e.scheduler.cached_blocks(y) == 8
     e.step()
     assert [s.start_pos for s in e.executor.steps[-1][0].seqs] == [32]       # only the last token computed
+    # the prefix cache's own hit: the system block, 4 tokens — the 28 imported are no hits of it (session 57's metrics
+    # review: an imported prompt read as a near-100 % hit rate)
+    assert e.stats["kv_imported_tokens"] == 28
+    assert e.prefix_cache_tokens() == (queried + len(y) - 28, hits + 4)
 
 
 def test_a_request_bringing_kv_goes_to_a_rank_with_a_seat():

@@ -55,3 +55,17 @@ def test_latency_buckets_reach_minutes_and_aborts_are_not_finished_requests():
     assert itl[("glmserve_inter_token_latency_seconds_bucket", "5.0")] == 1
     assert samples(m.e2e)[("glmserve_e2e_request_latency_seconds_count", None)] == 0
     assert samples(m.output_len)[("glmserve_request_generation_tokens_count", None)] == 0
+
+
+def test_a_replica_says_its_part_in_a_disaggregated_app():
+    """Prefill and decode replicas both count a disaggregated prompt (its prompt tokens, its prefix-cache lookup):
+    ``glmserve_replica_role`` tells their series apart (join on ``replica``)."""
+    from cluster.coordinator import Metrics
+    from cluster.engine import Engine
+    from scheduler import SchedulerConfig
+    from tests.conftest import RecordingExecutor
+
+    engine = Engine(RecordingExecutor(), SchedulerConfig(num_blocks=8, max_model_len=64, vocab_size=64))
+    for role in ("serve", "prefill", "decode"):
+        families = {f.name: f for f in text_string_to_metric_families(Metrics(engine, role).text())}
+        assert [(s.labels, s.value) for s in families["glmserve_replica_role"].samples] == [({"role": role}, 1.0)]
