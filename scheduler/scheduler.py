@@ -21,7 +21,7 @@ from typing import Sequence
 from scheduler.block_pool import BlockPool, root
 from scheduler.request import FinishReason, Request, RequestStatus, SamplingParams
 
-GROWTH_TOKENS = 256     # placement's guess of the tokens a live request still adds to its KV (its max_tokens left, at most)
+GROWTH_TOKENS = 256     # placement's guess of the tokens a live request still adds (its max_tokens left, at most)
 
 
 @dataclass(frozen=True)

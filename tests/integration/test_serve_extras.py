@@ -230,8 +230,8 @@ def test_request_level_metrics(url):
     from tests.integration.test_serve import metric
 
     before = {k: metric(url, k) for k in ("glmserve_e2e_request_latency_seconds_count",
-                                                   "glmserve_request_generation_tokens_sum",
-                                                   "glmserve_request_prompt_tokens_sum", "glmserve_prompt_tokens_total")}
+                                          "glmserve_request_generation_tokens_sum",
+                                          "glmserve_request_prompt_tokens_sum", "glmserve_prompt_tokens_total")}
     out = complete(url, prompt=STORY, max_tokens=7, ignore_eos=True)
     after = {k: metric(url, k) for k in before}
     assert after["glmserve_e2e_request_latency_seconds_count"] == before[

@@ -222,7 +222,8 @@ def test_fields_the_server_would_not_apply_are_refused(field, body):
 
 def test_top_k_minus_one_is_off_as_vllm_clients_send_it():
     """vLLM's clients send ``top_k: -1`` for no top-k (session 57's sampling review: a 400 here); below it a 400."""
-    assert CompletionRequest.model_validate({"model": "m", "prompt": "p", "top_k": -1}).sampling_params(4, None).top_k == 0
+    body = CompletionRequest.model_validate({"model": "m", "prompt": "p", "top_k": -1})
+    assert body.sampling_params(4, None).top_k == 0
     with pytest.raises(ValidationError) as e:
         CompletionRequest.model_validate({"model": "m", "prompt": "p", "top_k": -2})
     assert validation_error(e.value).param == "top_k"

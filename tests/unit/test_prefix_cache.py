@@ -591,7 +591,7 @@ def test_a_request_goes_to_the_rank_that_holds_its_prefix_and_reports_its_cached
     assert engine._rank_of == {"first": 0, "other": 1}
     _finish(engine)
     engine.add_request([60] * 6, SamplingParams(max_tokens=8, ignore_eos=True), "busy")
-    assert engine._rank_of["busy"] == 0             # both idle: the lowest rank; 4 blocks of load there now (2 held, 2 to grow)
+    assert engine._rank_of["busy"] == 0             # both idle: the lowest rank; 4 blocks of load there (2 held, 2 to grow)
     engine.add_request(system + [42, 43, 44], SamplingParams(max_tokens=2), "second")
     assert engine._rank_of["second"] == 0           # the 6 blocks it would not add outweigh the load
     events = _finish(engine)
