@@ -1,7 +1,9 @@
 """Every Coordinator replica's metrics at one ``/metrics``: a Serve handle reaches one replica a call, so each replica
 leaves its metrics text with a small named actor of the app (``MetricsHub``) at each health check (Serve's period,
 10 s by default), and the ingress answers with the replica it reached (fresh) and the others' last texts, each sample
-labelled with its ``replica``. A replica that stops reporting drops out after ``MAX_AGE_S``."""
+labelled with its ``replica``. A replica that stops reporting drops out after ``MAX_AGE_S``. The ingress replicas
+leave theirs too: every HTTP answer by route and status (``HttpCounts``: its own 400s, 404s and 503s, which no
+coordinator sees)."""
 
 from __future__ import annotations
 
@@ -40,6 +42,51 @@ def app_metrics_hub():
         return MetricsHub.options(name=f"glmserve-metrics:{app}", namespace="glmserve", get_if_exists=True).remote()
     except Exception:    # noqa: BLE001 — no Serve replica here (a Coordinator driven directly): its own metrics only
         return None
+
+
+_http = None       # this process's HTTP answers (counter, registry): made at the first (a registry does not pickle)
+
+
+def _http_counts():
+    global _http
+    if _http is None:
+        from prometheus_client import CollectorRegistry, Counter
+
+        registry = CollectorRegistry()
+        _http = Counter("glmserve_http_requests", "HTTP answers of an ingress replica by route and status (the "
+                        "ingress's own refusals included)", ["route", "status"], registry=registry), registry
+    return _http
+
+
+def http_text() -> str:
+    """This process's HTTP answer counts as Prometheus text ("" before its first answer)."""
+    from prometheus_client import generate_latest
+
+    return generate_latest(_http[1]).decode() if _http is not None else ""
+
+
+class HttpCounts:
+    """ASGI middleware: each answer counted as it starts, by the route that took it (its path template; "other" for
+    none: an unknown path must not add series) and its status — a stream is counted once, with its 200."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def counted(message):
+            if message["type"] == "http.response.start":
+                _http_counts()[0].labels(_route(scope), str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counted)
+
+
+def _route(scope) -> str:
+    """The path template of the route that took the request (FastAPI's routing leaves it in the scope), else "other"."""
+    return getattr(scope.get("route"), "path", None) or "other"
 
 
 def merge(texts: dict[str, str]) -> str:

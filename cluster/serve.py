@@ -32,7 +32,7 @@ from cluster.config import EngineConfig
 from cluster.disagg import prefill_plan
 from cluster.formatter import Formatter
 from cluster.guided import check_tool_grammar, tool_grammar
-from cluster.metrics_hub import app_metrics_hub, merge
+from cluster.metrics_hub import HttpCounts, app_metrics_hub, http_text, merge
 from cluster.parsers import TOOL_MARKERS
 from cluster.protocol import (ApiError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
                               validation_error)
@@ -40,6 +40,7 @@ from cluster.responses import ResponseEvents, ResponsesRequest, responses_param
 from scheduler.scheduler import AdmissionError
 
 app = FastAPI(title="glmserve", docs_url=None, redoc_url=None)
+app.add_middleware(HttpCounts)          # glmserve_http_requests_total{route,status}: every answer, its own 400s too
 
 
 def _version() -> str:
@@ -62,6 +63,14 @@ async def _http_error(request: Request, e: HTTPException):
     # FastAPI's own 404 / 405 (unknown route, wrong method): OpenAI clients parse {"error": ...}, not {"detail": ...}
     message = f"{e.detail}: {request.method} {request.url.path}"
     return JSONResponse(ApiError(e.status_code, message).body(), status_code=e.status_code, headers=e.headers)
+
+
+def _ingress_id() -> str:
+    """This ingress replica's ``replica`` label on /metrics."""
+    try:
+        return f"ingress-{serve.get_replica_context().replica_id.unique_id}"
+    except Exception:   # noqa: BLE001 — not a Serve replica (the class driven directly)
+        return "ingress"
 
 
 def _model_name(cfg: EngineConfig) -> str:
@@ -282,6 +291,18 @@ class OpenAIIngress:
         self.in_flight = 0              # streams open to the coordinator
         self.open_ids: set[str] = set()  # their request ids
         self.closing = False            # the drain's time ran out: the streams still open end with an error
+        self._hub = None                # the app's MetricsHub: this replica's HTTP counts go there (``check_health``)
+
+    async def check_health(self) -> None:
+        """Serve's periodic check: this replica's HTTP answer counts reach the app's /metrics whichever replica a
+        scrape meets (as the coordinators' do)."""
+        try:
+            if self._hub is None:
+                self._hub = app_metrics_hub()
+            if self._hub is not None and (text := http_text()):
+                self._hub.put.remote(_ingress_id(), text)
+        except Exception:   # noqa: BLE001 — metrics are not the replica's health
+            self._hub = None
 
     def _thinking(self, ids: list[int]) -> bool:
         """Whether the prompt leaves the model inside a thought: its last turn opens ``<think>`` and does not close it
@@ -374,7 +395,10 @@ class OpenAIIngress:
                 texts = await asyncio.wait_for(hub.get.remote(), HUB_TIMEOUT_S)
             except Exception:    # noqa: BLE001 — the others' metrics are lost for this scrape, not the answer
                 texts = {}
-        return PlainTextResponse(merge({**texts, replica: text}), media_type="text/plain; version=0.0.4")
+        texts[replica] = text
+        if own := http_text():          # this ingress replica's answers, fresh
+            texts[_ingress_id()] = own
+        return PlainTextResponse(merge(texts), media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/completions")
     async def completions(self, request: Request):

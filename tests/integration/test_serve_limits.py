@@ -41,6 +41,11 @@ def test_context_limit_is_the_schedulers_with_odd_kv_cache_tokens(serve_session,
         assert status == 200 and out["usage"]["total_tokens"] == 96, out
         status, err = post(url, "/v1/completions", {"model": MODEL, "prompt": [5] * 90, "max_tokens": 10})
         assert status == 400 and "context length 96" in err["error"]["message"], err
+        assert post(url, "/v1/nowhere", {})[0] == 404
+        # the ingress's own answers in /metrics (session 57's metrics review: its 400s reached no metric)
+        http = 'glmserve_http_requests_total{{route="{}",status="{}"}}'
+        assert [metric(url, http.format(r, c)) for r, c in (("/v1/completions", 400), ("/v1/chat/completions", 200),
+                                                             ("/v1/models", 200), ("other", 404))] == [1, 1, 1, 1]
     finally:
         serve.delete("odd")
 
