@@ -188,7 +188,7 @@ class Engine:
         self._reset_stats()
 
     def _reset_stats(self) -> None:
-        self.stats = {"prompt_tokens": 0, "generated_tokens": 0, "steps": 0, "preemptions": 0, "moves": 0,
+        self.stats = {"generated_tokens": 0, "steps": 0, "preemptions": 0, "moves": 0,
                       "span_steps": 0, "graph_steps": 0, "ahead_steps": 0, "failed_steps": 0, "draft_rounds": 0,
                       "drafts_proposed": 0, "drafts_accepted": 0, "step_seconds": 0.0, "worker_busy_seconds": 0.0,
                       "kv_exported_tokens": 0, "kv_imported_tokens": 0}
@@ -270,7 +270,6 @@ class Engine:
             self._unsent[req_id] = NewRequest(req_id, tuple(prompt_ids), params)
             if guide is not None:
                 self._guides[req_id] = guide
-            self.stats["prompt_tokens"] += len(prompt_ids)
         return req_id
 
     def check_kv(self, prompt_ids: Sequence[int], kv: KVBundle) -> None:
@@ -308,7 +307,6 @@ class Engine:
     def _refuse(self, rank: int, victim: Request) -> None:
         """Refuse ``victim``, waiting on ``rank``, for a request of a higher priority (``_displaceable``)."""
         ev = self._end(self.schedulers[rank].abort(victim.req_id))
-        self.stats["prompt_tokens"] -= len(victim.prompt_ids)       # counted at its admission; it never ran
         tokens = f", max_waiting_tokens {self.config.max_waiting_tokens}" if self.config.max_waiting_tokens else ""
         ev.refused = AdmissionError("queue_full", "queue", f"the engine is full ({self.config.max_num_seqs} running + "
                                     f"{self.config.max_waiting} waiting requests{tokens}) and a request of a higher "
