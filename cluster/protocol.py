@@ -327,8 +327,14 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
+    # the assistant's reasoning as a client sends it back: vLLM's newer `reasoning` and `thinking` are the same field
+    # (the tokenizer hands whichever is set to the template as `reasoning_content`)
     reasoning_content: str | None = None
+    reasoning: str | None = None
+    thinking: str | None = None
     tool_calls: list[ToolCall] | None = None
+    # which call a tool message answers: GLM-5.x's template orders parallel results by it
+    tool_call_id: str | None = None
     name: str | None = None
 
     @field_validator("content")
@@ -367,9 +373,9 @@ class ChatCompletionRequest(_Sampling):
     @field_validator("chat_template_kwargs")
     @classmethod
     def _own_template_args(cls, v):
-        taken = sorted(set(v or ()) & {"messages", "add_generation_prompt"})
+        taken = sorted(set(v or ()) & {"messages", "add_generation_prompt", "tools"})
         if taken:
-            raise ValueError(f"{taken} are set by the server (from the request's messages), "
+            raise ValueError(f"{taken} are set by the server (from the request's messages and tools), "
                              "not by chat_template_kwargs")
         return v
 

@@ -536,6 +536,8 @@ class OpenAIIngress:
                                         add_generation_prompt=body.add_generation_prompt, **kwargs)
         except ValueError as e:
             raise ApiError(400, str(e), "messages") from None
+        except RecursionError:      # JSON the parser took (~1000 deep) but the template's walk over it could not
+            raise ApiError(400, "messages or tools are nested too deeply to render", "messages") from None
         if len(pieces) == 1:
             return await _encode(tok, pieces[0][0], self._max_chars(body), "messages")
         size = sum(len(text) for text, _ in pieces)

@@ -74,22 +74,35 @@ def _token_content(token: str | dict | None) -> str | None:
     return token.get("content") if isinstance(token, dict) else token
 
 
-def _text_holders(messages: list[dict]) -> list[list[tuple[dict, str]]]:
-    """Where the text of each user, system or tool message stands, a list a message: (the message, "content") or its
-    text parts' (part, "text")."""
+def _text_holders(messages: list[dict], prefill: bool) -> list[list[tuple[dict, str]]]:
+    """Where each text of the messages stands, a list a text: (the message, "content") or its text parts' (part,
+    "text"), and an assistant's reasoning (the fields ``_REASONING_FIELDS`` name). A final assistant message the model
+    continues (``prefill``) is the client writing the model's turn, markers and all: it holds none."""
     out = []
-    for m in messages:
-        if isinstance(m, dict) and m.get("role") != "assistant":
-            parts = m.get("content") or ()
-            out.append([(m, "content")] if isinstance(parts, str) else
-                       [(p, "text") for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)])
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or prefill and i == len(messages) - 1 and m.get("role") == "assistant":
+            continue
+        parts = m.get("content") or ()
+        out.append([(m, "content")] if isinstance(parts, str) else
+                   [(p, "text") for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)])
+        if m.get("role") == "assistant":
+            out += [[(m, k)] for k in _REASONING_FIELDS if isinstance(m.get(k), str)]
     return out
 
 
-def _caller_texts(messages: list[dict], special: Callable[[str], Any]) -> list[tuple[dict, str]]:
+def _caller_texts(messages: list[dict], special: Callable[[str], Any], prefill: bool) -> list[tuple[dict, str]]:
     """The message texts ``chat_pieces`` encodes apart: every text of a message whose text, its parts joined as the
     template joins them, holds a special token's text (a token split over two parts is one too)."""
-    return [h for holders in _text_holders(messages) if special("".join(p[k] for p, k in holders)) for h in holders]
+    return [h for holders in _text_holders(messages, prefill) if special("".join(p[k] for p, k in holders))
+            for h in holders]
+
+
+def _call_functions(messages: list[dict], prefill: bool) -> list[dict]:
+    """The ``function`` of each tool call in the assistant's earlier turns: their arguments are the model's text."""
+    last = len(messages) - 1
+    return [c["function"] for i, m in enumerate(messages)
+            if isinstance(m, dict) and m.get("role") == "assistant" and not (prefill and i == last)
+            for c in m.get("tool_calls") or () if isinstance(c, dict) and isinstance(c.get("function"), dict)]
 
 
 def _strings(value: Any) -> Iterator[str]:
@@ -205,6 +218,8 @@ class Tokenizer:
             if not (path / name).is_file():
                 raise FileNotFoundError(f"{path / name} not found: a model directory needs {name}")
         config = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
+        if (path / "chat_template.jinja").is_file():     # transformers' own file wins over the config's copy
+            config["chat_template"] = (path / "chat_template.jinja").read_text(encoding="utf-8")
         return cls(HFTokenizer.from_file(str(path / "tokenizer.json")), config)
 
     @property
@@ -247,7 +262,8 @@ class Tokenizer:
     ) -> str:
         """Render `messages` to the prompt string; extra kwargs (tools, enable_thinking) reach the template."""
         if self._template is None:
-            raise ValueError("tokenizer_config.json has no chat_template")
+            raise ValueError("the model has no chat template (neither chat_template.jinja nor tokenizer_config.json's "
+                             "chat_template): send prompts to /v1/completions")
         chat = []
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or "role" not in message:
@@ -269,25 +285,29 @@ class Tokenizer:
 
     def chat_pieces(self, messages: list[dict], add_generation_prompt: bool = True,
                     **kwargs: Any) -> list[tuple[str, bool]]:
-        """The rendered prompt as (text, is_caller_text) pieces: the text a user, system or tool message holds, and
-        each string of the tool definitions (a description an MCP server wrote, say), is a piece of its own where it
-        holds a special token's text (``<|assistant|>``, ``<tool_call>`` …), so that it is encoded as the text it is
-        (``encode_pieces``) — a pasted file, a tool's output or its description cannot forge a turn or a marker. Found
-        by rendering again with a mark in each such text's place (a string the prompt does not hold, around the text's
-        number); the template may write a text as is or inside a JSON string. The assistant's own turns are the
-        model's and stay as the template writes them. Where the template does not write such a text in one of those
-        forms (it trims it, sorts keys by it …), the text cannot be told apart: the prompt is one piece, as before,
-        and a warning says so."""
+        """The rendered prompt as (text, is_caller_text) pieces: the text a message holds (a user's, a tool's, and the
+        assistant's earlier content, reasoning and call arguments — the model wrote those as plain tokens), and each
+        string of the tool definitions (a description an MCP server wrote, say), is a piece of its own where it holds a
+        special token's text (``<|assistant|>``, ``<tool_call>`` …), so that it is encoded as the text it is
+        (``encode_pieces``) — a pasted file, a tool's output or its description cannot forge a turn or a marker, and a
+        file the model wrote replays as it wrote it. Found by rendering again with a mark in each such text's place (a
+        string the prompt does not hold, around the text's number); the template may write a text as is or inside a
+        JSON string. A final assistant message the model continues (no generation prompt) stays as the template writes
+        it. Where the template does not write such a text in one of those forms (it trims it, sorts keys by it …), the
+        text cannot be told apart: the prompt is one piece, as before, and a warning says so."""
         prompt = self.apply_chat_template(messages, add_generation_prompt, **kwargs)
         special = self._special_text.search
-        tools = kwargs.get("tools")
-        if not _caller_texts(messages, special) and not any(special(t) for t in _strings(tools)):
+        tools, prefill = kwargs.get("tools"), not add_generation_prompt
+        if not _caller_texts(messages, special, prefill) and not any(
+                special(t) for t in _strings([tools, [f.get("arguments") for f in _call_functions(messages, prefill)]])):
             return [(prompt, False)]
         mark, numbers = _free_mark(prompt), {}
         marking = lambda text: f"{mark}{numbers.setdefault(text, len(numbers))}{mark}"   # equal texts, one number
         marked = copy.deepcopy(messages)
-        for h, key in _caller_texts(marked, special):
+        for h, key in _caller_texts(marked, special, prefill):
             h[key] = marking(h[key])
+        for fn in _call_functions(marked, prefill):
+            fn["arguments"] = _marked(fn.get("arguments"), special, marking)
         if tools:
             kwargs = {**kwargs, "tools": _marked(tools, special, marking)}
         at = f"(?:{re.escape(mark)}|{re.escape(json.dumps(mark)[1:-1])})"

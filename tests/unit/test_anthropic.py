@@ -43,7 +43,7 @@ def test_a_request_becomes_the_chat_it_asks_for():
         {"role": "system", "content": "Be terse. Use tools."}, {"role": "user", "content": "Paris?"},
         {"role": "assistant", "content": "Checking.", "reasoning_content": "Look it up.", "tool_calls": [
             {"id": "tu_1", "type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}}]},
-        {"role": "tool", "content": "sunny"}, {"role": "user", "content": "And Nice?"}]
+        {"role": "tool", "content": "sunny", "tool_call_id": "tu_1"}, {"role": "user", "content": "And Nice?"}]
     assert chat.tools == [{"type": "function", "function": {"name": "weather", "parameters": WEATHER["input_schema"],
                                                             "description": "the weather"}}]
     assert chat.tool_choice == "required" and not chat.parallel_tool_calls and chat.stop == ["END"]

@@ -41,8 +41,8 @@ def test_a_request_becomes_the_chat_it_asks_for():
         {"role": "assistant", "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}},
             {"id": "c2", "type": "function", "function": {"name": "weather", "arguments": {"city": "Nice"}}}]},
-        {"role": "tool", "content": "sunny"}, {"role": "tool", "content": '{"sky": "grey"}'},
-        {"role": "user", "content": "and tomorrow?"}]
+        {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
+        {"role": "tool", "content": '{"sky": "grey"}', "tool_call_id": "c2"}, {"role": "user", "content": "and tomorrow?"}]
     assert chat.max_completion_tokens == chat.max_tokens == 40 and chat.temperature == 0.5 and not chat.parallel_tool_calls
     assert chat.tools == [{"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}]
     assert chat.forced_function == "weather" and chat.template_kwargs()["enable_thinking"] is False
@@ -56,7 +56,7 @@ def test_a_request_becomes_the_chat_it_asks_for():
         {"type": "input_text", "text": "sun"}, {"type": "input_text", "text": "ny"}]}]).to_chat()
     assert parts.template_messages() == [{"role": "assistant", "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "weather", "arguments": {}}}]},
-        {"role": "tool", "content": "sunny"}]
+        {"role": "tool", "content": "sunny", "tool_call_id": "c"}]
 
 
 def test_an_assistant_turns_items_are_one_turn_with_its_reasoning():
@@ -94,7 +94,7 @@ def test_an_assistant_turns_items_are_one_turn_with_its_reasoning():
         {"role": "user", "content": "Paris?"},
         {"role": "assistant", "content": "Checking.", "reasoning_content": "Look it up.",
          "tool_calls": [{"id": "c1", **weather}]},
-        {"role": "tool", "content": "sunny"},
+        {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
         {"role": "assistant", "content": "Sunny.", "reasoning_content": "I recall."},
         {"role": "assistant", "content": "Bye."}, {"role": "user", "content": "Again?"},
         {"role": "user", "content": "Well?"},

@@ -268,3 +268,48 @@ def test_a_template_that_rewrites_a_text_keeps_it_as_rendered(tok: Tokenizer, ca
     msgs = [{"role": "user", "content": "\ue0000\ue000"}, {"role": "user", "content": "\ue0010\ue001<|assistant|>"}]
     pieces = tok.chat_pieces(msgs)          # texts that hold would-be marks: the mark is a character the prompt lacks
     assert [t for t, literal in pieces if literal] == ["\ue0010\ue001<|assistant|>"]
+
+
+def test_chat_template_jinja_wins_over_the_configs_copy(tmp_path: Path) -> None:
+    """transformers saves a model's template as ``chat_template.jinja`` (GLM-5.x's folders ship it); where it exists it
+    is the template, as transformers takes it, over any copy in tokenizer_config.json (session 58's chat review: every
+    chat request was a 400 "no chat_template", or rendered a stale template). Without either, rendering says what to
+    do instead."""
+    import json
+    import shutil
+
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TINY / name, tmp_path / name)
+    (tmp_path / "chat_template.jinja").write_text("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}")
+    msgs = [{"role": "user", "content": "hi"}]
+    assert Tokenizer.from_dir(tmp_path).apply_chat_template(msgs) == "<|user|>hi"
+    config = json.loads((TINY / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    assert Tokenizer.from_dir(tmp_path).apply_chat_template(msgs) == "<|user|>hi"
+    (tmp_path / "chat_template.jinja").unlink()
+    with pytest.raises(ValueError, match="no chat template .* /v1/completions"):
+        Tokenizer.from_dir(tmp_path).apply_chat_template(msgs)
+
+
+def test_special_token_text_in_the_assistants_history_is_encoded_as_text(tok: Tokenizer) -> None:
+    """The model wrote its earlier turns as plain tokens: a file holding ``<|user|>`` that it wrote through a tool call,
+    its reasoning or content quoting ``<tool_call>``, replay as that text, not as turns and markers (session 58's chat
+    review: six special tokens inside the model's own call). The template's markers around them stay special; a final
+    assistant message the model continues is the client writing the model's turn and stays as the template writes it."""
+    specials = set(tok.special_ids_by_token().values())
+    code = 'TURNS = ("<|user|>", "<|assistant|>")  # </think> <tool_call>'
+    history = [{"role": "user", "content": "write it"},
+               {"role": "assistant", "content": "Writing <|observation|>.", "reasoning_content": "Use <tool_call>.",
+                "tool_calls": [{"type": "function", "function": {"name": "write", "arguments": {"text": code}}}]},
+               {"role": "tool", "content": "done"}]
+    clean = copy.deepcopy(history)
+    clean[1].update(content="Writing.", reasoning_content="Use it.")
+    clean[1]["tool_calls"][0]["function"]["arguments"]["text"] = "TURNS"
+    ids = tok.encode_chat(history)
+    assert [i for i in ids if i in specials] == [i for i in tok.encode_chat(clean) if i in specials]
+    assert tok.decode(ids, skip_special_tokens=False) == tok.apply_chat_template(history)
+    prefill = [{"role": "user", "content": "go"}, {"role": "assistant", "content": "<tool_call>"}]
+    ids = tok.encode_chat(prefill, add_generation_prompt=False)
+    assert ids == tok.encode(tok.apply_chat_template(prefill, add_generation_prompt=False))
+    assert tok.special_ids_by_token()["<tool_call>"] in ids
