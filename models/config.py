@@ -8,6 +8,7 @@ Unknown keys, missing required keys and inconsistent values raise ``ConfigError`
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -33,6 +34,17 @@ _REQUIRED = (
     "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
     "v_head_dim", "n_routed_experts", "num_experts_per_tok", "index_n_heads", "index_head_dim", "index_topk",
 )
+
+
+# What transformers' config classes fill in for a field config.json leaves out (or sets null): a config that omits one
+# must build the model transformers builds from it.
+_HF_DEFAULTS = {
+    "glm_moe_dsa": {"routed_scaling_factor": 2.5, "rms_norm_eps": 1e-5, "max_position_embeddings": 202752,
+                    "n_group": 1, "topk_group": 1, "first_k_dense_replace": 3, "n_shared_experts": 1},
+    "deepseek_v32": {"routed_scaling_factor": 2.5, "rms_norm_eps": 1e-6, "max_position_embeddings": 163840,
+                     "n_group": 8, "topk_group": 4, "first_k_dense_replace": 3, "n_shared_experts": 1},
+}
+_log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -204,22 +216,36 @@ def _parse(d: dict[str, Any]) -> ModelConfig:
     if unknown:
         raise ConfigError(f"unknown config field(s) {unknown} for model_type {model_type!r}")
 
-    if "num_experts" in d and "n_routed_experts" not in d:
+    if d.get("num_experts") is not None:
+        if d.get("n_routed_experts") is not None and d["n_routed_experts"] != d["num_experts"]:
+            raise ConfigError(f"config fields 'num_experts' ({d['num_experts']}) and 'n_routed_experts' "
+                              f"({d['n_routed_experts']}) disagree")
         d["n_routed_experts"] = d["num_experts"]
     ints = {k: _get_int(d, k) for k in _REQUIRED}
     L = ints["num_hidden_layers"]
+    for key, default in _HF_DEFAULTS[model_type].items():     # absent or null: transformers' value
+        if d.get(key) is None:
+            d[key] = default
+    for key in ("n_group", "topk_group", "first_k_dense_replace", "n_shared_experts", "max_position_embeddings"):
+        ints[key] = _get_int(d, key, minimum=0 if key in ("first_k_dense_replace", "n_shared_experts") else 1)
+    for key in ("routed_scaling_factor", "rms_norm_eps"):
+        if isinstance(d[key], bool) or not isinstance(d[key], int | float) or d[key] <= 0:
+            raise ConfigError(f"config field '{key}' must be a positive number, got {d[key]!r}")
 
     rope = d.get("rope_parameters") or {}
     if not isinstance(rope, dict):
         raise ConfigError(f"config field 'rope_parameters' must be an object, got {rope!r}")
     if d.get("rope_scaling"):
         raise ConfigError("config field 'rope_scaling' (YaRN) is not supported; GLM-5.x uses rope_type 'default'")
-    rope_type = rope.get("rope_type", "default")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))      # "type": the legacy name transformers maps
     if rope_type != "default":
         raise ConfigError(f"config field 'rope_parameters.rope_type' is {rope_type!r}; only 'default' is supported")
-    rope_theta = float(rope.get("rope_theta", d.get("rope_theta", 10000.0)))
+    rope_theta = float(rope.get("rope_theta", d.get("rope_theta") or 10000.0))
+    if d.get("rope_interleave") is False:     # transformers >= 5.11 and vLLM interleave whatever it says
+        _log.warning("config field 'rope_interleave' is false: ignored, GLM-5 / DeepSeek-V3.2 MLA RoPE is interleaved "
+                     "(as transformers and vLLM take it)")
 
-    first_k = int(d.get("first_k_dense_replace", 3))
+    first_k = ints.pop("first_k_dense_replace")
     mlp_types = d.get("mlp_layer_types")
     if mlp_types is None:
         n_dense = min(first_k, L)
@@ -241,7 +267,7 @@ def _parse(d: dict[str, Any]) -> ModelConfig:
                           "previous layer's top-k and layer 0 has none)")
 
     E, k = ints["n_routed_experts"], ints["num_experts_per_tok"]
-    n_group, topk_group = int(d.get("n_group", 1)), int(d.get("topk_group", 1))
+    n_group, topk_group = ints.pop("n_group"), ints.pop("topk_group")
     if k > E:
         raise ConfigError(f"config field 'num_experts_per_tok' ({k}) exceeds n_routed_experts ({E})")
     if n_group < 1 or E % n_group:
@@ -261,8 +287,8 @@ def _parse(d: dict[str, Any]) -> ModelConfig:
         raise ConfigError("config field 'attention_bias' must be false (GLM-5 has no attention biases)")
     if d.get("tie_word_embeddings", False):
         raise ConfigError("config field 'tie_word_embeddings' must be false (GLM-5 has an untied lm_head)")
-    n_mtp = int(d.get("num_nextn_predict_layers", 0))
-    if n_mtp not in (0, 1):
+    n_mtp = d.get("num_nextn_predict_layers") or 0
+    if n_mtp not in (0, 1) or isinstance(n_mtp, bool):
         raise ConfigError(f"config field 'num_nextn_predict_layers' is {n_mtp}; 0 or 1 supported")
     if "qk_head_dim" in d and d["qk_head_dim"] != ints["qk_nope_head_dim"] + ints["qk_rope_head_dim"]:
         raise ConfigError("config field 'qk_head_dim' != qk_nope_head_dim + qk_rope_head_dim")
@@ -272,13 +298,11 @@ def _parse(d: dict[str, Any]) -> ModelConfig:
     return ModelConfig(
         model_type=model_type, **ints,
         indexer_types=tuple(indexer_types), mlp_layer_types=tuple(mlp_types),
-        n_shared_experts=int(d.get("n_shared_experts", 1)), n_group=n_group, topk_group=topk_group,
-        routed_scaling_factor=float(d.get("routed_scaling_factor", 1.0)),
-        norm_topk_prob=bool(d.get("norm_topk_prob", True)), rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-        rope_theta=rope_theta, rope_interleave=bool(d.get("rope_interleave", True)),
-        indexer_rope_interleave=(model_type == "glm_moe_dsa"),
-        max_position_embeddings=int(d.get("max_position_embeddings", 4096)), first_k_dense_replace=first_k,
-        num_nextn_predict_layers=n_mtp,
+        n_group=n_group, topk_group=topk_group, routed_scaling_factor=float(d["routed_scaling_factor"]),
+        norm_topk_prob=bool(d.get("norm_topk_prob", True)), rms_norm_eps=float(d["rms_norm_eps"]),
+        rope_theta=rope_theta, rope_interleave=True, indexer_rope_interleave=(model_type == "glm_moe_dsa"),
+        first_k_dense_replace=first_k,
+        num_nextn_predict_layers=int(n_mtp),
         index_share_for_mtp_iteration=bool(d.get("index_share_for_mtp_iteration", False)),
         bos_token_id=d.get("bos_token_id"), eos_token_ids=eos_ids, pad_token_id=d.get("pad_token_id"),
         dtype=str(d.get("dtype") or d.get("torch_dtype") or "bfloat16"),

@@ -33,26 +33,51 @@ class CheckpointError(ValueError):
     """A checkpoint tensor we cannot load; the message names the tensor, what was expected and found."""
 
 
-def checkpoint_files(path: Path) -> dict[str, Path]:
-    """tensor name → file, from ``model.safetensors.index.json`` or the lone ``*.safetensors`` files."""
-    from safetensors import safe_open
+_ST_DTYPES = {"F8_E4M3": FP8_DTYPE, "F8_E5M2": torch.float8_e5m2, "BF16": torch.bfloat16, "F16": torch.float16,
+              "F32": torch.float32, "F64": torch.float64, "I8": torch.int8, "U8": torch.uint8, "I16": torch.int16,
+              "I32": torch.int32, "I64": torch.int64, "BOOL": torch.bool}
 
+
+def _headers(f: Path) -> list[str]:
+    """The tensor names in one safetensors file, from its header alone; a file we cannot read is an error naming it."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(f, "pt") as fh:
+            return list(fh.keys())
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{f.name}: not a readable safetensors file ({e})") from None
+
+
+def checkpoint_files(path: Path) -> dict[str, Path]:
+    """tensor name → file, from ``model.safetensors.index.json`` or the lone ``*.safetensors`` files. Every file's
+    header is read first (seconds for a real checkpoint's ~140 shards): a truncated shard or an index that names a
+    tensor its shard lacks is an error naming the file before any weight is read."""
     index = path / "model.safetensors.index.json"
     if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(f"{index.name} is not a safetensors index (JSON with a 'weight_map'): {e!r}") from None
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index.name}: 'weight_map' must map tensor names to files")
         files = {name: path / f for name, f in weight_map.items()}
-        for f in set(files.values()):
+        by_file: dict[Path, list[str]] = {}
+        for name, f in files.items():
+            by_file.setdefault(f, []).append(name)
+        for f, names in sorted(by_file.items()):
             if not f.exists():
                 raise CheckpointError(f"{index.name} names {f.name}, which does not exist")
+            held = set(_headers(f))
+            lacking = [n for n in names if n not in held]
+            if lacking:
+                raise CheckpointError(f"{index.name} puts {lacking[0]} in {f.name}, which does not hold it"
+                                      + (f" (and {len(lacking) - 1} more)" if len(lacking) > 1 else ""))
         return files
     shards = sorted(path.glob("*.safetensors"))
     if not shards:
         raise CheckpointError(f"no *.safetensors files in {path}")
-    files = {}
-    for f in shards:
-        with safe_open(f, "pt") as fh:
-            files.update({k: f for k in fh.keys()})
-    return files
+    return {k: f for f in shards for k in _headers(f)}
 
 
 def checkpoint_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -81,24 +106,24 @@ def fp8_linears(model: nn.Module, quantized: set[str]) -> None:
             mod.to_fp8()
 
 
-def _shard(name: str, t: torch.Tensor, shard: MoeShard) -> torch.Tensor:
-    """Slice a full checkpoint tensor to this rank's part: tp splits the MLP intermediate dim (rows of
-    gate/up, columns of down; FP8 scales by whole 128-blocks); ep keeps whole experts."""
+def _shard(name: str, shape: tuple[int, ...], shard: MoeShard) -> tuple[int, int, int] | None:
+    """This rank's part of a full checkpoint tensor as (dim, start, length), None for all of it: tp splits the MLP
+    intermediate dim (rows of gate/up, columns of down; FP8 scales by whole 128-blocks); ep keeps whole experts."""
     if shard.world_size == 1:
-        return t
+        return None
     m = _EXPERT.match(name)
     if m:
         if shard.mode == "ep":
-            return t
+            return None
         proj = m[3]
     else:
         m = _TP_MLP.search(name)
         if not m:
-            return t
+            return None
         proj = m[1]
-    dim = -1 if proj == "down_proj" else -2
-    n = t.shape[dim] // shard.world_size
-    return t.narrow(dim, shard.rank * n, n)
+    dim = len(shape) - 1 if proj == "down_proj" else len(shape) - 2
+    n = shape[dim] // shard.world_size
+    return dim, shard.rank * n, n
 
 
 def _check_tp_divisible(cfg: ModelConfig, shard: MoeShard, fp8: bool) -> None:
@@ -107,7 +132,7 @@ def _check_tp_divisible(cfg: ModelConfig, shard: MoeShard, fp8: bool) -> None:
     if shard.mode == "tp":
         dims["moe_intermediate_size (per expert)"] = cfg.moe_intermediate_size
     for field, d in dims.items():
-        unit = shard.world_size * (128 if fp8 else 1)
+        unit = shard.world_size * (128 if fp8 and shard.world_size > 1 else 1)   # one rank: a partial last block is fine
         if d % unit:
             raise ValueError(f"{field}={d} cannot be split over {shard.world_size} ranks"
                              + (" in whole 128-column FP8 blocks" if fp8 else ""))
@@ -159,7 +184,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.bfloat16, device: st
     for f, names in by_file.items():
         with safe_open(f, "pt", device="cpu") as fh:
             for name in names:
-                _load_one(name, fh.get_tensor(name), params, expected, scales, cfg, model.shard, experts)
+                _load_one(name, fh.get_slice(name), params, expected, scales, model.shard, experts)
                 bar.update(1)
     bar.close()
     return model.eval()
@@ -172,11 +197,10 @@ def _empty_model(cfg: ModelConfig, shard: MoeShard, fp8: set[str], dtype: torch.
     with torch.device("meta"):
         model = GlmForCausalLM(cfg, shard)
     fp8_linears(model, fp8)
-    model.to_empty(device=device)
-    for name, p in model.named_parameters():
+    for name, p in model.named_parameters():      # on meta: the device then holds only the final dtypes, not fp32 first
         if p.dtype == torch.float32 and not name.endswith("_scale_inv") and not _FP32_PARAMS.search(name):
             p.data = p.data.to(dtype)
-    return model
+    return model.to_empty(device=device)
 
 
 def dummy_model(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
@@ -203,23 +227,27 @@ def dummy_model(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, device: s
     return model.eval()
 
 
-def _load_one(name: str, t: torch.Tensor, params: dict, expected: dict, scales: set[str], cfg: ModelConfig,
-              shard: MoeShard, experts: range) -> None:
+def _load_one(name: str, sl, params: dict, expected: dict, scales: set[str], shard: MoeShard,
+              experts: range) -> None:
+    """Check one checkpoint tensor by its header (``sl``: safetensors' lazy slice) and read what this rank keeps of
+    it: nothing of another rank's experts, the rank's rows or columns of a tp-split MLP weight."""
     is_scale = name.endswith(".weight_scale_inv")
     weight_name = name[: -len("_scale_inv")] if is_scale else name
-    shape = expected[weight_name]
+    shape, found = expected[weight_name], tuple(sl.get_shape())
+    dtype = _ST_DTYPES.get(sl.get_dtype())
+    named = dtype if dtype is not None else sl.get_dtype()
     quantized = weight_name in scales
     if is_scale:
         want = tuple(-(-d // 128) for d in shape)
-        if tuple(t.shape) != want or t.dtype != torch.float32:
-            raise CheckpointError(f"tensor {name}: expected float32 {list(want)}, found {t.dtype} {list(t.shape)}")
+        if found != want or dtype != torch.float32:
+            raise CheckpointError(f"tensor {name}: expected float32 {list(want)}, found {named} {list(found)}")
     else:
-        if tuple(t.shape) != shape:
-            raise CheckpointError(f"tensor {name}: expected shape {list(shape)}, found {list(t.shape)}")
-        if quantized and t.dtype != FP8_DTYPE:
-            raise CheckpointError(f"tensor {name}: has a weight_scale_inv so expected float8_e4m3fn, found {t.dtype}")
-        if not quantized and not t.is_floating_point() or (not quantized and t.dtype == FP8_DTYPE):
-            raise CheckpointError(f"tensor {name}: expected a bf16/fp16/fp32 tensor, found {t.dtype}")
+        if found != shape:
+            raise CheckpointError(f"tensor {name}: expected shape {list(shape)}, found {list(found)}")
+        if quantized and dtype != FP8_DTYPE:
+            raise CheckpointError(f"tensor {name}: has a weight_scale_inv so expected float8_e4m3fn, found {named}")
+        if not quantized and (dtype is None or not dtype.is_floating_point or dtype.itemsize == 1):
+            raise CheckpointError(f"tensor {name}: expected a bf16/fp16/fp32 tensor, found {named}")
     m = _EXPERT.match(name)
     if m:
         e = int(m[2])
@@ -228,7 +256,13 @@ def _load_one(name: str, t: torch.Tensor, params: dict, expected: dict, scales: 
         target = params[f"{m[1]}.{m[3]}.{m[4]}"][e - experts.start]
     else:
         target = params[name]
-    target.data.copy_(_shard(name, t, shard))
+    part = _shard(name, found, shard)
+    if part is None:
+        t = sl[:]
+    else:
+        dim, start, n = part
+        t = sl[start:start + n] if dim == 0 else sl[:, start:start + n]
+    target.data.copy_(t)
 
 
 # ---- random weights ----------------------------------------------------------------------------

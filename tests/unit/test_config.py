@@ -102,3 +102,40 @@ def test_our_packages_shadow_no_installed_distribution():
     owners = importlib.metadata.packages_distributions()
     clashes = {name: owners[name] for name in ours if set(owners.get(name, [])) - {"glmserve"}}
     assert not clashes, clashes
+
+
+@pytest.mark.parametrize("model_type", ["glm_moe_dsa", "deepseek_v32"])
+def test_a_field_left_out_or_null_is_what_transformers_fills_in(model_type):
+    """A config.json without ``routed_scaling_factor`` was scaled by 1.0 where transformers builds 2.5 (|Δlogit| 0.32),
+    ``rms_norm_eps`` 1e-6 for 1e-5, ``max_position_embeddings`` 4096 for 202752 (session 58's loader review): a field
+    left out, or null, takes the value transformers' config class gives it, per model type."""
+    transformers = pytest.importorskip("transformers")
+    hf = {"glm_moe_dsa": transformers.GlmMoeDsaConfig, "deepseek_v32": transformers.DeepseekV32Config}[model_type]
+    keys = ("routed_scaling_factor", "rms_norm_eps", "max_position_embeddings", "n_shared_experts",
+            "first_k_dense_replace", "n_group", "topk_group")
+    d = {**base(), "model_type": model_type, "n_routed_experts": 64, "num_experts_per_tok": 4}
+    d.pop("indexer_types") if model_type == "deepseek_v32" else None
+    for k in keys:
+        d.pop(k)
+    d.pop("mlp_layer_types")
+    default = hf()
+    for cfg in (ModelConfig.from_dict(d), ModelConfig.from_dict({**d, **dict.fromkeys(keys)})):
+        assert {k: getattr(cfg, k) for k in keys} == {k: getattr(default, k) for k in keys}
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"num_experts": 8}, "'num_experts' .* and 'n_routed_experts' .* disagree"),
+    ({"rope_parameters": {"type": "linear", "rope_theta": 1e4, "factor": 2.0}}, "rope_type' is 'linear'"),
+    ({"routed_scaling_factor": "2.5"}, "routed_scaling_factor"),
+    ({"max_position_embeddings": 0}, "max_position_embeddings"),
+])
+def test_more_bad_values_name_the_field(change, match):
+    with pytest.raises(ConfigError, match=match):
+        ModelConfig.from_dict({**base(), **change})
+
+
+def test_rope_interleave_false_is_ignored_as_transformers_does(caplog):
+    """transformers >= 5.11 and vLLM interleave the MLA RoPE whatever ``rope_interleave`` says: so do we, with a
+    warning (it switched our model to split halves)."""
+    assert ModelConfig.from_dict({**base(), "rope_interleave": False}).rope_interleave
+    assert "'rope_interleave' is false: ignored" in caplog.text

@@ -82,3 +82,32 @@ def test_fp8_checkpoint_is_quantized_by_scale_presence(tmp_path, tiny_config):
     assert attn.q_a_proj.weight.dtype == torch.float8_e4m3fn
     assert attn.indexer.weights_proj.weight.dtype == torch.bfloat16
     assert model.model.layers[2].mlp.gate.weight.dtype == torch.float32
+
+
+@pytest.mark.parametrize("damage,match", [
+    ("truncate", r"model-00001-of-00003.safetensors: not a readable safetensors file"),
+    ("misplaced", r"index.json puts \S+ in model-00003-of-00003.safetensors, which does not hold it"),
+    ("no_weight_map", r"is not a safetensors index \(JSON with a 'weight_map'\)"),
+    ("not_json", r"is not a safetensors index"),
+])
+def test_a_damaged_checkpoint_is_named_before_any_weight_is_read(tmp_path, tiny_config, monkeypatch, damage, match):
+    """A truncated shard, or an index that disagrees with its shards, was a bare SafetensorError / KeyError without the
+    file's name, raised only once every earlier shard had been read (session 58's loader review): every header is read
+    first and the error names the file."""
+    path = write_checkpoint(tmp_path, tiny_config, num_shards=3)
+    index = path / "model.safetensors.index.json"
+    if damage == "truncate":
+        f = path / "model-00001-of-00003.safetensors"
+        f.write_bytes(f.read_bytes()[:-100])
+    elif damage == "misplaced":
+        data = json.loads(index.read_text())
+        name = next(n for n, f in data["weight_map"].items() if f.startswith("model-00001"))
+        data["weight_map"][name] = "model-00003-of-00003.safetensors"
+        index.write_text(json.dumps(data))
+    else:
+        index.write_text("{" if damage == "not_json" else json.dumps({"metadata": {}}))
+    import models.loader as loader
+
+    monkeypatch.setattr(loader, "_load_one", lambda *a: pytest.fail("a weight was read"))
+    with pytest.raises(CheckpointError, match=match):
+        load_model(path, progress=False)
