@@ -400,11 +400,11 @@ class Scheduler:
                 if num_new + len(drafts) > budget:
                     decoding = False
                     continue
-                if not self._reserve_or_preempt(req, num_new + len(drafts), preempted):
+                if not self._reserve_or_preempt(req, num_new, preempted):
                     continue    # req itself was the worst-ranked and got preempted: the running list ends at i
                 if req.status is not RequestStatus.DECODING:
                     continue    # preempted while reserving for a younger one
-                seq = self._make_seq(req, num_new, drafts)
+                seq = self._make_seq(req, num_new, self._fit_drafts(req, num_new, drafts))
                 i += 1
             seqs.append(seq)
             budget -= len(seq.token_ids)
@@ -458,6 +458,15 @@ class Scheduler:
         room = min(max_drafts, budget - num_new, req.params.max_tokens - len(req.output_ids) - 1,
                    self.config.max_model_len - req.num_tokens - 1)
         return req.draft_ids[: max(room, 0)]
+
+    def _fit_drafts(self, req: Request, num_new: int, drafts: list[int]) -> list[int]:
+        """The drafts that ``req``'s blocks and the free ones hold: drafts are optional, so none is bought by a
+        preemption (one preempted the drafting request itself, which then started over from its first token)."""
+        while drafts and not self.pool.can_allocate(self._blocks_to_add(req, num_new + len(drafts))):
+            drafts = drafts[:-1]
+        if drafts:
+            req.block_ids += self.pool.allocate(self._blocks_to_add(req, num_new + len(drafts)))
+        return drafts
 
     def _reserve_or_preempt(self, req: Request, num_new: int, preempted: list[str]) -> bool:
         """Grow req's block table for num_new tokens, preempting the worst-ranked running requests (FCFS: the
