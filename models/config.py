@@ -60,6 +60,43 @@ class Fp8Config:
     modules_to_not_convert: tuple[str, ...] = ()
 
 
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's ``0.1 · mscale · ln(scale) + 1`` (its paper's Eq. 21), 1 for no scaling (transformers'
+    ``yarn_get_mscale``)."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+@dataclass(frozen=True)
+class Yarn:
+    """YaRN RoPE scaling (``rope_type: yarn``; DeepSeek-V3.2's config has it, no GLM-5.x's), computed as transformers
+    does: inverse frequencies blended between interpolated and extrapolated by a ramp over the rotary dims, and the
+    attention's softmax scale times ``yarn_mscale(factor, mscale_all_dim)²`` (MLA's). The cos/sin factor transformers
+    would apply besides (``attention_factor``) must be 1 — mscale = mscale_all_dim, as DeepSeek's configs set them."""
+
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale_all_dim: float = 0.0
+    truncate: bool = True
+
+    def ramp(self, dim: int, theta: float) -> tuple[float, float]:
+        """The rotary dims' range over which the frequencies pass from extrapolated (below ``low``) to interpolated
+        (above ``high``), as transformers' ``find_correction_range``."""
+        def at(rotations: float) -> float:
+            turns = self.original_max_position_embeddings / (rotations * 2 * math.pi)
+            return dim * math.log(turns) / (2 * math.log(theta))
+        low, high = at(self.beta_fast), at(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        return max(low, 0), min(high, dim - 1)
+
+    @property
+    def softmax_mscale(self) -> float:
+        """The factor MLA's softmax scale takes twice (``scale · m · m``), 1 without ``mscale_all_dim``."""
+        return yarn_mscale(self.factor, self.mscale_all_dim) if self.mscale_all_dim else 1.0
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     model_type: str
@@ -91,6 +128,7 @@ class ModelConfig:
     hidden_act: str = "silu"
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
+    rope_yarn: Yarn | None = None
     rope_interleave: bool = True
     indexer_rope_interleave: bool = True
     max_position_embeddings: int = 4096
@@ -157,7 +195,13 @@ class ModelConfig:
         d["indexer_types"] = list(self.indexer_types)
         d["mlp_layer_types"] = list(self.mlp_layer_types)
         d["eos_token_id"] = list(self.eos_token_ids) if len(self.eos_token_ids) != 1 else self.eos_token_ids[0]
+        d.pop("rope_yarn")
         d["rope_parameters"] = {"rope_theta": self.rope_theta, "rope_type": "default"}
+        if self.rope_yarn is not None:
+            y = self.rope_yarn
+            d["rope_parameters"].update(rope_type="yarn", factor=y.factor, beta_fast=y.beta_fast, beta_slow=y.beta_slow,
+                                        original_max_position_embeddings=y.original_max_position_embeddings,
+                                        attention_factor=1.0, mscale_all_dim=y.mscale_all_dim, truncate=y.truncate)
         d["architectures"] = ["GlmMoeDsaForCausalLM" if self.model_type == "glm_moe_dsa" else "DeepseekV32ForCausalLM"]
         d["qk_head_dim"] = self.qk_head_dim
         d["head_dim"] = self.qk_rope_head_dim
@@ -232,15 +276,17 @@ def _parse(d: dict[str, Any]) -> ModelConfig:
         if isinstance(d[key], bool) or not isinstance(d[key], int | float) or d[key] <= 0:
             raise ConfigError(f"config field '{key}' must be a positive number, got {d[key]!r}")
 
-    rope = d.get("rope_parameters") or {}
-    if not isinstance(rope, dict):
-        raise ConfigError(f"config field 'rope_parameters' must be an object, got {rope!r}")
-    if d.get("rope_scaling"):
-        raise ConfigError("config field 'rope_scaling' (YaRN) is not supported; GLM-5.x uses rope_type 'default'")
+    rope = {}
+    for key in ("rope_scaling", "rope_parameters"):       # the legacy name (DeepSeek's configs), then transformers 5's
+        if d.get(key) is not None and not isinstance(d[key], dict):
+            raise ConfigError(f"config field '{key}' must be an object, got {d[key]!r}")
+        rope.update(d.get(key) or {})
     rope_type = rope.get("rope_type", rope.get("type", "default"))      # "type": the legacy name transformers maps
-    if rope_type != "default":
-        raise ConfigError(f"config field 'rope_parameters.rope_type' is {rope_type!r}; only 'default' is supported")
+    if rope_type not in ("default", "yarn"):
+        raise ConfigError(f"config field 'rope_parameters.rope_type' is {rope_type!r}; 'default' and 'yarn' are "
+                          "supported")
     rope_theta = float(rope.get("rope_theta", d.get("rope_theta") or 10000.0))
+    yarn = _parse_yarn(rope, ints["max_position_embeddings"]) if rope_type == "yarn" else None
     if d.get("rope_interleave") is False:     # transformers >= 5.11 and vLLM interleave whatever it says
         _log.warning("config field 'rope_interleave' is false: ignored, GLM-5 / DeepSeek-V3.2 MLA RoPE is interleaved "
                      "(as transformers and vLLM take it)")
@@ -300,14 +346,37 @@ def _parse(d: dict[str, Any]) -> ModelConfig:
         indexer_types=tuple(indexer_types), mlp_layer_types=tuple(mlp_types),
         n_group=n_group, topk_group=topk_group, routed_scaling_factor=float(d["routed_scaling_factor"]),
         norm_topk_prob=bool(d.get("norm_topk_prob", True)), rms_norm_eps=float(d["rms_norm_eps"]),
-        rope_theta=rope_theta, rope_interleave=True, indexer_rope_interleave=(model_type == "glm_moe_dsa"),
-        first_k_dense_replace=first_k,
+        rope_theta=rope_theta, rope_yarn=yarn, rope_interleave=True,
+        indexer_rope_interleave=(model_type == "glm_moe_dsa"), first_k_dense_replace=first_k,
         num_nextn_predict_layers=int(n_mtp),
         index_share_for_mtp_iteration=bool(d.get("index_share_for_mtp_iteration", False)),
         bos_token_id=d.get("bos_token_id"), eos_token_ids=eos_ids, pad_token_id=d.get("pad_token_id"),
         dtype=str(d.get("dtype") or d.get("torch_dtype") or "bfloat16"),
         quantization=_parse_quant(d.get("quantization_config")), raw=raw,
     )
+
+
+def _parse_yarn(rope: dict, max_positions: int) -> Yarn:
+    def number(key: str, default: float | None) -> float:
+        v = rope.get(key, default)
+        if v is None or isinstance(v, bool) or not isinstance(v, int | float):
+            raise ConfigError(f"config field 'rope_parameters.{key}' (YaRN) must be a number, got {v!r}")
+        return float(v)
+
+    factor = number("factor", None)
+    yarn = Yarn(factor=factor, original_max_position_embeddings=int(number("original_max_position_embeddings",
+                                                                            max_positions)),
+                beta_fast=number("beta_fast", 32.0) or 32.0, beta_slow=number("beta_slow", 1.0) or 1.0,
+                mscale_all_dim=number("mscale_all_dim", 0.0), truncate=bool(rope.get("truncate", True)))
+    mscale, all_dim = rope.get("mscale"), yarn.mscale_all_dim
+    attention = rope.get("attention_factor")
+    if attention is None:        # transformers' inference of the cos/sin factor
+        attention = yarn_mscale(factor, mscale) / yarn_mscale(factor, all_dim) if mscale and all_dim else \
+            yarn_mscale(factor)
+    if abs(attention - 1.0) > 1e-12:
+        raise ConfigError(f"config field 'rope_parameters' (YaRN): an attention_factor of {attention:.6g} (cos/sin "
+                          "scaled) is not supported; DeepSeek's configs set mscale = mscale_all_dim, which makes it 1")
+    return yarn
 
 
 def _check_list(values: Any, name: str, length: int, allowed: set[str]) -> list[str]:

@@ -23,7 +23,7 @@ from torch import nn
 from glmkernels import ops
 from glmkernels.reference import FP8_DTYPE, CacheRows
 from models.cache import Batch, KVCache
-from models.config import ModelConfig, num_blocks
+from models.config import ModelConfig, Yarn, num_blocks
 
 
 @dataclass(frozen=True)
@@ -130,10 +130,17 @@ class LayerNorm(nn.Module):
 
 
 @functools.cache
-def inv_freq(dim: int, theta: float, device: torch.device) -> torch.Tensor:
-    """RoPE's inverse frequencies [dim/2] fp32 on ``device``, computed as HF does, once per device (first made
-    by an eager step: a decode graph's capture follows its warm-up)."""
-    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float, device=device) / dim))
+def inv_freq(dim: int, theta: float, device: torch.device, yarn: Yarn | None = None) -> torch.Tensor:
+    """RoPE's inverse frequencies [dim/2] fp32 on ``device``, computed as HF does (YaRN's blend too), once per device
+    (first made by an eager step: a decode graph's capture follows its warm-up)."""
+    pos_freqs = theta ** (torch.arange(0, dim, 2, dtype=torch.float, device=device) / dim)
+    if yarn is None:
+        return 1.0 / pos_freqs
+    low, high = yarn.ramp(dim, theta)
+    high += 0.001 if low == high else 0.0
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1).to(device)
+    extrapolated = 1 - ramp
+    return 1.0 / (yarn.factor * pos_freqs) * (1 - extrapolated) + 1.0 / pos_freqs * extrapolated
 
 
 @dataclass
@@ -144,8 +151,9 @@ class Rope:
     sin: torch.Tensor
 
     @classmethod
-    def at(cls, positions: torch.Tensor, dim: int, theta: float, dtype: torch.dtype) -> Rope:
-        ang = positions[:, None] * inv_freq(dim, theta, positions.device)[None, :]     # fp32, as .float() * f
+    def at(cls, positions: torch.Tensor, cfg: ModelConfig, dtype: torch.dtype) -> Rope:
+        freq = inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta, positions.device, cfg.rope_yarn)
+        ang = positions[:, None] * freq[None, :]                                     # fp32, as .float() * f
         return cls(ang.cos().to(dtype), ang.sin().to(dtype))
 
     def apply(self, x: torch.Tensor, interleaved: bool) -> torch.Tensor:
@@ -210,7 +218,8 @@ class Attention(nn.Module):
         self.kv_b_proj = Linear(cfg.kv_lora_rank, nh * (cfg.qk_nope_head_dim + cfg.v_head_dim))
         self.o_proj = Linear(nh * cfg.v_head_dim, cfg.hidden_size)
         self.indexer = Indexer(cfg) if has_indexer else None
-        self.scale = cfg.qk_head_dim ** -0.5
+        m = cfg.rope_yarn.softmax_mscale if cfg.rope_yarn else 1.0
+        self.scale = cfg.qk_head_dim ** -0.5 * m * m            # (YaRN's mscale², in transformers' order)
 
     def forward(self, h: torch.Tensor, rope: Rope, batch: Batch, cache: KVCache, layer: int,
                 carried_topk: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -416,7 +425,7 @@ class GlmForCausalLM(nn.Module):
     def _embed(self, ids: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, Rope]:
         """The embeddings of ``ids`` and the rope angles of the step's positions (one op: ``embed_rope``)."""
         cfg = self.config
-        freq = inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta, ids.device)
+        freq = inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta, ids.device, cfg.rope_yarn)
         x, cos, sin = ops.embed_rope(ids, self.model.embed_tokens.weight, batch.positions, freq)
         return x, Rope(cos, sin)
 
@@ -456,6 +465,6 @@ class GlmForCausalLM(nn.Module):
         e, rope = self._embed(next_ids, batch)
         z = mtp.eh_proj(torch.cat([mtp.enorm(e), mtp.hnorm(hidden)], dim=-1))
         if z.dtype != e.dtype:                   # the angles in the activations' dtype (as HF casts them)
-            rope = Rope.at(batch.positions, self.config.qk_rope_head_dim, self.config.rope_theta, z.dtype)
+            rope = Rope.at(batch.positions, self.config, z.dtype)
         x, m, topk = mtp(z, rope, batch, cache, topk)
         return mtp.shared_head.norm.add_forward(m, x)[0], topk

@@ -27,6 +27,9 @@ from models.glm5 import GlmForCausalLM, Linear, MoeShard
 _EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|weight_scale_inv)$")
 _TP_MLP = re.compile(r"\.mlp\.(?:shared_experts\.)?(gate_proj|up_proj|down_proj)\.(?:weight|weight_scale_inv)$")
 _FP32_PARAMS = re.compile(r"\.mlp\.gate\.(weight|e_score_correction_bias)$")
+# DeepSeek's checkpoints give the MTP layer copies of the embedding and the lm_head; it shares the target's (as GLM's
+# checkpoints, which hold no copies): checked by shape, not read
+_MTP_COPIES = re.compile(r"^model\.layers\.(\d+)\.(embed_tokens\.weight|shared_head\.head\.weight)$")
 
 
 class CheckpointError(ValueError):
@@ -163,8 +166,10 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.bfloat16, device: st
         if w not in files:
             raise CheckpointError(f"tensor {w}_scale_inv has no weight {w} beside it")
     expected = checkpoint_shapes(cfg)
+    copies = {n for n in files if (m := _MTP_COPIES.match(n)) and int(m[1]) >= cfg.num_hidden_layers}
     _check_tp_divisible(cfg, shard, fp8=bool(scales))
-    unexpected = sorted(n for n in files if n not in expected and n[: -len("_scale_inv")] not in scales)
+    unexpected = sorted(n for n in files
+                        if n not in expected and n not in copies and n[: -len("_scale_inv")] not in scales)
     if unexpected:
         raise CheckpointError(f"unexpected tensor(s) in checkpoint: {unexpected[:5]}"
                               + (f" and {len(unexpected) - 5} more" if len(unexpected) > 5 else ""))
@@ -184,7 +189,13 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.bfloat16, device: st
     for f, names in by_file.items():
         with safe_open(f, "pt", device="cpu") as fh:
             for name in names:
-                _load_one(name, fh.get_slice(name), params, expected, scales, model.shard, experts)
+                if name in copies:
+                    shape = tuple(fh.get_slice(name).get_shape())
+                    if shape != (cfg.vocab_size, cfg.hidden_size):
+                        raise CheckpointError(f"tensor {name}: expected shape {[cfg.vocab_size, cfg.hidden_size]}, "
+                                              f"found {list(shape)}")
+                else:
+                    _load_one(name, fh.get_slice(name), params, expected, scales, model.shard, experts)
                 bar.update(1)
     bar.close()
     return model.eval()

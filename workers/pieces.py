@@ -213,7 +213,7 @@ class PieceGraphs:
 
     def _rope(self, T: int) -> None:
         cfg = self.model.config
-        rope = Rope.at(self.positions[:T], cfg.qk_rope_head_dim, cfg.rope_theta, self.x.dtype)
+        rope = Rope.at(self.positions[:T], cfg, self.x.dtype)
         self.cos[:T].copy_(rope.cos)
         self.sin[:T].copy_(rope.sin)
 

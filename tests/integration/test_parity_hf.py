@@ -169,15 +169,28 @@ def test_made_checkpoints_load_and_match_hf(tmp_path, tiny_config, kind):
     assert diff <= TOL
 
 
-def test_deepseek_v32_matches_hf(tmp_path):
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
+        "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
+
+
+@pytest.mark.parametrize("model_type,rope", [("deepseek_v32", "default"), ("deepseek_v32", "yarn"),
+                                             ("glm_moe_dsa", "yarn")])
+def test_deepseek_v32_matches_hf(tmp_path, model_type, rope):
+    """DeepSeek-V3.2 (half-split indexer RoPE, no IndexShare), and YaRN RoPE scaling (DeepSeek-V3.2's real config has
+    it: factor 40 over 4096 positions; here 4 over 16) as transformers computes it — blended frequencies and MLA's
+    softmax scale × mscale² — for either model type."""
     import json
 
     d = json.loads((CONFIGS / "glm5-tiny-random.json").read_text())
-    d.update(model_type="deepseek_v32", architectures=["DeepseekV32ForCausalLM"])
-    for k in ("indexer_types", "index_share_for_mtp_iteration", "index_topk_freq", "index_skip_topk_offset",
-              "index_topk_pattern", "indexer_rope_interleave"):
-        d.pop(k, None)
+    if model_type == "deepseek_v32":
+        d.update(model_type="deepseek_v32", architectures=["DeepseekV32ForCausalLM"])
+        for k in ("indexer_types", "index_share_for_mtp_iteration", "index_topk_freq", "index_skip_topk_offset",
+                  "index_topk_pattern", "indexer_rope_interleave"):
+            d.pop(k, None)
+    if rope == "yarn":
+        d["rope_parameters"] = YARN
     cfg = ModelConfig.from_dict(d)
+    assert (cfg.rope_yarn is not None) == (rope == "yarn")
     path = write_checkpoint(tmp_path, cfg, seed=5, dtype="float32")
     ours = load_model(path, dtype=torch.float32, progress=False)
     hf = hf_model(path)
@@ -186,5 +199,5 @@ def test_deepseek_v32_matches_hf(tmp_path):
     with torch.no_grad():
         ref = hf(ids[None]).logits[0]
     diff = (logits - ref).abs().max().item()
-    print(f"deepseek_v32: max |Δlogit| = {diff:.2e}")
+    print(f"{model_type} {rope}: max |Δlogit| = {diff:.2e}")
     assert diff <= TOL

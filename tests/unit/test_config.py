@@ -52,7 +52,7 @@ def test_indexer_types_derived_when_absent():
     ({"mlp_layer_types": ["dense"] * 5}, "mlp_layer_types"),
     ({"indexer_types": ["shared"] + ["full"] * 5}, "indexer_types"),
     ({"indexer_types": ["full", "half", "full", "full", "full", "full"]}, "indexer_types"),
-    ({"rope_parameters": {"rope_type": "yarn", "factor": 4}}, "rope_parameters.rope_type"),
+    ({"rope_parameters": {"rope_type": "longrope", "factor": 4}}, "rope_parameters.rope_type"),
     ({"scoring_func": "softmax"}, "scoring_func"),
     ({"qk_head_dim": 99}, "qk_head_dim"),
     ({"frobnicate": 1}, "frobnicate"),
@@ -139,3 +139,22 @@ def test_rope_interleave_false_is_ignored_as_transformers_does(caplog):
     warning (it switched our model to split halves)."""
     assert ModelConfig.from_dict({**base(), "rope_interleave": False}).rope_interleave
     assert "'rope_interleave' is false: ignored" in caplog.text
+
+
+def test_deepseek_v32s_yarn_rope_scaling_is_read_in_either_form():
+    """DeepSeek-V3.2's config.json writes YaRN under the legacy ``rope_scaling`` (``type``) beside ``rope_theta``;
+    transformers 5 under ``rope_parameters``: the same scaling either way, and back through ``to_dict``. A YaRN whose
+    cos/sin factor is not 1 (no mscale = mscale_all_dim) is refused, naming the field (our RoPE kernels take no factor)."""
+    ds = {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+          "original_max_position_embeddings": 4096, "type": "yarn"}
+    d = {**base(), "model_type": "deepseek_v32", "rope_theta": 10000, "rope_scaling": ds}
+    for k in ("indexer_types", "index_share_for_mtp_iteration", "rope_parameters"):
+        d.pop(k, None)
+    cfg = ModelConfig.from_dict(d)
+    assert cfg.rope_yarn is not None and cfg.rope_yarn.factor == 40 and cfg.rope_theta == 10000
+    assert cfg.rope_yarn.original_max_position_embeddings == 4096 and cfg.rope_yarn.softmax_mscale > 1
+    new_form = {**d, "rope_parameters": {**ds, "rope_theta": 10000}}
+    new_form.pop("rope_scaling")
+    assert ModelConfig.from_dict(new_form) == cfg == ModelConfig.from_dict(cfg.to_dict())
+    with pytest.raises(ConfigError, match="rope_parameters.*attention_factor"):
+        ModelConfig.from_dict({**d, "rope_scaling": {**ds, "mscale": 0.0}})

@@ -111,3 +111,17 @@ def test_a_damaged_checkpoint_is_named_before_any_weight_is_read(tmp_path, tiny_
     monkeypatch.setattr(loader, "_load_one", lambda *a: pytest.fail("a weight was read"))
     with pytest.raises(CheckpointError, match=match):
         load_model(path, progress=False)
+
+
+def test_deepseeks_mtp_copies_of_the_embedding_and_head_are_checked_not_read(tmp_path, tiny_config):
+    """DeepSeek's checkpoints give the MTP layer copies of ``embed_tokens`` and the lm_head (``shared_head.head``); the
+    layer shares the target's: the copies are accepted by their shape (they were 'unexpected tensors')."""
+    path = write_checkpoint(tmp_path, tiny_config, seed=0, dtype="bfloat16")
+    mtp, shape = f"model.layers.{tiny_config.num_hidden_layers}", (tiny_config.vocab_size, tiny_config.hidden_size)
+    rewrite(path, lambda sd: sd.update({f"{mtp}.embed_tokens.weight": torch.zeros(shape),
+                                        f"{mtp}.shared_head.head.weight": torch.zeros(shape)}))
+    model = load_model(path, progress=False)
+    assert model.model.embed_tokens.weight.abs().sum() > 0
+    rewrite(path, lambda sd: sd.__setitem__(f"{mtp}.shared_head.head.weight", torch.zeros(3, 3)))
+    with pytest.raises(CheckpointError, match=r"shared_head.head.weight: expected shape"):
+        load_model(path, progress=False)
