@@ -81,9 +81,9 @@ class MessagesRequest(OpenAIBody):
         """The chat completion this request asks for; a field the chat refuses is a 400 naming the Messages field."""
         messages = self._messages()
         body: dict[str, Any] = {"model": self.model, "messages": messages, "stream": self.stream,
-                                "max_completion_tokens": self.max_tokens, "temperature": self.temperature,
-                                "top_p": self.top_p, "top_k": self.top_k, "priority": self.priority,
+                                "max_completion_tokens": self.max_tokens, "priority": self.priority,
                                 "cache_salt": self.cache_salt}
+        body.update({k: getattr(self, k) for k in ("temperature", "top_p", "top_k") if k in self.model_fields_set})
         if messages[-1]["role"] == "assistant":         # a prefill: the answer continues it
             body.update(add_generation_prompt=False, continue_final_message=True)
         if self.stop_sequences:

@@ -93,6 +93,10 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="glm: chat text before </think> is returned as reasoning_content (default: none)")
     p.add_argument("--tool-parser", default="none", choices=["none", "glm"],
                    help="glm: <tool_call> output of chat requests with tools becomes OpenAI tool_calls (default: none)")
+    p.add_argument("--generation-config", default="auto", choices=["auto", "none"],
+                   help="auto: a request's unset temperature, top_p, top_k, min_p, repetition_penalty and max_tokens "
+                        "take the model's generation_config.json values, as vLLM's server does; none: the API's "
+                        "neutral defaults (default: auto)")
 
 
 def _engine_config(a: argparse.Namespace):
@@ -110,7 +114,8 @@ def _engine_config(a: argparse.Namespace):
                         scheduling_policy=a.scheduling_policy,
                         num_workers=a.num_workers, moe=a.moe, comm=a.comm, speculative_tokens=a.speculative_tokens,
                         load_format=a.load_format, step_channel=a.step_channel, warmup_tokens=a.warmup_tokens,
-                        reasoning_parser=a.reasoning_parser, tool_parser=a.tool_parser)
+                        reasoning_parser=a.reasoning_parser, tool_parser=a.tool_parser,
+                        generation_config=a.generation_config)
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
@@ -171,8 +176,12 @@ def cmd_serve(a: argparse.Namespace) -> int:
     if a.prefill_replicas < 0:
         print("glmserve: error: --prefill-replicas must be >= 0", file=sys.stderr)
         return 2
+    from cluster.local import sampling_defaults
+
     cfg = _engine_config(a)
     cfg.check_model(ModelConfig.from_json(cfg.model))     # before Ray starts: an error in seconds, not minutes
+    if cfg.generation_config == "auto":
+        sampling_defaults(cfg.model)
     return run_server(cfg, host=a.host, port=a.port, drain_timeout_s=a.drain_timeout,
                       stats_interval_s=a.stats_interval, prefill_replicas=a.prefill_replicas)
 

@@ -60,6 +60,9 @@ class EngineConfig:
     log_stats_interval_s: float = 10.0  # the coordinator logs a stats line this often while requests come (0: never)
     reasoning_parser: str = "none"      # glm: chat text before </think> is returned as reasoning_content
     tool_parser: str = "none"           # glm: <tool_call>… in chat output becomes OpenAI tool_calls
+    generation_config: str = "auto"     # auto: a request's unset temperature / top_p / top_k / min_p /
+                                        # repetition_penalty / max_tokens take the model's generation_config.json
+                                        # values (vLLM's --generation-config auto) | none: the API's neutral defaults
 
     def __post_init__(self) -> None:
         for f in fields(self):      # YAML / JSON give any type: a quoted number failed far from its field (TypeError)
@@ -96,6 +99,7 @@ class EngineConfig:
             "speculative_tokens": (0 <= self.speculative_tokens <= 7, "0 to 7"),
             "reasoning_parser": one_of("reasoning_parser", "none", "glm"),
             "tool_parser": one_of("tool_parser", "none", "glm"),
+            "generation_config": one_of("generation_config", "auto", "none"),
             "max_model_len": (self.max_model_len is None or self.max_model_len >= 1, "at least 1 (or unset)"),
             "cuda_graphs": one_of("cuda_graphs", "auto", "off", "eager"),
             "warmup_tokens": (self.warmup_tokens is None or self.warmup_tokens >= 0, "at least 0 (or unset)"),

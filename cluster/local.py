@@ -20,6 +20,39 @@ def load_tokenizer(path: str | Path):
     return Tokenizer.from_dir(path) if (path / "tokenizer.json").exists() else None
 
 
+# What transformers' GenerationConfig holds when generation_config.json says nothing; a value equal to it is no default
+# of the model's (vLLM's ``--generation-config auto`` takes the file's differences from these, as here)
+_HF_GENERATION = {"temperature": 1.0, "top_p": 1.0, "top_k": 50, "min_p": None, "repetition_penalty": 1.0,
+                  "max_new_tokens": None}
+
+
+def sampling_defaults(path: str | Path) -> dict:
+    """The sampling defaults the model's ``generation_config.json`` sets (GLM's ship their recommended temperature /
+    top_p): a request that leaves a field out takes the model's value, as vLLM's and SGLang's servers do. A value out
+    of its range is an error naming the file's field."""
+    import json
+
+    f = Path(path) / "generation_config.json"
+    if not f.is_file():
+        return {}
+    try:
+        data = json.loads(f.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise ValueError(f"{f} is not valid JSON: {e}") from None
+    rules = {"temperature": lambda v: 0 <= v <= 2, "top_p": lambda v: 0 < v <= 1, "min_p": lambda v: 0 <= v <= 1,
+             "top_k": lambda v: isinstance(v, int) and v >= -1, "repetition_penalty": lambda v: v > 0,
+             "max_new_tokens": lambda v: isinstance(v, int) and v >= 1}
+    out = {}
+    for key, ok in rules.items():
+        v = data.get(key) if isinstance(data, dict) else None
+        if v is None or v == _HF_GENERATION[key]:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int | float) or not ok(v):
+            raise ValueError(f"{f.name} field '{key}' has an invalid value {v!r}")
+        out[key] = v
+    return out
+
+
 def max_model_len(cfg: EngineConfig, model_config, num_blocks: int) -> int:
     """The prompt + max_tokens limit: the configured one, else what the positions and the whole KV blocks hold. The
     scheduler enforces it and the HTTP edge advertises and checks it, so both take it from here."""

@@ -138,6 +138,12 @@ class _Sampling(OpenAIBody):
             raise ValueError("stop must not be empty")
         return v
 
+    def with_defaults(self, defaults: dict):
+        """This request with the fields its client left out set to the model's ``defaults`` (``sampling_defaults``;
+        ``max_new_tokens`` bounds a max_tokens left out)."""
+        unset = {k: v for k, v in defaults.items() if k in type(self).model_fields and k not in self.model_fields_set}
+        return self.model_copy(update=unset) if unset else self
+
     def sampling_params(self, max_tokens: int, logprobs: int | None, seed_offset: int = 0,
                         text_breaks: tuple[int, ...] = (), tool_guidance: dict | None = None,
                         tool_call_span: tuple[int, ...] = ()) -> SamplingParams:

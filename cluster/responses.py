@@ -114,9 +114,9 @@ class ResponsesRequest(OpenAIBody):
     def to_chat(self) -> ChatCompletionRequest:
         """The chat completion this request asks for; a field the chat refuses is a 400 naming the Responses field."""
         body: dict[str, Any] = {"model": self.model, "messages": self._messages(), "stream": self.stream,
-                                "temperature": self.temperature, "top_p": self.top_p,
                                 "parallel_tool_calls": self.parallel_tool_calls, "priority": self.priority,
                                 "cache_salt": self.cache_salt}
+        body.update({k: getattr(self, k) for k in ("temperature", "top_p") if k in self.model_fields_set})
         if self.max_output_tokens is not None:
             body["max_completion_tokens"] = self.max_output_tokens
         if self.tools:

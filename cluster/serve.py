@@ -267,7 +267,7 @@ class OpenAIIngress:
     """HTTP edge: parse and validate, template and tokenize, stream events back as OpenAI chunks."""
 
     def __init__(self, coordinator, engine_config: dict):
-        from cluster.local import load_tokenizer, max_model_len
+        from cluster.local import load_tokenizer, max_model_len, sampling_defaults
         from models.config import ModelConfig
 
         self.coord = coordinator
@@ -279,6 +279,7 @@ class OpenAIIngress:
         self.turn_ids = {specials[t] for t in _TURNS if t in specials}
         self.tool_ids = {n: specials[n] for n in TOOL_MARKERS} if all(n in specials for n in TOOL_MARKERS) else None
         self.model_config = ModelConfig.from_json(self.cfg.model)
+        self.sampling_defaults = sampling_defaults(self.cfg.model) if self.cfg.generation_config == "auto" else {}
         # No token holds more bytes than the vocabulary's longest and no character is less than a byte (byte-level
         # BPE drops none), so a longer text cannot fit the context whatever it tokenizes to.
         tok = self.tokenizer
@@ -590,10 +591,11 @@ class OpenAIIngress:
         """Open the request's choices — ``body.n`` of each of ``prompts`` (a completion's batch; a chat's one), choice
         ``p * n + i`` the ``i``-th of prompt ``p`` — on the coordinator (their first events come back: an admission
         error is raised here, before any response starts); returns the formatter and the choices' merged events."""
-        ids = prompts[0]
+        ids, body = prompts[0], body.with_defaults(self.sampling_defaults)
         # max_tokens 0 (a completion's echo alone): one token is sampled, and the formatter drops it
-        max_tokens = max(1, body.max_tokens) if body.max_tokens is not None else (
-            max(1, self.max_model_len - len(ids)) if chat else 16)
+        cap = self.sampling_defaults.get("max_new_tokens", self.max_model_len)       # the model's, where it sets one
+        max_tokens = max(1, body.max_tokens) if body.max_tokens is not None else min(
+            max(1, self.max_model_len - len(ids)) if chat else 16, cap)
         for p in prompts:
             _check_context(body, p, max_tokens, chat, self.max_model_len)
         reasoning = chat and self.cfg.reasoning_parser == "glm"

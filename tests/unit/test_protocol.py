@@ -645,7 +645,8 @@ def test_the_parsers_markers_reach_the_engine_as_text_breaks(reasoning, tools, b
         yield TokenEvent(req_id, [5], "a", finished=True, finish_reason="stop")
 
     ingress = types.SimpleNamespace(
-        max_model_len=64, think_start=sp["<think>"], think_end=sp["</think>"], tokenizer=tok, model_name="m",
+        max_model_len=64, sampling_defaults={}, think_start=sp["<think>"], think_end=sp["</think>"], tokenizer=tok,
+        model_name="m",
         tool_ids={n: sp[n] for n in TOOL_MARKERS}, _open=opened, turn_ids=set(),
         cfg=EngineConfig(reasoning_parser="glm" if reasoning else "none", tool_parser="glm" if tools else "none"))
     ingress._thinking = lambda ids: OpenAIIngress._thinking(ingress, ids)
@@ -783,7 +784,8 @@ def test_n_choices_whose_prompts_cannot_queue_together_are_a_400():
     from cluster.serve import OpenAIIngress
 
     cfg = EngineConfig(max_waiting_tokens=1024, max_model_len=1024, prefix_caching=False)
-    ingress = types.SimpleNamespace(max_model_len=1024, cfg=cfg, think_start=None, tool_ids=None, tokenizer=None)
+    ingress = types.SimpleNamespace(max_model_len=1024, sampling_defaults={}, cfg=cfg, think_start=None, tool_ids=None,
+                                    tokenizer=None)
     body = CompletionRequest.model_validate({"model": "m", "prompt": [5] * 600, "max_tokens": 4, "n": 2})
     with pytest.raises(ApiError) as e:
         asyncio.run(OpenAIIngress._start(ingress, body, [[5] * 600], None, chat=False))
