@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -14,7 +14,16 @@ from cluster.engine import Engine, GroupFailure
 from scheduler import AdmissionError, SamplingParams, SchedulerConfig
 from scheduler.request import FinishReason
 from scheduler.shapes import rank_seqs
-from tests.fuzz.scheduler import VOCAB, Fail, PagedModel, check_sched, expected_output, make_drafts, rand_len
+from tests.fuzz.scheduler import (
+    VOCAB,
+    Fail,
+    PagedModel,
+    Track,
+    check_sched,
+    expected_output,
+    make_drafts,
+    rand_len,
+)
 from workers.runner import StepResult
 
 
@@ -82,11 +91,7 @@ class FakeGroup:
 
 
 @dataclass
-class T:
-    prompt: list
-    params: SamplingParams
-    out: list = field(default_factory=list)
-    ended: str | None = None
+class T(Track):
     error: str | None = None
     refused: bool = False
     export: bool = False
