@@ -20,6 +20,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help="checkpoint folder (default: the embedded tiny model)")
     p.add_argument("--served-model-name", default=None,
                    help="the model name the API serves and expects in requests (default: the checkpoint folder's name)")
+    p.add_argument("--chat-template", default=None,
+                   help="a Jinja file whose template replaces the model's chat template (default: the model folder's "
+                        "chat_template.jinja, else tokenizer_config.json's)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="auto: CUDA where the workers see a GPU, else CPU (default: auto)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
@@ -102,7 +105,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
 def _engine_config(a: argparse.Namespace):
     from cluster.config import EngineConfig
 
-    return EngineConfig(model=a.model, served_model_name=a.served_model_name, device=a.device, dtype=a.dtype,
+    template = str(Path(a.chat_template).resolve()) if a.chat_template else None   # the replicas' cwd may differ
+    return EngineConfig(model=a.model, served_model_name=a.served_model_name, chat_template=template,
+                        device=a.device, dtype=a.dtype,
                         kernels=a.kernels, prefill_activations=a.prefill_activations, kv_cache_tokens=a.kv_cache_tokens,
                         block_size=a.block_size, step_timeout_s=a.step_timeout, cuda_graphs=a.cuda_graphs,
                         piece_graphs=a.piece_graphs, lm_head_split=a.lm_head_split,
@@ -176,12 +181,13 @@ def cmd_serve(a: argparse.Namespace) -> int:
     if a.prefill_replicas < 0:
         print("glmserve: error: --prefill-replicas must be >= 0", file=sys.stderr)
         return 2
-    from cluster.local import sampling_defaults
+    from cluster.local import load_tokenizer, sampling_defaults
 
     cfg = _engine_config(a)
     cfg.check_model(ModelConfig.from_json(cfg.model))     # before Ray starts: an error in seconds, not minutes
     if cfg.generation_config == "auto":
         sampling_defaults(cfg.model)
+    load_tokenizer(cfg.model, cfg.chat_template)
     return run_server(cfg, host=a.host, port=a.port, drain_timeout_s=a.drain_timeout,
                       stats_interval_s=a.stats_interval, prefill_replicas=a.prefill_replicas)
 

@@ -17,6 +17,7 @@ DEFAULT_MODEL = str(Path(__file__).resolve().parents[1] / "models" / "tiny")
 class EngineConfig:
     model: str = DEFAULT_MODEL          # checkpoint folder (config.json + safetensors + tokenizer files)
     served_model_name: str | None = None
+    chat_template: str | None = None    # a Jinja file that replaces the model's chat template (vLLM's --chat-template)
     load_format: str = "auto"           # auto: the checkpoint's weights | dummy: config.json only, random weights
     device: str = "auto"                # auto | cpu | cuda
     dtype: str = "auto"                 # auto (fp32 on CPU, bf16 on GPU) | float32 | bfloat16

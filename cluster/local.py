@@ -12,12 +12,20 @@ from cluster.guided import Guides
 from scheduler.scheduler import SchedulerConfig
 
 
-def load_tokenizer(path: str | Path):
-    """The checkpoint's tokenizer, or None when it ships none (token-id-only serving)."""
+def load_tokenizer(path: str | Path, chat_template: str | None = None):
+    """The checkpoint's tokenizer, or None when it ships none (token-id-only serving); ``chat_template``: a Jinja
+    file whose template replaces the model's."""
     from models.tokenizer import Tokenizer
 
     path = Path(path)
-    return Tokenizer.from_dir(path) if (path / "tokenizer.json").exists() else None
+    if not (path / "tokenizer.json").exists():
+        if chat_template:
+            raise ValueError(f"engine config field 'chat_template' is set, but {path} ships no tokenizer to use it")
+        return None
+    if chat_template and not Path(chat_template).is_file():
+        raise ValueError(f"engine config field 'chat_template': no file {chat_template}")
+    return Tokenizer.from_dir(path, chat_template=Path(chat_template).read_text(encoding="utf-8")
+                              if chat_template else None)
 
 
 # What transformers' GenerationConfig holds when generation_config.json says nothing; a value equal to it is no default

@@ -273,7 +273,7 @@ class OpenAIIngress:
         self.coord = coordinator
         self.cfg = EngineConfig.from_dict(engine_config)
         self.model_name = _model_name(self.cfg)
-        self.tokenizer = load_tokenizer(self.cfg.model)
+        self.tokenizer = load_tokenizer(self.cfg.model, self.cfg.chat_template)
         specials = self.tokenizer.special_ids_by_token() if self.tokenizer else {}
         self.think_start, self.think_end = specials.get("<think>"), specials.get("</think>")
         self.turn_ids = {specials[t] for t in _TURNS if t in specials}

@@ -212,7 +212,8 @@ class Tokenizer:
         self._as_text: HFTokenizer | None = None    # encodes special tokens' text as text (``encode_pieces``)
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> Tokenizer:
+    def from_dir(cls, path: str | Path, chat_template: str | None = None) -> Tokenizer:
+        """The tokenizer of a model folder; ``chat_template`` (a template's text) replaces the folder's."""
         path = Path(path)
         for name in ("tokenizer.json", "tokenizer_config.json"):
             if not (path / name).is_file():
@@ -220,6 +221,8 @@ class Tokenizer:
         config = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
         if (path / "chat_template.jinja").is_file():     # transformers' own file wins over the config's copy
             config["chat_template"] = (path / "chat_template.jinja").read_text(encoding="utf-8")
+        if chat_template is not None:
+            config["chat_template"] = chat_template
         return cls(HFTokenizer.from_file(str(path / "tokenizer.json")), config)
 
     @property

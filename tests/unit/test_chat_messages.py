@@ -61,3 +61,18 @@ def test_messages_nested_too_deeply_to_render_are_a_400():
     with pytest.raises(ApiError) as e:
         asyncio.run(OpenAIIngress._chat_ids(ingress, body))
     assert (e.value.status, e.value.param) == (400, "messages") and "nested too deeply" in e.value.message
+
+
+def test_a_chat_template_file_replaces_the_models(tmp_path):
+    """``chat_template`` (``--chat-template``, vLLM's): an operator's fixed template replaces the model folder's; a
+    missing file, or a template for a checkpoint without a tokenizer, is a config error naming the field."""
+    from cluster.config import DEFAULT_MODEL
+    from cluster.local import load_tokenizer
+
+    f = tmp_path / "fixed.jinja"
+    f.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}{% endfor %}")
+    assert load_tokenizer(DEFAULT_MODEL, str(f)).apply_chat_template([{"role": "user", "content": "hi"}]) == "[user] hi"
+    with pytest.raises(ValueError, match="'chat_template': no file"):
+        load_tokenizer(DEFAULT_MODEL, str(tmp_path / "missing.jinja"))
+    with pytest.raises(ValueError, match="'chat_template' is set, but .* ships no tokenizer"):
+        load_tokenizer(tmp_path, str(f))
