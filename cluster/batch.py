@@ -45,7 +45,7 @@ def parse_line(text: str | bytes, seen: set[str]) -> tuple[str, str, dict]:
     """(custom_id, url, body) of one input line (UTF-8 bytes, or text); raises LineError naming what is wrong. Its
     custom_id counts as used (``seen``) once the line is a request."""
     try:
-        line = json.loads(text.decode("utf-8") if isinstance(text, bytes) else text)
+        line = json.loads(text.decode("utf-8-sig") if isinstance(text, bytes) else text.removeprefix("\ufeff"))
     except UnicodeDecodeError as e:
         raise LineError(f"the line is not UTF-8: {e}") from None
     except ValueError as e:

@@ -69,7 +69,7 @@ class _Sampling(OpenAIBody):
     top_k: int = Field(default=0, ge=-1)  # 0 or -1 (vLLM's clients send it): off
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     n: int = Field(default=1, ge=1, le=8)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-2**63, le=2**63 - 1)      # int64, as vLLM's
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None

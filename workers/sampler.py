@@ -24,7 +24,7 @@ from torch import Tensor
 from scheduler.request import SamplingParams
 
 _SEED_MULT = 1_000_003
-_SEED_MASK = (1 << 63) - 1
+_SEED_MASK = (1 << 63) - 1      # the bits of a seed torch's CPU generator keeps
 TOPK_SELECT = 4096  # rows that all keep at most this many tokens (top-k) select them instead of sorting
 _SCAN_CHUNK = 256
 
@@ -276,8 +276,20 @@ def fill_seeded_noise(row: Tensor, seed: int, index: int) -> Tensor:
     (unclamped; its own generator, seeded by ``(seed, index)``). Speculation draws a seeded request's drafts with the
     same noise, so each draft is the token plain decoding would draw if the draft model were right."""
     gen = torch.Generator(device=row.device)
-    gen.manual_seed((seed * _SEED_MULT + index) & _SEED_MASK)
+    gen.manual_seed(_generator_seed(seed, index))
     return row.exponential_(generator=gen)
+
+
+def _generator_seed(seed: int, index: int) -> int:
+    """The generator seed of a request's ``index``-th draw. torch's CPU generator keeps 63 bits, so a value past them
+    is mixed down (splitmix64's finalizer) rather than cut: int64 seeds that differ in the top bit alone (-1 and
+    2**63 - 1) drew the same tokens. Values within 63 bits (every seed below ~9e12) are kept as they were."""
+    h = (seed * _SEED_MULT + index) & ((1 << 64) - 1)
+    if h > _SEED_MASK:
+        h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9 & ((1 << 64) - 1)
+        h = (h ^ (h >> 27)) * 0x94D049BB133111EB & ((1 << 64) - 1)
+        h ^= h >> 31
+    return h & _SEED_MASK
 
 
 @dataclass

@@ -31,6 +31,7 @@ def test_queue_full_is_429_with_retry_after():
                                         ({"n": True}, "n"), ({"temperature": "0.5"}, "temperature"),
                                         ({"prompt": [True, False]}, "prompt"), ({"prompt": [1.0, 2.0]}, "prompt"),
                                         ({"prompt": [1, "a"]}, "prompt"), ({"prompt": 5}, "prompt"),
+                                        ({"seed": 2**64}, "seed"), ({"seed": -2**63 - 1}, "seed"),   # int64's
                                         ({"stream_options": {"include_usage": "yes"}}, "stream_options.include_usage")])
 def test_validation_errors_name_the_field(body, param):
     from pydantic import ValidationError

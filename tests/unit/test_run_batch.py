@@ -213,3 +213,11 @@ def test_a_base_url_with_v1_reaches_the_same_endpoints(monkeypatch):
     for base in ("http://h:8000", "http://h:8000/", "http://h:8000/v1", "http://h:8000/v1/"):
         batch.http_post(base)("/v1/completions", {})
     assert sent == ["http://h:8000/v1/completions"] * 4
+
+
+def test_a_file_saved_with_a_byte_order_mark_loses_no_line():
+    """Windows editors save UTF-8 with a BOM: the first line was "not JSON" and never sent (session 58's completions
+    review); it is read as the server reads a body (utf-8-sig)."""
+    line = _line("a")
+    for text in ("\ufeff" + line, ("\ufeff" + line).encode()):
+        assert parse_line(text, set())[0] == "a"

@@ -362,3 +362,13 @@ def test_filtering_orders_tied_logits_by_id(top_k):
     for r in range(3):
         for v in values[r].unique():
             assert (order[r][values[r] == v].diff() > 0).all(), (r, float(v))
+
+
+def test_every_int64_seed_draws_its_own_noise():
+    """Seeds were masked to 63 bits: -1 and 2**63 - 1 drew the same tokens (session 58's completions review). Every
+    int64 seed maps to its own generator (the API refuses seeds outside int64)."""
+    from workers.sampler import fill_seeded_noise
+
+    draws = [fill_seeded_noise(torch.empty(64), s, 0) for s in (-1, 2**63 - 1, 0, -2**63)]
+    assert all(not torch.equal(a, b) for i, a in enumerate(draws) for b in draws[i + 1:])
+    assert torch.equal(fill_seeded_noise(torch.empty(64), 5, 3), fill_seeded_noise(torch.empty(64), 5, 3))
