@@ -420,7 +420,7 @@ def _with_call(function):
 @pytest.mark.parametrize("extra,param", [
     ({"chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs"),
     ({"chat_template_kwargs": {"messages": 5}}, "chat_template_kwargs"),
-    ({"chat_template_kwargs": {"tools": 5}}, "messages"),                  # fails inside the template
+    ({"chat_template_kwargs": {"tools": 5}}, "chat_template_kwargs"),      # the server sets them (session 58)
     ({"messages": _with_call({"name": "f", "arguments": [1, 2]})}, "messages.1.tool_calls.0.function.arguments"),
     ({"messages": _with_call({"name": "f", "arguments": "{oops"})}, "messages.1.tool_calls.0.function.arguments"),
     ({"messages": _with_call({"name": 5, "arguments": {}})}, "messages.1.tool_calls.0.function.name"),
