@@ -189,8 +189,9 @@ def cmd_serve(a: argparse.Namespace) -> int:
         sampling_defaults(cfg.model)
     tokenizer = load_tokenizer(cfg.model, cfg.chat_template)
     if tokenizer is not None and tokenizer.chat_template is None:
-        print("glmserve: warning: the model has no chat template (no chat_template.jinja, none in tokenizer_config.json):"
-              " chat, Messages and Responses requests will be refused; --chat-template FILE gives one", file=sys.stderr)
+        print("glmserve: warning: the model has no chat template (no chat_template.jinja, none in "
+              "tokenizer_config.json): chat, Messages and Responses requests will be refused; --chat-template FILE "
+              "gives one", file=sys.stderr)
     return run_server(cfg, host=a.host, port=a.port, drain_timeout_s=a.drain_timeout,
                       stats_interval_s=a.stats_interval, prefill_replicas=a.prefill_replicas)
 
