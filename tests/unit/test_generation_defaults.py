@@ -76,3 +76,27 @@ def test_the_ingress_samples_with_the_models_defaults():
     asyncio.run(answer(ChatCompletionRequest.model_validate({"model": "m", "messages": messages, "top_p": 0.5,
                                                              "max_tokens": 30})))
     assert [(p.temperature, p.top_p, p.max_tokens) for p in sent] == [(0.6, 0.95, 20), (0.6, 0.5, 30)]
+
+
+def test_the_ingress_reads_the_model_folders_files(tmp_path):
+    """The wiring from the engine config to the files: the ingress of a model folder with a generation_config.json and
+    a chat_template.jinja samples with the one and renders with the other; ``generation_config: none`` and a
+    ``chat_template`` file of the operator's override them."""
+    import shutil
+
+    from cluster.config import DEFAULT_MODEL
+    from cluster.serve import OpenAIIngress
+
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(f"{DEFAULT_MODEL}/{name}", tmp_path / name)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_p": 0.95}))
+    (tmp_path / "chat_template.jinja").write_text("{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}")
+    (tmp_path / "operator.jinja").write_text("{% for m in messages %}<{{ m.content }}>{% endfor %}")
+    base = OpenAIIngress.__mro__[1]            # the class under Serve's ASGI wrapper
+    hi = [{"role": "user", "content": "hi"}]
+    for extra, defaults, prompt in (({}, {"temperature": 0.6, "top_p": 0.95}, "[user]hi"),
+                                    ({"generation_config": "none", "chat_template": str(tmp_path / "operator.jinja")},
+                                     {}, "<hi>")):
+        ingress = base.__new__(base)
+        base.__init__(ingress, None, {"model": str(tmp_path), "kv_cache_tokens": 4096, "max_model_len": 1024, **extra})
+        assert ingress.sampling_defaults == defaults and ingress.tokenizer.apply_chat_template(hi) == prompt
