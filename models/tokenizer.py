@@ -12,6 +12,8 @@ import json
 import logging
 import re
 import secrets
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -19,7 +21,7 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders
 
@@ -48,10 +50,68 @@ def _tojson(
     )
 
 
+# One request's chat-template renders (``chat_pieces`` renders twice) stop with an error past this many seconds: a
+# template whose work grows with the square of the messages (GLM-5.x's orders a turn's tool results by call id) must
+# not hold a tokenizer thread for minutes on a huge history. Ordinary conversations render in milliseconds.
+RENDER_SECONDS = 20.0
+
+
+class _Render(threading.local):
+    deadline = float("inf")     # this thread's render stops past this time.monotonic()
+
+
+_render = _Render()
+
+
+class RenderTimeout(ValueError):
+    """A chat template's render ran past ``RENDER_SECONDS``."""
+
+
+class _render_budget:
+    """Times the renders inside it against one deadline (an inner one keeps the outer's)."""
+
+    def __enter__(self):
+        self.outer = _render.deadline
+        _render.deadline = min(self.outer, time.monotonic() + RENDER_SECONDS)
+
+    def __exit__(self, *exc):
+        _render.deadline = self.outer
+
+
+def _tick(now=time.monotonic, render=_render) -> None:
+    """One step of a render (an attribute, an item, a call, 256 numbers of a range), past its deadline: an error."""
+    if now() > render.deadline:
+        raise RenderTimeout(f"the chat template took over {RENDER_SECONDS:g} s to render these messages; send a "
+                            f"shorter conversation")
+
+
+class _TimedSandbox(ImmutableSandboxedEnvironment):
+    """transformers' sandbox, with a clock: the template's attribute and item reads, calls and ranges count towards
+    the render's deadline (``_render_budget``)."""
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        _tick()
+        return ImmutableSandboxedEnvironment.getattr(self, obj, attribute)
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        _tick()
+        return ImmutableSandboxedEnvironment.getitem(self, obj, argument)
+
+    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 — jinja2's own signature
+        _tick()
+        return ImmutableSandboxedEnvironment.call(__self, __context, __obj, *args, **kwargs)
+
+
+def _timed_range(*args: int) -> Iterator[int]:
+    for i in safe_range(*args):
+        if i & 255 == 0:
+            _tick()
+        yield i
+
+
 def _compile(template: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
-    )
+    env = _TimedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.globals["range"] = _timed_range
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -280,7 +340,8 @@ class Tokenizer:
         context.setdefault("tools", None)
         context.setdefault("documents", None)
         try:
-            return self._template.render(messages=chat, add_generation_prompt=add_generation_prompt, **context)
+            with _render_budget():
+                return self._template.render(messages=chat, add_generation_prompt=add_generation_prompt, **context)
         except (jinja2.TemplateError, TypeError) as e:
             # The template walks the caller's data: a field of the wrong type (tool arguments as a list, a tool
             # name as a number) fails inside it, which is bad input, not a server fault.
@@ -297,7 +358,12 @@ class Tokenizer:
         string the prompt does not hold, around the text's number); the template may write a text as is or inside a
         JSON string. A final assistant message the model continues (no generation prompt) stays as the template writes
         it. Where the template does not write such a text in one of those forms (it trims it, sorts keys by it …), the
-        text cannot be told apart: the prompt is one piece, as before, and a warning says so."""
+        text cannot be told apart: the prompt is one piece, as before, and a warning says so. Both renders share one
+        deadline (``RENDER_SECONDS``)."""
+        with _render_budget():
+            return self._chat_pieces(messages, add_generation_prompt, **kwargs)
+
+    def _chat_pieces(self, messages: list[dict], add_generation_prompt: bool, **kwargs: Any) -> list[tuple[str, bool]]:
         prompt = self.apply_chat_template(messages, add_generation_prompt, **kwargs)
         special = self._special_text.search
         tools, prefill = kwargs.get("tools"), not add_generation_prompt

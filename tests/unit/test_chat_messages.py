@@ -76,3 +76,36 @@ def test_a_chat_template_file_replaces_the_models(tmp_path):
         load_tokenizer(DEFAULT_MODEL, str(tmp_path / "missing.jinja"))
     with pytest.raises(ValueError, match="'chat_template' is set, but .* ships no tokenizer"):
         load_tokenizer(tmp_path, str(f))
+
+
+def test_a_render_past_its_deadline_is_a_400(tmp_path, monkeypatch):
+    """A template whose work grows with the square of the messages (GLM-5.x's orders a turn's tool results by call id,
+    scanning the messages after each) held a tokenizer thread for minutes on a few megabytes of history; a render now
+    stops at ``RENDER_SECONDS`` with an error naming it, and the next render has its own time."""
+    import time
+    import types
+
+    import models.tokenizer as mt
+    from cluster.config import DEFAULT_MODEL
+    from cluster.local import load_tokenizer
+    from cluster.serve import OpenAIIngress
+
+    f = tmp_path / "square.jinja"
+    f.write_text("{% for m in messages %}{% for j in range(loop.index0, messages | length) %}"
+                 "{% if messages[j].role == 'x' %}!{% endif %}{% endfor %}[{{ m.role }}]{% endfor %}"
+                 "{% for a in range(100) %}{% for i in range(99999) %}{% if i < 0 %}?{% endif %}{% endfor %}"
+                 "{% endfor %}")
+    monkeypatch.setattr(mt, "RENDER_SECONDS", 0.2)
+    start = time.monotonic()
+    with pytest.raises(mt.RenderTimeout, match="over 0.2 s"):     # ranges alone (no attribute read): stopped in them
+        load_tokenizer(DEFAULT_MODEL, str(f)).apply_chat_template([{"role": "user", "content": "hi"}])
+    assert time.monotonic() - start < 5
+    f.write_text(f.read_text().split("{% for a")[0])
+    tok = load_tokenizer(DEFAULT_MODEL, str(f))
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}]) == "[user]"
+    body = _chat([{"role": "user", "content": "hi"}] * 3000)
+    ingress = types.SimpleNamespace(tokenizer=tok, _tokenizer=lambda: tok)
+    with pytest.raises(ApiError) as e:
+        asyncio.run(OpenAIIngress._chat_ids(ingress, body))
+    assert (e.value.status, e.value.param) == (400, "messages") and "took over 0.2 s" in e.value.message
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}] * 3) == "[user]" * 3   # a fresh deadline
