@@ -147,7 +147,9 @@ class _Sampling(OpenAIBody):
     def sampling_params(self, max_tokens: int, logprobs: int | None, seed_offset: int = 0,
                         text_breaks: tuple[int, ...] = (), tool_guidance: dict | None = None,
                         tool_call_span: tuple[int, ...] = ()) -> SamplingParams:
-        """``tool_guidance``: the SamplingParams fields that hold the tool calls (``serve._tool_guidance``)."""
+        """``tool_guidance``: the SamplingParams fields that hold the tool calls (``serve._tool_guidance``);
+        ``tool_call_span``: the markers of the calls the server parses (a chat's with tools: ``parallel_tool_calls``
+        false ends the output at the first call's close)."""
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
                               top_k=max(0, self.top_k), min_p=self.min_p,
@@ -159,6 +161,7 @@ class _Sampling(OpenAIBody):
                               allowed_token_ids=tuple(self.allowed_token_ids or ()),
                               min_tokens=min(self.min_tokens, max_tokens),
                               logprobs=logprobs, text_breaks=text_breaks, tool_call_span=tool_call_span,
+                              single_tool_call=bool(tool_call_span) and not getattr(self, "parallel_tool_calls", True),
                               logit_bias=self.bias_pairs(),
                               json_schema=self.guidance[0], grammar=self.guidance[1], priority=self.priority,
                               thinking_budget=self.thinking_token_budget, prompt_logprobs=self.prompt_alternatives(),
@@ -366,7 +369,7 @@ class ChatCompletionRequest(_Sampling):
     # "auto" / "none" / null: "none" still shows the model the tools but turns no output into tool_calls; "required" or
     # {"type": "function", "function": {"name": ...}}: the answer starts with a call (of that function)
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
-    # false: at most one call (held so where a strict function's arguments are)
+    # false: at most one call — the output ends at the first call's close (a strict function's grammar ends it there too)
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     # OpenAI's (GLM-5.2's template takes max too): none / minimal turn thinking off (enable_thinking false), the others

@@ -70,6 +70,9 @@ class SamplingParams:
     # (open, close): a tool call's markers (the front end parses calls): no stop string applies between them — a
     # call's text is its arguments, not content (a stop string in a file's content would cut the call)
     tool_call_span: tuple[int, ...] = ()
+    # parallel_tool_calls false: the output ends at its first call's close (the span's second marker; OpenAI's "at
+    # most one call"), which stays in the output for the parser
+    single_tool_call: bool = False
     ignore_eos: bool = False
     # vLLM's: the first min_tokens tokens are none of the tokens that would stop the output (and no stop string cuts it
     # before then); the engine fills ``min_tokens_ban`` with those ids (EOS unless ignore_eos, stop_token_ids)
@@ -116,6 +119,8 @@ class SamplingParams:
         bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
         object.__setattr__(self, "logit_bias", tuple(sorted((tok, value) for tok, value in bias)))
         _check_int("max_tokens", self.max_tokens)
+        if self.single_tool_call and len(self.tool_call_span) != 2:
+            raise ValueError("single_tool_call needs tool_call_span (the call's open and close markers)")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):

@@ -643,6 +643,8 @@ class Scheduler:
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids.update(self.config.eos_token_ids)
+        if params.single_tool_call:                 # (its close ends the output as a stop id does)
+            stop_ids.add(params.tool_call_span[1])
         new_ids: list[int] = []
         for tok in tokens:
             req.output_ids.append(tok)

@@ -127,6 +127,27 @@ def test_whitespace_after_the_calls_and_a_calls_chunk_do_not_depend_on_the_steps
         assert not [c for c in chunks if c["delta"].get("tool_calls") and c["delta"].get("content")], chunks
 
 
+def test_parallel_tool_calls_false_ends_the_output_at_the_first_calls_close(tok):
+    """OpenAI's "at most one call" (the Messages API's ``disable_parallel_tool_use``, the Responses API's
+    ``parallel_tool_calls`` map to it) held only where a strict function's grammar held the calls: a model that wrote
+    two non-strict calls returned both (session 59's review). The output now ends at the first ``</tool_call>``,
+    finish_reason tool_calls, whole and streamed, one token a step or several (``single_tool_call``)."""
+    script = script_of(tok, "</think>", "<tool_call>", "get_weather", "<arg_key>", "city", "</arg_key>",
+                       "<arg_value>", "Paris", "</arg_value>", "</tool_call>", "<tool_call>", "get_weather",
+                       "<arg_key>", "city", "</arg_key>", "<arg_value>", "Rome", "</arg_value>", "</tool_call>")
+    for whole, streamed in answers(tok, script, single_tool_call=True):
+        assert calls(whole) == [("get_weather", {"city": "Paris"})] and whole["finish_reason"] == "tool_calls"
+        assert whole["stop_reason"] is None and not whole["message"]["content"], whole
+        assert [c["name"] for c in streamed["calls"]] == ["get_weather"], streamed
+        assert streamed["finish_reason"] == "tool_calls"
+    whole, _ = answers(tok, script, ks=(0,))[0]
+    assert [a for _, a in calls(whole)] == [{"city": "Paris"}, {"city": "Rome"}]       # parallel calls: both
+    body = __import__("cluster.protocol", fromlist=["x"]).ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "parallel_tool_calls": False})
+    assert body.sampling_params(8, None, tool_call_span=(1, 2)).single_tool_call
+    assert not body.sampling_params(8, None).single_tool_call        # (no calls parsed: nothing to stop at)
+
+
 def _chunks(tok, events) -> list[dict]:
     import asyncio
 
