@@ -65,8 +65,10 @@ class Metrics:
                                "priority's displaced ones too)", ["reason"], registry=r)
         self.tokens = Counter("glmserve_generated_tokens", "tokens generated", registry=r)
         self.local_prompts = Counter("glmserve_prefill_local_prompts", "prompts computed here though prefill replicas "
-                                     "serve the app: the part not cached here was short (below the prefill's "
-                                     "min_prompt_tokens, or a block)", ["reason"], registry=r)
+                                     "serve the app — why: cached / short (the part not cached here was below the "
+                                     "prefill's min_prompt_tokens, or a block), paused (the prefill tier failed a "
+                                     "request lately), refused / failed (by a prefill replica: its log says why)",
+                                     ["reason"], registry=r)
         self.kv_lost = Counter("glmserve_kv_transfer_lost", "prompts whose KV from a prefill replica could not be "
                                "fetched or taken (computed here instead; the replica's log says why)", registry=r)
         Gauge("glmserve_queue_depth", "requests waiting", registry=r).set_function(
@@ -194,6 +196,23 @@ def _replica_id() -> str:
         return "local"
 
 
+async def _unless(event: asyncio.Event, work, default):
+    """``work``'s result, or ``default`` once ``event`` is set first (``work`` is then cancelled, and waited for)."""
+    task, stop = asyncio.ensure_future(work), asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+        if not task.done():         # the event, or this call cancelled (the client went away)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    return task.result() if not task.cancelled() else default
+
+
+async def _ended(ev: TokenEvent) -> AsyncIterator[TokenEvent]:
+    yield ev
+
+
 class Coordinator:
     """Serve deployment body: build the worker group and engine, stream token events per request."""
 
@@ -236,6 +255,10 @@ class Coordinator:
         self.prefill_paused_until = 0.0
         # requests asking a prefill replica for KV here: (prompt, salt, set once the KV is taken or not coming)
         self._asking: dict[str, tuple[list[int], str | None, asyncio.Event]] = {}
+        self._promised = 0      # requests whose prompts a prefill replica computes: seats they take (``_prefilled``)
+        # requests this replica's engine does not have yet (their prompts computed elsewhere, their KV being adopted):
+        # an abort meanwhile sets the event, and ends them before or as soon as the engine has them
+        self._early: dict[str, asyncio.Event] = {}
 
     def _warm_up(self, cfg: EngineConfig) -> None:
         """The engine's start-up warm-up (before the replica takes requests); a failure fails the replica's start."""
@@ -267,14 +290,24 @@ class Coordinator:
         if self._stats_log is None and self.cfg.log_stats_interval_s > 0:      # a context of its own: not this request's
             self._stats_log = contextvars.Context().run(asyncio.get_running_loop().create_task,
                                                         self._log_stats(self.cfg.log_stats_interval_s))
+        aborted = self._early.setdefault(req_id, asyncio.Event())
+
+        def added() -> None:        # the engine has it (or refused it): ``abort`` reaches it there
+            if self._early.get(req_id) is aborted:
+                del self._early[req_id]
+            if held is not None:
+                held.admitted()
+            if aborted.is_set():
+                self.aengine.abort(req_id)
+
         try:
             bundle = None
             if self.prefill_tier is not None:       # disaggregated prefill: the rest of the prompt computed there
-                bundle, held = await self._prefilled(prompt_ids, params, req_id)
+                bundle, held = await _unless(aborted, self._prefilled(prompt_ids, params, req_id), (None, None))
             # the cached prefix the KV continues is held (``HeldPrefix``): its device blocks until the engine has the
             # request (their hold then its adoption's), its host copies until its first step has loaded them
-            stream = self.aengine.generate(prompt_ids, params, req_id, kv=bundle,
-                                           added=held.admitted if held is not None else None)
+            stream = _ended(TokenEvent(req_id, [], "", True, FinishReason.ABORT, num_prompt_tokens=len(prompt_ids))) \
+                if aborted.is_set() else self.aengine.generate(prompt_ids, params, req_id, kv=bundle, added=added)
             bundle = None           # (the rows are freed once the engine has written them, not at the answer's end)
             async for ev in stream:
                 if first:               # (its prompt's KV is here: settled, matchable — not only adopted)
@@ -299,6 +332,8 @@ class Coordinator:
             if held is not None:            # (where the engine never saw the request, or it gave no token)
                 held.release()
             self._asked_end(req_id)
+            if self._early.get(req_id) is aborted:
+                del self._early[req_id]
 
     async def _prefilled(self, ids: list[int], params: SamplingParams,
                          req_id: str) -> tuple[KVBundle | None, HeldPrefix | None]:
@@ -310,7 +345,10 @@ class Coordinator:
         fitting this replica (``KVTransferError`` names why), or no prefill replica taking it within
         ``PREFILL_REACH_S`` or answering within ``PREFILL_WAIT_S`` (their tier is down, restarting or stuck: the next
         ``PREFILL_PAUSE_S`` of requests do not try)."""
-        if params.prompt_logprobs is not None or time.monotonic() < self.prefill_paused_until:
+        if params.prompt_logprobs is not None:
+            return None, None
+        if time.monotonic() < self.prefill_paused_until:
+            self.metrics.local_prompts.labels("paused").inc()
             return None, None
         held = self.engine.hold_prefix(ids, params.cache_salt)
         while (asked := self._asked(ids, params.cache_salt, held.start)) is not None:
@@ -324,7 +362,13 @@ class Coordinator:
             self.metrics.local_prompts.labels("cached" if self._worth_asking(len(ids), 0) else "short").inc()
             held.release()
             return None, None
+        try:        # a replica with no room refuses now (its 429), not once a prefill replica has done the work
+            self.engine.check_room(params, self._promised)
+        except AdmissionError:
+            held.release()
+            raise
         self._ask(req_id, ids, params.cache_salt)
+        self._promised += 1
         gen, done = self.prefill_tier.options(stream=True).prefill.remote(ids, params, req_id, start), False
         try:
             try:
@@ -341,7 +385,11 @@ class Coordinator:
                     gen.cancel()
             if res.refused is not None and res.refused.reason == "queue_full":
                 raise res.refused
-            if res.bundle is None:
+            if res.bundle is None:      # (no whole block to send: a prompt below the prefill replica's block)
+                if res.refused is not None or res.error:
+                    log.warning("glmserve: the prefill tier %s %s (%s); computing its prompt", "refused" if
+                                res.refused is not None else "failed", req_id, res.refused or res.error)
+                    self.metrics.local_prompts.labels("refused" if res.refused is not None else "failed").inc()
                 return None, held
             bundle = await fetch_bundle(res.bundle)
             self.engine.check_kv(ids, bundle)
@@ -358,6 +406,8 @@ class Coordinator:
             held.release()
             self._asked_end(req_id)
             raise
+        finally:
+            self._promised -= 1
 
     def _worth_asking(self, length: int, start: int) -> bool:
         """Whether a prompt of ``length`` tokens whose first ``start`` are cached here goes to a prefill replica: its
@@ -410,9 +460,20 @@ class Coordinator:
         else:
             if self._depot is None:
                 self._depot = new_depot()
-            yield PrefillResult(bundle=await stage_bundle(self._depot, ev.kv))
+            try:
+                staged = await stage_bundle(self._depot, ev.kv)
+            except Exception as e:  # noqa: BLE001 — its depot died (a node's memory monitor, a crash): a new one
+                logging.getLogger("ray.serve").warning("glmserve: the KV depot failed (%s: %s); a new one",
+                                                       type(e).__name__, e)
+                self._depot = new_depot()
+                staged = await stage_bundle(self._depot, ev.kv)
+            yield PrefillResult(bundle=staged)
 
     async def abort(self, req_id: str) -> None:
+        """End the request: in the engine, or — its prompt still computed elsewhere, its KV adopted — as soon as the
+        engine has it (its stream's last event an abort)."""
+        if (early := self._early.get(req_id)) is not None:
+            early.set()
         self.aengine.abort(req_id)
 
     async def metrics_text(self) -> tuple[str, str]:

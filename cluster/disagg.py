@@ -306,15 +306,30 @@ class KVDepot:
     until the whole answer had streamed); one not taken within ``ttl_s`` (its request gone) is dropped."""
 
     def __init__(self, ttl_s: float = FETCH_TIMEOUT_S) -> None:
-        self.ttl_s, self.items = ttl_s, {}
+        self.ttl_s, self.items, self._lock, self._sweeper = ttl_s, {}, threading.Lock(), None
 
     def put(self, key: str, bundle: KVBundle) -> None:
-        now = time.monotonic()
-        self.items = {k: v for k, v in self.items.items() if now - v[0] < self.ttl_s}
-        self.items[key] = (now, bundle)
+        with self._lock:
+            self._expire()
+            self.items[key] = (time.monotonic(), bundle)
+        if self._sweeper is None:       # (bundles left when no request comes any more go too)
+            self._sweeper = threading.Thread(target=self._sweep, name="kv-depot-sweep", daemon=True)
+            self._sweeper.start()
 
     def take(self, key: str) -> KVBundle:
-        return self.items.pop(key)[1]          # (a KeyError: expired, or taken)
+        with self._lock:
+            self._expire()
+            return self.items.pop(key)[1]          # (a KeyError: expired, or taken)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        self.items = {k: v for k, v in self.items.items() if now - v[0] < self.ttl_s}
+
+    def _sweep(self) -> None:
+        while True:
+            time.sleep(self.ttl_s / 4)
+            with self._lock:
+                self._expire()
 
 
 def new_depot():

@@ -222,8 +222,7 @@ class Engine:
         guide = self._guide(prompt_ids, params)
         with self._lock:
             if self.down is not None:
-                raise AdmissionError("unavailable", "model", f"the replica's worker group is down ({self.down}); it "
-                                     f"is rebuilt again in {max(0.0, self.rebuild_at - time.monotonic()):.0f} s")
+                raise self._down_error()
             if req_id in self._rank_of:
                 raise AdmissionError("duplicate", "req_id", f"req_id {req_id!r} is already in flight")
             full = sum(s.num_running + s.num_waiting for s in self.schedulers) >= self._admits
@@ -237,20 +236,17 @@ class Engine:
             loads = {r: s.placement_load - sum(found[r]) for r, s in enumerate(self.schedulers)}
             if kv is not None:   # its prompt's KV comes along, to a rank with a seat (one that waits may be moved)
                 seats = {r: s.kv_load for r, s in enumerate(self.schedulers) if s.free_seats > 0}
-                holders = [r for r, h in enumerate(hits) if h >= kv.start // self.config.block_size and r in seats]
-                loads = {r: seats[r] for r in holders} or seats or loads   # (a rank without its prefix takes none)
-                hits = [max(h, kv.num_tokens // self.config.block_size) if r in holders else h
+                holders = [r for r, h in enumerate(hits) if h >= kv.start // self.config.block_size]
+                # (a rank without its prefix takes none; where no rank has a seat, it waits on one that holds it)
+                takers = [r for r in holders if r in seats] or ([] if seats else holders)
+                loads = {r: seats[r] if seats else loads[r] for r in takers} or seats or loads
+                hits = [max(h, kv.num_tokens // self.config.block_size) if r in takers else h
                         for r, h in enumerate(hits)]
             rank = place_request(loads)
             queued, over = self._queued_tokens_over()
             displaced = self._displaceable(params.priority, full, over) if full or over else []
-            if displaced is None and full:
-                raise AdmissionError("queue_full", "queue", f"the engine is full ({self.config.max_num_seqs} running "
-                                     f"+ {self.config.max_waiting} waiting requests); retry later")
             if displaced is None:
-                raise AdmissionError("queue_full", "queue", f"the engine's queue holds {queued} prompt tokens still to "
-                                     f"compute, max_waiting_tokens ({self.config.max_waiting_tokens}) or more; retry "
-                                     "later")
+                raise self._full_error(full, queued)
             self.schedulers[rank].check_admission(req_id, ids, params, leaving=len(displaced), checked=True)
             for victim in displaced:            # admitted: the requests it displaces are refused now
                 self._refuse(*victim)
@@ -278,10 +274,37 @@ class Engine:
                      self.config.block_size)
 
     def hold_prefix(self, prompt_ids: Sequence[int], salt: str | None) -> HeldPrefix:
-        """``cluster/disagg.py``'s ``hold_prefix`` on this engine's ranks: the prompt's tokens cached, held."""
-        with self._lock:    # (on a rank with a free seat: a request bringing KV goes to one, ``add_request``)
-            return hold_prefix([s.pool for s in self.schedulers if s.config.prefix_caching and s.free_seats > 0],
-                               prompt_ids, salt, self._lock)
+        """``cluster/disagg.py``'s ``hold_prefix`` on this engine's ranks: the prompt's tokens cached, held — on a rank
+        with a free seat (a request bringing KV goes to one, ``add_request``), or where every seat is taken, on any
+        (it waits on the rank that holds its prefix: a busy replica asks for the rest only, as an idle one does)."""
+        with self._lock:
+            caching = [s for s in self.schedulers if s.config.prefix_caching]
+            return hold_prefix([s.pool for s in [s for s in caching if s.free_seats > 0] or caching], prompt_ids,
+                               salt, self._lock)
+
+    def check_room(self, params: SamplingParams, promised: int = 0) -> None:
+        """Raise the AdmissionError ``add_request`` would raise now for want of room (the worker group down, every
+        seat and queue place taken, the queue's prompt tokens at ``max_waiting_tokens``), with ``promised`` requests
+        more counted as admitted: a disaggregated decode replica refuses a request before a prefill replica computes
+        its prompt (``promised``: the requests whose prompts are being computed there)."""
+        with self._lock:
+            if self.down is not None:
+                raise self._down_error()
+            full = sum(s.num_running + s.num_waiting for s in self.schedulers) + promised >= self._admits
+            queued, over = self._queued_tokens_over()
+            if (full or over) and self._displaceable(params.priority, full, over) is None:
+                raise self._full_error(full, queued)
+
+    def _down_error(self) -> AdmissionError:
+        return AdmissionError("unavailable", "model", f"the replica's worker group is down ({self.down}); it is "
+                              f"rebuilt again in {max(0.0, self.rebuild_at - time.monotonic()):.0f} s")
+
+    def _full_error(self, full: bool, queued: int) -> AdmissionError:
+        if full:
+            return AdmissionError("queue_full", "queue", f"the engine is full ({self.config.max_num_seqs} running + "
+                                  f"{self.config.max_waiting} waiting requests); retry later")
+        return AdmissionError("queue_full", "queue", f"the engine's queue holds {queued} prompt tokens still to "
+                              f"compute, max_waiting_tokens ({self.config.max_waiting_tokens}) or more; retry later")
 
     def _displaceable(self, priority: int, seat: bool, tokens: int) -> list[tuple[int, Request]] | None:
         """Priority: an engine that has no seat for a request (``seat``), or whose queue must lose ``tokens`` of its

@@ -695,10 +695,11 @@ def build_app(args: dict | None = None):
     disaggregated prefill (``cluster/disagg.py``'s ``prefill_plan``: a ``PrefillCoordinator`` deployment of its own)."""
     args = dict(args or {})
     scaling = {k: args.pop(k) for k in ("num_replicas", "autoscaling_config") if k in args}
-    prefill = args.pop("prefill", None)
+    # (a ``prefill:`` section whose fields are all commented out is YAML null: the defaults, as ``prefill: {}``)
+    prefill = args.pop("prefill") if "prefill" in args else False
     cfg = EngineConfig.from_dict(args)
     pd = ()
-    if prefill is not None and prefill is not False:    # disaggregated prefill: replicas of their own, which the
+    if prefill is not False:    # disaggregated prefill: replicas of their own, which the
         plan = prefill_plan(cfg.to_dict(), prefill)     # Coordinator's replicas ask (cluster/disagg.py)
         pd = (_coordinator("PrefillCoordinator", plan.engine, plan.deployment, exports=True), plan.min_prompt_tokens,
               plan.engine["block_size"])

@@ -248,7 +248,8 @@ def test_a_decode_replica_asks_for_the_rest_of_its_cached_prefix_and_falls_back_
     other = KVBundle(ok.token_ids, ((8, "uint8"),), False, (np.zeros((40, 8), np.uint8),))
     assert ask("x", PrefillResult(bundle=other)) is None and metrics.kv_lost.counts == {None: 1}   # another layout
     assert ask("f", ok, ids=long[:4]) is None and ask("g", ok, p=SamplingParams(prompt_logprobs=0)) is None
-    assert ask("f2", ok, min_tokens=42) is None and metrics.local_prompts.counts == {"short": 2}
+    assert ask("f2", ok, min_tokens=42) is None     # (a refusal or failure there: counted and logged, session 59)
+    assert metrics.local_prompts.counts == {"short": 2, "failed": 1, "refused": 1}
     assert [c[0] for c in calls] == ["a", "b", "c", "d", "e", "x"] and {c[1] for c in calls} == {0}
     # 24 of its tokens cached here (the rest of the blocks evicted): the prefill replica is asked for the rest only,
     # and the cached blocks are held until the request has them
@@ -289,7 +290,8 @@ def _decode_replica(engine, remote, metrics=None):
         metrics = types.SimpleNamespace(local_prompts=counter, kv_lost=counter, observe=lambda *a: None,
                                         requests=counter, refused=counter)
     dec = types.SimpleNamespace(prefill_tier=handle, min_prefill_tokens=0, prefill_paused_until=0.0, engine=engine,
-                                sched_config=engine.config, metrics=metrics, _asking={}, prefill_block=0)
+                                sched_config=engine.config, metrics=metrics, _asking={}, prefill_block=0, _promised=0,
+                                _early={})
     for f in (Coordinator._asked, Coordinator._ask, Coordinator._asked_end, Coordinator._worth_asking,
               Coordinator._prefilled):
         setattr(dec, f.__name__, types.MethodType(f, dec))
