@@ -38,13 +38,14 @@ class PrefixAffinity:
 
     def prefer(self, ids: Sequence[int], queue: dict[Hashable, int | None], salt: str | None = None) -> Hashable | None:
         """The replica among ``queue``'s (replica -> requests it holds, None: unknown) that took the longest prefix of
-        ``ids``; None if none did, or if it holds ``imbalance`` more requests than the least busy."""
+        ``ids``; None if none did, or if it holds ``imbalance`` more requests than the least busy. A replica whose
+        count is unknown counts as idle: Serve forgets a count after 10 s, and refreshes it only where it routes by
+        its own choice — ignoring those, one replica took every prompt of a shared head after a lull (session 59)."""
         for key in reversed(self.keys(ids, salt)):
             replica = self._owner.get(key)
             if replica in queue:
-                known = [q for q in queue.values() if q is not None]
                 mine = queue[replica]
-                if mine is not None and known and mine - min(known) > self.imbalance:
+                if mine is not None and mine - min(q or 0 for q in queue.values()) > self.imbalance:
                     return None
                 return replica
         return None

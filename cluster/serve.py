@@ -698,6 +698,7 @@ def build_app(args: dict | None = None):
     # (a ``prefill:`` section whose fields are all commented out is YAML null: the defaults, as ``prefill: {}``)
     prefill = args.pop("prefill") if "prefill" in args else False
     cfg = EngineConfig.from_dict(args)
+    _check_model_here(cfg)
     pd = ()
     if prefill is not False:    # disaggregated prefill: replicas of their own, which the
         plan = prefill_plan(cfg.to_dict(), prefill)     # Coordinator's replicas ask (cluster/disagg.py)
@@ -705,8 +706,28 @@ def build_app(args: dict | None = None):
               plan.engine["block_size"])
     coord = _coordinator("Coordinator", cfg.to_dict(), scaling, *pd)
     ingress = serve.deployment(OpenAIIngress, name="OpenAIIngress", ray_actor_options={"num_cpus": 0},
-                               max_ongoing_requests=INGRESS_MAX_ONGOING, max_queued_requests=512)
+                               max_ongoing_requests=INGRESS_MAX_ONGOING, max_queued_requests=512,
+                               graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_S)
     return ingress.bind(coord, cfg.to_dict())
+
+
+def _check_model_here(cfg: EngineConfig) -> None:
+    """What only the checkpoint can check (the model's positions, layers, the chat template file, the tokenizer),
+    before Serve touches a replica: a redeploy with a bad value stopped the running replicas and then failed to start
+    new ones (session 59). Only where the model folder is readable here (the node that builds the app: a head without
+    the checkpoint's volume leaves the checks to the replicas, as before)."""
+    import logging
+    from pathlib import Path
+
+    from cluster.local import load_tokenizer
+    from models.config import ModelConfig
+
+    if not (Path(cfg.model) / "config.json").is_file():
+        logging.getLogger("ray.serve").warning("glmserve: %s/config.json is not readable here: the replicas check the "
+                                               "model", cfg.model)
+        return
+    cfg.check_model(ModelConfig.from_json(cfg.model))
+    load_tokenizer(cfg.model, cfg.chat_template)
 
 
 def _coordinator(name: str, engine: dict, scaling: dict, *args, **kwargs):
@@ -721,9 +742,14 @@ def _coordinator(name: str, engine: dict, scaling: dict, *args, **kwargs):
         scaling["request_router_config"] = RequestRouterConfig(
             request_router_class="cluster.routing.PrefixAffinityRouter")
     deployment = serve.deployment(Coordinator, name=name, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=4096,
-                                  health_check_period_s=10, health_check_timeout_s=60, **scaling)
+                                  health_check_period_s=10, health_check_timeout_s=60,
+                                  graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_S, **scaling)
     return deployment.bind(engine, *args, **kwargs)
 
+
+# How long a replica Serve stops (an update, a downscale) lets its requests finish: Serve's default, 20 s, cut
+# answers in flight (a GLM-5 reasoning answer often takes longer). A deploy file's ``deployments:`` entry may set it.
+GRACEFUL_SHUTDOWN_S = 300
 
 # Requests an ingress replica holds at once (each a stream it relays). Beyond what the engine admits — running
 # (max_num_seqs) plus waiting (max_waiting) — so that a full engine answers its own 429 (OpenAI-shaped, Retry-After)

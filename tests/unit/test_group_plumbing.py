@@ -233,6 +233,8 @@ def test_deploy_files_are_engine_configs_and_kuberay_inlines_the_gpu_one():
     assert kuberay["applications"] == gpu["applications"]
     head = yaml.safe_load((deploy / "kuberay-rayservice.yaml").read_text())["spec"]["rayClusterConfig"]["headGroupSpec"]
     assert head["rayStartParams"]["num-cpus"] == "0"     # replicas go to the GPU pods (session 56's operator review)
+    cluster = yaml.safe_load((deploy / "kuberay-rayservice.yaml").read_text())["spec"]["rayClusterConfig"]
+    assert cluster["enableInTreeAutoscaling"] is True   # Serve's autoscaling needs nodes the autoscaler adds (59)
     cfg = EngineConfig.from_dict(gpu["applications"][0]["args"])
     assert cfg.num_blocks == 0 and cfg.resolved_warmup_tokens(202752) == 202752   # pool sized at start; all contexts
 
@@ -256,6 +258,8 @@ def test_systemd_unit_serves_the_gpu_files_engine_and_drains():
     cfg = _engine_config(a).to_dict()
     assert {k: cfg[k] for k in gpu} == gpu      # every field the file sets (session 56: two were left out)
     assert unit["KillMode"] == "mixed" and int(unit["TimeoutStopSec"]) >= a.drain_timeout + 30
+    # Ray's token auth stays on: its ports listen beyond loopback (session 59: the unit turned it off)
+    assert "RAY_AUTH_MODE" not in (deploy / "glmserve.service").read_text() and "HOME=" in unit["Environment"]
 
 
 def test_warmup_by_default_only_where_graphs_are_captured():

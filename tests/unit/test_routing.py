@@ -26,6 +26,7 @@ def test_a_busy_replica_loses_its_prompts_and_a_dead_one_is_forgotten():
     assert aff.prefer(ids, {"a": 9, "b": 1}) == "a"
     assert aff.prefer(ids, {"a": 10, "b": 1}) is None            # 9 more than the least busy
     assert aff.prefer(ids, {"a": None, "b": 1}) == "a"           # its queue unknown: still preferred
+    assert aff.prefer(ids, {"a": 9, "b": None}) is None          # the other's unknown (Serve forgot it): idle
     aff.forget("a")
     assert aff.prefer(ids, {"a": 0, "b": 0}) is None
 

@@ -1,7 +1,8 @@
-"""Disaggregated prefill, a decode replica's side (session 59's review, ``bench/results/session59/review_disagg/``): a
-replica with no room refuses before a prefill replica computes the prompt; an abort reaches a request whose prompt is
-computed elsewhere; a busy replica asks for the rest of a cached conversation only; the depot drops what is not taken;
-a ``prefill:`` section left empty is the defaults."""
+"""Session 59's reviews (``bench/results/session59/review_disagg/``, ``review_operator/``). Disaggregated prefill, a
+decode replica's side: a replica with no room refuses before a prefill replica computes the prompt; an abort reaches
+a request whose prompt is computed elsewhere; a busy replica asks for the rest of a cached conversation only; the
+depot drops what is not taken, and a dead one is replaced; a ``prefill:`` section left empty is the defaults. An
+operator's deploy: a value only the checkpoint can check is refused when the app is built."""
 
 from __future__ import annotations
 
@@ -195,3 +196,18 @@ def test_a_prefill_replica_whose_depot_died_makes_a_new_one(monkeypatch):
         return [r async for r in Coordinator.prefill(rep, list(range(9)), SamplingParams(), "a")]
     out = asyncio.run(run())
     assert out[0] is None and out[1].bundle == ("new", "key") and rep._depot == "new" and staged == ["new"]
+
+
+def test_a_deploy_with_a_value_only_the_checkpoint_checks_is_refused_at_build(tmp_path):
+    """``build_app`` checked only EngineConfig's own rules: a redeploy with ``max_model_len`` past the model's positions
+    (or a missing chat template file) stopped the running replicas, then failed to start new ones — an outage. Where
+    the model folder is readable, the build refuses it, naming the field (session 59's operator review)."""
+    pytest.importorskip("ray.serve")
+    import cluster.serve as cs
+    from cluster.config import DEFAULT_MODEL
+
+    with pytest.raises(ValueError, match="max_model_len"):
+        cs.build_app({"model": DEFAULT_MODEL, "device": "cpu", "max_model_len": 1 << 20})
+    with pytest.raises(ValueError, match="chat_template"):
+        cs.build_app({"model": DEFAULT_MODEL, "device": "cpu", "chat_template": str(tmp_path / "none.jinja")})
+    cs.build_app({"model": str(tmp_path / "elsewhere"), "device": "cpu"})   # not here (a head without the volume)
