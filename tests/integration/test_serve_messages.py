@@ -120,3 +120,33 @@ def test_max_tokens_past_the_context_is_cut_to_it(url):
     context = json.loads(urllib.request.urlopen(url + "/v1/models", timeout=30).read())["data"][0]["max_model_len"]
     assert msg["stop_reason"] == "end_turn" or (msg["stop_reason"] == "model_context_window_exceeded" and
                                                 used == context), (msg, context)
+
+
+def test_the_anthropic_sdks_stream_helper_rebuilds_the_whole_message(url):
+    """The anthropic SDK (what Claude Code is built on) reads our events with its own accumulator, no warning: a forced
+    tool call, and text — its final message is the whole answer's blocks, stop and usage (session 59's agents review
+    checked it by hand)."""
+    import warnings
+
+    anthropic = pytest.importorskip("anthropic")
+    client = anthropic.Anthropic(base_url=url, api_key="none", max_retries=0)
+    tools = [{"name": "read_file", "description": "Read a file",
+              "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}]
+    greedy = {"temperature": 0}         # (the SDK's own field is gone: newer Claude models take none)
+    asks = [dict(model=MODEL, max_tokens=24, tools=tools, tool_choice={"type": "tool", "name": "read_file"},
+                 messages=[{"role": "user", "content": "Read main.py"}], extra_body=greedy),
+            dict(model=MODEL, max_tokens=12, messages=[{"role": "user", "content": "Hello there"}],
+                 extra_body=greedy)]       # (thinking on, the tiny model's thought never closes: the answer)
+    for ask in asks:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with client.messages.stream(**ask) as stream:
+                for _ in stream:
+                    pass
+                got = stream.get_final_message()
+        whole = client.messages.create(**ask)
+        blocks = lambda m: [{k: v for k, v in b.model_dump().items() if k not in ("id", "signature")}
+                            for b in m.content]
+        assert blocks(got) == blocks(whole) and got.stop_reason == whole.stop_reason, (got, whole)
+        assert (got.usage.input_tokens + (got.usage.cache_read_input_tokens or 0), got.usage.output_tokens) == (
+            whole.usage.input_tokens + (whole.usage.cache_read_input_tokens or 0), whole.usage.output_tokens)
