@@ -177,11 +177,16 @@ class EngineConfig:
         them too; run eagerly with ``cuda_graphs: eager`` (as the decode path's static shapes are)."""
         return self.piece_graphs and self.graphs_mode() != "off"
 
+    def served(self, model_config):
+        """The model as the workers hold it: without its MTP layer where this engine does not draft (its weights not
+        read, no KV for it: 1.3 % of GLM-5's pool)."""
+        return model_config if self.speculative_tokens else model_config.without_mtp()
+
     def kv_layout(self, model_config) -> tuple[tuple[int, str], ...]:
         """``KVCache.layout`` of the workers' caches (what a KV transfer between replicas must agree on)."""
         from models.cache import KVCache
 
-        return KVCache.layout(model_config, self.resolved_dtype(), self.kv_cache_dtype == "fp8")
+        return KVCache.layout(self.served(model_config), self.resolved_dtype(), self.kv_cache_dtype == "fp8")
 
     def resolved_warmup_tokens(self, max_model_len: int | None = None) -> int:
         """``warmup_tokens``, its default resolved: every context a request can reach (the scheduler's

@@ -21,6 +21,7 @@ from cluster.disagg import (
     HeldPrefix,
     KVBundle,
     PrefillResult,
+    drop_bundle,
     fetch_bundle,
     new_depot,
     prefill_params,
@@ -467,7 +468,11 @@ class Coordinator:
                                                        type(e).__name__, e)
                 self._depot = new_depot()
                 staged = await stage_bundle(self._depot, ev.kv)
-            yield PrefillResult(bundle=staged)
+            try:
+                yield PrefillResult(bundle=staged)
+            except BaseException:       # (closed unread: the decode replica gave up on it, its client gone)
+                drop_bundle(staged)
+                raise
 
     async def abort(self, req_id: str) -> None:
         """End the request: in the engine, or — its prompt still computed elsewhere, its KV adopted — as soon as the

@@ -99,12 +99,15 @@ def check_bundle(bundle: KVBundle, prompt_ids: Sequence[int], layout: tuple | No
     if layout is None or not caching:
         raise KVTransferError("this engine takes no transferred KV: " + (
             "it was built without its KV layout" if layout is None else "it needs prefix_caching on"))
-    if bundle.layout != layout:
-        raise KVTransferError(f"the prefill replica's KV layout {_layout(bundle.layout)} differs from this replica's "
-                              f"{_layout(layout)}: give both the same model, dtype and kv_cache_dtype")
     if drafts and not bundle.mtp:
         raise KVTransferError("the prefill replica computed no MTP-layer KV, which this replica's drafts read: give "
                               "the prefill replicas speculative_tokens too")
+    if bundle.mtp and not drafts:
+        raise KVTransferError("the prefill replica sent MTP-layer KV, which this replica keeps no room for (it does "
+                              "not draft): give the prefill replicas speculative_tokens 0 too")
+    if bundle.layout != layout:
+        raise KVTransferError(f"the prefill replica's KV layout {_layout(bundle.layout)} differs from this replica's "
+                              f"{_layout(layout)}: give both the same model, dtype and kv_cache_dtype")
     if tuple(prompt_ids[:len(bundle.token_ids)]) != bundle.token_ids or len(bundle.token_ids) > len(prompt_ids):
         raise KVTransferError("the transferred KV is of another prompt")
     if bundle.start % block_size or not 0 <= bundle.start <= bundle.num_tokens:
@@ -321,6 +324,11 @@ class KVDepot:
             self._expire()
             return self.items.pop(key)[1]          # (a KeyError: expired, or taken)
 
+    def drop(self, key: str) -> None:
+        """Forget ``key``'s bundle: its request went away (or its take timed out) before taking it."""
+        with self._lock:
+            self.items.pop(key, None)
+
     def _expire(self) -> None:
         now = time.monotonic()
         self.items = {k: v for k, v in self.items.items() if now - v[0] < self.ttl_s}
@@ -352,8 +360,20 @@ async def stage_bundle(depot, bundle: KVBundle) -> Any:
     if depot is None:
         return bundle
     key = uuid.uuid4().hex
-    await (await asyncio.to_thread(depot.put.remote, key, bundle))
+    put = asyncio.ensure_future(asyncio.to_thread(depot.put.remote, key, bundle))
+    try:
+        await (await asyncio.shield(put))
+    except asyncio.CancelledError:      # its request went away while staging: drop it once its put is submitted
+        put.add_done_callback(lambda _: drop_bundle((depot, key)))
+        raise
     return depot, key
+
+
+def drop_bundle(staged: Any) -> None:
+    """Have the depot forget what ``stage_bundle`` left there, for a request that will not take it (not waited on)."""
+    if isinstance(staged, tuple):
+        depot, key = staged
+        depot.drop.remote(key)
 
 
 async def fetch_bundle(staged: Any, timeout_s: float = FETCH_TIMEOUT_S) -> KVBundle:
@@ -361,7 +381,11 @@ async def fetch_bundle(staged: Any, timeout_s: float = FETCH_TIMEOUT_S) -> KVBun
     if isinstance(staged, KVBundle):
         return staged
     depot, key = staged
-    return await asyncio.wait_for(depot.take.remote(key), timeout_s)
+    try:
+        return await asyncio.wait_for(depot.take.remote(key), timeout_s)
+    except BaseException:       # timed out, or its request cancelled: never left waiting out the depot's ttl
+        drop_bundle(staged)
+        raise
 
 
 # ---- the Serve application's prefill replicas (``cluster/serve.py``'s ``build_app`` argument ``prefill``) -----------
@@ -419,6 +443,9 @@ def prefill_plan(decode: dict, spec: Any) -> PrefillPlan:
     if decode["speculative_tokens"] and not engine.speculative_tokens:
         raise ValueError("prefill.speculative_tokens is 0 while the decode replicas draft: their drafts read the MTP "
                          "layer's KV, which only a speculative prefill replica computes")
+    if engine.speculative_tokens and not decode["speculative_tokens"]:
+        raise ValueError(f"prefill.speculative_tokens is {engine.speculative_tokens} while the decode replicas do not "
+                         "draft: they keep no MTP-layer KV, which such a prefill replica sends (set it to 0)")
     if not decode["prefix_caching"]:
         raise ValueError("prefix_caching must be on for disaggregated prefill: the decode replicas take the "
                          "transferred KV into their prefix cache")

@@ -97,7 +97,7 @@ def build_local_engine(cfg: EngineConfig, progress: bool = True) -> tuple[Engine
     cfg.check_model(ModelConfig.from_json(cfg.model))
     ops.configure(cfg.kernels, device, cfg.kernel_overrides())
     model = load_model(cfg.model, dtype=cfg.resolved_dtype(), device=device, progress=progress,
-                       load_format=cfg.load_format)
+                       load_format=cfg.load_format, mtp=cfg.speculative_tokens > 0)
     tokenizer = load_tokenizer(cfg.model)
     num_blocks = cfg.num_blocks or fit_kv_blocks(
         model.config, cfg.block_size, cfg.resolved_dtype(), cfg.kv_cache_dtype == "fp8", torch.device(device),
@@ -123,7 +123,7 @@ def report_pool(cfg: EngineConfig, model_config, num_blocks: int) -> None:
     """Start-up: the KV pool a worker holds, and where its size came from."""
     from models.cache import KVCache
 
-    slot = KVCache.bytes_per_slot(model_config, cfg.resolved_dtype(), cfg.kv_cache_dtype == "fp8")
+    slot = KVCache.bytes_per_slot(cfg.served(model_config), cfg.resolved_dtype(), cfg.kv_cache_dtype == "fp8")
     source = (f"sized to gpu_memory_utilization {cfg.gpu_memory_utilization}" if cfg.gpu_memory_utilization else
               "kv_cache_tokens")
     report(f"KV cache: {num_blocks * cfg.block_size} tokens a worker ({num_blocks} blocks, "

@@ -25,10 +25,11 @@ from models.config import ModelConfig
 
 
 class KVCache:
-    """Per-layer slot tensors; layer ``num_hidden_layers`` is the MTP layer's own cache. ``fp8``: each MLA row packed
-    as FlashMLA does (``reference.kv_fp8_layout``: the latent in e4m3 with a power-of-two scale a 128 values, the rope
-    key in ``dtype``; 656 bytes at GLM-5's width instead of 1152) and each indexer key as DeepSeek-V3.2 keeps it (e4m3
-    and its scale: 144 bytes instead of 256), uint8 tensors the kernels unpack as they read."""
+    """Per-layer slot tensors; layer ``num_hidden_layers`` is the MTP layer's own cache (a drafting engine's: one that
+    does not draft loads the model ``without_mtp``). ``fp8``: each MLA row packed as FlashMLA does
+    (``reference.kv_fp8_layout``: the latent in e4m3 with a power-of-two scale a 128 values, the rope key in ``dtype``;
+    656 bytes at GLM-5's width instead of 1152) and each indexer key as DeepSeek-V3.2 keeps it (e4m3 and its scale: 144
+    bytes instead of 256), uint8 tensors the kernels unpack as they read."""
 
     def __init__(self, config: ModelConfig, num_slots: int, dtype: torch.dtype, device: str | torch.device = "cpu",
                  fp8: bool = False):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +162,10 @@ class ModelConfig:
     def num_cache_layers(self) -> int:
         """Target layers plus MTP layers; the MTP layer's cache sits at index num_hidden_layers."""
         return self.num_hidden_layers + self.num_nextn_predict_layers
+
+    def without_mtp(self) -> ModelConfig:
+        """The model as an engine that does not draft serves it: no MTP layer (its weights not read, no KV kept)."""
+        return replace(self, num_nextn_predict_layers=0)
 
     def has_indexer(self, layer: int) -> bool:
         """MTP layers always own an indexer; target layers only when ``indexer_types`` says full."""

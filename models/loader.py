@@ -29,6 +29,7 @@ _TP_MLP = re.compile(r"\.mlp\.(?:shared_experts\.)?(gate_proj|up_proj|down_proj)
 _FP32_PARAMS = re.compile(r"\.mlp\.gate\.(weight|e_score_correction_bias)$")
 # DeepSeek's checkpoints give the MTP layer copies of the embedding and the lm_head; it shares the target's (as GLM's
 # checkpoints, which hold no copies): checked by shape, not read
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 _MTP_COPIES = re.compile(r"^model\.layers\.(\d+)\.(embed_tokens\.weight|shared_head\.head\.weight)$")
 
 
@@ -147,9 +148,11 @@ LOAD_FORMATS = ("auto", "dummy")
 
 
 def load_model(path: str | Path, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
-               shard: MoeShard | None = None, progress: bool = True, load_format: str = "auto") -> GlmForCausalLM:
+               shard: MoeShard | None = None, progress: bool = True, load_format: str = "auto",
+               mtp: bool = True) -> GlmForCausalLM:
     """Read config.json and the safetensors weights at ``path`` into a model (this rank's shard);
-    ``load_format="dummy"``: config.json only, random weights (see module docstring)."""
+    ``load_format="dummy"``: config.json only, random weights (see module docstring); ``mtp=False``: without the MTP
+    layer (``ModelConfig.without_mtp``: an engine that does not draft), whose tensors are then not read."""
     from safetensors import safe_open
     from tqdm import tqdm
 
@@ -157,10 +160,13 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.bfloat16, device: st
         raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}")
     path = Path(path)
     cfg = ModelConfig.from_json(path)
+    unread = range(cfg.num_hidden_layers, cfg.num_cache_layers) if not mtp else range(0)
+    cfg = cfg if mtp else cfg.without_mtp()
     shard = shard or MoeShard()
     if load_format == "dummy":
         return dummy_model(cfg, dtype, device, shard)
-    files = checkpoint_files(path)
+    files = {n: f for n, f in checkpoint_files(path).items()
+             if not ((m := _LAYER.match(n)) and int(m[1]) in unread)}
     scales = {n[: -len("_scale_inv")] for n in files if n.endswith(".weight_scale_inv")}
     for w in scales:
         if w not in files:

@@ -241,7 +241,7 @@ class Worker:
         try:
             model = load_model(spec.model, dtype=dtype, device=device,
                                shard=MoeShard(spec.rank, spec.world_size, spec.moe), progress=False,
-                               load_format=spec.load_format)
+                               load_format=spec.load_format, mtp=spec.speculative)
         except BaseException as e:
             rendezvous.fail(spec.rank, f"{type(e).__name__}: {e}")
             raise

@@ -41,7 +41,7 @@ def config(ckpt, **kw) -> EngineConfig:
 def test_one_process_pool_fills_the_fraction(tiny_ckpt):
     torch.cuda.synchronize()
     engine, _ = build_local_engine(config(tiny_ckpt, gpu_memory_utilization=fraction_for(POOL)), progress=False)
-    mc = ModelConfig.from_json(tiny_ckpt)
+    mc = ModelConfig.from_json(tiny_ckpt).without_mtp()      # (no drafts: no KV of the MTP layer)
     sched = engine.schedulers[0].config
     pool = sched.num_blocks * 16 * KVCache.bytes_per_slot(mc, torch.bfloat16)
     # less what the process takes between the two readings: the weights and the CUDA libraries the load brings in
@@ -63,7 +63,7 @@ def test_ranks_on_one_gpu_split_it(tiny_ckpt):
     pytest.importorskip("cupy")
     from cluster.workers import ProcessWorkerGroup
 
-    mc = ModelConfig.from_json(tiny_ckpt)
+    mc = ModelConfig.from_json(tiny_ckpt).without_mtp()      # (no drafts: no KV of the MTP layer)
     cfg = config(tiny_ckpt, gpu_memory_utilization=fraction_for(2 * POOL), num_workers=2, moe="ep", comm="ipc")
     group = ProcessWorkerGroup(cfg, cfg.num_blocks)
     try:
