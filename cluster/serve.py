@@ -418,7 +418,7 @@ class OpenAIIngress:
                 ids, text = kept, self.tokenizer.decode(kept) if body.echo and self.tokenizer else ""
             prompts.append(ids)
             echoes.append(text)
-        return await self._respond(request, body, prompts, body.logprobs, chat=False,
+        return await self._respond(body, prompts, body.logprobs, chat=False,
                                    echoes=echoes if body.echo else None)
 
     @app.post("/v1/chat/completions")
@@ -430,7 +430,7 @@ class OpenAIIngress:
             raise ApiError(400, "top_logprobs requires logprobs=true", "top_logprobs")
         if body.max_completion_tokens is not None:
             body.max_tokens = body.max_completion_tokens
-        return await self._respond(request, body, [ids], logprobs, chat=True)
+        return await self._respond(body, [ids], logprobs, chat=True)
 
     @app.post("/v1/messages")
     async def messages(self, request: Request):
@@ -579,7 +579,7 @@ class OpenAIIngress:
             raise ApiError(400, "this checkpoint ships no tokenizer: send token ids as the prompt", "prompt")
         return self.tokenizer
 
-    async def _respond(self, request: Request, body, prompts: list[list[int]], logprobs: int | None, chat: bool,
+    async def _respond(self, body, prompts: list[list[int]], logprobs: int | None, chat: bool,
                        echoes: list[str] | None = None):
         fmt, merged = await self._start(body, prompts, logprobs, chat, echoes)
         if body.stream:

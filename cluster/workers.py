@@ -31,6 +31,7 @@ from typing import Any
 
 from cluster.config import EngineConfig
 from cluster.engine import GroupFailure
+from scheduler.shapes import next_pow2
 from workers.comm import DictRendezvous, Rendezvous
 from workers.runner import StepResult, WorkerStep
 from workers.worker import Worker, WorkerSpec
@@ -42,7 +43,7 @@ def worker_specs(cfg: EngineConfig, num_blocks: int, imports: bool = False,
     ``imports``: a decode replica of a disaggregated app (``WorkerSpec.imports``). A rank waits for its peers 0.9 of
     the group's ``setup_timeout_s``: the one that gives up first names the rank it waited for."""
     device = cfg.resolved_device()
-    max_rows = cfg.num_workers * _next_pow2(cfg.max_num_batched_tokens)
+    max_rows = cfg.num_workers * next_pow2(cfg.max_num_batched_tokens)
     return [WorkerSpec(model=cfg.model, rank=r, world_size=cfg.num_workers, moe=cfg.moe, comm=cfg.comm,
                        device=device, dtype=str(cfg.resolved_dtype()).removeprefix("torch."), kernels=cfg.kernels,
                        kernel_overrides=tuple(sorted(cfg.kernel_overrides().items())),
@@ -53,10 +54,6 @@ def worker_specs(cfg: EngineConfig, num_blocks: int, imports: bool = False,
                        graphs=cfg.graphs_mode(), pieces=cfg.pieces(), lm_head_split=cfg.lm_head_split,
                        load_format=cfg.load_format, imports=imports, setup_timeout_s=0.9 * setup_timeout_s)
             for r in range(cfg.num_workers)]
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
 
 
 # ---- Ray ------------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """The op registry: every op the model uses has a PyTorch reference and optionally faster versions.
 
 Model code calls ``ops.name(...)``; which implementation runs is decided once at start by
-``configure(mode, overrides)`` — never by an environment variable, a platform check in the model,
-or an ``if use_triton`` at the call site.
+``configure(mode, overrides)`` — never by a platform check in the model or an ``if use_triton`` at the call
+site. (Two environment variables switch how some Triton forms run, for A/B benchmarks: ``GLMSERVE_GLUON``,
+``GLMSERVE_PDL``; they pick no op's backend.)
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ class OpRegistry:
     def __init__(self) -> None:
         self._impls: dict[str, dict[str, Impl]] = {}
         self._active: dict[str, Callable] = {}
-        self._backends: dict[str, str] = {}
 
     def register(self, name: str, backend: str = "reference",
                  available: Callable[[str], bool] = lambda device: True) -> Callable[[Callable], Callable]:
@@ -32,7 +32,6 @@ class OpRegistry:
             self._impls.setdefault(name, {})[backend] = Impl(fn, backend, available)
             if backend == "reference":
                 self._active.setdefault(name, fn)
-                self._backends.setdefault(name, "reference")
             return fn
         return deco
 
@@ -57,11 +56,6 @@ class OpRegistry:
             else:
                 choice = "reference"
             self._active[name] = impls[choice].fn
-            self._backends[name] = choice
-
-    def backends(self) -> dict[str, str]:
-        """Which implementation each op currently uses (for logs and benchmarks)."""
-        return dict(self._backends)
 
     def impl(self, name: str, backend: str) -> Callable:
         return self._impls[name][backend].fn

@@ -351,9 +351,6 @@ class Batch:
     def num_rows(self) -> int:
         return int(self.positions.numel())
 
-    def last_rows(self) -> list[int]:
-        return [r0 + n - 1 for r0, n in self.seq_rows]
-
     def short_rows(self, k: int) -> bool:
         """Whether some row sees fewer than ``k`` keys — its selection of width ``k`` ends in -1s — as far as the
         host knows (a static batch: not known, False)."""

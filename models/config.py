@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -142,7 +142,6 @@ class ModelConfig:
     pad_token_id: int | None = None
     dtype: str = "bfloat16"
     quantization: Fp8Config | None = None
-    raw: dict = field(default_factory=dict, compare=False, repr=False)   # the json as read, for writing back
 
     # ---- derived -------------------------------------------------------------------------------
     @property
@@ -153,10 +152,6 @@ class ModelConfig:
     def kv_cache_dim(self) -> int:
         """Values cached per token per layer for MLA: latent + shared rope key (512 + 64 for GLM-5)."""
         return self.kv_lora_rank + self.qk_rope_head_dim
-
-    @property
-    def num_mtp_layers(self) -> int:
-        return self.num_nextn_predict_layers
 
     @property
     def num_cache_layers(self) -> int:
@@ -194,8 +189,8 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """An HF-style config.json dict (what make-checkpoint writes)."""
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("raw", "quantization",
-                                                                                   "eos_token_ids", "rope_theta")}
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("quantization", "eos_token_ids",
+                                                                                   "rope_theta")}
         d["indexer_types"] = list(self.indexer_types)
         d["mlp_layer_types"] = list(self.mlp_layer_types)
         d["eos_token_id"] = list(self.eos_token_ids) if len(self.eos_token_ids) != 1 else self.eos_token_ids[0]
@@ -252,7 +247,6 @@ def _get_int(d: dict, key: str, minimum: int = 1) -> int:
 
 
 def _parse(d: dict[str, Any]) -> ModelConfig:
-    raw = dict(d)
     model_type = d.pop("model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ConfigError(f"config field 'model_type' is {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
@@ -356,7 +350,7 @@ def _parse(d: dict[str, Any]) -> ModelConfig:
         index_share_for_mtp_iteration=bool(d.get("index_share_for_mtp_iteration", False)),
         bos_token_id=d.get("bos_token_id"), eos_token_ids=eos_ids, pad_token_id=d.get("pad_token_id"),
         dtype=str(d.get("dtype") or d.get("torch_dtype") or "bfloat16"),
-        quantization=_parse_quant(d.get("quantization_config")), raw=raw,
+        quantization=_parse_quant(d.get("quantization_config")),
     )
 
 

@@ -35,10 +35,6 @@ class MoeShard:
     world_size: int = 1
     mode: str = "tp"
 
-    def inter_slice(self, inter: int) -> slice:
-        n = inter // self.world_size
-        return slice(self.rank * n, (self.rank + 1) * n)
-
     def expert_range(self, num_experts: int, mode: str | None = None) -> range:
         if (mode or self.mode) != "ep":
             return range(num_experts)

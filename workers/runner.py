@@ -168,7 +168,7 @@ class ModelRunner:
     decode step is staged and launched at once — fed those device-side tokens, through the same comm phases on every
     rank — before this step's tokens are read back. The host returns, and the engine updates and plans while the GPU
     runs that step; if the engine's next step is it (``use_ahead``, decided by the engine for all ranks alike,
-    checked here by ``_Ahead.matches``), it is not run again. Otherwise every rank drops it: its KV writes went to the
+    checked here by ``_Ahead.rows_of``), it is not run again. Otherwise every rank drops it: its KV writes went to the
     positions after the requests' last token, which a later step writes again before anything reads them (or to
     blocks a finished request freed, which a new owner writes before reading, later in the same stream).
     """
