@@ -43,6 +43,14 @@ def _check_int(name: str, value: object) -> None:
         raise ValueError(f"{name} must be an int, got {value!r}")  # noqa: TRY004
 
 
+def _check_ids(name: str, ids) -> None:
+    """Every one of ``ids`` a token id: an int >= 0."""
+    for tok in ids:
+        _check_int(name, tok)
+        if tok < 0:
+            raise ValueError(f"{name} must hold ids >= 0, got {tok}")
+
+
 def _check_range(name: str, value: float, lo: float, hi: float) -> None:
     if not lo <= value <= hi:
         raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
@@ -147,14 +155,8 @@ class SamplingParams:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         _check_range("presence_penalty", self.presence_penalty, -2.0, 2.0)
         _check_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
-        for tok in self.stop_token_ids:
-            _check_int("stop_token_ids", tok)
-            if tok < 0:
-                raise ValueError(f"stop_token_ids must be >= 0, got {tok}")
-        for tok in self.allowed_token_ids:
-            _check_int("allowed_token_ids", tok)
-            if tok < 0:
-                raise ValueError(f"allowed_token_ids must be >= 0, got {tok}")
+        _check_ids("stop_token_ids", self.stop_token_ids)
+        _check_ids("allowed_token_ids", self.allowed_token_ids)
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"stop must hold non-empty strings, got {s!r}")
@@ -164,10 +166,8 @@ class SamplingParams:
         if self.prompt_logprobs is not None:
             _check_int("prompt_logprobs", self.prompt_logprobs)
             _check_range("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
+        _check_ids("logit_bias", [tok for tok, _ in self.logit_bias])
         for tok, value in self.logit_bias:
-            _check_int("logit_bias", tok)
-            if tok < 0:
-                raise ValueError(f"logit_bias ids must be >= 0, got {tok}")
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
                 raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {value!r} for id {tok}")
         if len({tok for tok, _ in self.logit_bias}) != len(self.logit_bias):
@@ -199,17 +199,11 @@ class SamplingParams:
                 raise ValueError("tool_grammar cannot be combined with json_schema, grammar or forced_paths")
         if self.guide_after and self.json_schema is None and self.grammar is None and self.tool_grammar is None:
             raise ValueError("guide_after needs json_schema, grammar or tool_grammar")
-        for tok in self.guide_after:
-            _check_int("guide_after", tok)
-            if tok < 0:
-                raise ValueError(f"guide_after must hold ids >= 0, got {tok}")
+        _check_ids("guide_after", self.guide_after)
         for path in self.forced_paths:
             if not path:
                 raise ValueError("forced_paths must hold non-empty token sequences")
-            for tok in path:
-                _check_int("forced_paths", tok)
-                if tok < 0:
-                    raise ValueError(f"forced_paths must hold ids >= 0, got {tok}")
+            _check_ids("forced_paths", path)
 
     @property
     def is_greedy(self) -> bool:

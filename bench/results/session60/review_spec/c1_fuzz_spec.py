@@ -164,12 +164,15 @@ def compare(tag, got, ref, margins, aborted=False):
     return "ok", ""
 
 
-def run_workload(seed: int, tally: dict, verbose: bool):
+def run_workload(seed: int, tally: dict, verbose: bool, modes=("mixed", "mixed", "solo-long", "n")):
     rng = random.Random(seed)
     cfg = draw_engine(rng)
     k = rng.choice([1, 2, 3])
     nreq = rng.choice([1, 1, 1, 2, 2, 3, 4])
-    mode = rng.choice(["mixed", "mixed", "solo-long", "n"])
+    mode = rng.choice(modes)
+    if mode == "pressure":            # several long outputs in a pool that holds about one: preemptions, then solo
+        nreq = rng.choice([2, 3, 4])
+        cfg.update(blocks=-(-cfg["mml"] // cfg["bs"]) + rng.choice([0, 1]), seqs=4, budget=rng.choice([32, 512]))
     if mode == "solo-long":
         nreq = 1
     bases = []
@@ -182,11 +185,11 @@ def run_workload(seed: int, tally: dict, verbose: bool):
         else:
             prompt = draw_prompt(rng, bases)
             params = draw_params(rng, prompt, cfg)
-            if mode == "solo-long":
+            if mode in ("solo-long", "pressure"):
                 params = replace(params, max_tokens=min(cfg["mml"] - len(prompt), rng.choice([40, 60, 90])),
                                  min_tokens=0)
         bases.append(prompt)
-        at = 0 if i == 0 or mode == "n" else rng.choice([0, 0, 1, 3, 6, 10, 20])
+        at = 0 if i == 0 or mode in ("n", "pressure") else rng.choice([0, 0, 1, 3, 6, 10, 20])
         abort = rng.choice([None] * 6 + [1, 2, 4, 8])
         reqs.append((f"r{i}", prompt, params, at, abort))
     schedule: dict = {}
@@ -245,12 +248,14 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--n", type=int, default=40)
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--modes", default="mixed,mixed,solo-long,n",
+                    help="workload kinds to draw from: mixed, solo-long, n (choices of one prompt), pressure")
     a = ap.parse_args()
     _s.model()
     tally = {"preemptions": 0, "moves": 0, "workloads": 0, "requests": 0, "rounds": 0, "accepted": 0, "fail": [], "tie": [], "plain": []}
     t0 = time.time()
     for s in range(a.seed, a.seed + a.n):
-        run_workload(s, tally, a.verbose)
+        run_workload(s, tally, a.verbose, tuple(a.modes.split(",")))
     print(f"\n{tally['workloads']} workloads, {tally['requests']} request runs, {tally['rounds']} verify rounds, "
           f"{tally['accepted']} drafts accepted, {tally['preemptions']} preemptions and {tally['moves']} rank moves "
           f"in the speculative runs, {time.time() - t0:.0f} s")

@@ -1,7 +1,8 @@
 """Structured output, tool calls, forced paths and thinking budgets with MTP drafts (k = 1, 2, 3) against plain
 decoding (k = 0): json_schema (several schemas), regex and EBNF grammars, a strict tool's grammar under tool_choice
 auto (``guide_after`` <tool_call>, the guide waits) and required (from the answer's start), forced paths (a non-strict
-tool_choice), a thinking budget alone and with a schema; greedy and seeded (top-p, penalties), with logprobs, stop
+tool_choice), a thinking budget alone and with a schema, a strict tool whose call closes (enums) under parallel or not, with
+``single_tool_call`` or not; greedy and seeded (top-p, penalties), with logprobs, stop
 strings, ``parallel_tool_calls: false`` (single_tool_call) and n = 3 choices (seed + i, run together: drafts resume as
 they finish). Oracle: the same tokens, text, finish reason, stop_str, usage and logprobs (1e-4) as the plain engine;
 every engine idle after; accepted drafts > 0 overall.
@@ -29,6 +30,11 @@ WEATHER = [{"type": "function", "function": {"name": "get_weather", "strict": Tr
     "required": ["city", "days"]}}},
     {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {
         "a": {"type": "integer"}, "b": {"type": "integer"}}}}}]
+
+
+ENUMS = [{"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": {
+    "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"enum": [1, 2, 3]}},
+    "required": ["city", "days"]}}}]
 
 
 def same(tag, got, want):
@@ -86,6 +92,15 @@ def cases():
             max_tokens=40, temperature=temp, seed=seed, thinking_budget=6, stop=("e",))))
         out.append((f"think-schema-{seed}", think_prompt, SamplingParams(
             max_tokens=60, temperature=temp, seed=seed, thinking_budget=3, json_schema=json.dumps(SCHEMAS[3]))))
+    enum_prompt = t.encode_chat([{"role": "user", "content": "Weather in Paris?"}], tools=ENUMS, enable_thinking=False)
+    for par in (True, False):
+        for single in (True, False):
+            g = tool_grammar(ENUMS, ids, None, parallel=par, opened=False)
+            for seed in (None, 2):
+                out.append((f"closed-call-par{par}-single{single}-{seed}", enum_prompt, SamplingParams(
+                    max_tokens=120, temperature=0.0 if seed is None else 1.0, seed=seed, tool_grammar=g,
+                    tool_call_span=span, single_tool_call=single, text_breaks=tuple(sorted(ids.values())),
+                    logprobs=1)))
     return out
 
 
