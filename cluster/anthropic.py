@@ -259,7 +259,7 @@ class MessageEvents:
                 for out in self._close():
                     yield out
                 err = chunk["error"]
-                self.failure = ApiError(503 if "shut down" in err["message"] else 500, err["message"], None,
+                self.failure = ApiError(getattr(chunk, "status", 500), err["message"], None,
                                         err.get("type") or "server_error")
                 yield self._event("error", error={"type": _ERROR_TYPES.get(self.failure.status, "api_error"),
                                                   "message": err["message"]})

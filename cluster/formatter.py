@@ -239,7 +239,7 @@ class Formatter:
         unsent, sent = [[] for _ in self.echo], set()   # return_token_ids: a choice's ids no chunk carried yet
         async for i, ev in merged:
             if ev.error:
-                yield self._api_error(ev).body()
+                yield ErrorChunk(self._api_error(ev))
                 return                  # the error ends the stream: no usage after it
             ev = self._shown(ev)
             completion += len(ev.token_ids)
@@ -300,6 +300,15 @@ class Formatter:
             yield "data: [DONE]\n\n"
         finally:
             await merged.aclose()
+
+
+class ErrorChunk(dict):
+    """A stream's last chunk when it failed: the error's body, as the chat sends it, and its HTTP ``status`` (503: the
+    server ended it on shutting down), which the Messages and Responses streams answer by."""
+
+    def __init__(self, error: ApiError) -> None:
+        super().__init__(error.body())
+        self.status = error.status
 
 
 def join_logprobs(parts: list, chat: bool) -> dict:

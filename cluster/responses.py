@@ -374,7 +374,7 @@ class ResponseEvents:
                 for out in self._close("incomplete"):
                     yield out
                 err = chunk["error"]
-                self.failure = ApiError(503 if "shut down" in err["message"] else 500, err["message"], None,
+                self.failure = ApiError(getattr(chunk, "status", 500), err["message"], None,
                                         err.get("type") or "server_error")
                 yield self._event("response.failed", response=self._response(
                     "failed", error={"code": "server_error", "message": err["message"]}))

@@ -175,3 +175,26 @@ def test_prefill_and_decode_replicas_agree_on_drafting():
     bundle = KVBundle((1, 2, 3, 4, 5), ((4, "uint8"),), True, (np.zeros((4, 4), np.uint8),))
     with pytest.raises(KVTransferError, match="keeps no room for"):
         check_bundle(bundle, [1, 2, 3, 4, 5, 6], ((4, "uint8"),), False, True, 4)
+
+
+# ---- a failed stream's status (session 60's code review) ------------------------------------------------------------
+@pytest.mark.parametrize("status, message", [(503, "the server shut down before the request finished"),
+                                             (500, "the engine shut down")])
+def test_messages_and_responses_fail_with_the_chats_status(status, message):
+    """The Messages and Responses streams chose 503 or 500 by looking for "shut down" in the error's text: an engine
+    that died while the server was not closing (the chat's 500) was their 503. Now they take the chat's status."""
+    pytest.importorskip("ray")
+    from cluster.anthropic import MessageEvents
+    from cluster.formatter import ErrorChunk
+    from cluster.protocol import ApiError
+    from cluster.responses import ResponseEvents
+    from tests.unit.test_anthropic import _req as messages_req
+    from tests.unit.test_responses import _chunk, _feed
+    from tests.unit.test_responses import _req as responses_req
+
+    error = ErrorChunk(ApiError(status, message, None, "server_error"))
+    assert error == ApiError(status, message, None, "server_error").body()      # what the chat's stream sends
+    for events in (MessageEvents(messages_req(), "m", 3), ResponseEvents(responses_req(), "m")):
+        with pytest.raises(ApiError) as e:
+            asyncio.run(events.whole(_feed([_chunk({"content": "a"}), error])))
+        assert e.value.status == status, (type(events).__name__, e.value.status)
