@@ -621,6 +621,8 @@ class Engine:
         chunk_rows = self._chunk_rows if self.graph_prefill and num_drafts == 0 else 0
         graph = graph_key(shape, plans, chunk_rows) if self.graphs and not self.prompts_only else None
         self.stats["graph_steps"] += graph is not None
+        if num_drafts and graph is None and not self._may_draft(plans):
+            num_drafts = 0      # no request can take a token after this step's: no drafts to throw away unverified
         # the MTP work of a graph step runs on graphs too: a greedy drafting request's drafts are picked inside one,
         # a drawn one's between them (its draft distributions are kept); the same mode goes to every rank
         greedy = num_drafts == 0 or all(self.schedulers[self._rank_of[s.req_id]].get(s.req_id).params.is_greedy
@@ -635,6 +637,15 @@ class Engine:
                            kv_loads=p.kv_loads, kv_exports=self._exporting(p) if self._exports else (),
                            kv_imports=i.writes, kv_land=i.land)
                 for p, f, i in zip(plans, forget, imports)]
+
+    def _may_draft(self, plans: list[StepPlan]) -> bool:
+        """Whether a request this step samples for can take drafts at its next step (a token past this step's before
+        its ``max_tokens``; never on a prompts-only engine). Graph steps draft regardless: their drafting graphs are
+        captured per draft count, and the last round's few passes cost less than a capture."""
+        if self.prompts_only:
+            return False
+        live = (self.schedulers[self._rank_of[s.req_id]].get(s.req_id) for p in plans for s in p.seqs if s.sample)
+        return any(r is not None and r.params.max_tokens - len(r.output_ids) > 2 for r in live)
 
     def _exporting(self, plan: StepPlan) -> tuple[tuple[str, tuple[int, ...]], ...]:
         """The requests of ``plan`` whose prompt this step completes and whose KV goes back (``export_kv``)."""
