@@ -160,7 +160,10 @@ class _Totals:
                 ("steps", "engine steps", stats["steps"]),
                 ("graph_steps", "of which CUDA-graph decode steps", stats["graph_steps"]),
                 ("ahead_steps", "of which the workers had launched ahead (look-ahead)", stats["ahead_steps"]),
-                ("spec_drafts_proposed", "speculative drafts proposed", stats["drafts_proposed"]),
+                ("spec_rounds", "speculative verify rounds (steps that verified a request's drafts)",
+                 stats["draft_rounds"]),
+                ("spec_drafts_proposed", "speculative drafts verified (proposed and fed to a verify step)",
+                 stats["drafts_proposed"]),
                 ("spec_drafts_accepted", "speculative drafts accepted", stats["drafts_accepted"])):
             family = CounterMetricFamily(f"glmserve_{name}", doc)
             family.add_metric([], value)
