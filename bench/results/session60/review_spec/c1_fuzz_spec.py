@@ -185,9 +185,12 @@ def run_workload(seed: int, tally: dict, verbose: bool, modes=("mixed", "mixed",
         else:
             prompt = draw_prompt(rng, bases)
             params = draw_params(rng, prompt, cfg)
-            if mode in ("solo-long", "pressure"):
+            if mode == "solo-long":
                 params = replace(params, max_tokens=min(cfg["mml"] - len(prompt), rng.choice([40, 60, 90])),
                                  min_tokens=0)
+            if mode == "pressure":        # each fills the context: the pool holds one at a time
+                params = replace(params, max_tokens=cfg["mml"] - len(prompt) - rng.choice([0, 5, 20]),
+                                 min_tokens=0, ignore_eos=True)
         bases.append(prompt)
         at = 0 if i == 0 or mode in ("n", "pressure") else rng.choice([0, 0, 1, 3, 6, 10, 20])
         abort = rng.choice([None] * 6 + [1, 2, 4, 8])

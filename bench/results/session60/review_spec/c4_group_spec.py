@@ -1,5 +1,5 @@
 """A real 2-rank worker group (spawned processes, no Ray; ``comm: ipc``, ``moe: tp``) with MTP drafts against the
-single-process plain engine: a solo request drafts on span steps (1 + k rows split over the ranks' MoE); several
+single-process plain engine (also ``moe: ep`` over gloo, and ep / ipc on static steps with k = 1): a solo request drafts on span steps (1 + k rows split over the ranks' MoE); several
 staggered requests move the fleet between dp steps (no drafts) and span steps (drafts resume) as they end; stop
 strings and stop ids inside accepted runs; seeded sampling with penalties; logprobs; an abort while drafting; then
 the same with ``cuda_graphs: eager`` (static span verify steps and drafting graphs). Oracle: tokens, text, finish
@@ -22,9 +22,9 @@ from cluster.detok import TextOf
 BLOCKS = 64
 
 
-def group_engine(k, **kw):
+def group_engine(k, moe="tp", comm="ipc", **kw):
     from cluster.workers import ProcessWorkerGroup
-    cfg = EngineConfig(model=str(DEFAULT_MODEL), device="cpu", dtype="float32", num_workers=2, moe="tp", comm="ipc",
+    cfg = EngineConfig(model=str(DEFAULT_MODEL), device="cpu", dtype="float32", num_workers=2, moe=moe, comm=comm,
                        kv_cache_tokens=BLOCKS * 16, max_num_batched_tokens=128, speculative_tokens=k,
                        warmup_tokens=0, **kw)
     group = ProcessWorkerGroup(cfg, BLOCKS)
@@ -84,7 +84,8 @@ def main():
         ref = collect(make_engine(k=0), {rid: (next(it[1] for items in sched.values() for it in items
                                                     if it[0] == rid), replace(params, logprobs=2))})[rid]
         margins[rid] = [t[0][1] - t[1][1] for t in ref["tops"]]
-    for k, kw in ((3, {}), (2, {"cuda_graphs": "eager"})):
+    for k, kw in ((3, {}), (2, {"cuda_graphs": "eager"}), (3, {"moe": "ep", "comm": "torch"}),
+                  (1, {"moe": "ep", "comm": "ipc", "cuda_graphs": "eager"})):
         eng, group = group_engine(k, **kw)
         try:
             got = collect(eng, schedule=sched)

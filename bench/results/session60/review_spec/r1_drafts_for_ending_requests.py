@@ -40,7 +40,7 @@ class Watch:
 
     def __init__(self, eng):
         self.eng, self.inner = eng, eng.executor
-        self.wasted = self.proposed = 0
+        self.wasted = self.proposed = self.excess = self.drafts = 0
         self.wasted_ms = self.draft_ms = 0.0
         eng.executor = self
 
@@ -52,8 +52,14 @@ class Watch:
                 if s.req_id not in res.drafts:
                     continue
                 self.proposed += 1
+                self.drafts += len(res.drafts[s.req_id])
                 req = self.eng.schedulers[0].get(s.req_id)
-                if req is not None and s.num_generated + len(res.sampled[s.req_id]) >= req.params.max_tokens:
+                if req is None:
+                    continue
+                out = s.num_generated + len(res.sampled[s.req_id])
+                room = max(0, req.params.max_tokens - out - 1)     # drafts max_tokens lets the next step verify
+                self.excess += max(0, len(res.drafts[s.req_id]) - room)
+                if out >= req.params.max_tokens:
                     self.wasted += 1
                     self.wasted_ms += res.draft_ms
         return results
@@ -88,7 +94,8 @@ def main():
         collect(eng, {f"m{n}": (tok().encode("And it came to pass, when"),
                                 SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))})
     print(f"solo requests (max_tokens 1, 2, 5, 17; k = 3): {w.proposed} draft proposals, {w.wasted} of them for a "
-          f"request that reached max_tokens in that step ({w.wasted_ms:.1f} of {w.draft_ms:.1f} ms drafting)")
+          f"request that reached max_tokens in that step ({w.wasted_ms:.1f} of {w.draft_ms:.1f} ms drafting); "
+          f"{w.excess} of {w.drafts} drafts past what max_tokens lets the next step verify")
     check(w.wasted == 0, f"no drafts proposed for a request ending at max_tokens in that step (got {w.wasted})")
 
     for k in (3, 7):
