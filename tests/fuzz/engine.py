@@ -187,7 +187,7 @@ def run_engine_workload(seed: int, wl: int, steps: int) -> Counter:
                     if nblk * bs >= start and nblk:
                         toks = tuple(ids[:nblk * bs + 1])
                         rows = np.array([(toks[i], toks[i + 1]) for i in range(start, nblk * bs)], dtype=np.uint8)
-                        kw["kv"] = KVBundle(toks, ((2, "uint8"),), True, (rows.reshape(-1, 2),), start)
+                        kw["kv"] = KVBundle(toks, ((2, "uint8"),), k > 0, (rows.reshape(-1, 2),), start)
                         counts["kv_in"] += 1
                     elif held is not None:
                         held.release()
