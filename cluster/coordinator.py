@@ -21,6 +21,7 @@ from cluster.disagg import (
     HeldPrefix,
     KVBundle,
     PrefillResult,
+    depot_key,
     drop_bundle,
     fetch_bundle,
     new_depot,
@@ -228,7 +229,7 @@ class Coordinator:
         its engine, which only computes prompts, captures no decode graphs."""
         from models.config import ModelConfig
 
-        self._depot = new_depot() if exports else None      # a prefill replica's KVDepot (else made at a first bundle)
+        self._depot = new_depot() if exports else None      # a prefill replica's KVDepot (else made at a first ask)
         self.cfg = cfg = self._resolve(EngineConfig.from_dict(engine_config))
         model_config = ModelConfig.from_json(cfg.model)
         cfg.check_model(model_config)
@@ -373,10 +374,11 @@ class Coordinator:
             raise
         self._ask(req_id, ids, params.cache_salt)
         self._promised += 1
-        gen, done = self.prefill_tier.options(stream=True).prefill.remote(ids, params, req_id, start), False
+        gen = self.prefill_tier.options(stream=True).prefill.remote(ids, params, req_id, start)
+        done, where = False, None
         try:
             try:
-                await asyncio.wait_for(gen.__anext__(), PREFILL_REACH_S)      # a replica took it
+                where = await asyncio.wait_for(gen.__anext__(), PREFILL_REACH_S)     # a replica took it (its depot)
                 res = await asyncio.wait_for(gen.__anext__(), PREFILL_WAIT_S)
                 done = True
             except Exception as e:  # noqa: BLE001 — no prefill replica answered: this replica computes the prompt
@@ -385,8 +387,9 @@ class Coordinator:
                             type(e).__name__, PREFILL_PAUSE_S)
                 return None, held
             finally:
-                if not done:
+                if not done:            # (its answer unread — maybe on its way: its bundle is dropped, come or not)
                     gen.cancel()
+                    drop_bundle(where)
             if res.refused is not None and res.refused.reason == "queue_full":
                 raise res.refused
             if res.bundle is None:      # (no whole block to send: a prompt below the prefill replica's block)
@@ -443,12 +446,16 @@ class Coordinator:
             ask[2].set()
 
     async def prefill(self, prompt_ids: list[int], params: SamplingParams, req_id: str,
-                      start: int = 0) -> AsyncIterator[PrefillResult | None]:
-        """A prefill replica's part of a request (``cluster/disagg.py``): ``None`` at once (a replica took it: the
-        decode replica bounds its wait for that, not for the prompt's computation), then the result — where the KV of
+                      start: int = 0) -> AsyncIterator[PrefillResult | tuple | None]:
+        """A prefill replica's part of a request (``cluster/disagg.py``): at once where its KV will wait ((its depot,
+        a key) — dropped there by a decode replica that gives up; None without Ray): a replica took it (the decode
+        replica bounds its wait for that, not for the prompt's computation); then the result — where the KV of
         the prompt from position ``start`` on waits (this replica's ``KVDepot``), or why there is none (a refusal: the
         client's 429 / 400)."""
-        yield None
+        if self._depot is None:
+            self._depot = new_depot()
+        where = depot_key(self._depot)
+        yield where                     # (the decode replica drops it there if it gives up before taking it)
         ev = None
         try:
             async for ev in self.aengine.generate(prompt_ids, prefill_params(params), req_id, export_kv=True,
@@ -462,15 +469,14 @@ class Coordinator:
         elif ev.kv is None:            # no whole block before the prompt's last token
             yield PrefillResult()
         else:
-            if self._depot is None:
-                self._depot = new_depot()
+            key = where[1] if where is not None else None
             try:
-                staged = await stage_bundle(self._depot, ev.kv)
+                staged = await stage_bundle(self._depot, ev.kv, key)
             except Exception as e:  # noqa: BLE001 — its depot died (a node's memory monitor, a crash): a new one
                 logging.getLogger("ray.serve").warning("glmserve: the KV depot failed (%s: %s); a new one",
                                                        type(e).__name__, e)
                 self._depot = new_depot()
-                staged = await stage_bundle(self._depot, ev.kv)
+                staged = await stage_bundle(self._depot, ev.kv, key)
             try:
                 yield PrefillResult(bundle=staged)
             except BaseException:       # (closed unread: the decode replica gave up on it, its client gone)

@@ -306,15 +306,17 @@ class KVDepot:
     """A prefill replica's bundles until a decode replica takes them: a Ray actor beside the replica, which owns it (it
     ends with the replica). A bundle taken goes out as the call's result — an object the taker owns, freed once it
     has written the rows (a reference passed along with the request instead would pin the bundle in the object store
-    until the whole answer had streamed); one not taken within ``ttl_s`` (its request gone) is dropped."""
+    until the whole answer had streamed); one not taken within ``ttl_s`` (its request gone) is dropped. A key
+    dropped before its bundle came (the taker gave up while it was computed or on its way) keeps the bundle out."""
 
     def __init__(self, ttl_s: float = FETCH_TIMEOUT_S) -> None:
-        self.ttl_s, self.items, self._lock, self._sweeper = ttl_s, {}, threading.Lock(), None
+        self.ttl_s, self.items, self.dropped, self._lock, self._sweeper = ttl_s, {}, {}, threading.Lock(), None
 
     def put(self, key: str, bundle: KVBundle) -> None:
         with self._lock:
             self._expire()
-            self.items[key] = (time.monotonic(), bundle)
+            if self.dropped.pop(key, None) is None:
+                self.items[key] = (time.monotonic(), bundle)
         if self._sweeper is None:       # (bundles left when no request comes any more go too)
             self._sweeper = threading.Thread(target=self._sweep, name="kv-depot-sweep", daemon=True)
             self._sweeper.start()
@@ -325,13 +327,16 @@ class KVDepot:
             return self.items.pop(key)[1]          # (a KeyError: expired, or taken)
 
     def drop(self, key: str) -> None:
-        """Forget ``key``'s bundle: its request went away (or its take timed out) before taking it."""
+        """Forget ``key``'s bundle: its request went away (or its take timed out) before taking it — or before it
+        came: then it is not kept when it comes."""
         with self._lock:
-            self.items.pop(key, None)
+            if self.items.pop(key, None) is None:
+                self.dropped[key] = time.monotonic()
 
     def _expire(self) -> None:
         now = time.monotonic()
         self.items = {k: v for k, v in self.items.items() if now - v[0] < self.ttl_s}
+        self.dropped = {k: t for k, t in self.dropped.items() if now - t < self.ttl_s}
 
     def _sweep(self) -> None:
         while True:
@@ -354,12 +359,18 @@ def new_depot():
     return ray.remote(num_cpus=0)(KVDepot).options(scheduling_strategy=here).remote()
 
 
-async def stage_bundle(depot, bundle: KVBundle) -> Any:
-    """Leave ``bundle`` in ``depot`` (its copy into the object store off the event loop); returns what a decode
-    replica fetches it by: (the depot, a key) — or the bundle itself without a depot."""
+def depot_key(depot) -> tuple | None:
+    """Where a bundle will wait in ``depot``: (the depot, a new key) — what a decode replica fetches or drops it by,
+    told before the prompt is computed (``Coordinator.prefill``'s first item) — or None without a depot."""
+    return None if depot is None else (depot, uuid.uuid4().hex)
+
+
+async def stage_bundle(depot, bundle: KVBundle, key: str | None = None) -> Any:
+    """Leave ``bundle`` in ``depot`` under ``key`` (a new one if None; its copy into the object store off the event
+    loop); returns what a decode replica fetches it by: (the depot, the key) — or the bundle itself without a depot."""
     if depot is None:
         return bundle
-    key = uuid.uuid4().hex
+    key = key or uuid.uuid4().hex
     put = asyncio.ensure_future(asyncio.to_thread(depot.put.remote, key, bundle))
     try:
         await (await asyncio.shield(put))

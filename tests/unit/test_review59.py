@@ -178,11 +178,11 @@ def test_a_prefill_replica_whose_depot_died_makes_a_new_one(monkeypatch):
 
     depots, staged = iter(["new"]), []
 
-    async def stage(depot, bundle):
+    async def stage(depot, bundle, key):
         if depot == "dead":
             raise RuntimeError("the actor died")
         staged.append(depot)
-        return depot, "key"
+        return depot, key
 
     monkeypatch.setattr(cc, "stage_bundle", stage)
     monkeypatch.setattr(cc, "new_depot", lambda: next(depots))
@@ -195,7 +195,7 @@ def test_a_prefill_replica_whose_depot_died_makes_a_new_one(monkeypatch):
     async def run():
         return [r async for r in Coordinator.prefill(rep, list(range(9)), SamplingParams(), "a")]
     out = asyncio.run(run())
-    assert out[0] is None and out[1].bundle == ("new", "key") and rep._depot == "new" and staged == ["new"]
+    assert out[0][0] == "dead" and out[1].bundle == ("new", out[0][1]) and rep._depot == "new" and staged == ["new"]
 
 
 def test_a_deploy_with_a_value_only_the_checkpoint_checks_is_refused_at_build(tmp_path):

@@ -1,0 +1,87 @@
+"""Session 61's fixes. A decode replica that gives up on a prefill replica's answer while it is on its way (its client
+gone, its wait over) drops its bundle: the prefill replica says where the bundle will wait before computing it, and
+the depot keeps out a bundle whose key was dropped before it came (it waited out the depot's 120 s)."""
+
+from __future__ import annotations
+
+import asyncio
+import types
+
+import pytest
+
+from cluster.disagg import KVDepot
+from tests.unit.test_disagg import _bundle_of, _decode_replica, _engine
+from tests.unit.test_review60 import _Actor
+
+
+def test_a_key_dropped_before_its_bundle_came_keeps_it_out():
+    depot = KVDepot(ttl_s=0.2)
+    depot.drop("k")
+    depot.put("k", _bundle_of(list(range(9))))
+    assert depot.items == {} and depot.dropped == {}        # (kept out once: the key is not reused)
+    depot.put("k", _bundle_of(list(range(9))))
+    assert list(depot.items) == ["k"]
+    depot.drop("late")
+    asyncio.run(asyncio.sleep(0.25))
+    depot.put("other", _bundle_of(list(range(9))))      # (a put expires old entries: the tombstone too)
+    assert "late" not in depot.dropped
+
+
+@pytest.mark.parametrize("how", ["cancelled", "timed out"])
+def test_a_decode_replica_that_gives_up_on_the_answer_drops_its_bundle(monkeypatch, how):
+    """The prefill replica's first item names where its bundle will wait; the answer (the bundle staged) is on its
+    way when the decode replica gives up. Its drop reaches the depot first or after the bundle: either way it goes."""
+    from cluster import coordinator as coord_mod
+
+    monkeypatch.setattr(coord_mod, "PREFILL_WAIT_S", 0.1 if how == "timed out" else 60)
+    actor, sent = _Actor(), []
+    where = (actor, "key-1")
+
+    def remote(ids, params, req_id, start):
+        class Stream:
+            items = [where]
+
+            async def __anext__(self):
+                if self.items:
+                    return self.items.pop(0)
+                await asyncio.sleep(60)         # (the answer on its way)
+
+            def cancel(self):
+                sent.append("cancel")
+        return Stream()
+
+    dec = _decode_replica(_engine(blocks=16), remote)
+
+    async def run():
+        task = asyncio.ensure_future(dec._prefilled(list(range(1, 42)), coord_mod.SamplingParams(), "r"))
+        await asyncio.sleep(0.3 if how == "timed out" else 0.05)
+        if how == "cancelled":
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return None
+        return await task
+    out = asyncio.run(run())
+    if how == "timed out":                  # (this replica computes the prompt)
+        bundle, held = out
+        assert bundle is None
+        held.release()
+    assert sent == ["cancel"] and actor.calls == ["drop"]
+    actor.depot.put("key-1", _bundle_of(list(range(9))))      # the prefill replica's put, after the drop
+    assert actor.depot.items == {}
+
+
+def test_a_prefill_replica_stages_under_the_key_it_told():
+    from cluster.coordinator import Coordinator
+    from scheduler.request import SamplingParams
+
+    async def generate(*args, **kwargs):
+        yield types.SimpleNamespace(error=None, kv=_bundle_of(list(range(9))))
+
+    async def run():
+        actor = _Actor()
+        rep = types.SimpleNamespace(_depot=actor, aengine=types.SimpleNamespace(generate=generate))
+        out = [r async for r in Coordinator.prefill(rep, list(range(9)), SamplingParams(), "a")]
+        return actor, out
+    actor, (where, res) = asyncio.run(run())
+    assert where == res.bundle and list(actor.depot.items) == [where[1]]
