@@ -444,13 +444,13 @@ def prefill_plan(decode: dict, spec: Any) -> PrefillPlan:
             raise ValueError(f"prefill.{key} ({getattr(engine, key)!r}) must equal the decode replicas' "
                              f"({decode[key]!r}): the KV they exchange must have one layout")
     mine, theirs = _dtype(engine.dtype, engine.device), _dtype(decode["dtype"], decode["device"])
-    if mine != theirs or mine is None and engine.dtype != decode["dtype"]:
+    if mine != theirs:
         raise ValueError(f"prefill.dtype ({engine.dtype!r} on device {engine.device!r}) must come to the decode "
                          f"replicas' ({decode['dtype']!r} on {decode['device']!r}): the KV they exchange must have one "
                          "layout")
-    for key in DEPLOYMENT_KEYS[:1]:
-        if key in deployment and (not isinstance(deployment[key], int) or deployment[key] < 1):
-            raise ValueError(f"prefill.{key} must be an int >= 1, got {deployment[key]!r}")
+    n = deployment.get("num_replicas", 1)
+    if n != "auto" and (not isinstance(n, int) or isinstance(n, bool) or n < 1):    # ("auto": Serve's autoscaling)
+        raise ValueError(f"prefill.num_replicas must be an int >= 1 or 'auto', got {n!r}")
     if decode["speculative_tokens"] and not engine.speculative_tokens:
         raise ValueError("prefill.speculative_tokens is 0 while the decode replicas draft: their drafts read the MTP "
                          "layer's KV, which only a speculative prefill replica computes")

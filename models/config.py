@@ -283,7 +283,8 @@ def _parse(d: dict[str, Any]) -> ModelConfig:
     if rope_type not in ("default", "yarn"):
         raise ConfigError(f"config field 'rope_parameters.rope_type' is {rope_type!r}; 'default' and 'yarn' are "
                           "supported")
-    rope_theta = float(rope.get("rope_theta", d.get("rope_theta") or 10000.0))
+    rope_theta = _positive(rope, "rope_theta", "rope_parameters.", None)      # (null: absent, as transformers)
+    rope_theta = rope_theta or _positive(d, "rope_theta", "", 10000.0)
     yarn = _parse_yarn(rope, ints["max_position_embeddings"]) if rope_type == "yarn" else None
     if d.get("rope_interleave") is False:     # transformers >= 5.11 and vLLM interleave whatever it says
         _log.warning("config field 'rope_interleave' is false: ignored, GLM-5 / DeepSeek-V3.2 MLA RoPE is interleaved "
@@ -354,6 +355,16 @@ def _parse(d: dict[str, Any]) -> ModelConfig:
     )
 
 
+def _positive(d: dict, key: str, prefix: str, default: float | None) -> float | None:
+    """``d[key]`` as a positive number (``default`` where absent or null), else a ConfigError naming the field."""
+    v = d.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < float("inf"):
+        raise ConfigError(f"config field '{prefix}{key}' must be a positive number, got {v!r}")
+    return float(v)
+
+
 def _parse_yarn(rope: dict, max_positions: int) -> Yarn:
     def number(key: str, default: float | None) -> float:
         v = rope.get(key, default)
@@ -362,6 +373,8 @@ def _parse_yarn(rope: dict, max_positions: int) -> Yarn:
         return float(v)
 
     factor = number("factor", None)
+    if factor <= 0:
+        raise ConfigError(f"config field 'rope_parameters.factor' (YaRN) must be positive, got {factor!r}")
     yarn = Yarn(factor=factor, original_max_position_embeddings=int(number("original_max_position_embeddings",
                                                                             max_positions)),
                 beta_fast=number("beta_fast", 32.0) or 32.0, beta_slow=number("beta_slow", 1.0) or 1.0,

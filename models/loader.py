@@ -186,6 +186,9 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.bfloat16, device: st
 
     model = _empty_model(cfg, shard, scales, dtype, device)
     params = dict(model.named_parameters())
+    for w in scales:            # (only Linears become FP8: the embedding's, the router's scale has nowhere to go)
+        if not _EXPERT.match(w) and f"{w}_scale_inv" not in params:
+            raise CheckpointError(f"tensor {w}_scale_inv: {w} is not a linear layer's weight and cannot be FP8")
     experts = model.shard.expert_range(cfg.n_routed_experts)
 
     by_file: dict[Path, list[str]] = {}

@@ -85,3 +85,62 @@ def test_a_prefill_replica_stages_under_the_key_it_told():
         return actor, out
     actor, (where, res) = asyncio.run(run())
     assert where == res.bundle and list(actor.depot.items) == [where[1]]
+
+
+# ---- the configuration review (review_mut_config/: bugs 1 and 2) ----------------------------------------------------
+@pytest.mark.parametrize("rope, top, field", [
+    ({"rope_type": "default", "rope_theta": 0}, None, "rope_parameters.rope_theta"),
+    ({"rope_type": "default", "rope_theta": "1e6"}, None, "rope_parameters.rope_theta"),
+    ({"rope_type": "default", "rope_theta": True}, None, "rope_parameters.rope_theta"),
+    (None, 0, "'rope_theta'"),
+    (None, -5.0, "'rope_theta'"),
+    ({"rope_type": "yarn", "rope_theta": 1e4, "factor": 0, "attention_factor": 1.0}, None, "rope_parameters.factor"),
+])
+def test_a_rotary_base_or_yarn_factor_that_is_not_positive_is_named(rope, top, field):
+    """A theta of 0 (or a YaRN factor of 0) gave infinite inverse frequencies — every logit NaN; a string was taken, a
+    top-level 0 became 10000 unsaid."""
+    from models.config import ConfigError, ModelConfig
+    from tests.unit.test_mut61_config import base
+
+    d = base(rope_parameters=rope)
+    if top is not None:
+        d["rope_theta"] = top
+    with pytest.raises(ConfigError, match=field):
+        ModelConfig.from_dict(d)
+
+
+def test_a_null_rotary_base_is_the_default_or_the_top_levels():
+    from models.config import ModelConfig
+    from tests.unit.test_mut61_config import base
+
+    assert ModelConfig.from_dict(base(rope_parameters={"rope_type": "default", "rope_theta": None})).rope_theta == 1e4
+    d = base(rope_parameters={"rope_type": "default", "rope_theta": None}, rope_theta=5e5)
+    assert ModelConfig.from_dict(d).rope_theta == 5e5
+
+
+@pytest.mark.parametrize("name", ["model.embed_tokens.weight", "model.layers.2.mlp.gate.weight"])
+def test_a_scale_beside_a_weight_that_cannot_be_fp8_is_named(tmp_path, tiny_config, name):
+    """The embedding and the router are no Linears: a scale beside them was a bare KeyError mid-load."""
+    from safetensors.torch import load_file, save_file
+
+    from glmkernels.reference import fp8_quantize
+    from models.checkpoint import write_checkpoint
+    from models.loader import CheckpointError, load_model
+
+    path = write_checkpoint(tmp_path, tiny_config, fp8=True)
+    sd = load_file(path / "model.safetensors")
+    sd[name], sd[name + "_scale_inv"] = fp8_quantize(sd[name].float())
+    save_file(sd, path / "model.safetensors")
+    with pytest.raises(CheckpointError, match=f"{name}_scale_inv: .* cannot be FP8"):
+        load_model(path, progress=False)
+
+
+def test_prefill_replicas_are_a_count_or_servess_auto():
+    from cluster.config import EngineConfig
+    from cluster.disagg import prefill_plan
+
+    decode = EngineConfig(device="cpu").to_dict()
+    for bad in (True, 0, "2", 1.5):
+        with pytest.raises(ValueError, match="prefill.num_replicas"):
+            prefill_plan(decode, {"num_replicas": bad})
+    assert prefill_plan(decode, {"num_replicas": "auto"}).deployment == {"num_replicas": "auto"}
