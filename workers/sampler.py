@@ -218,15 +218,13 @@ def _filtered_weights(logits: Tensor, params: list[SamplingParams]) -> tuple[Ten
     else:
         top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
         if max(top_k) <= TOPK_SELECT:
-            top, order = scaled.topk(max(top_k), dim=-1)  # [S, W], descending; tied values in no set order
-            if min(top_k) < top.shape[1] or any(p.top_p < 1.0 for p in params):    # a cut may fall inside a tie
-                order, by_id = order.sort(dim=-1)
-                top, by_value = top.gather(1, by_id).sort(dim=-1, descending=True, stable=True)
-                order = order.gather(1, by_value)
+            order = _by_value_then_id(scaled).topk(max(top_k), dim=-1).indices     # [S, W]
+            top = scaled.gather(1, order)
         else:
             top, order = scaled.sort(dim=-1, descending=True, stable=True)  # [S, V]
         # ties in id order, whatever the batch: a top-k / top-p cut inside a tie (bf16 logits tie often) keeps the same
-        # ids (the re-sort costs ~22 µs of kernels at 1–8 rows on an H200, stability of the full sort nothing)
+        # ids — the lowest, as the stable sort; the selection too (topk's own picks among tied values at its end
+        # depend on the batch's largest top-k: session 61's review)
         weights = torch.exp(top - top[:, :1])  # [S, W]
         if min(top_k) < top.shape[1]:
             rank = torch.arange(top.shape[1], device=device)
@@ -241,6 +239,16 @@ def _filtered_weights(logits: Tensor, params: list[SamplingParams]) -> tuple[Ten
         # min-p is relative to the most likely token, whose weight is 1.
         weights = weights.masked_fill(weights < _row_values([p.min_p for p in params], device), 0.0)
     return weights, order
+
+
+def _by_value_then_id(x: Tensor) -> Tensor:
+    """[S, V] fp32 → int64 keys in the order of (value, then the lower id) — distinct, so a ``topk`` of them picks and
+    orders tied values as a stable descending sort does: fp32 bits made monotonic (negatives' magnitude bits flipped;
+    -0 as +0) in the high word, V - 1 - id in the low."""
+    bits = (x + 0.0).view(torch.int32).to(torch.int64)
+    bits = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    ids = torch.arange(x.shape[1] - 1, -1, -1, device=x.device)
+    return bits * (1 << 32) + ids
 
 
 def _cumsum_rows(x: Tensor) -> Tensor:

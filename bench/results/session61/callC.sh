@@ -5,3 +5,5 @@
 export NCCL_NVLS_ENABLE=0 PYTHONPATH=.
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 ( time timeout -s KILL 420 python bench/decode_slice.py --out $OUT/slice ) 2>&1 | tail -22 | cut -c1-260
+# the top-k selection with ties broken by id (session 61's sampler fix) beside session 60's
+( time timeout -s KILL 120 python bench/results/session61/topk_ties.py ) 2>&1 | tail -14
