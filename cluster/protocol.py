@@ -206,9 +206,9 @@ class _Sampling(OpenAIBody):
         if self.prompt_logprobs is not None and self.stream:
             raise ApiError(400, "prompt_logprobs is not streamed: ask for it without stream (or stream echo with "
                            "logprobs)", "prompt_logprobs")
-        name, limit = next(((k, v) for k, v in (("max_tokens", self.max_tokens),
-                                                ("max_completion_tokens", getattr(self, "max_completion_tokens", None)))
-                            if v is not None), (None, None))
+        limits = (("max_completion_tokens", getattr(self, "max_completion_tokens", None)),   # (the chat's, where
+                  ("max_tokens", self.max_tokens))                                        # both are given)
+        name, limit = next(((k, v) for k, v in limits if v is not None), (None, None))
         if limit is not None and self.min_tokens > max(1, limit):
             raise ApiError(400, f"min_tokens ({self.min_tokens}) must not exceed {name} ({limit})", "min_tokens")
         if any(self.guidance) and self.ignore_eos:

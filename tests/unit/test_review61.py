@@ -144,3 +144,18 @@ def test_prefill_replicas_are_a_count_or_servess_auto():
         with pytest.raises(ValueError, match="prefill.num_replicas"):
             prefill_plan(decode, {"num_replicas": bad})
     assert prefill_plan(decode, {"num_replicas": "auto"}).deployment == {"num_replicas": "auto"}
+
+
+# ---- the HTTP side's review (review_mut_http/: its bug) -------------------------------------------------------------
+def test_min_tokens_is_held_to_max_completion_tokens_where_both_limits_are_given():
+    """The chat's limit is ``max_completion_tokens`` where both are sent (as the endpoint and vLLM take it): min_tokens
+    was checked against ``max_tokens`` — a 400 for an answer that may hold 100 tokens, or a min_tokens cut unsaid."""
+    from cluster.protocol import ApiError, ChatCompletionRequest
+
+    def chat(**kw):
+        return ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                                     **kw})
+    chat(max_tokens=5, max_completion_tokens=100, min_tokens=50).check_supported()
+    with pytest.raises(ApiError, match=r"must not exceed max_completion_tokens \(5\)") as e:
+        chat(max_tokens=100, max_completion_tokens=5, min_tokens=50).check_supported()
+    assert (e.value.status, e.value.param) == (400, "min_tokens")
