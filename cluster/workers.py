@@ -300,7 +300,7 @@ class _ConnGroup:
                     raise GroupFailure(f"{what}: rank {rank} died ({why})")
             if time.monotonic() > deadline:
                 missing = [r for r in range(len(self.conns)) if r not in out]
-                raise GroupFailure(f"{what}: rank(s) {missing} did not answer within {timeout_s:.0f} s")
+                raise GroupFailure(f"{what}: rank(s) {missing} did not answer within {timeout_s:g} s")
         return [out[r] for r in range(len(self.conns))]
 
     def _sized(self, blocks: list[int]) -> None:
@@ -404,7 +404,7 @@ class RayWorkerGroup(_ConnGroup):
             ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
                 raise GroupFailure(f"{what}: rank(s) {sorted(refs.index(r) for r in pending)} did not answer within "
-                                   f"{timeout_s:.0f} s")
+                                   f"{timeout_s:g} s")
             try:
                 done[ready[0]] = ray.get(ready[0])
             except Exception as e:   # RayActorError (a dead rank), or the rank's own exception
