@@ -270,9 +270,8 @@ def _parse(d: dict[str, Any]) -> ModelConfig:
             d[key] = default
     for key in ("n_group", "topk_group", "first_k_dense_replace", "n_shared_experts", "max_position_embeddings"):
         ints[key] = _get_int(d, key, minimum=0 if key in ("first_k_dense_replace", "n_shared_experts") else 1)
-    for key in ("routed_scaling_factor", "rms_norm_eps"):
-        if isinstance(d[key], bool) or not isinstance(d[key], int | float) or d[key] <= 0:
-            raise ConfigError(f"config field '{key}' must be a positive number, got {d[key]!r}")
+    for key in ("routed_scaling_factor", "rms_norm_eps"):       # (finite: an inf or NaN eps gives NaN logits)
+        d[key] = _positive(d, key, "", None)
 
     rope = {}
     for key in ("rope_scaling", "rope_parameters"):       # the legacy name (DeepSeek's configs), then transformers 5's
