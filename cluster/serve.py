@@ -34,8 +34,14 @@ from cluster.formatter import Formatter
 from cluster.guided import check_tool_grammar, tool_grammar
 from cluster.metrics_hub import HttpCounts, app_metrics_hub, http_text, merge
 from cluster.parsers import TOOL_MARKERS
-from cluster.protocol import (ApiError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
-                              validation_error)
+from cluster.protocol import (
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    validation_error,
+)
 from cluster.responses import ResponseEvents, ResponsesRequest, responses_param
 from scheduler.scheduler import AdmissionError
 
@@ -196,7 +202,7 @@ def _admission_error(e: AdmissionError) -> ApiError:
         return ApiError(429, str(e), None, "rate_limit_error", {"Retry-After": "1"})
     if e.reason == "unavailable":       # the replica's worker group is down (a rebuild failed): another may answer
         return ApiError(503, str(e), None, "service_unavailable", {"Retry-After": "5"})
-    return ApiError(400, str(e), {"prompt": "prompt", "max_tokens": "max_tokens"}.get(e.field, e.field),
+    return ApiError(400, str(e), e.field,
                     code="context_length_exceeded" if e.reason in ("too_long", "kv_capacity") else None)
 
 

@@ -235,6 +235,7 @@ def _drain(stop, timeout_s: float) -> None:
                 stop.wait(0.2)      # the error events on their way out
         except Exception as e:  # noqa: BLE001 — the ingress is gone or stuck: shut down anyway
             ended = f"? ({type(e).__name__})"
-        print(f"glmserve: shutting down: {ended} request(s) still in flight ended with an error", flush=True)
+        print(f"glmserve: shutting down: {ended} output stream(s) (one a choice) still in flight ended with an error",
+              flush=True)
     elif left < 0:                  # stopped again, or the ingress did not answer, before it said
         print("glmserve: shutting down without waiting (any stream in flight ends with an error)", flush=True)

@@ -20,7 +20,8 @@ def test_health_is_503_until_the_model_answers(monkeypatch):
     from cluster import serve as serve_mod
     from cluster.protocol import ApiError
 
-    monkeypatch.setattr(serve_mod, "HEALTH_PROBE_S", 0.05)
+    # (the ingress's methods read a copy of the module's globals: `serve.ingress` copies them)
+    monkeypatch.setitem(serve_mod.OpenAIIngress.health.__globals__, "HEALTH_PROBE_S", 0.05)
     calls = []
 
     async def unhealthy():
