@@ -384,15 +384,15 @@ def mla_sparse_attention(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_cache: to
     """
     N, nh, rkv = q_lat.shape
     out = torch.empty_like(q_lat)
+    q = torch.cat([q_lat, q_rope], dim=-1)      # one product, rounded once (as HF's score; the kernels add in fp32)
     for r in range(0, N, row_chunk):
         sl = slice(r, r + row_chunk)
         idx = topk_slots[sl]
         kv = kv_cache[idx.clamp(min=0)]                                         # [n, K, rkv+dr]
         if kv.dtype == torch.uint8:                                             # packed FP8 rows
             kv = kv_fp8_unpack(kv, rkv, q_rope.shape[-1], q_lat.dtype)
-        lat, kr = kv[..., :rkv], kv[..., rkv:]
-        score = (torch.einsum("nhc,nkc->nhk", q_lat[sl], lat)
-                 + torch.einsum("nhr,nkr->nhk", q_rope[sl], kr)) * scale
+        lat = kv[..., :rkv]
+        score = torch.einsum("nhd,nkd->nhk", q[sl], kv) * scale
         score = score.masked_fill((idx < 0)[:, None, :], float("-inf"))
         p = torch.softmax(score.float(), dim=-1).to(q_lat.dtype)
         out[sl] = torch.einsum("nhk,nkc->nhc", p, lat)
