@@ -29,6 +29,7 @@ from scheduler import BlockPool, SamplingParams
 from scheduler.block_pool import ROOT
 from scheduler.scheduler import AdmissionError
 from tests.unit.test_disagg import _bundle_of, _decode_replica, _engine
+from tests.unit.test_review59 import _slow_prefill
 from tests.unit.test_review60 import _Actor
 
 LAYOUT = ((4, "uint8"),)
@@ -280,29 +281,10 @@ def test_a_request_waiting_on_anothers_ask_holds_no_prefix_meanwhile():
     head, mid = list(range(1, 41)), list(range(300, 340))
     _cached(e, head + [99])
     total = e.scheduler.pool.num_free
-    gate, calls = None, []
-
-    def remote(ids, params, req_id, start):
-        calls.append((req_id, start))
-
-        class Stream:
-            items = [None]
-
-            async def __anext__(self):
-                if self.items:
-                    return self.items.pop()
-                if req_id == "a":
-                    await gate.wait()
-                return PrefillResult(bundle=_rest(ids, start))
-
-            def cancel(self):
-                pass
-        return Stream()
-    dec = _decode_replica(e, remote)
+    gate, calls = asyncio.Event(), []
+    dec = _decode_replica(e, _slow_prefill(calls, gate))    # (b asks only once a's answer came: the gate is open)
 
     async def main():
-        nonlocal gate
-        gate = asyncio.Event()
         a = asyncio.create_task(dec._prefilled(head + mid + [1, 2, 3], SamplingParams(), "a"))
         await asyncio.sleep(0.01)
         b = asyncio.create_task(dec._prefilled(head + mid + [7, 8, 9], SamplingParams(), "b"))
