@@ -215,6 +215,28 @@ async def _closing(events: AsyncIterator[str], merged) -> AsyncIterator[str]:
         await merged.aclose()
 
 
+class _Merged:
+    """The choices' streams, interleaved as (choice index, event) by ``_merge``. ``aclose`` ends every stream, whether
+    or not the interleaving began (a response closed before it read its choices: closing a generator that never
+    started runs none of its code)."""
+
+    def __init__(self, streams: list[AsyncIterator], first: list):
+        self.streams = streams
+        self.events = _merge(streams, first)
+
+    def __aiter__(self):
+        return self
+
+    def __anext__(self):
+        return self.events.__anext__()
+
+    async def aclose(self):
+        await self.events.aclose()
+        for s in self.streams:
+            if not s.ag_running:        # (a running one: its pump's cancellation ends it)
+                await s.aclose()
+
+
 async def _merge(streams: list[AsyncIterator], first: list) -> AsyncIterator[tuple[int, Any]]:
     """Interleave n streams' events as (choice index, event), starting with their first events."""
     queue: asyncio.Queue = asyncio.Queue()
@@ -590,7 +612,10 @@ class OpenAIIngress:
         fmt, merged = await self._start(body, prompts, logprobs, chat, echoes)
         if body.stream:
             return StreamingResponse(fmt.sse(merged, body.include_usage), media_type="text/event-stream")
-        return JSONResponse(await fmt.whole(merged, len(prompts) * body.n))
+        try:
+            return JSONResponse(await fmt.whole(merged, len(prompts) * body.n))
+        finally:
+            await merged.aclose()
 
     async def _start(self, body, prompts: list[list[int]], logprobs: int | None, chat: bool,
                      echoes: list[str] | None = None):
@@ -659,7 +684,7 @@ class OpenAIIngress:
                          prompt_top=body.prompt_logprobs, token_ids_as_names=body.return_tokens_as_token_ids,
                          continuous_usage=body.include_usage and body.stream_options.continuous_usage_stats,
                          return_ids=body.return_token_ids, reasoning_parser=reasoning)
-        return fmt, _merge(streams, first)
+        return fmt, _Merged(streams, first)
 
     async def _open(self, ids, params, req_id) -> AsyncIterator:
         gen = None

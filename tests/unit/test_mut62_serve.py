@@ -396,8 +396,8 @@ def kept(monkeypatch):
     """The choices' merged streams, held here as a middleware or a traceback may hold them: closing the response
     must close them, not the collector's finalizing what nothing references any more."""
     held = []
-    merge = G["_merge"]
-    monkeypatch.setitem(G, "_merge", lambda *a: held.append(merge(*a)) or held[-1])
+    merged = G["_Merged"]
+    monkeypatch.setitem(G, "_Merged", lambda *a: held.append(merged(*a)) or held[-1])
     return held
 
 
