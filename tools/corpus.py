@@ -15,7 +15,7 @@ Output format (``--out``, default ``data/corpus``):
   collapsed to single spaces, text is NFC-normalised, exact duplicate blocks
   are dropped corpus-wide (first occurrence wins).
 * The held-out split is by *document*, not by block: a document goes to
-  ``heldout.txt`` when sha1("<package>:<doc id>") falls in the first
+  ``heldout.txt`` when sha1("<source>:<doc id>") falls in the first
   ``--heldout-fraction`` of the hash space, so the split is deterministic and
   never separates the paragraphs of one document.
 * ``SOURCES.json``: per package its version, license, copyright file digest,
@@ -317,14 +317,21 @@ def clean_pod_inline(text: str) -> str:
     return normalize_line(html.unescape(text))
 
 
+def _pod_number(inner: str) -> str | None:
+    """The character of a numeric ``E<...>`` escape (perlpodspec: ``0x41`` hex, ``0101`` octal, ``65`` decimal)."""
+    if re.fullmatch(r"0[xX][0-9a-fA-F]+", inner):
+        return chr(int(inner, 16))
+    if re.fullmatch(r"0[0-7]+", inner):
+        return chr(int(inner, 8))
+    return chr(int(inner)) if inner.isdigit() else None
+
+
 def _pod_code(m: re.Match[str]) -> str:
     code, inner = m.group(1), m.group(2)
     if code in "XZ":
         return ""
     if code == "E":
-        return _POD_ESCAPES.get(
-            inner, html.unescape(f"&{inner};") if not inner.isdigit() else chr(int(inner))
-        )
+        return _POD_ESCAPES.get(inner, _pod_number(inner) or html.unescape(f"&{inner};"))
     if code == "L":
         return _pod_link(inner)
     return inner

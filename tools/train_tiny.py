@@ -93,7 +93,7 @@ def load_tokens(split: str, corpus_dir: Path = CORPUS_DIR, cache_dir: Path = RUN
 
 def sample_windows(tokens: torch.Tensor, batch_size: int, length: int, gen: torch.Generator) -> torch.Tensor:
     """``batch_size`` random windows of ``length`` consecutive tokens: [B, length] int64."""
-    starts = torch.randint(0, tokens.numel() - length, (batch_size,), generator=gen)
+    starts = torch.randint(0, tokens.numel() - length + 1, (batch_size,), generator=gen)    # the last one too
     return torch.stack([tokens[s:s + length] for s in starts.tolist()]).long()
 
 
@@ -210,8 +210,8 @@ class IndexerDistill:
         ix, cfg, (B, S) = attn.indexer, attn.cfg, self.shape
         with torch.no_grad():
             q_resid = attn.q_a_layernorm(attn.q_a_proj(h))
-        q = ix._rope(ix.wq_b(q_resid).view(B * S, cfg.index_n_heads, cfg.index_head_dim), rope)
-        k = ix._rope(ix.k_norm(ix.wk(h)), rope)
+        q = rope.apply(ix.wq_b(q_resid).view(B * S, cfg.index_n_heads, -1), cfg.indexer_rope_interleave)
+        k = rope.apply(ix.k_norm(ix.wk(h)), cfg.indexer_rope_interleave)
         w = ix.weights_proj(h) * cfg.index_n_heads ** -0.5                               # [N, ih]
         s = torch.einsum("bshd,btd->bsht", q.view(B, S, cfg.index_n_heads, -1), k.view(B, S, -1))
         return torch.einsum("bsh,bsht->bst", w.view(B, S, -1), F.relu(s * cfg.index_head_dim ** -0.5))
