@@ -19,7 +19,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-import cluster.engine as engine_module
+import scheduler.shapes as shapes_module
 from bench.cluster_slice import slice_config
 from bench.step_host import decode
 from cluster.config import EngineConfig
@@ -47,12 +47,12 @@ def main() -> None:
         print("building the engine ...", flush=True)
         engine, _ = build_local_engine(cfg, progress=False)
     vocab = model_cfg["vocab_size"]
-    graph_rows = engine_module.graph_rows
+    graph_rows = shapes_module.graph_rows
     settings = [(0, ahead, slack) for ahead, slack in ((True, 1), (True, 0), (False, 1))] if args.lookahead_ab \
         else [(cap, True, 1) for cap in (*args.caps, 0)]
     for n in args.requests:
         for cap, ahead, slack in settings * 2:          # each setting twice: the first run also compiles / captures
-            engine_module.graph_rows = (lambda r, c=cap: min(c, graph_rows(r))) if cap else graph_rows
+            shapes_module.graph_rows = (lambda r, c=cap: min(c, graph_rows(r))) if cap else graph_rows
             engine.lookahead = ahead
             for sch in engine.schedulers:
                 sch.slack = slack
@@ -73,7 +73,7 @@ def main() -> None:
                               "step_ms": round(ms, 3), "tok_s": round(n / ms * 1e3), "steps": len(steps),
                               **{k: engine.stats[k] - before[k] for k in ("graph_steps", "ahead_steps")}}),
                   flush=True)
-    engine_module.graph_rows = graph_rows
+    shapes_module.graph_rows = graph_rows
 
 if __name__ == "__main__":
     main()
