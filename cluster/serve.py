@@ -17,10 +17,10 @@ import json
 import re
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import ValidationError
 from ray import serve
 from ray.exceptions import RayTaskError
@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException
 
 from cluster.anthropic import CountTokensRequest, MessageEvents, MessagesRequest, messages_param
 from cluster.anthropic import error_response as anthropic_error
+from cluster.choices import ChoicesStream, MergedChoices
 from cluster.config import EngineConfig
 from cluster.disagg import prefill_plan
 from cluster.formatter import Formatter
@@ -204,67 +205,6 @@ def _admission_error(e: AdmissionError) -> ApiError:
         return ApiError(503, str(e), None, "service_unavailable", {"Retry-After": "5"})
     return ApiError(400, str(e), e.field,
                     code="context_length_exceeded" if e.reason in ("too_long", "kv_capacity") else None)
-
-
-async def _closing(events: AsyncIterator[str], merged) -> AsyncIterator[str]:
-    """``events``, then the choices' streams closed (a client gone mid-stream: its request is aborted)."""
-    try:
-        async for out in events:
-            yield out
-    finally:
-        await merged.aclose()
-
-
-class _Merged:
-    """The choices' streams, interleaved as (choice index, event) by ``_merge``. ``aclose`` ends every stream, whether
-    or not the interleaving began (a response closed before it read its choices: closing a generator that never
-    started runs none of its code)."""
-
-    def __init__(self, streams: list[AsyncIterator], first: list):
-        self.streams = streams
-        self.events = _merge(streams, first)
-
-    def __aiter__(self):
-        return self
-
-    def __anext__(self):
-        return self.events.__anext__()
-
-    async def aclose(self):
-        await self.events.aclose()
-        for s in self.streams:
-            if not s.ag_running:        # (a running one: its pump's cancellation ends it)
-                await s.aclose()
-
-
-async def _merge(streams: list[AsyncIterator], first: list) -> AsyncIterator[tuple[int, Any]]:
-    """Interleave n streams' events as (choice index, event), starting with their first events."""
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def pump(i, s):
-        try:
-            async for ev in s:
-                await queue.put((i, ev))
-        finally:
-            await queue.put((i, None))
-
-    for i, ev in enumerate(first):
-        await queue.put((i, ev))
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-    live = len(streams)
-    try:
-        while live:
-            i, ev = await queue.get()
-            if ev is None:
-                live -= 1
-                continue
-            yield i, ev
-    finally:
-        for t in tasks:
-            t.cancel()
-        for s in streams:
-            if not s.ag_running:        # else its pump is inside it (aclose raises): the pump's cancellation ends it
-                await s.aclose()
 
 
 def _check_context(body, ids: list[int], max_tokens: int, chat: bool, context: int) -> None:
@@ -480,7 +420,7 @@ class OpenAIIngress:
             return anthropic_error(e)
         events = MessageEvents(body, self.model_name, fmt.num_prompt, clamped)
         if body.stream:
-            return StreamingResponse(_closing(events.sse(fmt.chunks(merged)), merged), media_type="text/event-stream")
+            return ChoicesStream(events.sse(fmt.chunks(merged)), merged)
         try:
             return JSONResponse(await events.whole(fmt.chunks(merged)))
         except ApiError as e:
@@ -511,7 +451,7 @@ class OpenAIIngress:
             raise responses_param(e) from None
         events = ResponseEvents(body, self.model_name)
         if body.stream:
-            return StreamingResponse(_closing(events.sse(fmt.chunks(merged)), merged), media_type="text/event-stream")
+            return ChoicesStream(events.sse(fmt.chunks(merged)), merged)
         try:
             return JSONResponse(await events.whole(fmt.chunks(merged)))
         finally:
@@ -611,7 +551,7 @@ class OpenAIIngress:
                        echoes: list[str] | None = None):
         fmt, merged = await self._start(body, prompts, logprobs, chat, echoes)
         if body.stream:
-            return StreamingResponse(fmt.sse(merged, body.include_usage), media_type="text/event-stream")
+            return ChoicesStream(fmt.sse(merged, body.include_usage), merged)
         try:
             return JSONResponse(await fmt.whole(merged, len(prompts) * body.n))
         finally:
@@ -684,7 +624,7 @@ class OpenAIIngress:
                          prompt_top=body.prompt_logprobs, token_ids_as_names=body.return_tokens_as_token_ids,
                          continuous_usage=body.include_usage and body.stream_options.continuous_usage_stats,
                          return_ids=body.return_token_ids, reasoning_parser=reasoning)
-        return fmt, _Merged(streams, first)
+        return fmt, MergedChoices(streams, first)
 
     async def _open(self, ids, params, req_id) -> AsyncIterator:
         gen = None

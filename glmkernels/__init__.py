@@ -14,7 +14,7 @@ def _register_triton() -> None:
     except ImportError:
         return
     from glmkernels import triton_absorb, triton_attention, triton_linear, triton_moe, triton_norm  # noqa: F401
-    from glmkernels import triton_router  # noqa: F401
+    from glmkernels import triton_router, triton_sample  # noqa: F401
     from glmkernels import triton_w8a8  # noqa: F401  (after the triton backend: `auto` takes the first registered)
 
 

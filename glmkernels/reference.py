@@ -423,6 +423,18 @@ def router_topk(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n_group: i
     return idx, w * scaling
 
 
+# ---- sampling ----------------------------------------------------------------------------------
+@ops.register("value_id_keys")
+def value_id_keys(x: torch.Tensor) -> torch.Tensor:
+    """[S, V] fp32 → int64 keys in the order of (value, then the lower id) — distinct, so a ``topk`` of them picks and
+    orders tied values as a stable descending sort does (the sampler's top-k): fp32 bits made monotonic (negatives'
+    magnitude bits flipped; -0 as +0) in the high word, V - 1 - id in the low."""
+    bits = (x + 0.0).view(torch.int32).to(torch.int64)
+    bits = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    ids = torch.arange(x.shape[1] - 1, -1, -1, device=x.device)
+    return bits * (1 << 32) + ids
+
+
 def swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
            gate_s: torch.Tensor | None, up_s: torch.Tensor | None, down_s: torch.Tensor | None,
            linear: Callable = linear) -> torch.Tensor:

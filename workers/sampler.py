@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from glmkernels import ops
 from scheduler.request import SamplingParams
 
 _SEED_MULT = 1_000_003
@@ -218,7 +219,7 @@ def _filtered_weights(logits: Tensor, params: list[SamplingParams]) -> tuple[Ten
     else:
         top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
         if max(top_k) <= TOPK_SELECT:
-            order = _by_value_then_id(scaled).topk(max(top_k), dim=-1).indices     # [S, W]
+            order = ops.value_id_keys(scaled).topk(max(top_k), dim=-1).indices     # [S, W]
             top = scaled.gather(1, order)
         else:
             top, order = scaled.sort(dim=-1, descending=True, stable=True)  # [S, V]
@@ -239,16 +240,6 @@ def _filtered_weights(logits: Tensor, params: list[SamplingParams]) -> tuple[Ten
         # min-p is relative to the most likely token, whose weight is 1.
         weights = weights.masked_fill(weights < _row_values([p.min_p for p in params], device), 0.0)
     return weights, order
-
-
-def _by_value_then_id(x: Tensor) -> Tensor:
-    """[S, V] fp32 → int64 keys in the order of (value, then the lower id) — distinct, so a ``topk`` of them picks and
-    orders tied values as a stable descending sort does: fp32 bits made monotonic (negatives' magnitude bits flipped;
-    -0 as +0) in the high word, V - 1 - id in the low."""
-    bits = (x + 0.0).view(torch.int32).to(torch.int64)
-    bits = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-    ids = torch.arange(x.shape[1] - 1, -1, -1, device=x.device)
-    return bits * (1 << 32) + ids
 
 
 def _cumsum_rows(x: Tensor) -> Tensor:

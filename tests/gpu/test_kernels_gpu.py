@@ -531,6 +531,21 @@ def test_router_topk_sets(n_group, topk_group):
         assert all(abs(got[i] - v) <= 1e-6 * abs(v) for i, v in zip(ref_ids[n].tolist(), ref_w[n].tolist()))
 
 
+@pytest.mark.parametrize("S", [1, 8, 33])
+def test_value_id_keys_at_glm_vocab(S):
+    """The sampler's top-k keys on GLM's vocabulary: the reference's bits, and a graph replay's."""
+    x = (torch.randn(S, 154880, device=DEV, generator=gen(S)) * 4).bfloat16().float()
+    x[0, :4] = torch.tensor([0.0, -0.0, float("inf"), -float("inf")])
+    want = reference.value_id_keys(x)
+    assert torch.equal(tri("value_id_keys")(x), want)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = tri("value_id_keys")(x)
+    out.zero_()
+    graph.replay()
+    assert torch.equal(out, want)
+
+
 @pytest.mark.parametrize("N,K", [(1, 2048), (8, 2048), (64, 2048), (4, 700)])
 def test_mla_bf16(N, K):
     g = gen(N)

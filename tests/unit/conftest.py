@@ -21,6 +21,7 @@ def tk():
     import glmkernels.triton_moe as moe
     import glmkernels.triton_norm as norm
     import glmkernels.triton_router as router
+    import glmkernels.triton_sample as sample
     import glmkernels.triton_w8a8 as w8a8
-    mods = [importlib.reload(m) for m in (norm, lin, moe, att, absorb, router, w8a8)]   # w8a8 imports lin and moe
-    return dict(zip(("norm", "lin", "moe", "att", "absorb", "router", "w8a8"), mods))
+    mods = [importlib.reload(m) for m in (norm, lin, moe, att, absorb, router, sample, w8a8)]   # w8a8: lin's, moe's
+    return dict(zip(("norm", "lin", "moe", "att", "absorb", "router", "sample", "w8a8"), mods))

@@ -157,7 +157,7 @@ def test_closing_the_merged_choices_while_their_streams_are_busy():
     """A stream response ends early (an error event, a client gone) while other choices' pumps are inside their
     streams: closing them raised "aclose(): asynchronous generator is already running", which cut the response after
     its [DONE]. Each stream still ends (its pump's cancellation closes it)."""
-    from cluster.serve import _merge
+    from cluster.choices import merge as _merge
 
     closed = []
 

@@ -331,7 +331,7 @@ def test_only_the_servers_own_shutdown_makes_an_abort_an_error():
 
 
 def test_closing_a_messages_or_responses_stream_closes_its_choices():
-    from cluster.serve import _closing
+    from cluster.choices import closing as _closing
 
     closed = []
 
@@ -355,7 +355,7 @@ def test_closing_a_messages_or_responses_stream_closes_its_choices():
 def test_closing_the_merged_choices_ends_each_choices_stream_now():
     """Each choice's pump is inside its stream (waiting for the engine) when the response ends: closing the merged
     choices cancels the pumps, so each stream's ``finally`` (its request's abort) runs then, not at the loop's end."""
-    from cluster.serve import _merge
+    from cluster.choices import merge as _merge
 
     closed = []
 
@@ -396,8 +396,8 @@ def kept(monkeypatch):
     """The choices' merged streams, held here as a middleware or a traceback may hold them: closing the response
     must close them, not the collector's finalizing what nothing references any more."""
     held = []
-    merged = G["_Merged"]
-    monkeypatch.setitem(G, "_Merged", lambda *a: held.append(merged(*a)) or held[-1])
+    merged = G["MergedChoices"]
+    monkeypatch.setitem(G, "MergedChoices", lambda *a: held.append(merged(*a)) or held[-1])
     return held
 
 

@@ -18,8 +18,8 @@ from tests.unit.test_mut62_serve import NAME, Coord, G, _hanging, _ingress, _req
 def held(monkeypatch):
     """The merged choices and the streams they were made of, held (a reference cycle, a traceback's frames)."""
     kept = []
-    merged = G["_Merged"]
-    monkeypatch.setitem(G, "_Merged", lambda *a: kept.append((merged(*a), a)) or kept[-1][0])
+    merged = G["MergedChoices"]
+    monkeypatch.setitem(G, "MergedChoices", lambda *a: kept.append((merged(*a), a)) or kept[-1][0])
     return kept
 
 
@@ -74,7 +74,7 @@ def test_closing_merged_choices_that_were_never_read_closes_each_stream():
 
     async def main():
         streams = [stream(0), stream(1)]
-        merged = G["_Merged"](streams, [await s.__anext__() for s in streams])
+        merged = G["MergedChoices"](streams, [await s.__anext__() for s in streams])
         await merged.aclose()
         return list(closed)
 

@@ -275,6 +275,20 @@ def test_router_topk(tk, n_group, topk_group, norm):
         assert all(abs(got_w[i] - x) <= 1e-6 * abs(x) for i, x in zip(ref_ids[n].tolist(), ref_w[n].tolist()))
 
 
+def test_value_id_keys(tk):
+    """The sampler's top-k keys: equal to the reference's bit for bit (signed zeros, infinities, subnormals, ties across
+    a block's edge), and a topk of them is a stable descending sort."""
+    keys = tk["sample"].value_id_keys
+    x = (torch.randn(3, 2500, generator=torch.Generator().manual_seed(0)) * 4).bfloat16().float()   # ties, as bf16
+    x[0, :6] = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), 1e-40, -1e-40])
+    x[1, 2040:2056] = 0.5                                                   # a tie over the first block's end
+    got = keys(x)
+    assert got.dtype == torch.int64 and torch.equal(got, reference.value_id_keys(x))
+    stable = x.sort(dim=-1, descending=True, stable=True).indices[:, :300]
+    assert torch.equal(got.topk(300, dim=-1).indices, stable)
+    assert keys(x[:0]).shape == (0, 2500)
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 1e-2)])
 def test_mla_sparse_attention(tk, dtype, tol):
     g = torch.Generator().manual_seed(4)
