@@ -109,17 +109,23 @@ def sample_on_device(logits: Tensor, params: list[SamplingParams], num_generated
 
 def _choose(processed: Tensor, params: list[SamplingParams], num_generated: list[int]) -> Tensor:
     """One token per row of the penalized logits [B, V] fp32, on their device: [B] int64."""
-    token_ids = processed.argmax(dim=-1)  # [B]; greedy rows keep this (ties -> lowest id)
     sampled_rows = [i for i, p in enumerate(params) if not p.is_greedy]
-    if sampled_rows:
-        rows = to_device(sampled_rows, torch.long, processed.device)
-        weights, order = _filtered_weights(processed[rows], [params[i] for i in sampled_rows])  # [S, W]
-        noise = _exponential_noise(processed.shape[1], processed.device, params, num_generated, sampled_rows)
-        if order is None:
-            token_ids[rows] = (weights / noise).argmax(dim=-1)
-        else:  # the race in descending order; the noise stays the token's own
-            pick = (weights / noise.gather(1, order)).argmax(dim=-1, keepdim=True)  # [S, 1]
-            token_ids[rows] = order.gather(1, pick).squeeze(1)
+    if len(sampled_rows) < len(params):
+        token_ids = processed.argmax(dim=-1)  # [B]; greedy rows keep this (ties -> lowest id)
+    if not sampled_rows:
+        return token_ids
+    every = len(sampled_rows) == len(params)      # (no greedy row: no argmax, no pick of rows and no scatter back)
+    rows = None if every else to_device(sampled_rows, torch.long, processed.device)
+    weights, order = _filtered_weights(processed if every else processed[rows], [params[i] for i in sampled_rows])
+    noise = _exponential_noise(processed.shape[1], processed.device, params, num_generated, sampled_rows)
+    if order is None:
+        drawn = (weights / noise).argmax(dim=-1)
+    else:  # the race in descending order; the noise stays the token's own
+        pick = (weights / noise.gather(1, order)).argmax(dim=-1, keepdim=True)  # [S, 1]
+        drawn = order.gather(1, pick).squeeze(1)
+    if every:
+        return drawn
+    token_ids[rows] = drawn
     return token_ids
 
 
@@ -212,7 +218,10 @@ def _filtered_weights(logits: Tensor, params: list[SamplingParams]) -> tuple[Ten
     a launch, and a softmax or a cumsum of one long row runs on one block (bench/sampler.py).
     """
     device, vocab_size = logits.device, logits.shape[1]
-    scaled = logits / _row_values([p.temperature for p in params], device)  # [S, V]
+    temperatures = [p.temperature for p in params]
+    # (T 1 everywhere — GLM's advice — divides nothing: one launch and one copy fewer; a division by a scalar would
+    # not be one by a tensor on CUDA, which multiplies by the reciprocal)
+    scaled = logits if all(t == 1.0 for t in temperatures) else logits / _row_values(temperatures, device)  # [S, V]
     order = None
     if not any(p.top_k != 0 or p.top_p < 1.0 for p in params):  # min-p alone needs no order
         weights = torch.exp(scaled - scaled.amax(dim=-1, keepdim=True))  # [S, V]
@@ -233,12 +242,12 @@ def _filtered_weights(logits: Tensor, params: list[SamplingParams]) -> tuple[Ten
         if any(p.top_p < 1.0 for p in params):
             # Keep a token while the kept mass strictly above it is below top_p of the top-k's; top_p == 1 turns
             # this off so rounding never drops the tail.
-            top_p = _row_values([p.top_p if p.top_p < 1.0 else float("inf") for p in params], device)
+            top_p = _row_values([p.top_p if p.top_p < 1.0 else float("inf") for p in params], device, scalar=True)
             above = _cumsum_rows(weights) - weights
             weights = weights.masked_fill(above >= top_p * weights.sum(dim=-1, keepdim=True), 0.0)
     if any(p.min_p > 0.0 for p in params):
         # min-p is relative to the most likely token, whose weight is 1.
-        weights = weights.masked_fill(weights < _row_values([p.min_p for p in params], device), 0.0)
+        weights = weights.masked_fill(weights < _row_values([p.min_p for p in params], device, scalar=True), 0.0)
     return weights, order
 
 
@@ -408,8 +417,11 @@ def with_drafts(counts: Tensor, drafts: Tensor) -> Tensor:
     return counts[None] + added.cumsum(dim=0, dtype=counts.dtype)[:, None]
 
 
-def _row_values(values: list[float], device: torch.device) -> Tensor:
-    """One float per row as a [B, 1] column, ready to broadcast over the vocab."""
+def _row_values(values: list[float], device: torch.device, scalar: bool = False) -> Tensor | float:
+    """One float per row as a [B, 1] column, ready to broadcast over the vocab — or, with ``scalar`` (for a product or a
+    comparison, which take a Python float as the fp32 it rounds to), the one value every row has: no copy to wait on."""
+    if scalar and all(v == values[0] for v in values):
+        return float(torch.tensor(values[0], dtype=torch.float32))
     return to_device(values, torch.float32, device)[:, None]
 
 
