@@ -2,9 +2,10 @@
 8 rows for greedy rows and the common drawn settings (and with penalties, their token counts of a 4096-token history
 stacked from the device), each as the wall time of one call (CUDA events around it: the
 host's launches included) and the sum of its kernels (torch.profiler) — with look-ahead the host part hides behind
-the next step, the kernels do not. The largest kernels of each setting are listed.
+the next step, the kernels do not. The largest kernels of each setting are listed. ``--kernels auto`` (the default,
+as the engine on a GPU): the sampler's ops' Triton forms (top-p without a sort, the top-k keys); ``reference``: PyTorch.
 
-    PYTHONPATH=. python bench/sampler.py [--out DIR]
+    PYTHONPATH=. python bench/sampler.py [--out DIR] [--kernels reference]
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 
 from bench.decode_slice import time_ms
 from bench.profile_slice import kernel_times
+from glmkernels import ops
 from scheduler.request import SamplingParams
 from workers.sampler import TokenCounts, has_penalties, sample_on_device
 
@@ -41,7 +43,9 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--top", type=int, default=6)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--kernels", default="auto", choices=["auto", "reference"])
     args = ap.parse_args()
+    ops.configure(args.kernels, "cuda")
     gen = torch.Generator(device="cuda").manual_seed(0)
     results = []
     for rows in args.rows:

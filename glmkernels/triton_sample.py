@@ -34,3 +34,175 @@ def value_id_keys(x: torch.Tensor) -> torch.Tensor:
     if S and V:
         _value_id_keys_kernel[(S, triton.cdiv(V, _BLOCK))](x, out, V, BLOCK=_BLOCK)
     return out
+
+
+# ---- top-p without a sort -------------------------------------------------------------------------------------
+# The nucleus is every token at or above a boundary in the order (value, then the lower id): a radix select by mass
+# finds it. Weights w = exp(x - max) in fixed point (2^-40: integer sums, the same in any order, so a row's draw
+# repeats whatever the batch or the launch) are summed per bin of the value's 32-bit key, 12 + 12 + 8 bits: level 0 by
+# its high 12 bits, each next level by the next bits among the tokens of the boundary so far. A scan per row (by 256
+# bins, then inside one) finds the bin where the mass from the top reaches top_p of the whole; the boundary value's
+# ties keep their lowest ids, as many as stay below it. Then every token is kept or not, min-p applied, and the race
+# argmax(w / noise) runs in the same pass (an atomic max of (w / noise, -id) packed in 64 bits: the lower id on a
+# tie). Launches: the max, three histograms and scans, the ties' counts, the race — against the reference's sort and
+# ~25 elementwise launches.
+_FIX = 1099511627776.0          # 2^40: the weights' fixed point
+_LEVELS = ((20, 12), (8, 12), (0, 8))   # (shift, bits) of each level's bins in the 32-bit key
+_STATE = 8                      # per row: max key, mass, boundary so far, mass above it, ties kept, race
+_PASS_BLOCK = 2048
+_COPIES = 8                     # of each histogram, the pass's programs taking them in turn
+
+
+@triton.jit
+def _key(x):
+    """fp32 → int64 in [0, 2^32), ascending with the value (-0 as +0)."""
+    b = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True).to(tl.int64)
+    return tl.where(b >= 0, b + 2147483648, -b - 1)
+
+
+@triton.jit
+def _value(k):
+    """``_key``'s inverse."""
+    b = tl.where(k >= 2147483648, k - 2147483648, -k - 1)
+    return b.to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _fixed(x, m):
+    return (tl.exp(x - m).to(tl.float64) * 1099511627776.0 + 0.5).to(tl.int64)
+
+
+@triton.jit
+def _max_kernel(x_ptr, state_ptr, V, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * V + col, mask=col < V, other=-float("inf"))
+    tl.atomic_max(state_ptr + row * 8, tl.max(_key(x), 0))
+
+
+@triton.jit
+def _hist_kernel(x_ptr, state_ptr, hist_ptr, V, LEVEL: tl.constexpr, SHIFT: tl.constexpr, BITS: tl.constexpr,
+                 COPIES: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * V + col, mask=col < V, other=-float("inf"))
+    key = _key(x)
+    wq = _fixed(x, _value(tl.load(state_ptr + row * 8)))
+    if LEVEL == 0:
+        live = wq > 0
+        tl.atomic_add(state_ptr + row * 8 + 1, tl.sum(wq, 0))
+    else:       # the tokens of the boundary so far (-1 after level 0: every token is kept, none is)
+        live = (wq > 0) & ((key >> (SHIFT + BITS)) == tl.load(state_ptr + row * 8 + 2))
+    copy = tl.program_id(1) % COPIES                    # (copies: fewer adds wait on one address — a bf16 logit's ties)
+    bins = hist_ptr + ((row * 3 + LEVEL) * COPIES + copy) * 4096
+    tl.atomic_add(bins + ((key >> SHIFT) & ((1 << BITS) - 1)), wq, mask=live)
+
+
+@triton.jit
+def _crossing(masses, above, target, N: tl.constexpr):
+    """The highest of N bins where the mass from the top, itself included (``above``: the mass over them), reaches
+    ``target`` (-1: none), and the mass strictly above it."""
+    i = tl.arange(0, N)
+    incl = above + tl.sum(masses, 0) - tl.cumsum(masses, 0) + masses
+    b = tl.max(tl.where(incl.to(tl.float64) >= target, i, -1), 0)
+    return b, tl.sum(tl.where(i == b, incl - masses, 0), 0)
+
+
+@triton.jit
+def _scan_kernel(state_ptr, hist_ptr, p_ptr, p_val, LEVEL: tl.constexpr, BITS: tl.constexpr, PER_ROW: tl.constexpr,
+                 COPIES: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    s = state_ptr + row * 8
+    p = tl.load(p_ptr + row) if PER_ROW else p_val
+    target = p.to(tl.float64) * tl.load(s + 1).to(tl.float64)
+    prefix = tl.load(s + 2)                             # (0 before level 0's scan; -1 after it: every token kept)
+    if prefix >= 0:
+        base = hist_ptr + (row * 3 + LEVEL) * COPIES * 4096
+        above = tl.load(s + 3) if LEVEL > 0 else prefix * 0
+        GROUPS: tl.constexpr = (1 << BITS) // 256
+        i = tl.arange(0, 256)
+        if GROUPS > 1:                                  # the sums by 256 bins, then the bins of one
+            j = tl.arange(0, GROUPS)[:, None] * 256 + i[None, :]
+            tile = tl.load(base + j)                                                       # [GROUPS, 256]
+            for c in tl.static_range(1, COPIES):
+                tile += tl.load(base + c * 4096 + j)
+            g, above = _crossing(tl.sum(tile, 1), above, target, GROUPS)
+            f, above = _crossing(tl.sum(tl.where(j // 256 == g, tile, 0), 0), above, target, 256)
+            b = tl.where(g >= 0, g * 256 + f, -1)
+        else:
+            bins = tl.load(base + i)
+            for c in tl.static_range(1, COPIES):
+                bins += tl.load(base + c * 4096 + i)
+            b, above = _crossing(bins, above, target, 256)
+        if LEVEL == 0:
+            tl.store(s + 2, b)                          # -1: top-p 1 (as inf), no crossing
+        else:
+            tl.store(s + 2, (prefix << BITS) + b)
+        tl.store(s + 3, above)
+        if LEVEL == 2:              # the boundary value: its ties are kept in id order while the mass stays below
+            wq = _fixed(_value((prefix << BITS) + b), _value(tl.load(s)))
+            tl.store(s + 4, tl.math.ceil((target - above.to(tl.float64)) / wq.to(tl.float64)).to(tl.int64))
+
+
+@triton.jit
+def _tie_count_kernel(x_ptr, state_ptr, count_ptr, V, CHUNKS, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    col = chunk * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * V + col, mask=col < V, other=-float("inf"))
+    tie = (col < V) & (_key(x) == tl.load(state_ptr + row * 8 + 2))
+    tl.store(count_ptr + row * CHUNKS + chunk, tl.sum(tie.to(tl.int32), 0))
+
+
+@triton.jit
+def _race_kernel(x_ptr, noise_ptr, state_ptr, count_ptr, m_ptr, m_val, V, CHUNKS,
+                 MIN_P: tl.constexpr, PER_ROW: tl.constexpr, BLOCK: tl.constexpr, CHUNKS_P2: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    s = state_ptr + row * 8
+    col = chunk * BLOCK + tl.arange(0, BLOCK)
+    live = col < V
+    x = tl.load(x_ptr + row * V + col, mask=live, other=-float("inf"))
+    key, boundary = _key(x), tl.load(s + 2)            # (-1: every token kept)
+    w = tl.exp(x - _value(tl.load(s)))
+    c = tl.arange(0, CHUNKS_P2)
+    before = tl.sum(tl.load(count_ptr + row * CHUNKS + c, mask=c < chunk, other=0), 0)
+    tie = live & (key == boundary)
+    rank = before + tl.cumsum(tie.to(tl.int32), 0) - 1                  # among the boundary's ties, by id
+    kept = live & ((key > boundary) | (tie & (rank < tl.load(s + 4))))
+    if MIN_P:
+        kept = kept & (w >= (tl.load(m_ptr + row) if PER_ROW else m_val))
+    ratio = w / tl.load(noise_ptr + row * V + col, mask=live, other=1.0)
+    packed = (ratio.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (4294967295 - col.to(tl.int64))
+    tl.atomic_max(s + 5, tl.max(tl.where(kept, packed, -1), 0))
+
+
+def _per_row(v, S: int, device) -> tuple[torch.Tensor, float, bool]:
+    if isinstance(v, torch.Tensor):
+        return v.reshape(S).float().contiguous(), 0.0, True
+    return torch.empty(1, device=device), float(v), False
+
+
+@ops.register("top_p_race", backend="triton", available=on_cuda)
+def top_p_race(scaled: torch.Tensor, noise: torch.Tensor, top_p, min_p) -> torch.Tensor:
+    """As ``reference.top_p_race``, without its sort (the mass sums in fixed point: the boundary may differ from the
+    reference's fp32 scan where the mass above a token is within rounding of the cut)."""
+    scaled, noise = scaled.contiguous(), noise.contiguous()
+    S, V = scaled.shape
+    chunks = triton.cdiv(V, _PASS_BLOCK)
+    state = torch.zeros(S, _STATE, dtype=torch.int64, device=scaled.device)
+    hist = torch.zeros(S, len(_LEVELS), _COPIES, 4096, dtype=torch.int64, device=scaled.device)
+    counts = torch.empty(S, chunks, dtype=torch.int32, device=scaled.device)
+    p_ptr, p_val, p_rows = _per_row(top_p, S, scaled.device)
+    m_ptr, m_val, m_rows = _per_row(0.0 if min_p is None else min_p, S, scaled.device)
+    grid = (S, chunks)
+    _max_kernel[grid](scaled, state, V, BLOCK=_PASS_BLOCK)
+    for level, (shift, bits) in enumerate(_LEVELS):
+        _hist_kernel[grid](scaled, state, hist, V, LEVEL=level, SHIFT=shift, BITS=bits, COPIES=_COPIES,
+                           BLOCK=_PASS_BLOCK)
+        _scan_kernel[(S,)](state, hist, p_ptr, p_val, LEVEL=level, BITS=bits, PER_ROW=p_rows, COPIES=_COPIES,
+                           num_warps=8)
+    _tie_count_kernel[grid](scaled, state, counts, V, chunks, BLOCK=_PASS_BLOCK)
+    _race_kernel[grid](scaled, noise, state, counts, m_ptr, m_val, V, chunks, MIN_P=min_p is not None,
+                       PER_ROW=m_rows, BLOCK=_PASS_BLOCK, CHUNKS_P2=triton.next_power_of_2(chunks))
+    return 4294967295 - (state[:, 5] & 4294967295)

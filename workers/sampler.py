@@ -22,12 +22,12 @@ import torch
 from torch import Tensor
 
 from glmkernels import ops
+from glmkernels.reference import nucleus
 from scheduler.request import SamplingParams
 
 _SEED_MULT = 1_000_003
 _SEED_MASK = (1 << 63) - 1      # the bits of a seed torch's CPU generator keeps
 TOPK_SELECT = 4096  # rows that all keep at most this many tokens (top-k) select them instead of sorting
-_SCAN_CHUNK = 256
 
 
 @dataclass
@@ -116,8 +116,14 @@ def _choose(processed: Tensor, params: list[SamplingParams], num_generated: list
         return token_ids
     every = len(sampled_rows) == len(params)      # (no greedy row: no argmax, no pick of rows and no scatter back)
     rows = None if every else to_device(sampled_rows, torch.long, processed.device)
-    weights, order = _filtered_weights(processed if every else processed[rows], [params[i] for i in sampled_rows])
+    logits, drawing = processed if every else processed[rows], [params[i] for i in sampled_rows]
     noise = _exponential_noise(processed.shape[1], processed.device, params, num_generated, sampled_rows)
+    if any(p.top_p < 1.0 for p in drawing) and all(p.top_k == 0 or p.top_k >= logits.shape[1] for p in drawing):
+        # top-p without top-k (GLM's advice): the op (on the GPU a few passes over the vocabulary, no sort)
+        drawn = ops.top_p_race(_scaled(logits, drawing), noise, _top_p(drawing, logits.device),
+                               _min_p(drawing, logits.device))
+        return drawn if every else token_ids.index_put_((rows,), drawn)
+    weights, order = _filtered_weights(logits, drawing)
     if order is None:
         drawn = (weights / noise).argmax(dim=-1)
     else:  # the race in descending order; the noise stays the token's own
@@ -218,10 +224,7 @@ def _filtered_weights(logits: Tensor, params: list[SamplingParams]) -> tuple[Ten
     a launch, and a softmax or a cumsum of one long row runs on one block (bench/sampler.py).
     """
     device, vocab_size = logits.device, logits.shape[1]
-    temperatures = [p.temperature for p in params]
-    # (T 1 everywhere — GLM's advice — divides nothing: one launch and one copy fewer; a division by a scalar would
-    # not be one by a tensor on CUDA, which multiplies by the reciprocal)
-    scaled = logits if all(t == 1.0 for t in temperatures) else logits / _row_values(temperatures, device)  # [S, V]
+    scaled = _scaled(logits, params)  # [S, V]
     order = None
     if not any(p.top_k != 0 or p.top_p < 1.0 for p in params):  # min-p alone needs no order
         weights = torch.exp(scaled - scaled.amax(dim=-1, keepdim=True))  # [S, V]
@@ -239,26 +242,29 @@ def _filtered_weights(logits: Tensor, params: list[SamplingParams]) -> tuple[Ten
         if min(top_k) < top.shape[1]:
             rank = torch.arange(top.shape[1], device=device)
             weights = weights.masked_fill(rank >= to_device(top_k, torch.long, device)[:, None], 0.0)
-        if any(p.top_p < 1.0 for p in params):
-            # Keep a token while the kept mass strictly above it is below top_p of the top-k's; top_p == 1 turns
-            # this off so rounding never drops the tail.
-            top_p = _row_values([p.top_p if p.top_p < 1.0 else float("inf") for p in params], device, scalar=True)
-            above = _cumsum_rows(weights) - weights
-            weights = weights.masked_fill(above >= top_p * weights.sum(dim=-1, keepdim=True), 0.0)
-    if any(p.min_p > 0.0 for p in params):
-        # min-p is relative to the most likely token, whose weight is 1.
-        weights = weights.masked_fill(weights < _row_values([p.min_p for p in params], device, scalar=True), 0.0)
+        if any(p.top_p < 1.0 for p in params):      # (of the top-k's mass)
+            weights = nucleus(weights, _top_p(params, device))
+    if (min_p := _min_p(params, device)) is not None:
+        weights = weights.masked_fill(weights < min_p, 0.0)
     return weights, order
 
 
-def _cumsum_rows(x: Tensor) -> Tensor:
-    """x.cumsum(-1) of [S, W] in two levels — within chunks of 256, then over the chunks' sums: a long row's scan
-    runs on one GPU block (205 µs for 8 rows of GLM's vocabulary, bench/sampler.py); the chunks are many rows."""
-    S, W = x.shape
-    chunks = -(-W // _SCAN_CHUNK)
-    inner = torch.nn.functional.pad(x, (0, chunks * _SCAN_CHUNK - W)).view(S, chunks, _SCAN_CHUNK).cumsum(dim=-1)
-    ends = inner[:, :, -1]  # [S, chunks]
-    return (inner + (ends.cumsum(dim=-1) - ends)[:, :, None]).view(S, -1)[:, :W]
+def _scaled(logits: Tensor, params: list[SamplingParams]) -> Tensor:
+    """The logits [S, V] over each row's temperature. (T 1 everywhere — GLM's advice — divides nothing: one launch
+    and one copy fewer; a division by a scalar would not be one by a tensor on CUDA, which multiplies by the
+    reciprocal.)"""
+    temperatures = [p.temperature for p in params]
+    return logits if all(t == 1.0 for t in temperatures) else logits / _row_values(temperatures, logits.device)
+
+
+def _top_p(params: list[SamplingParams], device: torch.device) -> Tensor | float:
+    """Each row's top-p; 1 (no top-p) as inf, so that rounding never drops the tail."""
+    return _row_values([p.top_p if p.top_p < 1.0 else float("inf") for p in params], device, scalar=True)
+
+
+def _min_p(params: list[SamplingParams], device: torch.device) -> Tensor | float | None:
+    """Each row's min-p (relative to the most likely token, whose weight is 1), None where no row has one."""
+    return _row_values([p.min_p for p in params], device, scalar=True) if any(p.min_p > 0.0 for p in params) else None
 
 
 def _exponential_noise(

@@ -289,6 +289,58 @@ def test_value_id_keys(tk):
     assert keys(x[:0]).shape == (0, 2500)
 
 
+@pytest.mark.parametrize("per_row", [False, True])
+def test_top_p_race_draws_as_the_reference(tk, per_row):
+    """The nucleus without a sort: the reference's draws (bf16-valued logits: ties; two chunks of the pass), with
+    top-p per row or one for all, min-p or none, a row without top-p (inf)."""
+    race = tk["sample"].top_p_race
+    g = torch.Generator().manual_seed(1)
+    for trial in range(6):
+        x = (torch.randn(4, 2500, generator=g) * (1 + trial)).bfloat16().float() / 0.7
+        noise = torch.empty_like(x).exponential_(generator=g).clamp_(min=torch.finfo(torch.float32).tiny)
+        top_p = torch.tensor([[0.5], [0.9], [0.99], [float("inf")]]) if per_row else 0.9
+        for min_p in (None, 0.05, torch.tensor([[0.0], [0.2], [0.01], [0.5]]) if per_row else None):
+            assert torch.equal(race(x, noise, top_p, min_p), reference.top_p_race(x, noise, top_p, min_p))
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_top_p_race_finds_the_boundary(tk, bf16):
+    """Noise that makes the last kept token (in the order value, then id) win the race: the draw is the nucleus's
+    boundary, the same as the reference's for top-p across the range (its bits are decided at every level)."""
+    race = tk["sample"].top_p_race
+    g = torch.Generator().manual_seed(3)
+    for trial in range(3):
+        x = torch.randn(2, 2500, generator=g) * (1.5 + trial)
+        x = x.bfloat16().float() if bf16 else x / 0.7
+        order = x.sort(dim=-1, descending=True, stable=True).indices
+        rank_from_end = torch.empty_like(order).scatter_(1, order, torch.arange(2499, -1, -1).expand(2, -1))
+        noise = torch.exp(x - x.amax(dim=-1, keepdim=True)) * (1 + 1e-4 * rank_from_end)   # w / noise falls by order
+        for top_p in (0.05, 0.3, 0.7, 0.9, 0.999):
+            want = reference.top_p_race(x, noise, top_p, None)
+            assert torch.equal(race(x, noise, top_p, None), want), (trial, top_p)
+            assert (want != order[:, 0]).any() or top_p < 0.1                  # (the boundary, not the top token)
+
+
+def test_top_p_race_splits_a_tie_by_id_across_chunks(tk):
+    """The cut inside a tie of 40 tokens spread over the pass's first chunk's end: the lowest ids are kept, as many as
+    stay below top-p — a probe token with the smallest noise wins where it is kept, else the best kept one."""
+    race = tk["sample"].top_p_race
+    V = 2500
+    x = torch.full((1, V), -30.0)
+    x[0, 7] = 2.0                                           # weight 1; the ties weigh e^-1 each
+    ties = list(range(2030, 2070))
+    x[0, ties] = 1.0
+    w_tie, total = float(torch.exp(torch.tensor(-1.0))), 1 + 40 * float(torch.exp(torch.tensor(-1.0)))
+    for top_p in (0.3, 0.55, 0.8):
+        kept = [i for i, t in enumerate(ties) if 1 + i * w_tie < top_p * total]          # (fp64: off any edge)
+        for probe in (ties[len(kept) - 1], ties[len(kept)]):
+            noise = torch.ones(1, V)
+            noise[0, probe] = 1e-6
+            want = probe if probe in [ties[i] for i in range(len(kept))] else 7
+            assert race(x, noise, top_p, None).item() == want == reference.top_p_race(x, noise, top_p, None).item()
+    assert race(x, noise, 0.8, 1.0).item() == 7          # min-p 1: the most likely token alone (a weight of 1 is kept)
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 1e-2)])
 def test_mla_sparse_attention(tk, dtype, tol):
     g = torch.Generator().manual_seed(4)

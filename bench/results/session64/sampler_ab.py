@@ -1,7 +1,9 @@
 """Session 64: a drawn row's sampling before (session 63's ``_choose`` / ``_filtered_weights``, restated below) and
 after this session's cuts (no greedy argmax, pick of rows or scatter back when every row draws; no division at T 1;
-top-p and min-p as a scalar when every row has the same) — CUDA events (host launches included, the GPU idle between
-calls) and the kernels' sum (torch.profiler) side by side in one run, with the tokens compared (seeded rows).
+top-p and min-p as a scalar when every row has the same) on the reference ops, and with the Triton ops (``auto``: top-p
+without a sort, ``glmkernels/triton_sample.py``) — CUDA events (host launches included, the GPU idle between calls) and
+the kernels' sum (torch.profiler) side by side in one run, with the tokens compared (seeded rows: the reference's
+tokens equal session 63's; the sort-free top-p's may differ where a token's mass above is within rounding of the cut).
 
     PYTHONPATH=. python bench/results/session64/sampler_ab.py
 """
@@ -13,6 +15,7 @@ import torch
 import workers.sampler as ws
 from bench.decode_slice import time_ms
 from bench.profile_slice import kernel_times
+from glmkernels.reference import cumsum_rows
 from scheduler.request import SamplingParams
 
 
@@ -39,7 +42,7 @@ def _filtered_weights_63(logits, params):
             weights = weights.masked_fill(rank >= ws.to_device(top_k, torch.long, device)[:, None], 0.0)
         if any(p.top_p < 1.0 for p in params):
             top_p = _column([p.top_p if p.top_p < 1.0 else float("inf") for p in params], device)
-            above = ws._cumsum_rows(weights) - weights
+            above = cumsum_rows(weights) - weights
             weights = weights.masked_fill(above >= top_p * weights.sum(dim=-1, keepdim=True), 0.0)
     if any(p.min_p > 0.0 for p in params):
         weights = weights.masked_fill(weights < _column([p.min_p for p in params], device), 0.0)
@@ -75,7 +78,10 @@ def main() -> None:
         for name, p in SETTINGS.items():
             params, ng = [p] * rows, list(range(rows))
             out = {}
-            for label, fn in (("session 63", choose_63), ("session 64", ws._choose)):
+            for label, fn, kernels in (("session 63", choose_63, "reference"), ("session 64", ws._choose, "reference"),
+                                       ("session 64 auto", ws._choose, "auto")):
+                ws.ops.configure(kernels, "cuda")
+
                 def call(fn=fn, params=params, ng=ng):
                     return fn(logits, params, ng)
                 wall = time_ms(call, 100) * 1e3
@@ -83,7 +89,8 @@ def main() -> None:
                 out[label] = call()
                 print(f"{rows} rows, {name}, {label}: wall {wall:.0f} µs, kernels "
                       f"{sum(us for us, _ in kernels.values()):.0f} µs in {sum(n for _, n in kernels.values()):.0f}")
-            print(f"    the same tokens: {torch.equal(out['session 63'], out['session 64'])}")
+            print(f"    the same tokens: {torch.equal(out['session 63'], out['session 64'])}, with the Triton ops: "
+                  f"{torch.equal(out['session 63'], out['session 64 auto'])}")
 
 
 if __name__ == "__main__":
