@@ -114,7 +114,8 @@ def _scan_kernel(state_ptr, hist_ptr, p_ptr, p_val, LEVEL: tl.constexpr, BITS: t
     row = tl.program_id(0).to(tl.int64)
     s = state_ptr + row * 8
     p = tl.load(p_ptr + row) if PER_ROW else p_val
-    target = p.to(tl.float64) * tl.load(s + 1).to(tl.float64)
+    # (at least half a unit: a top-p that rounds to 0 in fp32 keeps the most likely token, as the reference's race)
+    target = tl.maximum(p.to(tl.float64) * tl.load(s + 1).to(tl.float64), 0.5)
     prefix = tl.load(s + 2)                             # (0 before level 0's scan; -1 after it: every token kept)
     if prefix >= 0:
         base = hist_ptr + (row * 3 + LEVEL) * COPIES * 4096

@@ -339,6 +339,8 @@ def test_top_p_race_splits_a_tie_by_id_across_chunks(tk):
             want = probe if probe in [ties[i] for i in range(len(kept))] else 7
             assert race(x, noise, top_p, None).item() == want == reference.top_p_race(x, noise, top_p, None).item()
     assert race(x, noise, 0.8, 1.0).item() == 7          # min-p 1: the most likely token alone (a weight of 1 is kept)
+    tiny = float(torch.tensor(1e-300, dtype=torch.float32))                          # 0: a top-p of 1e-300 in fp32
+    assert race(x, noise, tiny, None).item() == 7 == reference.top_p_race(x, noise, tiny, None).item()
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 1e-2)])
