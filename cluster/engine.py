@@ -403,7 +403,8 @@ class Engine:
         """Before serving: capture every graph step of contexts up to ``tokens`` tokens (``warm_keys``: each bucket,
         dp and span, with the MTP drafting graphs after it) on pad rows, one warm step per key on every rank; then
         serve short requests, one per rank, at prompt lengths that meet the kernels' row classes (prefill and
-        sampling compile their kernels; ``prompts_only``: no graph steps, requests of one token). A failure raises — a
+        sampling — a plain draw, top-p, top-k in turn — compile their kernels; ``prompts_only``: no graph steps,
+        requests of one token). A failure raises — a
         replica that cannot warm up cannot serve. The stats start afresh after. Returns what was done."""
         start = time.perf_counter()
         keys = []
@@ -435,12 +436,13 @@ class Engine:
         rng = random.Random(0)
         params = SamplingParams(max_tokens=1 if self.prompts_only else 2 + self.speculative_tokens, ignore_eos=True,
                                 seed=0)
+        draws = ({}, {"top_p": 0.95}, {"top_k": 50})     # the sampler's paths (and their kernels): plain, top-p, top-k
         graph_prefill, self.graph_prefill = self.graph_prefill, False   # the prompts compile the eager path's kernels
         try:
-            for n in lengths:
+            for i, n in enumerate(lengths):
                 for r in range(len(self.schedulers)):     # one request a rank (placed on the least loaded)
-                    self.add_request([rng.randrange(self.config.vocab_size) for _ in range(n)], params,
-                                     f"warm-up-{r}")
+                    self.add_request([rng.randrange(self.config.vocab_size) for _ in range(n)],
+                                     replace(params, **draws[i % len(draws)]), f"warm-up-{r}")
                 while self.has_work():
                     for ev in self.step():
                         if ev.error:
