@@ -122,13 +122,13 @@ def _choose(processed: Tensor, params: list[SamplingParams], num_generated: list
         # top-p without top-k (GLM's advice): the op (on the GPU a few passes over the vocabulary, no sort)
         drawn = ops.top_p_race(_scaled(logits, drawing), noise, _top_p(drawing, logits.device),
                                _min_p(drawing, logits.device))
-        return drawn if every else token_ids.index_put_((rows,), drawn)
-    weights, order = _filtered_weights(logits, drawing)
-    if order is None:
-        drawn = (weights / noise).argmax(dim=-1)
-    else:  # the race in descending order; the noise stays the token's own
-        pick = (weights / noise.gather(1, order)).argmax(dim=-1, keepdim=True)  # [S, 1]
-        drawn = order.gather(1, pick).squeeze(1)
+    else:
+        weights, order = _filtered_weights(logits, drawing)
+        if order is None:
+            drawn = (weights / noise).argmax(dim=-1)
+        else:  # the race in descending order; the noise stays the token's own
+            pick = (weights / noise.gather(1, order)).argmax(dim=-1, keepdim=True)  # [S, 1]
+            drawn = order.gather(1, pick).squeeze(1)
     if every:
         return drawn
     token_ids[rows] = drawn
