@@ -110,11 +110,10 @@ def sample_on_device(logits: Tensor, params: list[SamplingParams], num_generated
 def _choose(processed: Tensor, params: list[SamplingParams], num_generated: list[int]) -> Tensor:
     """One token per row of the penalized logits [B, V] fp32, on their device: [B] int64."""
     sampled_rows = [i for i, p in enumerate(params) if not p.is_greedy]
-    if len(sampled_rows) < len(params):
-        token_ids = processed.argmax(dim=-1)  # [B]; greedy rows keep this (ties -> lowest id)
-    if not sampled_rows:
-        return token_ids
+    if not sampled_rows:            # greedy rows, or none (a rank without rows in a group's step)
+        return processed.argmax(dim=-1)  # [B] (ties -> lowest id)
     every = len(sampled_rows) == len(params)      # (no greedy row: no argmax, no pick of rows and no scatter back)
+    token_ids = None if every else processed.argmax(dim=-1)  # [B]; greedy rows keep this
     rows = None if every else to_device(sampled_rows, torch.long, processed.device)
     logits, drawing = processed if every else processed[rows], [params[i] for i in sampled_rows]
     noise = _exponential_noise(processed.shape[1], processed.device, params, num_generated, sampled_rows)

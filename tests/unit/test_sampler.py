@@ -274,6 +274,13 @@ def test_sample_on_device_draws_what_sample_draws():
     assert got[1][2] == [] and got[0][2] == pytest.approx(float(torch.log_softmax(logits[2].float(), -1)[tokens[2]]))
 
 
+def test_no_rows_draw_no_tokens():
+    """A step of no rows (a rank without rows in a group's step; session 64's CI caught its UnboundLocalError) gives
+    an empty tensor, by ``sample`` and ``sample_on_device``."""
+    empty = torch.empty(0, 50)
+    assert sample_on_device(empty, [], []).shape == (0,) and _sample(empty, []).token_ids == []
+
+
 def test_logprobs_are_raw_log_softmax():
     torch.manual_seed(5)
     logits = torch.randn(3, V)
