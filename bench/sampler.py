@@ -3,7 +3,8 @@
 stacked from the device), each as the wall time of one call (CUDA events around it: the
 host's launches included) and the sum of its kernels (torch.profiler) — with look-ahead the host part hides behind
 the next step, the kernels do not. The largest kernels of each setting are listed. ``--kernels auto`` (the default,
-as the engine on a GPU): the sampler's ops' Triton forms (top-p without a sort, the top-k keys); ``reference``: PyTorch.
+as the engine on a GPU): the sampler's ops' Triton forms (top-k and top-p without a topk or sort); ``reference``:
+PyTorch.
 
     PYTHONPATH=. python bench/sampler.py [--out DIR] [--kernels reference]
 """
@@ -29,6 +30,7 @@ SETTINGS = {
     "T 1.0, top-p 0.95 (GLM's advice)": SamplingParams(temperature=1.0, top_p=0.95),
     "T 0.7, top-p 0.95, seed": SamplingParams(temperature=0.7, top_p=0.95, seed=1),
     "T 0.7, top-k 50": SamplingParams(temperature=0.7, top_k=50),
+    "T 0.6, top-k 20, top-p 0.95": SamplingParams(temperature=0.6, top_k=20, top_p=0.95),
     "T 1.0, min-p 0.05": SamplingParams(temperature=1.0, min_p=0.05),
     "T 1.0, top-p 0.95, presence 0.5, frequency 0.3": SamplingParams(temperature=1.0, top_p=0.95,
                                                                      presence_penalty=0.5, frequency_penalty=0.3),

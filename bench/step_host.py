@@ -15,10 +15,10 @@ that waits).
 listed by time as well. ``--list-index``: sampling picks its rows with a Python list index, as before session 13
 (a synchronous copy: lm_head waits for the whole replay) — for an A/B in one process. ``--no-lookahead``: the engine
 does not let the runner launch the next decode step before reading this one's tokens (as before session 13).
-``--temperature T [--top-p P]``: the request draws its tokens (greedy by default); ``--pageable-copies``: sampling
-copies its per-row values (temperatures, rows, top-k) from pageable memory, each copy waiting for the forward, as
-before session 14. ``--eager-drafts`` (with ``--spec``): the eager MTP drafter after each graph step — as drawn
-requests had it before session 14.
+``--temperature T [--top-p P] [--top-k K]``: the request draws its tokens (greedy by default); ``--pageable-copies``:
+sampling copies its per-row values (temperatures, rows, top-k) from pageable memory, each copy waiting for the
+forward, as before session 14. ``--eager-drafts`` (with ``--spec``): the eager MTP drafter after each graph step — as
+drawn requests had it before session 14.
 
     NCCL_NVLS_ENABLE=0 PYTHONPATH=. python bench/step_host.py [--ctx 4096] [--tokens 64] [--spec 0]
     PYTHONPATH=. python bench/step_host.py --tiny --device cpu --ctx 64 --tokens 8     # plumbing on CPU
@@ -46,11 +46,12 @@ from scheduler.request import SamplingParams
 
 
 def prefill(engine, name: str, ctx: int, vocab: int, tokens: int, temperature: float = 0.0,
-            top_p: float = 1.0) -> float:
+            top_p: float = 1.0, top_k: int = 0) -> float:
     """Add a request of a ``ctx``-token prompt and ``tokens`` decode steps; run its prefill. Returns the time to its
     first token (ms)."""
     prompt = [(7 * i + len(name)) % vocab for i in range(ctx)]
-    params = SamplingParams(max_tokens=tokens + 1, temperature=temperature, top_p=top_p, ignore_eos=True)
+    params = SamplingParams(max_tokens=tokens + 1, temperature=temperature, top_p=top_p, top_k=top_k,
+                            ignore_eos=True)
     engine.add_request(prompt, params, name)
     t0 = time.perf_counter()
     while not any(ev.token_ids for ev in engine.step()):
@@ -83,6 +84,7 @@ def main() -> None:
     ap.add_argument("--no-lookahead", action="store_true", help="no step launched ahead (A/B)")
     ap.add_argument("--temperature", type=float, default=0.0, help="the request's (0: greedy)")
     ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--eager-drafts", action="store_true",
                     help="with --spec: the MTP drafts by the eager drafter after each graph step (A/B)")
     ap.add_argument("--pageable-copies", action="store_true",
@@ -111,7 +113,8 @@ def main() -> None:
         if args.eager_drafts:
             engine.executor.runner.draft_graphs = None
     vocab = model_cfg["vocab_size"]
-    req = (args.ctx, vocab, args.tokens, args.temperature, args.top_p)   # prompt tokens, vocabulary, decode steps
+    # prompt tokens, vocabulary, decode steps, the draw
+    req = (args.ctx, vocab, args.tokens, args.temperature, args.top_p, args.top_k)
     prefill(engine, "warmup", *req)                              # compiles kernels, captures graphs
     decode(engine, "warmup")
     prefill_ms = prefill(engine, "timed", *req)
@@ -137,7 +140,8 @@ def main() -> None:
     pdl = pdl_mode() if args.device == "cuda" else "0"
     row = {"ctx": args.ctx, "spec": args.spec, "pdl": pdl, "prefill_activations": args.prefill_activations,
            "list_index": args.list_index, "lookahead": not args.no_lookahead, "temperature": args.temperature,
-           "top_p": args.top_p, "pageable_copies": args.pageable_copies, "eager_drafts": args.eager_drafts,
+           "top_p": args.top_p, "top_k": args.top_k, "pageable_copies": args.pageable_copies,
+           "eager_drafts": args.eager_drafts,
            "prefill_ms": prefill_ms, "steps": len(walls), "step_ms": wall,
            "step_ms_mean": statistics.fmean(walls), "kernel_ms": gpu,
            "host_unhidden_ms": None if gpu is None or pdl != "0" else statistics.fmean(walls) - gpu,

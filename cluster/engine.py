@@ -436,7 +436,8 @@ class Engine:
         rng = random.Random(0)
         params = SamplingParams(max_tokens=1 if self.prompts_only else 2 + self.speculative_tokens, ignore_eos=True,
                                 seed=0)
-        draws = ({}, {"top_p": 0.95}, {"top_k": 50})     # the sampler's paths (and their kernels): plain, top-p, top-k
+        # the sampler's paths (and their kernels): plain, top-p, top-k, both
+        draws = ({}, {"top_p": 0.95}, {"top_k": 50}, {"top_k": 20, "top_p": 0.95})
         graph_prefill, self.graph_prefill = self.graph_prefill, False   # the prompts compile the eager path's kernels
         try:
             for i, n in enumerate(lengths):

@@ -450,6 +450,47 @@ def top_p_race(scaled: torch.Tensor, noise: torch.Tensor, top_p: torch.Tensor | 
     return order.gather(1, pick).squeeze(1)
 
 
+TOPK_SELECT = 4096  # rows that all keep at most this many tokens (top-k) select them instead of sorting
+
+
+def top_k_weights(scaled: torch.Tensor, top_k: list[int],
+                  keys: Callable[[torch.Tensor], torch.Tensor] = value_id_keys) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weights exp(x - max) of scaled logits [S, V] in descending order (ties: the lower id first) with each row's
+    tokens past its top-k (0 or ≥ V: none) set to 0, and the token at each position: ([S, W], [S, W]). W = V — or, when
+    every row keeps at most ``TOPK_SELECT``, the largest top-k: those are selected by ``keys`` (``value_id_keys``, or
+    the op), not the vocabulary sorted. (Ties in id order whatever the batch: a cut inside a tie — bf16 logits tie
+    often — keeps the same ids, the lowest; topk's own picks among tied values at its end would depend on the batch's
+    largest top-k: session 61's review.)"""
+    V = scaled.shape[1]
+    kept = [k if 0 < k < V else V for k in top_k]
+    if max(kept) <= TOPK_SELECT:
+        order = keys(scaled).topk(max(kept), dim=-1).indices                                    # [S, W]
+        top = scaled.gather(1, order)
+    else:
+        top, order = scaled.sort(dim=-1, descending=True, stable=True)                         # [S, V]
+    weights = torch.exp(top - top[:, :1])
+    if min(kept) < top.shape[1]:
+        rank = torch.arange(top.shape[1], device=scaled.device)
+        limit = torch.tensor(kept, device=scaled.device) if scaled.device.type != "cuda" else \
+            torch.tensor(kept).pin_memory().to(scaled.device, non_blocking=True)
+        weights = weights.masked_fill(rank >= limit[:, None], 0.0)
+    return weights, order
+
+
+@ops.register("top_k_race")
+def top_k_race(scaled: torch.Tensor, noise: torch.Tensor, top_k: list[int], top_p: torch.Tensor | float | None,
+               min_p: torch.Tensor | float | None) -> torch.Tensor:
+    """As ``top_p_race`` with each row's top-k (``top_k_weights``) first — top-p then of the top-k's mass (None: no
+    row has a top-p)."""
+    weights, order = top_k_weights(scaled, top_k)
+    if top_p is not None:
+        weights = nucleus(weights, top_p)
+    if min_p is not None:
+        weights = weights.masked_fill(weights < min_p, 0.0)
+    pick = (weights / noise.gather(1, order)).argmax(dim=-1, keepdim=True)  # [S, 1]
+    return order.gather(1, pick).squeeze(1)
+
+
 def nucleus(weights: torch.Tensor, top_p: torch.Tensor | float) -> torch.Tensor:
     """Weights [S, W] in descending order with each token dropped (0) whose mass above it reaches top_p of the row's:
     a token is kept while the kept mass strictly above it is below that."""

@@ -37,19 +37,22 @@ def value_id_keys(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-# ---- top-p without a sort -------------------------------------------------------------------------------------
-# The nucleus is every token at or above a boundary in the order (value, then the lower id): a radix select by mass
-# finds it. Weights w = exp(x - max) in fixed point (2^-40: integer sums, the same in any order, so a row's draw
-# repeats whatever the batch or the launch) are summed per bin of the value's 32-bit key, 12 + 12 + 8 bits: level 0 by
-# its high 12 bits, each next level by the next bits among the tokens of the boundary so far. A scan per row (by 256
-# bins, then inside one) finds the bin where the mass from the top reaches top_p of the whole; the boundary value's
-# ties keep their lowest ids, as many as stay below it. Then every token is kept or not, min-p applied, and the race
-# argmax(w / noise) runs in the same pass (an atomic max of (w / noise, -id) packed in 64 bits: the lower id on a
-# tie). Launches: the max, three histograms and scans, the ties' counts, the race — against the reference's sort and
-# ~25 elementwise launches.
+# ---- top-k / top-p without a sort ----------------------------------------------------------------------------
+# The kept tokens are every one at or above a boundary in the order (value, then the lower id): radix selects find it.
+# Top-k's by count: the tokens are counted per bin of the value's 32-bit key, 12 + 12 + 8 bits — level 0 by its high 12
+# bits, each next level by the next bits among the tokens of the boundary so far — and a scan per row (by 256 bins,
+# then inside one) finds the bin where the count from the top reaches k; the boundary value's ties keep their lowest
+# ids, as many as k leaves. Top-p's by mass, the same way: weights w = exp(x - max) in fixed point (2^-40: integer sums,
+# the same in any order, so a row's draw repeats whatever the batch or the launch) summed per bin, the scan's target
+# top_p of the whole — of the top-k's mass where a row has both (its boundary then at or above top-k's, which caps its
+# ties kept). Then every token is kept or not, min-p applied, and the race argmax(w / noise) runs in the same pass (an
+# atomic max of (w / noise, -id) packed in 64 bits: the lower id on a tie). Launches: the max, three histograms and
+# scans a select, the ties' counts, the race — against the reference's sort or topk and ~25 elementwise launches.
 _FIX = 1099511627776.0          # 2^40: the weights' fixed point
 _LEVELS = ((20, 12), (8, 12), (0, 8))   # (shift, bits) of each level's bins in the 32-bit key
-_STATE = 8                      # per row: max key, mass, boundary so far, mass above it, ties kept, race
+# per row: 0 max key, 1 mass (the top-k's where a row has one), 2-4 top-p's boundary so far / mass above it / ties
+# kept, 5 the race, 6-8 top-k's boundary so far / count above it / ties kept
+_STATE = 16
 _PASS_BLOCK = 2048
 _COPIES = 8                     # of each histogram, the pass's programs taking them in turn
 
@@ -78,25 +81,31 @@ def _max_kernel(x_ptr, state_ptr, V, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(x_ptr + row * V + col, mask=col < V, other=-float("inf"))
-    tl.atomic_max(state_ptr + row * 8, tl.max(_key(x), 0))
+    tl.atomic_max(state_ptr + row * 16, tl.max(_key(x), 0))
 
 
 @triton.jit
 def _hist_kernel(x_ptr, state_ptr, hist_ptr, V, LEVEL: tl.constexpr, SHIFT: tl.constexpr, BITS: tl.constexpr,
-                 COPIES: tl.constexpr, BLOCK: tl.constexpr):
+                 COUNT: tl.constexpr, TOP_K: tl.constexpr, SLOT: tl.constexpr, HIST: tl.constexpr,
+                 HISTS: tl.constexpr, COPIES: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    s = state_ptr + row * 16
     x = tl.load(x_ptr + row * V + col, mask=col < V, other=-float("inf"))
     key = _key(x)
-    wq = _fixed(x, _value(tl.load(state_ptr + row * 8)))
+    if COUNT:                   # top-k's select: every token counts (one of weight 0 too, as the reference's topk)
+        add = (col < V).to(tl.int64)
+    else:
+        add = _fixed(x, _value(tl.load(s)))
+        if LEVEL == 0:          # the whole mass — or the top-k's above its boundary (the count scan put its ties')
+            tl.atomic_add(s + 1, tl.sum(tl.where(key > tl.load(s + 6), add, 0) if TOP_K else add, 0))
     if LEVEL == 0:
-        live = wq > 0
-        tl.atomic_add(state_ptr + row * 8 + 1, tl.sum(wq, 0))
+        live = add > 0
     else:       # the tokens of the boundary so far (-1 after level 0: every token is kept, none is)
-        live = (wq > 0) & ((key >> (SHIFT + BITS)) == tl.load(state_ptr + row * 8 + 2))
+        live = (add > 0) & ((key >> (SHIFT + BITS)) == tl.load(s + SLOT))
     copy = tl.program_id(1) % COPIES                    # (copies: fewer adds wait on one address — a bf16 logit's ties)
-    bins = hist_ptr + ((row * 3 + LEVEL) * COPIES + copy) * 4096
-    tl.atomic_add(bins + ((key >> SHIFT) & ((1 << BITS) - 1)), wq, mask=live)
+    bins = hist_ptr + ((row * HISTS + HIST) * COPIES + copy) * 4096
+    tl.atomic_add(bins + ((key >> SHIFT) & ((1 << BITS) - 1)), add, mask=live)
 
 
 @triton.jit
@@ -111,16 +120,19 @@ def _crossing(masses, above, target, N: tl.constexpr):
 
 @triton.jit
 def _scan_kernel(state_ptr, hist_ptr, p_ptr, p_val, LEVEL: tl.constexpr, BITS: tl.constexpr, PER_ROW: tl.constexpr,
+                 COUNT: tl.constexpr, SLOT: tl.constexpr, HIST: tl.constexpr, HISTS: tl.constexpr,
                  COPIES: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    s = state_ptr + row * 8
-    p = tl.load(p_ptr + row) if PER_ROW else p_val
-    # (at least half a unit: a top-p that rounds to 0 in fp32 keeps the most likely token, as the reference's race)
-    target = tl.maximum(p.to(tl.float64) * tl.load(s + 1).to(tl.float64), 0.5)
-    prefix = tl.load(s + 2)                             # (0 before level 0's scan; -1 after it: every token kept)
+    s = state_ptr + row * 16
+    p = tl.load(p_ptr + row) if PER_ROW else p_val      # top-k (inf: none) or top-p (inf: none)
+    if COUNT:
+        target = p.to(tl.float64)
+    else:       # (at least half a unit: a top-p that rounds to 0 in fp32 keeps the most likely token, as the reference)
+        target = tl.maximum(p.to(tl.float64) * tl.load(s + 1).to(tl.float64), 0.5)
+    prefix = tl.load(s + SLOT)                          # (0 before level 0's scan; -1 after it: every token kept)
     if prefix >= 0:
-        base = hist_ptr + (row * 3 + LEVEL) * COPIES * 4096
-        above = tl.load(s + 3) if LEVEL > 0 else prefix * 0
+        base = hist_ptr + (row * HISTS + HIST) * COPIES * 4096
+        above = tl.load(s + SLOT + 1) if LEVEL > 0 else prefix * 0
         GROUPS: tl.constexpr = (1 << BITS) // 256
         i = tl.arange(0, 256)
         if GROUPS > 1:                                  # the sums by 256 bins, then the bins of one
@@ -137,41 +149,65 @@ def _scan_kernel(state_ptr, hist_ptr, p_ptr, p_val, LEVEL: tl.constexpr, BITS: t
                 bins += tl.load(base + c * 4096 + i)
             b, above = _crossing(bins, above, target, 256)
         if LEVEL == 0:
-            tl.store(s + 2, b)                          # -1: top-p 1 (as inf), no crossing
+            tl.store(s + SLOT, b)                       # -1: none (inf), no crossing
         else:
-            tl.store(s + 2, (prefix << BITS) + b)
-        tl.store(s + 3, above)
-        if LEVEL == 2:              # the boundary value: its ties are kept in id order while the mass stays below
-            wq = _fixed(_value((prefix << BITS) + b), _value(tl.load(s)))
-            tl.store(s + 4, tl.math.ceil((target - above.to(tl.float64)) / wq.to(tl.float64)).to(tl.int64))
+            tl.store(s + SLOT, (prefix << BITS) + b)
+        tl.store(s + SLOT + 1, above)
+        if LEVEL == 2:              # the boundary value: its ties are kept in id order, as many as k leaves / while
+            wq = _fixed(_value((prefix << BITS) + b), _value(tl.load(s)))           # the mass stays below top-p's
+            if COUNT:
+                kept = (target - above.to(tl.float64)).to(tl.int64)
+                tl.store(s + 8, kept)
+                tl.store(s + 1, kept * wq)              # (the top-k's mass: the top-p histogram's pass adds the rest)
+            else:
+                tl.store(s + 4, tl.math.ceil((target - above.to(tl.float64)) / wq.to(tl.float64)).to(tl.int64))
 
 
 @triton.jit
-def _tie_count_kernel(x_ptr, state_ptr, count_ptr, V, CHUNKS, BLOCK: tl.constexpr):
+def _boundary(s, TOP_K: tl.constexpr, TOP_P: tl.constexpr):
+    """The kept tokens' boundary key (-1: every token kept) and how many of its ties are kept: top-p's (at or above
+    top-k's), its ties capped by top-k's at the same value, or top-k's where a row has no top-p."""
+    if TOP_P:
+        b, n = tl.load(s + 2), tl.load(s + 4)
+        if TOP_K:
+            bk, nk = tl.load(s + 6), tl.load(s + 8)
+            n = tl.where(b < 0, nk, tl.where(b == bk, tl.minimum(n, nk), n))
+            b = tl.where(b < 0, bk, b)
+    else:
+        b, n = tl.load(s + 6), tl.load(s + 8)
+    return b, n
+
+
+@triton.jit
+def _tie_count_kernel(x_ptr, state_ptr, count_ptr, V, CHUNKS, TOP_K: tl.constexpr, TOP_P: tl.constexpr,
+                      BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     col = chunk * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(x_ptr + row * V + col, mask=col < V, other=-float("inf"))
-    tie = (col < V) & (_key(x) == tl.load(state_ptr + row * 8 + 2))
+    boundary, _ = _boundary(state_ptr + row * 16, TOP_K, TOP_P)
+    tie = (col < V) & (_key(x) == boundary)
     tl.store(count_ptr + row * CHUNKS + chunk, tl.sum(tie.to(tl.int32), 0))
 
 
 @triton.jit
-def _race_kernel(x_ptr, noise_ptr, state_ptr, count_ptr, m_ptr, m_val, V, CHUNKS,
-                 MIN_P: tl.constexpr, PER_ROW: tl.constexpr, BLOCK: tl.constexpr, CHUNKS_P2: tl.constexpr):
+def _race_kernel(x_ptr, noise_ptr, state_ptr, count_ptr, m_ptr, m_val, V, CHUNKS, TOP_K: tl.constexpr,
+                 TOP_P: tl.constexpr, MIN_P: tl.constexpr, PER_ROW: tl.constexpr, BLOCK: tl.constexpr,
+                 CHUNKS_P2: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
-    s = state_ptr + row * 8
+    s = state_ptr + row * 16
     col = chunk * BLOCK + tl.arange(0, BLOCK)
     live = col < V
     x = tl.load(x_ptr + row * V + col, mask=live, other=-float("inf"))
-    key, boundary = _key(x), tl.load(s + 2)            # (-1: every token kept)
+    key = _key(x)
+    boundary, ties = _boundary(s, TOP_K, TOP_P)         # (-1: every token kept)
     w = tl.exp(x - _value(tl.load(s)))
     c = tl.arange(0, CHUNKS_P2)
     before = tl.sum(tl.load(count_ptr + row * CHUNKS + c, mask=c < chunk, other=0), 0)
     tie = live & (key == boundary)
     rank = before + tl.cumsum(tie.to(tl.int32), 0) - 1                  # among the boundary's ties, by id
-    kept = live & ((key > boundary) | (tie & (rank < tl.load(s + 4))))
+    kept = live & ((key > boundary) | (tie & (rank < ties)))
     if MIN_P:
         kept = kept & (w >= (tl.load(m_ptr + row) if PER_ROW else m_val))
     ratio = w / tl.load(noise_ptr + row * V + col, mask=live, other=1.0)
@@ -185,26 +221,50 @@ def _per_row(v, S: int, device) -> tuple[torch.Tensor, float, bool]:
     return torch.empty(1, device=device), float(v), False
 
 
+def _race(scaled: torch.Tensor, noise: torch.Tensor, top_k, top_p, min_p) -> torch.Tensor:
+    """The draw of ``top_k_race`` (top_k: one float for every row or [S], inf: none; None: no row has one) and
+    ``top_p_race`` (top_p alike)."""
+    scaled, noise = scaled.contiguous(), noise.contiguous()
+    S, V = scaled.shape
+    chunks = triton.cdiv(V, _PASS_BLOCK)
+    has_k, has_p = top_k is not None, top_p is not None
+    hists = 3 * (has_k + has_p)
+    state = torch.zeros(S, _STATE, dtype=torch.int64, device=scaled.device)
+    hist = torch.zeros(S, hists, _COPIES, 4096, dtype=torch.int64, device=scaled.device)
+    counts = torch.empty(S, chunks, dtype=torch.int32, device=scaled.device)
+    m_ptr, m_val, m_rows = _per_row(0.0 if min_p is None else min_p, S, scaled.device)
+    grid = (S, chunks)
+    _max_kernel[grid](scaled, state, V, BLOCK=_PASS_BLOCK)
+    selects = [(True, top_k, 6, 0)] if has_k else []                # (by count, its limit, state slot, histogram)
+    selects += [(False, top_p, 2, 3 * has_k)] if has_p else []
+    for count, limit, slot, first in selects:
+        v_ptr, v_val, v_rows = _per_row(limit, S, scaled.device)
+        for level, (shift, bits) in enumerate(_LEVELS):
+            _hist_kernel[grid](scaled, state, hist, V, LEVEL=level, SHIFT=shift, BITS=bits, COUNT=count, TOP_K=has_k,
+                               SLOT=slot, HIST=first + level, HISTS=hists, COPIES=_COPIES, BLOCK=_PASS_BLOCK)
+            _scan_kernel[(S,)](state, hist, v_ptr, v_val, LEVEL=level, BITS=bits, PER_ROW=v_rows, COUNT=count,
+                               SLOT=slot, HIST=first + level, HISTS=hists, COPIES=_COPIES, num_warps=8)
+    _tie_count_kernel[grid](scaled, state, counts, V, chunks, TOP_K=has_k, TOP_P=has_p, BLOCK=_PASS_BLOCK)
+    _race_kernel[grid](scaled, noise, state, counts, m_ptr, m_val, V, chunks, TOP_K=has_k, TOP_P=has_p,
+                       MIN_P=min_p is not None, PER_ROW=m_rows, BLOCK=_PASS_BLOCK,
+                       CHUNKS_P2=triton.next_power_of_2(chunks))
+    return 4294967295 - (state[:, 5] & 4294967295)
+
+
 @ops.register("top_p_race", backend="triton", available=on_cuda)
 def top_p_race(scaled: torch.Tensor, noise: torch.Tensor, top_p, min_p) -> torch.Tensor:
     """As ``reference.top_p_race``, without its sort (the mass sums in fixed point: the boundary may differ from the
     reference's fp32 scan where the mass above a token is within rounding of the cut)."""
-    scaled, noise = scaled.contiguous(), noise.contiguous()
-    S, V = scaled.shape
-    chunks = triton.cdiv(V, _PASS_BLOCK)
-    state = torch.zeros(S, _STATE, dtype=torch.int64, device=scaled.device)
-    hist = torch.zeros(S, len(_LEVELS), _COPIES, 4096, dtype=torch.int64, device=scaled.device)
-    counts = torch.empty(S, chunks, dtype=torch.int32, device=scaled.device)
-    p_ptr, p_val, p_rows = _per_row(top_p, S, scaled.device)
-    m_ptr, m_val, m_rows = _per_row(0.0 if min_p is None else min_p, S, scaled.device)
-    grid = (S, chunks)
-    _max_kernel[grid](scaled, state, V, BLOCK=_PASS_BLOCK)
-    for level, (shift, bits) in enumerate(_LEVELS):
-        _hist_kernel[grid](scaled, state, hist, V, LEVEL=level, SHIFT=shift, BITS=bits, COPIES=_COPIES,
-                           BLOCK=_PASS_BLOCK)
-        _scan_kernel[(S,)](state, hist, p_ptr, p_val, LEVEL=level, BITS=bits, PER_ROW=p_rows, COPIES=_COPIES,
-                           num_warps=8)
-    _tie_count_kernel[grid](scaled, state, counts, V, chunks, BLOCK=_PASS_BLOCK)
-    _race_kernel[grid](scaled, noise, state, counts, m_ptr, m_val, V, chunks, MIN_P=min_p is not None,
-                       PER_ROW=m_rows, BLOCK=_PASS_BLOCK, CHUNKS_P2=triton.next_power_of_2(chunks))
-    return 4294967295 - (state[:, 5] & 4294967295)
+    return _race(scaled, noise, None, top_p, min_p)
+
+
+@ops.register("top_k_race", backend="triton", available=on_cuda)
+def top_k_race(scaled: torch.Tensor, noise: torch.Tensor, top_k: list[int], top_p, min_p) -> torch.Tensor:
+    """As ``reference.top_k_race``, without its topk or sort (a radix select by count; top-p's as ``top_p_race``)."""
+    V = scaled.shape[1]
+    ks = [float(k) if 0 < k < V else float("inf") for k in top_k]
+    if all(k == ks[0] for k in ks):
+        return _race(scaled, noise, ks[0], top_p, min_p)
+    rows = torch.tensor(ks, dtype=torch.float32)
+    rows = rows.pin_memory().to(scaled.device, non_blocking=True) if scaled.is_cuda else rows.to(scaled.device)
+    return _race(scaled, noise, rows, top_p, min_p)

@@ -22,12 +22,11 @@ import torch
 from torch import Tensor
 
 from glmkernels import ops
-from glmkernels.reference import nucleus
+from glmkernels.reference import TOPK_SELECT, nucleus, top_k_weights  # noqa: F401  (TOPK_SELECT: bench scripts')
 from scheduler.request import SamplingParams
 
 _SEED_MULT = 1_000_003
 _SEED_MASK = (1 << 63) - 1      # the bits of a seed torch's CPU generator keeps
-TOPK_SELECT = 4096  # rows that all keep at most this many tokens (top-k) select them instead of sorting
 
 
 @dataclass
@@ -117,17 +116,14 @@ def _choose(processed: Tensor, params: list[SamplingParams], num_generated: list
     rows = None if every else to_device(sampled_rows, torch.long, processed.device)
     logits, drawing = processed if every else processed[rows], [params[i] for i in sampled_rows]
     noise = _exponential_noise(processed.shape[1], processed.device, params, num_generated, sampled_rows)
-    if any(p.top_p < 1.0 for p in drawing) and all(p.top_k == 0 or p.top_k >= logits.shape[1] for p in drawing):
-        # top-p without top-k (GLM's advice): the op (on the GPU a few passes over the vocabulary, no sort)
-        drawn = ops.top_p_race(_scaled(logits, drawing), noise, _top_p(drawing, logits.device),
+    top_p = _top_p(drawing, logits.device) if any(p.top_p < 1.0 for p in drawing) else None
+    if any(0 < p.top_k < logits.shape[1] for p in drawing):     # on the GPU a few passes over the vocabulary, no sort
+        drawn = ops.top_k_race(_scaled(logits, drawing), noise, [p.top_k for p in drawing], top_p,
                                _min_p(drawing, logits.device))
+    elif top_p is not None:                                     # top-p without top-k (GLM's advice)
+        drawn = ops.top_p_race(_scaled(logits, drawing), noise, top_p, _min_p(drawing, logits.device))
     else:
-        weights, order = _filtered_weights(logits, drawing)
-        if order is None:
-            drawn = (weights / noise).argmax(dim=-1)
-        else:  # the race in descending order; the noise stays the token's own
-            pick = (weights / noise.gather(1, order)).argmax(dim=-1, keepdim=True)  # [S, 1]
-            drawn = order.gather(1, pick).squeeze(1)
+        drawn = (_filtered_weights(logits, drawing)[0] / noise).argmax(dim=-1)
     if every:
         return drawn
     token_ids[rows] = drawn
@@ -218,29 +214,18 @@ def _filtered_weights(logits: Tensor, params: list[SamplingParams]) -> tuple[Ten
 
     logits: [S, V] fp32. Without top-k and top-p: ([S, V] in vocabulary order, None). With either: ([S, W] in
     descending order, order [S, W] the token at each position), W = V — or, when every row has a top-k of at most
-    ``TOPK_SELECT``, the largest top-k: those are selected, not the vocabulary sorted. Nothing is normalized
-    (a factor changes no race, and top-p compares against the kept mass): on the GPU each full-vocabulary pass is
-    a launch, and a softmax or a cumsum of one long row runs on one block (bench/sampler.py).
+    ``TOPK_SELECT``, the largest top-k: those are selected, not the vocabulary sorted (``top_k_weights``). Nothing is
+    normalized (a factor changes no race, and top-p compares against the kept mass): on the GPU each full-vocabulary
+    pass is a launch, and a softmax or a cumsum of one long row runs on one block (bench/sampler.py). A top-k of V or
+    more is none.
     """
     device, vocab_size = logits.device, logits.shape[1]
     scaled = _scaled(logits, params)  # [S, V]
     order = None
-    if not any(p.top_k != 0 or p.top_p < 1.0 for p in params):  # min-p alone needs no order
+    if not any(0 < p.top_k < vocab_size or p.top_p < 1.0 for p in params):  # min-p alone needs no order
         weights = torch.exp(scaled - scaled.amax(dim=-1, keepdim=True))  # [S, V]
     else:
-        top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
-        if max(top_k) <= TOPK_SELECT:
-            order = ops.value_id_keys(scaled).topk(max(top_k), dim=-1).indices     # [S, W]
-            top = scaled.gather(1, order)
-        else:
-            top, order = scaled.sort(dim=-1, descending=True, stable=True)  # [S, V]
-        # ties in id order, whatever the batch: a top-k / top-p cut inside a tie (bf16 logits tie often) keeps the same
-        # ids — the lowest, as the stable sort; the selection too (topk's own picks among tied values at its end
-        # depend on the batch's largest top-k: session 61's review)
-        weights = torch.exp(top - top[:, :1])  # [S, W]
-        if min(top_k) < top.shape[1]:
-            rank = torch.arange(top.shape[1], device=device)
-            weights = weights.masked_fill(rank >= to_device(top_k, torch.long, device)[:, None], 0.0)
+        weights, order = top_k_weights(scaled, [p.top_k for p in params], keys=ops.value_id_keys)
         if any(p.top_p < 1.0 for p in params):      # (of the top-k's mass)
             weights = nucleus(weights, _top_p(params, device))
     if (min_p := _min_p(params, device)) is not None:

@@ -130,14 +130,14 @@ def test_warm_up_prompts_run_eagerly():
 
 
 def test_warm_up_draws_by_each_of_the_samplers_paths(monkeypatch):
-    """The warm-up's requests draw plainly, with a top-p (the sort-free top-p's kernels) and with a top-k (the keys'
-    kernel), so the first user's drawn request compiles none of them."""
+    """The warm-up's requests draw plainly, with a top-p, a top-k and both (the sort-free selects' kernel variants), so
+    the first user's drawn request compiles none of them."""
     engine, _ = _engine(max_num_seqs=32)
     sent = []
     add = engine.add_request
     monkeypatch.setattr(engine, "add_request", lambda ids, params, rid: sent.append(params) or add(ids, params, rid))
     engine.warm_up(64)
-    assert {(p.top_p < 1, p.top_k > 0) for p in sent} == {(False, False), (True, False), (False, True)}
+    assert {(p.top_p < 1, p.top_k > 0) for p in sent} == {(False, False), (True, False), (False, True), (True, True)}
     assert all(not p.is_greedy for p in sent)
 
 

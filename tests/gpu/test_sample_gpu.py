@@ -1,0 +1,96 @@
+"""The sampler's Triton kernels on GLM's vocabulary (154880) on a CUDA GPU, against the PyTorch references: the top-k
+keys, and the draws from the nucleus and the top-k without a sort (``glmkernels/triton_sample.py``).
+
+Run on a lent GPU: ``PYTHONPATH=. python -m pytest -q tests/gpu/test_sample_gpu.py``. Skips without CUDA or triton.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+pytest.importorskip("triton")
+
+from glmkernels import ops, reference
+
+DEV = "cuda"
+VOCAB = 154880
+
+
+def tri(name):
+    return ops.impl(name, "triton")
+
+
+def gen(seed):
+    return torch.Generator(device=DEV).manual_seed(seed)
+
+
+@pytest.mark.parametrize("S", [1, 8, 33])
+def test_value_id_keys_at_glm_vocab(S):
+    """The sampler's top-k keys on GLM's vocabulary: the reference's bits, and a graph replay's."""
+    x = (torch.randn(S, VOCAB, device=DEV, generator=gen(S)) * 4).bfloat16().float()
+    x[0, :4] = torch.tensor([0.0, -0.0, float("inf"), -float("inf")])
+    want = reference.value_id_keys(x)
+    assert torch.equal(tri("value_id_keys")(x), want)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = tri("value_id_keys")(x)
+    out.zero_()
+    graph.replay()
+    assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("S", [1, 8, 64])
+def test_top_p_race_at_glm_vocab(S):
+    """The nucleus without a sort on GLM's vocabulary: the reference's draws (bf16-valued logits, so ties; fixed
+    inputs — the draws differ only where a token's mass above is within rounding of the cut), per-row and shared
+    top-p, min-p; repeat calls and a graph's replay bit-identical."""
+    g = gen(100 + S)
+    x = (torch.randn(S, VOCAB, device=DEV, generator=g) * 4).bfloat16().float()
+    noise = torch.empty_like(x).exponential_(generator=g).clamp_(min=torch.finfo(torch.float32).tiny)
+    per_row = torch.tensor([0.5, 0.9, 0.95, 0.99, float("inf")] * 13, device=DEV)[:S, None]
+    for top_p, min_p in ((0.95, None), (per_row, None), (0.9, 0.02), (per_row, per_row.clamp(max=0.1) * 0.5)):
+        want = reference.top_p_race(x / 0.8, noise, top_p, min_p)
+        got = tri("top_p_race")(x / 0.8, noise, top_p, min_p)
+        assert torch.equal(got, want), (top_p, min_p, (got != want).nonzero())
+        assert torch.equal(tri("top_p_race")(x / 0.8, noise, top_p, min_p), got)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = tri("top_p_race")(x, noise, 0.95, None)
+    out.zero_()
+    graph.replay()
+    assert torch.equal(out, reference.top_p_race(x, noise, 0.95, None))
+
+
+@pytest.mark.parametrize("S", [1, 8, 64])
+def test_top_k_race_at_glm_vocab(S):
+    """The top-k without a topk on GLM's vocabulary: the reference's draws (bf16-valued logits, so ties) for a top-k
+    shared or one per row (0: none; 5000: past the selection, the reference sorts), with top-p — shared or per row —
+    or none, and min-p; under noise that lets the k-th token win, that token; repeat calls and a graph's replay
+    bit-identical."""
+    g = gen(200 + S)
+    x = (torch.randn(S, VOCAB, device=DEV, generator=g) * 4).bfloat16().float()
+    noise = torch.empty_like(x).exponential_(generator=g).clamp_(min=torch.finfo(torch.float32).tiny)
+    per_row_k = ([1, 20, 50, 0, 5000, 2] * 11)[:S]
+    per_row_p = torch.tensor([0.5, 0.9, 0.95, 0.99, float("inf")] * 13, device=DEV)[:S, None]
+    for top_k, top_p, min_p in (([50] * S, None, None), ([20] * S, 0.95, None), (per_row_k, None, 0.02),
+                                (per_row_k, per_row_p, None), ([40] * S, per_row_p, per_row_p.clamp(max=0.1) * 0.5)):
+        want = reference.top_k_race(x / 0.6, noise, top_k, top_p, min_p)
+        got = tri("top_k_race")(x / 0.6, noise, top_k, top_p, min_p)
+        assert torch.equal(got, want), (top_k, top_p, min_p, (got != want).nonzero())
+        assert torch.equal(tri("top_k_race")(x / 0.6, noise, top_k, top_p, min_p), got)
+    order = x.sort(dim=-1, descending=True, stable=True).indices
+    ranks = torch.arange(VOCAB - 1, -1, -1, device=DEV).expand(S, -1)
+    rank_from_end = torch.empty_like(order).scatter_(1, order, ranks)
+    probe = torch.exp(x - x.amax(dim=-1, keepdim=True)) * (1 + 1e-6 * rank_from_end)
+    for k in (1, 20, 1000, 4096):
+        assert torch.equal(tri("top_k_race")(x, probe, [k] * S, None, None), order[:, k - 1]), k
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = tri("top_k_race")(x, noise, [20] * S, 0.95, None)
+    out.zero_()
+    graph.replay()
+    assert torch.equal(out, reference.top_k_race(x, noise, [20] * S, 0.95, None))
