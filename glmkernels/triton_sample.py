@@ -54,7 +54,9 @@ _LEVELS = ((20, 12), (8, 12), (0, 8))   # (shift, bits) of each level's bins in 
 # kept, 5 the race, 6-8 top-k's boundary so far / count above it / ties kept
 _STATE = 16
 _PASS_BLOCK = 2048
-_COPIES = 8                     # of each histogram, the pass's programs taking them in turn
+_SET = 4096 + 4096 + 256        # a select's histograms (a copy): its levels' bins, 12 + 12 + 8 bits
+_ROW_COPIES = 64                # copies of each histogram, the pass's programs taking them in turn (fewer adds wait on
+                                # one address — a bf16 logit's ties): 8 a row up to 8 rows, fewer past them, 1 past 64
 
 
 @triton.jit
@@ -84,10 +86,10 @@ def _max_kernel(x_ptr, state_ptr, V, BLOCK: tl.constexpr):
     tl.atomic_max(state_ptr + row * 16, tl.max(_key(x), 0))
 
 
-@triton.jit
-def _hist_kernel(x_ptr, state_ptr, hist_ptr, V, LEVEL: tl.constexpr, SHIFT: tl.constexpr, BITS: tl.constexpr,
-                 COUNT: tl.constexpr, TOP_K: tl.constexpr, SLOT: tl.constexpr, HIST: tl.constexpr,
-                 HISTS: tl.constexpr, COPIES: tl.constexpr, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["copies"])
+def _hist_kernel(x_ptr, state_ptr, hist_ptr, V, copies, LEVEL: tl.constexpr, SHIFT: tl.constexpr, BITS: tl.constexpr,
+                 COUNT: tl.constexpr, TOP_K: tl.constexpr, SLOT: tl.constexpr, SELECT: tl.constexpr,
+                 SELECTS: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     s = state_ptr + row * 16
@@ -103,8 +105,8 @@ def _hist_kernel(x_ptr, state_ptr, hist_ptr, V, LEVEL: tl.constexpr, SHIFT: tl.c
         live = add > 0
     else:       # the tokens of the boundary so far (-1 after level 0: every token is kept, none is)
         live = (add > 0) & ((key >> (SHIFT + BITS)) == tl.load(s + SLOT))
-    copy = tl.program_id(1) % COPIES                    # (copies: fewer adds wait on one address — a bf16 logit's ties)
-    bins = hist_ptr + ((row * HISTS + HIST) * COPIES + copy) * 4096
+    copy = tl.program_id(1) % copies
+    bins = hist_ptr + ((row * SELECTS + SELECT) * copies + copy) * 8448 + LEVEL * 4096
     tl.atomic_add(bins + ((key >> SHIFT) & ((1 << BITS) - 1)), add, mask=live)
 
 
@@ -118,10 +120,10 @@ def _crossing(masses, above, target, N: tl.constexpr):
     return b, tl.sum(tl.where(i == b, incl - masses, 0), 0)
 
 
-@triton.jit
-def _scan_kernel(state_ptr, hist_ptr, p_ptr, p_val, LEVEL: tl.constexpr, BITS: tl.constexpr, PER_ROW: tl.constexpr,
-                 COUNT: tl.constexpr, SLOT: tl.constexpr, HIST: tl.constexpr, HISTS: tl.constexpr,
-                 COPIES: tl.constexpr):
+@triton.jit(do_not_specialize=["copies"])
+def _scan_kernel(state_ptr, hist_ptr, p_ptr, p_val, copies, LEVEL: tl.constexpr, BITS: tl.constexpr,
+                 PER_ROW: tl.constexpr, COUNT: tl.constexpr, SLOT: tl.constexpr, SELECT: tl.constexpr,
+                 SELECTS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     s = state_ptr + row * 16
     p = tl.load(p_ptr + row) if PER_ROW else p_val      # top-k (inf: none) or top-p (inf: none)
@@ -131,22 +133,22 @@ def _scan_kernel(state_ptr, hist_ptr, p_ptr, p_val, LEVEL: tl.constexpr, BITS: t
         target = tl.maximum(p.to(tl.float64) * tl.load(s + 1).to(tl.float64), 0.5)
     prefix = tl.load(s + SLOT)                          # (0 before level 0's scan; -1 after it: every token kept)
     if prefix >= 0:
-        base = hist_ptr + (row * HISTS + HIST) * COPIES * 4096
+        base = hist_ptr + (row * SELECTS + SELECT) * copies * 8448 + LEVEL * 4096
         above = tl.load(s + SLOT + 1) if LEVEL > 0 else prefix * 0
         GROUPS: tl.constexpr = (1 << BITS) // 256
         i = tl.arange(0, 256)
         if GROUPS > 1:                                  # the sums by 256 bins, then the bins of one
             j = tl.arange(0, GROUPS)[:, None] * 256 + i[None, :]
             tile = tl.load(base + j)                                                       # [GROUPS, 256]
-            for c in tl.static_range(1, COPIES):
-                tile += tl.load(base + c * 4096 + j)
+            for c in range(1, copies):
+                tile += tl.load(base + c * 8448 + j)
             g, above = _crossing(tl.sum(tile, 1), above, target, GROUPS)
             f, above = _crossing(tl.sum(tl.where(j // 256 == g, tile, 0), 0), above, target, 256)
             b = tl.where(g >= 0, g * 256 + f, -1)
         else:
             bins = tl.load(base + i)
-            for c in tl.static_range(1, COPIES):
-                bins += tl.load(base + c * 4096 + i)
+            for c in range(1, copies):
+                bins += tl.load(base + c * 8448 + i)
             b, above = _crossing(bins, above, target, 256)
         if LEVEL == 0:
             tl.store(s + SLOT, b)                       # -1: none (inf), no crossing
@@ -228,22 +230,22 @@ def _race(scaled: torch.Tensor, noise: torch.Tensor, top_k, top_p, min_p) -> tor
     S, V = scaled.shape
     chunks = triton.cdiv(V, _PASS_BLOCK)
     has_k, has_p = top_k is not None, top_p is not None
-    hists = 3 * (has_k + has_p)
+    selects, copies = has_k + has_p, max(1, min(8, _ROW_COPIES // max(S, 1)))
     state = torch.zeros(S, _STATE, dtype=torch.int64, device=scaled.device)
-    hist = torch.zeros(S, hists, _COPIES, 4096, dtype=torch.int64, device=scaled.device)
+    hist = torch.zeros(S, selects, copies, _SET, dtype=torch.int64, device=scaled.device)
     counts = torch.empty(S, chunks, dtype=torch.int32, device=scaled.device)
     m_ptr, m_val, m_rows = _per_row(0.0 if min_p is None else min_p, S, scaled.device)
     grid = (S, chunks)
     _max_kernel[grid](scaled, state, V, BLOCK=_PASS_BLOCK)
-    selects = [(True, top_k, 6, 0)] if has_k else []                # (by count, its limit, state slot, histogram)
-    selects += [(False, top_p, 2, 3 * has_k)] if has_p else []
-    for count, limit, slot, first in selects:
+    order = [(True, top_k, 6)] if has_k else []                     # (by count, its limit, its state slots)
+    order += [(False, top_p, 2)] if has_p else []
+    for select, (count, limit, slot) in enumerate(order):
         v_ptr, v_val, v_rows = _per_row(limit, S, scaled.device)
         for level, (shift, bits) in enumerate(_LEVELS):
-            _hist_kernel[grid](scaled, state, hist, V, LEVEL=level, SHIFT=shift, BITS=bits, COUNT=count, TOP_K=has_k,
-                               SLOT=slot, HIST=first + level, HISTS=hists, COPIES=_COPIES, BLOCK=_PASS_BLOCK)
-            _scan_kernel[(S,)](state, hist, v_ptr, v_val, LEVEL=level, BITS=bits, PER_ROW=v_rows, COUNT=count,
-                               SLOT=slot, HIST=first + level, HISTS=hists, COPIES=_COPIES, num_warps=8)
+            _hist_kernel[grid](scaled, state, hist, V, copies, LEVEL=level, SHIFT=shift, BITS=bits, COUNT=count,
+                               TOP_K=has_k, SLOT=slot, SELECT=select, SELECTS=selects, BLOCK=_PASS_BLOCK)
+            _scan_kernel[(S,)](state, hist, v_ptr, v_val, copies, LEVEL=level, BITS=bits, PER_ROW=v_rows,
+                               COUNT=count, SLOT=slot, SELECT=select, SELECTS=selects, num_warps=8)
     _tie_count_kernel[grid](scaled, state, counts, V, chunks, TOP_K=has_k, TOP_P=has_p, BLOCK=_PASS_BLOCK)
     _race_kernel[grid](scaled, noise, state, counts, m_ptr, m_val, V, chunks, TOP_K=has_k, TOP_P=has_p,
                        MIN_P=min_p is not None, PER_ROW=m_rows, BLOCK=_PASS_BLOCK,

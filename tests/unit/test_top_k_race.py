@@ -94,6 +94,19 @@ def test_splits_a_tie_by_id_across_chunks(tk):
             assert got == want == reference.top_k_race(x, noise, [k], top_p, None).item(), (k, top_p, probe)
 
 
+@pytest.mark.parametrize("S", [12, 70])
+def test_batches_past_eight_rows(tk, S):
+    """Past 8 rows the histograms have fewer copies (one past 64): the draws stay the reference's, row by row."""
+    race = tk["sample"].top_k_race
+    g = torch.Generator().manual_seed(S)
+    x = (torch.randn(S, V, generator=g) * 3).bfloat16().float()
+    noise = _noise(x, g)
+    top_k = [(7 * r) % 60 for r in range(S)]                              # (0: none)
+    top_p = torch.rand(S, 1, generator=g) * 0.5 + 0.5
+    assert torch.equal(race(x, noise, top_k, top_p, None), reference.top_k_race(x, noise, top_k, top_p, None))
+    assert torch.equal(tk["sample"].top_p_race(x, noise, top_p, 0.01), reference.top_p_race(x, noise, top_p, 0.01))
+
+
 def test_tokens_of_no_weight_count_toward_k(tk):
     """A top-k past the row's finite logits (a grammar's mask: -inf) keeps the finite ones and draws among them."""
     race = tk["sample"].top_k_race
