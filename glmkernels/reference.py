@@ -435,6 +435,19 @@ def value_id_keys(x: torch.Tensor) -> torch.Tensor:
     return bits * (1 << 32) + ids
 
 
+@ops.register("penalize")
+def penalize(logits: torch.Tensor, counts: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """The sampler's repetition, presence and frequency penalties: logits [B, V] fp32, each row's token counts [B, 2, V]
+    int32 (every id of its history, its generated ids) and values [B, 3] fp32 (repetition, presence, frequency) → a new
+    [B, V]: logit / rep where logit > 0, else logit * rep, at the history's ids (HF / vLLM); then minus presence +
+    frequency * count at the generated ids (OpenAI / vLLM). (A row's 1 / 0 / 0 leaves its logits as they are, bit for
+    bit.)"""
+    rep, presence, frequency = values[:, 0:1], values[:, 1:2], values[:, 2:3]  # [B, 1] each
+    out = torch.where(counts[:, 0] > 0, torch.where(logits > 0, logits / rep, logits * rep), logits)
+    generated = counts[:, 1]  # [B, V] int32
+    return out - torch.where(generated > 0, presence + frequency * generated, 0.0)
+
+
 @ops.register("top_p_race")
 def top_p_race(scaled: torch.Tensor, noise: torch.Tensor, top_p: torch.Tensor | float,
                min_p: torch.Tensor | float | None) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Triton kernels of the sampler: the top-k selection's keys in one launch (the reference's eight elementwise
 launches: 14 µs of kernels at 1 row of GLM's vocabulary, 34 at 8, on an H100 — ``bench/results/session64/call_a``),
-and the top-p draw without a sort (below)."""
+the penalties in one, and the top-k / top-p draw without a topk or sort (below)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,34 @@ def value_id_keys(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(S, V, dtype=torch.int64, device=x.device)
     if S and V:
         _value_id_keys_kernel[(S, triton.cdiv(V, _BLOCK))](x, out, V, BLOCK=_BLOCK)
+    return out
+
+
+@triton.jit
+def _penalize_kernel(x_ptr, counts_ptr, values_ptr, out_ptr, V, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    live = col < V
+    x = tl.load(x_ptr + row * V + col, mask=live)
+    seen = tl.load(counts_ptr + row * 2 * V + col, mask=live, other=0)
+    generated = tl.load(counts_ptr + (row * 2 + 1) * V + col, mask=live, other=0)
+    rep, presence = tl.load(values_ptr + row * 3), tl.load(values_ptr + row * 3 + 1)
+    frequency = tl.load(values_ptr + row * 3 + 2)
+    out = tl.where(seen > 0, tl.where(x > 0, tl.math.div_rn(x, rep), x * rep), x)
+    out = out - tl.where(generated > 0, presence + frequency * generated.to(tl.float32), 0.0)
+    tl.store(out_ptr + row * V + col, out, mask=live)
+
+
+@ops.register("penalize", backend="triton", available=on_cuda)
+def penalize(logits: torch.Tensor, counts: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """As ``reference.penalize``, in one launch: its roundings (an IEEE division; no multiply-add fused, as torch's
+    separate kernels round each op) bit for bit."""
+    logits, counts, values = logits.contiguous(), counts.contiguous(), values.float().contiguous()
+    B, V = logits.shape
+    out = torch.empty_like(logits)
+    if B and V:
+        _penalize_kernel[(B, triton.cdiv(V, _BLOCK))](logits, counts, values, out, V, BLOCK=_BLOCK,
+                                                      enable_fp_fusion=False)
     return out
 
 

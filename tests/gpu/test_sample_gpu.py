@@ -1,5 +1,5 @@
 """The sampler's Triton kernels on GLM's vocabulary (154880) on a CUDA GPU, against the PyTorch references: the top-k
-keys, and the draws from the nucleus and the top-k without a sort (``glmkernels/triton_sample.py``).
+keys, the penalties, and the draws from the nucleus and the top-k without a sort (``glmkernels/triton_sample.py``).
 
 Run on a lent GPU: ``PYTHONPATH=. python -m pytest -q tests/gpu/test_sample_gpu.py``. Skips without CUDA or triton.
 """
@@ -38,6 +38,25 @@ def test_value_id_keys_at_glm_vocab(S):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = tri("value_id_keys")(x)
+    out.zero_()
+    graph.replay()
+    assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("B", [1, 8, 33])
+def test_penalize_at_glm_vocab(B):
+    """The penalties in one launch on GLM's vocabulary: the reference's bits (an IEEE division, no fused multiply-add)
+    for rows with every kind of penalty and none; a graph's replay the same."""
+    g = gen(300 + B)
+    x = (torch.randn(B, VOCAB, device=DEV, generator=g) * 4).bfloat16().float()
+    counts = torch.randint(0, 3, (B, 2, VOCAB), device=DEV, generator=g, dtype=torch.int32)
+    counts[:, 1] *= torch.randint(0, 2, (B, VOCAB), device=DEV, generator=g, dtype=torch.int32) * 5
+    values = torch.tensor([[1.1, 0.5, 0.3], [1.0, 0.0, 0.0], [0.9, -0.4, 0.07]] * 11, device=DEV)[:B]
+    want = reference.penalize(x, counts, values)
+    assert torch.equal(tri("penalize")(x, counts, values), want)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = tri("penalize")(x, counts, values)
     out.zero_()
     graph.replay()
     assert torch.equal(out, want)

@@ -289,6 +289,21 @@ def test_value_id_keys(tk):
     assert keys(x[:0]).shape == (0, 2500)
 
 
+def test_penalize_as_the_reference(tk):
+    """The penalties in one launch: the reference's bits (interpreted: the division and the separate roundings) over
+    positive, negative, zero and -inf logits, ids seen or not, generated once or often, and a row of 1 / 0 / 0."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(4, 2500, generator=g) * 5
+    x[0, :4] = torch.tensor([0.0, -0.0, -float("inf"), float("inf")])
+    counts = torch.randint(0, 3, (4, 2, 2500), generator=g, dtype=torch.int32)
+    counts[:, 1] *= torch.randint(0, 2, (4, 2500), generator=g, dtype=torch.int32) * 7         # generated: 0 or often
+    values = torch.tensor([[1.3, 0.5, 0.25], [1.0, 0.0, 0.0], [0.7, -1.0, 0.1], [1.05, 0.0, 1.7]])
+    got = tk["sample"].penalize(x, counts, values)
+    assert torch.equal(got, reference.penalize(x, counts, values)) and got.data_ptr() != x.data_ptr()
+    assert torch.equal(got[1], x[1])                                        # 1 / 0 / 0: untouched
+    assert tk["sample"].penalize(x[:0], counts[:0], values[:0]).shape == (0, 2500)
+
+
 @pytest.mark.parametrize("per_row", [False, True])
 def test_top_p_race_draws_as_the_reference(tk, per_row):
     """The nucleus without a sort: the reference's draws (bf16-valued logits: ties; two chunks of the pass), with
