@@ -1,8 +1,9 @@
 #!/bin/bash
 # Session 65, call 2 (any card): the top-k without a topk (ops.top_k_race, a radix select by count before top-p's by
-# mass): its GPU tests with the sampler's other kernels', the sampler's cost per setting with the Triton ops and with
-# the reference (the path before: keys, topk, ~25 elementwise launches) in the same run, and the engine's decode step
-# drawn with a top-k and top-p beside greedy (bench/step_host.py).
+# mass) and the penalties in one launch (ops.penalize): their GPU tests with the sampler's other kernels', the sampler's
+# cost per setting with the Triton ops and with the reference (the path before: keys, topk, ~25 elementwise launches;
+# the penalties' ~12) in the same run, and the engine's decode step drawn with a top-k and top-p beside greedy and GLM's
+# top-p alone (bench/step_host.py).
 export PYTHONPATH=. NCCL_NVLS_ENABLE=0
 { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; date; } > $OUT/device.txt; cat $OUT/device.txt
 ( time timeout 200 python -m pytest -q -rs tests/gpu/test_sample_gpu.py ) > $OUT/sample_tests.log 2>&1
