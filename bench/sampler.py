@@ -6,7 +6,9 @@ the next step, the kernels do not. The largest kernels of each setting are liste
 as the engine on a GPU): the sampler's ops' Triton forms (top-k and top-p without a topk or sort); ``reference``:
 PyTorch.
 
-    PYTHONPATH=. python bench/sampler.py [--out DIR] [--kernels reference]
+``--probs``: ``probs_for_rows`` instead — the distributions a drawn request's speculative decoding weighs drafts by.
+
+    PYTHONPATH=. python bench/sampler.py [--out DIR] [--kernels reference] [--probs]
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from bench.decode_slice import time_ms
 from bench.profile_slice import kernel_times
 from glmkernels import ops
 from scheduler.request import SamplingParams
-from workers.sampler import TokenCounts, has_penalties, sample_on_device
+from workers.sampler import TokenCounts, has_penalties, probs_for_rows, sample_on_device
 
 VOCAB = 154880
 SETTINGS = {
@@ -46,6 +48,8 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=6)
     ap.add_argument("--out", default=None)
     ap.add_argument("--kernels", default="auto", choices=["auto", "reference"])
+    ap.add_argument("--probs", action="store_true",
+                    help="time probs_for_rows (speculative decoding's distributions of drawn rows) instead")
     args = ap.parse_args()
     ops.configure(args.kernels, "cuda")
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -59,6 +63,8 @@ def main() -> None:
         for name, params in SETTINGS.items():
             def call(params=params, logits=logits, rows=rows, counts=counts, history=history):
                 penalized = torch.stack([c.of(history) for c in counts]) if has_penalties(params) else None
+                if args.probs:
+                    return probs_for_rows(logits, [params] * rows, penalized, list(range(rows)))
                 return sample_on_device(logits, [params] * rows, list(range(rows)), penalized)
             wall = time_ms(call, args.iters)
             kernels = kernel_times(call, 10)

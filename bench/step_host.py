@@ -18,7 +18,8 @@ does not let the runner launch the next decode step before reading this one's to
 ``--temperature T [--top-p P] [--top-k K]``: the request draws its tokens (greedy by default); ``--pageable-copies``:
 sampling copies its per-row values (temperatures, rows, top-k) from pageable memory, each copy waiting for the
 forward, as before session 14. ``--eager-drafts`` (with ``--spec``): the eager MTP drafter after each graph step — as
-drawn requests had it before session 14.
+drawn requests had it before session 14. ``--reference-sampler``: the sampler's ops (the top-k / top-p draws, the kept
+weights speculative decoding weighs drafts by, the penalties, the top-k keys) as PyTorch — as before session 64/65.
 
     NCCL_NVLS_ENABLE=0 PYTHONPATH=. python bench/step_host.py [--ctx 4096] [--tokens 64] [--spec 0]
     PYTHONPATH=. python bench/step_host.py --tiny --device cpu --ctx 64 --tokens 8     # plumbing on CPU
@@ -43,6 +44,8 @@ from cluster.config import EngineConfig
 from cluster.local import build_local_engine
 from glmkernels.triton_utils import pdl_mode
 from scheduler.request import SamplingParams
+
+SAMPLER_OPS = ("value_id_keys", "penalize", "top_p_race", "top_k_race", "kept_weights")
 
 
 def prefill(engine, name: str, ctx: int, vocab: int, tokens: int, temperature: float = 0.0,
@@ -85,6 +88,8 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.0, help="the request's (0: greedy)")
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--reference-sampler", action="store_true",
+                    help="the sampler's ops as PyTorch, the rest of the engine as it is (A/B)")
     ap.add_argument("--eager-drafts", action="store_true",
                     help="with --spec: the MTP drafts by the eager drafter after each graph step (A/B)")
     ap.add_argument("--pageable-copies", action="store_true",
@@ -112,6 +117,11 @@ def main() -> None:
         engine.lookahead = not args.no_lookahead
         if args.eager_drafts:
             engine.executor.runner.draft_graphs = None
+        if args.reference_sampler:
+            from glmkernels import ops
+
+            for name in SAMPLER_OPS:
+                ops._active[name] = ops.impl(name, "reference")
     vocab = model_cfg["vocab_size"]
     # prompt tokens, vocabulary, decode steps, the draw
     req = (args.ctx, vocab, args.tokens, args.temperature, args.top_p, args.top_k)
@@ -140,7 +150,8 @@ def main() -> None:
     pdl = pdl_mode() if args.device == "cuda" else "0"
     row = {"ctx": args.ctx, "spec": args.spec, "pdl": pdl, "prefill_activations": args.prefill_activations,
            "list_index": args.list_index, "lookahead": not args.no_lookahead, "temperature": args.temperature,
-           "top_p": args.top_p, "top_k": args.top_k, "pageable_copies": args.pageable_copies,
+           "top_p": args.top_p, "top_k": args.top_k, "reference_sampler": args.reference_sampler,
+           "pageable_copies": args.pageable_copies,
            "eager_drafts": args.eager_drafts,
            "prefill_ms": prefill_ms, "steps": len(walls), "step_ms": wall,
            "step_ms_mean": statistics.fmean(walls), "kernel_ms": gpu,

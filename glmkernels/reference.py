@@ -495,13 +495,28 @@ def top_k_race(scaled: torch.Tensor, noise: torch.Tensor, top_k: list[int], top_
                min_p: torch.Tensor | float | None) -> torch.Tensor:
     """As ``top_p_race`` with each row's top-k (``top_k_weights``) first — top-p then of the top-k's mass (None: no
     row has a top-p)."""
+    weights, order = _kept_in_order(scaled, top_k, top_p, min_p)
+    pick = (weights / noise.gather(1, order)).argmax(dim=-1, keepdim=True)  # [S, 1]
+    return order.gather(1, pick).squeeze(1)
+
+
+@ops.register("kept_weights")
+def kept_weights(scaled: torch.Tensor, top_k: list[int], top_p: torch.Tensor | float | None,
+                 min_p: torch.Tensor | float | None) -> torch.Tensor:
+    """The distribution ``top_k_race`` draws from, up to a factor per row: the weights exp(x - max) [S, V] in vocabulary
+    order, 0 where the row's top-k, top-p or min-p drops the token (speculative decoding's rejection sampling weighs
+    drafts by it)."""
+    weights, order = _kept_in_order(scaled, top_k, top_p, min_p)
+    return torch.zeros_like(scaled).scatter_(1, order, weights)
+
+
+def _kept_in_order(scaled, top_k, top_p, min_p) -> tuple[torch.Tensor, torch.Tensor]:
     weights, order = top_k_weights(scaled, top_k)
     if top_p is not None:
         weights = nucleus(weights, top_p)
     if min_p is not None:
         weights = weights.masked_fill(weights < min_p, 0.0)
-    pick = (weights / noise.gather(1, order)).argmax(dim=-1, keepdim=True)  # [S, 1]
-    return order.gather(1, pick).squeeze(1)
+    return weights, order
 
 
 def nucleus(weights: torch.Tensor, top_p: torch.Tensor | float) -> torch.Tensor:

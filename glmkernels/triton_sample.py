@@ -221,9 +221,9 @@ def _tie_count_kernel(x_ptr, state_ptr, count_ptr, V, CHUNKS, TOP_K: tl.constexp
 
 
 @triton.jit
-def _race_kernel(x_ptr, noise_ptr, state_ptr, count_ptr, m_ptr, m_val, V, CHUNKS, TOP_K: tl.constexpr,
-                 TOP_P: tl.constexpr, MIN_P: tl.constexpr, PER_ROW: tl.constexpr, BLOCK: tl.constexpr,
-                 CHUNKS_P2: tl.constexpr):
+def _race_kernel(x_ptr, noise_ptr, state_ptr, count_ptr, m_ptr, m_val, out_ptr, V, CHUNKS, TOP_K: tl.constexpr,
+                 TOP_P: tl.constexpr, MIN_P: tl.constexpr, PER_ROW: tl.constexpr, WEIGHTS: tl.constexpr,
+                 BLOCK: tl.constexpr, CHUNKS_P2: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     s = state_ptr + row * 16
@@ -240,9 +240,12 @@ def _race_kernel(x_ptr, noise_ptr, state_ptr, count_ptr, m_ptr, m_val, V, CHUNKS
     kept = live & ((key > boundary) | (tie & (rank < ties)))
     if MIN_P:
         kept = kept & (w >= (tl.load(m_ptr + row) if PER_ROW else m_val))
-    ratio = w / tl.load(noise_ptr + row * V + col, mask=live, other=1.0)
-    packed = (ratio.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (4294967295 - col.to(tl.int64))
-    tl.atomic_max(s + 5, tl.max(tl.where(kept, packed, -1), 0))
+    if WEIGHTS:                 # the kept weights themselves (``kept_weights``), not the race
+        tl.store(out_ptr + row * V + col, tl.where(kept, w, 0.0), mask=live)
+    else:
+        ratio = w / tl.load(noise_ptr + row * V + col, mask=live, other=1.0)
+        packed = (ratio.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (4294967295 - col.to(tl.int64))
+        tl.atomic_max(s + 5, tl.max(tl.where(kept, packed, -1), 0))
 
 
 def _per_row(v, S: int, device) -> tuple[torch.Tensor, float, bool]:
@@ -251,12 +254,15 @@ def _per_row(v, S: int, device) -> tuple[torch.Tensor, float, bool]:
     return torch.empty(1, device=device), float(v), False
 
 
-def _race(scaled: torch.Tensor, noise: torch.Tensor, top_k, top_p, min_p) -> torch.Tensor:
+def _race(scaled: torch.Tensor, noise: torch.Tensor | None, top_k, top_p, min_p) -> torch.Tensor:
     """The draw of ``top_k_race`` (top_k: one float for every row or [S], inf: none; None: no row has one) and
-    ``top_p_race`` (top_p alike)."""
-    scaled, noise = scaled.contiguous(), noise.contiguous()
+    ``top_p_race`` (top_p alike) — or, without noise, the kept weights [S, V] (``kept_weights``)."""
+    scaled = scaled.contiguous()
+    weights = torch.empty_like(scaled) if noise is None else None
+    noise = scaled if noise is None else noise.contiguous()
     S, V = scaled.shape
     chunks = triton.cdiv(V, _PASS_BLOCK)
+    top_k = float("inf") if top_k is None and top_p is None else top_k        # (neither: a select that keeps all)
     has_k, has_p = top_k is not None, top_p is not None
     selects, copies = has_k + has_p, max(1, min(8, _ROW_COPIES // max(S, 1)))
     state = torch.zeros(S, _STATE, dtype=torch.int64, device=scaled.device)
@@ -275,10 +281,10 @@ def _race(scaled: torch.Tensor, noise: torch.Tensor, top_k, top_p, min_p) -> tor
             _scan_kernel[(S,)](state, hist, v_ptr, v_val, copies, LEVEL=level, BITS=bits, PER_ROW=v_rows,
                                COUNT=count, SLOT=slot, SELECT=select, SELECTS=selects, num_warps=8)
     _tie_count_kernel[grid](scaled, state, counts, V, chunks, TOP_K=has_k, TOP_P=has_p, BLOCK=_PASS_BLOCK)
-    _race_kernel[grid](scaled, noise, state, counts, m_ptr, m_val, V, chunks, TOP_K=has_k, TOP_P=has_p,
-                       MIN_P=min_p is not None, PER_ROW=m_rows, BLOCK=_PASS_BLOCK,
-                       CHUNKS_P2=triton.next_power_of_2(chunks))
-    return 4294967295 - (state[:, 5] & 4294967295)
+    _race_kernel[grid](scaled, noise, state, counts, m_ptr, m_val, scaled if weights is None else weights, V, chunks,
+                       TOP_K=has_k, TOP_P=has_p, MIN_P=min_p is not None, PER_ROW=m_rows, WEIGHTS=weights is not None,
+                       BLOCK=_PASS_BLOCK, CHUNKS_P2=triton.next_power_of_2(chunks))
+    return weights if weights is not None else 4294967295 - (state[:, 5] & 4294967295)
 
 
 @ops.register("top_p_race", backend="triton", available=on_cuda)
@@ -291,10 +297,24 @@ def top_p_race(scaled: torch.Tensor, noise: torch.Tensor, top_p, min_p) -> torch
 @ops.register("top_k_race", backend="triton", available=on_cuda)
 def top_k_race(scaled: torch.Tensor, noise: torch.Tensor, top_k: list[int], top_p, min_p) -> torch.Tensor:
     """As ``reference.top_k_race``, without its topk or sort (a radix select by count; top-p's as ``top_p_race``)."""
+    return _race(scaled, noise, _top_k(top_k, scaled), top_p, min_p)
+
+
+@ops.register("kept_weights", backend="triton", available=on_cuda)
+def kept_weights(scaled: torch.Tensor, top_k: list[int], top_p, min_p) -> torch.Tensor:
+    """As ``reference.kept_weights``, without its topk or sort: the same tokens kept as ``top_k_race`` (the weights
+    exp(x - max) by Triton's exp: within float32 rounding of the reference's)."""
+    return _race(scaled, None, _top_k(top_k, scaled), top_p, min_p)
+
+
+def _top_k(top_k: list[int], scaled: torch.Tensor) -> torch.Tensor | float | None:
+    """Each row's top-k as the selects take it: one float for every row, or [S] on the device; inf: none (0 or ≥ V);
+    None where no row has one."""
     V = scaled.shape[1]
     ks = [float(k) if 0 < k < V else float("inf") for k in top_k]
+    if all(k == float("inf") for k in ks):
+        return None
     if all(k == ks[0] for k in ks):
-        return _race(scaled, noise, ks[0], top_p, min_p)
+        return ks[0]
     rows = torch.tensor(ks, dtype=torch.float32)
-    rows = rows.pin_memory().to(scaled.device, non_blocking=True) if scaled.is_cuda else rows.to(scaled.device)
-    return _race(scaled, noise, rows, top_p, min_p)
+    return rows.pin_memory().to(scaled.device, non_blocking=True) if scaled.is_cuda else rows.to(scaled.device)

@@ -138,16 +138,28 @@ def probs_for_rows(logits: Tensor, params: list[SamplingParams], counts: Tensor 
     """
     _check_batch(logits, params, counts)
     processed = apply_penalties(logits.float(), params, counts, num_generated)  # [B, V]
-    probs = torch.zeros_like(processed).scatter_(1, processed.argmax(dim=-1, keepdim=True), 1.0)
     sampled_rows = [i for i, p in enumerate(params) if not p.is_greedy]
+    every = len(sampled_rows) == len(params)      # (a drawn request's rows: no one-hot rows, pick or scatter back)
     if sampled_rows:
-        rows = to_device(sampled_rows, torch.long, processed.device)
-        weights, order = _filtered_weights(processed[rows], [params[i] for i in sampled_rows])
-        if order is not None:
-            weights = torch.zeros(len(sampled_rows), processed.shape[1], device=processed.device).scatter_(
-                1, order, weights)
-        probs[rows] = weights / weights.sum(dim=-1, keepdim=True)
+        rows = None if every else to_device(sampled_rows, torch.long, processed.device)
+        weights = _kept_weights(processed if every else processed[rows], [params[i] for i in sampled_rows])
+        drawn = weights / weights.sum(dim=-1, keepdim=True)
+        if every:
+            return drawn
+    probs = torch.zeros_like(processed).scatter_(1, processed.argmax(dim=-1, keepdim=True), 1.0)
+    if sampled_rows:
+        probs[rows] = drawn
     return probs
+
+
+def _kept_weights(logits: Tensor, params: list[SamplingParams]) -> Tensor:
+    """``_filtered_weights``' weights in vocabulary order [S, V] — on the GPU without a sort or topk where a row has a
+    top-k or a top-p (``ops.kept_weights``)."""
+    if any(0 < p.top_k < logits.shape[1] or p.top_p < 1.0 for p in params):
+        top_p = _top_p(params, logits.device) if any(p.top_p < 1.0 for p in params) else None
+        return ops.kept_weights(_scaled(logits, params), [p.top_k for p in params], top_p,
+                                _min_p(params, logits.device))
+    return _filtered_weights(logits, params)[0]
 
 
 def apply_penalties(logits: Tensor, params: list[SamplingParams], counts: Tensor | None,

@@ -113,3 +113,16 @@ def test_top_k_race_at_glm_vocab(S):
     out.zero_()
     graph.replay()
     assert torch.equal(out, reference.top_k_race(x, noise, [20] * S, 0.95, None))
+
+
+@pytest.mark.parametrize("S", [1, 4])
+def test_kept_weights_at_glm_vocab(S):
+    """The kept weights without a sort (speculative decoding's distributions) on GLM's vocabulary: the reference's
+    tokens kept (top-p, top-k and both, min-p), the weights within Triton's exp of torch's (ex2.approx), in vocabulary
+    order."""
+    g = gen(400 + S)
+    x = (torch.randn(S, VOCAB, device=DEV, generator=g) * 4).bfloat16().float() / 0.6
+    for top_k, top_p, min_p in (([0] * S, 0.95, None), ([20] * S, 0.95, None), ([50] * S, None, 0.02)):
+        got, want = tri("kept_weights")(x, top_k, top_p, min_p), reference.kept_weights(x, top_k, top_p, min_p)
+        assert torch.equal(got > 0, want > 0), (top_k, top_p, min_p)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=0)

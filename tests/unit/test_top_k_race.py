@@ -136,3 +136,17 @@ def test_the_sampler_draws_as_before(tk, monkeypatch):
         weights, order = _filtered_weights(logits[drawing], [params[i] for i in drawing])
         pick = (weights / noise.clamp(min=torch.finfo(torch.float32).tiny).gather(1, order)).argmax(dim=-1)
         assert [got[i] for i in drawing] == order.gather(1, pick[:, None]).squeeze(1).tolist()
+
+
+def test_kept_weights_are_the_references(tk):
+    """The kept weights without a sort (speculative decoding's distributions): the same tokens kept as the reference's
+    — top-k, top-p, both, per row, min-p — at weights within float32 rounding, in vocabulary order."""
+    kept = tk["sample"].kept_weights
+    g = torch.Generator().manual_seed(11)
+    x = (torch.randn(4, V, generator=g) * 3).bfloat16().float() / 0.8
+    per_row_p = torch.tensor([[0.5], [0.9], [INF], [0.99]])
+    for top_k, top_p, min_p in (([0] * 4, 0.95, None), ([20] * 4, None, None), ([40, 0, 5, 2600], per_row_p, None),
+                                ([0, 30, 0, 0], 0.9, 0.05), ([0] * 4, per_row_p, torch.tensor([[0.1]] * 4))):
+        got, want = kept(x, top_k, top_p, min_p), reference.kept_weights(x, top_k, top_p, min_p)
+        assert torch.equal(got > 0, want > 0), (top_k, top_p, min_p)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
