@@ -74,6 +74,22 @@ def decode(engine, name: str) -> list[float]:
     return walls
 
 
+def _watch_compiles() -> list[str]:
+    """The names of the Triton kernels compiled (or loaded from the disk cache) from now on, as they are (a kernel
+    variant the warm-up did not meet: a stall while serving)."""
+    names: list[str] = []
+    try:
+        from triton import knobs
+    except ImportError:
+        return names
+
+    def hook(*args, **kwargs):
+        names.append(str(kwargs.get("repr", "?")).split("[")[0])
+        return False
+    knobs.runtime.jit_cache_hook = hook
+    return names
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ctx", type=int, default=4096)
@@ -127,8 +143,12 @@ def main() -> None:
     req = (args.ctx, vocab, args.tokens, args.temperature, args.top_p, args.top_k)
     prefill(engine, "warmup", *req)                              # compiles kernels, captures graphs
     decode(engine, "warmup")
+    compiled = _watch_compiles()
     prefill_ms = prefill(engine, "timed", *req)
     walls = decode(engine, "timed")
+    slowest = sorted(range(len(walls)), key=lambda i: -walls[i])[:3]
+    print(f"timed decode: the slowest steps {', '.join(f'#{i} {walls[i]:.2f} ms' for i in slowest)}; Triton kernels "
+          f"compiled (or loaded) after the warm-up: {len(compiled)} {compiled[:6]}")
     gpu = None
     if args.device == "cuda":
         from bench.profile_slice import kernel_times
@@ -156,7 +176,8 @@ def main() -> None:
            "prefill_ms": prefill_ms, "steps": len(walls), "step_ms": wall,
            "step_ms_mean": statistics.fmean(walls), "kernel_ms": gpu,
            "host_unhidden_ms": None if gpu is None or pdl != "0" else statistics.fmean(walls) - gpu,
-           "graph_steps": engine.stats["graph_steps"], "ahead": dict(engine.executor.runner.ahead_stats)}
+           "graph_steps": engine.stats["graph_steps"], "walls_ms": [round(w, 3) for w in walls],
+           "compiled_after_warmup": compiled, "ahead": dict(engine.executor.runner.ahead_stats)}
     print(json.dumps(row))
     print(f"prefill of {args.ctx} tokens (to the first token): {prefill_ms:.1f} ms")
     print(f"decode step: median {wall:.3f} ms, mean {row['step_ms_mean']:.3f} ms over {len(walls)} steps"
