@@ -258,6 +258,8 @@ def _race(scaled: torch.Tensor, noise: torch.Tensor | None, top_k, top_p, min_p)
     """The draw of ``top_k_race`` (top_k: one float for every row or [S], inf: none; None: no row has one) and
     ``top_p_race`` (top_p alike) — or, without noise, the kept weights [S, V] (``kept_weights``)."""
     scaled = scaled.contiguous()
+    if scaled.shape[0] == 0:                            # (no rows: nothing to draw or weigh)
+        return torch.empty_like(scaled) if noise is None else torch.empty(0, dtype=torch.int64, device=scaled.device)
     weights = torch.empty_like(scaled) if noise is None else None
     noise = scaled if noise is None else noise.contiguous()
     S, V = scaled.shape

@@ -117,6 +117,8 @@ def test_tokens_of_no_weight_count_toward_k(tk):
     for k in (5, 10, 50):
         got = race(x, noise, [k, k], None, None)
         assert torch.equal(got, reference.top_k_race(x, noise, [k, k], None, None)) and (got >= 100).all()
+    assert race(x[:0], noise[:0], [], 0.9, None).shape == (0,)                   # no rows: none drawn
+    assert tk["sample"].kept_weights(x[:0], [], 0.9, None).shape == (0, V)
 
 
 def test_the_sampler_draws_as_before(tk, monkeypatch):
