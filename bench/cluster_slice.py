@@ -42,6 +42,29 @@ FULL_DEPTH = 78
 ACCEPTANCE = (2.0, 3.2, 3.48)  # tokens per round to project at (ours, tiny model k=7: 3.20; SGLang GLM-5: 3.48)
 
 
+def watch_compiles() -> list[tuple[str, float]]:
+    """A list that gains (kernel and its specialization, seconds) for every Triton kernel compiled — or loaded from
+    the disk cache — from now on (after a warm-up: a variant it did not meet, a stall while serving). Empty without
+    triton."""
+    try:
+        import triton
+    except ImportError:
+        return []
+    seen, started = [], [0.0]
+
+    def before(**kwargs):
+        started[0] = time.perf_counter()
+        return False
+
+    def after(**kwargs):
+        seen.append((str(kwargs.get("repr", "?"))[:400], round(time.perf_counter() - started[0], 3)))
+        return False
+
+    triton.knobs.runtime.jit_cache_hook = before
+    triton.knobs.runtime.jit_post_compile_hook = after
+    return seen
+
+
 def slice_config(depth: int, tiny: bool) -> dict:
     """The bench model's config.json: the GLM-5.2-width slice (or the embedded tiny model's widths) at
     ``depth`` layers, the first dense, with one MTP layer."""

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from bench.cluster_slice import slice_config
+from bench.cluster_slice import slice_config, watch_compiles
 from bench.step_host import decode
 from cluster.config import EngineConfig
 from cluster.local import build_local_engine
@@ -39,7 +39,7 @@ def main() -> None:
     ap.add_argument("--trace", default=None, help="a folder for each prompt's steps, compiles and profiler table")
     ap.add_argument("--warmup-tokens", type=int, default=0, help="the engine's start-up warm-up (0: none)")
     args = ap.parse_args()
-    compiles = _watch_compiles() if args.trace else []
+    compiles = watch_compiles() if args.trace else []
     with tempfile.TemporaryDirectory() as tmp:
         model_cfg = slice_config(4, False)
         (Path(tmp) / "config.json").write_text(json.dumps(model_cfg))
@@ -82,25 +82,6 @@ def main() -> None:
     if args.out:
         with open(args.out, "a") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
-
-
-def _watch_compiles() -> list:
-    """A list that gains (kernel and its specialization, compile seconds) for every Triton compile from now on."""
-    import triton
-
-    seen, started = [], [0.0]
-
-    def before(**kwargs):
-        started[0] = time.perf_counter()
-        return False
-
-    def after(**kwargs):
-        seen.append((kwargs.get("repr", "?")[:400], round(time.perf_counter() - started[0], 3)))
-        return False
-
-    triton.knobs.runtime.jit_cache_hook = before
-    triton.knobs.runtime.jit_post_compile_hook = after
-    return seen
 
 
 @contextlib.contextmanager

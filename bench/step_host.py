@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from bench.cluster_slice import slice_config
+from bench.cluster_slice import slice_config, watch_compiles
 from cluster.config import EngineConfig
 from cluster.local import build_local_engine
 from glmkernels.triton_utils import pdl_mode
@@ -72,22 +72,6 @@ def decode(engine, name: str) -> list[float]:
                 raise RuntimeError(f"{name}: {ev.error}")
         walls.append((time.perf_counter() - t0) * 1e3)
     return walls
-
-
-def _watch_compiles() -> list[str]:
-    """The names of the Triton kernels compiled (or loaded from the disk cache) from now on, as they are (a kernel
-    variant the warm-up did not meet: a stall while serving)."""
-    names: list[str] = []
-    try:
-        from triton import knobs
-    except ImportError:
-        return names
-
-    def hook(*args, **kwargs):
-        names.append(str(kwargs.get("repr", "?")).split("[")[0])
-        return False
-    knobs.runtime.jit_cache_hook = hook
-    return names
 
 
 def main() -> None:
@@ -143,12 +127,12 @@ def main() -> None:
     req = (args.ctx, vocab, args.tokens, args.temperature, args.top_p, args.top_k)
     prefill(engine, "warmup", *req)                              # compiles kernels, captures graphs
     decode(engine, "warmup")
-    compiled = _watch_compiles()
+    compiled = watch_compiles()
     prefill_ms = prefill(engine, "timed", *req)
     walls = decode(engine, "timed")
     slowest = sorted(range(len(walls)), key=lambda i: -walls[i])[:3]
     print(f"timed decode: the slowest steps {', '.join(f'#{i} {walls[i]:.2f} ms' for i in slowest)}; Triton kernels "
-          f"compiled (or loaded) after the warm-up: {len(compiled)} {compiled[:6]}")
+          f"compiled (or loaded) after the warm-up: {len(compiled)} {[name.split('[')[0] for name, _ in compiled[:6]]}")
     gpu = None
     if args.device == "cuda":
         from bench.profile_slice import kernel_times

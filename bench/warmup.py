@@ -3,10 +3,12 @@
 Builds the GLM-5.2-width slice (``bench/cluster_slice.py::slice_config``: 1 dense + ``--depth`` − 1 MoE layers, FP8
 random weights, one MTP layer) as ``serve run`` builds it for one worker (``build_local_engine``), with
 ``warmup_tokens: --warmup-tokens`` (0: none — every kernel compiles and every graph shape is captured in the step
-that first needs it). Then the same traffic twice — a request alone (prompt ``--ctx``), then four at once (prompts of
-300 … 1800 tokens, drawn: T 1.0, top-p 0.95) — and reports per pass: each request's time to first token, the engine's
-longest step and median step, and the graphs captured while serving. The second pass is the warm reference. Run each
-setting in a fresh process with an empty ``TRITON_CACHE_DIR`` (a new container compiles everything).
+that first needs it). Then the same traffic twice — a request alone (prompt ``--ctx``), four at once (prompts of
+300 … 1800 tokens, drawn: T 1.0, top-p 0.95), then four at once that draw each its own way (top-p, top-k and top-p,
+min-p, greedy with a repetition penalty: the batch's per-row forms of the sampler's kernels) — and reports per pass:
+each request's time to first token, the engine's longest step and median step, the graphs captured and the Triton
+kernels compiled while serving. The second pass is the warm reference. Run each setting in a fresh process with an
+empty ``TRITON_CACHE_DIR`` (a new container compiles everything).
 
     NCCL_NVLS_ENABLE=0 PYTHONPATH=. TRITON_CACHE_DIR=$(mktemp -d) python bench/warmup.py --warmup-tokens 4096 --spec 3
     PYTHONPATH=. python bench/warmup.py --tiny --device cpu --cuda-graphs eager --warmup-tokens 256 --ctx 100
@@ -19,9 +21,10 @@ import json
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from bench.cluster_slice import slice_config
+from bench.cluster_slice import slice_config, watch_compiles
 from cluster.config import EngineConfig
 from cluster.local import build_local_engine
 from scheduler.request import SamplingParams
@@ -34,10 +37,11 @@ def captured(engine) -> int:
         (len(runner.pieces.captured) if runner.pieces is not None else 0)
 
 
-def serve(engine, reqs: dict, vocab: int) -> dict:
+def serve(engine, reqs: dict, vocab: int, compiles: list) -> dict:
     """Add ``reqs`` ({id: (prompt length, SamplingParams)}) at once and step until they finish: each one's time to
-    first token (ms), the longest and the median engine step (ms), graphs captured meanwhile."""
-    before = captured(engine)
+    first token (ms), the longest and the median engine step (ms), graphs captured and Triton kernels compiled
+    meanwhile (``compiles``: ``watch_compiles``' list)."""
+    before, compiled = captured(engine), len(compiles)
     t0 = time.perf_counter()
     for rid, (n, params) in reqs.items():
         engine.add_request([(7 * i + len(rid)) % vocab for i in range(n)], params, rid)
@@ -51,7 +55,8 @@ def serve(engine, reqs: dict, vocab: int) -> dict:
                 ttft[ev.req_id] = (time.perf_counter() - t0) * 1e3
         walls.append((time.perf_counter() - s) * 1e3)
     return {"ttft_ms": ttft, "max_step_ms": max(walls), "median_step_ms": statistics.median(walls),
-            "steps": len(walls), "captured": captured(engine) - before}
+            "steps": len(walls), "captured": captured(engine) - before,
+            "compiled": [(name.split("[")[0], seconds) for name, seconds in compiles[compiled:]]}
 
 
 def free_gib(device: str) -> list[float] | None:
@@ -101,10 +106,15 @@ def main() -> None:
     vocab = model_cfg["vocab_size"]
     greedy = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
     drawn = SamplingParams(max_tokens=args.tokens, temperature=1.0, top_p=0.95, ignore_eos=True)
-    traffic = [{"alone": (args.ctx, greedy)}, {f"b{i}": (n, drawn) for i, n in enumerate((300, 700, 1200, 1800))}]
+    mixed = [drawn, replace(drawn, temperature=0.6, top_k=20), replace(drawn, top_p=0.9, min_p=0.05),
+             replace(greedy, repetition_penalty=1.1)]
+    traffic = [{"alone": (args.ctx, greedy)}, {f"b{i}": (n, drawn) for i, n in enumerate((300, 700, 1200, 1800))},
+               {f"m{i}": (n, params) for i, (n, params) in enumerate(zip((200, 400, 600, 800), mixed))}]
+    compiles = watch_compiles()
     passes = []
     for p in range(2):
-        passes.append([serve(engine, {f"{rid}-{p}": r for rid, r in reqs.items()}, vocab) for reqs in traffic])
+        passes.append([serve(engine, {f"{rid}-{p}": r for rid, r in reqs.items()}, vocab, compiles)
+                       for reqs in traffic])
     memory["after_traffic"] = free_gib(args.device)
     if args.device == "cuda":
         import torch
@@ -120,7 +130,8 @@ def main() -> None:
     for p, results in enumerate(passes):
         for r in results:
             print(f"pass {p}: ttft ms {', '.join(f'{v:.0f}' for v in r['ttft_ms'].values())}; longest step "
-                  f"{r['max_step_ms']:.0f} ms, median {r['median_step_ms']:.2f} ms; {r['captured']} graphs captured")
+                  f"{r['max_step_ms']:.0f} ms, median {r['median_step_ms']:.2f} ms; {r['captured']} graphs captured, "
+                  f"{len(r['compiled'])} Triton kernels compiled ({sum(c for _, c in r['compiled']):.1f} s)")
     print(f"KV pool {memory['kv_tokens']} tokens, max_model_len {memory['max_model_len']}; device memory free "
           f"(GiB, of total) after the warm-up {memory['after_warmup']}, after the traffic {memory['after_traffic']}")
     print(json.dumps(row))

@@ -402,10 +402,11 @@ class Engine:
     def warm_up(self, tokens: int, report: Callable[[str], None] | None = None) -> dict:
         """Before serving: capture every graph step of contexts up to ``tokens`` tokens (``warm_keys``: each bucket,
         dp and span, with the MTP drafting graphs after it) on pad rows, one warm step per key on every rank; then
-        serve short requests, one per rank, at prompt lengths that meet the kernels' row classes (prefill and
-        sampling — a plain draw, top-p, top-k in turn — compile their kernels; ``prompts_only``: no graph steps,
-        requests of one token). A failure raises — a
-        replica that cannot warm up cannot serve. The stats start afresh after. Returns what was done."""
+        run the sampler's kernel variants and the per-layer pieces (a warm step without a graph); then serve short
+        requests, one per rank, at prompt lengths that meet the kernels' row classes (prefill and sampling — a plain
+        draw, top-p, top-k in turn — compile their kernels; ``prompts_only``: no graph steps, requests of one token).
+        A failure raises — a replica that cannot warm up cannot serve. The stats start afresh after. Returns what was
+        done."""
         start = time.perf_counter()
         keys = []
         if self.graphs and tokens > 0:
@@ -420,10 +421,11 @@ class Engine:
                 self._warm_step([WorkerStep(-1, (), shape=shape, graph=key, warm=drafts)] * len(self.schedulers))
                 if report and (i + 1) % max(1, len(keys) // 4) == 0 and i + 1 < len(keys):
                     report(f"warm-up: {i + 1} of {len(keys)} graph steps in {time.perf_counter() - start:.1f} s")
-            if report:
-                report(f"warm-up: the other steps' per-layer pieces, where on ({time.perf_counter() - start:.1f} s) ...")
-            shape = graph_shape(1, False, len(self.schedulers))      # a warm step without a graph: the pieces
-            self._warm_step([WorkerStep(-1, (), shape=shape, warm=())] * len(self.schedulers))
+        if report:
+            report(f"warm-up: the sampler's kernels, the other steps' per-layer pieces where on "
+                   f"({time.perf_counter() - start:.1f} s) ...")
+        shape = graph_shape(1, False, len(self.schedulers))      # a warm step without a graph (``ModelRunner._warm``)
+        self._warm_step([WorkerStep(-1, (), shape=shape, warm=())] * len(self.schedulers))
         captured = time.perf_counter()
         # prompts of a prefill chunk at most, decoding within the captured widths; sizes in each of the kernels' row
         # classes (prefill, mid-size past and within 128 rows, the decode tiles' 16 / 32 / 64-row blocks), a multiple

@@ -35,6 +35,9 @@ from workers.sampler import (
     to_device,
     token_logprobs,
 )
+from workers.sampler import (
+    warm_up as sampler_warm_up,
+)
 from workers.speculative import DraftRequest, MtpDrafter, pick_draft, verify
 
 MAX_DRAFTS = 7       # drafts per round at most (N - 1 on an 8-rank span)
@@ -67,7 +70,8 @@ class WorkerStep:
     use_ahead: bool = False            # this step is the one the last step launched ahead (the same everywhere)
     warm: tuple[int, ...] | None = None  # a warm-up step (no rows): capture ``graph`` ahead of use, then the MTP
                                          # drafting graphs after it for these draft counts (0: the extend alone);
-                                         # without ``graph``: the per-layer pieces (``workers/pieces.py``)
+                                         # without ``graph``: the sampler's kernel variants (``sampler.warm_up``)
+                                         # and the per-layer pieces (``workers/pieces.py``)
     masks: StepMasks | None = None     # the tokens each guided row may sample (structured output, ``cluster/guided.py``)
     kv_saves: tuple[tuple[int, int], ...] = ()   # (block, host block): cached blocks to host memory, first
     kv_loads: tuple[tuple[int, int], ...] = ()   # (host block, block): cached prefixes back, before the forward
@@ -302,11 +306,12 @@ class ModelRunner:
         """Capture the step's graph, and the drafting graphs after it, on pad rows alone (they write only the pad
         slot), so no request's step pays a capture later. Every rank runs the same warm steps, so a group's captured
         comm phases line up. The graphs' step counters are left as they were."""
-        if self.graphs is None:
-            return
-        if step.graph is None:                              # the per-layer pieces of the other steps
+        if step.graph is None:              # the sampler's kernel variants, and the per-layer pieces of the other steps
+            sampler_warm_up(self.model.config.vocab_size, self.device)
             if self.pieces is not None:
                 self.pieces.warm()
+            return
+        if self.graphs is None:
             return
         runs = dict(self.graphs.runs)
         bucket, width, _ = step.graph

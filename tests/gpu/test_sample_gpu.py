@@ -126,3 +126,40 @@ def test_kept_weights_at_glm_vocab(S):
         got, want = tri("kept_weights")(x, top_k, top_p, min_p), reference.kept_weights(x, top_k, top_p, min_p)
         assert torch.equal(got > 0, want > 0), (top_k, top_p, min_p)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
+
+
+def test_no_sampler_kernel_compiles_after_the_warm_up(monkeypatch):
+    """After ``sampler.warm_up`` on GLM's vocabulary, random batches of mixed requests (greedy, drawn, a top-k, a
+    top-p, a min-p, each or none, penalties; drawn and weighed, from logits at row offsets) compile no Triton kernel:
+    none stalls a serving step (Triton's own cache-miss hook counts them)."""
+    import random
+
+    from triton import knobs
+
+    from scheduler.request import SamplingParams
+    from workers import sampler
+    from workers.sampler import TokenCounts, probs_for_rows, sample, sample_on_device
+
+    for name in ("top_p_race", "top_k_race", "kept_weights", "penalize", "value_id_keys"):
+        monkeypatch.setitem(ops._active, name, tri(name))
+    sampler.warm_up(VOCAB, DEV)
+    compiled = []
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook",
+                        lambda *args, **kwargs: compiled.append(str(kwargs.get("repr", "?"))[:60]) or False)
+    rng = random.Random(0)
+    logits = torch.randn(8, VOCAB, device=DEV, generator=gen(9)) * 3
+    for trial in range(200):
+        n, at = rng.randint(1, 5), rng.randint(0, 3)
+        params = [SamplingParams(temperature=0.0, repetition_penalty=rng.choice([1.0, 1.2]))
+                  if rng.random() < 0.2 else
+                  SamplingParams(temperature=rng.choice([1.0, 0.7]), top_k=rng.choice([0, 0, 1, 20, 50]),
+                                 top_p=rng.choice([1.0, 1.0, 0.9, 0.95]), min_p=rng.choice([0.0, 0.0, 0.05]),
+                                 seed=rng.choice([None, 7]), presence_penalty=rng.choice([0.0, 0.0, 0.5]))
+                  for _ in range(n)]
+        rows = logits[at:at + n]
+        counts = torch.stack([TokenCounts(2, VOCAB, torch.device(DEV)).of([3, 5, 9]) for _ in range(n)])
+        rng.choice([lambda: sample_on_device(rows, params, [1] * n, counts),
+                    lambda: probs_for_rows(rows, params, counts, [1] * n),
+                    lambda: sample(rows, params, counts, [1] * n)])()
+    torch.cuda.synchronize()
+    assert compiled == [], compiled[:5]

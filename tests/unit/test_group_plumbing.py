@@ -316,6 +316,25 @@ def test_step_results_carry_the_rank_time_and_its_drafting_share(tiny_config, gr
         assert engine.stats["step_seconds"] >= engine.stats["worker_busy_seconds"] > 0
 
 
+@pytest.mark.parametrize("graphs", ["off", "eager"])
+def test_the_warm_up_runs_the_samplers_kernel_variants_on_every_runner(tiny_config, graphs, monkeypatch):
+    """The engine's warm-up sends each rank a warm step without a graph, with CUDA graphs or without; the runner warms
+    the sampler's kernel variants there on its model's vocabulary (``sampler.warm_up``; its coverage:
+    tests/unit/test_sampler_warm_up.py)."""
+    import workers.runner as runner_mod
+
+    calls = []
+    warm = runner_mod.sampler_warm_up
+    monkeypatch.setattr(runner_mod, "sampler_warm_up", lambda vocab, device: calls.append((vocab, device)) or
+                        warm(vocab, device))
+    model = dummy_model(tiny_config, torch.float32)
+    runner = ModelRunner(model, 16, 16, torch.float32, graphs=graphs)
+    cfg = EngineConfig(device="cpu", kv_cache_tokens=256)
+    engine = Engine(_Recording(runner), scheduler_config(cfg, tiny_config, None, 16), graphs=graphs != "off")
+    engine.warm_up(32)
+    assert calls == [(tiny_config.vocab_size, torch.device("cpu"))]
+
+
 def test_stats_line_reads_rates_between_two_readings_and_stays_quiet_when_idle():
     from cluster.coordinator import stats_line
 
