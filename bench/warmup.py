@@ -5,7 +5,8 @@ random weights, one MTP layer) as ``serve run`` builds it for one worker (``buil
 ``warmup_tokens: --warmup-tokens`` (0: none — every kernel compiles and every graph shape is captured in the step
 that first needs it). Then the same traffic twice — a request alone (prompt ``--ctx``), four at once (prompts of
 300 … 1800 tokens, drawn: T 1.0, top-p 0.95), then four at once that draw each its own way (top-p, top-k and top-p,
-min-p, greedy with a repetition penalty: the batch's per-row forms of the sampler's kernels) — and reports per pass:
+min-p, greedy with a repetition penalty: the batch's per-row forms of the sampler's kernels), then a prompt of three
+prefill chunks (``--max-num-batched-tokens``; the warm-up's prompts fit one) — and reports per pass:
 each request's time to first token, the engine's longest step and median step, the graphs captured and the Triton
 kernels compiled while serving. The second pass is the warm reference. Run each setting in a fresh process with an
 empty ``TRITON_CACHE_DIR`` (a new container compiles everything).
@@ -109,7 +110,8 @@ def main() -> None:
     mixed = [drawn, replace(drawn, temperature=0.6, top_k=20), replace(drawn, top_p=0.9, min_p=0.05),
              replace(greedy, repetition_penalty=1.1)]
     traffic = [{"alone": (args.ctx, greedy)}, {f"b{i}": (n, drawn) for i, n in enumerate((300, 700, 1200, 1800))},
-               {f"m{i}": (n, params) for i, (n, params) in enumerate(zip((200, 400, 600, 800), mixed))}]
+               {f"m{i}": (n, params) for i, (n, params) in enumerate(zip((200, 400, 600, 800), mixed))},
+               {"long": (2 * args.max_num_batched_tokens + 100, greedy)}]        # (prefilled in three chunks)
     compiles = watch_compiles()
     passes = []
     for p in range(2):
