@@ -3,7 +3,7 @@
 # this tree with HF (session 48's is the last on an H200); then bench/warmup.py with MTP.
 export PYTHONPATH=. NCCL_NVLS_ENABLE=0
 { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; date; } > $OUT/device.txt; cat $OUT/device.txt
-( time timeout -s KILL 420 python bench/decode_slice.py --out $OUT/slice ) > $OUT/slice.txt 2>&1
+( time timeout -s KILL 330 python bench/decode_slice.py --out $OUT/slice ) > $OUT/slice.txt 2>&1
 tail -22 $OUT/slice.txt | cut -c1-260
 # and a replica's cold start on this tree with MTP (bench/warmup.py, now with a prompt of three prefill chunks too)
 TRITON_CACHE_DIR=$(mktemp -d) timeout 200 python bench/warmup.py --warmup-tokens 4096 --spec 3 --out $OUT/warmup.jsonl \
