@@ -35,9 +35,7 @@ from workers.sampler import (
     to_device,
     token_logprobs,
 )
-from workers.sampler import (
-    warm_up as sampler_warm_up,
-)
+from workers.sampler import warm_up as sampler_warm_up
 from workers.speculative import DraftRequest, MtpDrafter, pick_draft, verify
 
 MAX_DRAFTS = 7       # drafts per round at most (N - 1 on an 8-rank span)

@@ -96,7 +96,7 @@ def test_warm_up_meets_every_variant_a_batch_asks_for(record, V):
                          lambda: probs_for_rows(rows, params, counts, [1] * n),
                          lambda: sample(rows, params, counts, [1] * n)])
         keys = record(fn)
-        assert keys <= warm, (trial, [p for p in params], sorted(keys - warm, key=str)[:3])
+        assert keys <= warm, (trial, params, sorted(keys - warm, key=str)[:3])
         met |= keys
     assert len(met) > len(warm) // 2        # (the batches met much of what the warm-up compiles)
 
