@@ -402,11 +402,11 @@ class Engine:
     def warm_up(self, tokens: int, report: Callable[[str], None] | None = None) -> dict:
         """Before serving: capture every graph step of contexts up to ``tokens`` tokens (``warm_keys``: each bucket,
         dp and span, with the MTP drafting graphs after it) on pad rows, one warm step per key on every rank; then
-        run the sampler's kernel variants and the per-layer pieces (a warm step without a graph); then serve short
-        requests, one per rank, at prompt lengths that meet the kernels' row classes (prefill and sampling — a plain
-        draw, top-p, top-k in turn — compile their kernels; ``prompts_only``: no graph steps, requests of one token).
-        A failure raises — a replica that cannot warm up cannot serve. The stats start afresh after. Returns what was
-        done."""
+        run the sampler's kernel variants and the per-layer pieces (a warm step without a graph); then serve requests,
+        one per rank, at prompt lengths that meet the kernels' row classes, one of several chunks where the contexts
+        allow, then each again (prefix-cache hits: prefills past 0) — prefill and sampling (a plain draw, top-p, top-k
+        in turn) compile their kernels; ``prompts_only``: no graph steps, requests of one token. A failure raises — a
+        replica that cannot warm up cannot serve. The stats start afresh after. Returns what was done."""
         start = time.perf_counter()
         keys = []
         if self.graphs and tokens > 0:
@@ -429,23 +429,26 @@ class Engine:
         captured = time.perf_counter()
         # prompts of a prefill chunk at most, decoding within the captured widths; sizes in each of the kernels' row
         # classes (prefill, mid-size past and within 128 rows, the decode tiles' 16 / 32 / 64-row blocks), a multiple
-        # of 16 and not (Triton compiles a kernel per divisibility of its integer arguments), run eagerly (a short
-        # prompt among requests rides a graph step, but alone in a span step, with drafts, or beside a longer chunk it
-        # runs eagerly)
-        top = max(1, min(self.config.max_num_batched_tokens, self.config.max_model_len - 16, tokens - 16))
-        lengths = sorted({min(n, top) for n in (top, top - 7, 200, 192, 128, 100, 48, 41, 24, 17, 16, 9) if n >= 1},
-                         reverse=True)
+        # of 16 and not (Triton compiles a kernel per divisibility of its integer arguments), and a tail of one row
+        # (2 blocks + 1), run eagerly (a short prompt among requests rides a graph step, but alone in a span step, with
+        # drafts, or beside a longer chunk it runs eagerly); where the contexts allow, first a prompt whose chunks
+        # start past 0 and reach past the indexer's top-k (GLM's 2048); then each again: a prefix hit computes its tail
+        cfg = self.config
+        top = max(1, min(cfg.max_num_batched_tokens, cfg.max_model_len - 16, tokens - 16))
+        long = min(max(2 * top, 4096), (min(cfg.max_model_len, tokens) - 64) // 16 * 16) + 37    # (a last chunk of 37)
+        sizes = (top, top - 7, 200, 192, 128, 100, 48, 41, 24, 17, 16, 9, 2 * cfg.block_size + 1)
+        lengths = [long] * (long > top) + sorted({min(n, top) for n in sizes if n >= 1}, reverse=True)
         rng = random.Random(0)
+        prompts = [[[rng.randrange(cfg.vocab_size) for _ in range(n)] for _ in self.schedulers] for n in lengths]
         params = SamplingParams(max_tokens=1 if self.prompts_only else 2 + self.speculative_tokens, ignore_eos=True,
                                 seed=0)
         # the sampler's paths (and their kernels): plain, top-p, top-k, both
         draws = ({}, {"top_p": 0.95}, {"top_k": 50}, {"top_k": 20, "top_p": 0.95})
         graph_prefill, self.graph_prefill = self.graph_prefill, False   # the prompts compile the eager path's kernels
         try:
-            for i, n in enumerate(lengths):
-                for r in range(len(self.schedulers)):     # one request a rank (placed on the least loaded)
-                    self.add_request([rng.randrange(self.config.vocab_size) for _ in range(n)],
-                                     replace(params, **draws[i % len(draws)]), f"warm-up-{r}")
+            for i, ids in enumerate(prompts + (prompts if cfg.prefix_caching else [])):
+                for r in range(len(self.schedulers)):     # one request a rank (placed on the least loaded, or its hit)
+                    self.add_request(ids[r], replace(params, **draws[i % len(draws)]), f"warm-up-{r}")
                 while self.has_work():
                     for ev in self.step():
                         if ev.error:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from itertools import pairwise
 
+import pytest
+
 from cluster.engine import Engine
 from scheduler.request import SamplingParams
 from scheduler.scheduler import SchedulerConfig
@@ -139,6 +141,32 @@ def test_warm_up_draws_by_each_of_the_samplers_paths(monkeypatch):
     engine.warm_up(64)
     assert {(p.top_p < 1, p.top_k > 0) for p in sent} == {(False, False), (True, False), (False, True), (True, True)}
     assert all(not p.is_greedy for p in sent)
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_warm_up_prefills_a_long_prompt_in_chunks_and_each_prompt_again_from_the_prefix_cache(monkeypatch, ranks):
+    """Past the short prompts, the warm-up serves (contexts allowing) a prompt whose chunks start past 0 — and then
+    every prompt again, whose prefill starts past its cached blocks (a prefix hit): both compile kernel variants a
+    first long prompt or a first hit would otherwise compile while serving (session 66: 4.1 s and 1.8 s on an H100).
+    Without prefix caching, no prompt is served twice."""
+    for caching in (True, False):
+        cfg = SchedulerConfig(num_blocks=160, block_size=BS, max_model_len=512, vocab_size=64, max_num_seqs=4,
+                              max_num_batched_tokens=64, prefix_caching=caching)
+        rec = RecordingExecutor()
+        engine = Engine(rec, cfg, num_ranks=ranks, graphs=True)
+        sent, hits = [], []
+        add, reset = engine.add_request, engine._reset_stats
+        monkeypatch.setattr(engine, "add_request", lambda ids, params, rid: sent.append(ids) or add(ids, params, rid))
+        monkeypatch.setattr(engine, "_reset_stats",
+                            lambda: hits.append(sum(s.prefix_hits for s in engine.schedulers)) or reset())
+        done = engine.warm_up(512)
+        lengths = done["prompt_lengths"]
+        assert lengths[0] == 448 + 37 and 2 * BS + 1 in lengths                # the long prompt; a tail of one row
+        chunks = [s for st in rec.steps for w in st if w.warm is None for s in w.seqs if len(s.token_ids) > 1]
+        assert max(s.start_pos for s in chunks) >= 6 * 64                       # its 8th chunk
+        assert len(sent) == len(lengths) * ranks * (2 if caching else 1)
+        assert len({tuple(ids) for ids in sent}) == len(lengths) * ranks       # (each rank its own prompts)
+        assert (hits[-1] > 0) == caching
 
 
 def test_look_ahead_goes_on_while_a_request_waits_for_its_imported_kv():
