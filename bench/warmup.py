@@ -57,7 +57,7 @@ def serve(engine, reqs: dict, vocab: int, compiles: list) -> dict:
         walls.append((time.perf_counter() - s) * 1e3)
     return {"ttft_ms": ttft, "max_step_ms": max(walls), "median_step_ms": statistics.median(walls),
             "steps": len(walls), "captured": captured(engine) - before,
-            "compiled": [(name.split("[")[0], seconds) for name, seconds in compiles[compiled:]]}
+            "compiled": compiles[compiled:]}          # (the kernel with its specialization: which variant, seconds)
 
 
 def free_gib(device: str) -> list[float] | None:
@@ -133,7 +133,8 @@ def main() -> None:
         for r in results:
             print(f"pass {p}: ttft ms {', '.join(f'{v:.0f}' for v in r['ttft_ms'].values())}; longest step "
                   f"{r['max_step_ms']:.0f} ms, median {r['median_step_ms']:.2f} ms; {r['captured']} graphs captured, "
-                  f"{len(r['compiled'])} Triton kernels compiled ({sum(c for _, c in r['compiled']):.1f} s)")
+                  f"{len(r['compiled'])} Triton kernels compiled ({sum(c for _, c in r['compiled']):.1f} s): "
+                  f"{[name.split('[')[0] for name, _ in r['compiled']]}")
     print(f"KV pool {memory['kv_tokens']} tokens, max_model_len {memory['max_model_len']}; device memory free "
           f"(GiB, of total) after the warm-up {memory['after_warmup']}, after the traffic {memory['after_traffic']}")
     print(json.dumps(row))
