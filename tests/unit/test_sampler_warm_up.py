@@ -102,8 +102,8 @@ def test_warm_up_meets_every_variant_a_batch_asks_for(record, V):
 
 
 def test_the_warm_up_is_needed(record):
-    """A batch of two top-p values launches a kernel variant that one top-p for both rows does not: the warm-up's per-row
-    forms are needed."""
+    """A batch of two top-p values launches a kernel variant that one top-p for both rows does not: the warm-up's
+    per-row forms are needed."""
     V = 2048
     plain = [SamplingParams(top_p=0.9)] * 2
     scalar = record(lambda: sample_on_device(torch.randn(2, V), plain, [0, 0]))
