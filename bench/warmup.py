@@ -6,7 +6,7 @@ random weights, one MTP layer) as ``serve run`` builds it for one worker (``buil
 that first needs it). Then the same traffic twice — a request alone (prompt ``--ctx``), four at once (prompts of
 300 … 1800 tokens, drawn: T 1.0, top-p 0.95), then four at once that draw each its own way (top-p, top-k and top-p,
 min-p, greedy with a repetition penalty: the batch's per-row forms of the sampler's kernels), then a prompt of three
-prefill chunks (``--max-num-batched-tokens``; the warm-up's prompts fit one) — and reports per pass:
+prefill chunks (``--max-num-batched-tokens``) — and reports per pass:
 each request's time to first token, the engine's longest step and median step, the graphs captured and the Triton
 kernels compiled while serving. The second pass is the warm reference. Run each setting in a fresh process with an
 empty ``TRITON_CACHE_DIR`` (a new container compiles everything).

@@ -131,29 +131,26 @@ def _choose(processed: Tensor, params: list[SamplingParams], num_generated: list
     return token_ids
 
 
-def warm_up(vocab_size: int, device: torch.device | str) -> int:
+def warm_up(vocab_size: int, device: torch.device | str) -> None:
     """Run the sampler once in each form a batch can ask of its kernels — a top-k, a top-p, both or neither, each one
     value for every row or one per row (a tensor, not a float: another kernel variant), a min-p likewise or none, a
     draw (``sample_on_device``) or the kept weights (``probs_for_rows``), beside a greedy row or not, from logits at a
     row's offset (a verify's bonus row: another pointer alignment where a row's bytes are not a multiple of 16) or
     not — and penalties, on random logits of the model's vocabulary, so that no variant compiles while serving (a
-    Triton compile stalls a step for about a second). Returns the calls made."""
+    Triton compile stalls a step for about a second)."""
     logits = torch.randn(3, vocab_size, device=device)
     counts = torch.zeros(3, 2, vocab_size, dtype=torch.int32, device=device)
     values = (((0, 0), (20, 20), (20, 50)), ((1.0, 1.0), (0.9, 0.9), (0.9, 0.95)),     # (top-k, top-p, min-p of
               ((0.0, 0.0), (0.05, 0.05), (0.05, 0.1)))                                # two rows: none, one, each)
-    calls = 0
     for (k0, k1), (p0, p1), (m0, m1) in itertools.product(*values):
         drawn = [SamplingParams(top_k=k, top_p=p, min_p=m) for k, p, m in ((k0, p0, m0), (k1, p1, m1))]
         beside_greedy = [SamplingParams(temperature=0.0), *drawn]
         for rows, params in ((logits[:2], drawn), (logits[1:], drawn), (logits, beside_greedy)):
             sample_on_device(rows, params, [0] * len(params))
             probs_for_rows(rows, params)
-            calls += 2
     penalized = SamplingParams(top_p=0.9, repetition_penalty=1.1, presence_penalty=0.5, frequency_penalty=0.3)
     for at, counts_at in itertools.product((0, 1), (0, 1)):
         sample_on_device(logits[at:at + 2], [penalized] * 2, [1, 1], counts[counts_at:counts_at + 2])
-    return calls + 4
 
 
 def probs_for_rows(logits: Tensor, params: list[SamplingParams], counts: Tensor | None = None,
