@@ -5,8 +5,9 @@ random weights, one MTP layer) as ``serve run`` builds it for one worker (``buil
 ``warmup_tokens: --warmup-tokens`` (0: none — every kernel compiles and every graph shape is captured in the step
 that first needs it). Then the same traffic twice — a request alone (prompt ``--ctx``), four at once (prompts of
 300 … 1800 tokens, drawn: T 1.0, top-p 0.95), then four at once that draw each its own way (top-p, top-k and top-p,
-min-p, greedy with a repetition penalty: the batch's per-row forms of the sampler's kernels), then a prompt of three
-prefill chunks (``--max-num-batched-tokens``) — and reports per pass:
+min-p, greedy with a repetition penalty: the batch's per-row forms of the sampler's kernels), then prompts of three
+prefill chunks (``--max-num-batched-tokens``), one at a time: 2 chunks + 100 tokens, + 163 (the second pass's prefix
+hits compute tails of 4 and 3 rows past the cached blocks of 16) and + 112 (a multiple of 16) — and reports per pass:
 each request's time to first token, the engine's longest step and median step, the graphs captured and the Triton
 kernels compiled while serving. The second pass is the warm reference. Run each setting in a fresh process with an
 empty ``TRITON_CACHE_DIR`` (a new container compiles everything).
@@ -111,7 +112,9 @@ def main() -> None:
              replace(greedy, repetition_penalty=1.1)]
     traffic = [{"alone": (args.ctx, greedy)}, {f"b{i}": (n, drawn) for i, n in enumerate((300, 700, 1200, 1800))},
                {f"m{i}": (n, params) for i, (n, params) in enumerate(zip((200, 400, 600, 800), mixed))},
-               {"long": (2 * args.max_num_batched_tokens + 100, greedy)}]        # (prefilled in three chunks)
+               # (prompts of three chunks; ids of other lengths: other tokens, so none is a prefix of another)
+               *({rid: (2 * args.max_num_batched_tokens + extra, greedy)}
+                 for rid, extra in (("long", 100), ("long-tail3", 163), ("long-x16", 112)))]
     compiles = watch_compiles()
     passes = []
     for p in range(2):

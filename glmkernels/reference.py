@@ -267,10 +267,12 @@ def ragged_slots(seq_rows: list[tuple[int, int]], seq_slots: list[torch.Tensor],
         bases += [off] * nr
         lens += [s.numel()] * nr
         off += s.numel()
-    # pinned host → device copy: asynchronous
-    meta = torch.tensor([bases, lens], dtype=torch.int64, pin_memory=device.type == "cuda").to(device,
-                                                                                             non_blocking=True)
-    return RaggedSlots(all_slots, meta[0], meta[1], bases, lens)
+    # pinned host → device copy: asynchronous; rows padded to an even count (each row of meta 16-byte aligned, as
+    # build_batch's: Triton compiles a kernel per pointer alignment)
+    pad = [0] * (len(bases) % 2)
+    meta = torch.tensor([bases + pad, lens + pad], dtype=torch.int64, pin_memory=device.type == "cuda").to(
+        device, non_blocking=True)
+    return RaggedSlots(all_slots, meta[0, :len(bases)], meta[1, :len(bases)], bases, lens)
 
 
 def index_keys(k_cache: torch.Tensor, slots: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

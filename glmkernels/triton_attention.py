@@ -571,7 +571,9 @@ def indexer_topk(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Ten
     out = torch.empty(N, K, dtype=torch.int64, device=q.device)
     for a in range(0, N, slab):
         b = min(a + slab, N)
-        T = T_max if b - a == N else max(r.lengths[a:b])
+        # the scores' width rounded up to 16 keys (the kernels mask keys past a row's length): one variant of each
+        # kernel whatever the contexts (Triton compiles per an integer's divisibility by 16)
+        T = -(-(T_max if b - a == N else max(r.lengths[a:b])) // 16) * 16
         if prefill:
             score = _score_rows(q[a:b], head_weights[a:b], k_cache, r, seq_rows, a, positions[a:b], T, scale)
         else:

@@ -388,12 +388,17 @@ def build_batch(seqs: Sequence[tuple[int, int, Sequence[int]]], block_size: int,
     positions = np.arange(rows) - np.repeat(row_starts - starts, news)
     bases, lengths = np.repeat(np.cumsum(ends) - ends, news), np.repeat(ends, news)     # per row, as RaggedSlots
     slot_mapping = seq_slots[bases + positions]
-    host = torch.from_numpy(np.concatenate([positions, slot_mapping, bases, lengths, seq_slots]))
+    # each per-row array padded to an even count, so that each starts 16-byte aligned whatever the rows: Triton
+    # compiles a kernel per pointer alignment (an odd step beside an even one would compile twice)
+    even = rows + rows % 2
+    pad = np.zeros(even - rows, dtype=np.int64)
+    host = torch.from_numpy(np.concatenate([positions, pad, slot_mapping, pad, bases, pad, lengths, pad, seq_slots]))
     flat = host.pin_memory().to(device, non_blocking=True) if torch.device(device).type == "cuda" else host.to(device)
-    parts = flat.split([rows] * 4 + ends.tolist())
-    ragged = RaggedSlots(flat[4 * rows:], parts[2], parts[3], bases.tolist(), lengths.tolist())
-    return Batch(parts[0], parts[1], list(zip(row_starts.tolist(), news.tolist())), list(parts[4:]), ragged=ragged,
-                 fewest_keys=int(starts.min()) + 1)
+    parts = flat.split([even] * 4 + ends.tolist())
+    positions_d, slot_mapping_d, bases_d, lengths_d = (p[:rows] for p in parts[:4])
+    ragged = RaggedSlots(flat[4 * even:], bases_d, lengths_d, bases.tolist(), lengths.tolist())
+    return Batch(positions_d, slot_mapping_d, list(zip(row_starts.tolist(), news.tolist())), list(parts[4:]),
+                 ragged=ragged, fewest_keys=int(starts.min()) + 1)
 
 
 def contiguous_batch(lengths: Sequence[tuple[int, int]], capacity: int, device="cpu") -> Batch:

@@ -1,8 +1,7 @@
 """``sampler.warm_up`` meets every variant of the sampler's Triton kernels that serving can ask for, so none compiles
 while serving (a compile stalls a step for about a second). The kernels' launches are recorded — not run — with the
-key Triton compiles a kernel per (its constexpr arguments; an integer's divisibility by 16 and whether it is 1, unless
-not specialized; a pointer's 16-byte alignment; a float or a tensor): the warm-up's keys must hold every key of random
-batches of mixed requests. The GPU form (no compile after the warm-up, counted by Triton's own hook):
+key Triton compiles a kernel per (``launch_keys.py``): the warm-up's keys must hold every key of random batches of
+mixed requests. The GPU form (no compile after the warm-up, counted by Triton's own hook):
 tests/gpu/test_sample_gpu.py."""
 
 from __future__ import annotations
@@ -16,40 +15,13 @@ pytest.importorskip("triton", reason="triton is not installed (it is in the 'gpu
 
 from glmkernels import ops
 from scheduler.request import SamplingParams
+from tests.unit.launch_keys import Recorder
 from workers import sampler
 from workers.sampler import TokenCounts, probs_for_rows, sample, sample_on_device
 
 KERNELS = ("_max_kernel", "_hist_kernel", "_scan_kernel", "_tie_count_kernel", "_race_kernel", "_penalize_kernel",
            "_value_id_keys_kernel")
 OPS = ("top_p_race", "top_k_race", "kept_weights", "penalize", "value_id_keys")
-
-
-def _spec(value, specialize: bool):
-    if isinstance(value, torch.Tensor):
-        return ("tensor", value.dtype, value.data_ptr() % 16 == 0)
-    if isinstance(value, bool) or value is None:
-        return value
-    if isinstance(value, int):
-        return ("int", value == 1, value % 16 == 0) if specialize else "int"
-    if isinstance(value, float):
-        return "float"
-    raise AssertionError(f"an argument Triton would see as {type(value)}")
-
-
-class _Recorder:
-    """Stands for a kernel: ``kernel[grid](...)`` records the compile key of the launch and runs nothing."""
-
-    def __init__(self, name: str, kernel, seen: set):
-        self.name, self.seen = name, seen
-        self.names = kernel.arg_names
-        self.unspecialized = set(kernel.kwargs.get("do_not_specialize") or ())
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            named = dict(zip(self.names, args)) | kwargs
-            self.seen.add((self.name, tuple((n, _spec(v, n not in self.unspecialized)) for n, v in sorted(named.items())
-                                            if n not in ("num_warps", "num_stages"))))
-        return launch
 
 
 @pytest.fixture
@@ -60,7 +32,7 @@ def record(tk, monkeypatch):
         monkeypatch.setitem(ops._active, name, getattr(mod, name))
     seen: set = set()
     for name in KERNELS:
-        monkeypatch.setattr(mod, name, _Recorder(name, getattr(mod, name), seen))
+        monkeypatch.setattr(mod, name, Recorder(name, getattr(mod, name), seen))
 
     def run(fn) -> set:
         seen.clear()
