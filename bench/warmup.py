@@ -7,7 +7,8 @@ that first needs it). Then the same traffic twice — a request alone (prompt ``
 300 … 1800 tokens, drawn: T 1.0, top-p 0.95), then four at once that draw each its own way (top-p, top-k and top-p,
 min-p, greedy with a repetition penalty: the batch's per-row forms of the sampler's kernels), then prompts of three
 prefill chunks (``--max-num-batched-tokens``), one at a time: 2 chunks + 100 tokens, + 163 (the second pass's prefix
-hits compute tails of 4 and 3 rows past the cached blocks of 16) and + 112 (a multiple of 16) — and reports per pass:
+hits compute tails of 4 and 3 rows past the cached blocks of 16) and + 112 (a multiple of 16); then eight at once of
+random lengths and sampling (``_fuzz``) — and reports per pass:
 each request's time to first token, the engine's longest step and median step, the graphs captured and the Triton
 kernels compiled while serving. The second pass is the warm reference. Run each setting in a fresh process with an
 empty ``TRITON_CACHE_DIR`` (a new container compiles everything).
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import tempfile
 import time
@@ -42,7 +44,8 @@ def captured(engine) -> int:
 def serve(engine, reqs: dict, vocab: int, compiles: list) -> dict:
     """Add ``reqs`` ({id: (prompt length, SamplingParams)}) at once and step until they finish: each one's time to
     first token (ms), the longest and the median engine step (ms), graphs captured and Triton kernels compiled
-    meanwhile (``compiles``: ``watch_compiles``' list)."""
+    meanwhile (``compiles``: ``watch_compiles``' list). A prompt's tokens follow from its length and its id's length
+    only: ids of one length share a prefix (the second pass's ids, as long as the first's: prefix hits)."""
     before, compiled = captured(engine), len(compiles)
     t0 = time.perf_counter()
     for rid, (n, params) in reqs.items():
@@ -59,6 +62,14 @@ def serve(engine, reqs: dict, vocab: int, compiles: list) -> dict:
     return {"ttft_ms": ttft, "max_step_ms": max(walls), "median_step_ms": statistics.median(walls),
             "steps": len(walls), "captured": captured(engine) - before,
             "compiled": compiles[compiled:]}          # (the kernel with its specialization: which variant, seconds)
+
+
+def _fuzz(n: int, params: list[SamplingParams]) -> dict:
+    """``n`` requests at once of seeded random prompt lengths (1–3 tokens, up to 64, up to 3000) and sampling: shapes
+    the other traffic does not have (the second pass: prefix hits of random tails)."""
+    rng = random.Random(0)
+    return {f"fuzz{i}" + "x" * (6 + i): (rng.choice([rng.randint(1, 3), rng.randint(4, 64), rng.randint(65, 3000)]),
+                                rng.choice(params)) for i in range(n)}            # (ids of other lengths: see serve)
 
 
 def free_gib(device: str) -> list[float] | None:
@@ -114,7 +125,8 @@ def main() -> None:
                {f"m{i}": (n, params) for i, (n, params) in enumerate(zip((200, 400, 600, 800), mixed))},
                # (prompts of three chunks; ids of other lengths: other tokens, so none is a prefix of another)
                *({rid: (2 * args.max_num_batched_tokens + extra, greedy)}
-                 for rid, extra in (("long", 100), ("long-tail3", 163), ("long-x16", 112)))]
+                 for rid, extra in (("long", 100), ("long-tail3", 163), ("long-x16", 112))),
+               _fuzz(8, [greedy, drawn, *mixed])]
     compiles = watch_compiles()
     passes = []
     for p in range(2):
