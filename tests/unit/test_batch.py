@@ -31,7 +31,7 @@ def per_request(seqs, block_size: int):
 def test_build_batch_equals_the_per_request_build():
     """Random steps (block sizes 1–64, block tables longer than needed, starts at 0 and inside a block): the same
     positions, slots and rows as building each request alone; its ``RaggedSlots`` are ``ragged_slots``' of them, and
-    ``fewest_keys`` the least position + 1."""
+    ``fewest_keys`` the least position + 1; every per-row array starts 16-byte aligned, odd rows or even."""
     rng = random.Random(0)
     for _ in range(60):
         bs = rng.choice([1, 4, 16, 64])
@@ -49,6 +49,8 @@ def test_build_batch_equals_the_per_request_build():
         assert torch.equal(got.slots, want.slots) and torch.equal(got.base, want.base)
         assert torch.equal(got.length, want.length) and (got.bases, got.lengths) == (want.bases, want.lengths)
         assert batch.fewest_keys == min(s for s, _, _ in seqs) + 1
+        aligned = [batch.positions, batch.slot_mapping, got.slots, got.base, got.length, want.base, want.length]
+        assert all(t.data_ptr() % 16 == 0 for t in aligned)      # whatever the rows (a kernel compiles per alignment)
     with pytest.raises(AssertionError, match="block table too short"):
         build_batch([(0, 40, (0, 1))], 16)
 
