@@ -7,8 +7,8 @@ that first needs it). Then the same traffic twice — a request alone (prompt ``
 300 … 1800 tokens, drawn: T 1.0, top-p 0.95), then four at once that draw each its own way (top-p, top-k and top-p,
 min-p, greedy with a repetition penalty: the batch's per-row forms of the sampler's kernels), then prompts of three
 prefill chunks (``--max-num-batched-tokens``), one at a time: 2 chunks + 100 tokens, + 163 (the second pass's prefix
-hits compute tails of 4 and 3 rows past the cached blocks of 16) and + 112 (a multiple of 16); then eight at once of
-random lengths and sampling (``_fuzz``) — and reports per pass:
+hits compute tails of 4 and 3 rows past the cached blocks of 16) and + 112 (a multiple of 16); a prompt of one token;
+then eight at once of random lengths and sampling (``_fuzz``) — and reports per pass:
 each request's time to first token, the engine's longest step and median step, the graphs captured and the Triton
 kernels compiled while serving. The second pass is the warm reference. Run each setting in a fresh process with an
 empty ``TRITON_CACHE_DIR`` (a new container compiles everything).
@@ -126,7 +126,7 @@ def main() -> None:
                # (prompts of three chunks; ids of other lengths: other tokens, so none is a prefix of another)
                *({rid: (2 * args.max_num_batched_tokens + extra, greedy)}
                  for rid, extra in (("long", 100), ("long-tail3", 163), ("long-x16", 112))),
-               _fuzz(8, [greedy, drawn, *mixed])]
+               {"one": (1, greedy)}, _fuzz(8, [greedy, drawn, *mixed])]
     compiles = watch_compiles()
     passes = []
     for p in range(2):

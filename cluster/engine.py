@@ -428,15 +428,16 @@ class Engine:
         self._warm_step([WorkerStep(-1, (), shape=shape, warm=())] * len(self.schedulers))
         captured = time.perf_counter()
         # prompts of a prefill chunk at most, decoding within the captured widths; sizes in each of the kernels' row
-        # classes (prefill, mid-size past and within 128 rows, the decode tiles' 16 / 32 / 64-row blocks), a multiple
-        # of 16 and not (Triton compiles a kernel per divisibility of its integer arguments), and a tail of one row
-        # (2 blocks + 1), run eagerly (a short prompt among requests rides a graph step, but alone in a span step, with
-        # drafts, or beside a longer chunk it runs eagerly); where the contexts allow, first a prompt whose chunks
-        # start past 0 and reach past the indexer's top-k (GLM's 2048); then each again: a prefix hit computes its tail
+        # classes (prefill, mid-size past and within 128 rows, the decode tiles' 16 / 32 / 64-row blocks), a multiple of
+        # 16 and not, one token (Triton compiles a kernel per divisibility of its integer arguments, and for 1), and a
+        # tail of one row (2 blocks + 1), run eagerly (a short prompt among requests rides a graph step, but alone in a
+        # span step, with drafts, or beside a longer chunk it runs eagerly); where the contexts allow, first a prompt
+        # whose chunks start past 0 and reach past the indexer's top-k (GLM's 2048); then each again: a prefix hit
+        # computes its tail
         cfg = self.config
         top = max(1, min(cfg.max_num_batched_tokens, cfg.max_model_len - 16, tokens - 16))
         long = min(max(2 * top, 4096), (min(cfg.max_model_len, tokens) - 64) // 16 * 16) + 37    # (a last chunk of 37)
-        sizes = (top, top - 7, 200, 192, 128, 100, 48, 41, 24, 17, 16, 9, 2 * cfg.block_size + 1)
+        sizes = (top, top - 7, 200, 192, 128, 100, 48, 41, 24, 17, 16, 9, 1, 2 * cfg.block_size + 1)
         lengths = [long] * (long > top) + sorted({min(n, top) for n in sizes if n >= 1}, reverse=True)
         rng = random.Random(0)
         prompts = [[[rng.randrange(cfg.vocab_size) for _ in range(n)] for _ in self.schedulers] for n in lengths]

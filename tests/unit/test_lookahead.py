@@ -161,7 +161,7 @@ def test_warm_up_prefills_a_long_prompt_in_chunks_and_each_prompt_again_from_the
                             lambda: hits.append(sum(s.prefix_hits for s in engine.schedulers)) or reset())
         done = engine.warm_up(512)
         lengths = done["prompt_lengths"]
-        assert lengths[0] == 448 + 37 and 2 * BS + 1 in lengths                # the long prompt; a tail of one row
+        assert lengths[0] == 448 + 37 and {2 * BS + 1, 1} <= set(lengths)   # the long prompt; a tail of one row; 1
         chunks = [s for st in rec.steps for w in st if w.warm is None for s in w.seqs if len(s.token_ids) > 1]
         assert max(s.start_pos for s in chunks) >= 6 * 64                       # its 8th chunk
         assert len(sent) == len(lengths) * ranks * (2 if caching else 1)
