@@ -42,11 +42,13 @@ def captured(engine) -> int:
 
 
 def serve(engine, reqs: dict, vocab: int, compiles: list) -> dict:
-    """Add ``reqs`` ({id: (prompt length, SamplingParams)}) at once and step until they finish: each one's time to
-    first token (ms), the longest and the median engine step (ms), graphs captured and Triton kernels compiled
-    meanwhile (``compiles``: ``watch_compiles``' list). A prompt's tokens follow from its length and its id's length
-    only: ids of one length share a prefix (the second pass's ids, as long as the first's: prefix hits)."""
+    """Add ``reqs`` ({id: (prompt length, SamplingParams)}) at once and step until they finish: each one's time to first
+    token (ms), the longest and the median engine step (ms), the prompts' tokens found cached, graphs captured and
+    Triton kernels compiled meanwhile (``compiles``: ``watch_compiles``' list). A prompt's tokens follow from its length
+    and its id's length only: ids of one length share a prefix (the second pass's ids, as long as the first's: prefix
+    hits)."""
     before, compiled = captured(engine), len(compiles)
+    cached = sum(s.prefix_hits for s in engine.schedulers)
     t0 = time.perf_counter()
     for rid, (n, params) in reqs.items():
         engine.add_request([(7 * i + len(rid)) % vocab for i in range(n)], params, rid)
@@ -61,6 +63,7 @@ def serve(engine, reqs: dict, vocab: int, compiles: list) -> dict:
         walls.append((time.perf_counter() - s) * 1e3)
     return {"ttft_ms": ttft, "max_step_ms": max(walls), "median_step_ms": statistics.median(walls),
             "steps": len(walls), "captured": captured(engine) - before,
+            "cached_tokens": sum(s.prefix_hits for s in engine.schedulers) - cached,      # (prefix hits)
             "compiled": compiles[compiled:]}          # (the kernel with its specialization: which variant, seconds)
 
 
@@ -94,7 +97,11 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--cuda-graphs", default="auto")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.0, help="size the KV pool to memory (else "
-                    "16384 tokens); the report gives the device's free memory after the warm-up and after the traffic")
+                    "--kv-cache-tokens); the report gives the device's free memory after the warm-up and after the "
+                    "traffic")
+    ap.add_argument("--kv-cache-tokens", type=int, default=65536, help="the KV pool: one that holds a pass's traffic, "
+                    "so that the second pass's prompts are prefix hits (16384 until session 67: the first pass's "
+                    "long prompts evicted the earlier prompts' blocks)")
     ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048, help="a prefill chunk's rows at most")
     ap.add_argument("--tiny", action="store_true", help="the embedded tiny model's widths (a CPU plumbing check)")
@@ -106,7 +113,7 @@ def main() -> None:
             model_cfg[key] //= args.mlp_shard
         (Path(tmp) / "config.json").write_text(json.dumps(model_cfg))
         cfg = EngineConfig(model=tmp, load_format="dummy", device=args.device, speculative_tokens=args.spec,
-                           kv_cache_tokens=16384, gpu_memory_utilization=args.gpu_memory_utilization,
+                           kv_cache_tokens=args.kv_cache_tokens, gpu_memory_utilization=args.gpu_memory_utilization,
                            kv_cache_dtype=args.kv_cache_dtype,
                            max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
                            cuda_graphs=args.cuda_graphs, warmup_tokens=args.warmup_tokens)
@@ -147,8 +154,8 @@ def main() -> None:
     for p, results in enumerate(passes):
         for r in results:
             print(f"pass {p}: ttft ms {', '.join(f'{v:.0f}' for v in r['ttft_ms'].values())}; longest step "
-                  f"{r['max_step_ms']:.0f} ms, median {r['median_step_ms']:.2f} ms; {r['captured']} graphs captured, "
-                  f"{len(r['compiled'])} Triton kernels compiled ({sum(c for _, c in r['compiled']):.1f} s): "
+                  f"{r['max_step_ms']:.0f} ms, median {r['median_step_ms']:.2f} ms; {r['cached_tokens']} tokens "
+                  f"cached; {r['captured']} graphs captured, {len(r['compiled'])} Triton kernels compiled ({sum(c for _, c in r['compiled']):.1f} s): "
                   f"{[name.split('[')[0] for name, _ in r['compiled']]}")
     print(f"KV pool {memory['kv_tokens']} tokens, max_model_len {memory['max_model_len']}; device memory free "
           f"(GiB, of total) after the warm-up {memory['after_warmup']}, after the traffic {memory['after_traffic']}")
