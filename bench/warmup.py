@@ -155,7 +155,8 @@ def main() -> None:
         for r in results:
             print(f"pass {p}: ttft ms {', '.join(f'{v:.0f}' for v in r['ttft_ms'].values())}; longest step "
                   f"{r['max_step_ms']:.0f} ms, median {r['median_step_ms']:.2f} ms; {r['cached_tokens']} tokens "
-                  f"cached; {r['captured']} graphs captured, {len(r['compiled'])} Triton kernels compiled ({sum(c for _, c in r['compiled']):.1f} s): "
+                  f"cached; {r['captured']} graphs captured, {len(r['compiled'])} Triton kernels compiled "
+                  f"({sum(c for _, c in r['compiled']):.1f} s): "
                   f"{[name.split('[')[0] for name, _ in r['compiled']]}")
     print(f"KV pool {memory['kv_tokens']} tokens, max_model_len {memory['max_model_len']}; device memory free "
           f"(GiB, of total) after the warm-up {memory['after_warmup']}, after the traffic {memory['after_traffic']}")
