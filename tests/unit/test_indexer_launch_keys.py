@@ -1,9 +1,11 @@
 """The indexer's scoring kernels launch with one compile key whatever the step (``launch_keys.py``: constexprs, an
 integer's divisibility by 16, a pointer's 16-byte alignment), so the engine's warm-up — its long prompt's chunks and
-its prefix hit — meets every variant a ragged step can ask for. Session 66 found one it did not: a prefix hit's tail
-of 4 rows where the warm-up's was 5 put the step's per-row lengths 16-byte aligned (``build_batch`` packs the rows'
-arrays end to end) and compiled ``_index_score_kernel`` while serving; a context of a multiple of 16 keys, another.
-The GPU form: ``bench/warmup.py`` (compiles while serving, by Triton's own hook)."""
+its prefix hit — meets every variant a ragged step can ask for. Session 66 saw ``_index_score_kernel`` compiled while
+serving on a prefix hit with a tail of 4 rows, after a warm-up whose hit's tail had 5: ``build_batch`` packed the rows'
+arrays end to end, so the rows' lengths started 16-byte aligned only for an even number of rows (the likely cause:
+session 67's rerun of the tree before did not compile it, its warm-up having met the variant elsewhere); a context of
+a multiple of 16 keys was another variant. The GPU form: ``bench/warmup.py`` (compiles while serving, by Triton's own
+hook)."""
 
 from __future__ import annotations
 
