@@ -34,7 +34,7 @@ def keys_of(tk, monkeypatch):
     g = torch.Generator().manual_seed(0)
     k_cache = torch.randn(8192 + 64, IDD, generator=g).to(torch.bfloat16)
 
-    def run(requests: list[tuple[int, int]], prebuilt: bool = True) -> set:
+    def run(requests: list[tuple[int, int]], prebuilt: bool = True, topk: int = TOPK) -> set:
         blocks = cycle(range(len(k_cache) // BLOCK))     # (the keys' values do not matter)
         seqs = [(s, n, [next(blocks) for _ in range(-(-(s + n) // BLOCK))]) for s, n in requests]
         batch = build_batch(seqs, BLOCK)
@@ -42,7 +42,7 @@ def keys_of(tk, monkeypatch):
         q = torch.randn(N, IH, IDD, generator=g).to(torch.bfloat16)
         w = torch.randn(N, IH, generator=g)
         seen.clear()
-        att.indexer_topk(q, w, k_cache, batch.seq_rows, batch.seq_slots, batch.positions, TOPK, IDD ** -0.5,
+        att.indexer_topk(q, w, k_cache, batch.seq_rows, batch.seq_slots, batch.positions, topk, IDD ** -0.5,
                          batch.ragged if prebuilt else None)
         return set(seen)
     return run
@@ -83,3 +83,12 @@ def test_session_66s_variants(keys_of, step):
     context of a multiple of 16 keys, an odd number of rows."""
     warm = set().union(*(keys_of(s) for s in _warm_up_steps()))
     assert keys_of(step) <= warm
+
+
+def test_the_rows_kernel_takes_one_key_per_program_whatever_the_context(keys_of):
+    """Prefill rows past a top-k under 1024 keys (a model's ``index_topk`` of 256): the rows kernel's keys a program
+    (``KEYS``) stayed its 1024 only for contexts past 1024 — under it, one variant per 64 keys of context (session
+    68's ``test_step_launch_keys.py`` met three while serving)."""
+    keys = [keys_of([(t - 16, 16)], topk=256) for t in (320, 576, 768, 1100, 3000)]
+    assert {key[0] for key in keys[0]} == {"_index_score_rows_kernel"}
+    assert all(k == keys[0] for k in keys)
