@@ -349,7 +349,7 @@ def _score_rows(q: torch.Tensor, head_weights: torch.Tensor, k_cache: torch.Tens
     the step (q, head_weights and positions: those rows; ``r`` and ``seq_rows``: the whole step's). The row blocks
     (``_row_blocks``) go to the device once a step (kept in ``r.derived``)."""
     N, ih, idd = q.shape
-    block_m, block_t, keys, warps = tile      # (KEYS whatever T_max, one variant: a program's steps past it store no key)
+    block_m, block_t, keys, warps = tile    # (KEYS whatever T_max, one variant: steps past T_max store nothing)
     score = torch.empty(N, T_max, dtype=torch.float32, device=q.device)
     key = ("score_rows", first, N, block_m)
     if key not in r.derived:
